@@ -1,0 +1,162 @@
+"""Configuration dataclasses the Accelerator accepts: plugins and kwargs handlers.
+
+Configuration is data: these hold settings and convert them, nothing here starts processes.
+Torch is imported lazily inside the methods that need it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from typing import Any
+
+
+class KwargsHandler:
+    """Base of the kwargs handlers: ``to_kwargs()`` returns only the fields changed from their default."""
+
+    def to_kwargs(self) -> dict[str, Any]:
+        default = self.__class__()
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
+
+
+@dataclass
+class DistributedDataParallelKwargs(KwargsHandler):
+    """Arguments passed to ``torch.nn.parallel.DistributedDataParallel``.
+
+    Example: ``Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])``
+    """
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+
+
+@dataclass
+class GradScalerKwargs(KwargsHandler):
+    """Arguments of ``torch.amp.GradScaler`` used for fp16."""
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+
+@dataclass
+class InitProcessGroupKwargs(KwargsHandler):
+    """Arguments of ``torch.distributed.init_process_group`` (backend and timeout)."""
+
+    backend: str | None = None
+    init_method: str | None = None
+    timeout: timedelta = field(default_factory=lambda: timedelta(seconds=1800))
+
+    def to_kwargs(self) -> dict[str, Any]:
+        kwargs = super().to_kwargs()
+        kwargs["timeout"] = self.timeout  # always pass it: the point of this handler
+        return kwargs
+
+
+@dataclass
+class AutocastKwargs(KwargsHandler):
+    """Arguments of ``torch.autocast`` (``enabled=False`` turns it off inside a block)."""
+
+    enabled: bool = True
+    cache_enabled: bool | None = None
+
+
+@dataclass
+class FP8RecipeKwargs(KwargsHandler):
+    """Recipe for fp8 training; read by the fp8 backend package (Transformer-Engine needs CUDA)."""
+
+    backend: str = "te"
+    margin: int = 0
+    interval: int = 1
+    fp8_format: str = "HYBRID"
+    amax_history_len: int = 1024
+    amax_compute_algo: str = "most_recent"
+
+
+@dataclass
+class GradientAccumulationPlugin(KwargsHandler):
+    """How gradient accumulation behaves.
+
+    num_steps: micro-batches per optimizer step.
+    adjust_scheduler: kept for API compatibility; accel steps schedulers once per real optimizer step anyway.
+    sync_with_dataloader: force a sync (and an optimizer step) on the last batch of the data.
+    sync_each_batch: synchronise gradients on every micro-batch (saves memory with FSDP, costs speed).
+    """
+
+    num_steps: int = 1
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_steps, int) or self.num_steps < 1:
+            raise ValueError(f"gradient accumulation num_steps must be an integer >= 1, got {self.num_steps!r}.")
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How ``prepare`` shards dataloaders (read by accel-data).
+
+    split_batches: the loader's batch is the global batch, split between processes (its size must
+        divide by the number of processes); otherwise each process gets a batch of that size.
+    dispatch_batches: process 0 reads the data and sends each process its slice. ``None`` means
+        off: accel shards iterable datasets per process too (Accelerate forces dispatch there).
+    even_batches: pad the last global batch with samples from the start so every process gets the
+        same number of batches (``gather_for_metrics`` drops the padding again).
+    use_seedable_sampler: shuffle with a sampler seeded by ``data_seed`` + epoch, identical on every
+        process and across resumes.
+    non_blocking: copy batches to the device with ``non_blocking=True`` (needs ``pin_memory``).
+    use_stateful_dataloader: build the loader on torchdata's ``StatefulDataLoader``.
+    """
+
+    split_batches: bool = False
+    dispatch_batches: bool | None = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where a run writes logs and checkpoints.
+
+    It lives in core because both the trackers (``logging_dir``) and the checkpoint package read it.
+
+    automatic_checkpoint_naming: ``save_state()`` writes ``<project_dir>/checkpoints/checkpoint_<n>``.
+    total_limit: keep at most this many automatic checkpoints (oldest deleted after a new one is complete).
+    iteration: number of the next automatic checkpoint.
+    save_on_each_node: write node-local files on every machine, not only the main one.
+    """
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def __post_init__(self) -> None:
+        if self.project_dir is not None:
+            self.project_dir = os.fspath(self.project_dir)
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+        else:
+            self.logging_dir = os.fspath(self.logging_dir)
+        if self.total_limit is not None and self.total_limit < 1:
+            raise ValueError(f"total_limit must be >= 1 or None, got {self.total_limit}.")
+
+    def set_directories(self, project_dir: str | os.PathLike[str] | None = None) -> None:
+        """Sets ``project_dir`` and, when it was not chosen separately, ``logging_dir``."""
+        self.project_dir = None if project_dir is None else os.fspath(project_dir)
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir

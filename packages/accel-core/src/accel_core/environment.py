@@ -1,0 +1,81 @@
+"""The launch protocol: the ``ACCEL_*`` environment variables a launcher writes and the state reads.
+
+This module must not import torch: the command line uses it to build a child environment.
+Every setting has one name here so the launcher, the config file and the state agree.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+PREFIX = "ACCEL_"
+
+# Settings of the Accelerator that a launcher or config file may fix.
+MIXED_PRECISION = "ACCEL_MIXED_PRECISION"  # "no" | "fp16" | "bf16" | "fp8"
+GRADIENT_ACCUMULATION_STEPS = "ACCEL_GRADIENT_ACCUMULATION_STEPS"
+USE_CPU = "ACCEL_USE_CPU"  # "true" forces the CPU even where a GPU exists
+DYNAMO_BACKEND = "ACCEL_DYNAMO_BACKEND"  # "no" or a torch.compile backend name
+DEBUG_MODE = "ACCEL_DEBUG_MODE"  # "1"/"true": check shapes across ranks before collectives
+STRATEGY = "ACCEL_STRATEGY"  # name of an ``accel.strategies`` entry point: "ddp", "fsdp", "deepspeed", ...
+CONFIG_FILE = "ACCEL_CONFIG_FILE"  # path of the YAML config file
+# A backend's own options travel as ACCEL_<BACKEND>_<OPTION>, e.g. ACCEL_FSDP_SHARDING_STRATEGY;
+# the backend package reads them in its plugin's ``from_env``.
+
+# torchrun's variables, read as they are.
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def parse_flag(value: str | None, default: bool = False) -> bool:
+    """Reads a boolean written by a person or a launcher ("1", "true", "yes", "on", or their opposites)."""
+    if value is None:
+        return default
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"Cannot read {value!r} as a boolean: use one of {sorted(_TRUE | _FALSE - {''})}.")
+
+
+def flag(name: str, default: bool = False, environ: Mapping[str, str] | None = None) -> bool:
+    """The boolean environment variable ``name``."""
+    env = os.environ if environ is None else environ
+    try:
+        return parse_flag(env.get(name), default)
+    except ValueError as error:
+        raise ValueError(f"Environment variable {name}: {error}") from None
+
+
+def get_int(name: str, default: int | None = None, environ: Mapping[str, str] | None = None) -> int | None:
+    """The integer environment variable ``name``, or ``default`` when unset."""
+    env = os.environ if environ is None else environ
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"Environment variable {name}={raw!r} must be an integer.") from None
+
+
+def get_str(name: str, default: str | None = None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The string environment variable ``name``, or ``default`` when unset or empty."""
+    env = os.environ if environ is None else environ
+    raw = env.get(name)
+    return default if raw is None or raw == "" else raw
+
+
+def backend_options(backend: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """All ``ACCEL_<BACKEND>_<OPTION>`` variables as ``{"option": value}`` (lower-case option names)."""
+    env = os.environ if environ is None else environ
+    prefix = f"{PREFIX}{backend.upper()}_"
+    return {key[len(prefix) :].lower(): value for key, value in env.items() if key.startswith(prefix)}

@@ -1,0 +1,275 @@
+"""Collective operations on nested structures of tensors (lists, tuples, namedtuples, dicts).
+
+Every function works on one process too (then it returns its input, or a copy where the
+multi-process version would return new tensors). With ``ACCEL_DEBUG_MODE=1`` each collective first
+compares the shapes of all ranks and raises ``DistributedOperationException`` on every rank when
+they differ — instead of the hang or the cryptic backend error a mismatch otherwise gives.
+
+Example::
+
+    predictions = accelerator.pad_across_processes(predictions, dim=1)
+    all_predictions = gather(predictions)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .state import PartialState
+
+
+class DistributedOperationException(RuntimeError):
+    """Raised on every rank when the inputs of a collective do not match across processes."""
+
+
+def is_torch_tensor(obj: Any) -> bool:
+    return isinstance(obj, torch.Tensor)
+
+
+def is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(obj, "_fields")
+
+
+def honor_type(obj: Any, generator: Any) -> Any:
+    """Builds a container of ``obj``'s type (namedtuples included) from ``generator``."""
+    if is_namedtuple(obj):
+        return type(obj)(*list(generator))
+    return type(obj)(generator)
+
+
+def recursively_apply(
+    func: Callable[..., Any],
+    data: Any,
+    *args: Any,
+    test_type: Callable[[Any], bool] = is_torch_tensor,
+    error_on_other_type: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """Applies ``func`` to every leaf of ``data`` that passes ``test_type``, keeping the structure.
+
+    Leaves that fail ``test_type`` are returned as they are, or raise ``TypeError`` when
+    ``error_on_other_type`` is set.
+    """
+    if isinstance(data, (tuple, list)):
+        return honor_type(
+            data,
+            (
+                recursively_apply(func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+                for o in data
+            ),
+        )
+    if isinstance(data, Mapping):
+        return type(data)(
+            {
+                k: recursively_apply(func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+                for k, v in data.items()
+            }
+        )
+    if test_type(data):
+        return func(data, *args, **kwargs)
+    if error_on_other_type:
+        raise TypeError(
+            f"Unsupported type {type(data).__name__} passed to {getattr(func, '__name__', func)}: only nested "
+            "lists, tuples and dicts of torch.Tensor are supported. Use gather_object for other Python objects."
+        )
+    return data
+
+
+def _leaves(data: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    recursively_apply(found.append, data)
+    return found
+
+
+def send_to_device(data: Any, device: torch.device | str | int, non_blocking: bool = False, skip_keys: Any = None) -> Any:
+    """Moves every tensor (and every object with a ``.to`` method) in ``data`` to ``device``.
+
+    ``skip_keys``: dict keys whose values stay where they are.
+    """
+    if isinstance(skip_keys, str):
+        skip_keys = [skip_keys]
+    skip = set(skip_keys or ())
+    if isinstance(data, (tuple, list)):
+        return honor_type(data, (send_to_device(o, device, non_blocking, skip_keys) for o in data))
+    if isinstance(data, Mapping):
+        return type(data)(
+            {k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys) for k, v in data.items()}
+        )
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=non_blocking)
+    to = getattr(data, "to", None)
+    if callable(to):
+        try:
+            return to(device, non_blocking=non_blocking)
+        except TypeError:
+            return to(device)
+    return data
+
+
+# -- debug checks ---------------------------------------------------------------------------------
+def _signature(data: Any) -> Any:
+    return recursively_apply(lambda t: (tuple(t.shape), str(t.dtype)), data)
+
+
+def _check_same_shapes(operation: str, data: Any, ignore_dim: int | None = None) -> None:
+    """In debug mode, raise on every rank unless all ranks pass structures of the same shapes."""
+    state = PartialState()
+    if not (state.debug and state.use_distributed):
+        return
+    signature = _signature(data)
+    if ignore_dim is not None:
+        signature = recursively_apply(
+            lambda s: (tuple(d for i, d in enumerate(s[0]) if i != ignore_dim), s[1]),
+            signature,
+            test_type=lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], str),
+        )
+    everyone: list[Any] = [None] * state.num_processes
+    dist.all_gather_object(everyone, signature)
+    if any(s != everyone[0] for s in everyone):
+        lines = "\n".join(f"  - process {i}: {s}" for i, s in enumerate(everyone))
+        raise DistributedOperationException(
+            f"Cannot apply {operation}: the tensors have different shapes or types across processes:\n{lines}\n"
+            "Make them match first, for example with `accelerator.pad_across_processes(tensor, dim=...)`."
+        )
+
+
+# -- collectives --------------------------------------------------------------------------------
+def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.ndim == 0:
+        tensor = tensor[None]
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor)
+    return torch.cat(parts, dim=0)
+
+
+def gather(tensor: Any) -> Any:
+    """Gathers tensors from every process and concatenates them on the first dimension.
+
+    All processes must pass the same shapes (pad first with ``pad_across_processes``). 0-d tensors
+    become one element each.
+    """
+    if not PartialState().use_distributed:
+        return tensor
+    _check_same_shapes("gather", tensor)
+    return recursively_apply(_gather_one, tensor, error_on_other_type=True)
+
+
+def gather_object(obj: Any) -> list[Any]:
+    """Gathers any picklable objects; lists and tuples are concatenated, other objects listed per rank."""
+    state = PartialState()
+    if not state.use_distributed:
+        return list(obj) if isinstance(obj, (list, tuple)) else [obj]
+    everyone: list[Any] = [None] * state.num_processes
+    dist.all_gather_object(everyone, obj)
+    if isinstance(obj, (list, tuple)):
+        return [item for part in everyone for item in part]
+    return everyone
+
+
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Copies the tensors of ``from_process`` into every process's tensors (same shapes needed)."""
+    if not PartialState().use_distributed:
+        return tensor
+    _check_same_shapes("broadcast", tensor)
+
+    def _broadcast_one(t: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(t, src=from_process)
+        return t
+
+    return recursively_apply(_broadcast_one, tensor, error_on_other_type=True)
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Replaces, in place, the items of ``object_list`` by those of ``from_process`` (any picklable objects)."""
+    if PartialState().use_distributed:
+        dist.broadcast_object_list(object_list, src=from_process)
+    return object_list
+
+
+def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """Reduces tensors across processes (``"sum"``, ``"mean"`` or ``"none"``); every process gets the result."""
+    if reduction not in ("sum", "mean", "none"):
+        raise ValueError(f"Unknown reduction {reduction!r}: use 'sum', 'mean' or 'none'.")
+    state = PartialState()
+
+    def _reduce_one(t: torch.Tensor) -> torch.Tensor:
+        out = t.clone()
+        if state.use_distributed and reduction != "none":
+            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+            if reduction == "mean":
+                out = out / state.num_processes
+        if scale != 1.0:
+            out = out * scale
+        return out
+
+    if state.use_distributed and reduction != "none":
+        _check_same_shapes("reduce", tensor)
+    return recursively_apply(_reduce_one, tensor, error_on_other_type=True)
+
+
+def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    """Pads tensors along ``dim`` to the largest size any process has, so they can be gathered."""
+    state = PartialState()
+    if not state.use_distributed:
+        return tensor
+    _check_same_shapes("pad_across_processes", recursively_apply(lambda t: t.new_empty(t.ndim), tensor))
+
+    def _pad_one(t: torch.Tensor) -> torch.Tensor:
+        if t.ndim == 0 or dim >= t.ndim or dim < -t.ndim:
+            return t
+        d = dim % t.ndim
+        size = torch.tensor([t.shape[d]], device=t.device, dtype=torch.int64)
+        sizes = _gather_one(size)
+        longest = int(sizes.max())
+        if longest == t.shape[d]:
+            return t
+        shape = list(t.shape)
+        shape[d] = longest
+        padded = t.new_full(shape, pad_index)
+        index = [slice(None)] * t.ndim
+        index[d] = slice(longest - t.shape[d], longest) if pad_first else slice(0, t.shape[d])
+        padded[tuple(index)] = t
+        return padded
+
+    return recursively_apply(_pad_one, tensor, error_on_other_type=True)
+
+
+def find_batch_size(data: Any) -> int | None:
+    """The first dimension of the first tensor in ``data`` (None when there is none)."""
+    leaves = _leaves(data)
+    for leaf in leaves:
+        if leaf.ndim > 0:
+            return int(leaf.shape[0])
+    return None
+
+
+def slice_tensors(data: Any, tensor_slice: slice) -> Any:
+    """Applies ``tensor_slice`` to every tensor (and every list) in ``data``."""
+    return recursively_apply(lambda t: t[tensor_slice], data)
+
+
+def concatenate(data: list[Any], dim: int = 0) -> Any:
+    """Concatenates a list of structures of tensors leaf by leaf."""
+    first = data[0]
+    if isinstance(first, (tuple, list)):
+        return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
+    if isinstance(first, Mapping):
+        return type(first)({k: concatenate([d[k] for d in data], dim=dim) for k in first})
+    if not isinstance(first, torch.Tensor):
+        raise TypeError(f"Can only concatenate tensors, got {type(first).__name__}.")
+    return torch.cat(data, dim=dim)
+
+
+def convert_to_fp32(data: Any) -> Any:
+    """Casts fp16 / bf16 tensors in ``data`` to fp32 (outputs of an autocast forward)."""
+    return recursively_apply(
+        lambda t: t.float(),
+        data,
+        test_type=lambda t: isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16),
+    )

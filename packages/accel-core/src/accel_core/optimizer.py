@@ -1,0 +1,101 @@
+"""The optimizer wrapper: steps only at accumulation boundaries, through the precision's scaler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .ops import send_to_device
+from .precision import Precision
+from .state import GradientState
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """Wraps a user's optimizer so the same loop works with and without accumulation or fp16.
+
+    ``step()`` and ``zero_grad()`` do nothing on accumulation micro-steps (when
+    ``accelerator.sync_gradients`` is False). With fp16 the step goes through the GradScaler and
+    ``step_was_skipped`` tells whether inf/nan gradients made it skip.
+    """
+
+    # Deliberately no super().__init__: this object shares the wrapped optimizer's state instead of
+    # owning parameters. Subclassing keeps ``isinstance(opt, torch.optim.Optimizer)`` true for LR schedulers.
+    def __init__(self, optimizer: torch.optim.Optimizer, precision: Precision | None = None, device: torch.device | None = None):
+        self.optimizer = optimizer
+        self.precision = precision or Precision()
+        self.device = device
+        self.gradient_state = GradientState()
+        self._step_was_skipped = False
+
+    @property
+    def scaler(self) -> Any:
+        return self.precision.scaler
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.device is not None:
+            state_dict = send_to_device(state_dict, self.device)
+        self.optimizer.load_state_dict(state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.gradient_state.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        if not self.gradient_state.sync_gradients:
+            return
+        kwargs = {} if closure is None else {"closure": closure}
+        self._step_was_skipped = self.precision.optimizer_step(self.optimizer, **kwargs)
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last real step was skipped because of inf/nan gradients (fp16)."""
+        return self._step_was_skipped
+
+    def train(self) -> None:
+        """For optimizers with train/eval modes (schedule-free)."""
+        if hasattr(self.optimizer, "train"):
+            self.optimizer.train()
+
+    def eval(self) -> None:
+        if hasattr(self.optimizer, "eval"):
+            self.optimizer.eval()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"

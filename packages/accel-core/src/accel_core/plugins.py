@@ -1,0 +1,100 @@
+"""Discovery of what other packages add to accel, through entry points, loaded only when needed.
+
+Groups:
+- ``accel.strategies``: name -> Strategy class (``ddp``, ``fsdp``, ``deepspeed``, ...).
+- ``accel.preparers``: ``dataloader`` -> an object implementing ``DataLoaderPreparer``.
+- ``accel.trackers``: tracker name -> tracker class (``local``, ``tensorboard``, ``wandb``, ...).
+- ``accel.checkpoint``: ``state`` -> an object implementing ``CheckpointHandler``.
+- ``accel.precisions``: ``fp8`` -> a precision class for fp8 training (Transformer-Engine).
+- ``accel.cli``: name -> callable adding a backend's flags to ``accel launch`` (see accel_core.launch).
+
+This module must not import torch.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+# Which distribution provides which feature, for the error message when it is missing.
+_PROVIDERS: dict[tuple[str, str], str] = {
+    ("accel.strategies", "fsdp"): "fsdp",
+    ("accel.strategies", "deepspeed"): "deepspeed",
+    ("accel.strategies", "megatron"): "megatron",
+    ("accel.strategies", "xla"): "xla",
+    ("accel.precisions", "fp8"): "fp8",
+    ("accel.preparers", "dataloader"): "data",
+    ("accel.checkpoint", "state"): "checkpoint",
+    ("accel.trackers", "local"): "tracking",
+    ("accel.trackers", "tensorboard"): "tracking",
+    ("accel.trackers", "wandb"): "tracking",
+    ("accel.trackers", "mlflow"): "tracking",
+    ("accel.trackers", "comet_ml"): "tracking",
+    ("accel.trackers", "aim"): "tracking",
+}
+
+_PACKAGE_OF_EXTRA = {
+    "data": "accel-data",
+    "checkpoint": "accel-checkpoint",
+    "tracking": "accel-tracking",
+    "fsdp": "accel-fsdp",
+    "deepspeed": "accel-deepspeed",
+    "megatron": "accel-megatron",
+    "xla": "accel-xla",
+    "fp8": "accel-fp8",
+}
+
+
+# Packages the `accel` meta-package always installs (the rest are extras).
+_INCLUDED_IN_ACCEL = {"data", "checkpoint", "tracking"}
+
+
+class MissingPluginError(ImportError):
+    """A feature was asked for whose package is not installed."""
+
+
+@lru_cache(maxsize=None)
+def _group(group: str) -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def available(group: str) -> list[str]:
+    """Names registered in ``group`` by the installed packages."""
+    return sorted(_group(group))
+
+
+def install_hint(group: str, name: str) -> str:
+    """The pip command that brings ``name`` of ``group``."""
+    extra = _PROVIDERS.get((group, name))
+    if extra is None:
+        return "install the package that provides it"
+    if extra in _INCLUDED_IN_ACCEL:
+        return f"pip install {_PACKAGE_OF_EXTRA[extra]}  (included in the `accel` package)"
+    return f'pip install "accel[{extra}]"  (or {_PACKAGE_OF_EXTRA[extra]})'
+
+
+@lru_cache(maxsize=None)
+def load(group: str, name: str) -> Any:
+    """The object registered as ``name`` in ``group``; imports its package on first use.
+
+    Raises ``MissingPluginError`` naming the package to install when nothing provides it.
+    """
+    entry = _group(group).get(name)
+    if entry is None:
+        known = ", ".join(available(group)) or "none installed"
+        raise MissingPluginError(
+            f"'{name}' ({group}) is not available: {install_hint(group, name)}. Installed: {known}."
+        )
+    return entry.load()
+
+
+def is_available(group: str, name: str) -> bool:
+    """Whether some installed package registers ``name`` in ``group``."""
+    return name in _group(group)
+
+
+def clear_cache() -> None:
+    """Forgets what was discovered (for tests that install packages at run time)."""
+    _group.cache_clear()
+    load.cache_clear()

@@ -1,0 +1,103 @@
+"""Mixed precision: one small class per mode, asked by the Accelerator for autocast, scaling and steps.
+
+``no``: full precision. ``bf16``: autocast to bfloat16 (CPU too), no scaler. ``fp16``: autocast to
+float16 with a ``torch.amp.GradScaler`` (on CPU too: slower than bf16 there, but it lets the scaler
+path run on any machine). ``fp8`` lives in a backend package (Transformer-Engine needs CUDA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .ops import convert_to_fp32
+
+
+class Precision:
+    """Full precision: every hook is a pass-through."""
+
+    name = "no"
+    scaler: Any = None
+
+    def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def wrap_forward(self, model: torch.nn.Module) -> None:
+        """Makes ``model.forward`` run under autocast and return fp32 outputs (no-op here)."""
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divides the gradients by the loss scale, once per step (no-op without a scaler)."""
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
+        """Steps ``optimizer``; returns True when the step was skipped (inf/nan gradients)."""
+        optimizer.step(**kwargs)
+        return False
+
+
+class AutocastPrecision(Precision):
+    """bf16 or fp16 autocast around the forward; fp16 adds dynamic loss scaling."""
+
+    def __init__(self, name: str, device_type: str, scaler: Any = None, autocast_kwargs: dict[str, Any] | None = None):
+        self.name = name
+        self.dtype = torch.bfloat16 if name == "bf16" else torch.float16
+        self.device_type = device_type
+        self.scaler = scaler
+        self.autocast_kwargs = autocast_kwargs or {}
+        self._unscaled: set[int] = set()
+
+    def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+        kwargs = {**self.autocast_kwargs, "enabled": enabled}
+        if cache_enabled is not None:
+            kwargs["cache_enabled"] = cache_enabled
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype, **kwargs)
+
+    def wrap_forward(self, model: torch.nn.Module) -> None:
+        if hasattr(model, "_accel_original_forward"):
+            return
+        original: Callable[..., Any] = model.forward
+        autocast = self.autocast
+
+        @functools.wraps(original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            with autocast():
+                outputs = original(*args, **kwargs)
+            return convert_to_fp32(outputs)
+
+        model._accel_original_forward = original  # type: ignore[assignment]
+        model.forward = forward  # type: ignore[method-assign]
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(loss) if self.scaler is not None else loss
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is not None and id(optimizer) not in self._unscaled:
+            self.scaler.unscale_(optimizer)
+            self._unscaled.add(id(optimizer))
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
+        if self.scaler is None:
+            optimizer.step(**kwargs)
+            return False
+        scale_before = self.scaler.get_scale()
+        self.scaler.step(optimizer, **kwargs)
+        self.scaler.update()
+        self._unscaled.discard(id(optimizer))
+        # GradScaler lowers the scale exactly when it skipped the step for inf/nan gradients.
+        return self.scaler.get_scale() < scale_before
+
+
+def unwrap_forward(model: torch.nn.Module) -> None:
+    """Removes the autocast wrapper that ``wrap_forward`` put on ``model.forward``."""
+    original = model.__dict__.pop("_accel_original_forward", None)
+    if original is not None:
+        if getattr(original, "__self__", None) is model:
+            model.__dict__.pop("forward", None)  # back to the class's bound method
+        else:
+            model.forward = original  # type: ignore[method-assign]

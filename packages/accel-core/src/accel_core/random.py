@@ -1,0 +1,70 @@
+"""Seeding and RNG synchronisation across processes."""
+
+from __future__ import annotations
+
+import os
+import random as _random
+from collections.abc import Iterable
+
+import torch
+
+from .state import PartialState
+
+
+def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
+    """Seeds python, numpy and torch (all devices).
+
+    device_specific: add the process index, so each process draws different numbers.
+    deterministic: also ask torch for deterministic algorithms (slower; may raise on some ops).
+    """
+    if device_specific:
+        seed += PartialState().process_index
+    _random.seed(seed)
+    try:  # numpy is optional for accel-core
+        import numpy as np
+    except ImportError:
+        pass
+    else:
+        np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # seeds CUDA/XPU generators too
+    os.environ["PYTHONHASHSEED"] = str(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+
+
+def synchronize_rng_state(rng_type: str, generator: torch.Generator | None = None) -> None:
+    """Copies process 0's state of one RNG (``torch``, ``cuda``, ``xpu`` or ``generator``) to every process."""
+    state = PartialState()
+    if not state.use_distributed:
+        return
+    if rng_type == "torch":
+        rng_state = torch.get_rng_state()
+    elif rng_type == "cuda":
+        rng_state = torch.cuda.get_rng_state()
+    elif rng_type == "xpu":
+        rng_state = torch.xpu.get_rng_state()
+    elif rng_type == "generator":
+        if generator is None:
+            raise ValueError("synchronize_rng_state('generator') needs the generator to synchronise.")
+        rng_state = generator.get_state()
+    else:
+        raise ValueError(f"Unknown rng type {rng_type!r}: use 'torch', 'cuda', 'xpu' or 'generator'.")
+    import torch.distributed as dist
+
+    holder = [rng_state]
+    dist.broadcast_object_list(holder, src=0)
+    rng_state = holder[0]
+    if rng_type == "torch":
+        torch.set_rng_state(rng_state)
+    elif rng_type == "cuda":
+        torch.cuda.set_rng_state(rng_state)
+    elif rng_type == "xpu":
+        torch.xpu.set_rng_state(rng_state)
+    else:
+        generator.set_state(rng_state)  # type: ignore[union-attr]
+
+
+def synchronize_rng_states(rng_types: Iterable[str], generator: torch.Generator | None = None) -> None:
+    """``synchronize_rng_state`` for each of ``rng_types``."""
+    for rng_type in rng_types:
+        synchronize_rng_state(str(rng_type), generator=generator)

@@ -1,0 +1,190 @@
+"""The Accelerator's tracking and checkpoint methods, routed to the packages that implement them.
+
+Core only knows the protocols (``accel_core.protocols``); accel-tracking and accel-checkpoint are
+found through entry points when first used, and a missing one is an ImportError naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from . import plugins
+from .configuration import ProjectConfiguration
+
+if TYPE_CHECKING:
+    from .state import AcceleratorState
+
+
+class _InactiveTracker:
+    """What ``get_tracker`` returns on processes that do not log: every call does nothing."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tracker = None
+
+    def __getattr__(self, attribute: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def normalize_log_with(log_with: Any) -> list[Any]:
+    """Turns ``log_with`` into a list of tracker names / instances, checking names are installed."""
+    if log_with is None:
+        return []
+    items = log_with if isinstance(log_with, (list, tuple)) else [log_with]
+    result: list[Any] = []
+    for item in items:
+        if isinstance(item, str):  # also LoggerType, a str enum
+            name = str(item).lower()
+            if name != "all" and not plugins.is_available("accel.trackers", name):
+                raise plugins.MissingPluginError(
+                    f"Tracker '{name}' is not available: {plugins.install_hint('accel.trackers', name)}. "
+                    f"Installed trackers: {', '.join(plugins.available('accel.trackers')) or 'none'}."
+                )
+            result.append(name)
+        elif hasattr(item, "log") and hasattr(item, "name"):
+            result.append(item)
+        else:
+            raise TypeError(f"log_with items must be tracker names or tracker objects, got {type(item).__name__}.")
+    return result
+
+
+class Tracking:
+    """Mixin of the Accelerator: experiment tracking on the main process."""
+
+    state: AcceleratorState
+    project_configuration: ProjectConfiguration
+    log_with: list[Any]
+    trackers: list[Any]
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None) -> None:
+        """Starts the trackers of ``log_with`` (the local tracker when none was named), main process only.
+
+        init_kwargs: per-tracker constructor arguments, ``{"wandb": {"tags": [...]}}``.
+        """
+        init_kwargs = init_kwargs or {}
+        if not self.state.is_main_process:
+            return
+        wanted = self.log_with or ["local"]
+        names: list[Any] = []
+        for item in wanted:
+            if item == "all":
+                names += [n for n in plugins.available("accel.trackers") if _tracker_class(n).is_available()]
+            else:
+                names.append(item)
+        self.trackers = []
+        for item in names:
+            if isinstance(item, str):
+                if any(getattr(t, "name", None) == item for t in self.trackers):
+                    continue
+                tracker = _tracker_class(item)(project_name, self.logging_dir, **init_kwargs.get(item, {}))
+            else:
+                tracker = item
+            if config is not None:
+                tracker.store_init_configuration(config)
+            self.trackers.append(tracker)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (its raw library object with ``unwrap=True``)."""
+        if not self.state.is_main_process:
+            return _InactiveTracker(name)
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        raise ValueError(f"No tracker named {name!r} was started: call init_trackers first, with log_with={name!r}.")
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
+        """Logs ``values`` to every started tracker (main process only)."""
+        if not self.state.is_main_process:
+            return
+        log_kwargs = log_kwargs or {}
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
+
+    def end_training(self) -> None:
+        """Closes the trackers; call at the end of the script."""
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
+
+
+def _tracker_class(name: str) -> Any:
+    return plugins.load("accel.trackers", name)
+
+
+class Checkpointing:
+    """Mixin of the Accelerator: save and restore everything prepared, through accel-checkpoint."""
+
+    state: AcceleratorState
+    project_configuration: ProjectConfiguration
+    _custom_objects: list[Any]
+    _save_model_state_pre_hook: OrderedDict[int, Callable[..., None]]
+    _load_model_state_pre_hook: OrderedDict[int, Callable[..., None]]
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.project_configuration.iteration
+
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
+        """Saves models, optimizers, schedulers, scaler, RNG states, dataloader positions and registered objects."""
+        handler = plugins.load("accel.checkpoint", "state")
+        return handler.save_state(self, None if output_dir is None else os.fspath(output_dir), **kwargs)
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
+        """Restores what ``save_state`` wrote (the newest automatic checkpoint when ``input_dir`` is None)."""
+        handler = plugins.load("accel.checkpoint", "state")
+        handler.load_state(self, None if input_dir is None else os.fspath(input_dir), **kwargs)
+
+    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str], **kwargs: Any) -> None:
+        """Writes the model's full weights (safetensors, sharded past ``max_shard_size``) for use outside accel."""
+        handler = plugins.load("accel.checkpoint", "state")
+        handler.save_model(self, model, os.fspath(save_directory), **kwargs)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """``hook(models, weights, output_dir)`` runs before ``save_state`` writes the models."""
+        handle = RemovableHandle(self._save_model_state_pre_hook)
+        self._save_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """``hook(models, input_dir)`` runs before ``load_state`` loads the models."""
+        handle = RemovableHandle(self._load_model_state_pre_hook)
+        self._load_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Adds objects with ``state_dict`` / ``load_state_dict`` to what ``save_state`` saves."""
+        invalid = [o for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
+        if invalid:
+            listed = "\n".join(f"\t- item {i}: {type(o).__name__}" for i, o in enumerate(invalid))
+            raise ValueError(
+                "All objects must have `state_dict` and `load_state_dict` methods to be checkpointed. Invalid:\n" + listed
+            )
+        self._custom_objects.extend(objects)
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """``torch.save`` once per machine (or on the main process only, unless ``save_on_each_node``)."""
+        should_write = (
+            self.state.is_local_main_process if self.project_configuration.save_on_each_node else self.state.is_main_process
+        )
+        if not should_write:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(obj, os.fspath(f), metadata={"format": "pt"})
+        else:
+            torch.save(obj, f)

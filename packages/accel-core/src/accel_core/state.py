@@ -1,0 +1,327 @@
+"""Process state shared by everything in one process: who am I, how many are we, which device.
+
+``PartialState`` is created once per process (later instances share the first one's state, so any
+module can ask ``PartialState().process_index`` cheaply). ``AcceleratorState`` adds what the
+``Accelerator`` decided (precision, strategy); ``GradientState`` tracks accumulation and the end of
+the data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from functools import partial, wraps
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import environment as env
+from .enums import DistributedType
+
+
+def _pick_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
+    if cpu:
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return torch.device("xpu", local_rank % torch.xpu.device_count())
+    # MPS is a single device: several processes cannot share it.
+    if world_size == 1 and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def default_backend(device: torch.device) -> str:
+    """The collective backend for ``device``: nccl for CUDA, xccl for XPU, gloo otherwise."""
+    return {"cuda": "nccl", "xpu": "xccl"}.get(device.type, "gloo")
+
+
+class PartialState:
+    """The process's place in the job, without anything the Accelerator adds.
+
+    Reads torchrun's ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` and initialises the default process
+    group once when there is more than one process. ``cpu=True`` (or ``ACCEL_USE_CPU=true``) forces
+    the CPU and gloo.
+
+    Example::
+
+        state = PartialState()
+        with state.main_process_first():
+            download_data()
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(self, cpu: bool = False, **init_process_group_kwargs: Any) -> None:
+        self.__dict__ = self._shared_state
+        if self.initialized:
+            return
+        self.world_size = env.get_int(env.WORLD_SIZE, 1) or 1
+        self.rank = env.get_int(env.RANK, 0) or 0
+        self.local_rank = env.get_int(env.LOCAL_RANK, 0) or 0
+        self.local_world_size = env.get_int(env.LOCAL_WORLD_SIZE, self.world_size) or self.world_size
+        self.cpu = bool(cpu) or env.flag(env.USE_CPU)
+        self.debug = env.flag(env.DEBUG_MODE)
+        self.device = _pick_device(self.cpu, self.local_rank, self.world_size)
+        self.backend: str | None = None
+        if self.world_size > 1 or dist.is_initialized():
+            self._init_process_group(init_process_group_kwargs)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.fork_launched = False
+
+    def _init_process_group(self, kwargs: dict[str, Any]) -> None:
+        if dist.is_initialized():
+            # Someone (the user, a backend) already joined: adopt its group.
+            self.backend = dist.get_backend()
+            self.world_size = dist.get_world_size()
+            self.rank = dist.get_rank()
+            return
+        kwargs = dict(kwargs)
+        backend = kwargs.pop("backend", None) or default_backend(self.device)
+        kwargs.setdefault("timeout", timedelta(minutes=30))
+        if backend == "nccl" and self.device.type == "cuda":
+            kwargs.setdefault("device_id", self.device)
+        dist.init_process_group(backend=backend, **{k: v for k, v in kwargs.items() if v is not None})
+        self.backend = backend
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def initialized(self) -> bool:
+        return "device" in self._shared_state
+
+    @property
+    def num_processes(self) -> int:
+        return self.world_size
+
+    @property
+    def process_index(self) -> int:
+        return self.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.local_rank
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        if not self.use_distributed:
+            return DistributedType.NO
+        return {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}.get(
+            self.device.type, DistributedType.MULTI_CPU
+        )
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.rank == self.world_size - 1
+
+    # -- synchronisation --------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """Blocks until every process reaches this line (a no-op on one process)."""
+        if self.use_distributed:
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def _goes_first(self, is_first: bool) -> Iterator[None]:
+        if not is_first:
+            self.wait_for_everyone()
+        yield
+        if is_first:
+            self.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """The main process runs the block first, then the others (e.g. to download or cache once)."""
+        return self._goes_first(self.is_main_process)
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """The first process of each machine runs the block first, then the others."""
+        return self._goes_first(self.is_local_main_process)
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Gives each process its contiguous share of a list, tuple, dict of lists, or tensor.
+
+        The first ``len % num_processes`` processes get one item more. With ``apply_padding`` every
+        process gets the same count, the short ones repeating their last item (so a later
+        ``gather`` has equal shapes; drop the padding yourself).
+
+        Example::
+
+            with state.split_between_processes(["a", "b", "c"]) as prompts:
+                ...  # process 0 gets ["a", "b"], process 1 gets ["c"]
+        """
+        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
+
+    # -- decorators -------------------------------------------------------------------------
+    def _only_if(self, condition: Callable[[], bool], function: Callable[..., Any]) -> Callable[..., Any]:
+        @wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if condition():
+                return function(*args, **kwargs)
+            return None
+
+        return wrapper
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the main process only (others get ``None``)."""
+        return self._only_if(lambda: self.is_main_process, function)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the first process of each machine only."""
+        return self._only_if(lambda: self.is_local_main_process, function)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the last process only."""
+        return self._only_if(lambda: self.is_last_process, function)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+        """Decorator: run ``function`` on the process with global index ``process_index`` only."""
+        if function is None:
+            return partial(self.on_process, process_index=process_index)
+        if process_index is None:
+            raise ValueError("on_process needs process_index=<global rank>.")
+        return self._only_if(lambda: self.process_index == process_index, function)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int | None = None) -> Any:
+        """Decorator: run ``function`` on the process with local index ``local_process_index`` only."""
+        if function is None:
+            return partial(self.on_local_process, local_process_index=local_process_index)
+        if local_process_index is None:
+            raise ValueError("on_local_process needs local_process_index=<local rank>.")
+        return self._only_if(lambda: self.local_process_index == local_process_index, function)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the first process of each machine only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def destroy_process_group(self) -> None:
+        """Leaves the process group (call at the very end of a script, or between tests)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Forgets the shared state (tests only; does not leave the process group)."""
+        cls._shared_state.clear()
+
+    def __repr__(self) -> str:
+        return (
+            f"Distributed environment: {self.distributed_type}  Backend: {self.backend}\n"
+            f"Num processes: {self.num_processes}\nProcess index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\nDevice: {self.device}\n"
+        )
+
+
+def _split(inputs: Any, n: int, index: int, apply_padding: bool) -> Any:
+    if n == 1:
+        return inputs
+    if isinstance(inputs, dict):
+        lengths = {len(v) for v in inputs.values()}
+        if len(lengths) > 1:
+            raise ValueError("split_between_processes: all values of the dict must have the same length.")
+        return {k: _split(v, n, index, apply_padding) for k, v in inputs.items()}
+    length = inputs.shape[0] if isinstance(inputs, torch.Tensor) else len(inputs)
+    base, extra = divmod(length, n)
+    start = index * base + min(index, extra)
+    end = start + base + (1 if index < extra else 0)
+    share = inputs[start:end]
+    wanted = base + (1 if extra else 0)
+    if apply_padding and len(share) < wanted and length > 0:
+        # A process whose share is empty repeats the very last item of the input.
+        last = inputs[end - 1 : end] if end > 0 and len(share) else inputs[length - 1 : length]
+        missing = wanted - len(share)
+        if isinstance(share, torch.Tensor):
+            share = torch.cat([share] + [last] * missing)
+        else:
+            share = type(share)(list(share) + list(last) * missing)
+    return share
+
+
+class AcceleratorState(PartialState):
+    """``PartialState`` plus what the Accelerator chose: mixed precision and the strategy."""
+
+    def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **init_process_group_kwargs: Any) -> None:
+        super().__init__(cpu=cpu, **init_process_group_kwargs)
+        if "mixed_precision" not in self._shared_state or mixed_precision is not None:
+            self.mixed_precision = mixed_precision or env.get_str(env.MIXED_PRECISION, "no")
+        self._shared_state.setdefault("strategy", None)
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        strategy = self._shared_state.get("strategy")
+        if strategy is not None:
+            return strategy.distributed_type
+        return super().distributed_type
+
+
+class GradientState:
+    """Gradient accumulation bookkeeping and the prepared dataloaders' end-of-data signal.
+
+    Shared by every instance in the process. A prepared dataloader registers itself while it
+    iterates (``_add_dataloader`` / ``_remove_dataloader``); the innermost active one answers
+    ``end_of_dataloader`` and ``remainder``.
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(self, gradient_accumulation_plugin: Any | None = None) -> None:
+        self.__dict__ = self._shared_state
+        if not self._shared_state:
+            self.sync_gradients = True
+            self.active_dataloader: Any | None = None
+            self.dataloader_references: list[Any] = []
+            self.num_steps = 1
+            self.sync_with_dataloader = True
+            self.sync_each_batch = False
+        if gradient_accumulation_plugin is not None:
+            self.num_steps = gradient_accumulation_plugin.num_steps
+            self.sync_with_dataloader = gradient_accumulation_plugin.sync_with_dataloader
+            self.sync_each_batch = gradient_accumulation_plugin.sync_each_batch
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """Whether the active prepared dataloader is yielding its last batch."""
+        return bool(self.active_dataloader is not None and getattr(self.active_dataloader, "end_of_dataloader", False))
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global batch of the active dataloader (-1 when unknown)."""
+        if self.active_dataloader is None:
+            return -1
+        return getattr(self.active_dataloader, "remainder", -1)
+
+    @property
+    def in_dataloader(self) -> bool:
+        return self.active_dataloader is not None
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self.sync_gradients = sync_gradients
+
+    def _add_dataloader(self, dataloader: Any) -> None:
+        self.active_dataloader = dataloader
+        self.dataloader_references.append(dataloader)
+
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        if dataloader in self.dataloader_references:
+            self.dataloader_references.remove(dataloader)
+        self.active_dataloader = self.dataloader_references[-1] if self.dataloader_references else None
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        cls._shared_state.clear()

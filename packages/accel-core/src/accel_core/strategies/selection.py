@@ -1,0 +1,100 @@
+"""Deciding the run's plan from constructor arguments and environment: one pure function.
+
+Precedence for every setting: the Accelerator's argument > the ``ACCEL_*`` environment variable
+(written by ``accel launch`` from its flags and the config file) > the default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import environment as env
+from ..configuration import GradientAccumulationPlugin
+from ..enums import DynamoBackend, PrecisionType
+
+# The Accelerator arguments that select a backend, and the strategy each one selects.
+PLUGIN_ARGUMENTS = {"deepspeed_plugin": "deepspeed", "fsdp_plugin": "fsdp", "megatron_lm_plugin": "megatron"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the Accelerator will set up."""
+
+    strategy: str  # an ``accel.strategies`` name, or "ddp" / "single_device"
+    strategy_plugin: Any  # the user's plugin object for that strategy, or None
+    mixed_precision: str
+    gradient_accumulation: GradientAccumulationPlugin
+    cpu: bool
+    dynamo_backend: str
+
+
+def resolve_plan(
+    *,
+    world_size: int,
+    mixed_precision: str | None = None,
+    gradient_accumulation_steps: int | None = None,
+    gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+    cpu: bool = False,
+    plugins: Mapping[str, Any] | None = None,
+    strategy: str | None = None,
+    dynamo_backend: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Plan:
+    """Resolves the plan; raises ValueError with the fix for contradictory inputs.
+
+    plugins: the backend-selecting constructor arguments, e.g. ``{"fsdp_plugin": plugin}``.
+    """
+    environ = {} if environ is None else environ
+
+    precision = mixed_precision if mixed_precision is not None else env.get_str(env.MIXED_PRECISION, "no", environ)
+    precision = str(precision).lower()
+    if precision not in PrecisionType.list():
+        raise ValueError(f"Unknown mixed_precision mode: {precision!r}. Choose between {PrecisionType.list()}.")
+
+    if gradient_accumulation_plugin is not None:
+        if gradient_accumulation_steps is not None and gradient_accumulation_steps != gradient_accumulation_plugin.num_steps:
+            raise ValueError(
+                "You can only pass one of `gradient_accumulation_steps` and `gradient_accumulation_plugin`: put "
+                "the number of steps in the plugin (GradientAccumulationPlugin(num_steps=...)) and drop the other."
+            )
+        accumulation = gradient_accumulation_plugin
+    else:
+        steps = gradient_accumulation_steps
+        if steps is None:
+            steps = env.get_int(env.GRADIENT_ACCUMULATION_STEPS, 1, environ)
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {steps!r}.")
+        accumulation = GradientAccumulationPlugin(num_steps=steps)
+
+    given = {arg: plugin for arg, plugin in (plugins or {}).items() if plugin is not None}
+    unknown = set(given) - set(PLUGIN_ARGUMENTS)
+    if unknown:
+        raise TypeError(f"Unknown backend plugin argument(s): {sorted(unknown)}; known: {sorted(PLUGIN_ARGUMENTS)}.")
+    if len(given) > 1:
+        raise ValueError(f"Pass only one backend plugin, got {sorted(given)}: they select different strategies.")
+    strategy_plugin = next(iter(given.values()), None)
+    if strategy is not None:
+        if given and PLUGIN_ARGUMENTS[next(iter(given))] != strategy:
+            raise ValueError(f"strategy={strategy!r} contradicts {next(iter(given))}: pass one of them.")
+        name = strategy
+    elif given:
+        name = PLUGIN_ARGUMENTS[next(iter(given))]
+    else:
+        name = env.get_str(env.STRATEGY, None, environ) or ("ddp" if world_size > 1 else "single_device")
+    if name == "ddp" and world_size == 1:
+        name = "single_device"  # DDP over one process only adds overhead
+
+    dynamo = str(dynamo_backend if dynamo_backend is not None else env.get_str(env.DYNAMO_BACKEND, "no", environ)).lower()
+    if dynamo not in DynamoBackend.list():
+        raise ValueError(f"Unknown dynamo_backend {dynamo!r}. Choose between {DynamoBackend.list()}.")
+
+    return Plan(
+        strategy=name,
+        strategy_plugin=strategy_plugin,
+        mixed_precision=precision,
+        gradient_accumulation=accumulation,
+        cpu=bool(cpu) or env.flag(env.USE_CPU, False, environ),
+        dynamo_backend=dynamo,
+    )

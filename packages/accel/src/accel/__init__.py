@@ -1,0 +1,49 @@
+"""accel: run one plain PyTorch training script on one CPU, one GPU, many GPUs or many machines.
+
+``from accel import Accelerator`` is the whole entry point. Names are imported on first use, so
+``import accel`` (and the ``accel`` command line) does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "Accelerator": "accel_core.accelerator",
+    "PartialState": "accel_core.state",
+    "AcceleratorState": "accel_core.state",
+    "GradientState": "accel_core.state",
+    "DistributedType": "accel_core.enums",
+    "DataLoaderConfiguration": "accel_core.configuration",
+    "ProjectConfiguration": "accel_core.configuration",
+    "GradientAccumulationPlugin": "accel_core.configuration",
+    "DistributedDataParallelKwargs": "accel_core.configuration",
+    "GradScalerKwargs": "accel_core.configuration",
+    "InitProcessGroupKwargs": "accel_core.configuration",
+    "AutocastKwargs": "accel_core.configuration",
+    "notebook_launcher": "accel_core.launch",
+    "debug_launcher": "accel_core.launch",
+    "skip_first_batches": "accel_data",
+    "prepare_data_loader": "accel_data",
+}
+
+__all__ = sorted(_EXPORTS) + ["utils"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "utils":
+        return importlib.import_module(".utils", __name__)
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
