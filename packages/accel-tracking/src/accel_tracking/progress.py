@@ -1,0 +1,28 @@
+"""A tqdm progress bar that only the main process of each machine draws."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .base import local_process_index, process_index, require
+
+
+def progress_bar(iterable: Iterable[Any] | None = None, *, main_process_only: bool = True, **kwargs: Any) -> Any:
+    """``tqdm(iterable, **kwargs)``, disabled on every process but the main one of each machine.
+
+    With N processes per machine, N bars would overwrite each other in one terminal; one bar per
+    machine (local rank 0) is what a user watches. ``main_process_only=False`` draws on every
+    process (each bar is then labelled with its rank). Needs ``accel-tracking[progress]``.
+
+    Example::
+
+        for batch in progress_bar(train_dataloader, desc="epoch 1"):
+            ...
+    """
+    tqdm = require("tqdm", "progress")
+    if main_process_only:
+        kwargs["disable"] = bool(kwargs.get("disable", False)) or local_process_index() != 0
+    else:
+        kwargs.setdefault("desc", f"[rank {process_index()}]")
+    return tqdm.tqdm(iterable, **kwargs)

@@ -1,0 +1,78 @@
+"""Weights & Biases: one ``wandb`` run per training run; offline when ``WANDB_MODE=offline``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .base import GeneralTracker, require
+
+
+class WandBTracker(GeneralTracker):
+    """Logs to a W&B run whose project is the ``init_trackers`` project name.
+
+    Extra ``init_kwargs`` go to ``wandb.init`` (``entity``, ``name``, ``tags``, ``mode``, ...).
+    Where the files go: ``dir=`` if given, else ``$WANDB_DIR``, else the project's logging_dir,
+    else wandb's default (the working directory). Set ``WANDB_MODE=offline`` (or pass
+    ``mode="offline"``) to work without a network; ``wandb sync`` uploads such a run later.
+
+    Example::
+
+        accelerator = Accelerator(log_with="wandb")
+        accelerator.init_trackers("my_project", config={"lr": 1e-3},
+                                  init_kwargs={"wandb": {"name": "baseline", "tags": ["v1"]}})
+    """
+
+    name = "wandb"
+    requires_logging_directory = False
+    library = "wandb"
+    extra = "wandb"
+
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
+        wandb = require("wandb", self.extra)
+        self.run_name = str(run_name)
+        if "dir" not in kwargs and not os.environ.get("WANDB_DIR") and logging_dir is not None:
+            os.makedirs(logging_dir, exist_ok=True)
+            kwargs["dir"] = os.fspath(logging_dir)
+        self.run = wandb.init(project=self.run_name, **kwargs)
+
+    @property
+    def tracker(self) -> Any:
+        """The ``wandb.Run``."""
+        return getattr(self, "run", None)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        # allow_val_change: init_trackers may be called again with an updated config.
+        self.run.config.update(dict(values), allow_val_change=True)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.run.log(values, step=step, **kwargs)
+
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """``{key: image or list of images}``; each image anything ``wandb.Image`` takes."""
+        import wandb
+
+        logged = {}
+        for key, images in values.items():
+            images = images if isinstance(images, (list, tuple)) else [images]
+            logged[key] = [wandb.Image(image) for image in images]
+        self.run.log(logged, step=step, **kwargs)
+
+    def log_table(
+        self,
+        table_name: str,
+        columns: list[str] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        import wandb
+
+        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)
+        self.run.log({table_name: table}, step=step, **kwargs)
+
+    def finish(self) -> None:
+        run = getattr(self, "run", None)
+        if run is not None:
+            run.finish()
