@@ -289,7 +289,8 @@ class GradientState:
             self.num_steps = 1
             self.sync_with_dataloader = True
             self.sync_each_batch = False
-        if gradient_accumulation_plugin is not None:
+        if gradient_accumulation_plugin is not None:  # a new Accelerator starts a fresh accumulation cycle
+            self.sync_gradients = True
             self.num_steps = gradient_accumulation_plugin.num_steps
             self.sync_with_dataloader = gradient_accumulation_plugin.sync_with_dataloader
             self.sync_each_batch = gradient_accumulation_plugin.sync_each_batch

@@ -1,0 +1,41 @@
+"""split_between_processes arithmetic for every small case, and the import cost rules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from accel_core.state import _split
+
+
+@pytest.mark.parametrize("processes", [1, 2, 3, 4])
+@pytest.mark.parametrize("length", range(0, 10))
+def test_split_covers_every_item_once_in_order(processes, length):
+    items = list(range(length))
+    shares = [_split(items, processes, i, apply_padding=False) for i in range(processes)]
+    assert [x for share in shares for x in share] == items
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    padded = [_split(items, processes, i, apply_padding=True) for i in range(processes)]
+    if length:
+        assert len({len(share) for share in padded}) == 1, "padding evens the shares"
+    tensor_shares = [_split(torch.tensor(items), processes, i, apply_padding=False) for i in range(processes)]
+    assert torch.cat(tensor_shares).tolist() == items if processes > 1 else True
+
+
+def test_import_accel_does_not_import_torch():
+    code = "import sys, accel, accel_core, accel_core.environment, accel_core.plugins; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_public_names_resolve():
+    import accel
+    import accel.utils
+
+    for name in ("Accelerator", "PartialState", "DistributedType", "ProjectConfiguration", "DataLoaderConfiguration"):
+        assert getattr(accel, name) is not None
+    for name in ("gather", "reduce", "broadcast", "pad_across_processes", "send_to_device", "set_seed"):
+        assert callable(getattr(accel.utils, name))

@@ -1,0 +1,232 @@
+"""Many accel-core checks in one 2-process launch (each launch costs seconds of torch import).
+
+Run: torchrun --nproc_per_node 2 tests/multiprocess/core_checks.py <tmp_dir>
+Every check raises on failure; the last line printed on each rank is "CORE CHECKS PASSED <rank>".
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from accel_core import Accelerator, DistributedDataParallelKwargs, DistributedType, PartialState
+from accel_core import ops
+from accel_core.ops import DistributedOperationException
+from accel_core.random import synchronize_rng_states
+
+TMP = Path(sys.argv[1])
+acc = Accelerator()  # plain, no arguments: under torchrun this must be a 2-process gloo run
+rank, world = acc.process_index, acc.num_processes
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"[rank {rank}] {message}")
+
+
+def check_setup() -> None:
+    check(world == 2, f"expected 2 processes, got {world}")
+    check(dist.is_initialized() and dist.get_backend() == "gloo", "gloo process group expected")
+    check(acc.distributed_type == DistributedType.MULTI_CPU, f"distributed_type {acc.distributed_type}")
+    check(acc.device.type == "cpu", "cpu device expected")
+    check(acc.is_main_process == (rank == 0) and acc.is_last_process == (rank == 1), "main/last process flags")
+    check(acc.local_process_index == rank and acc.is_local_main_process == (rank == 0), "local indices")
+
+
+def check_collectives() -> None:
+    t = torch.tensor([rank, rank + 10])
+    check(acc.gather(t).tolist() == [0, 10, 1, 11], "gather 1-d")
+    check(acc.gather(torch.tensor(rank * 1.0)).tolist() == [0.0, 1.0], "gather 0-d")
+    Pair = namedtuple("Pair", ["a", "b"])
+    nested = {"x": [torch.full((1, 2), rank)], "p": Pair(torch.tensor([rank]), torch.tensor([[rank]]))}
+    g = acc.gather(nested)
+    check(g["x"][0].tolist() == [[0, 0], [1, 1]], "gather nested list in dict")
+    check(isinstance(g["p"], Pair) and g["p"].a.tolist() == [0, 1] and g["p"].b.shape == (2, 1), "gather namedtuple")
+    check(acc.gather_object([f"r{rank}"]) == ["r0", "r1"], "gather_object of lists concatenates")
+    check(acc.gather_object({"r": rank}) == [{"r": 0}, {"r": 1}], "gather_object of dicts lists them")
+    check(acc.reduce(torch.tensor([1.0 + rank])).tolist() == [3.0], "reduce sum")
+    check(acc.reduce(torch.tensor([1.0 + rank]), reduction="mean").tolist() == [1.5], "reduce mean")
+    check(acc.reduce({"a": torch.tensor([rank])}, reduction="sum")["a"].tolist() == [1], "reduce nested")
+    b = ops.broadcast({"w": torch.tensor([rank + 5.0])}, from_process=1)
+    check(b["w"].tolist() == [6.0], "broadcast from process 1")
+    objs = [f"from {rank}", rank]
+    ops.broadcast_object_list(objs, from_process=0)
+    check(objs == ["from 0", 0], "broadcast_object_list")
+    # Uneven shapes: pad, then gather.
+    uneven = torch.arange(rank + 1) + 1  # rank 0: [1], rank 1: [1, 2]
+    padded = acc.pad_across_processes(uneven)
+    check(padded.tolist() == ([1, 0] if rank == 0 else [1, 2]), f"pad end: {padded.tolist()}")
+    first = acc.pad_across_processes(uneven, pad_index=-1, pad_first=True)
+    check(first.tolist() == ([-1, 1] if rank == 0 else [1, 2]), "pad first")
+    both = acc.gather(acc.pad_across_processes({"u": uneven.view(1, -1)}, dim=1))
+    check(both["u"].tolist() == [[1, 0], [1, 2]], "pad dim=1 then gather nested")
+    moved = ops.send_to_device({"a": [torch.ones(1)], "s": "keep"}, "cpu")
+    check(moved["s"] == "keep" and moved["a"][0].device.type == "cpu", "send_to_device")
+
+
+def check_debug_mode() -> None:
+    state = PartialState()
+    state.debug = True  # the same flag ACCEL_DEBUG_MODE=1 sets at start-up
+    raised: str | None = None
+    try:
+        acc.gather(torch.zeros(2 + rank, 3))  # shapes differ: without debug mode this would error or hang
+    except DistributedOperationException as error:
+        raised = str(error)
+    state.debug = False
+    check(raised is not None and "process 1: ((3, 3)" in raised, f"debug mode must raise with shapes: {raised}")
+    everyone = acc.gather_object([raised is not None])
+    check(everyone == [True, True], "debug mode must raise on every rank")
+    check(acc.gather(torch.zeros(2, 3)).shape == (4, 3), "collectives still work after a debug failure")
+
+
+def check_process_control() -> None:
+    check(acc.on_main_process(lambda: "main")() == ("main" if rank == 0 else None), "on_main_process")
+    check(acc.on_last_process(lambda: "last")() == ("last" if rank == 1 else None), "on_last_process")
+    check(acc.on_process(lambda: 1, process_index=1)() == (1 if rank == 1 else None), "on_process")
+    check(acc.on_local_main_process(lambda: 2)() == (2 if rank == 0 else None), "on_local_main_process")
+
+    @acc.on_local_process(local_process_index=1)
+    def local_one() -> str:
+        return "one"
+
+    check(local_one() == ("one" if rank == 1 else None), "on_local_process as decorator factory")
+    order = TMP / "order.txt"
+    with acc.main_process_first():
+        if rank == 0:
+            time.sleep(0.5)  # process 1 must still wait
+        with order.open("a") as f:
+            f.write(f"{rank}\n")
+    acc.wait_for_everyone()
+    check(order.read_text().split() == ["0", "1"], f"main_process_first order: {order.read_text().split()}")
+    with acc.split_between_processes(["a", "b", "c", "d", "e"]) as mine:
+        check(mine == (["a", "b", "c"] if rank == 0 else ["d", "e"]), f"split list {mine}")
+    with acc.split_between_processes(["a", "b", "c"], apply_padding=True) as mine:
+        check(mine == (["a", "b"] if rank == 0 else ["c", "c"]), f"split padded {mine}")
+    with acc.split_between_processes({"k": [1, 2, 3, 4], "v": [5, 6, 7, 8]}) as mine:
+        check(mine == ({"k": [1, 2], "v": [5, 6]} if rank == 0 else {"k": [3, 4], "v": [7, 8]}), "split dict")
+    with acc.split_between_processes(torch.arange(5), apply_padding=True) as mine:
+        check(mine.tolist() == ([0, 1, 2] if rank == 0 else [3, 4, 4]), f"split tensor {mine.tolist()}")
+
+
+def check_rng_sync() -> None:
+    torch.manual_seed(100 + rank)
+    synchronize_rng_states(["torch"])
+    draws = acc.gather(torch.rand(3))
+    check(torch.equal(draws[:3], draws[3:]), "torch RNG synchronised")
+    generator = torch.Generator().manual_seed(7 + rank)
+    acc.synchronize_rng_states(generator)
+    values = acc.gather(torch.rand(2, generator=generator))
+    check(torch.equal(values[:2], values[2:]), "generator RNG synchronised")
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def check_training_parity() -> None:
+    """2 processes x accumulation 2 x micro-batch 4 == one process on the full batch of 16."""
+    torch.manual_seed(1)
+    x, y = torch.randn(48, 6), torch.randn(48, 1)
+    reference = make_model()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(3):
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(x[step * 16 : (step + 1) * 16]), y[step * 16 : (step + 1) * 16]).backward()
+        ref_opt.step()
+
+    accelerator = Accelerator(gradient_accumulation_steps=2, kwargs_handlers=[DistributedDataParallelKwargs()])
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)  # counts steps, keeps lr
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    check(isinstance(model, torch.nn.parallel.DistributedDataParallel), "model wrapped in DDP")
+    before = copy.deepcopy(accelerator.unwrap_model(model).state_dict())
+    for step in range(3):
+        for micro in range(2):
+            start = step * 16 + micro * 8 + rank * 4
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x[start : start + 4]), y[start : start + 4])
+                accelerator.backward(loss)
+                if micro == 0:
+                    check(not accelerator.sync_gradients, "first micro-batch must not sync")
+                    grads = accelerator.gather(next(model.parameters()).grad.flatten()[None])
+                    check(not torch.allclose(grads[0], grads[1]), "no_sync: gradients differ across ranks")
+                else:
+                    check(accelerator.sync_gradients, "second micro-batch syncs")
+                    grads = accelerator.gather(next(model.parameters()).grad.flatten()[None])
+                    check(torch.allclose(grads[0], grads[1]), "synced gradients equal across ranks")
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            if step == 0 and micro == 0:
+                after_micro = accelerator.unwrap_model(model).state_dict()
+                check(all(torch.equal(before[k], after_micro[k]) for k in before), "no optimizer step while accumulating")
+    check(scheduler.scheduler.last_epoch == 3, f"scheduler stepped {scheduler.scheduler.last_epoch} times, want 3")
+    got = accelerator.unwrap_model(model).state_dict()
+    for name, value in reference.state_dict().items():
+        check(torch.allclose(got[name], value, atol=1e-6), f"parity: {name} differs by {(got[name] - value).abs().max()}")
+
+
+def check_mixed_precision() -> None:
+    for precision in ("bf16", "fp16"):
+        accelerator = Accelerator(mixed_precision=precision)
+        model = make_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        torch.manual_seed(3 + rank)
+        x = torch.randn(32, 6)
+        y = x.sum(dim=1, keepdim=True) * 0.1
+        losses = []
+        for _ in range(15):
+            out = model(x)
+            check(out.dtype == torch.float32, f"{precision}: outputs converted back to fp32")
+            loss = torch.nn.functional.mse_loss(out, y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        check(losses[-1] < losses[0], f"{precision}: loss should fall, {losses[0]:.4f} -> {losses[-1]:.4f}")
+        check((accelerator.scaler is not None) == (precision == "fp16"), f"{precision}: GradScaler only for fp16")
+        with accelerator.autocast():
+            check(torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype != torch.float32, "autocast() lowers precision")
+
+
+def check_join_uneven_inputs() -> None:
+    accelerator = Accelerator()
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    batches = 3 if rank == 0 else 2  # uneven: without Join, rank 0's third backward waits forever
+    with accelerator.join_uneven_inputs([model], even_batches=False):
+        for _ in range(batches):
+            loss = model(torch.randn(4, 6)).pow(2).mean()
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    accelerator.wait_for_everyone()
+
+
+for check_function in (
+    check_setup,
+    check_collectives,
+    check_debug_mode,
+    check_process_control,
+    check_rng_sync,
+    check_training_parity,
+    check_mixed_precision,
+    check_join_uneven_inputs,
+):
+    check_function()
+    acc.wait_for_everyone()
+    if rank == 0:
+        print(f"ok {check_function.__name__}", flush=True)
+
+print(f"CORE CHECKS PASSED {rank}", flush=True)
+PartialState().destroy_process_group()
