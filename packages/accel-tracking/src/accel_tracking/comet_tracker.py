@@ -37,6 +37,21 @@ class CometMLTracker(GeneralTracker):
             kwargs["experiment_config"] = comet_ml.ExperimentConfig(offline_directory=os.fspath(offline_dir))
         self.experiment = comet_ml.start(project_name=self.run_name, **kwargs)
 
+    @classmethod
+    def is_available(cls) -> bool:
+        """Installed, and able to start: offline (``COMET_START_ONLINE=false``) or an API key configured.
+
+        ``log_with="all"`` uses this so that an installed but unconfigured Comet does not stop the run.
+        """
+        if not super().is_available():
+            return False
+        if os.environ.get("COMET_START_ONLINE", "").strip().lower() in ("0", "false", "no", "off"):
+            return True
+        if os.environ.get("COMET_API_KEY"):
+            return True
+        config = os.environ.get("COMET_CONFIG") or os.path.join(os.path.expanduser("~"), ".comet.config")
+        return os.path.isfile(config)
+
     @property
     def tracker(self) -> Any:
         """The ``comet_ml`` experiment."""

@@ -15,6 +15,8 @@ logger = logging.getLogger(__name__)
 # batch carries at most this many params.
 _MAX_PARAM_LENGTH = 6000
 _MAX_PARAMS_PER_BATCH = 100
+# The tracking URI this module last exported through mlflow.set_tracking_uri.
+_uri_set_by_us: dict[str, str] = {}
 
 
 def default_tracking_uri(logging_dir: str | os.PathLike[str] | None, backend: str) -> str:
@@ -68,7 +70,11 @@ class MLflowTracker(GeneralTracker):
     ) -> None:
         mlflow = require("mlflow", self.extra)
         self.experiment_name = str(experiment_name)
-        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        env_uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if env_uri is not None and env_uri == _uri_set_by_us.get("uri"):
+            # mlflow.set_tracking_uri exports the variable itself: our previous run's store, not a user choice.
+            env_uri = None
+        uri = tracking_uri or env_uri
         local_default = uri is None
         root: Path | None = None
         if local_default:
@@ -80,6 +86,8 @@ class MLflowTracker(GeneralTracker):
                 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.tracking_uri = uri
         mlflow.set_tracking_uri(uri)
+        if os.environ.get("MLFLOW_TRACKING_URI") == uri and env_uri != uri:
+            _uri_set_by_us["uri"] = uri
 
         client = mlflow.MlflowClient(uri)
         experiment = client.get_experiment_by_name(self.experiment_name)

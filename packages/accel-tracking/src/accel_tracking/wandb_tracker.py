@@ -36,6 +36,19 @@ class WandBTracker(GeneralTracker):
             kwargs["dir"] = os.fspath(logging_dir)
         self.run = wandb.init(project=self.run_name, **kwargs)
 
+    @classmethod
+    def is_available(cls) -> bool:
+        """Installed, and able to start without asking for a login: offline mode or a known API key.
+
+        ``log_with="all"`` uses this, so a machine where wandb is merely installed is not stopped
+        by a login prompt; ``log_with="wandb"`` always tries (and wandb says what is missing).
+        """
+        if not super().is_available():
+            return False
+        if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled") or os.environ.get("WANDB_API_KEY"):
+            return True
+        return _netrc_has("api.wandb.ai")
+
     @property
     def tracker(self) -> Any:
         """The ``wandb.Run``."""
@@ -76,3 +89,14 @@ class WandBTracker(GeneralTracker):
         run = getattr(self, "run", None)
         if run is not None:
             run.finish()
+
+
+def _netrc_has(host: str) -> bool:
+    """Whether ``wandb login`` stored a key for ``host`` in the netrc file."""
+    import netrc
+
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        return netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False

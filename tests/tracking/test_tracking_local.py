@@ -1,0 +1,216 @@
+"""The local tracker, the base class, the plot and progress helpers, and the light import."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import accel_tracking
+from accel_tracking import GeneralTracker, LoggerType
+from accel_tracking.base import flatten_dict, require, resolve_logging_dir
+
+
+def test_import_is_light_and_names_are_lazy() -> None:
+    code = textwrap.dedent(
+        """
+        import sys, accel_tracking
+        heavy = [m for m in ("torch", "wandb", "mlflow", "tensorboard", "tqdm", "matplotlib", "comet_ml") if m in sys.modules]
+        assert not heavy, heavy
+        assert accel_tracking.LocalTracker.__name__ == "LocalTracker"
+        assert "torch" not in sys.modules
+        assert sorted(accel_tracking.__all__) == sorted(set(accel_tracking.__all__))
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_logger_type_is_the_entry_point_name() -> None:
+    from accel_core import plugins
+
+    assert str(LoggerType.TENSORBOARD) == "tensorboard" and LoggerType.COMETML == "comet_ml"
+    registered = set(plugins.available("accel.trackers"))
+    for member in LoggerType:
+        if member is not LoggerType.ALL:
+            assert str(member) in registered
+            cls = plugins.load("accel.trackers", str(member))
+            assert issubclass(cls, GeneralTracker) and cls.name == str(member)
+
+
+def test_local_tracker_round_trip(tmp_path: Path) -> None:
+    from accel_tracking import LocalTracker, read_config, read_metrics
+
+    tracker = LocalTracker("run1", tmp_path)
+    assert tracker.requires_logging_directory and tracker.is_active
+    tracker.store_init_configuration({"lr": 1e-3, "model": {"depth": 2}, "path": tmp_path, "betas": (0.9, 0.99)})
+    tracker.log({"loss": 1.5, "acc": 0.25, "note": "warmup"}, step=0)
+    tracker.log({"loss": 0.75, "nan": float("nan")}, step=10)
+    tracker.log({"lr": 5e-4})  # no step
+    tracker.log_table("preds", columns=["x", "y"], data=[[1, 2], [3, 4]], step=10)
+    tracker.finish()
+    tracker.finish()  # idempotent
+    with pytest.raises(ValueError, match="finished"):
+        tracker.log({"loss": 1.0}, step=11)
+
+    records = read_metrics(tmp_path / "run1")
+    assert [r["step"] for r in records] == [0, 10, None]
+    assert records[0]["loss"] == 1.5 and records[0]["acc"] == 0.25 and records[0]["note"] == "warmup"
+    assert records[1]["loss"] == 0.75 and records[1]["nan"] == "nan"
+    assert records[2]["lr"] == 5e-4 and records[2]["time"] >= records[0]["time"]
+    assert read_metrics(tmp_path / "run1" / "metrics.jsonl") == records
+    config = read_config(tmp_path / "run1")
+    assert config == {"lr": 1e-3, "model": {"depth": 2}, "path": str(tmp_path), "betas": [0.9, 0.99]}
+    table = json.loads((tmp_path / "run1" / "tables" / "preds_step10.json").read_text())
+    assert table == {"columns": ["x", "y"], "data": [[1, 2], [3, 4]], "step": 10}
+
+
+def test_local_tracker_tensors_reserved_keys_and_torn_line(tmp_path: Path) -> None:
+    import numpy as np
+    import torch
+
+    from accel_tracking import LocalTracker, read_metrics
+
+    tracker = LocalTracker("run", tmp_path)
+    tracker.log({"loss": torch.tensor(0.5), "n": np.int64(3), "vec": torch.tensor([1.0, 2.0])}, step=np.int64(1))
+    with pytest.raises(ValueError, match="reserved"):
+        tracker.log({"step": 3})
+    with pytest.raises(TypeError, match="dict"):
+        tracker.log([1, 2])  # type: ignore[arg-type]
+    tracker.finish()
+    # A run killed mid-write leaves a torn last line: the records before it still read.
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 2, "loss": 0.')
+    records = read_metrics(tmp_path / "run")
+    assert records == [{"step": 1, "time": records[0]["time"], "loss": 0.5, "n": 3, "vec": [1.0, 2.0]}]
+    # Appending to an existing run keeps what was there (a resumed run continues its curve).
+    again = LocalTracker("other", tmp_path)
+    again.log({"a": 1}, step=1)
+    again.finish()
+    again = LocalTracker("other", tmp_path)
+    again.log({"a": 2}, step=2)
+    again.finish()
+    assert [r["a"] for r in read_metrics(tmp_path / "other")] == [1, 2]
+
+
+def test_default_logging_dir_is_runs_under_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel_tracking import LocalTracker
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_logging_dir(None, "x") == tmp_path / "runs"
+    tracker = LocalTracker("r", None)
+    tracker.log({"x": 1}, step=0)
+    tracker.finish()
+    assert (tmp_path / "runs" / "r" / "metrics.jsonl").is_file()
+    with pytest.raises(TypeError, match="logging_dir"):
+        resolve_logging_dir(3, "local")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="run name"):
+        LocalTracker("", tmp_path)
+
+
+def test_missing_library_names_the_extra() -> None:
+    with pytest.raises(ImportError, match=r'pip install "accel-tracking\[foo\]"'):
+        require("accel_no_such_library_xyz", "foo")
+    # A tracker whose library cannot be imported: Python's own `sys.modules[name] = None` block.
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["wandb"] = None
+        sys.modules["mlflow"] = None
+        from accel_tracking import WandBTracker, MLflowTracker
+        for cls, extra in ((WandBTracker, "wandb"), (MLflowTracker, "mlflow")):
+            try:
+                cls("p", None)
+            except ImportError as error:
+                assert f'pip install "accel-tracking[{extra}]"' in str(error), error
+            else:
+                raise SystemExit(f"{cls.__name__} did not raise")
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_custom_tracker_and_base_defaults(tmp_path: Path) -> None:
+    class ListTracker(GeneralTracker):
+        name = "list"
+        requires_logging_directory = False
+
+        def __init__(self, run_name: str, logging_dir: str | None = None) -> None:
+            self.rows: list[tuple[int | None, dict]] = []
+
+        @property
+        def tracker(self) -> list:
+            return self.rows
+
+        def log(self, values, step=None, **kwargs):
+            self.rows.append((step, dict(values)))
+
+    tracker = ListTracker("p")
+    tracker.log({"a": 1}, step=3)
+    tracker.store_init_configuration({"x": 1})  # the base's no-op
+    tracker.finish()
+    assert tracker.tracker == [(3, {"a": 1})] and tracker.is_active and "ListTracker" in repr(tracker)
+    with pytest.raises(NotImplementedError, match="images"):
+        tracker.log_images({"img": None})
+    with pytest.raises(NotImplementedError, match="tables"):
+        tracker.log_table("t", ["a"], [[1]])
+    assert flatten_dict({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a/b": 1, "a/c/d": 2, "e": 3}
+
+
+def test_progress_bar_on_main_process(capsys: pytest.CaptureFixture[str]) -> None:
+    from accel_tracking import progress_bar
+
+    bar = progress_bar(range(5), desc="train", file=sys.stderr)
+    assert not bar.disable
+    assert list(bar) == [0, 1, 2, 3, 4]
+    assert "train" in capsys.readouterr().err
+    assert progress_bar(range(3), disable=True).disable
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plot_metrics_writes_a_png(tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    from accel_tracking import LocalTracker, plot_metrics
+
+    tracker = LocalTracker("curve", tmp_path)
+    for step in range(50):
+        tracker.log({"loss": math.exp(-step / 10) + 0.01 * (step % 3), "acc": step / 50}, step=step)
+    tracker.log({"note": "done"})
+    tracker.finish()
+
+    out = plot_metrics(tmp_path / "curve", keys=["loss"], out_png=tmp_path / "loss.png")
+    assert out == tmp_path / "loss.png"
+    width, height = _png_size(out)
+    assert (width, height) == (700, 260) and out.stat().st_size > 10_000
+    pixels = imread(out)
+    assert pixels.std() > 0.05  # something was drawn, not a blank canvas
+
+    both = plot_metrics(tmp_path / "curve" / "metrics.jsonl", log_y=True)  # every numeric key
+    assert both == tmp_path / "curve" / "metrics.png" and _png_size(both) == (700, 520)
+    with pytest.raises(ValueError, match="No numeric values"):
+        plot_metrics(tmp_path / "curve", keys=["note"])
+    with pytest.raises(FileNotFoundError):
+        plot_metrics(tmp_path / "nowhere")
+
+
+def test_all_names_resolve() -> None:
+    for name in accel_tracking.__all__:
+        assert getattr(accel_tracking, name) is not None
+    with pytest.raises(AttributeError):
+        accel_tracking.NoSuchThing  # noqa: B018
