@@ -1,0 +1,177 @@
+"""The object registered as ``accel.checkpoint: state``: what ``Accelerator.save_state`` and friends call.
+
+Example (what accel-core does)::
+
+    handler = plugins.load("accel.checkpoint", "state")
+    folder = handler.save_state(accelerator, "ckpt", async_save=True)
+    handler.wait(accelerator)  # the async write is finished (and complete on disk) after this
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+from . import access
+from .coordination import Coordinator
+from .load_state import load_state as _load_state
+from .save_plan import plan_save
+from .writer import PendingSave, run_job
+
+
+class _PerAccelerator(dict):
+    """Accelerator -> value, not keeping the accelerator alive when it can be weakly referenced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._weak: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+    def get_for(self, accelerator: Any) -> Any:
+        try:
+            return self._weak.get(accelerator)
+        except TypeError:
+            return self.get(id(accelerator))
+
+    def set_for(self, accelerator: Any, value: Any) -> None:
+        try:
+            self._weak[accelerator] = value
+        except TypeError:
+            self[id(accelerator)] = value
+
+    def pop_for(self, accelerator: Any) -> Any:
+        try:
+            return self._weak.pop(accelerator, None)
+        except TypeError:
+            return self.pop(id(accelerator), None)
+
+
+class StateCheckpointer:
+    """Implements ``accel_core.protocols.CheckpointHandler``."""
+
+    def __init__(self) -> None:
+        self._pending = _PerAccelerator()
+        self._buffers = _PerAccelerator()
+
+    def save_state(
+        self,
+        accelerator: Any,
+        output_dir: str | None = None,
+        async_save: bool = False,
+        safe_serialization: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        """Saves everything prepared or registered; returns the checkpoint folder.
+
+        async_save: return once the state is copied to CPU memory; files are written by a
+            background thread. The checkpoint only counts (has its ``COMPLETE`` marker) once written;
+            the next save/load or ``wait(accelerator)`` waits for it and raises its error, if any.
+        safe_serialization: models as safetensors (default) rather than ``pytorch_model.bin``.
+        Other keyword arguments go to the strategy's ``save_sharded`` when it has one.
+        """
+        self.wait(accelerator)
+        coord = Coordinator()
+        from .snapshot import HostBuffers, to_cpu_without_copy
+
+        buffers = None
+        if async_save:
+            buffers = self._buffers.get_for(accelerator)
+            if buffers is None:
+                buffers = HostBuffers()
+                self._buffers.set_for(accelerator, buffers)
+        copy_tensor = buffers.copy if buffers is not None else to_cpu_without_copy
+        job = plan_save(accelerator, output_dir, coord, copy_tensor, safe_serialization, sharded_kwargs=kwargs)
+        config = access.project_configuration(accelerator)
+        automatic = job.metadata["iteration"] is not None
+        if buffers is not None:
+            buffers.synchronize()
+            self._pending.set_for(accelerator, PendingSave(job, coord))
+            if automatic:
+                config.iteration += 1
+            return job.final_dir
+        folder = run_job(job, coord)
+        if automatic:
+            config.iteration += 1
+        return folder
+
+    def wait(self, accelerator: Any) -> str | None:
+        """Blocks until the accelerator's async save (if any) is on disk; returns its folder.
+
+        Raises ``CheckpointError`` if that save failed.
+        """
+        pending = self._pending.pop_for(accelerator)
+        return pending.wait() if pending is not None else None
+
+    # Accelerate-style name, for a core method ``Accelerator.wait_for_checkpoint()`` to call.
+    wait_for_checkpoint = wait
+
+    def load_state(
+        self,
+        accelerator: Any,
+        input_dir: str | None = None,
+        allow_unsafe_pickle: bool | None = None,
+        load_dataloader_state: bool = True,
+        strict: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        """Restores a checkpoint (the newest complete automatic one when ``input_dir`` is None).
+
+        allow_unsafe_pickle: also load files that need full unpickling (trusted legacy files only;
+            default: the ``ACCEL_ALLOW_UNSAFE_PICKLE`` environment variable, else refuse).
+        load_dataloader_state: restore the dataloaders' positions (needs the same number of processes).
+        strict: passed to the models' ``load_state_dict``.
+        """
+        self.wait(accelerator)
+        return _load_state(
+            accelerator,
+            input_dir,
+            Coordinator(),
+            allow_unsafe_pickle=allow_unsafe_pickle,
+            load_dataloader_state=load_dataloader_state,
+            strict=strict,
+            **kwargs,
+        )
+
+    def save_model(
+        self,
+        accelerator: Any,
+        model: Any,
+        save_directory: str,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Writes the model's full weights (gathered if sharded) as safetensors shards + index."""
+        from .model_files import write_model_files
+
+        if os.path.isfile(save_directory):
+            raise ValueError(f"save_model: {save_directory} is a file; give a folder path.")
+        self.wait(accelerator)
+        coord = Coordinator()
+        state_dict = full_model_state_dict(accelerator, model)  # every process: it may gather
+        config = access.project_configuration(accelerator)
+        rank = access.process_index(accelerator)
+        writes = rank == 0 or (bool(getattr(config, "save_on_each_node", False)) and access.is_local_main(accelerator))
+        error: BaseException | None = None
+        if writes:
+            try:
+                write_model_files(state_dict, save_directory, max_shard_size, safe_serialization)
+            except (ValueError, TypeError, OSError) as caught:
+                error = caught
+        coord.agree(error, f"save_model to {save_directory}")
+
+
+def full_model_state_dict(accelerator: Any, model: Any) -> dict[str, Any]:
+    """The whole model's state dict; a DTensor-sharded model is gathered (onto the CPU) with DCP's helper."""
+    state = access.model_state_dict(accelerator, model)
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return state
+    if any(isinstance(v, DTensor) for v in state.values()):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return state
+
+
+HANDLER = StateCheckpointer()

@@ -1,0 +1,127 @@
+"""Where checkpoints live and which ones count: automatic names, completion, latest, total_limit.
+
+A checkpoint folder counts only once it holds the ``COMPLETE`` marker; folders being written are
+hidden siblings (``.checkpoint_3.partial-1a2b3c4d``) that are never taken for a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .constants import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, COMPLETE_NAME, METADATA_NAME, OLD_TAG, PARTIAL_TAG
+from .errors import CorruptCheckpointError
+from .fsio import remove_tree
+
+logger = logging.getLogger(__name__)
+
+_NUMBERED = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
+
+
+@dataclass(frozen=True)
+class Found:
+    number: int
+    path: str
+    complete: bool
+
+
+def checkpoints_dir(project_dir: str) -> str:
+    return os.path.join(project_dir, CHECKPOINTS_DIR)
+
+
+def numbered_path(project_dir: str, number: int) -> str:
+    return os.path.join(checkpoints_dir(project_dir), f"{CHECKPOINT_PREFIX}{number}")
+
+
+def is_complete(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, COMPLETE_NAME))
+
+
+def number_of(folder: str) -> int | None:
+    match = _NUMBERED.match(os.path.basename(os.path.normpath(folder)))
+    return int(match.group(1)) if match else None
+
+
+def list_checkpoints(base: str) -> list[Found]:
+    """Every ``checkpoint_<n>`` folder in ``base``, oldest first (numbers compared as integers)."""
+    if not os.path.isdir(base):
+        return []
+    found = []
+    for name in os.listdir(base):
+        number = number_of(name)
+        path = os.path.join(base, name)
+        if number is not None and os.path.isdir(path):
+            found.append(Found(number, path, is_complete(path)))
+    return sorted(found, key=lambda f: f.number)
+
+
+def latest_complete(base: str) -> Found | None:
+    """The newest finished checkpoint; unfinished folders are skipped (and reported)."""
+    found = list_checkpoints(base)
+    complete = [f for f in found if f.complete]
+    newest = complete[-1].number if complete else -1
+    skipped = [f.path for f in found if not f.complete and f.number > newest]
+    if skipped:
+        logger.warning("Skipping checkpoint folders without a %s marker (interrupted saves): %s", COMPLETE_NAME, skipped)
+    return complete[-1] if complete else None
+
+
+def partial_path(final: str, tag: str) -> str:
+    parent, name = os.path.split(os.path.normpath(final))
+    return os.path.join(parent, f".{name}{PARTIAL_TAG}{tag}")
+
+
+def old_path(final: str, tag: str) -> str:
+    parent, name = os.path.split(os.path.normpath(final))
+    return os.path.join(parent, f".{name}{OLD_TAG}{tag}")
+
+
+def remove_leftovers(parent: str, keep: str | None = None, only_for: str | None = None) -> list[str]:
+    """Deletes hidden ``.partial-`` / ``.old-`` folders left by interrupted saves.
+
+    only_for: limit to leftovers of one final folder name (explicit output dirs share a parent with
+    unrelated things); ``None`` cleans every leftover (the automatic checkpoints folder is ours).
+    """
+    removed = []
+    if not os.path.isdir(parent):
+        return removed
+    for name in os.listdir(parent):
+        if not name.startswith("."):
+            continue
+        stem = name[1:].split(PARTIAL_TAG)[0].split(OLD_TAG)[0]
+        if stem == name[1:] or (only_for is not None and stem != only_for):
+            continue
+        path = os.path.join(parent, name)
+        if keep is not None and os.path.abspath(path) == os.path.abspath(keep):
+            continue
+        remove_tree(path)
+        removed.append(path)
+    return removed
+
+
+def prune(base: str, total_limit: int) -> list[str]:
+    """Keeps the newest ``total_limit`` finished checkpoints of ``base``, deletes the older ones."""
+    complete = [f for f in list_checkpoints(base) if f.complete]
+    doomed = complete[: max(0, len(complete) - total_limit)]
+    for found in doomed:
+        remove_tree(found.path)
+    if doomed:
+        logger.info("total_limit=%d: deleted %s", total_limit, [f.path for f in doomed])
+    return [f.path for f in doomed]
+
+
+def read_metadata(folder: str) -> dict[str, Any] | None:
+    path = os.path.join(folder, METADATA_NAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as error:
+        raise CorruptCheckpointError(
+            f"{path} is truncated or corrupt ({error}). Restore it from a copy or load an earlier checkpoint."
+        ) from error

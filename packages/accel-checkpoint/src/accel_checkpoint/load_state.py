@@ -1,0 +1,221 @@
+"""``load_state``: find the checkpoint, read every file (safely), then restore the prepared objects.
+
+Reading happens entirely before anything is changed, and all processes agree that their reads
+succeeded: a missing or corrupt file on one process fails every process, and leaves the objects
+of all of them untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any
+
+from . import access, constants as C, layout
+from .coordination import Coordinator
+from .data_state import restore_dataloader_state
+from .errors import CheckpointMismatchError, CheckpointNotFoundError, CorruptCheckpointError, IncompleteCheckpointError
+from .legacy import legacy_counts
+from .rng import restore_legacy_rng_state, restore_rng_state
+from .safe_load import load_torch_file
+from .safetensors_io import read_safetensors
+from .sharded import MODELS, OPTIMIZERS, SCHEDULERS, find_sharded
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_input_dir(accelerator: Any, input_dir: str | None) -> str:
+    config = access.project_configuration(accelerator)
+    if input_dir is None:
+        if config is None or not config.automatic_checkpoint_naming or not config.project_dir:
+            raise ValueError(
+                "load_state() needs input_dir, unless ProjectConfiguration(automatic_checkpoint_naming=True, "
+                "project_dir=...) is used, in which case it loads the newest checkpoint."
+            )
+        base = layout.checkpoints_dir(config.project_dir)
+        found = layout.latest_complete(base)
+        if found is None:
+            raise CheckpointNotFoundError(f"No complete checkpoint in {base}: nothing to resume from (save_state() first).")
+        return os.path.abspath(found.path)
+    folder = os.path.abspath(os.path.expanduser(input_dir))
+    if not os.path.isdir(folder):
+        hint = ""
+        parent, name = os.path.split(folder)
+        if os.path.isdir(parent):
+            aside = [n for n in os.listdir(parent) if n.startswith(f".{name}{C.OLD_TAG}")]
+            if aside:
+                hint = f" A previous version was being replaced when the process stopped: {os.path.join(parent, aside[0])}."
+        raise CheckpointNotFoundError(f"Tried to find {input_dir} but folder does not exist.{hint}")
+    return folder
+
+
+class _Reader:
+    """Reads files of one checkpoint, checking each against the size recorded when it was written."""
+
+    def __init__(self, folder: str, metadata: dict[str, Any] | None, allow_unsafe_pickle: bool | None) -> None:
+        self.folder = folder
+        self.sizes: dict[str, int] = (metadata or {}).get("files", {})
+        self.allow_unsafe_pickle = allow_unsafe_pickle
+
+    def path(self, name: str) -> str:
+        path = os.path.join(self.folder, name)
+        expected = self.sizes.get(name)
+        if expected is not None and os.path.isfile(path) and os.path.getsize(path) != expected:
+            raise CorruptCheckpointError(
+                f"{path} has {os.path.getsize(path)} bytes but {expected} were written: it was truncated or changed "
+                "after saving. Restore it from a copy, or load an earlier checkpoint."
+            )
+        return path
+
+    def torch(self, name: str) -> Any:
+        return load_torch_file(self.path(name), self.allow_unsafe_pickle)
+
+    def model(self, index: int, model_format: str | None) -> dict[str, Any]:
+        safe = C.indexed(C.MODEL_NAME, index, C.SAFE_MODEL_EXT)
+        pickled = C.indexed(C.PICKLE_MODEL_NAME, index, ".bin")
+        if model_format == "torch" or (model_format is None and not os.path.exists(os.path.join(self.folder, safe))):
+            return self.torch(pickled)
+        return read_safetensors(self.path(safe))[0]
+
+
+def _check_count(kind: str, saved: int, prepared: int, folder: str) -> None:
+    if saved != prepared:
+        raise CheckpointMismatchError(
+            f"{folder} holds {saved} {kind} but {prepared} were prepared. Prepare the same objects, in the same "
+            "order, as in the run that saved it (load hooks may remove models that they load themselves)."
+        )
+
+
+def load_state(
+    accelerator: Any,
+    input_dir: str | None,
+    coord: Coordinator,
+    allow_unsafe_pickle: bool | None = None,
+    load_dataloader_state: bool = True,
+    strict: bool = True,
+    **kwargs: Any,
+) -> str:
+    """Collective: every process calls it. Returns the folder loaded."""
+    error: BaseException | None = None
+    folder = metadata = None
+    try:
+        folder = resolve_input_dir(accelerator, input_dir)
+    except (ValueError, OSError) as caught:
+        error = caught
+    coord.agree(error, "load_state")
+    # The newest checkpoint as process 0 sees it, so every process loads the same one.
+    folder = coord.broadcast(folder)
+    try:
+        if not os.path.isdir(folder):
+            raise CheckpointNotFoundError(f"{folder} is not visible on this machine; use a shared file system or save_on_each_node=True.")
+        metadata = layout.read_metadata(folder)
+        if not layout.is_complete(folder):
+            if metadata is not None:
+                raise IncompleteCheckpointError(
+                    f"{folder} has no {C.COMPLETE_NAME} marker: its save was interrupted, so it may be missing files. "
+                    "Load an earlier checkpoint."
+                )
+            if os.path.basename(folder).startswith("."):
+                raise IncompleteCheckpointError(f"{folder} is a checkpoint that was still being written; load a finished one.")
+            warnings.warn(f"{folder} has no accel-checkpoint metadata: reading it as a reference-layout (legacy) checkpoint.", stacklevel=3)
+    except (ValueError, OSError) as caught:
+        error = caught
+    coord.agree(error, f"opening {folder}")
+
+    models = access.listed(accelerator, "_models")
+    for hook in access.hooks(accelerator, "_load_model_state_pre_hook"):
+        hook(models, folder)  # may remove models it loads itself
+
+    sharded = (metadata or {}).get("sharded")
+    covered = set(sharded["covers"]) if sharded else set()
+    if sharded:
+        found = find_sharded(accelerator)
+        if found is None:
+            raise CheckpointMismatchError(
+                f"{folder} was written by the sharded checkpointing of {sharded['implementation']}; prepare the "
+                "models with the same kind of strategy to load it (or merge it with merge_sharded_checkpoint)."
+            )
+        found[0].load_sharded(accelerator, os.path.join(folder, C.SHARDED_DIR), allow_unsafe_pickle=allow_unsafe_pickle)
+
+    rank = access.process_index(accelerator)
+    reader = _Reader(folder, metadata, allow_unsafe_pickle)
+    counts = metadata["counts"] if metadata else legacy_counts(folder)
+    optimizers = access.listed(accelerator, "_optimizers")
+    schedulers = access.listed(accelerator, "_schedulers")
+    customs = access.listed(accelerator, "_custom_objects")
+    loaders = access.listed(accelerator, "_dataloaders")
+    scaler = getattr(accelerator, "scaler", None)
+    saved_world = (metadata or {}).get("world_size", access.num_processes(accelerator))
+    loaded: dict[str, Any] = {}
+    try:
+        if MODELS not in covered:
+            _check_count("models", counts["models"], len(models), folder)
+            loaded["models"] = [reader.model(i, (metadata or {}).get("model_format")) for i in range(len(models))]
+        if OPTIMIZERS not in covered:
+            _check_count("optimizers", counts["optimizers"], len(optimizers), folder)
+            loaded["optimizers"] = [reader.torch(C.indexed(C.OPTIMIZER_NAME, i, ".bin")) for i in range(len(optimizers))]
+        if SCHEDULERS not in covered:
+            _check_count("schedulers", counts["schedulers"], len(schedulers), folder)
+            loaded["schedulers"] = [reader.torch(C.indexed(C.SCHEDULER_NAME, i, ".bin")) for i in range(len(schedulers))]
+        if scaler is not None and counts["scaler"]:
+            loaded["scaler"] = reader.torch(C.SCALER_NAME)
+        elif scaler is not None or counts["scaler"]:
+            logger.warning("GradScaler state %s: the scaler starts fresh.", "missing from the checkpoint" if scaler else "not used now")
+        if counts["custom_objects"] != len(customs):
+            # The reference implementation warns and skips here; kept for compatibility.
+            logger.warning(
+                "Number of found checkpoints does not match the number of registered objects: found %d, registered %d. Skipping.",
+                counts["custom_objects"],
+                len(customs),
+            )
+        else:
+            ext = ".pt" if metadata else ".pkl"
+            loaded["customs"] = [reader.torch(f"{C.CUSTOM_NAME}_{i}{ext}") for i in range(len(customs))]
+        if load_dataloader_state and metadata and counts["dataloaders"]:
+            _check_count("dataloaders", counts["dataloaders"], len(loaders), folder)
+            if saved_world != access.num_processes(accelerator):
+                raise CheckpointMismatchError(
+                    f"{folder} holds dataloader positions of {saved_world} processes, but {access.num_processes(accelerator)} "
+                    "run now; positions are per process. Resume with the same number of processes, or pass "
+                    "load_dataloader_state=False and restore the position with accelerator.skip_first_batches()."
+                )
+            loaded["loaders"] = [reader.torch(C.dataloader_file(i, rank)) for i in range(len(loaders))]
+        rng_name = C.rng_file(rank) if metadata else f"{C.RNG_STATE_NAME}_{rank}{C.LEGACY_RNG_EXT}"
+        if os.path.exists(os.path.join(folder, rng_name)):
+            loaded["rng"] = reader.torch(rng_name)
+        else:
+            logger.warning("%s has no RNG state for process %d (saved with %d processes): RNGs are not restored.", folder, rank, saved_world)
+    except (ValueError, OSError) as caught:
+        error = caught
+    coord.agree(error, f"reading {folder}")
+
+    try:
+        for model, state in zip(models, loaded.get("models", [])):
+            access.load_model_state_dict(accelerator, model, state, strict=strict)
+        for optimizer, state in zip(optimizers, loaded.get("optimizers", [])):
+            optimizer.load_state_dict(state)
+        for scheduler, state in zip(schedulers, loaded.get("schedulers", [])):
+            scheduler.load_state_dict(state)
+        if "scaler" in loaded:
+            scaler.load_state_dict(loaded["scaler"])
+        for obj, state in zip(customs, loaded.get("customs", [])):
+            obj.load_state_dict(state)
+        for i, (loader, state) in enumerate(zip(loaders, loaded.get("loaders", []))):
+            restore_dataloader_state(loader, state, os.path.join(folder, C.dataloader_file(i, rank)))
+        if "rng" in loaded:
+            (restore_rng_state if metadata else restore_legacy_rng_state)(loaded["rng"])
+    except (ValueError, RuntimeError, KeyError, TypeError) as caught:
+        error = caught
+    coord.agree(error, f"restoring the state of {folder}")
+
+    step = (metadata or {}).get("step")
+    if step is not None and hasattr(accelerator, "step"):
+        accelerator.step = step
+    config = access.project_configuration(accelerator)
+    number = layout.number_of(folder)
+    if config is not None and config.automatic_checkpoint_naming and config.project_dir and number is not None:
+        if os.path.abspath(os.path.dirname(folder)) == os.path.abspath(layout.checkpoints_dir(config.project_dir)):
+            config.iteration = number + 1  # the next automatic save continues the numbering
+    logger.info("Loaded state from %s", folder)
+    return folder

@@ -1,0 +1,225 @@
+"""The blocking half of ``save_state``: decide where to write, and take a snapshot of all state.
+
+Produces a ``SaveJob``: the list of files this process writes (with their content already in CPU
+memory) plus the metadata. ``writer.run_job`` writes it, now or on a background thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+from . import access, constants as C, layout
+from .coordination import Coordinator
+from .data_state import dataloader_state
+from .errors import CheckpointError
+from .fsio import remove_tree, token
+from .rng import capture_rng_state
+from .safetensors_io import dedupe, safetensors_metadata
+from .sharded import MODELS, OPTIMIZERS, SCHEDULERS, find_sharded
+from .snapshot import CopyFn, copy_tree
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FileJob:
+    """One file of the checkpoint: ``kind`` is ``safetensors`` (dict of tensors) or ``torch`` (any plain data)."""
+
+    name: str
+    kind: str
+    payload: Any
+    metadata: dict[str, str] | None = None
+
+
+@dataclass
+class SaveJob:
+    final_dir: str
+    temp_dir: str
+    files: list[FileJob]
+    metadata: dict[str, Any]
+    finalizer: bool  # global process 0: writes metadata + marker, renames, prunes
+    node_finalizer: bool  # first process of another machine: does the same for its machine's copy
+    multi_node: bool
+    replace_existing: bool
+    prune_base: str | None = None
+    total_limit: int | None = None
+    written: dict[str, int] = field(default_factory=dict)
+
+
+def _version(dist_name: str) -> str | None:
+    try:
+        return importlib_metadata.version(dist_name)
+    except importlib_metadata.PackageNotFoundError:
+        return None
+
+
+def resolve_output_dir(accelerator: Any, output_dir: str | None) -> tuple[str, bool, int | None]:
+    """(final folder, replace an existing one?, automatic number or None). Raises ValueError with the fix."""
+    config = access.project_configuration(accelerator)
+    if config is not None and config.automatic_checkpoint_naming:
+        if not config.project_dir:
+            raise ValueError(
+                "automatic_checkpoint_naming=True needs a project directory: "
+                "Accelerator(project_config=ProjectConfiguration(project_dir='runs/exp', automatic_checkpoint_naming=True))."
+            )
+        if output_dir is not None:
+            logger.warning("save_state: automatic_checkpoint_naming is on, so output_dir=%r is ignored.", output_dir)
+        final = layout.numbered_path(config.project_dir, config.iteration)
+        if os.path.exists(final):
+            raise ValueError(
+                f"Checkpoint directory {final} ({config.iteration}) already exists. Please manually override "
+                "`accelerator.project_configuration.iteration` with what iteration to start with."
+            )
+        return os.path.abspath(final), False, config.iteration
+    if output_dir is None:
+        raise ValueError(
+            "save_state() needs an output_dir, or automatic naming: "
+            "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
+        )
+    final = os.path.abspath(os.path.expanduser(output_dir))
+    if os.path.isfile(final):
+        raise ValueError(f"save_state output_dir {final} is a file; give a folder path.")
+    return final, True, None
+
+
+def plan_save(
+    accelerator: Any,
+    output_dir: str | None,
+    coord: Coordinator,
+    copy_tensor: CopyFn,
+    safe_serialization: bool = True,
+    sharded_kwargs: dict[str, Any] | None = None,
+) -> SaveJob:
+    """Collective: every process calls it. Creates the temporary folder and snapshots the state."""
+    config = access.project_configuration(accelerator)
+    final, replace, number = None, False, None
+    error: BaseException | None = None
+    try:
+        final, replace, number = resolve_output_dir(accelerator, output_dir)
+    except (ValueError, OSError) as caught:
+        error = caught
+    coord.agree(error, "save_state")
+    assert final is not None
+
+    rank = access.process_index(accelerator)
+    world = access.num_processes(accelerator)
+    local_main = access.is_local_main(accelerator)
+    save_on_each_node = bool(getattr(config, "save_on_each_node", False))
+    state = getattr(accelerator, "state", None)
+    multi_node = world > int(getattr(state, "local_world_size", world) or world)
+    is_writer = rank == 0 or (save_on_each_node and local_main)
+
+    temp = layout.partial_path(final, coord.broadcast(token() if rank == 0 else None))
+    parent = os.path.dirname(final)
+    try:
+        if rank == 0 or (multi_node and local_main):
+            os.makedirs(parent, exist_ok=True)
+            # Leftovers of interrupted saves; in the automatic folder every hidden folder is ours.
+            layout.remove_leftovers(parent, only_for=None if number is not None else os.path.basename(final))
+    except OSError as caught:
+        error = caught
+    coord.agree(error, f"preparing {parent}")
+    try:
+        os.makedirs(temp, exist_ok=True)
+    except OSError as caught:
+        error = caught
+    coord.agree(error, f"creating {temp}")
+
+    models = access.listed(accelerator, "_models")
+    covered: set[str] = set()
+    sharded_info = None
+    sharded = find_sharded(accelerator)
+    if sharded is not None:
+        implementation, name = sharded
+        covered = set(implementation.save_sharded(accelerator, os.path.join(temp, C.SHARDED_DIR), **(sharded_kwargs or {})) or ())
+        unknown = covered - {MODELS, OPTIMIZERS, SCHEDULERS}
+        if unknown:
+            raise CheckpointError(f"{name}.save_sharded returned unknown categories {sorted(unknown)}.")
+        sharded_info = {"implementation": name, "covers": sorted(covered)}
+
+    weights = [] if MODELS in covered else [access.model_state_dict(accelerator, m) for m in models]
+    files: list[FileJob] = []
+    try:
+        for hook in access.hooks(accelerator, "_save_model_state_pre_hook"):
+            hook(models, weights, temp)  # hooks write extra files into the folder being built
+
+        optimizers = [] if OPTIMIZERS in covered else access.listed(accelerator, "_optimizers")
+        schedulers = [] if SCHEDULERS in covered else access.listed(accelerator, "_schedulers")
+        customs = access.listed(accelerator, "_custom_objects")
+        loaders = access.listed(accelerator, "_dataloaders")
+        scaler = getattr(accelerator, "scaler", None)
+
+        if is_writer:
+            for i, weight in enumerate(weights):
+                if safe_serialization:
+                    unique, aliases = dedupe(weight)
+                    name = C.indexed(C.MODEL_NAME, i, C.SAFE_MODEL_EXT)
+                    tensors = {k: copy_tensor(f"{name}/{k}", v) for k, v in unique.items()}
+                    files.append(FileJob(name, "safetensors", tensors, safetensors_metadata(aliases)))
+                else:
+                    name = C.indexed(C.PICKLE_MODEL_NAME, i, ".bin")
+                    files.append(FileJob(name, "torch", copy_tree(dict(weight), copy_tensor, name)))
+            for i, optimizer in enumerate(optimizers):
+                name = C.indexed(C.OPTIMIZER_NAME, i, ".bin")
+                files.append(FileJob(name, "torch", copy_tree(optimizer.state_dict(), copy_tensor, name)))
+            for i, scheduler in enumerate(schedulers):
+                name = C.indexed(C.SCHEDULER_NAME, i, ".bin")
+                files.append(FileJob(name, "torch", copy_tree(scheduler.state_dict(), copy_tensor, name)))
+            if scaler is not None:
+                files.append(FileJob(C.SCALER_NAME, "torch", copy_tree(scaler.state_dict(), copy_tensor, C.SCALER_NAME)))
+            for i, obj in enumerate(customs):
+                name = C.custom_file(i)
+                files.append(FileJob(name, "torch", copy_tree(obj.state_dict(), copy_tensor, name)))
+        # Per process: its RNG streams and its dataloaders' positions (each process reads its own shard).
+        files.append(FileJob(C.rng_file(rank), "torch", capture_rng_state()))
+        for i, loader in enumerate(loaders):
+            name = C.dataloader_file(i, rank)
+            files.append(FileJob(name, "torch", copy_tree(dataloader_state(loader), copy_tensor, name)))
+
+    except Exception as caught:  # a failing hook or state_dict on one process must fail all of them
+        error = caught
+    try:
+        coord.agree(error, "taking the checkpoint snapshot")
+    except BaseException:
+        if rank == 0:
+            remove_tree(temp)
+        raise
+
+    metadata = {
+        "format": C.FORMAT_NAME,
+        "format_version": C.FORMAT_VERSION,
+        "versions": {"accel-checkpoint": _version("accel-checkpoint"), "accel-core": _version("accel-core"), "torch": _version("torch")},
+        "world_size": world,
+        "created_unix": time.time(),
+        "counts": {
+            "models": len(models) if MODELS in covered else len(weights),
+            "optimizers": len(access.listed(accelerator, "_optimizers")) if OPTIMIZERS in covered else len(optimizers),
+            "schedulers": len(access.listed(accelerator, "_schedulers")) if SCHEDULERS in covered else len(schedulers),
+            "dataloaders": len(loaders),
+            "custom_objects": len(customs),
+            "scaler": scaler is not None,
+        },
+        "model_format": "safetensors" if safe_serialization else "torch",
+        "sharded": sharded_info,
+        "step": getattr(accelerator, "step", None),
+        "iteration": number,
+        "save_on_each_node": save_on_each_node,
+    }
+    total_limit = getattr(config, "total_limit", None) if number is not None else None
+    return SaveJob(
+        final_dir=final,
+        temp_dir=temp,
+        files=files,
+        metadata=metadata,
+        finalizer=rank == 0,
+        node_finalizer=rank != 0 and multi_node and local_main,
+        multi_node=multi_node,
+        replace_existing=replace,
+        prune_base=parent if number is not None else None,
+        total_limit=total_limit,
+    )

@@ -1,0 +1,129 @@
+"""Sharded checkpoints: the interface a sharding strategy implements, and a DCP-based default.
+
+A strategy whose models or optimizers are split across processes (FSDP, DeepSpeed ZeRO, Megatron)
+saves and loads them itself by implementing ``ShardedCheckpointing``. accel-checkpoint finds it by
+duck typing on ``accelerator.strategy`` (no backend names, no isinstance on backends) and writes
+everything the strategy does not cover (RNG, schedulers, scaler, dataloaders, custom objects,
+metadata, the completion marker) around it, in the same crash-safe folder.
+
+Models whose parameters are DTensors (FSDP2 ``fully_shard``, tensor parallel) and whose strategy
+does not implement the protocol are saved with ``DCPCheckpointing``: each process writes its own
+shards with ``torch.distributed.checkpoint``; no process ever holds the whole model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from typing import Any, Protocol, runtime_checkable
+
+from .access import listed, raw_optimizer, strategy_of
+
+MODELS = "models"
+OPTIMIZERS = "optimizers"
+SCHEDULERS = "schedulers"
+
+
+@runtime_checkable
+class ShardedCheckpointing(Protocol):
+    """Implemented by strategies that save their own (sharded) state.
+
+    ``save_sharded`` is called on every process with an empty folder (inside the checkpoint being
+    written) and returns what it saved: a subset of ``{"models", "optimizers", "schedulers"}``;
+    accel-checkpoint saves the rest. ``load_sharded`` gets the same folder back. Both are collective.
+
+    Example (a strategy reusing the DCP default)::
+
+        class MyFSDPStrategy(Strategy):
+            def save_sharded(self, accelerator, folder, **kwargs):
+                return DCPCheckpointing().save_sharded(accelerator, folder, **kwargs)
+
+            def load_sharded(self, accelerator, folder, **kwargs):
+                DCPCheckpointing().load_sharded(accelerator, folder, **kwargs)
+    """
+
+    def save_sharded(self, accelerator: Any, folder: str, **kwargs: Any) -> Collection[str]: ...
+
+    def load_sharded(self, accelerator: Any, folder: str, **kwargs: Any) -> None: ...
+
+
+def _has_dtensor(model: Any) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def find_sharded(accelerator: Any) -> tuple[Any, str] | None:
+    """The implementation to use and its name, or None for a plain (full state dict) checkpoint."""
+    strategy = strategy_of(accelerator)
+    if callable(getattr(strategy, "save_sharded", None)) and callable(getattr(strategy, "load_sharded", None)):
+        return strategy, f"{type(strategy).__module__}.{type(strategy).__qualname__}"
+    if any(_has_dtensor(m) for m in listed(accelerator, "_models")):
+        return DCPCheckpointing(), "dcp"
+    return None
+
+
+def _owner(models: list[Any], optimizer: Any) -> Any:
+    """The model whose parameters an optimizer updates (DCP's optimizer state dict is keyed by its names)."""
+    ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for model in models:
+        if any(id(p) in ids for p in model.parameters()):
+            return model
+    raise ValueError(
+        "An optimizer's parameters belong to none of the prepared models; prepare the model together "
+        "with its optimizer so its sharded state can be saved."
+    )
+
+
+class DCPCheckpointing:
+    """The default ``ShardedCheckpointing``: one ``torch.distributed.checkpoint`` folder per model/optimizer.
+
+    Layout inside the checkpoint: ``sharded/model_<i>/`` (key ``model``) and
+    ``sharded/optimizer_<i>/`` (key ``optimizer``). Loading works for another number of processes
+    (DCP reshards). ``merge_sharded_checkpoint`` turns ``model_<i>`` into one safetensors file.
+    """
+
+    def save_sharded(self, accelerator: Any, folder: str, **kwargs: Any) -> Collection[str]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        models = [m for m in listed(accelerator, "_models")]
+        for i, model in enumerate(models):
+            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(folder, f"model_{i}"))
+        for i, wrapped in enumerate(listed(accelerator, "_optimizers")):
+            optimizer = raw_optimizer(wrapped)
+            state = get_optimizer_state_dict(_owner(models, optimizer), optimizer)
+            dcp.save({"optimizer": state}, checkpoint_id=os.path.join(folder, f"optimizer_{i}"))
+        return (MODELS, OPTIMIZERS)
+
+    def load_sharded(self, accelerator: Any, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        from .dcp_safe import SafeFileSystemReader, SafeLoadPlanner
+
+        def read(state: dict[str, Any], path: str) -> None:
+            if not os.path.isdir(path):
+                from .errors import CheckpointMismatchError
+
+                raise CheckpointMismatchError(f"{path} is missing: the checkpoint holds fewer sharded objects than were prepared.")
+            dcp.load(state, storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle), planner=SafeLoadPlanner(allow_unsafe_pickle))
+
+        models = listed(accelerator, "_models")
+        for i, model in enumerate(models):
+            state = {"model": get_model_state_dict(model)}
+            read(state, os.path.join(folder, f"model_{i}"))
+            set_model_state_dict(model, state["model"])
+        for i, wrapped in enumerate(listed(accelerator, "_optimizers")):
+            optimizer = raw_optimizer(wrapped)
+            owner = _owner(models, optimizer)
+            state = {"optimizer": get_optimizer_state_dict(owner, optimizer)}
+            read(state, os.path.join(folder, f"optimizer_{i}"))
+            set_optimizer_state_dict(owner, optimizer, state["optimizer"])

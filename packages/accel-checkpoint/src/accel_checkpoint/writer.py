@@ -1,0 +1,133 @@
+"""The writing half of ``save_state``: files into the hidden folder, marker last, rename into place.
+
+Order on disk, which is what makes a crash at any moment harmless:
+
+1. every process writes its files into ``.<name>.partial-<token>/`` (each file fsynced);
+2. all processes agree that every write succeeded (one failing process fails them all);
+3. process 0 writes ``accel_checkpoint.json`` (with every file's size) and then ``COMPLETE``,
+   fsyncs the folder, and renames it to its final name (an existing folder of that name is moved
+   aside first and deleted after);
+4. only then are checkpoints beyond ``total_limit`` deleted.
+
+Killed before 3 finishes: only a hidden ``.partial-`` folder exists; it is never taken for a
+checkpoint and the next save deletes it. The previous checkpoint is untouched throughout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from . import constants as C, layout
+from .coordination import Coordinator
+from .errors import CheckpointError
+from .fsio import file_sizes, fsync_dir, remove_tree, token, torch_save, write_json
+from .safetensors_io import write_safetensors
+from .save_plan import FileJob, SaveJob
+
+logger = logging.getLogger(__name__)
+
+
+def write_file(job: FileJob, folder: str) -> int:
+    path = os.path.join(folder, job.name)
+    if job.kind == "safetensors":
+        return write_safetensors(job.payload, path, job.metadata)
+    return torch_save(job.payload, path)
+
+
+def _install(temp: str, final: str, replace: bool) -> None:
+    """Renames ``temp`` to ``final``; an existing ``final`` is swapped out and then deleted."""
+    parent = os.path.dirname(final)
+    if os.path.lexists(final):
+        if not replace:
+            raise CheckpointError(f"{final} appeared while the checkpoint was being written; not overwriting it.")
+        aside = layout.old_path(final, token())
+        os.rename(final, aside)
+        os.rename(temp, final)
+        fsync_dir(parent)
+        remove_tree(aside)
+    else:
+        os.rename(temp, final)
+        fsync_dir(parent)
+
+
+def _finish(job: SaveJob) -> None:
+    """Metadata, then the marker, then the rename: the marker's presence implies everything else."""
+    metadata = dict(job.metadata, files=file_sizes(job.temp_dir))
+    write_json(os.path.join(job.temp_dir, C.METADATA_NAME), metadata)
+    write_json(os.path.join(job.temp_dir, C.COMPLETE_NAME), {"complete": True, "files": len(metadata["files"]) + 1})
+    fsync_dir(job.temp_dir)
+    _install(job.temp_dir, job.final_dir, job.replace_existing)
+    if job.prune_base is not None and job.total_limit is not None:
+        layout.prune(job.prune_base, job.total_limit)
+
+
+def run_job(job: SaveJob, coord: Coordinator) -> str:
+    """Writes ``job``'s files and, on the finishing process, completes the checkpoint. Collective."""
+    error: BaseException | None = None
+    try:
+        for file_job in job.files:
+            job.written[file_job.name] = write_file(file_job, job.temp_dir)
+        job.files = []  # drop references to the snapshot as soon as it is on disk
+    except BaseException as caught:  # noqa: BLE001 - reported to every process below
+        error = caught
+    try:
+        coord.agree(error, f"writing checkpoint files into {job.temp_dir}")
+    except BaseException:
+        if job.finalizer or job.node_finalizer:
+            remove_tree(job.temp_dir)
+        raise
+
+    error = None
+    if job.finalizer:
+        try:
+            _finish(job)
+        except BaseException as caught:  # noqa: BLE001
+            error = caught
+    coord.agree(error, f"completing checkpoint {job.final_dir}")
+    if job.multi_node:
+        # Without a shared file system, each machine holds its own partial folder: finish it there too.
+        error = None
+        if job.node_finalizer and os.path.isdir(job.temp_dir):
+            try:
+                _finish(job)
+            except BaseException as caught:  # noqa: BLE001
+                error = caught
+        coord.agree(error, f"completing checkpoint {job.final_dir} on every machine")
+    logger.info("Saved state to %s", job.final_dir)
+    return job.final_dir
+
+
+class PendingSave:
+    """An async save in progress; ``wait()`` joins it and re-raises its error, if any."""
+
+    def __init__(self, job: SaveJob, coord: Coordinator, on_done: Any = None) -> None:
+        self.final_dir = job.final_dir
+        self.error: BaseException | None = None
+        self._on_done = on_done
+        # Not a daemon: at interpreter exit Python waits for it, so a finished script's last
+        # checkpoint is completed rather than abandoned half-written.
+        self._thread = threading.Thread(target=self._run, args=(job, coord), name="accel-checkpoint-writer", daemon=False)
+        self._thread.start()
+
+    def _run(self, job: SaveJob, coord: Coordinator) -> None:
+        try:
+            run_job(job, coord)
+        except BaseException as caught:  # noqa: BLE001 - kept for wait()
+            self.error = caught
+            logger.error("Async checkpoint save to %s failed: %s", self.final_dir, caught)
+        finally:
+            if self._on_done is not None:
+                self._on_done()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> str:
+        self._thread.join()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise CheckpointError(f"The async save to {self.final_dir} failed: {error}") from error
+        return self.final_dir
