@@ -1,0 +1,126 @@
+"""Converts a Hugging Face Accelerate ``default_config.yaml`` into an accel config, saying what it drops.
+
+Pure: a mapping in, ``(config, warnings)`` out. ``accel config import <file>`` reads and writes.
+
+Example::
+
+    config, warnings = convert_accelerate_config({"distributed_type": "MULTI_CPU", "num_processes": 2})
+    assert config == {"num_processes": 2, "use_cpu": True}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# Keys that mean the same thing in both files.
+_SAME = (
+    "num_processes",
+    "num_machines",
+    "machine_rank",
+    "main_process_ip",
+    "main_process_port",
+    "rdzv_backend",
+    "mixed_precision",
+    "use_cpu",
+    "debug",
+    "gradient_accumulation_steps",
+    "max_restarts",
+    "monitor_interval",
+)
+
+# distributed_type -> accel strategy (None: automatic, i.e. DDP with several processes).
+_STRATEGY = {
+    "NO": None,
+    "MULTI_GPU": None,
+    "MULTI_CPU": None,
+    "MULTI_XPU": None,
+    "MULTI_NPU": None,
+    "MULTI_MLU": None,
+    "MULTI_MUSA": None,
+    "MULTI_HPU": None,
+    "MULTI_SDAA": None,
+    "FSDP": "fsdp",
+    "DEEPSPEED": "deepspeed",
+    "MEGATRON_LM": "megatron",
+    "XLA": "xla",
+    "TPU": "xla",
+}
+
+# Accelerate's backend sections -> accel section; the section's own prefix is dropped from its keys
+# (fsdp_config.fsdp_sharding_strategy -> fsdp.sharding_strategy -> ACCEL_FSDP_SHARDING_STRATEGY).
+_SECTIONS = {
+    "fsdp_config": ("fsdp", "fsdp_"),
+    "deepspeed_config": ("deepspeed", "deepspeed_"),
+    "megatron_lm_config": ("megatron", "megatron_lm_"),
+    "fp8_config": ("fp8", "fp8_"),
+}
+
+# Values that carry no information for accel: dropped without a warning.
+_HARMLESS: dict[str, tuple[Any, ...]] = {
+    "compute_environment": ("LOCAL_MACHINE",),
+    "gpu_ids": ("all", None, ""),
+    "same_network": (True, None),
+    "main_training_function": ("main", None),
+    "enable_cpu_affinity": (False, None),
+    "downcast_bf16": ("no", False, None),
+    "tpu_use_cluster": (False, None),
+    "tpu_use_sudo": (False, None),
+    "tpu_env": ([], None),
+    "tpu_name": (None,),
+    "tpu_zone": (None,),
+    "tpu_vm": (None,),
+    "command_file": (None,),
+    "commands": (None,),
+    "ipex_config": ({}, None),
+    "mpirun_config": ({}, None),
+    "parallelism_config": ({}, None),
+}
+_DYNAMO_HARMLESS: dict[str, tuple[Any, ...]] = {
+    "dynamo_mode": ("default", None),
+    "dynamo_use_fullgraph": (False, None),
+    "dynamo_use_dynamic": (False, None),
+    "dynamo_use_regional_compilation": (False, None),
+}
+
+
+def convert_accelerate_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Returns the accel config equivalent to an Accelerate config, and one warning per key dropped."""
+    if not isinstance(data, Mapping):
+        raise ValueError("An Accelerate config is a YAML mapping (compute_environment, distributed_type, ...).")
+    config: dict[str, Any] = {}
+    warnings: list[str] = []
+    for key, value in data.items():
+        if key in _SAME:
+            if value is not None:
+                config[key] = value
+        elif key == "distributed_type":
+            name = str(value).upper()
+            if name not in _STRATEGY:
+                warnings.append(f"distributed_type: {value} has no accel equivalent; using the automatic choice.")
+            elif _STRATEGY[name]:
+                config["strategy"] = _STRATEGY[name]
+            if name == "MULTI_CPU":
+                config["use_cpu"] = True
+        elif key in _SECTIONS:
+            section, prefix = _SECTIONS[key]
+            if value:
+                config[section] = {
+                    (k[len(prefix) :] if k.startswith(prefix) else k): v for k, v in dict(value).items()
+                }
+        elif key == "dynamo_config":
+            for dyn_key, dyn_value in dict(value or {}).items():
+                if dyn_key == "dynamo_backend":
+                    config["dynamo_backend"] = str(dyn_value).lower()
+                elif dyn_value not in _DYNAMO_HARMLESS.get(dyn_key, ()):
+                    warnings.append(f"dynamo_config.{dyn_key}: {dyn_value!r} is dropped (accel sets only the backend).")
+        elif key == "gpu_ids" and value not in _HARMLESS["gpu_ids"]:
+            # Accelerate restricts the visible GPUs; the workers' environment does the same here.
+            config.setdefault("env", {})["CUDA_VISIBLE_DEVICES"] = str(value)
+        elif key == "compute_environment" and value not in _HARMLESS[key]:
+            warnings.append(f"compute_environment: {value} is not supported; the config is converted for this machine.")
+        elif key in _HARMLESS and value in _HARMLESS[key]:
+            continue
+        else:
+            warnings.append(f"{key}: {value!r} has no accel equivalent and is dropped.")
+    return config, warnings

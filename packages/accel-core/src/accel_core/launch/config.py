@@ -1,0 +1,124 @@
+"""The launch config file: where it lives, reading it with checks, writing it. No torch.
+
+The file is YAML with the keys of ``plan.SETTINGS`` at the top level, an optional ``env`` mapping
+(extra variables for the workers) and one mapping per backend (``fsdp:``, ``deepspeed:``, ...)
+whose options reach the workers as ``ACCEL_<BACKEND>_<OPTION>``::
+
+    num_processes: 2
+    use_cpu: true
+    mixed_precision: bf16
+    env:
+      NCCL_DEBUG: WARN
+    fsdp:
+      sharding_strategy: FULL_SHARD
+
+Location: ``--config-file`` > ``$ACCEL_CONFIG_FILE`` > ``$XDG_CONFIG_HOME/accel/default_config.yaml``
+(``~/.config/accel/default_config.yaml`` when ``XDG_CONFIG_HOME`` is unset).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .. import environment as env
+from .plan import SETTINGS, SETTINGS_BY_NAME, coerce
+
+CONFIG_FILE_NAME = "default_config.yaml"
+_HEADER = "# accel launch configuration: `accel config show` explains it, `accel config` rewrites it.\n"
+
+
+def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CONFIG_HOME/accel/default_config.yaml``, or under ``~/.config`` when that is unset."""
+    environ = os.environ if environ is None else environ
+    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "accel" / CONFIG_FILE_NAME
+
+
+def config_path(flag: str | None, environ: Mapping[str, str] | None = None) -> tuple[Path, bool]:
+    """The config file to use and whether it was named explicitly (flag or ``ACCEL_CONFIG_FILE``)."""
+    environ = os.environ if environ is None else environ
+    if flag:
+        return Path(flag).expanduser(), True
+    named = environ.get(env.CONFIG_FILE)
+    if named:
+        return Path(named).expanduser(), True
+    return default_config_path(environ), False
+
+
+def validate_config(data: Any, origin: str) -> dict[str, Any]:
+    """Checks a parsed config: known settings with valid values, ``env`` and backend sections as mappings.
+
+    Returns the config with settings coerced to their types. Raises ``ValueError`` naming the key.
+    """
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{origin}: the config must be a mapping of settings, got {type(data).__name__}.")
+    result: dict[str, Any] = {}
+    for key, value in data.items():
+        key = str(key)
+        if key in SETTINGS_BY_NAME:
+            result[key] = coerce(SETTINGS_BY_NAME[key], value, f"{origin} key '{key}'")
+        elif isinstance(value, Mapping) or value is None:
+            # `env:` and backend sections: plain mappings of scalars (lists and dicts travel as JSON).
+            result[key] = {str(k): v for k, v in (value or {}).items()}
+        else:
+            close = difflib.get_close_matches(key, [*SETTINGS_BY_NAME, "env"], n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise ValueError(
+                f"{origin}: unknown setting '{key}'.{hint} Known settings: {', '.join(SETTINGS_BY_NAME)}; "
+                "a backend's options go in a section named after it (e.g. `fsdp:`). For an Accelerate file, "
+                "run `accel config import <file>`."
+            )
+    return result
+
+
+def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Reads and checks the YAML config at ``path``."""
+    import yaml  # ~50 ms: only when a config file is actually read
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"Config file {path} does not exist: create it with `accel config` or fix the path.") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ValueError(f"Config file {path} is not valid YAML: {error}") from None
+    return validate_config(data, f"config file {path}")
+
+
+def load_config(flag: str | None = None, environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], Path | None]:
+    """The config to launch with and its path; ``({}, None)`` when the default file does not exist.
+
+    A file named explicitly (flag or ``ACCEL_CONFIG_FILE``) must exist.
+    """
+    path, explicit = config_path(flag, environ)
+    if not explicit and not path.is_file():
+        return {}, None
+    return read_config(path), path
+
+
+def dump_config(config: Mapping[str, Any]) -> str:
+    """The YAML text of ``config``: settings in their usual order, then ``env``, then backend sections."""
+    import yaml
+
+    ordered = {s.name: config[s.name] for s in SETTINGS if s.name in config}
+    ordered.update({k: dict(v) for k, v in config.items() if k not in ordered and isinstance(v, Mapping)})
+    return yaml.safe_dump(ordered, sort_keys=False, default_flow_style=False)
+
+
+def write_config(path: str | os.PathLike[str], config: Mapping[str, Any]) -> Path:
+    """Checks ``config`` and writes it to ``path`` (creating folders); returns the path."""
+    path = Path(path)
+    checked = validate_config(dict(config), f"config for {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(_HEADER + dump_config(checked))
+    os.replace(tmp, path)  # a reader never sees half a file
+    return path

@@ -1,0 +1,99 @@
+"""Backend flags for ``accel launch``: the ``accel.cli`` entry-point group. No torch.
+
+A backend package registers one object (or a class/factory that takes no argument and returns
+one) under ``accel.cli``::
+
+    [project.entry-points."accel.cli"]
+    fsdp = "accel_fsdp.cli:FSDPLaunchOptions"
+
+The object answers ``LaunchExtension``: ``name``, ``add_arguments(group)`` and ``to_env(namespace)``.
+The module it lives in must not import torch or the backend's heavy library: ``accel launch
+--help`` loads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
+
+from .. import plugins
+
+GROUP = "accel.cli"
+
+
+@runtime_checkable
+class LaunchExtension(Protocol):
+    """What a backend contributes to ``accel launch``.
+
+    ``name`` is the backend's name: the title of its flag group in ``--help``, its config-file
+    section (``fsdp:``), and the prefix of its variables (``ACCEL_FSDP_*``).
+
+    Example::
+
+        class FSDPLaunchOptions:
+            name = "fsdp"
+
+            def add_arguments(self, group):
+                # dests prefixed with the backend's name, defaults None ("not given")
+                group.add_argument("--fsdp-sharding-strategy", dest="fsdp_sharding_strategy", default=None)
+
+            def to_env(self, namespace):
+                # only what was given; ACCEL_STRATEGY too if a flag implies the backend
+                value = namespace.fsdp_sharding_strategy
+                return {} if value is None else {"ACCEL_FSDP_SHARDING_STRATEGY": value}
+    """
+
+    name: str
+
+    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
+        """Adds the backend's flags; each defaults to ``None`` so an absent flag overrides nothing."""
+
+    def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
+        """The variables the given flags set for the workers (they win over environment and config)."""
+
+
+def load_extensions(names: Iterable[str] | None = None) -> list[LaunchExtension]:
+    """The installed ``accel.cli`` extensions, in name order.
+
+    A broken extension is reported on stderr and skipped: one backend must not break the command line.
+    """
+    extensions: list[LaunchExtension] = []
+    for name in plugins.available(GROUP) if names is None else names:
+        try:
+            obj: Any = plugins.load(GROUP, name)
+            if isinstance(obj, type) or (not isinstance(obj, LaunchExtension) and callable(obj)):
+                obj = obj()  # a class or a factory: build the object
+            if not isinstance(obj, LaunchExtension):
+                raise TypeError("it needs `name`, `add_arguments(group)` and `to_env(namespace)`")
+        except Exception as error:  # noqa: BLE001 - any failure of third-party code is reported, not fatal
+            print(f"accel: ignoring the {GROUP} entry point '{name}': {error}", file=sys.stderr)
+            continue
+        extensions.append(obj)
+    return extensions
+
+
+def add_extension_arguments(parser: argparse.ArgumentParser, extensions: Iterable[LaunchExtension]) -> None:
+    """Adds one argument group per extension, titled with its name."""
+    for extension in extensions:
+        group = parser.add_argument_group(f"{extension.name} options")
+        try:
+            extension.add_arguments(group)
+        except argparse.ArgumentError as error:
+            print(f"accel: ignoring the flags of '{extension.name}': {error}", file=sys.stderr)
+
+
+def extension_env(extensions: Iterable[LaunchExtension], namespace: argparse.Namespace) -> dict[str, str]:
+    """The variables every extension derives from the parsed flags, checked to be strings."""
+    result: dict[str, str] = {}
+    for extension in extensions:
+        produced = extension.to_env(namespace) or {}
+        for key, value in produced.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError(
+                    f"The {GROUP} extension '{extension.name}' returned {key!r}: {value!r} from to_env; "
+                    "variables and values must be strings."
+                )
+        result.update(produced)
+    return result

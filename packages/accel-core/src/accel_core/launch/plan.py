@@ -1,0 +1,302 @@
+"""From flags, environment and config file to one launch plan: a pure function, no processes, no torch.
+
+Precedence, setting by setting: command-line flag > ``ACCEL_*`` variable already in the caller's
+environment > config file > default. Settings without an ``ACCEL_*`` name (the process layout)
+skip the environment step. The plan also carries the environment the launched processes get.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import environment as env
+from ..enums import PrecisionType
+
+FLAG = "flag"
+ENVIRONMENT = "environment"
+CONFIG = "config file"
+DEFAULT = "default"
+
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One launch setting: its name (flag dest and config key), type, default and ``ACCEL_*`` variable."""
+
+    name: str
+    kind: type
+    default: Any
+    env_var: str | None = None
+    choices: tuple[str, ...] | None = None
+    help: str = ""
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("num_processes", int, 1, help="processes in total, over all machines"),
+    Setting("num_machines", int, 1, help="machines taking part"),
+    Setting("machine_rank", int, 0, help="index of this machine, 0 for the main one"),
+    Setting("main_process_ip", str, None, help="address of the machine of rank 0 (several machines)"),
+    Setting("main_process_port", int, None, help="port of the rendezvous on the main machine"),
+    Setting("rdzv_backend", str, "static", help="torchrun rendezvous backend: static, c10d, etcd, ..."),
+    Setting("max_restarts", int, 0, help="times the whole job restarts after a failure"),
+    Setting("monitor_interval", float, None, help="seconds between torchrun's checks of the workers"),
+    Setting("use_cpu", bool, False, env.USE_CPU, help="run on the CPU even where an accelerator exists"),
+    Setting("mixed_precision", str, "no", env.MIXED_PRECISION, tuple(PrecisionType.list()), "no, fp16, bf16, fp8"),
+    Setting("gradient_accumulation_steps", int, 1, env.GRADIENT_ACCUMULATION_STEPS, help="micro-steps per step"),
+    Setting("dynamo_backend", str, "no", env.DYNAMO_BACKEND, help="torch.compile backend, or no"),
+    Setting("debug", bool, False, env.DEBUG_MODE, help="check shapes across ranks before collectives"),
+    Setting("strategy", str, None, env.STRATEGY, help="an accel.strategies name (ddp, fsdp, ...); default: automatic"),
+)
+SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class LaunchTarget:
+    """What to run: a script path (``module=False``) or a module name, and its arguments."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    module: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The resolved settings of one launch, where each came from, and the workers' extra environment.
+
+    ``env`` holds only what the launcher adds to the caller's environment (``ACCEL_*`` settings,
+    backend options, ``--env`` pairs, ``OMP_NUM_THREADS``); the workers see the caller's
+    environment updated with it.
+    """
+
+    num_processes: int = 1
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str | None = None
+    main_process_port: int | None = None
+    rdzv_backend: str = "static"
+    max_restarts: int = 0
+    monitor_interval: float | None = None
+    use_cpu: bool = False
+    mixed_precision: str = "no"
+    gradient_accumulation_steps: int = 1
+    dynamo_backend: str = "no"
+    debug: bool = False
+    strategy: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    config_file: str | None = None
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.num_processes // self.num_machines
+
+    @property
+    def uses_torchrun(self) -> bool:
+        """Whether the job needs torchrun's agent: several processes or machines, or restarts.
+
+        One process on one machine without restarts runs the script directly: no agent, no
+        rendezvous, and no ``RANK``/``WORLD_SIZE`` set, so the state sees a plain single process.
+        """
+        return self.num_processes > 1 or self.num_machines > 1 or self.max_restarts > 0
+
+    def settings(self) -> dict[str, Any]:
+        """The settings as a plain dict (config-file keys)."""
+        return {s.name: getattr(self, s.name) for s in SETTINGS}
+
+
+def encode_env_value(value: Any) -> str:
+    """How a config value travels in an environment variable: booleans as true/false, containers as JSON."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value)
+    return str(value)
+
+
+def backend_env_var(backend: str, option: str) -> str:
+    """``ACCEL_<BACKEND>_<OPTION>``, upper-cased, dashes made underscores."""
+    return f"{env.PREFIX}{backend}_{option}".upper().replace("-", "_")
+
+
+def coerce(setting: Setting, value: Any, origin: str) -> Any:
+    """Reads ``value`` (a typed flag, a YAML value or an environment string) as ``setting.kind``."""
+    if value is None:
+        return None
+    try:
+        if setting.kind is bool:
+            result: Any = env.parse_flag(value) if isinstance(value, str) else value
+            if not isinstance(result, bool):
+                raise ValueError(f"expected true or false, got {value!r}")
+        elif setting.kind is str:
+            # YAML 1.1 reads a bare `no` as False: the config then means the string "no".
+            result = "no" if value is False else value
+            if not isinstance(result, str) or not result:
+                raise ValueError(f"expected a word, got {value!r}")
+            if setting.choices is not None or setting.name == "dynamo_backend":
+                result = result.lower()
+        elif setting.kind is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(f"expected an integer, got {value!r}")
+            result = int(value)
+        else:
+            if isinstance(value, bool):
+                raise ValueError(f"expected a number, got {value!r}")
+            result = float(value)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{origin}: {error}".replace("invalid literal", "not a valid value")) from None
+    if setting.choices is not None and result not in setting.choices:
+        raise ValueError(f"{origin}: {result!r} is not one of {', '.join(setting.choices)}.")
+    return result
+
+
+def _origin(setting: Setting, source: str, config_file: str | None) -> str:
+    if source == FLAG:
+        return f"--{setting.name.replace('_', '-')}"
+    if source == ENVIRONMENT:
+        return f"environment variable {setting.env_var}"
+    if source == CONFIG:
+        return f"config file {config_file or ''} key '{setting.name}'".replace("  ", " ")
+    return f"default of {setting.name}"
+
+
+def resolve_plan(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    config: Mapping[str, Any],
+    *,
+    flag_env: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    config_file: str | None = None,
+    cpu_count: int | None = None,
+) -> LaunchPlan:
+    """Resolves every launch setting: flag > ``ACCEL_*`` environment > config file > default.
+
+    Args:
+        flags: setting name -> value given on the command line (``None`` or absent: not given).
+        environ: the caller's environment (read, never changed).
+        config: the parsed config file (``{}`` when there is none).
+        flag_env: variables from the command line (backend flags, ``--env``); they win over all.
+        defaults: replaces the built-in defaults of some settings (``accel test`` runs 2 CPU processes).
+        config_file: path of the config file, for messages.
+        cpu_count: CPUs of this machine (sizes ``OMP_NUM_THREADS``); ``None`` reads ``os.cpu_count()``.
+
+    Example::
+
+        plan = resolve_plan({"num_processes": 2, "use_cpu": True}, os.environ, {})
+        assert plan.nproc_per_node == 2 and plan.env["ACCEL_USE_CPU"] == "true"
+    """
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for setting in SETTINGS:
+        default = (defaults or {}).get(setting.name, setting.default)
+        candidates = (
+            (FLAG, flags.get(setting.name)),
+            (ENVIRONMENT, environ.get(setting.env_var) or None if setting.env_var else None),
+            (CONFIG, config.get(setting.name)),
+        )
+        source, raw = next(((s, v) for s, v in candidates if v is not None), (DEFAULT, default))
+        values[setting.name] = coerce(setting, raw, _origin(setting, source, config_file))
+        sources[setting.name] = source
+    _validate(values, sources, config_file)
+
+    child_env: dict[str, str] = {}
+    # Lowest first: config file sections, then the resolved settings, then the command line's pairs.
+    for key, value in (config.get("env") or {}).items():
+        if key not in environ and value is not None:
+            child_env[str(key)] = encode_env_value(value)
+    for section, options in config.items():
+        if isinstance(options, Mapping) and section != "env":
+            for option, value in options.items():
+                name = backend_env_var(section, str(option))
+                if name not in environ and value is not None:
+                    child_env[name] = encode_env_value(value)
+    for setting in SETTINGS:
+        if setting.env_var and values[setting.name] is not None:
+            child_env[setting.env_var] = encode_env_value(values[setting.name])
+    child_env.update(flag_env or {})
+    nproc_per_node = values["num_processes"] // values["num_machines"]
+    if nproc_per_node > 1 and "OMP_NUM_THREADS" not in environ and "OMP_NUM_THREADS" not in child_env:
+        # torchrun would set 1 (and print a warning box); share this machine's CPUs instead.
+        cpus = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+        child_env["OMP_NUM_THREADS"] = str(max(1, cpus // nproc_per_node))
+    return LaunchPlan(**values, env=child_env, sources=sources, config_file=config_file)
+
+
+def _validate(values: dict[str, Any], sources: dict[str, str], config_file: str | None) -> None:
+    def where(name: str) -> str:
+        return _origin(SETTINGS_BY_NAME[name], sources[name], config_file)
+
+    for name in ("num_processes", "num_machines", "gradient_accumulation_steps"):
+        if values[name] < 1:
+            raise ValueError(f"{where(name)}: {name} must be at least 1, got {values[name]}.")
+    if values["max_restarts"] < 0:
+        raise ValueError(f"{where('max_restarts')}: max_restarts must be 0 or more.")
+    if values["monitor_interval"] is not None and values["monitor_interval"] <= 0:
+        raise ValueError(f"{where('monitor_interval')}: monitor_interval must be a positive number of seconds.")
+    machines, processes = values["num_machines"], values["num_processes"]
+    if processes % machines:
+        raise ValueError(
+            f"num_processes ({processes}, {where('num_processes')}) counts the processes of all machines and must "
+            f"be a multiple of num_machines ({machines}); e.g. --num-processes {machines * max(1, processes // machines)}."
+        )
+    if not 0 <= values["machine_rank"] < machines:
+        raise ValueError(
+            f"{where('machine_rank')}: machine_rank must be between 0 and num_machines - 1 = {machines - 1}, "
+            f"got {values['machine_rank']}."
+        )
+    if machines > 1 and not values["main_process_ip"]:
+        raise ValueError(
+            "Several machines need the address of the main one: pass --main-process-ip <address of machine 0> "
+            "(and the same --main-process-port on every machine)."
+        )
+    port = values["main_process_port"]
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"{where('main_process_port')}: {port} is not a TCP port.")
+
+
+def parse_env_pairs(pairs: Iterable[str]) -> dict[str, str]:
+    """``["KEY=VALUE", ...]`` (from ``--env``) as a dict; a pair without ``=`` is an error."""
+    result: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env {pair!r}: write KEY=VALUE, e.g. --env NCCL_DEBUG=INFO.")
+        result[key] = value
+    return result
+
+
+def torchrun_argv(plan: LaunchPlan, target: LaunchTarget) -> list[str]:
+    """The arguments of ``torch.distributed.run`` (torchrun) for ``plan``.
+
+    Each worker runs ``python -m accel_core.launch.runner path|module <target> <args>``, which
+    runs the target as ``python <script>`` / ``python -m <module>`` would and records a failure's
+    traceback where the agent reads it.
+
+    Example::
+
+        torchrun_argv(resolve_plan({"num_processes": 2}, {}, {}), LaunchTarget("train.py"))
+        # ['--nnodes=1', '--nproc-per-node=2', '-m', 'accel_core.launch.runner', 'path', 'train.py']
+    """
+    argv = [f"--nnodes={plan.num_machines}", f"--nproc-per-node={plan.nproc_per_node}"]
+    if plan.max_restarts:
+        argv.append(f"--max-restarts={plan.max_restarts}")
+    if plan.monitor_interval is not None:
+        argv.append(f"--monitor-interval={plan.monitor_interval}")
+    port = plan.main_process_port
+    if plan.num_machines > 1:
+        address = f"{plan.main_process_ip}:{port or DEFAULT_PORT}"
+        if plan.rdzv_backend == "static":
+            argv += [f"--node-rank={plan.machine_rank}", f"--master-addr={plan.main_process_ip}"]
+            argv.append(f"--master-port={port or DEFAULT_PORT}")
+        else:
+            argv += [f"--rdzv-backend={plan.rdzv_backend}", f"--rdzv-endpoint={address}"]
+    elif port is not None:
+        argv += [f"--master-addr={plan.main_process_ip or '127.0.0.1'}", f"--master-port={port}"]
+    # One machine and no port: torchrun rendezvous on a free local port by itself.
+    argv += ["-m", "accel_core.launch.runner", "module" if target.module else "path", target.script]
+    return argv + list(target.args)

@@ -1,0 +1,86 @@
+"""Worker-side entry of ``accel launch``: ``python -m accel_core.launch.runner path|module <target> [args]``.
+
+Runs the target exactly as ``python <script>`` / ``python -m <module>`` would (``sys.argv``,
+``sys.path[0]``, ``__main__``), and when it raises, writes the traceback to the file torchrun's
+agent reads (``TORCHELASTIC_ERROR_FILE``), so the launcher can name the failing rank and show its
+traceback without the user decorating anything with ``@record``.
+
+Imports neither torch nor anything heavy: a script that does not need torch starts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+from types import TracebackType
+
+# Frames of this wrapper and of runpy are noise in the user's traceback.
+_OWN_FILES = {__file__, getattr(runpy, "__file__", ""), "<frozen runpy>"}
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
+        tb = tb.tb_next
+    return tb
+
+
+def record_error(error: BaseException, tb: TracebackType | None) -> None:
+    """Writes ``error`` in the JSON layout of torch's ``ErrorHandler``, which the agent's ``ProcessFailure`` reads."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {
+        "message": {
+            "message": f"{type(error).__name__}: {error}",
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(type(error), error, tb)),
+                "timestamp": str(int(time.time())),
+            },
+        }
+    }
+    try:
+        with open(path, "w") as handle:
+            json.dump(data, handle)
+    except OSError as write_error:  # the traceback still reaches stderr
+        print(f"accel: could not write the error file {path}: {write_error}", file=sys.stderr)
+
+
+def run(kind: str, target: str, args: list[str]) -> None:
+    """Runs ``target`` (a script path when ``kind == "path"``, else a module name) as ``__main__``."""
+    sys.argv = [target, *args]
+    if kind == "path":
+        # `python script.py` puts the script's folder first on sys.path, not the working directory.
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        runpy.run_path(target, run_name="__main__")
+    elif kind == "module":
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        raise SystemExit(f"accel runner: unknown kind {kind!r} (expected 'path' or 'module').")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2:
+        raise SystemExit("usage: python -m accel_core.launch.runner path|module <target> [args...]")
+    faulthandler.enable(all_threads=True)  # a crash in native code still shows where
+    try:
+        run(argv[0], argv[1], argv[2:])
+    except SystemExit:
+        raise
+    except Exception as error:
+        tb = _user_frames(error.__traceback__)
+        record_error(error, tb)
+        sys.excepthook(type(error), error.with_traceback(tb), tb)
+        raise SystemExit(1) from None
+    except BaseException as error:  # KeyboardInterrupt and kin keep their own exit status
+        record_error(error, _user_frames(error.__traceback__))
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The ``accel`` command: ``launch``, ``config``, ``env``, ``test``.
+
+Each command lives in ``accel.commands.<name>`` and is imported only when used, so ``accel --help``
+costs a Python start-up and nothing else (no torch, no YAML).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "launch": "run a training script on one or many processes / machines",
+    "config": "write, show or import (from Accelerate) the launch config file",
+    "env": "print versions, devices and the resolved config, for a bug report",
+    "test": "launch a built-in check of the install with the current config (2 CPU processes by default)",
+}
+
+USAGE = """usage: accel <command> [options]
+
+Run one plain PyTorch training script on CPU, GPU, many GPUs or many machines.
+
+commands:
+{commands}
+
+examples:
+  accel launch --cpu -n 2 train.py --epochs 3
+  accel launch -m mypackage.train
+  accel config            (answer a few questions; `accel config default` asks none)
+  accel test
+
+`accel <command> --help` describes a command's options."""
+
+
+def _usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = "\n".join(f"  {name.ljust(width)}  {text}" for name, text in COMMANDS.items())
+    return USAGE.format(commands=lines)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("accel")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``accel`` console script; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(f"accel {_version()}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"accel: unknown command {name!r}.\n\n{_usage()}", file=sys.stderr)
+        return 2
+    command = importlib.import_module(f"accel.commands.{name}")
+    try:
+        return int(command.main(rest) or 0)
+    except (ValueError, ImportError) as error:
+        # A user error: say what to fix, without a traceback of our own code.
+        print(f"accel {name}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def run() -> None:
+    """``sys.exit(main())`` for ``python -m accel.cli``."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,94 @@
+"""What several commands share: the launch-setting flags and turning parsed flags into a plan."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import Any
+
+from accel_core.launch.config import load_config
+from accel_core.launch.extensions import LaunchExtension, extension_env
+from accel_core.launch.plan import SETTINGS, LaunchPlan, LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
+from accel_core.launch.run import direct_command
+
+
+_DEFAULT_PATH_TEXT = "$XDG_CONFIG_HOME/accel/default_config.yaml (~/.config/accel/...)"
+
+
+def _add(group: argparse._ArgumentGroup, *names: str, dest: str, **kwargs: Any) -> None:
+    """Adds ``--dashed-name`` (shown) and Accelerate's ``--underscored_name`` (hidden) for ``dest``."""
+    group.add_argument(*names, "--" + dest.replace("_", "-"), dest=dest, default=None, **kwargs)
+    if "_" in dest:
+        alias = {k: v for k, v in kwargs.items() if k in ("type", "choices", "action")}
+        group.add_argument("--" + dest, dest=dest, default=None, help=argparse.SUPPRESS, **alias)
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of every launch setting (dest = setting name, default None = not given)."""
+    helps = {s.name: s.help for s in SETTINGS}
+    layout = parser.add_argument_group("processes and machines")
+    layout.add_argument(
+        "--cpu", dest="use_cpu", action=argparse.BooleanOptionalAction, default=None, help=helps["use_cpu"]
+    )
+    layout.add_argument("--use_cpu", dest="use_cpu", action="store_const", const=True, help=argparse.SUPPRESS)
+    _add(layout, "-n", dest="num_processes", type=int, metavar="N", help="processes in total, over all machines")
+    _add(layout, dest="num_machines", type=int, metavar="N", help=helps["num_machines"])
+    _add(layout, dest="machine_rank", type=int, metavar="RANK", help=helps["machine_rank"])
+    _add(layout, dest="main_process_ip", metavar="ADDRESS", help=helps["main_process_ip"])
+    _add(layout, dest="main_process_port", type=int, metavar="PORT", help="rendezvous port (one machine: a free one)")
+    _add(layout, dest="rdzv_backend", metavar="NAME", help=helps["rdzv_backend"])
+    _add(layout, dest="max_restarts", type=int, metavar="N", help=helps["max_restarts"])
+    _add(layout, dest="monitor_interval", type=float, metavar="SECONDS", help=helps["monitor_interval"])
+    training = parser.add_argument_group("training settings (reach the Accelerator as ACCEL_* variables)")
+    _add(training, dest="mixed_precision", choices=["no", "fp16", "bf16", "fp8"], help="mixed precision")
+    _add(training, dest="gradient_accumulation_steps", type=int, metavar="N", help=helps["gradient_accumulation_steps"])
+    _add(training, dest="dynamo_backend", metavar="NAME", help=helps["dynamo_backend"])
+    training.add_argument("--strategy", metavar="NAME", help=helps["strategy"])
+    training.add_argument("--debug", action=argparse.BooleanOptionalAction, default=None, help=helps["debug"])
+    launcher = parser.add_argument_group("launcher")
+    _add(launcher, dest="config_file", metavar="PATH", help="default: $ACCEL_CONFIG_FILE, else " + _DEFAULT_PATH_TEXT)
+    launcher.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE", help="a variable for every process (repeatable)"
+    )
+
+
+def plan_from_namespace(
+    namespace: argparse.Namespace,
+    extensions: list[LaunchExtension] = (),  # type: ignore[assignment]
+    defaults: dict[str, Any] | None = None,
+) -> LaunchPlan:
+    """Resolves the plan from parsed flags, ``os.environ`` and the config file."""
+    config, path = load_config(namespace.config_file)
+    flags = {s.name: getattr(namespace, s.name, None) for s in SETTINGS}
+    flag_env = {**extension_env(extensions, namespace), **parse_env_pairs(namespace.env)}
+    return resolve_plan(
+        flags, os.environ, config, flag_env=flag_env, defaults=defaults, config_file=str(path) if path else None
+    )
+
+
+def format_settings(plan: LaunchPlan) -> str:
+    """One line per setting: value and where it came from."""
+    width = max(len(s.name) for s in SETTINGS)
+    lines = []
+    for setting in SETTINGS:
+        value = getattr(plan, setting.name)
+        shown = "-" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        lines.append(f"  {setting.name.ljust(width)}  {shown.ljust(10)}  ({plan.sources.get(setting.name, '?')})")
+    return "\n".join(lines)
+
+
+def format_command(plan: LaunchPlan, target: LaunchTarget) -> str:
+    """The equivalent command line: ``torchrun ...`` or ``python ...``."""
+    if plan.uses_torchrun:
+        words = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(plan, target)]
+    else:
+        words = direct_command(target)
+    return shlex.join(words)
+
+
+def format_env(variables: dict[str, str]) -> str:
+    if not variables:
+        return "  (none)"
+    return "\n".join(f"  {key}={value}" for key, value in sorted(variables.items()))

@@ -1,0 +1,57 @@
+"""``accel launch [options] script.py [args]`` / ``accel launch [options] -m package.module [args]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from accel_core.launch.extensions import LaunchExtension, add_extension_arguments, load_extensions
+from accel_core.launch.failures import JobFailedError
+from accel_core.launch.plan import LaunchTarget
+from accel_core.launch.run import launch
+
+from .common import add_settings_arguments, format_command, format_env, format_settings, plan_from_namespace
+
+DESCRIPTION = """Runs a training script on one or many processes and machines.
+
+Several processes (or machines, or --max-restarts) go through torchrun's elastic agent; one
+process runs the script directly. Each setting comes from, in order: this command's flags, an
+ACCEL_* variable already in the environment, the config file, the default."""
+
+EPILOG = """examples:
+  accel launch --cpu -n 2 train.py --epochs 3
+  accel launch -n 8 --mixed-precision bf16 -m mypackage.train
+  accel launch --num-machines 2 --machine-rank 0 --main-process-ip 10.0.0.1 -n 16 train.py"""
+
+
+def build_parser(extensions: list[LaunchExtension]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="accel launch",
+        usage="accel launch [options] script.py [args ...]\n       accel launch [options] -m package.module [args ...]",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-m", "--module", action="store_true", help="run a module, like `python -m`")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and the command, start nothing")
+    add_settings_arguments(parser)
+    add_extension_arguments(parser, extensions)
+    parser.add_argument("script", help="the training script (or module, with -m)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    extensions = load_extensions()
+    namespace = build_parser(extensions).parse_args(argv)
+    plan = plan_from_namespace(namespace, extensions)
+    target = LaunchTarget(namespace.script, tuple(namespace.script_args), namespace.module)
+    if namespace.dry_run:
+        print(f"config file: {plan.config_file or '(none)'}\nsettings:\n{format_settings(plan)}")
+        print(f"added to the environment:\n{format_env(plan.env)}\ncommand:\n  {format_command(plan, target)}")
+        return 0
+    try:
+        return launch(plan, target)
+    except JobFailedError as failure:
+        print(failure, file=sys.stderr)
+        return failure.exit_code
