@@ -1,0 +1,417 @@
+"""The prepared dataloader: a ``DataLoader`` that yields this process's share of every step.
+
+It is the user's DataLoader rebuilt with the same dataset, collate_fn, workers, pin_memory and
+generator, whose batch sampler is wrapped by a ``BatchSamplerShard`` (map-style datasets); an
+iterable dataset's batches are shared after loading (every process reads the stream and keeps
+its batches), or read by process 0 alone and sent out (dispatch mode). On top it places batches
+on the device, synchronises RNGs per epoch, reports the end of the data to ``GradientState``,
+and saves / restores its position.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from ._tree import to_device
+from .comm import Comm
+from .dispatch import Dispatcher
+from .rng import synchronize_rng_states
+from .samplers import BatchSamplerShard, LastGroup, SeedableRandomSampler, _last_batch_size
+from .sharding import BatchOps, ShardPlan, batches_for_process, iter_groups
+
+_END = object()
+
+
+def _tree_ops() -> BatchOps[Any]:
+    from ._tree import batch_size, concat_batches, slice_batch
+
+    return BatchOps(size=batch_size, concat=concat_batches, cut=slice_batch)
+
+
+TREE_OPS = _tree_ops()
+
+
+@dataclass
+class _Progress:
+    """Where a loader is, shared with the loaders ``skip_first_batches`` derives from it."""
+
+    epoch: int = 0
+    position: int = 0  # steps of the current epoch consumed, skipped ones included
+    in_epoch: bool = False
+    generator_state: torch.Tensor | None = None  # the sampler generator's state when the epoch began
+    inner_state: dict[str, Any] | None = None  # StatefulDataLoader state after the last yielded step
+    resume_skip: int = 0  # steps to skip at the next iteration only (load_state_dict)
+    resume_inner: dict[str, Any] | None = None
+
+
+class _Tail:
+    """Real samples of the global step that holds this process's latest batch."""
+
+    real = -1
+
+
+class _Meta:
+    """Sink of a dispatching shard: which process each loaded batch is for, in loading order."""
+
+    def __init__(self) -> None:
+        self.entries: deque[tuple[int, int, int, bool]] = deque()
+
+    def push(self, rank: int, parts: int, real: int, final: bool) -> None:
+        self.entries.append((rank, parts, real, final))
+
+
+class _Snapshots:
+    """Iterator over a StatefulDataLoader recording its state before each pull.
+
+    When a group is formed, the last pull was the look-ahead batch after it, so ``before_last``
+    is the state right after the group: the point a resume must restart from.
+    """
+
+    def __init__(self, it: Iterator[Any], loader: ShardedLoaderMixin) -> None:
+        self.it = it
+        self.loader = loader
+        self.before_last: dict[str, Any] | None = None
+
+    def __iter__(self) -> _Snapshots:
+        return self
+
+    def __next__(self) -> Any:
+        self.before_last = self.loader._inner_state_dict()
+        return next(self.it)
+
+
+class ShardedLoaderMixin:
+    """What the prepared loaders add to ``DataLoader`` / torchdata's ``StatefulDataLoader``.
+
+    Attributes read by accel-core's ``GradientState`` while iterating:
+
+    end_of_dataloader: True while the last batch of the epoch is being yielded (one batch is read
+        ahead to know it).
+    remainder: while ``end_of_dataloader`` is True, how many samples of the last global step are
+        real. The last step's batches gathered in process order hold the real samples first, so
+        ``gather(batch)[:remainder]`` is exactly the data without the padding that
+        ``even_batches`` added (``gather_for_metrics`` does this when ``remainder > 0``). It equals
+        the whole step when nothing was padded. -1 before the end, or when batches cannot be
+        measured (a custom batch type).
+    """
+
+    end_of_dataloader: bool = False
+    remainder: int = -1
+
+    def _accel_setup(
+        self,
+        *,
+        base: DataLoader,
+        kind: str,
+        shard: BatchSamplerShard | None,
+        plan: ShardPlan | None,
+        num_processes: int,
+        process_index: int,
+        split_batches: bool,
+        dispatch: bool,
+        device: torch.device | None,
+        put_on_device: bool,
+        non_blocking: bool,
+        rng_types: list[str],
+        comm: Comm | None,
+        generator: torch.Generator | None,
+        seedable: SeedableRandomSampler | None,
+        stateful: bool,
+    ) -> None:
+        self.base_dataloader = base
+        self._kind = kind
+        self._shard = shard
+        self._plan = plan
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.dispatch_batches = dispatch
+        self.device = device
+        self._place = bool(put_on_device and device is not None)
+        self.non_blocking = non_blocking
+        self.rng_types = rng_types
+        self._comm = comm
+        self._dispatcher = Dispatcher(comm) if dispatch and comm is not None else None
+        self._generator = generator
+        self._seedable = seedable
+        self._stateful = stateful
+        self._skip = 0
+        self._progress = _Progress()
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    # -- the plan ---------------------------------------------------------------------------
+    def _current_plan(self) -> ShardPlan:
+        if self._shard is not None:
+            return self._shard.plan()
+        assert self._plan is not None
+        return self._plan
+
+    @property
+    def even_batches(self) -> bool:
+        return self._current_plan().even_batches
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples per global step (all processes), ``None`` when batches vary in size."""
+        size = self._current_plan().batch_size
+        if size is None:
+            return None
+        return size if self.split_batches else size * self.num_processes
+
+    @property
+    def total_dataset_length(self) -> int:
+        return len(self.dataset)  # type: ignore[attr-defined, arg-type]
+
+    @property
+    def epoch(self) -> int:
+        return self._progress.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch and forwards it to the sampler, batch sampler and dataset that have ``set_epoch``."""
+        self._progress.epoch = int(epoch)
+        targets = [self._shard.batch_sampler, self._shard.sampler] if self._shard is not None else []
+        targets.append(self.dataset)  # type: ignore[attr-defined]
+        for target in targets:
+            if hasattr(target, "set_epoch") and not isinstance(target, SeedableRandomSampler):
+                target.set_epoch(epoch)
+
+    # -- iteration --------------------------------------------------------------------------
+    def _base_iter(self) -> Iterator[Any]:
+        return super().__iter__()  # type: ignore[misc]
+
+    def _inner_state_dict(self) -> dict[str, Any]:
+        return super().state_dict()  # type: ignore[misc]
+
+    def _begin(self) -> tuple[int, dict[str, Any] | None]:
+        p = self._progress
+        seed = self._seedable.seed if self._seedable is not None else None
+        seed = synchronize_rng_states(self.rng_types, self._comm, self._generator, seed)
+        if self._seedable is not None and seed is not None:
+            self._seedable.seed = seed
+            self._seedable.set_epoch(p.epoch)
+        resume_inner, p.resume_inner = p.resume_inner, None
+        skip = self._skip + p.resume_skip
+        p.position = skip
+        if resume_inner is not None:
+            # torchdata restores the position itself: only the persistent skip was already applied.
+            skip = 0
+            super().load_state_dict(resume_inner)  # type: ignore[misc]
+        p.resume_skip = 0
+        p.in_epoch = True
+        p.inner_state = resume_inner
+        p.generator_state = self._generator.get_state() if self._generator is not None else None
+        return skip, resume_inner
+
+    def _source(self, skip: int, tail: _Tail) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        if self._dispatcher is not None and not self._dispatcher.comm.is_source:
+            return self._receive(tail)
+        if self._dispatcher is not None:
+            return self._dispatch_map(skip, tail) if self._shard is not None else self._dispatch_stream(skip, tail)
+        if self._shard is not None:
+            return self._map(skip, tail)
+        return self._stream(skip, tail)
+
+    def _map(self, skip: int, tail: _Tail) -> Iterator[tuple[Any, None]]:
+        shard = self._shard
+        assert shard is not None
+        sink = LastGroup()
+        shard.skip, shard.sink = skip, sink
+        for batch in self._base_iter():
+            yield batch, None
+        tail.real = sink.real
+
+    def _groups(self, skip: int) -> tuple[Iterator[Any], _Snapshots | None]:
+        it = self._base_iter()
+        snaps = _Snapshots(it, self) if self._stateful else None
+        return iter_groups(snaps or it, self._current_plan(), TREE_OPS, skip=skip), snaps
+
+    def _stream(self, skip: int, tail: _Tail) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        groups, snaps = self._groups(skip)
+        rank = self.process_index
+        for group in groups:
+            part = group.parts[rank]
+            if part is not None:
+                tail.real = group.real
+                yield part, (snaps.before_last if snaps is not None else None)
+
+    def _guarded(self, it: Iterator[Any]) -> Any:
+        """``next(it)``, telling the other processes before raising if reading fails."""
+        try:
+            return next(it, _END)
+        except Exception as exc:
+            assert self._dispatcher is not None
+            self._dispatcher.error(exc)
+            raise
+
+    def _dispatch_map(self, skip: int, tail: _Tail) -> Iterator[tuple[Any, None]]:
+        shard, dispatcher = self._shard, self._dispatcher
+        assert shard is not None and dispatcher is not None
+        meta = _Meta()
+        shard.skip, shard.sink = skip, meta
+        it = self._base_iter()
+        parts: list[Any] = [None] * self.num_processes
+        got = 0
+        while (batch := self._guarded(it)) is not _END:
+            rank, count, real, _ = meta.entries.popleft()
+            parts[rank] = batch
+            got += 1
+            if got < count:
+                continue
+            dispatcher.send(parts, real)
+            own, parts, got = parts[0], [None] * self.num_processes, 0
+            if own is not None:
+                tail.real = real
+                yield own, None
+        dispatcher.end()
+
+    def _dispatch_stream(self, skip: int, tail: _Tail) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        dispatcher = self._dispatcher
+        assert dispatcher is not None
+        try:
+            groups, snaps = self._groups(skip)
+        except Exception as exc:
+            dispatcher.error(exc)
+            raise
+        while (group := self._guarded(groups)) is not _END:
+            dispatcher.send(group.parts, group.real)
+            if group.parts[0] is not None:
+                tail.real = group.real
+                yield group.parts[0], (snaps.before_last if snaps is not None else None)
+        dispatcher.end()
+
+    def _receive(self, tail: _Tail) -> Iterator[tuple[Any, None]]:
+        dispatcher = self._dispatcher
+        assert dispatcher is not None
+        while True:
+            kind, part, real = dispatcher.receive()
+            if kind == "end":
+                return
+            if part is not None:
+                tail.real = real
+                yield part, None
+
+    def _pull(self, source: Iterator[tuple[Any, Any]]) -> Any:
+        item = next(source, _END)
+        if item is _END or not self._place:
+            return item
+        # Placed as soon as read, so a non_blocking copy overlaps the step on the previous batch.
+        return to_device(item[0], self.device, self.non_blocking), item[1]  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        from accel_core.state import GradientState
+
+        gradient_state = GradientState()
+        skip, _ = self._begin()
+        p = self._progress
+        tail = _Tail()
+        source = self._source(skip, tail)
+        self.end_of_dataloader, self.remainder = False, -1
+        gradient_state._add_dataloader(self)
+        completed = False
+        try:
+            pending = self._pull(source)
+            while pending is not _END:
+                current = pending
+                pending = self._pull(source)
+                if pending is _END:
+                    self.end_of_dataloader = True
+                    self.remainder = tail.real
+                p.position += 1
+                if current[1] is not None:
+                    p.inner_state = current[1]
+                yield current[0]
+            completed = True
+        finally:
+            gradient_state._remove_dataloader(self)
+            if self._shard is not None:
+                self._shard.skip, self._shard.sink = self._skip, None
+            if completed:
+                p.epoch += 1
+                p.position, p.in_epoch, p.inner_state = 0, False, None
+
+    def __len__(self) -> int:
+        plan = self._current_plan()
+        if self._shard is not None:
+            underlying = len(self._shard.batch_sampler)  # type: ignore[arg-type]
+            last = _last_batch_size(self._shard.batch_sampler)
+        else:
+            underlying = len(self.base_dataloader)
+            last = None
+        return max(batches_for_process(underlying, plan, self.process_index, last) - self._skip, 0)
+
+    # -- resume -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Position of the loader: epoch, steps consumed in it, sampler seed / generator state.
+
+        Loading it into the same loader in a new run makes the next iteration yield exactly the
+        steps the interrupted epoch had left (map-style: skipped in the batch sampler, no sample read).
+        """
+        p = self._progress
+        in_epoch = p.in_epoch and p.position > 0
+        generator_state = p.generator_state if in_epoch else None
+        if generator_state is None and self._generator is not None:
+            generator_state = self._generator.get_state()
+        return {
+            "epoch": p.epoch,
+            "batches_yielded": p.position if in_epoch else 0,
+            "num_processes": self.num_processes,
+            "split_batches": self.split_batches,
+            "generator_state": generator_state,
+            "seed": self._seedable.seed if self._seedable is not None else None,
+            "inner": p.inner_state if in_epoch else None,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores ``state_dict()``; the next iteration resumes the saved epoch where it stopped.
+
+        A different number of processes is fine when the consumed steps convert to whole steps.
+        """
+        p = self._progress
+        p.epoch = int(state_dict.get("epoch", 0))
+        position = int(state_dict.get("batches_yielded", 0))
+        saved_n = int(state_dict.get("num_processes", self.num_processes))
+        saved_split = bool(state_dict.get("split_batches", self.split_batches))
+        if (saved_n, saved_split) != (self.num_processes, self.split_batches):
+            underlying = position * (1 if saved_split else saved_n)
+            per_step = 1 if self.split_batches else self.num_processes
+            if underlying % per_step:
+                raise ValueError(
+                    f"Cannot resume: the checkpoint consumed {underlying} batches of the original loader, "
+                    f"which is not a whole number of steps of {per_step} batches with {self.num_processes} "
+                    "processes. Resume with the original number of processes or split_batches setting."
+                )
+            position = underlying // per_step
+        generator_state = state_dict.get("generator_state")
+        if generator_state is not None and self._generator is not None:
+            self._generator.set_state(generator_state)
+        if state_dict.get("seed") is not None and self._seedable is not None:
+            self._seedable.seed = int(state_dict["seed"])
+        inner = state_dict.get("inner")
+        if inner is not None and self._stateful and self._shard is None:
+            p.resume_inner, p.resume_skip = inner, 0
+        else:
+            p.resume_inner, p.resume_skip = None, max(position - self._skip, 0)
+        # Saving again before iterating must give back the same position.
+        p.position, p.in_epoch = position, position > 0
+        p.generator_state = self._generator.get_state() if self._generator is not None else None
+        p.inner_state = inner
+
+    def _with_skip(self, num_batches: int) -> ShardedLoaderMixin:
+        """A loader over the same data and progress whose iterations skip ``num_batches`` more steps."""
+        import copy
+
+        clone = copy.copy(self)
+        clone.__dict__["_iterator"] = None
+        clone.__dict__["_skip"] = self._skip + int(num_batches)
+        return clone
+
+
+class DataLoaderShard(ShardedLoaderMixin, DataLoader):
+    """The prepared ``torch.utils.data.DataLoader`` (see ``ShardedLoaderMixin``)."""

@@ -1,0 +1,233 @@
+"""``prepare_data_loader`` and ``skip_first_batches``: the standalone entry points of accel-data."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+
+from .comm import resolve_comm
+from .loader import DataLoaderShard, ShardedLoaderMixin
+from .rng import normalize_rng_types
+from .samplers import BatchSamplerShard, SeedableRandomSampler, UnbatchedShard, _SingletonBatches, ensure_generator
+from .sharding import ShardPlan
+
+
+@lru_cache(maxsize=1)
+def _stateful_base() -> type | None:
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        return None
+    return StatefulDataLoader
+
+
+@lru_cache(maxsize=1)
+def stateful_loader_class() -> type:
+    """``StatefulDataLoaderShard``: the prepared loader built on torchdata's ``StatefulDataLoader``."""
+    base = _stateful_base()
+    if base is None:
+        raise ImportError(
+            "use_stateful_dataloader=True needs torchdata's StatefulDataLoader: pip install \"accel-data[stateful]\"."
+        )
+    return type("StatefulDataLoaderShard", (ShardedLoaderMixin, base), {"__module__": __name__})
+
+
+def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:
+    """What to pass on to rebuild ``loader``: everything but the dataset and how it is sampled."""
+    kwargs: dict[str, Any] = {
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": loader.persistent_workers,
+        "pin_memory_device": loader.pin_memory_device,
+    }
+    if hasattr(loader, "in_order"):
+        kwargs["in_order"] = loader.in_order
+    if hasattr(loader, "snapshot_every_n_steps"):
+        kwargs["snapshot_every_n_steps"] = loader.snapshot_every_n_steps
+    return kwargs
+
+
+def _resolve_processes(num_processes: int | None, process_index: int | None, group: Any | None) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if group is not None:
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        if num_processes is not None and num_processes != size:
+            raise ValueError(f"num_processes={num_processes} does not match the size of `group` ({size}).")
+        return size, rank
+    if num_processes is None or process_index is None:
+        if dist.is_available() and dist.is_initialized():
+            size, rank = dist.get_world_size(), dist.get_rank()
+        else:
+            from accel_core.state import PartialState
+
+            state = PartialState()
+            size, rank = state.num_processes, state.process_index
+        num_processes = size if num_processes is None else num_processes
+        process_index = rank if process_index is None else process_index
+    if not 0 <= process_index < num_processes:
+        raise ValueError(f"process_index must be in [0, {num_processes}), got {process_index}.")
+    return num_processes, process_index
+
+
+def prepare_data_loader(
+    dataloader: DataLoader,
+    device: torch.device | str | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    rng_types: Sequence[Any] | None = None,
+    dispatch_batches: bool | None = None,
+    even_batches: bool = True,
+    use_seedable_sampler: bool = False,
+    data_seed: int | None = None,
+    non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+    group: Any | None = None,
+) -> DataLoader:
+    """Returns a loader yielding this process's share of every step of ``dataloader``.
+
+    num_processes / process_index: default to the process group's (or a single process). Without
+        a process group they may be set by hand: each process of your own launcher (or a test)
+        then gets its share with nothing synchronised.
+    split_batches: ``dataloader``'s batch is the global one, cut between processes; otherwise every
+        process gets batches of the loader's size.
+    dispatch_batches: ``True`` makes process 0 read all batches and send each process its share
+        (for data only process 0 can read). ``None``/``False``: every process samples (map-style)
+        or reads the stream and keeps its batches (iterable datasets) — no traffic.
+    even_batches: complete the last step with samples from the start so every process gets the same
+        number of batches (``remainder`` tells how many of the last step are real).
+    rng_types: generators to synchronise from process 0 at each epoch (``"generator"``,
+        ``"torch"``, ``"cuda"``, ``"xpu"``); ``None`` means ``["generator"]`` with several processes.
+    use_seedable_sampler / data_seed: shuffle with ``seed + epoch`` (same on every process and resume).
+    group: the torch.distributed group to shard over (a data-parallel group); default the world.
+
+    Example::
+
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader
+        from accel_data import prepare_data_loader
+
+        dist.init_process_group("gloo")  # under torchrun
+        loader = prepare_data_loader(DataLoader(range(100), batch_size=8, shuffle=True))
+        for batch in loader:
+            ...  # each process gets different samples; together exactly one epoch
+    """
+    if isinstance(dataloader, ShardedLoaderMixin):
+        return dataloader  # already prepared: preparing twice would shard twice
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"prepare_data_loader expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}.")
+    n, rank = _resolve_processes(num_processes, process_index, group)
+    dispatch = bool(dispatch_batches)
+    comm = resolve_comm(group, n)
+    if dispatch and n > 1 and comm is None:
+        raise ValueError(
+            "dispatch_batches=True needs an initialized torch.distributed process group of num_processes "
+            "processes (launch with torchrun / accel launch), or set dispatch_batches=False."
+        )
+    dispatch = dispatch and n > 1
+    names = normalize_rng_types(rng_types, n)
+    if put_on_device and device is None:
+        from accel_core.state import PartialState
+
+        device = PartialState().device
+    device = torch.device(device) if device is not None else None
+
+    stateful_base = _stateful_base()
+    is_stateful = stateful_base is not None and isinstance(dataloader, stateful_base)
+    cls: type = stateful_loader_class() if (use_stateful_dataloader or is_stateful) else DataLoaderShard
+    kwargs = _loader_kwargs(dataloader)
+    if cls is DataLoaderShard:
+        kwargs.pop("snapshot_every_n_steps", None)
+    dataset = dataloader.dataset
+    seedable: SeedableRandomSampler | None = None
+    shard: BatchSamplerShard | None = None
+    plan: ShardPlan | None = None
+
+    if isinstance(dataset, IterableDataset):
+        kind = "iterable"
+        plan = ShardPlan(n, split_batches, even_batches, dataloader.drop_last, dataloader.batch_size)
+        loader = cls(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **kwargs)
+        generator = getattr(dataset, "generator", None)
+        generator = generator if isinstance(generator, torch.Generator) else None
+    else:
+        kind = "map"
+        batch_sampler = dataloader.batch_sampler
+        sampler = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else dataloader.sampler
+        if use_seedable_sampler and type(sampler) is RandomSampler:
+            seed = int(data_seed) if data_seed is not None else torch.initial_seed()
+            seedable = SeedableRandomSampler(
+                sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, seed=seed
+            )
+            if batch_sampler is not None and type(batch_sampler) is BatchSampler:
+                batch_sampler = BatchSampler(seedable, batch_sampler.batch_size, batch_sampler.drop_last)
+                sampler = seedable
+            elif batch_sampler is None:
+                sampler = seedable
+            else:
+                seedable = None  # a custom batch sampler keeps its own sampler
+        generator = None if seedable is not None else ensure_generator(sampler)
+        shard_rank = None if (dispatch and comm is not None and comm.is_source) else rank
+        if batch_sampler is None:
+            if split_batches and n > 1:
+                raise ValueError(
+                    "split_batches=True needs a batch size: give the DataLoader batch_size=..., or use split_batches=False."
+                )
+            shard = BatchSamplerShard(_SingletonBatches(sampler), n, shard_rank, False, even_batches)
+            loader = cls(dataset, batch_size=None, sampler=UnbatchedShard(shard), **kwargs)
+        else:
+            shard = BatchSamplerShard(batch_sampler, n, shard_rank, split_batches, even_batches)
+            loader = cls(dataset, batch_sampler=shard, **kwargs)
+            if sampler is not None:
+                # Introspection (``loader.sampler.set_epoch``, length checks) sees the user's sampler.
+                object.__setattr__(loader, "sampler", sampler)
+
+    loader._accel_setup(
+        base=dataloader,
+        kind=kind,
+        shard=shard,
+        plan=plan,
+        num_processes=n,
+        process_index=rank,
+        split_batches=split_batches,
+        dispatch=dispatch,
+        device=device,
+        put_on_device=put_on_device,
+        non_blocking=non_blocking,
+        rng_types=names,
+        comm=comm,
+        generator=generator,
+        seedable=seedable,
+        stateful=cls is not DataLoaderShard,
+    )
+    return loader
+
+
+def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+    """A loader whose iterations start ``num_batches`` steps in, without reading the skipped samples
+    (map-style datasets; an iterable stream is read and dropped).
+
+    The returned loader shares its epoch counter with ``dataloader``: iterate it for the resumed
+    epoch, then ``dataloader`` again for the next ones.
+
+    Example::
+
+        for batch in skip_first_batches(loader, 10):  # resumes at the 11th step of the epoch
+            ...
+    """
+    if num_batches < 0:
+        raise ValueError(f"num_batches must be >= 0, got {num_batches}.")
+    if not isinstance(dataloader, ShardedLoaderMixin):
+        dataloader = prepare_data_loader(dataloader, num_processes=1, process_index=0, rng_types=[])
+    return dataloader._with_skip(num_batches)  # type: ignore[return-value]

@@ -1,0 +1,237 @@
+"""Samplers: the batch-sampler shard for map-style datasets and the seedable random sampler.
+
+The shard wraps the user's own batch sampler (custom ones included), so sharding happens on lists
+of indices before any sample is read: a resumed epoch skips batches without loading them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sized
+from itertools import chain, islice
+from typing import Any, Protocol
+
+import torch
+from torch.utils.data import BatchSampler, RandomSampler, Sampler, SubsetRandomSampler, WeightedRandomSampler
+
+from .sharding import LIST_OPS, Group, ShardPlan, batches_for_process, iter_groups
+
+
+class GroupSink(Protocol):
+    """Told about every batch a shard hands out, in order (``rank``, parts in its step, real, final)."""
+
+    def push(self, rank: int, parts: int, real: int, final: bool) -> None: ...
+
+
+class LastGroup:
+    """Sink keeping only the last entry: enough to know the final step's real samples once exhausted."""
+
+    def __init__(self) -> None:
+        self.real = -1
+        self.final = False
+
+    def push(self, rank: int, parts: int, real: int, final: bool) -> None:
+        self.real, self.final = real, final
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose order depends only on ``seed + epoch``.
+
+    Every process (and every resumed run) with the same seed and epoch sees the same permutation,
+    whatever happened to the random number generators in between.
+
+    Example::
+
+        sampler = SeedableRandomSampler(dataset, seed=42)
+        sampler.set_epoch(3)
+        order = list(sampler)  # the same on every process, every time
+    """
+
+    def __init__(
+        self, data_source: Sized, replacement: bool = False, num_samples: int | None = None, seed: int = 0
+    ) -> None:
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=torch.Generator())
+        self.seed = int(seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        assert self.generator is not None
+        self.generator.manual_seed(self.seed + self.epoch)
+        yield from super().__iter__()
+
+
+class _SingletonBatches:
+    """A sampler's indices as batches of one, so an un-batched loader shares the batch logic."""
+
+    def __init__(self, sampler: Iterable[Any]) -> None:
+        self.sampler = sampler
+        self.batch_size = 1
+        self.drop_last = False
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        for index in self.sampler:
+            yield [index]
+
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
+
+
+class UnbatchedShard(Sampler[Any]):
+    """Sampler of single indices over a ``BatchSamplerShard`` of singletons (loaders with ``batch_size=None``)."""
+
+    def __init__(self, shard: BatchSamplerShard) -> None:
+        self.shard = shard
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.shard:
+            yield batch[0]
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+
+def _batched(indices: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:
+    while True:
+        batch = list(islice(indices, size))
+        if not batch or (drop_last and len(batch) < size):
+            return
+        yield batch
+
+
+class BatchSamplerShard(BatchSampler):
+    """This process's batches of indices from ``batch_sampler``, following the rules of ``accel_data.sharding``.
+
+    process_index: the process whose batches to yield; ``None`` yields every process's batch of
+        each step in process order (what the dispatching process loads).
+    even_batches: may be changed between epochs (``Accelerator.join_uneven_inputs`` does).
+    skip: steps to leave out at the start of the next iterations (set by the prepared loader).
+
+    Example::
+
+        shard = BatchSamplerShard(BatchSampler(range(10), 3, False), num_processes=2, process_index=1)
+        list(shard)  # [[3, 4, 5], [9, 0, 1]]  (the last batch completed from the start)
+    """
+
+    def __init__(
+        self,
+        batch_sampler: Iterable[list[Any]],
+        num_processes: int = 1,
+        process_index: int | None = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+        drop_last: bool | None = None,
+    ) -> None:
+        # BatchSampler.__init__ validates a sampler + batch_size we do not have: set fields directly.
+        self.batch_sampler = batch_sampler
+        self.sampler = getattr(batch_sampler, "sampler", None)
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.drop_last = bool(getattr(batch_sampler, "drop_last", False) if drop_last is None else drop_last)
+        size = getattr(batch_sampler, "batch_size", None)
+        self.total_batch_size = size if isinstance(size, int) else None
+        if self.total_batch_size is not None and not split_batches:
+            self.total_batch_size *= num_processes
+        per_process = size if isinstance(size, int) else None
+        if per_process is not None and split_batches:
+            per_process //= num_processes
+        self.batch_size = per_process
+        self.skip = 0
+        self.sink: GroupSink | None = None
+        self.plan()  # validate now, not at the first iteration
+
+    def plan(self) -> ShardPlan:
+        size = getattr(self.batch_sampler, "batch_size", None)
+        return ShardPlan(
+            num_processes=self.num_processes,
+            split_batches=self.split_batches,
+            even_batches=self.even_batches,
+            drop_last=self.drop_last,
+            batch_size=size if isinstance(size, int) else None,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        for target in (self.batch_sampler, self.sampler):
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
+
+    def _groups(self, plan: ShardPlan, skip: int) -> Iterator[Group[list[Any]]]:
+        bs = self.batch_sampler
+        if skip > 0 and type(bs) is BatchSampler:
+            # Skip by slicing the sampler's index stream: no batch lists are built for skipped steps,
+            # and the head kept for padding is the same as in an uninterrupted epoch.
+            size = bs.batch_size
+            indices = iter(bs.sampler)
+            head = list(islice(indices, plan.num_processes * size))
+            skipped = skip * plan.batches_per_group * size
+            rest = chain(head[skipped:], indices) if skipped <= len(head) else islice(indices, skipped - len(head), None)
+            return iter_groups(_batched(rest, size, bs.drop_last), plan, LIST_OPS, head=[head] if head else None)
+        return iter_groups(bs, plan, LIST_OPS, skip=skip)
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        plan, skip, sink, rank = self.plan(), self.skip, self.sink, self.process_index
+        for group in self._groups(plan, skip):
+            if rank is not None:
+                part = group.parts[rank]
+                if part is not None:
+                    if sink is not None:
+                        sink.push(rank, 1, group.real, group.final)
+                    yield part
+                continue
+            present = [(r, p) for r, p in enumerate(group.parts) if p is not None]
+            for r, part in present:
+                if sink is not None:
+                    sink.push(r, len(present), group.real, group.final)
+                yield part
+
+    def __len__(self) -> int:
+        plan = self.plan()
+        total = len(self.batch_sampler)  # type: ignore[arg-type]
+        last = _last_batch_size(self.batch_sampler)
+        if self.process_index is not None:
+            return max(batches_for_process(total, plan, self.process_index, last) - self.skip, 0)
+        return sum(
+            max(batches_for_process(total, plan, r, last) - self.skip, 0) for r in range(plan.num_processes)
+        )
+
+
+def _last_batch_size(batch_sampler: Any) -> int | None:
+    size = getattr(batch_sampler, "batch_size", None)
+    sampler = getattr(batch_sampler, "sampler", None)
+    if not isinstance(size, int) or sampler is None:
+        return None
+    try:
+        count = len(sampler)
+    except TypeError:
+        return None
+    if getattr(batch_sampler, "drop_last", False):
+        return size
+    return count % size or size
+
+
+_GENERATOR_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+
+def ensure_generator(sampler: Any) -> torch.Generator | None:
+    """The sampler's ``torch.Generator``, giving torch's random samplers one when they have none.
+
+    Without their own generator these samplers draw from the global RNG, which differs between
+    processes; with one, its state can be synchronised from process 0 and saved for resume.
+    The seed comes from the global RNG, as the sampler would have drawn it.
+    """
+    generator = getattr(sampler, "generator", None)
+    if generator is None and isinstance(sampler, _GENERATOR_SAMPLERS):
+        generator = torch.Generator()
+        generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        sampler.generator = generator
+    return generator if isinstance(generator, torch.Generator) else None
+
+
+def seedable_copy(sampler: RandomSampler, seed: int) -> SeedableRandomSampler:
+    """The same draw as ``sampler`` (replacement, num_samples) made from ``seed + epoch``."""
+    return SeedableRandomSampler(
+        sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, seed=seed
+    )
