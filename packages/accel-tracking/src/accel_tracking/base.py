@@ -142,6 +142,10 @@ class GeneralTracker:
             method = cls.__dict__.get(method_name)
             if callable(method):
                 setattr(cls, method_name, _guarded(method))
+        # Where the constructor did not run, the raw object is None rather than an AttributeError.
+        raw = cls.__dict__.get("tracker")
+        if isinstance(raw, property) and raw.fget is not None:
+            cls.tracker = property(_guarded(raw.fget), raw.fset, raw.fdel, raw.__doc__)  # type: ignore[assignment]
 
     @classmethod
     def is_available(cls) -> bool:

@@ -70,7 +70,7 @@ class MLflowTracker(GeneralTracker):
     ) -> None:
         mlflow = require("mlflow", self.extra)
         self.experiment_name = str(experiment_name)
-        env_uri = os.environ.get("MLFLOW_TRACKING_URI")
+        env_uri = os.environ.get("MLFLOW_TRACKING_URI") or None  # set but empty means unset
         if env_uri is not None and env_uri == _uri_set_by_us.get("uri"):
             # mlflow.set_tracking_uri exports the variable itself: our previous run's store, not a user choice.
             env_uri = None

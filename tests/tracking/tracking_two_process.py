@@ -1,0 +1,132 @@
+"""Run under torchrun with 2 processes: trackers write once, from rank 0 only.
+
+Part 1 uses the trackers directly on every rank (as a user script may), with PartialState.
+Part 2 drives them through ``Accelerator(log_with=[...])``. Part 3 runs examples/tracking_local.py
+in the same processes (one launch instead of two: each costs seconds of torch import).
+The pytest side counts the files.
+Usage: tracking_two_process.py <out_dir> [example args...]   (WANDB_MODE=offline, WANDB_DIR set by the caller)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from accel_core.state import PartialState
+
+from accel_tracking import GeneralTracker, LocalTracker, TensorBoardTracker, WandBTracker, is_main_process, progress_bar
+
+
+class PerRankTracker(GeneralTracker):
+    """Writes one file per rank: ``main_process_only = False`` opts out of the guard."""
+
+    name = "per_rank"
+    requires_logging_directory = True
+    main_process_only = False
+
+    def __init__(self, run_name: str, logging_dir: str) -> None:
+        self.path = Path(logging_dir) / f"{run_name}_rank{PartialState().process_index}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rows: list[dict[str, Any]] = []
+
+    @property
+    def tracker(self) -> list[dict[str, Any]]:
+        return self.rows
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.rows.append({"step": step, **values})
+
+    def finish(self) -> None:
+        self.path.write_text("\n".join(json.dumps(r) for r in self.rows))
+
+
+class MainOnlyCustom(PerRankTracker):
+    """The same custom tracker with the default guard: only rank 0 builds and writes it."""
+
+    name = "main_only"
+    main_process_only = True
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"[rank {PartialState().process_index}] {message}")
+
+
+def main() -> None:
+    started = time.perf_counter()
+    out = Path(sys.argv[1])
+    state = PartialState(cpu=True)
+    rank = state.process_index
+    check(state.num_processes == 2, "expected 2 processes")
+    check(is_main_process() == (rank == 0), "is_main_process disagrees with PartialState")
+
+    # -- Part 1: trackers built on every rank --------------------------------------------
+    trackers = [
+        LocalTracker("direct_local", out / "direct"),
+        TensorBoardTracker("direct_tb", out / "direct"),
+        WandBTracker("accel-mp", None, name="direct"),
+        PerRankTracker("per_rank", str(out / "direct")),
+        MainOnlyCustom("main_only", str(out / "direct")),
+    ]
+    for tracker in trackers:
+        active = tracker.is_active
+        check(active == (rank == 0 or not tracker.main_process_only), f"{tracker.name} active={active}")
+        if not active:
+            check(tracker.tracker is None, f"{tracker.name} built a backend object on rank {rank}")
+    for tracker in trackers:
+        tracker.store_init_configuration({"lr": 0.1, "world": state.num_processes})
+    for step in progress_bar(range(5), desc="direct"):
+        for tracker in trackers:
+            tracker.log({"loss": 1.0 / (step + 1), "rank": rank}, step=step)
+    for tracker in trackers:
+        tracker.finish()
+    bar = progress_bar(range(2))
+    check(bar.disable == (rank != 0), f"progress bar disable={bar.disable} on rank {rank}")
+    bar.close()
+    everywhere = progress_bar(range(2), main_process_only=False)
+    check(not everywhere.disable and f"rank {rank}" in everywhere.desc, "main_process_only=False bar")
+    everywhere.close()
+    state.wait_for_everyone()
+
+    part1 = time.perf_counter()
+
+    # -- Part 2: through the Accelerator ----------------------------------------------------
+    from accel_core.accelerator import Accelerator
+
+    custom = MainOnlyCustom("acc_custom", str(out / "acc"))
+    accelerator = Accelerator(cpu=True, log_with=["local", "tensorboard", custom], project_dir=out / "acc")
+    accelerator.init_trackers("acc_run", config={"lr": 0.1, "world": accelerator.num_processes},
+                              init_kwargs={"tensorboard": {"flush_secs": 1}})
+    for step in range(4):
+        accelerator.log({"loss": 2.0 / (step + 1), "rank": rank}, step=step, log_kwargs={"local": {}})
+    local = accelerator.get_tracker("local")
+    writer = accelerator.get_tracker("tensorboard", unwrap=True)
+    if rank == 0:
+        check(isinstance(local, LocalTracker) and local.is_active, "rank 0 get_tracker('local')")
+        check(type(writer).__name__ == "SummaryWriter", f"unwrap gave {type(writer).__name__}")
+        check(accelerator.get_tracker("main_only") is custom and len(custom.rows) == 4, "custom tracker rows")
+    else:
+        # As in the reference API, rank 1 gets an inert stand-in (unwrap or not) whose calls do nothing.
+        check(local.tracker is None and writer.tracker is None, "rank 1 must get an inactive tracker")
+        local.log({"loss": 123.0}, step=99)
+        check(accelerator.trackers == [], "rank 1 started trackers")
+    accelerator.end_training()
+    accelerator.wait_for_everyone()
+
+    part2 = time.perf_counter()
+
+    # -- Part 3: the example, as a user would run it -------------------------------------------
+    import runpy
+
+    example = runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "tracking_local.py"))
+    example["main"](sys.argv[2:])
+    done = time.perf_counter()
+    print(f"RANK{rank} OK (direct {part1 - started:.1f}s, accelerator {part2 - part1:.1f}s, example {done - part2:.1f}s)",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()
