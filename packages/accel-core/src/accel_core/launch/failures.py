@@ -70,7 +70,7 @@ class JobFailedError(RuntimeError):
 
     def summary(self) -> str:
         root = self.root
-        lines = [f"accel launch: the job failed: {root.describe()}."]
+        lines = [f"The job failed: {root.describe()}."]
         others = [f for f in self.failures[1:] if not f.stopped_by_launcher]
         if others:
             lines.append("Also failed: " + "; ".join(f.describe() for f in others) + ".")
@@ -104,12 +104,31 @@ class JobFailedError(RuntimeError):
         return cls(failures, world_size=world_size, restarts=restarts)
 
 
+# Frames of torch's worker wrappers (``record``, the multiprocessing entry) are noise in a user's traceback.
+_WRAPPER_PATHS = ("/torch/distributed/elastic/", "/torch/multiprocessing/", "\\torch\\distributed\\elastic\\")
+
+
+def drop_wrapper_frames(text: str) -> str:
+    """Removes the frames of torch's worker wrappers from a formatted traceback."""
+    kept: list[str] = []
+    skipping = False
+    for line in text.splitlines(keepends=True):
+        if line.startswith('  File "'):
+            skipping = any(path in line for path in _WRAPPER_PATHS)
+        elif not line.startswith("    "):
+            skipping = False  # past the frames: the exception line, or a chained traceback's header
+        if not skipping:
+            kept.append(line)
+    return "".join(kept)
+
+
 def _traceback_of(failure: Any) -> str | None:
     """The traceback a worker wrote to its error file (torch's layout), if any."""
     message = failure.message
     if isinstance(message, dict):
         extra = message.get("extraInfo") or {}
-        return extra.get("py_callstack") or message.get("message")
+        text = extra.get("py_callstack") or message.get("message")
+        return drop_wrapper_frames(text) if text else None
     if getattr(failure, "error_file", "<N/A>") == "<N/A>":
         return None  # torch's placeholder text ("To enable traceback see ...") is not a traceback
     return str(message) or None

@@ -7,9 +7,11 @@ in a notebook cannot be imported by a freshly spawned interpreter. Torch is impo
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .. import environment as env
@@ -32,6 +34,22 @@ def _check_parent_is_clean(uses_cuda: bool) -> None:
             "CUDA was initialized in this process before launching, and forked processes cannot use it: restart "
             "the kernel and keep every CUDA call (even torch.cuda.device_count()) inside the launched function."
         )
+
+
+@contextlib.contextmanager
+def _quiet_failure_log() -> Iterator[None]:
+    """Mutes the agent's own report of a failed function (JobFailedError says it shorter).
+
+    That report is logged with ``exc_info``, which makes torch's log formatter import
+    ``torch._dynamo``: seconds of delay before the error reaches the caller.
+    """
+    logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _run_elastic(
@@ -82,7 +100,7 @@ def _run_elastic(
         monitor_interval=monitor_interval,
         start_method=start_method,
     )
-    with patched_environ(settings), preserved_signal_handlers():
+    with patched_environ(settings), preserved_signal_handlers(), _quiet_failure_log():
         try:
             results = elastic_launch(config, function)(*args)
         except ChildFailedError as error:

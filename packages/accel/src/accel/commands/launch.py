@@ -53,5 +53,5 @@ def main(argv: list[str]) -> int:
     try:
         return launch(plan, target)
     except JobFailedError as failure:
-        print(failure, file=sys.stderr)
+        print(f"accel launch: {failure}", file=sys.stderr)
         return failure.exit_code

@@ -1,0 +1,143 @@
+"""``accel config`` (questions), ``accel config default``, ``accel config show``, ``accel config import <file>``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from accel_core import plugins
+from accel_core.launch.config import config_path, dump_config, read_config, validate_config, write_config
+from accel_core.launch.plan import SETTINGS, resolve_plan
+
+from .common import format_env, format_settings
+from .questions import Asker
+
+DESCRIPTION = """Writes, shows or imports the launch config file that `accel launch` reads.
+
+  accel config                 answer a few questions (Enter keeps the [default])
+  accel config default         write a config for this machine without questions
+  accel config show            print the file and the settings a launch would use
+  accel config import FILE     convert an Accelerate default_config.yaml"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="accel config", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("action", nargs="?", choices=["ask", "default", "show", "import"], default="ask",
+                        help=argparse.SUPPRESS)
+    parser.add_argument("source", nargs="?", help=argparse.SUPPRESS)
+    parser.add_argument("--config-file", "--config_file", dest="config_file", metavar="PATH",
+                        help="the file to write or show (default: $ACCEL_CONFIG_FILE, else ~/.config/accel/...)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing file (default, import)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    path, _ = config_path(args.config_file)
+    if args.action == "import" and not args.source:
+        parser.error("accel config import needs the Accelerate file, e.g. ~/.cache/huggingface/accelerate/default_config.yaml")
+    if args.action != "import" and args.source:
+        parser.error(f"unexpected argument {args.source!r}")
+    if args.action == "show":
+        return show(path)
+    if args.action in ("default", "import") and path.exists() and not args.force:
+        raise ValueError(f"{path} exists: pass --force to overwrite it, or --config-file <other path>.")
+    if args.action == "default":
+        config = default_config()
+    elif args.action == "import":
+        config = import_accelerate(Path(args.source))
+    else:
+        config = ask_config(read_config(path) if path.exists() else None)
+    # Refuse to write what `accel launch` would refuse to run.
+    resolve_plan({}, {}, validate_config(config, "the new config"), config_file=str(path))
+    write_config(path, config)
+    print(f"Wrote {path}. `accel config show` shows it; `accel test` checks it.")
+    return 0
+
+
+def show(path: Path) -> int:
+    """Prints the file and the settings a launch would resolve from it and the environment (no torch)."""
+    if path.is_file():
+        config = read_config(path)
+        print(f"config file: {path}\n")
+        print(dump_config(config).rstrip())
+    else:
+        config = {}
+        print(f"config file: {path} (does not exist: `accel config` or `accel config default` writes it)")
+    plan = resolve_plan({}, os.environ, config, config_file=str(path))
+    print(f"\nsettings of `accel launch` without flags (environment > config file > default):\n{format_settings(plan)}")
+    print(f"added to the workers' environment:\n{format_env(plan.env)}")
+    return 0
+
+
+def default_config() -> dict[str, Any]:
+    """A config for this machine: one process per GPU (XPU), else one process; the CPU when nothing else."""
+    from accel_core.launch.devices import detect_devices
+
+    devices = detect_devices()
+    many = devices.kind in ("cuda", "xpu")
+    config = {s.name: s.default for s in SETTINGS if s.default is not None}
+    config.update(num_processes=devices.count if many else 1, use_cpu=not devices.has_accelerator)
+    return config
+
+
+def import_accelerate(source: Path) -> dict[str, Any]:
+    import yaml
+
+    from accel_core.launch.accelerate_import import convert_accelerate_config
+
+    try:
+        data = yaml.safe_load(source.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"No such file: {source}") from None
+    config, warnings = convert_accelerate_config(data or {})
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return config
+
+
+def ask_config(existing: dict[str, Any] | None, asker: Asker | None = None) -> dict[str, Any]:
+    """Asks for each setting; defaults come from ``existing`` (the current file) or this machine."""
+    asker = asker or Asker()
+    print("accel config: answer each question, or press Enter to keep the [default].")
+    base = existing if existing is not None else default_config()
+    config: dict[str, Any] = {k: v for k, v in base.items() if isinstance(v, dict)}  # keep env and backend sections
+
+    def current(name: str) -> Any:
+        return base.get(name, next(s.default for s in SETTINGS if s.name == name))
+
+    config["num_machines"] = machines = asker.integer("How many machines?", current("num_machines"), minimum=1)
+    if machines > 1:
+        config["machine_rank"] = asker.integer("Rank of this machine (0 for the main one)?", current("machine_rank"))
+        config["main_process_ip"] = asker.text("Address of the main machine?", current("main_process_ip"))
+        config["main_process_port"] = asker.integer("Port on the main machine?", current("main_process_port") or 29500, 1)
+        config["rdzv_backend"] = asker.choice("Rendezvous backend?", current("rdzv_backend"), ["static", "c10d", "etcd"])
+    config["use_cpu"] = asker.yes_no("Run on the CPU only?", current("use_cpu"))
+    per_machine = max(1, current("num_processes") // max(1, current("num_machines")))
+    config["num_processes"] = asker.integer("How many processes in total, over all machines?", per_machine * machines, 1)
+    strategies = plugins.available("accel.strategies")
+    config["strategy"] = _none_if_auto(asker.choice("Strategy?", current("strategy") or "auto", ["auto", *strategies]))
+    config["mixed_precision"] = asker.choice("Mixed precision?", current("mixed_precision"), ["no", "fp16", "bf16", "fp8"])
+    config["gradient_accumulation_steps"] = asker.integer(
+        "Gradient accumulation steps?", current("gradient_accumulation_steps"), minimum=1
+    )
+    config["dynamo_backend"] = asker.ask("torch.compile backend (no, inductor, ...)?", current("dynamo_backend"), _word)
+    config["debug"] = asker.yes_no("Debug mode (check shapes across ranks before collectives)?", current("debug"))
+    for name in ("max_restarts", "monitor_interval"):
+        if base.get(name) is not None:
+            config[name] = base[name]
+    return {k: v for k, v in config.items() if v is not None}
+
+
+def _word(text: str) -> str:
+    return text.lower()
+
+
+def _none_if_auto(value: str) -> str | None:
+    return None if value == "auto" else value

@@ -1,0 +1,74 @@
+"""``accel env``: the block to paste into a bug report (versions, backends, devices, resolved config)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from importlib.metadata import PackageNotFoundError, distributions, version
+
+from accel_core import plugins
+from accel_core.launch.config import load_config
+from accel_core.launch.plan import resolve_plan
+
+from .common import format_env, format_settings
+
+# Entry-point groups through which packages add to accel (see accel_core.plugins).
+GROUPS = ("accel.strategies", "accel.preparers", "accel.checkpoint", "accel.trackers", "accel.cli")
+
+
+def _version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _accel_distributions() -> list[str]:
+    names = {d.metadata["Name"] for d in distributions() if d.metadata["Name"]}
+    return sorted(n for n in names if n.lower() == "accel" or n.lower().startswith(("accel-", "accel_")))
+
+
+def _devices() -> str:
+    try:
+        from accel_core.launch.devices import detect_devices
+
+        devices = detect_devices()
+    except Exception as error:  # noqa: BLE001 - a broken torch is exactly what this report must show
+        return f"could not ask torch: {type(error).__name__}: {error}"
+    names = ", ".join(devices.names)
+    text = f"{devices.kind} x {devices.count}" + (f" ({names})" if names else "")
+    return text + (f", {devices.detail}" if devices.detail else "")
+
+
+def report() -> str:
+    """The report text; imports torch to list the devices."""
+    lines = [
+        f"- platform: {platform.platform()}",
+        f"- python: {sys.version.split()[0]} ({sys.executable})",
+        f"- torch: {_version('torch')}",
+    ]
+    lines += [f"- {name}: {_version(name)}" for name in _accel_distributions()]
+    for group in GROUPS:
+        lines.append(f"- {group}: {', '.join(plugins.available(group)) or '(none)'}")
+    lines.append(f"- devices: {_devices()}")
+    try:
+        config, path = load_config()
+        plan = resolve_plan({}, os.environ, config, config_file=str(path) if path else None)
+    except ValueError as error:
+        lines.append(f"- config: invalid: {error}")
+    else:
+        lines.append(f"- config file: {path or '(none)'}")
+        lines.append(f"- settings (environment > config file > default):\n{format_settings(plan)}")
+        lines.append(f"- added to the workers' environment:\n{format_env(plan.env)}")
+    set_vars = {k: v for k, v in os.environ.items() if k.startswith("ACCEL_")}
+    lines.append(f"- ACCEL_* set in this shell:\n{format_env(set_vars)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="accel env", description=__doc__).parse_args(argv)
+    print("Copy-and-paste the text below in your bug report.\n")
+    print(report())
+    return 0

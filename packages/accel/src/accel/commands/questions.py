@@ -1,0 +1,80 @@
+"""Plain-terminal questions for ``accel config``: a prompt, a default in brackets, Enter keeps it.
+
+Reads with ``input()``, so it works in any terminal and with answers piped on stdin; at the end of
+stdin every remaining question takes its default.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from accel_core.environment import parse_flag
+
+T = TypeVar("T")
+
+
+class Asker:
+    """Asks questions on stdout, reads answers from stdin; ``exhausted`` once stdin has ended."""
+
+    def __init__(self, read: Callable[[str], str] = input, write: Callable[[str], Any] = print) -> None:
+        self._read = read
+        self._write = write
+        self.exhausted = False
+
+    def _answer(self, prompt: str) -> str | None:
+        if self.exhausted:
+            return None
+        try:
+            answer = self._read(prompt).strip()
+        except EOFError:
+            self.exhausted = True
+            self._write("")
+            return None
+        if self._read is input and not sys.stdin.isatty():
+            self._write(answer)  # piped answers are not echoed by a terminal: keep the transcript readable
+        return answer
+
+    def ask(self, question: str, default: T, parse: Callable[[str], T], hint: str = "") -> T:
+        """Asks until the answer parses; an empty answer (or end of input) keeps ``default``."""
+        shown = "" if default is None else ("yes" if default is True else "no" if default is False else str(default))
+        prompt = f"{question}{f' ({hint})' if hint else ''} [{shown}]: "
+        for _ in range(5):
+            answer = self._answer(prompt)
+            if not answer:
+                if default is not None or self.exhausted:
+                    return default
+                self._write("  an answer is needed")
+                continue
+            try:
+                return parse(answer)
+            except ValueError as error:
+                self._write(f"  {error}")
+        raise ValueError(f"No valid answer to {question!r}; run `accel config` again.")
+
+    def yes_no(self, question: str, default: bool) -> bool:
+        return self.ask(question, default, parse_flag, "yes/no")
+
+    def integer(self, question: str, default: int, minimum: int = 0) -> int:
+        def parse(text: str) -> int:
+            try:
+                value = int(text)
+            except ValueError:
+                raise ValueError(f"please answer with a whole number, e.g. {default}") from None
+            if value < minimum:
+                raise ValueError(f"please answer with a number of at least {minimum}")
+            return value
+
+        return self.ask(question, default, parse)
+
+    def choice(self, question: str, default: str, choices: Sequence[str]) -> str:
+        def parse(text: str) -> str:
+            if text.lower() in choices:
+                return text.lower()
+            raise ValueError(f"please answer one of: {', '.join(choices)}")
+
+        return self.ask(question, default, parse, ", ".join(choices))
+
+    def text(self, question: str, default: str | None) -> str | None:
+        return self.ask(question, default, str)
