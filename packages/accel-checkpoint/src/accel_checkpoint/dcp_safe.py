@@ -65,6 +65,8 @@ class SafeFileSystemReader(FileSystemReader):
         try:
             with open(path, "rb") as handle:
                 metadata = _MetadataUnpickler(handle).load()
+        except UnsafeCheckpointError as error:
+            raise UnsafeCheckpointError(f"{path}: {error}") from None
         except FileNotFoundError as error:
             raise CorruptCheckpointError(f"{path} is missing: {self.path} is not a complete DCP checkpoint.") from error
         except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as error:

@@ -174,13 +174,16 @@ def load_state(
             loaded["customs"] = [reader.torch(f"{C.CUSTOM_NAME}_{i}{ext}") for i in range(len(customs))]
         if load_dataloader_state and metadata and counts["dataloaders"]:
             _check_count("dataloaders", counts["dataloaders"], len(loaders), folder)
+            source = rank
             if saved_world != access.num_processes(accelerator):
-                raise CheckpointMismatchError(
-                    f"{folder} holds dataloader positions of {saved_world} processes, but {access.num_processes(accelerator)} "
-                    "run now; positions are per process. Resume with the same number of processes, or pass "
-                    "load_dataloader_state=False and restore the position with accelerator.skip_first_batches()."
+                # Positions of a sharded loader are the same on every process; the loader's own
+                # load_state_dict converts them to the new process count (or says why it cannot).
+                source = 0
+                logger.warning(
+                    "%s was saved by %d processes, %d run now: every dataloader resumes from process 0's position.",
+                    folder, saved_world, access.num_processes(accelerator),
                 )
-            loaded["loaders"] = [reader.torch(C.dataloader_file(i, rank)) for i in range(len(loaders))]
+            loaded["loaders"] = [reader.torch(C.dataloader_file(i, source)) for i in range(len(loaders))]
         rng_name = C.rng_file(rank) if metadata else f"{C.RNG_STATE_NAME}_{rank}{C.LEGACY_RNG_EXT}"
         if os.path.exists(os.path.join(folder, rng_name)):
             loaded["rng"] = reader.torch(rng_name)

@@ -1,0 +1,77 @@
+"""The streaming safetensors writer, checked with the reference safetensors reader."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from accel_checkpoint.errors import CorruptCheckpointError
+from accel_checkpoint.safetensors_io import dedupe, read_safetensors, safetensors_metadata, write_safetensors
+
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
+
+
+def test_every_dtype_round_trips_through_the_reference_reader(tmp_path):
+    torch.manual_seed(0)
+    tensors = {}
+    for dtype in DTYPES:
+        if dtype.is_floating_point:
+            tensors[str(dtype)] = torch.randn(3, 5).to(dtype)
+        elif dtype == torch.bool:
+            tensors[str(dtype)] = torch.rand(7) > 0.5
+        else:
+            tensors[str(dtype)] = torch.randint(0, 100, (4, 2), dtype=dtype)
+    tensors["scalar"] = torch.tensor(3.5)
+    tensors["empty"] = torch.zeros(0, 4)
+    tensors["transposed"] = torch.arange(12.0).reshape(3, 4).t()  # not contiguous
+    path = str(tmp_path / "t.safetensors")
+    size = write_safetensors(tensors, path, {"format": "pt", "note": "x"})
+    assert size == os.path.getsize(path)
+    loaded = load_file(path)
+    assert set(loaded) == set(tensors)
+    for name, tensor in tensors.items():
+        assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
+    with safe_open(path, framework="pt") as handle:
+        assert handle.metadata() == {"format": "pt", "note": "x"}
+
+
+def test_tied_weights_are_written_once_and_restored_for_strict_loading(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight  # tied, as in language models
+    unique, aliases = dedupe(model.state_dict())
+    assert aliases == {"1.weight": "0.weight"} and list(unique) == ["0.weight"]
+    path = str(tmp_path / "m.safetensors")
+    write_safetensors(unique, path, safetensors_metadata(aliases))
+    state, _ = read_safetensors(path)
+    fresh = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    fresh[1].weight = fresh[0].weight
+    fresh.load_state_dict(state, strict=True)
+    assert torch.equal(fresh[1].weight, model[0].weight)
+
+
+def test_partially_overlapping_views_are_stored_as_separate_tensors(tmp_path):
+    base = torch.arange(10.0)
+    unique, aliases = dedupe({"a": base[:6], "b": base[4:]})
+    assert aliases == {}
+    path = str(tmp_path / "v.safetensors")
+    write_safetensors(unique, path)
+    loaded = load_file(path)
+    assert torch.equal(loaded["a"], base[:6]) and torch.equal(loaded["b"], base[4:])
+
+
+def test_non_tensor_entries_are_refused_with_the_fix():
+    with pytest.raises(TypeError, match="safe_serialization=False"):
+        dedupe({"w": torch.ones(1), "_extra_state": {"a": 1}})
+
+
+def test_truncated_file_names_the_file(tmp_path):
+    path = str(tmp_path / "big.safetensors")
+    write_safetensors({"w": torch.randn(1000)}, path)
+    with open(path, "r+b") as handle:
+        handle.truncate(os.path.getsize(path) // 2)
+    with pytest.raises(CorruptCheckpointError, match="big.safetensors is truncated or corrupt"):
+        read_safetensors(path)

@@ -1,0 +1,278 @@
+"""save_state / load_state through the real Accelerator on one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from accel_core import Accelerator
+from accel_core.configuration import ProjectConfiguration
+from accel_checkpoint import wait_for_checkpoint
+from accel_checkpoint.errors import (
+    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    UnsafeCheckpointError,
+)
+
+
+class Counter:
+    """A registered custom object."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        self.count = state["count"]
+
+
+def make(accelerator, seed=0, n_models=1):
+    torch.manual_seed(seed)
+    objects = []
+    for _ in range(n_models):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 2))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        objects += [model, optimizer]
+    objects.append(torch.optim.lr_scheduler.StepLR(objects[1], step_size=2, gamma=0.5))
+    return accelerator.prepare(*objects)
+
+
+def train(accelerator, model, optimizer, scheduler, steps):
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(8, 4)  # torch RNG: replayed only if it was restored
+        loss = model(x).pow(2).mean()  # dropout: torch RNG again
+        accelerator.backward(loss)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_round_trip_resumes_exactly_with_scaler_custom_objects_and_step(tmp_path):
+    accelerator = Accelerator(cpu=True, mixed_precision="fp16")
+    model, optimizer, scheduler = make(accelerator)
+    counter = Counter()
+    accelerator.register_for_checkpointing(counter)
+    train(accelerator, model, optimizer, scheduler, 3)
+    counter.count, accelerator.step = 5, 7
+    folder = accelerator.save_state(str(tmp_path / "ckpt"))
+    assert sorted(os.listdir(folder)) == sorted(
+        ["COMPLETE", "accel_checkpoint.json", "custom_checkpoint_0.pt", "model.safetensors", "optimizer.bin",
+         "random_states_0.pt", "scaler.pt", "scheduler.bin"]
+    )
+    expected_losses = train(accelerator, model, optimizer, scheduler, 3)
+    expected = weights(model)
+    scale = accelerator.scaler.get_scale()
+    counter.count, accelerator.step = 0, 0
+
+    accelerator.load_state(folder)
+    assert counter.count == 5 and accelerator.step == 7
+    assert train(accelerator, model, optimizer, scheduler, 3) == expected_losses  # data + dropout replayed
+    assert all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())
+    assert accelerator.scaler.get_scale() == scale
+    assert scheduler.scheduler.last_epoch == 6
+
+
+def test_hooks_see_the_folder_being_built_and_may_take_over_models(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, scheduler = make(accelerator)
+    seen = {}
+
+    def save_hook(models, weights_list, output_dir):
+        seen["save"] = (len(models), len(weights_list), output_dir)
+        with open(os.path.join(output_dir, "extra.json"), "w") as handle:
+            json.dump({"hidden": 16}, handle)
+        weights_list.pop()  # the hook saves this model itself (here: not at all)
+
+    def load_hook(models, input_dir):
+        seen["load"] = input_dir
+        models.pop()
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    handle = accelerator.register_load_state_pre_hook(load_hook)
+    folder = accelerator.save_state(str(tmp_path / "ckpt"))
+    assert seen["save"][:2] == (1, 1) and ".partial-" in seen["save"][2]
+    assert os.path.exists(os.path.join(folder, "extra.json")) and not os.path.exists(os.path.join(folder, "model.safetensors"))
+    accelerator.load_state(folder)
+    assert seen["load"] == folder
+    handle.remove()
+    with pytest.raises(CheckpointMismatchError, match="holds 0 models but 1 were prepared"):
+        accelerator.load_state(folder)
+
+
+def test_automatic_naming_total_limit_and_resume_numbering(tmp_path):
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=3)
+    accelerator = Accelerator(cpu=True, project_config=config)
+    model, optimizer, scheduler = make(accelerator)
+    base = tmp_path / "checkpoints"
+    for i in range(7):
+        train(accelerator, model, optimizer, scheduler, 1)
+        assert accelerator.save_state().endswith(f"checkpoint_{i}")
+        assert len([n for n in os.listdir(base) if n.startswith("checkpoint_")]) == min(i + 1, 3)
+    assert sorted(os.listdir(base)) == ["checkpoint_4", "checkpoint_5", "checkpoint_6"]
+    expected = weights(model)
+
+    # An interrupted save: a numbered folder without its marker, and a hidden partial folder.
+    shutil.copytree(base / "checkpoint_6", base / "checkpoint_9")
+    os.remove(base / "checkpoint_9" / "COMPLETE")
+    os.makedirs(base / ".checkpoint_10.partial-deadbeef")
+
+    fresh = Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=3))
+    model2, optimizer2, scheduler2 = make(fresh, seed=1)
+    fresh.load_state()  # the newest complete one: checkpoint_6, not the unfinished checkpoint_9
+    assert all(torch.equal(v, expected[k]) for k, v in model2.state_dict().items())
+    assert fresh.project_configuration.iteration == 7
+    with pytest.raises(IncompleteCheckpointError, match="no COMPLETE marker"):
+        fresh.load_state(str(base / "checkpoint_9"))
+    assert fresh.save_state().endswith("checkpoint_7")
+    assert not (base / ".checkpoint_10.partial-deadbeef").exists()  # leftovers are cleaned
+    assert sorted(os.listdir(base)) == ["checkpoint_5", "checkpoint_6", "checkpoint_7", "checkpoint_9"]
+    with pytest.raises(ValueError, match="already exists"):
+        fresh.project_configuration.iteration = 7
+        fresh.save_state()
+
+
+def test_clear_errors(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, scheduler = make(accelerator)
+    with pytest.raises(CheckpointNotFoundError, match="does not exist"):
+        accelerator.load_state(str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="needs input_dir"):
+        accelerator.load_state()
+    with pytest.raises(ValueError, match="needs an output_dir"):
+        accelerator.save_state()
+    folder = accelerator.save_state(str(tmp_path / "one"))
+
+    two = Accelerator(cpu=True)
+    make(two, n_models=2)
+    with pytest.raises(CheckpointMismatchError, match="holds 1 models but 2 were prepared"):
+        two.load_state(folder)
+    three = Accelerator(cpu=True)
+    model3 = three.prepare(torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 2)))
+    with pytest.raises(CheckpointMismatchError, match="holds 1 optimizers but 0 were prepared"):
+        three.load_state(folder)
+
+    path = os.path.join(folder, "optimizer.bin")
+    with open(path, "r+b") as handle:
+        handle.truncate(os.path.getsize(path) - 100)
+    before = weights(model)
+    with pytest.raises(CorruptCheckpointError, match=r"optimizer\.bin has \d+ bytes but \d+ were written"):
+        accelerator.load_state(folder)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # nothing was half-loaded
+
+
+def test_malicious_custom_state_is_refused_through_load_state(tmp_path, monkeypatch):
+    monkeypatch.delenv("ACCEL_ALLOW_UNSAFE_PICKLE", raising=False)
+    accelerator = Accelerator(cpu=True)
+    make(accelerator)
+    counter = Counter()
+    accelerator.register_for_checkpointing(counter)
+    folder = accelerator.save_state(str(tmp_path / "ckpt"))
+    victim = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(victim), "w"))
+
+    path = os.path.join(folder, "custom_checkpoint_0.pt")
+    torch.save({"count": Payload()}, path)
+    # An attacker can edit the metadata too: keep the recorded size consistent.
+    meta_path = os.path.join(folder, "accel_checkpoint.json")
+    meta = json.load(open(meta_path))
+    meta["files"]["custom_checkpoint_0.pt"] = os.path.getsize(path)
+    json.dump(meta, open(meta_path, "w"))
+    with pytest.raises(UnsafeCheckpointError, match=r"custom_checkpoint_0\.pt.*io\.open.*allow_unsafe_pickle=True"):
+        accelerator.load_state(folder)
+    assert not victim.exists()
+
+
+def test_explicit_folder_is_replaced_whole(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, scheduler = make(accelerator)
+    target = str(tmp_path / "ckpt")
+    accelerator.save_state(target)
+    with open(os.path.join(target, "stale.txt"), "w") as handle:
+        handle.write("from the first save")
+    train(accelerator, model, optimizer, scheduler, 1)
+    accelerator.save_state(target)
+    assert not os.path.exists(os.path.join(target, "stale.txt"))
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_async_save_snapshots_at_call_time_and_completes_on_wait(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, scheduler = make(accelerator)
+    train(accelerator, model, optimizer, scheduler, 2)
+    snapshot = weights(model)
+    folder = accelerator.save_state(str(tmp_path / "a"), async_save=True)
+    train(accelerator, model, optimizer, scheduler, 2)  # training goes on while it is written
+    assert wait_for_checkpoint(accelerator) == folder
+    assert os.path.exists(os.path.join(folder, "COMPLETE"))
+    fresh = Accelerator(cpu=True)
+    model2, _, _ = make(fresh, seed=3)
+    fresh.load_state(folder)
+    assert all(torch.equal(v, snapshot[k]) for k, v in model2.state_dict().items())
+    # A second async save reuses the CPU buffers and a load waits for the pending write first.
+    folder_b = accelerator.save_state(str(tmp_path / "b"), async_save=True)
+    accelerator.load_state(folder_b)
+
+
+def test_async_failure_is_raised_on_wait_and_leaves_nothing(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    model.register_buffer("phase", torch.zeros(2, dtype=torch.complex64))  # safetensors cannot store it
+    accelerator.prepare(model)
+    accelerator.save_state(str(tmp_path / "c"), async_save=True)
+    with pytest.raises(CheckpointError, match="complex64"):
+        wait_for_checkpoint(accelerator)
+    assert os.listdir(tmp_path) == []
+    accelerator.save_state(str(tmp_path / "c"), safe_serialization=False)  # the fix the message gives
+    accelerator.load_state(str(tmp_path / "c"))
+
+
+def test_reference_layout_checkpoint_needs_the_opt_in_for_its_pickles(tmp_path):
+    import numpy as np
+    import random
+
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, scheduler = make(accelerator)
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(legacy / "model.safetensors"))
+    torch.save(optimizer.state_dict(), legacy / "optimizer.bin")
+    torch.save(scheduler.state_dict(), legacy / "scheduler.bin")
+    torch.save(
+        {"random_state": random.getstate(), "numpy_random_seed": np.random.get_state(), "torch_manual_seed": torch.get_rng_state()},
+        legacy / "random_states_0.pkl",
+    )
+    with pytest.warns(UserWarning, match="legacy"), pytest.raises(UnsafeCheckpointError, match="random_states_0.pkl"):
+        accelerator.load_state(str(legacy))
+    with pytest.warns(UserWarning):
+        accelerator.load_state(str(legacy), allow_unsafe_pickle=True)
+
+
+def test_save_model_through_the_accelerator(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    model, _, _ = make(accelerator)
+    accelerator.save_model(model, str(tmp_path / "export"), max_shard_size="200B")
+    index = json.loads((tmp_path / "export" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    with pytest.raises(ValueError, match="is a file"):
+        accelerator.save_model(model, str(tmp_path / "export" / sorted(set(index["weight_map"].values()))[0]))
