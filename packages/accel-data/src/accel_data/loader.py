@@ -10,6 +10,7 @@ and saves / restores its position.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -156,6 +157,15 @@ class ShardedLoaderMixin:
     @property
     def even_batches(self) -> bool:
         return self._current_plan().even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        # Accelerator.join_uneven_inputs switches it for the duration of a block.
+        if self._shard is not None:
+            self._shard.even_batches = bool(value)
+        else:
+            assert self._plan is not None
+            self._plan = dataclasses.replace(self._plan, even_batches=bool(value))
 
     @property
     def total_batch_size(self) -> int | None:

@@ -53,6 +53,11 @@ class ShardPlan:
             )
 
     @property
+    def pads(self) -> bool:
+        """Whether a short last step is completed (a single process never needs to)."""
+        return self.even_batches and self.num_processes > 1
+
+    @property
     def batches_per_group(self) -> int:
         return 1 if self.split_batches else self.num_processes
 
@@ -186,12 +191,12 @@ def _make_group(buf: list[B], final: bool, plan: ShardPlan, ops: BatchOps[B], he
     n, size = plan.num_processes, plan.batch_size
     real = _sizes_total(buf, ops)
     short_last = size is not None and real >= 0 and (ops.size(buf[-1]) or 0) < size
-    complete = len(buf) == n and not short_last
+    complete = len(buf) == n and (not short_last or n == 1)
     if not final or complete:
         return Group(list(buf), real, final)
     if plan.drop_last:
         return None
-    if not plan.even_batches:
+    if not plan.pads:
         return Group(list(buf) + [None] * (n - len(buf)), real, final)
     if size is not None and real >= 0:
         missing = n * size - real
@@ -213,7 +218,7 @@ def _split_group(batch: B, final: bool, plan: ShardPlan, ops: BatchOps[B], head:
             "split_batches=True needs batches whose size can be read (tensors, lists, dicts of them); "
             "use split_batches=False for this data."
         )
-    if not final or (length % n == 0 and (size is None or length == size or not plan.even_batches)):
+    if not final or (length % n == 0 and (size is None or length == size or not plan.pads)):
         if length % n:
             raise ValueError(
                 f"split_batches=True needs every batch's size to be a multiple of the number of processes "
@@ -225,7 +230,7 @@ def _split_group(batch: B, final: bool, plan: ShardPlan, ops: BatchOps[B], head:
         return Group([ops.cut(batch, r * chunk, (r + 1) * chunk) for r in range(n)], length, final)
     if plan.drop_last and (size is None or length < size):
         return None
-    if plan.even_batches:
+    if plan.pads:
         target = size if size is not None and length < size else length
         target = math.ceil(target / n) * n
         padded = ops.concat([batch, head.samples(target - length)]) if target > length else batch

@@ -1,0 +1,215 @@
+"""accel-data on 2 real processes (gloo, CPU), launched by test_data_multiprocess.py under torchrun.
+
+Checks: gather_for_metrics sees every sample exactly once (lengths 99 and 512, batch sizes that do
+not divide, split on/off, dispatch on/off, map-style and iterable, tensors and strings), through the
+Accelerator and through the standalone API; RNG synchronisation of shuffled loaders seeded
+differently on each process; mid-epoch resume after load_state_dict; dispatch of variable-length
+sequences; a reading error on process 0 failing every process instead of hanging.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from accel_core import ops
+from accel_core.accelerator import Accelerator
+from accel_core.state import GradientState
+from accel_data import DispatchError, prepare_data_loader
+
+
+class Items(Dataset):
+    def __init__(self, length: int, fail_at: int | None = None) -> None:
+        self.length, self.fail_at = length, fail_at
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> dict:
+        if i == self.fail_at:
+            raise KeyError(f"sample {i} is corrupt")
+        return {"idx": i, "x": torch.full((2,), float(i)), "name": f"s{i}"}
+
+
+class Stream(IterableDataset):
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __iter__(self) -> Iterator[dict]:
+        for i in range(self.length):
+            yield {"idx": i, "x": torch.full((2,), float(i)), "name": f"s{i}"}
+
+
+class Sequences(Dataset):
+    """Token sequences of varying length: batches change shape from one step to the next."""
+
+    def __len__(self) -> int:
+        return 37
+
+    def __getitem__(self, i: int) -> dict:
+        return {"ids": torch.arange(1 + (i // 5) % 9) + i, "text": "w" * (i % 5)}
+
+
+def pad_collate(samples: list[dict]) -> dict:
+    longest = max(len(s["ids"]) for s in samples)
+    ids = torch.zeros(len(samples), longest, dtype=torch.int64)
+    for row, s in enumerate(samples):
+        ids[row, : len(s["ids"])] = s["ids"]
+    return {"ids": ids, "lengths": torch.tensor([len(s["ids"]) for s in samples]), "text": [s["text"] for s in samples]}
+
+
+RANK = int(os.environ["RANK"])
+failures: list[str] = []
+
+
+def check(name: str, condition: bool, detail: str = "") -> None:
+    if not condition:
+        failures.append(f"{name}: {detail}")
+
+
+def epoch_batches(loader) -> list:
+    return [{k: (v.tolist() if torch.is_tensor(v) else v) for k, v in b.items()} for b in loader]
+
+
+def check_gather_for_metrics(accelerator: Accelerator) -> None:
+    combos = list(itertools.product(["map", "iterable"], [99, 512], [6, 10], [False, True], [False, True]))
+    for kind, length, size, split, dispatch in combos:
+        config = accelerator.dataloader_config
+        config.split_batches, config.dispatch_batches = split, dispatch
+        dataset = Items(length) if kind == "map" else Stream(length)
+        loader = accelerator.prepare(DataLoader(dataset, batch_size=size))
+        ids: list[int] = []
+        names: list[str] = []
+        for batch in loader:
+            ids += accelerator.gather_for_metrics(batch["idx"]).tolist()
+            names += accelerator.gather_for_metrics(batch["name"])
+        label = f"gather_for_metrics {kind} len={length} bs={size} split={split} dispatch={dispatch}"
+        check(label, ids == list(range(length)), f"got {len(ids)} ids, first wrong at "
+              f"{next((i for i, (a, b) in enumerate(zip(ids, range(length))) if a != b), len(ids))}")
+        check(label + " names", names == [f"s{i}" for i in ids], f"{names[:5]}...")
+    config.split_batches, config.dispatch_batches = False, None
+
+
+def check_standalone_with_ops_gather() -> None:
+    """prepare_data_loader without an Accelerator, the remainder rule applied by hand."""
+    for kind, dispatch in itertools.product(["map", "iterable"], [False, True]):
+        dataset = Items(99) if kind == "map" else Stream(99)
+        loader = prepare_data_loader(DataLoader(dataset, batch_size=8), dispatch_batches=dispatch)
+        seen: list[int] = []
+        for batch in loader:
+            gathered = ops.gather(batch["idx"])
+            state = GradientState()
+            if state.end_of_dataloader and state.remainder > 0:
+                gathered = gathered[: state.remainder]
+            seen += gathered.tolist()
+        check(f"standalone {kind} dispatch={dispatch}", seen == list(range(99)), str(seen[-10:]))
+
+
+def check_rng_sync_of_shuffled_loaders() -> None:
+    torch.manual_seed(1000 + RANK)  # processes seeded differently on purpose
+    loader = prepare_data_loader(DataLoader(Items(64), batch_size=5, shuffle=True))
+    for epoch in range(2):
+        ids = [i for b in loader for i in ops.gather(b["idx"]).tolist()]
+        check(f"rng sync epoch {epoch}", sorted(ids[:64]) == list(range(64)), f"{len(set(ids[:64]))} distinct")
+    torch.manual_seed(2000 + RANK)
+    synced = prepare_data_loader(DataLoader(Items(8), batch_size=2), rng_types=["torch"])
+    next(iter(synced))
+    values = ops.gather_object([torch.rand(1).item()])
+    check("rng_types=['torch'] synchronises the global RNG", values[0] == values[1], str(values))
+
+
+def make_resume_loader(case: str):
+    if case == "iterable":
+        return prepare_data_loader(DataLoader(Stream(45), batch_size=4))
+    if case == "iterable-dispatch":
+        return prepare_data_loader(DataLoader(Stream(45), batch_size=4), dispatch_batches=True)
+    seedable = case == "seedable"
+    torch.manual_seed(77 + RANK)
+    dl = DataLoader(Items(45), batch_size=4, shuffle=True)
+    return prepare_data_loader(dl, use_seedable_sampler=seedable, data_seed=11 if seedable else None,
+                               dispatch_batches=case == "dispatch")
+
+
+def check_resume() -> None:
+    for case in ["shuffle", "seedable", "dispatch", "iterable", "iterable-dispatch"]:
+        reference = make_resume_loader(case)
+        epoch_batches(reference)
+        expected = epoch_batches(reference)  # epoch 1
+        for stop in (1, len(expected) // 2, len(expected) - 1):
+            run = make_resume_loader(case)
+            epoch_batches(run)
+            it = iter(run)
+            head = [next(it) for _ in range(stop)]
+            state = run.state_dict()
+            it.close()
+            resumed = make_resume_loader(case)
+            resumed.load_state_dict(state)
+            rest = epoch_batches(resumed)
+            got = [{k: (v.tolist() if torch.is_tensor(v) else v) for k, v in b.items()} for b in head] + rest
+            check(f"resume {case} at {stop}", got == expected, f"{len(got)} vs {len(expected)} batches")
+
+
+def check_dispatch_variable_lengths() -> None:
+    for split in (False, True):
+        sharded = epoch_batches(prepare_data_loader(DataLoader(Sequences(), batch_size=6, collate_fn=pad_collate),
+                                                    split_batches=split))
+        dispatched = epoch_batches(prepare_data_loader(DataLoader(Sequences(), batch_size=6, collate_fn=pad_collate),
+                                                       split_batches=split, dispatch_batches=True))
+        check(f"dispatch variable lengths split={split}", dispatched == sharded, "dispatched batches differ")
+        widths = {len(b["ids"][0]) for b in dispatched}
+        check(f"dispatch shapes vary split={split}", len(widths) > 1, str(widths))
+
+
+def check_dispatch_error_fails_everywhere() -> None:
+    loader = prepare_data_loader(DataLoader(Items(40, fail_at=21), batch_size=4), dispatch_batches=True)
+    try:
+        for _ in loader:
+            pass
+    except DispatchError as error:
+        check("dispatch error on the receiver", RANK != 0 and "corrupt" in str(error), str(error))
+    except KeyError:
+        check("dispatch error on process 0", RANK == 0)
+    else:
+        check("dispatch error", False, "no error raised")
+    dist.barrier()  # both processes got here: nobody hung
+
+
+def main() -> None:
+    import faulthandler
+
+    faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where it is, then fails
+    accelerator = Accelerator(cpu=True)
+    checks = [
+        check_gather_for_metrics,
+        check_standalone_with_ops_gather,
+        check_rng_sync_of_shuffled_loaders,
+        check_resume,
+        check_dispatch_variable_lengths,
+        check_dispatch_error_fails_everywhere,
+    ]
+    for fn in checks:
+        start = time.perf_counter()
+        try:
+            fn(accelerator) if fn is check_gather_for_metrics else fn()
+        except Exception:
+            failures.append(f"{fn.__name__} raised:\n{traceback.format_exc()}")
+            break  # the other process may now wait in a collective: stop rather than hang
+        print(f"[{RANK}] {fn.__name__}: {time.perf_counter() - start:.2f}s", flush=True)
+    if failures:
+        print(f"DATA CHECKS FAILED {RANK}:\n" + "\n".join(failures), flush=True)
+        sys.exit(1)
+    print(f"DATA CHECKS PASSED {RANK}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""The prepared loader in one process: each process simulated with process_index=i, no process group."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, Sampler
+
+from accel_core.state import GradientState
+from accel_data import SeedableRandomSampler, prepare_data_loader, skip_first_batches
+
+
+class Counting(Dataset):
+    """Map-style dataset of dicts that counts the samples it had to load."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.loads = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> dict:
+        self.loads += 1
+        return {"idx": i, "x": torch.full((3,), float(i)), "name": f"s{i}"}
+
+
+class Stream(IterableDataset):
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __iter__(self) -> Iterator[dict]:
+        for i in range(self.length):
+            yield {"idx": i, "x": torch.full((3,), float(i)), "name": f"s{i}"}
+
+
+def _run(loader) -> tuple[list[list[int]], int, list[bool]]:
+    out, ends = [], []
+    for batch in loader:
+        out.append(batch["idx"].tolist())
+        assert batch["name"] == [f"s{i}" for i in batch["idx"].tolist()]
+        ends.append(loader.end_of_dataloader)
+    return out, loader.remainder, ends
+
+
+def _collect(make, n: int, **kwargs) -> tuple[list[list[list[int]]], int]:
+    per_rank, real = [], -1
+    for rank in range(n):
+        loader = prepare_data_loader(make(), num_processes=n, process_index=rank, **kwargs)
+        batches, remainder, ends = _run(loader)
+        if not isinstance(loader.dataset, IterableDataset):
+            assert len(loader) == len(batches)
+        if batches:
+            assert ends == [False] * (len(batches) - 1) + [True], "end_of_dataloader on the last batch only"
+        per_rank.append(batches)
+        if rank == 0:
+            real = remainder
+    return per_rank, real
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_prepared_loader_shards_exactly(kind: str) -> None:
+    for length, size, n, split, even, drop_last in itertools.product(
+        [1, 7, 13, 31, 99], [1, 3, 4], [1, 2, 3], [False, True], [True, False], [False, True]
+    ):
+        loader_batch = size * n if split else size
+        dataset = Counting(length) if kind == "map" else Stream(length)
+        make = lambda: DataLoader(dataset, batch_size=loader_batch, drop_last=drop_last)  # noqa: E731
+        per_rank, real = _collect(make, n, split_batches=split, even_batches=even)
+        single = [b["idx"].tolist() for b in make()]
+        kept = single if split or not drop_last else single[: len(single) // n * n]
+        expected = [i for b in kept for i in b]
+        steps = max(map(len, per_rank))
+        got = []
+        for t in range(steps):
+            step = [i for r in range(n) for i in (per_rank[r][t] if t < len(per_rank[r]) else [])]
+            got.extend(step[:real] if t == steps - 1 else step)
+        assert got == expected, (kind, length, size, n, split, even, drop_last)
+        if even:
+            assert len({len(b) for b in per_rank}) == 1
+
+
+def test_gradient_state_registration_and_cleanup() -> None:
+    state = GradientState()
+    loader = prepare_data_loader(DataLoader(range(10), batch_size=4), num_processes=1, process_index=0)
+    assert state.active_dataloader is None
+    seen = []
+    for _ in loader:
+        seen.append((state.active_dataloader is loader, state.end_of_dataloader, state.remainder))
+    assert seen == [(True, False, -1), (True, False, -1), (True, True, 2)]
+    assert state.active_dataloader is None and not state.in_dataloader
+    for _ in loader:
+        break
+    assert state.active_dataloader is None, "an early break unregisters the loader"
+    with pytest.raises(RuntimeError):
+        for _ in loader:
+            raise RuntimeError("boom")
+    assert state.active_dataloader is None, "an exception unregisters the loader"
+
+
+def test_nested_loaders_report_the_innermost() -> None:
+    state = GradientState()
+    outer = prepare_data_loader(DataLoader(range(4), batch_size=2), num_processes=1, process_index=0)
+    inner = prepare_data_loader(DataLoader(range(3), batch_size=2), num_processes=1, process_index=0)
+    for _ in outer:
+        for _ in inner:
+            assert state.active_dataloader is inner
+        assert state.active_dataloader is outer
+    assert state.active_dataloader is None
+
+
+def test_remainder_with_padding() -> None:
+    """Spec example: 9 samples, batch 5, two processes: the gathered last step keeps 9 - 0 real."""
+    loaders = [prepare_data_loader(DataLoader(range(9), batch_size=5), num_processes=2, process_index=r) for r in range(2)]
+    batches = [list(loader) for loader in loaders]
+    assert [b.tolist() for b in batches[0]] == [[0, 1, 2, 3, 4]]
+    assert [b.tolist() for b in batches[1]] == [[5, 6, 7, 8, 0]]
+    assert loaders[0].remainder == loaders[1].remainder == 9
+
+
+def _epoch(loader) -> list[list[int]]:
+    return [b["idx"].tolist() for b in loader]
+
+
+@pytest.mark.parametrize("seedable", [False, True])
+@pytest.mark.parametrize("split", [False, True])
+def test_resume_mid_epoch_yields_exactly_the_rest_without_loading_skipped_samples(seedable: bool, split: bool) -> None:
+    n, length = 2, 50
+
+    def make(rank: int, dataset: Counting):
+        dl = DataLoader(dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7))
+        return prepare_data_loader(dl, num_processes=n, process_index=rank, split_batches=split,
+                                   use_seedable_sampler=seedable, data_seed=3)
+
+    for rank in range(n):
+        reference = make(rank, Counting(length))
+        first, second = _epoch(reference), _epoch(reference)
+        for stop in [0, 1, len(first) // 2, len(first) - 1]:
+            run = make(rank, Counting(length))
+            _epoch(run)  # a full epoch first: the resume is of epoch 1
+            it = iter(run)
+            got = [next(it)["idx"].tolist() for _ in range(stop)]
+            state = run.state_dict()
+            del it
+            assert state["epoch"] == 1 and state["batches_yielded"] == stop
+            fresh_data = Counting(length)
+            resumed = make(rank, fresh_data)
+            resumed.load_state_dict(state)
+            assert resumed.state_dict()["batches_yielded"] == stop, "saving again before iterating keeps the position"
+            rest = _epoch(resumed)
+            assert got + rest == second, (rank, stop)
+            per_rank_batch = 2 if split else 4
+            assert fresh_data.loads <= len(rest) * per_rank_batch, "skipped samples were loaded"
+            # The epoch after the resumed one continues as the uninterrupted run would.
+            third_ref = _epoch(reference)
+            assert _epoch(resumed) == third_ref
+            reference = make(rank, Counting(length))
+            first, second = _epoch(reference), _epoch(reference)
+
+
+def test_resume_with_another_number_of_processes() -> None:
+    loader = prepare_data_loader(DataLoader(Counting(40), batch_size=2), num_processes=2, process_index=0)
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    state = loader.state_dict()  # 4 steps x 2 processes = 8 batches of the original loader
+    del it
+    single = prepare_data_loader(DataLoader(Counting(40), batch_size=2), num_processes=1, process_index=0)
+    single.load_state_dict(state)
+    assert _epoch(single)[0] == [16, 17]
+    four = prepare_data_loader(DataLoader(Counting(40), batch_size=2), num_processes=3, process_index=0)
+    with pytest.raises(ValueError, match="whole number of steps"):
+        four.load_state_dict(state)
+
+
+def test_skip_first_batches_prepared_and_raw() -> None:
+    loader = prepare_data_loader(DataLoader(Counting(20), batch_size=3), num_processes=2, process_index=1)
+    full = _epoch(loader)
+    skipped = skip_first_batches(loader, 2)
+    assert _epoch(skipped) == full[2:]
+    assert len(skipped) == len(full) - 2
+    assert loader.epoch == skipped.epoch == 2, "the skipping loader shares the epoch counter"
+    raw = DataLoader(Counting(10), batch_size=3)
+    assert _epoch(skip_first_batches(raw, 1)) == [[3, 4, 5], [6, 7, 8], [9]]
+    assert _epoch(skip_first_batches(raw, 5)) == []
+
+
+def test_seedable_sampler_same_order_everywhere() -> None:
+    orders = []
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        dl = DataLoader(Counting(12), batch_size=12, shuffle=True)
+        loader = prepare_data_loader(dl, num_processes=1, process_index=0, use_seedable_sampler=True, data_seed=5)
+        orders.append([_epoch(loader), _epoch(loader)])
+    assert orders[0] == orders[1], "data_seed decides the order, not the global RNG"
+    assert orders[0][0] != orders[0][1], "each epoch is shuffled differently"
+    sampler = SeedableRandomSampler(range(10), seed=1)
+    sampler.set_epoch(2)
+    assert list(sampler) == list(sampler)
+
+
+def test_set_epoch_is_forwarded() -> None:
+    class EpochSampler(Sampler[int]):
+        def __init__(self) -> None:
+            self.epoch = -1
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __iter__(self):
+            return iter(range(6))
+
+        def __len__(self) -> int:
+            return 6
+
+    sampler = EpochSampler()
+    loader = prepare_data_loader(DataLoader(Counting(6), batch_size=2, sampler=sampler), num_processes=2, process_index=0)
+    loader.set_epoch(3)
+    assert sampler.epoch == 3 and loader.epoch == 3
+    assert loader.sampler is sampler, "the user's sampler is kept"
+
+
+def test_custom_batch_sampler_and_unbatched_loader() -> None:
+    class Pairs(Sampler[list[int]]):
+        def __iter__(self):
+            return iter([[5, 4], [3, 2], [1, 0]])
+
+        def __len__(self) -> int:
+            return 3
+
+    loader = prepare_data_loader(DataLoader(Counting(6), batch_sampler=Pairs()), num_processes=2, process_index=1)
+    assert _epoch(loader) == [[3, 2], [5, 4]]
+    unbatched = [prepare_data_loader(DataLoader(Counting(5), batch_size=None), num_processes=2, process_index=r) for r in range(2)]
+    assert [[b["idx"] for b in u] for u in unbatched] == [[0, 2, 4], [1, 3, 0]]
+    assert unbatched[0].remainder == 1  # the last step holds sample 4 and the padding 0
+
+
+def test_workers_keep_the_partition() -> None:
+    per_rank = []
+    for rank in range(2):
+        dl = DataLoader(Counting(23), batch_size=4, num_workers=2, shuffle=True, generator=torch.Generator().manual_seed(1))
+        per_rank.append(_epoch(prepare_data_loader(dl, num_processes=2, process_index=rank)))
+    flat = [i for t in range(len(per_rank[0])) for r in range(2) for i in per_rank[r][t]]
+    assert sorted(flat[:23]) == list(range(23))
+
+
+def test_random_sampler_gets_a_generator_for_sync_and_resume() -> None:
+    dl = DataLoader(Counting(8), batch_size=2, shuffle=True)
+    assert dl.sampler.generator is None
+    prepare_data_loader(dl, num_processes=2, process_index=0)
+    assert isinstance(dl.sampler.generator, torch.Generator)
+
+
+def test_device_placement_and_preparing_twice() -> None:
+    loader = prepare_data_loader(DataLoader(Counting(4), batch_size=2), num_processes=1, process_index=0,
+                                 put_on_device=True, device="cpu")
+    assert all(b["x"].device.type == "cpu" for b in loader)
+    assert prepare_data_loader(loader) is loader
+
+
+def test_user_errors() -> None:
+    with pytest.raises(ValueError, match="multiple of the number of processes"):
+        prepare_data_loader(DataLoader(range(10), batch_size=3), num_processes=2, process_index=0, split_batches=True)
+    with pytest.raises(ValueError, match="process group"):
+        prepare_data_loader(DataLoader(range(10), batch_size=2), num_processes=2, process_index=0, dispatch_batches=True)
+    with pytest.raises(ValueError, match="Unknown rng_types"):
+        prepare_data_loader(DataLoader(range(10), batch_size=2), num_processes=1, process_index=0, rng_types=["numpy"])
+    with pytest.raises(ValueError, match="process_index"):
+        prepare_data_loader(DataLoader(range(10), batch_size=2), num_processes=2, process_index=2)
+    with pytest.raises(TypeError, match="DataLoader"):
+        prepare_data_loader([1, 2, 3])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batch size"):
+        prepare_data_loader(DataLoader(range(10), batch_size=None), num_processes=2, process_index=0, split_batches=True)
+
+
+def test_integration_preparer_is_discoverable() -> None:
+    from accel_core import plugins
+    from accel_core.protocols import DataLoaderPreparer
+
+    preparer = plugins.load("accel.preparers", "dataloader")
+    assert isinstance(preparer, DataLoaderPreparer)
