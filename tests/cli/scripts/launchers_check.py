@@ -1,0 +1,50 @@
+"""notebook_launcher and debug_launcher for real: results by rank, settings, a failing rank. Prints one JSON line."""
+
+import json
+import os
+import time
+
+from accel_core.launch import JobFailedError, debug_launcher, notebook_launcher
+
+
+def work(scale: int) -> dict:
+    import torch
+    import torch.distributed as dist
+    from accel_core.state import PartialState
+
+    state = PartialState()
+    total = torch.tensor([float(state.process_index + 1)])
+    dist.all_reduce(total)
+    return {
+        "rank": state.process_index,
+        "world": state.num_processes,
+        "backend": state.backend,
+        "device": str(state.device),
+        "sum": total.item() * scale,
+        "precision": os.environ.get("ACCEL_MIXED_PRECISION"),
+        "cpu": os.environ.get("ACCEL_USE_CPU"),
+    }
+
+
+def failing() -> None:
+    if os.environ["RANK"] == "1":
+        raise KeyError("rank 1 cannot go on")
+    time.sleep(60)
+
+
+def local() -> str:
+    return os.environ.get("ACCEL_MIXED_PRECISION", "")
+
+
+if __name__ == "__main__":
+    report = {"debug": debug_launcher(work, args=(10,))}
+    report["notebook"] = notebook_launcher(work, args=(2,), num_processes=2, mixed_precision="bf16", use_cpu=True)
+    report["one"] = notebook_launcher(local, num_processes=1, mixed_precision="fp16")
+    report["env_after"] = os.environ.get("ACCEL_MIXED_PRECISION")
+    start = time.monotonic()
+    try:
+        debug_launcher(failing)
+    except JobFailedError as error:
+        report["failure"] = {"rank": error.root.rank, "exit_code": error.exit_code, "text": str(error)}
+    report["failure_seconds"] = time.monotonic() - start
+    print(json.dumps(report), flush=True)

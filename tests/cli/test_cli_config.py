@@ -1,0 +1,180 @@
+"""The config file: location, checks, Accelerate import, and the `accel config` commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from accel_core.launch.accelerate_import import convert_accelerate_config
+from accel_core.launch.config import config_path, default_config_path, load_config, read_config, write_config
+
+ACCELERATE_FSDP = """\
+compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: FSDP
+downcast_bf16: 'no'
+enable_cpu_affinity: false
+fsdp_config:
+  fsdp_activation_checkpointing: false
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_offload_params: false
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
+  fsdp_version: 2
+machine_rank: 0
+main_training_function: main
+mixed_precision: bf16
+num_machines: 1
+num_processes: 8
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: false
+"""
+
+ACCELERATE_MULTI_GPU = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU
+dynamo_config:
+  dynamo_backend: INDUCTOR
+  dynamo_mode: max-autotune
+gpu_ids: 0,1
+ipex_config:
+  ipex: true
+mixed_precision: fp16
+num_machines: 2
+num_processes: 4
+machine_rank: 1
+main_process_ip: 10.1.2.3
+main_process_port: 6000
+"""
+
+
+def test_config_location_flag_then_environment_then_xdg_then_home(tmp_path: Path) -> None:
+    assert config_path("a.yaml", {"ACCEL_CONFIG_FILE": "b.yaml"}) == (Path("a.yaml"), True)
+    assert config_path(None, {"ACCEL_CONFIG_FILE": "b.yaml"}) == (Path("b.yaml"), True)
+    assert default_config_path({"XDG_CONFIG_HOME": "/x"}) == Path("/x/accel/default_config.yaml")
+    assert default_config_path({"HOME": str(tmp_path)}).parts[-3:] == (".config", "accel", "default_config.yaml")
+    assert load_config(None, {"XDG_CONFIG_HOME": str(tmp_path)}) == ({}, None)  # no default file: no config
+    with pytest.raises(ValueError, match="does not exist"):
+        load_config(str(tmp_path / "missing.yaml"), {})
+
+
+def test_written_config_reads_back_and_bad_keys_are_named(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "d" / "c.yaml", {"num_processes": 2, "mixed_precision": "no", "fsdp": {"version": 2}})
+    text = path.read_text()
+    assert text.startswith("# accel launch configuration") and "mixed_precision: 'no'" in text
+    assert read_config(path) == {"num_processes": 2, "mixed_precision": "no", "fsdp": {"version": 2}}
+    (tmp_path / "typo.yaml").write_text("num_process: 2\n")
+    with pytest.raises(ValueError, match="Did you mean 'num_processes'"):
+        read_config(tmp_path / "typo.yaml")
+    (tmp_path / "bad.yaml").write_text("mixed_precision: fp12\n")
+    with pytest.raises(ValueError, match="bad.yaml key 'mixed_precision'"):
+        read_config(tmp_path / "bad.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ValueError, match="mapping"):
+        read_config(tmp_path / "list.yaml")
+
+
+def test_accelerate_fsdp_config_converts_without_warnings() -> None:
+    config, warnings = convert_accelerate_config(yaml.safe_load(ACCELERATE_FSDP))
+    assert warnings == []
+    assert config == {
+        "debug": False,
+        "strategy": "fsdp",
+        "fsdp": {
+            "activation_checkpointing": False,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "cpu_ram_efficient_loading": True,
+            "offload_params": False,
+            "reshard_after_forward": True,
+            "state_dict_type": "SHARDED_STATE_DICT",
+            "transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+            "version": 2,
+        },
+        "machine_rank": 0,
+        "mixed_precision": "bf16",
+        "num_machines": 1,
+        "num_processes": 8,
+        "rdzv_backend": "static",
+        "use_cpu": False,
+    }
+
+
+def test_accelerate_multi_gpu_config_keeps_what_maps_and_warns_about_the_rest() -> None:
+    config, warnings = convert_accelerate_config(yaml.safe_load(ACCELERATE_MULTI_GPU))
+    assert config["dynamo_backend"] == "inductor" and config["env"] == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert (config["num_machines"], config["machine_rank"], config["main_process_ip"]) == (2, 1, "10.1.2.3")
+    assert "strategy" not in config  # MULTI_GPU: the automatic choice (DDP)
+    assert len(warnings) == 2
+    assert any("dynamo_mode" in w for w in warnings) and any("ipex_config" in w for w in warnings)
+    cpu, _ = convert_accelerate_config({"distributed_type": "MULTI_CPU", "num_processes": 2})
+    assert cpu == {"num_processes": 2, "use_cpu": True}
+    deepspeed, warnings = convert_accelerate_config(
+        {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2, "deepspeed_multinode_launcher": "standard"}}
+    )
+    assert deepspeed == {"strategy": "deepspeed", "deepspeed": {"zero_stage": 2, "multinode_launcher": "standard"}}
+    _, warnings = convert_accelerate_config({"compute_environment": "AMAZON_SAGEMAKER", "ec2_instance_type": "x"})
+    assert len(warnings) == 2
+
+
+def test_accel_config_import_writes_a_config_that_launch_uses(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    source = tmp_path / "accelerate.yaml"
+    source.write_text(ACCELERATE_MULTI_GPU)
+    result = cli.run("config", "import", str(source))
+    assert result.returncode == 0, cli.describe(result)
+    assert "warning: dynamo_config.dynamo_mode" in result.stderr
+    written = yaml.safe_load((cli.config_dir / "default_config.yaml").read_text())
+    assert written["num_processes"] == 4 and written["env"] == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    again = cli.run("config", "import", str(source))
+    assert again.returncode == 2 and "--force" in again.stderr
+
+    fsdp = tmp_path / "fsdp.yaml"
+    fsdp.write_text(ACCELERATE_FSDP)
+    assert cli.run("config", "import", str(fsdp), "--force").returncode == 0
+    # The imported file drives a launch: settings and backend options reach the workers' environment.
+    dry = cli.run("launch", "--dry-run", "-n", "2", "train.py", "--lr", "1", env_extra={"ACCEL_MIXED_PRECISION": "fp16"})
+    assert dry.returncode == 0, cli.describe(dry)
+    assert "ACCEL_STRATEGY=fsdp" in dry.stdout and "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP=LlamaDecoderLayer" in dry.stdout
+    assert "ACCEL_MIXED_PRECISION=fp16" in dry.stdout  # the environment beats the file's bf16
+    assert "--nproc-per-node=2 -m accel_core.launch.runner path train.py --lr 1" in dry.stdout  # the flag beats 8
+
+
+def test_accel_config_questions_keep_defaults_and_reask_bad_answers(cli) -> None:  # type: ignore[no-untyped-def]
+    cli.config_dir.mkdir(parents=True)
+    (cli.config_dir / "default_config.yaml").write_text("num_processes: 2\nuse_cpu: true\nenv:\n  KEEP: me\n")
+    # machines, cpu only, processes, strategy, precision, accumulation (bad then good), dynamo; then stdin ends.
+    answers = "1\n\n3\n\nBF16\nzero\n2\n\n"
+    result = cli.run("config", stdin=answers)
+    assert result.returncode == 0, cli.describe(result)
+    assert "please answer with a whole number" in result.stdout and "Wrote" in result.stdout
+    written = yaml.safe_load((cli.config_dir / "default_config.yaml").read_text())
+    assert written["num_processes"] == 3 and written["use_cpu"] is True and written["mixed_precision"] == "bf16"
+    assert written["gradient_accumulation_steps"] == 2 and written["debug"] is False
+    assert written["env"] == {"KEEP": "me"} and "strategy" not in written
+
+
+def test_accel_config_show_tells_where_each_setting_comes_from(cli) -> None:  # type: ignore[no-untyped-def]
+    missing = cli.run("config", "show")
+    assert missing.returncode == 0 and "does not exist" in missing.stdout
+    cli.config_dir.mkdir(parents=True)
+    (cli.config_dir / "default_config.yaml").write_text("num_processes: 2\nmixed_precision: bf16\n")
+    shown = cli.run("config", "show", env_extra={"ACCEL_MIXED_PRECISION": "fp16"})
+    lines = shown.stdout.splitlines()
+    assert any(line.split()[:3] == ["num_processes", "2", "(config"] for line in lines), shown.stdout
+    assert any(line.split()[:3] == ["mixed_precision", "fp16", "(environment)"] for line in lines), shown.stdout
+    (cli.config_dir / "default_config.yaml").write_text("num_process: 2\n")
+    typo = cli.run("launch", "--dry-run", "x.py")
+    assert typo.returncode == 2 and "Did you mean 'num_processes'" in typo.stderr
+
+
+def test_accel_config_default_writes_this_machines_config(cli) -> None:  # type: ignore[no-untyped-def]
+    result = cli.run("config", "default", "--config-file", str(cli.home / "mine.yaml"))
+    assert result.returncode == 0, cli.describe(result)
+    written = read_config(cli.home / "mine.yaml")
+    assert written["num_processes"] >= 1 and isinstance(written["use_cpu"], bool) and written["mixed_precision"] == "no"

@@ -1,0 +1,107 @@
+"""The command line without starting torch: light imports, one-process runs, the worker runner, user errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Runs the CLI in-process in a fresh interpreter and reports whether torch (or yaml) got imported.
+_PROBE = """
+import contextlib, io, json, sys
+from accel.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as exit:
+        code = exit.code
+print(json.dumps({"code": code, "torch": "torch" in sys.modules, "out": out.getvalue()}))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["launch", "--help"], ["config", "show"], ["config", "--help"], ["test", "--help"]])
+def test_help_and_config_show_do_not_import_torch(cli, argv: list[str]) -> None:  # type: ignore[no-untyped-def]
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE, *argv], env=cli.env(), capture_output=True, text=True, timeout=60
+    )
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["code"] == 0, result.stderr
+    assert report["torch"] is False
+    assert "usage" in report["out"] or "config file" in report["out"]
+
+
+def test_launch_help_lists_every_flag_and_installed_backend_flags(cli) -> None:  # type: ignore[no-untyped-def]
+    text = cli.run("launch", "--help").stdout
+    for flag in ("--cpu", "--num-processes", "--num-machines", "--machine-rank", "--main-process-ip",
+                 "--main-process-port", "--rdzv-backend", "--max-restarts", "--monitor-interval",
+                 "--mixed-precision", "--gradient-accumulation-steps", "--dynamo-backend", "--debug",
+                 "--config-file", "--env", "--module"):
+        assert flag in text, flag
+    from accel_core import plugins
+
+    for backend in plugins.available("accel.cli"):
+        assert f"{backend} options" in text
+
+
+def test_one_process_runs_the_script_directly_with_its_exit_code(cli) -> None:  # type: ignore[no-untyped-def]
+    script = cli.scripts / "exit_with.py"
+    result = cli.run("launch", "--mixed-precision", "bf16", "--env", "EXTRA=1", str(script), "7", "--flag")
+    assert result.returncode == 7, cli.describe(result)
+    report = json.loads(result.stdout)
+    assert report["argv"] == ["7", "--flag"] and report["name"] == "__main__"
+    assert report["env"] == {"RANK": None, "WORLD_SIZE": None, "ACCEL_MIXED_PRECISION": "bf16",
+                             "ACCEL_USE_CPU": "false", "EXTRA": "1"}
+    # Accelerate's underscore spellings work too.
+    ok = cli.run("launch", "--num_processes", "1", "--use_cpu", str(script), "0")
+    assert ok.returncode == 0 and json.loads(ok.stdout)["env"]["ACCEL_USE_CPU"] == "true"
+
+
+def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    missing = cli.run("launch", "-n", "2", "no_such_script.py")
+    assert missing.returncode == 2 and "No such script" in missing.stderr
+    machines = cli.run("launch", "--num-machines", "2", "-n", "2", "x.py")
+    assert machines.returncode == 2 and "--main-process-ip" in machines.stderr
+    bad_env = cli.run("launch", "--env", "NOEQUALS", "x.py")
+    assert bad_env.returncode == 2 and "KEY=VALUE" in bad_env.stderr
+    from_env = cli.run("launch", "--dry-run", "x.py", env_extra={"ACCEL_USE_CPU": "sometimes"})
+    assert from_env.returncode == 2 and "ACCEL_USE_CPU" in from_env.stderr
+    unknown = cli.run("lunch")
+    assert unknown.returncode == 2 and "unknown command" in unknown.stderr
+    named = cli.run("launch", "x.py", env_extra={"ACCEL_CONFIG_FILE": str(tmp_path / "nope.yaml")})
+    assert named.returncode == 2 and "nope.yaml does not exist" in named.stderr
+
+
+def _runner(*args: str, cwd: Path, error_file: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
+    return subprocess.run(
+        [sys.executable, "-m", "accel_core.launch.runner", *args], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=60,
+    )
+
+
+def test_runner_runs_like_python_and_records_the_users_traceback(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    error_file = tmp_path / "error.json"
+    ok = _runner("path", str(cli.scripts / "exit_with.py"), "0", "x", cwd=tmp_path, error_file=error_file)
+    report = json.loads(ok.stdout)
+    assert ok.returncode == 0 and report["argv"] == ["0", "x"] and report["name"] == "__main__"
+    assert report["path0"] == str(cli.scripts)  # like `python script.py`: the script's folder first
+    assert _runner("path", str(cli.scripts / "exit_with.py"), "5", cwd=tmp_path, error_file=error_file).returncode == 5
+    assert not error_file.exists()  # sys.exit is not an error to record
+
+    failed = _runner("path", str(cli.scripts / "raise_in_function.py"), "bad", "input", cwd=tmp_path, error_file=error_file)
+    assert failed.returncode == 1
+    assert "ValueError: bad input" in failed.stderr and "in explode" in failed.stderr
+    assert "runner.py" not in failed.stderr and "runpy" not in failed.stderr  # only the user's frames
+    data = json.loads(error_file.read_text())  # the layout torch's ProcessFailure reads
+    assert data["message"]["message"] == "ValueError: bad input"
+    callstack = data["message"]["extraInfo"]["py_callstack"]
+    assert "in explode" in callstack and "runner.py" not in callstack
+    assert int(data["message"]["extraInfo"]["timestamp"]) > 0
+
+    module = _runner("module", "probe_pkg.missing_module", cwd=cli.scripts, error_file=error_file)
+    assert module.returncode == 1 and "No module named probe_pkg.missing_module" in module.stderr

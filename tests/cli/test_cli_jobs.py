@@ -1,0 +1,104 @@
+"""Real jobs: two gloo processes through `accel launch` (flags, config file, -m, restarts, a failing rank),
+`accel test`, `accel env`, and the notebook/debug launchers.
+
+Each launch costs torch's import in the agent and the workers, so each job checks many things at once;
+the workers of the failure job do not import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def test_two_processes_with_flags_config_file_environment_module_and_a_restart(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        "num_processes: 1\n"  # the flag says 2
+        "mixed_precision: fp16\n"  # the flag says bf16
+        "gradient_accumulation_steps: 3\n"  # the caller's environment says 5
+        "dynamo_backend: 'no'\n"
+        "env:\n  FROM_CONFIG: from-config\n  FOO: from-config\n"
+        "toybackend:\n  level: 7\n  fast: true\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    result = cli.run(
+        "launch", "--config-file", str(config), "--cpu", "-n", "2", "--mixed-precision", "bf16", "--env", "FOO=bar",
+        "--max-restarts", "1", "--env", f"PROBE_FAIL_ONCE={tmp_path / 'marker'}",
+        "-m", "probe_pkg.probe", str(out), "x", "--y",
+        env_extra={"ACCEL_GRADIENT_ACCUMULATION_STEPS": "5"},
+        cwd=cli.scripts,  # `-m` finds the package from the working directory, as `python -m` does
+    )
+    assert result.returncode == 0, cli.describe(result)
+    # The first attempt crashed on rank 1; torchrun's agent restarted both ranks, and the second passed.
+    assert "RuntimeError: attempt 0 fails on purpose" in result.stderr
+    reports = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    for rank, report in enumerate(reports):
+        assert (report["rank"], report["world"], report["backend"], report["device"]) == (rank, 2, "gloo", "cpu")
+        assert report["sum"] == 3.0  # the two processes saw each other
+        assert report["attempt"] == 1
+        assert report["argv"] == [str(out), "x", "--y"] and report["name"] == "__main__"
+        env = report["env"]
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == (str(rank), "2", str(rank))
+        assert env["ACCEL_MIXED_PRECISION"] == "bf16"  # flag > config
+        assert env["ACCEL_GRADIENT_ACCUMULATION_STEPS"] == "5"  # environment > config
+        assert env["ACCEL_DYNAMO_BACKEND"] == "no" and env["ACCEL_USE_CPU"] == "true"
+        assert env["ACCEL_DEBUG_MODE"] == "false"
+        assert env["FOO"] == "bar" and env["FROM_CONFIG"] == "from-config"  # --env > config's env section
+        assert env["ACCEL_TOYBACKEND_LEVEL"] == "7" and env["ACCEL_TOYBACKEND_FAST"] == "true"
+        assert env["OMP_NUM_THREADS"] is not None
+
+
+def test_a_failing_rank_stops_the_job_and_is_named_with_its_traceback(cli) -> None:  # type: ignore[no-untyped-def]
+    start = time.monotonic()
+    result = cli.run("launch", "--cpu", "-n", "2", str(cli.scripts / "fail_rank1.py"))
+    elapsed = time.monotonic() - start
+    assert result.returncode == 1, cli.describe(result)
+    summary = result.stderr[result.stderr.index("accel launch: The job failed"):]
+    assert summary.startswith("accel launch: The job failed: rank 1 (local rank 1"), summary
+    assert "exited with code 1" in summary and "Traceback of rank 1:" in summary
+    assert "in explode" in summary and "ValueError: rank one is broken" in summary
+    assert "runner.py" not in summary and "The other ranks were stopped." in summary
+    assert "rank 0 was not stopped" not in result.stdout
+    assert elapsed < 55, f"rank 0 (sleeping 60 s) was not stopped: {elapsed:.0f}s"
+
+
+def test_accel_test_passes_on_two_cpu_processes(cli) -> None:  # type: ignore[no-untyped-def]
+    result = cli.run("test")
+    assert result.returncode == 0, cli.describe(result)
+    assert "accel check: OK on 2 process(es), device cpu" in result.stdout
+    assert result.stdout.rstrip().endswith("accel test: PASS")
+
+
+def test_accel_env_reports_versions_backends_devices_and_config(cli) -> None:  # type: ignore[no-untyped-def]
+    cli.config_dir.mkdir(parents=True)
+    (cli.config_dir / "default_config.yaml").write_text("num_processes: 2\n")
+    result = cli.run("env")
+    assert result.returncode == 0, cli.describe(result)
+    text = result.stdout
+    for line in ("- python: 3.", "- torch: 2.", "- accel-core: ", "- accel: ", "- accel.strategies: ", "- devices: "):
+        assert line in text, line
+    assert str(cli.config_dir / "default_config.yaml") in text and "(config file)" in text
+
+
+def test_notebook_and_debug_launchers(cli) -> None:  # type: ignore[no-untyped-def]
+    script = cli.scripts / "launchers_check.py"
+    result = subprocess.run([sys.executable, str(script)], env=cli.env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, cli.describe(result)
+    report = json.loads(result.stdout.splitlines()[-1])
+    for name, scale in (("debug", 10), ("notebook", 2)):
+        ranks = report[name]
+        assert [r["rank"] for r in ranks] == [0, 1]
+        assert all(r["world"] == 2 and r["backend"] == "gloo" and r["device"] == "cpu" for r in ranks)
+        assert all(r["sum"] == 3.0 * scale and r["cpu"] == "true" for r in ranks)
+    assert [r["precision"] for r in report["notebook"]] == ["bf16", "bf16"]
+    assert report["one"] == ["fp16"] and report["env_after"] is None  # one process: here, settings restored after
+    failure = report["failure"]
+    assert failure["rank"] == 1 and failure["exit_code"] == 1
+    assert "KeyError: 'rank 1 cannot go on'" in failure["text"] and "in failing" in failure["text"]
+    assert "torch/distributed" not in failure["text"]
+    assert report["failure_seconds"] < 30  # the sleeping rank was stopped, not waited for

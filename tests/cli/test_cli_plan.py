@@ -1,0 +1,205 @@
+"""The launch plan: precedence flag > environment > config file > default, checks, torchrun arguments."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+
+import pytest
+from accel_core.launch.extensions import add_extension_arguments, extension_env, load_extensions
+from accel_core.launch.failures import JobFailedError, RankFailure, drop_wrapper_frames
+from accel_core.launch.plan import (
+    CONFIG,
+    DEFAULT,
+    ENVIRONMENT,
+    FLAG,
+    LaunchTarget,
+    parse_env_pairs,
+    resolve_plan,
+    torchrun_argv,
+)
+
+
+def test_each_setting_takes_flag_then_environment_then_config_then_default() -> None:
+    config = {"mixed_precision": "fp16", "gradient_accumulation_steps": 3, "dynamo_backend": "inductor", "num_processes": 4}
+    environ = {"ACCEL_MIXED_PRECISION": "bf16", "ACCEL_GRADIENT_ACCUMULATION_STEPS": "5"}
+    flags = {"mixed_precision": "fp8", "num_processes": None, "use_cpu": None}
+    plan = resolve_plan(flags, environ, config)
+    assert (plan.mixed_precision, plan.sources["mixed_precision"]) == ("fp8", FLAG)
+    assert (plan.gradient_accumulation_steps, plan.sources["gradient_accumulation_steps"]) == (5, ENVIRONMENT)
+    assert (plan.dynamo_backend, plan.sources["dynamo_backend"]) == ("inductor", CONFIG)
+    assert (plan.num_processes, plan.sources["num_processes"]) == (4, CONFIG)
+    assert (plan.use_cpu, plan.sources["use_cpu"]) == (False, DEFAULT)
+    # The workers see the resolved values, whatever their source.
+    assert plan.env["ACCEL_MIXED_PRECISION"] == "fp8"
+    assert plan.env["ACCEL_GRADIENT_ACCUMULATION_STEPS"] == "5"
+    assert plan.env["ACCEL_DYNAMO_BACKEND"] == "inductor"
+    assert plan.env["ACCEL_USE_CPU"] == "false"
+    assert "ACCEL_STRATEGY" not in plan.env  # automatic: the Accelerator decides
+
+
+def test_layout_settings_have_no_environment_step_and_empty_environment_values_do_not_count() -> None:
+    plan = resolve_plan({}, {"ACCEL_MIXED_PRECISION": "", "NUM_PROCESSES": "8"}, {"mixed_precision": "bf16"})
+    assert plan.mixed_precision == "bf16" and plan.num_processes == 1
+
+
+def test_false_flags_override_a_true_config_and_defaults_can_be_replaced() -> None:
+    plan = resolve_plan({"use_cpu": False, "debug": False}, {}, {"use_cpu": True, "debug": True})
+    assert (plan.use_cpu, plan.debug) == (False, False)
+    plan = resolve_plan({}, {}, {}, defaults={"num_processes": 2, "use_cpu": True})
+    assert (plan.num_processes, plan.use_cpu, plan.sources["num_processes"]) == (2, True, DEFAULT)
+    plan = resolve_plan({}, {}, {"num_processes": 1}, defaults={"num_processes": 2})
+    assert plan.num_processes == 1  # a config beats a command's own default
+
+
+def test_yaml_bare_no_and_environment_booleans_are_read() -> None:
+    # YAML 1.1 reads `mixed_precision: no` as False.
+    plan = resolve_plan({}, {"ACCEL_USE_CPU": "1", "ACCEL_DEBUG_MODE": "yes"}, {"mixed_precision": False, "dynamo_backend": False})
+    assert (plan.mixed_precision, plan.dynamo_backend, plan.use_cpu, plan.debug) == ("no", "no", True, True)
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ", "config", "message"),
+    [
+        ({}, {"ACCEL_MIXED_PRECISION": "fp12"}, {}, "environment variable ACCEL_MIXED_PRECISION"),
+        ({}, {}, {"gradient_accumulation_steps": "many"}, "key 'gradient_accumulation_steps'"),
+        ({"num_processes": 3, "num_machines": 2, "main_process_ip": "10.0.0.1"}, {}, {}, "multiple of num_machines"),
+        ({"num_machines": 2, "num_processes": 2, "machine_rank": 2, "main_process_ip": "h"}, {}, {}, "machine_rank"),
+        ({"num_machines": 2, "num_processes": 2}, {}, {}, "--main-process-ip"),
+        ({"num_processes": 0}, {}, {}, "at least 1"),
+        ({"main_process_port": 70000}, {}, {}, "not a TCP port"),
+        ({}, {"ACCEL_USE_CPU": "maybe"}, {}, "ACCEL_USE_CPU"),
+    ],
+)
+def test_wrong_settings_name_where_they_came_from(flags, environ, config, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=message):
+        resolve_plan(flags, environ, config)
+
+
+def test_worker_environment_layers_config_sections_environment_and_command_line() -> None:
+    config = {
+        "env": {"FROM_CONFIG": "c", "SHARED": "config", "COUNT": 3},
+        "fsdp": {"sharding_strategy": "FULL_SHARD", "offload_params": True, "layers": ["Block", "Head"]},
+        "deepspeed": {"zero_stage": 2, "hostfile": None},
+    }
+    environ = {"SHARED": "shell", "ACCEL_FSDP_SHARDING_STRATEGY": "SHARD_GRAD_OP"}
+    plan = resolve_plan({}, environ, config, flag_env={"FROM_FLAG": "f", "ACCEL_DEEPSPEED_ZERO_STAGE": "3"})
+    assert plan.env["FROM_CONFIG"] == "c" and plan.env["COUNT"] == "3"
+    assert "SHARED" not in plan.env  # the shell's value stays
+    assert "ACCEL_FSDP_SHARDING_STRATEGY" not in plan.env  # environment beats config
+    assert plan.env["ACCEL_FSDP_OFFLOAD_PARAMS"] == "true"
+    assert plan.env["ACCEL_FSDP_LAYERS"] == '["Block", "Head"]'
+    assert plan.env["ACCEL_DEEPSPEED_ZERO_STAGE"] == "3"  # command line beats config
+    assert "ACCEL_DEEPSPEED_HOSTFILE" not in plan.env
+    assert plan.env["FROM_FLAG"] == "f"
+
+
+def test_omp_threads_share_the_cpus_unless_the_caller_chose() -> None:
+    plan = resolve_plan({"num_processes": 4}, {}, {}, cpu_count=16)
+    assert plan.env["OMP_NUM_THREADS"] == "4"
+    assert resolve_plan({"num_processes": 4}, {}, {}, cpu_count=2).env["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in resolve_plan({"num_processes": 4}, {"OMP_NUM_THREADS": "8"}, {}).env
+    assert "OMP_NUM_THREADS" not in resolve_plan({}, {}, {}).env  # one process: leave torch's default
+
+
+def test_env_pairs() -> None:
+    assert parse_env_pairs(["A=1", "B=x=y", "C="]) == {"A": "1", "B": "x=y", "C": ""}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_env_pairs(["NOVALUE"])
+
+
+def test_when_torchrun_is_used() -> None:
+    assert not resolve_plan({}, {}, {}).uses_torchrun
+    assert resolve_plan({"num_processes": 2}, {}, {}).uses_torchrun
+    assert resolve_plan({"max_restarts": 1}, {}, {}).uses_torchrun
+    assert resolve_plan({"num_machines": 2, "num_processes": 2, "main_process_ip": "h"}, {}, {}).uses_torchrun
+
+
+def test_torchrun_arguments() -> None:
+    target = LaunchTarget("train.py", ("--lr", "1"))
+    one = torchrun_argv(resolve_plan({"num_processes": 2}, {}, {}), target)
+    assert one == ["--nnodes=1", "--nproc-per-node=2", "-m", "accel_core.launch.runner", "path", "train.py", "--lr", "1"]
+    port = torchrun_argv(resolve_plan({"num_processes": 2, "main_process_port": 1234, "max_restarts": 2}, {}, {}), target)
+    assert {"--master-port=1234", "--master-addr=127.0.0.1", "--max-restarts=2"} <= set(port)
+    flags = {"num_processes": 16, "num_machines": 2, "machine_rank": 1, "main_process_ip": "10.0.0.1", "monitor_interval": 0.5}
+    static = torchrun_argv(resolve_plan(flags, {}, {}), LaunchTarget("pkg.train", module=True))
+    assert static[:2] == ["--nnodes=2", "--nproc-per-node=8"]
+    assert {"--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29500", "--monitor-interval=0.5"} <= set(static)
+    assert static[-3:] == ["accel_core.launch.runner", "module", "pkg.train"]
+    c10d = torchrun_argv(resolve_plan({**flags, "rdzv_backend": "c10d", "main_process_port": 4000}, {}, {}), target)
+    assert {"--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:4000"} <= set(c10d)
+    assert not any(arg.startswith("--node-rank") for arg in c10d)
+
+
+class _Precision:
+    """A real (small) implementation of the extension interface, as a backend package would write it."""
+
+    name = "toy"
+
+    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument("--toy-level", dest="toy_level", type=int, default=None)
+        group.add_argument("--use-toy", dest="use_toy", action="store_true", default=None)
+
+    def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
+        result = {} if namespace.toy_level is None else {"ACCEL_TOY_LEVEL": str(namespace.toy_level)}
+        if namespace.use_toy:
+            result["ACCEL_STRATEGY"] = "toy"
+        return result
+
+
+class _Broken(_Precision):
+    name = "broken"
+
+    def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
+        return {"ACCEL_BROKEN": 3}  # type: ignore[dict-item]
+
+
+def test_backend_flags_come_from_extensions() -> None:
+    parser = argparse.ArgumentParser()
+    add_extension_arguments(parser, [_Precision()])
+    assert "toy options" in parser.format_help() and "--toy-level" in parser.format_help()
+    namespace = parser.parse_args(["--toy-level", "3", "--use-toy"])
+    assert extension_env([_Precision()], namespace) == {"ACCEL_TOY_LEVEL": "3", "ACCEL_STRATEGY": "toy"}
+    assert extension_env([_Precision()], parser.parse_args([])) == {}
+    with pytest.raises(TypeError, match="must be strings"):
+        extension_env([_Broken()], namespace)
+
+
+def test_conflicting_or_missing_extensions_are_skipped_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_extension_arguments(parser, [_Precision(), _Precision()])  # the second one's flags collide
+    assert "ignoring the flags of 'toy'" in capsys.readouterr().err
+    assert load_extensions(["no-such-backend"]) == []
+    assert "no-such-backend" in capsys.readouterr().err
+
+
+def _failure(rank: int, exitcode: int, traceback: str | None = None, timestamp: int = 100) -> RankFailure:
+    return RankFailure(rank=rank, local_rank=rank, exitcode=exitcode, pid=1000 + rank, timestamp=timestamp, traceback=traceback)
+
+
+def test_the_root_cause_is_the_rank_that_failed_by_itself() -> None:
+    stopped = _failure(0, -signal.SIGTERM.value, timestamp=99)
+    error = JobFailedError([stopped, _failure(3, 1, "Traceback ...\nValueError: boom\n")], world_size=4)
+    assert error.root.rank == 3 and error.exit_code == 1
+    text = str(error)
+    assert text.startswith("The job failed: rank 3 (local rank 3, pid 1003) exited with code 1.")
+    assert "ValueError: boom" in text and "The other ranks were stopped." in text and "rank 0" not in text
+    assert JobFailedError([_failure(1, 7)]).exit_code == 7
+    killed = JobFailedError([_failure(1, -signal.SIGSEGV.value)], world_size=1)
+    assert killed.exit_code == 128 + signal.SIGSEGV.value and "killed by SIGSEGV" in str(killed)
+    assert "other ranks" not in str(killed)
+
+
+def test_torch_wrapper_frames_are_dropped_from_tracebacks() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 384, in wrapper\n'
+        "    result = f(*args, **kwargs)\n"
+        "             ^^^^^^^^^^^^^^^^^^\n"
+        '  File "/home/me/train.py", line 3, in step\n'
+        "    raise KeyError(1)\n"
+        "KeyError: 1\n"
+    )
+    assert drop_wrapper_frames(text) == (
+        'Traceback (most recent call last):\n  File "/home/me/train.py", line 3, in step\n    raise KeyError(1)\nKeyError: 1\n'
+    )
