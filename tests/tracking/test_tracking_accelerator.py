@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +104,7 @@ def test_log_with_all_starts_every_installed_tracker(offline: Path, tmp_path: Pa
     accelerator.init_trackers("everything", config={"lr": 0.25}, init_kwargs={
         "wandb": {"name": "all-run"},
         "comet_ml": {"online": False},
-        "mlflow": {"run_name": "all-run"},
+        "mlflow": {"run_name": "all-run", "backend": "file"},  # the SQLite default is tested in test_tracking_backends
     })
     names = [t.name for t in accelerator.trackers]
     assert sorted(names) == ["comet_ml", "local", "mlflow", "recording", "tensorboard", "wandb"]
@@ -115,10 +117,16 @@ def test_log_with_all_starts_every_installed_tracker(offline: Path, tmp_path: Pa
     assert [r["loss"] for r in read_metrics(tmp_path / "everything")] == [3.0, 2.0, 1.0]
     rows = [r for r in wandb_reader.history(next(wandb_dir.glob("run-*.wandb"))) if "loss" in r]
     assert [(r["_step"], r["loss"]) for r in rows] == [(0, 3.0), (1, 2.0), (2, 1.0)]
-    client = MlflowClient(f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}")
+    client = MlflowClient((tmp_path / "mlruns").resolve().as_uri())
     assert [(m.step, m.value) for m in client.get_metric_history(mlflow_run_id, "loss")] == [(0, 3.0), (1, 2.0), (2, 1.0)]
     assert client.get_run(mlflow_run_id).data.params == {"lr": "0.25"}
-    assert len(list((tmp_path / "comet").glob("*.zip"))) == 1
+    archives = list((tmp_path / "comet").glob("*.zip"))
+    assert len(archives) == 1
+    with zipfile.ZipFile(archives[0]) as archive:
+        messages = [json.loads(line) for line in archive.read("messages.json").decode().splitlines() if line]
+    loss = [m["payload"]["metric"] for m in messages if m["type"] == "metric_msg" and m["payload"]["metric"]["metricName"] == "loss"]
+    # Once per step: Comet's auto-logging does not also record what the TensorBoard tracker wrote.
+    assert [(m["step"], m["metricValue"]) for m in loss] == [(0, 3.0), (1, 2.0), (2, 1.0)]
     assert len(custom.calls) == 3
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,32 @@ _BLOCK = 32 * 1024
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
-def read_records(path: str | Path) -> list[Any]:
+def read_records(path: str | Path, timeout: float = 30.0) -> list[Any]:
+    """Every record of a finished run's log.
+
+    ``run.finish()`` can return before wandb-core has written the log out (seen with wandb 0.31
+    under load), so this waits, up to ``timeout`` seconds, for the final ``exit`` record.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            records = _parse(Path(path))
+        except (ValueError, struct.error):  # a chunk still being written
+            records = []
+        if records and records[-1].WhichOneof("record_type") == "exit":
+            return records
+        if time.monotonic() > deadline:
+            kinds = [r.WhichOneof("record_type") for r in records]
+            raise TimeoutError(f"{path} has no exit record after {timeout}s (records: {kinds}).")
+        time.sleep(0.1)
+
+
+def _parse(path: Path) -> list[Any]:
     from wandb.proto import wandb_internal_pb2
 
-    data = Path(path).read_bytes()
+    data = path.read_bytes()
+    if len(data) < _HEADER.size:
+        return []
     ident, magic, version = _HEADER.unpack_from(data, 0)
     if (ident, magic, version) != (b":W&B", 0xBEE1, 0):
         raise ValueError(f"{path} is not a W&B run log (header {ident!r} {magic:#x} v{version}).")

@@ -15,7 +15,8 @@ class CometMLTracker(GeneralTracker):
     ``experiment_key``, ``experiment_config``). Online needs a Comet API key. Offline
     (``online=False`` or ``COMET_START_ONLINE=false``) needs no network: the experiment is an
     archive under ``<logging_dir>/comet`` (or ``$COMET_OFFLINE_DIRECTORY``) that ``comet upload``
-    sends later.
+    sends later. Unless you pass your own ``experiment_config``, Comet's automatic metric logging
+    is off (accel logs the metrics; Comet would otherwise also record what TensorBoard writes).
 
     Example::
 
@@ -31,10 +32,16 @@ class CometMLTracker(GeneralTracker):
     def __init__(self, run_name: str, logging_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
         comet_ml = require("comet_ml", self.extra)
         self.run_name = str(run_name)
-        if "experiment_config" not in kwargs and not os.environ.get("COMET_OFFLINE_DIRECTORY"):
-            # Only used offline: keep the archive with the rest of the project's logs.
-            offline_dir = resolve_logging_dir(logging_dir, self.name) / "comet"
-            kwargs["experiment_config"] = comet_ml.ExperimentConfig(offline_directory=os.fspath(offline_dir))
+        if "experiment_config" not in kwargs:
+            options: dict[str, Any] = {
+                # accel logs the metrics itself; Comet's auto-logging would also catch what the
+                # TensorBoard tracker writes and record every metric twice.
+                "auto_metric_logging": False,
+            }
+            if not os.environ.get("COMET_OFFLINE_DIRECTORY"):
+                # Only used offline: keep the archive with the rest of the project's logs.
+                options["offline_directory"] = os.fspath(resolve_logging_dir(logging_dir, self.name) / "comet")
+            kwargs["experiment_config"] = comet_ml.ExperimentConfig(**options)
         self.experiment = comet_ml.start(project_name=self.run_name, **kwargs)
 
     @classmethod

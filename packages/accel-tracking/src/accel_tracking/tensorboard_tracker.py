@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .base import GeneralTracker, flatten_dict, is_number, require, resolve_logging_dir, to_python_scalar
+from .base import GeneralTracker, flatten_dict, require, resolve_logging_dir, to_python_scalar
 
 
 class TensorBoardTracker(GeneralTracker):
@@ -60,7 +60,7 @@ class TensorBoardTracker(GeneralTracker):
         """Numbers become scalars, strings text, and a dict of numbers one multi-line chart."""
         for key, value in values.items():
             value = to_python_scalar(value)
-            if is_number(value) or isinstance(value, bool):
+            if isinstance(value, (int, float)):  # bools too: TensorBoard plots them as 0/1
                 self.writer.add_scalar(key, value, global_step=step, **kwargs)
             elif isinstance(value, str):
                 self.writer.add_text(key, value, global_step=step, **kwargs)

@@ -31,9 +31,13 @@ class WandBTracker(GeneralTracker):
     def __init__(self, run_name: str, logging_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
         wandb = require("wandb", self.extra)
         self.run_name = str(run_name)
-        if "dir" not in kwargs and not os.environ.get("WANDB_DIR") and logging_dir is not None:
-            os.makedirs(logging_dir, exist_ok=True)
-            kwargs["dir"] = os.fspath(logging_dir)
+        if "dir" not in kwargs:
+            # Read $WANDB_DIR now and pass it on: wandb's process-wide settings keep the value
+            # they first saw, so a later change of the variable would otherwise be ignored.
+            chosen = os.environ.get("WANDB_DIR") or (None if logging_dir is None else os.fspath(logging_dir))
+            if chosen is not None:
+                os.makedirs(chosen, exist_ok=True)
+                kwargs["dir"] = chosen
         self.run = wandb.init(project=self.run_name, **kwargs)
 
     @classmethod
