@@ -273,6 +273,9 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
         owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
         owners = [model for parameter_ids, model in originals if parameter_ids & owned]
         if not owners:
+            # Built on a model prepared by an earlier prepare() call: already on the wrapped parameters.
+            if owned <= {id(p) for model in self._models for p in model.parameters()}:
+                return optimizer
             raise ValueError(
                 f"The {self.strategy.name} strategy must wrap the model before its optimizer is prepared: pass the model "
                 "to the same prepare() call as its optimizer, or prepare the model first and build the optimizer on it."
