@@ -1,0 +1,134 @@
+"""Sharded checkpoints for accel-checkpoint's ``ShardedCheckpointing`` protocol, and full state dicts.
+
+Layout inside the folder accel-checkpoint hands over (the same as its DCP default, so
+``merge_sharded_checkpoint`` reads it):
+
+- SHARDED_STATE_DICT: ``model_<i>/`` (DCP, key ``model``) and ``optimizer_<i>/`` (DCP, key
+  ``optimizer``); every process writes its own shards, nobody holds the whole model, and DCP
+  reshards on load, so another number of processes can read it.
+- FULL_STATE_DICT: ``optimizer_<i>.bin``, the optimizer state gathered on process 0 (keyed by
+  parameter name); the models are written by accel-checkpoint as safetensors from the gathered
+  ``model_state_dict``.
+
+Loading looks at what the folder holds, not at the current plugin, so either kind loads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+MODELS = "models"
+OPTIMIZERS = "optimizers"
+
+
+def full_options(**extra: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, **extra)
+
+
+def full_model_state_dict(model: nn.Module) -> dict[str, Any]:
+    """The whole model's weights on process 0 (CPU tensors); an empty dict on the others. Collective."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=full_options())
+
+
+def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> Any:
+    """Every process passes the same full state dict; each keeps its shard. Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    return set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+
+def owner_of(optimizer: torch.optim.Optimizer, models: Sequence[nn.Module]) -> nn.Module:
+    ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for model in models:
+        if any(id(p) in ids for p in model.parameters()):
+            return model
+    raise ValueError(
+        f"{type(optimizer).__name__} updates none of the prepared models' parameters, so its sharded state cannot be "
+        "saved: prepare the model and its optimizer together (accelerator.prepare(model, optimizer))."
+    )
+
+
+def _raw(optimizer: Any) -> torch.optim.Optimizer:
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def save(accelerator: Any, folder: str, state_dict_type: str, is_main_process: bool) -> tuple[str, ...]:
+    """Writes the models' and optimizers' state into ``folder``; returns the categories covered. Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    models = list(accelerator._models)
+    optimizers = [_raw(o) for o in accelerator._optimizers]
+    if state_dict_type == "FULL_STATE_DICT":
+        for i, optimizer in enumerate(optimizers):
+            state = get_optimizer_state_dict(owner_of(optimizer, models), optimizer, options=full_options())
+            if is_main_process:
+                os.makedirs(folder, exist_ok=True)
+                torch.save(state, os.path.join(folder, f"optimizer_{i}.bin"))
+        return (OPTIMIZERS,)
+    for i, model in enumerate(models):
+        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(folder, f"model_{i}"))
+    for i, optimizer in enumerate(optimizers):
+        state = get_optimizer_state_dict(owner_of(optimizer, models), optimizer)
+        dcp.save({"optimizer": state}, checkpoint_id=os.path.join(folder, f"optimizer_{i}"))
+    return (MODELS, OPTIMIZERS)
+
+
+def _missing(path: str) -> Exception:
+    from accel_checkpoint.errors import CheckpointMismatchError
+
+    return CheckpointMismatchError(
+        f"{path} is missing: the checkpoint holds fewer models or optimizers than were prepared. Prepare the same "
+        "objects, in the same order, as the run that saved it."
+    )
+
+
+def load(accelerator: Any, folder: str, allow_unsafe_pickle: bool | None = None) -> None:
+    """Restores what ``save`` wrote, on any number of processes (DCP reshards). Collective."""
+    import torch.distributed.checkpoint as dcp
+    from accel_checkpoint.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
+    from accel_checkpoint.safe_load import load_torch_file
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    def read_dcp(state: dict[str, Any], path: str) -> None:
+        dcp.load(state, storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle), planner=SafeLoadPlanner(allow_unsafe_pickle))
+
+    models = list(accelerator._models)
+    # FULL_STATE_DICT checkpoints have no model folders: accel-checkpoint loads their model files.
+    if os.path.isdir(os.path.join(folder, "model_0")):
+        for i, model in enumerate(models):
+            path = os.path.join(folder, f"model_{i}")
+            if not os.path.isdir(path):
+                raise _missing(path)
+            state = {"model": get_model_state_dict(model)}
+            read_dcp(state, path)
+            set_model_state_dict(model, state["model"])
+    for i, wrapped in enumerate(accelerator._optimizers):
+        optimizer = _raw(wrapped)
+        owner = owner_of(optimizer, models)
+        sharded, full = os.path.join(folder, f"optimizer_{i}"), os.path.join(folder, f"optimizer_{i}.bin")
+        if os.path.isdir(sharded):
+            state = {"optimizer": get_optimizer_state_dict(owner, optimizer)}
+            read_dcp(state, sharded)
+            set_optimizer_state_dict(owner, optimizer, state["optimizer"])
+        elif os.path.isfile(full):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+            state = load_torch_file(full, allow_unsafe_pickle)
+            set_optimizer_state_dict(owner, optimizer, state, options=StateDictOptions(full_state_dict=True))
+        else:
+            raise _missing(sharded)

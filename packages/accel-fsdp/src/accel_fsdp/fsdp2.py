@@ -1,0 +1,170 @@
+"""FSDP2: ``fully_shard`` on each chosen unit and on the root, over a device mesh.
+
+Also the memory-efficient start: a model built on the meta device (on every process, or on every
+process but 0 with ``cpu_ram_efficient_loading``) gets memory for its shard only, then is
+initialised (``reset_parameters`` / ``param_init_fn``) or receives process 0's weights shard by shard.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import policies
+from .plugin import FullyShardedDataParallelPlugin
+
+
+def is_fsdp2(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _meta_layout(model: nn.Module, group: Any) -> str:
+    """"real", "meta" (every process built it on the meta device) or "rank0" (only process 0 has weights).
+
+    Collective, so that an inconsistent layout fails on every process instead of hanging one.
+    """
+    tensors = list(model.parameters()) + list(model.buffers())
+    local = 1 if any(t.is_meta for t in tensors) else 0
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return "meta" if local else "real"
+    flags = [None] * dist.get_world_size(group)
+    dist.all_gather_object(flags, local, group=group)
+    if not any(flags):
+        return "real"
+    if all(flags):
+        return "meta"
+    if flags[0] == 0 and all(flags[1:]):
+        return "rank0"
+    raise ValueError(
+        f"The model is on the meta device on processes {[i for i, f in enumerate(flags) if f]} only. Build it on the "
+        "meta device everywhere (it is then initialised shard by shard), or everywhere but on process 0 with "
+        "cpu_ram_efficient_loading=True (process 0's weights are then scattered)."
+    )
+
+
+def source_rank(group: Any) -> int:
+    """The global rank of the first process of ``group`` (None: the whole world)."""
+    return dist.get_global_rank(group, 0) if group is not None else 0
+
+
+def _broadcast_states(model: nn.Module, group: Any) -> None:
+    """``sync_module_states``: every process starts from process 0's parameters and buffers."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return
+    source = source_rank(group)
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(tensor.data, src=source, group=group)
+
+
+def _non_persistent_buffers(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    found = []
+    for module in model.modules():
+        for name in sorted(module._non_persistent_buffers_set):
+            if getattr(module, name, None) is not None:
+                found.append((module, name))
+    return found
+
+
+def _initialise(model: nn.Module, plugin: FullyShardedDataParallelPlugin) -> None:
+    """Fills the freshly allocated shards of a model that was built on the meta device."""
+    with torch.no_grad():
+        for module in model.modules():
+            if plugin.param_init_fn is not None:
+                plugin.param_init_fn(module)
+            elif callable(getattr(module, "reset_parameters", None)):
+                module.reset_parameters()
+
+
+def shard_model(
+    model: nn.Module,
+    plugin: FullyShardedDataParallelPlugin,
+    *,
+    mesh: Any,
+    device: torch.device,
+    accelerator_precision: str,
+) -> nn.Module:
+    """Applies ``fully_shard`` as the plugin says; returns the same module object (now an ``FSDPModule``)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard, register_fsdp_forward_method
+
+    if is_fsdp2(model):  # the user sharded it already ("manual wrapping")
+        return model
+    group = mesh.get_group() if mesh.ndim == 1 else None
+    layout = _meta_layout(model, group)
+    ignored = policies.ignored_modules(model, plugin.ignored_modules)
+    ignored_params = {p for module in ignored for p in module.parameters()}
+    units = policies.units_to_wrap(model, plugin, ignored)
+
+    held: dict[str, torch.Tensor] = {}
+    saved_buffers: list[torch.Tensor] = []
+    if layout == "rank0":
+        # Process 0 keeps its weights aside (on the CPU) and shards a meta copy like the others.
+        if dist.get_rank() == source_rank(group):
+            held = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+            saved_buffers = [getattr(m, n).detach().cpu() for m, n in _non_persistent_buffers(model)]
+        model.to("meta")
+    elif layout == "real" and plugin.sync_module_states:
+        _broadcast_states(model, group)
+
+    if plugin.activation_checkpointing:
+        from torch.distributed._composable import checkpoint
+
+        # The composable form keeps parameter names unchanged (no ``_checkpoint_wrapped_module.``).
+        for unit in units:
+            checkpoint(unit)
+
+    offload_to_cpu = plugin.offload_params
+    offload: Any = plugin.cpu_offload if isinstance(plugin.cpu_offload, OffloadPolicy) else None
+    if offload is None:
+        offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload_to_cpu else OffloadPolicy()
+    options = {
+        "mesh": mesh,
+        "reshard_after_forward": policies.reshard_after_forward(plugin),
+        "mp_policy": policies.fsdp2_mixed_precision(plugin.mixed_precision_policy, accelerator_precision),
+        "offload_policy": offload,
+    }
+    for unit in units:
+        inside = {p for p in unit.parameters() if p in ignored_params}
+        fully_shard(unit, **options, ignored_params=inside or None)
+    fully_shard(model, **options, ignored_params=ignored_params or None)
+
+    if layout != "real":
+        # Memory for this process's shards only (CPU when offloading), then values.
+        model.to_empty(device=torch.device("cpu") if offload_to_cpu else device)
+        if layout == "meta":
+            _initialise(model, plugin)
+        else:
+            _scatter_from_rank0(model, held, saved_buffers, group)
+
+    for name in plugin.forward_methods:
+        if callable(getattr(type(model), name, None)):
+            register_fsdp_forward_method(model, name)
+    return model
+
+
+def _scatter_from_rank0(model: nn.Module, state: dict[str, torch.Tensor], buffers: list[torch.Tensor], group: Any) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    # Non-persistent buffers (rotary tables, masks) are outside the state dict: send them too.
+    source = source_rank(group)
+    with torch.no_grad():
+        for i, (module, name) in enumerate(_non_persistent_buffers(model)):
+            tensor = getattr(module, name)
+            if buffers:
+                tensor.copy_(buffers[i])
+            dist.broadcast(tensor, src=source, group=group)
+
+
+def local_bytes(model: nn.Module) -> int:
+    """Bytes of parameters this process holds (its shards; whole tensors for unsharded ones)."""
+    total = 0
+    for param in model.parameters():
+        local = param.to_local() if hasattr(param, "to_local") else param
+        total += local.numel() * local.element_size()
+    return total

@@ -1,0 +1,142 @@
+"""accel-fsdp checkpoint checks in one 2-process launch (gloo, CPU).
+
+Run with the strategy chosen by the environment, as ``accel launch --use-fsdp`` does:
+    ACCEL_STRATEGY=fsdp ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP=Block \
+        torchrun --nproc_per_node 2 tests/fsdp/checkpoint_checks.py <tmp_dir>
+Writes <tmp_dir>/ckpt (sharded), <tmp_dir>/export (save_model) and <tmp_dir>/expected.pt for
+single_process_checks.py. Each rank ends with "FSDP CHECKPOINT CHECKS PASSED <rank>".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from accel_core import Accelerator
+from accel_fsdp import FSDPStrategy, FullyShardedDataParallelPlugin
+from fsdp_testlib import LR, Net, data, local, make_net, param_groups
+
+TMP = Path(sys.argv[1])
+PROBE = torch.randn(6, 8, generator=torch.Generator().manual_seed(5))
+
+
+def new_accelerator(**plugin_kwargs) -> Accelerator:
+    if not plugin_kwargs:
+        return Accelerator()  # strategy and plugin from ACCEL_STRATEGY / ACCEL_FSDP_*
+    return Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"], **plugin_kwargs))
+
+
+acc = new_accelerator()
+rank, world = acc.process_index, acc.num_processes
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"[rank {rank}] {message}")
+
+
+def setup(accelerator: Accelerator, seed: int):
+    model = make_net(seed)
+    optimizer = torch.optim.AdamW(param_groups(model), lr=LR)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    return accelerator.prepare(model, optimizer, scheduler)
+
+
+def train(accelerator: Accelerator, model, optimizer, scheduler, steps: range) -> list[float]:
+    losses = []
+    for step in steps:
+        x, y = data(step)
+        loss = nn.functional.mse_loss(model(local(x, rank, world)), local(y, rank, world))
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def probe(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(PROBE).detach().clone()
+
+
+def global_mean(values: list[float]) -> list[float]:
+    gathered = [None] * world
+    dist.all_gather_object(gathered, values)
+    return [sum(v[i] for v in gathered) / world for i in range(len(values))]
+
+
+def round_trip(accelerator_factory, folder: Path, what: str, first: range, then: range) -> dict:
+    """Train, save, go on (the uninterrupted run); then fresh objects, load, go on: same outputs and losses."""
+    accelerator = accelerator_factory()
+    model, optimizer, scheduler = setup(accelerator, seed=0)
+    train(accelerator, model, optimizer, scheduler, first)
+    accelerator.save_state(folder)
+    saved_out = probe(model)
+    straight = train(accelerator, model, optimizer, scheduler, then)
+    straight_out = probe(model)
+
+    resumed_acc = accelerator_factory()
+    model2, optimizer2, scheduler2 = setup(resumed_acc, seed=123)
+    check(not torch.equal(probe(model2), saved_out), f"{what}: a fresh model already gives the saved outputs")
+    resumed_acc.load_state(folder)
+    check(torch.equal(probe(model2), saved_out), f"{what}: outputs after load_state differ")
+    resumed = train(resumed_acc, model2, optimizer2, scheduler2, then)
+    check(resumed == straight, f"{what}: continued losses {resumed} != uninterrupted {straight}")
+    check(torch.equal(probe(model2), straight_out), f"{what}: weights after continued training differ")
+    return {"model": model, "accelerator": accelerator, "saved_out": saved_out, "straight": straight, "straight_out": straight_out}
+
+
+# 1. The strategy chosen and configured by the environment alone.
+check(isinstance(acc.strategy, FSDPStrategy), f"ACCEL_STRATEGY=fsdp gave {type(acc.strategy).__name__}")
+check(acc.strategy.plugin.transformer_cls_names_to_wrap == ["Block"], "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP not read")
+check(acc.strategy.plugin.state_dict_type == "SHARDED_STATE_DICT", "default state_dict_type")
+
+# 2. Sharded (DCP) save -> load -> identical outputs and identical continued training.
+ckpt = TMP / "ckpt"
+reuse = iter([acc])  # the environment-configured accelerator first, then fresh ones like it
+result = round_trip(lambda: next(reuse, None) or new_accelerator(), ckpt, "sharded", range(0, 3), range(3, 6))
+shards = sorted(os.listdir(ckpt / "sharded" / "model_0"))
+check(".metadata" in shards and "__0_0.distcp" in shards and "__1_0.distcp" in shards, f"DCP files: {shards}")
+sizes = [os.path.getsize(ckpt / "sharded" / "model_0" / f"__{r}_0.distcp") for r in range(2)]
+check(abs(sizes[0] - sizes[1]) < 0.2 * max(sizes), f"each process should write half the weights: {sizes}")
+check(not any(name.startswith("model") and name.endswith(".safetensors") for name in os.listdir(ckpt)), "a full model file was written")
+
+# 3. save_model: consolidated weights for a plain nn.Module (checked in the single-process script too).
+model, accelerator = result["model"], result["accelerator"]
+accelerator.save_model(model, TMP / "export")
+full = accelerator.get_state_dict(model)
+if rank == 0:
+    from accel_checkpoint import load_model
+
+    plain = Net()
+    load_model(plain, str(TMP / "export"))
+    check(all(torch.equal(plain.state_dict()[k], full[k]) for k in full), "save_model: weights differ from get_state_dict")
+    check(torch.equal(probe(plain), result["straight_out"]), "save_model: a plain module gives other outputs")
+
+expected = {
+    "probe": PROBE,
+    "saved_out": result["saved_out"],
+    "continued_global_losses": global_mean(result["straight"]),
+    "final_out": result["straight_out"],
+}
+
+# 4. FULL_STATE_DICT: model files gathered on process 0, optimizer gathered too; loads the same way.
+full_result = round_trip(lambda: new_accelerator(state_dict_type="FULL_STATE_DICT"), TMP / "full", "full state dict", range(0, 2), range(2, 4))
+names = os.listdir(TMP / "full")
+check("model.safetensors" in names, f"FULL_STATE_DICT: no model.safetensors in {names}")
+check(os.listdir(TMP / "full" / "sharded") == ["optimizer_0.bin"], f"FULL_STATE_DICT sharded/: {os.listdir(TMP / 'full' / 'sharded')}")
+
+# 5. FSDP1 sharded checkpoints round-trip too.
+round_trip(lambda: new_accelerator(fsdp_version=1), TMP / "fsdp1", "FSDP1 sharded", range(0, 2), range(2, 4))
+
+if rank == 0:
+    torch.save(expected, TMP / "expected.pt")
+dist.barrier()
+print(f"FSDP CHECKPOINT CHECKS PASSED {rank}", flush=True)

@@ -1,0 +1,301 @@
+"""accel-fsdp training checks in one 2-process launch (gloo, CPU).
+
+Run: torchrun --nproc_per_node 2 tests/fsdp/train_checks.py
+Every check raises on failure; each rank ends with "FSDP TRAIN CHECKS PASSED <rank>".
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from accel_core import Accelerator, DistributedType
+from accel_fsdp import FullyShardedDataParallelPlugin
+from fsdp_testlib import (
+    LR,
+    MAX_NORM,
+    STEPS,
+    Net,
+    ddp_reference,
+    data,
+    full_nbytes,
+    local,
+    local_nbytes,
+    make_net,
+    optimizer_state_nbytes,
+    param_groups,
+)
+
+TOL = 1e-5
+logging.basicConfig(level=logging.WARNING)
+
+
+class RecordLogs(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+records = RecordLogs()
+logging.getLogger("accel_fsdp").addHandler(records)
+
+
+def plugin(**kwargs) -> FullyShardedDataParallelPlugin:
+    kwargs.setdefault("transformer_cls_names_to_wrap", ["Block"])
+    return FullyShardedDataParallelPlugin(**kwargs)
+
+
+first = Accelerator(fsdp_plugin=plugin())
+rank, world = first.process_index, first.num_processes
+REF = ddp_reference(rank, world)
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"[rank {rank}] {message}")
+
+
+def close(a: float, b: float, what: str, tol: float = TOL) -> None:
+    check(abs(a - b) <= tol * max(1.0, abs(b)), f"{what}: {a} != {b}")
+
+
+def compare_state(accelerator: Accelerator, model: nn.Module, what: str, tol: float = TOL) -> None:
+    state = accelerator.get_state_dict(model)  # gathered on process 0 only
+    if rank == 0:
+        check(set(state) == set(REF["state"]), f"{what}: state dict keys {sorted(state)[:4]}...")
+        worst = max((state[k].float() - REF["state"][k]).abs().max().item() for k in REF["state"])
+        check(worst <= tol, f"{what}: final weights differ from DDP's by {worst}")
+    else:
+        check(state == {}, f"{what}: get_state_dict should gather on process 0 only")
+
+
+def train(accelerator: Accelerator, model, optimizer, scheduler=None, micro: int = 1, unreduced: bool = False) -> tuple[list[float], list[float]]:
+    """The DDP reference's loop through the Accelerator; ``micro`` micro-batches per step.
+
+    unreduced: check that on micro-steps FSDP2 kept the gradients unreduced (no_sync took effect).
+    """
+    losses, norms = [], []
+    for step in range(STEPS):
+        x, y = data(step)
+        xs, ys = local(x, rank, world).chunk(micro), local(y, rank, world).chunk(micro)
+        total = 0.0
+        for i in range(micro):
+            with accelerator.accumulate(model):
+                loss = nn.functional.mse_loss(model(xs[i]), ys[i])
+                accelerator.backward(loss)
+                total += loss.item() / micro
+                if accelerator.sync_gradients:
+                    norms.append(float(accelerator.clip_grad_norm_(model.parameters(), MAX_NORM)))
+                elif unreduced:
+                    # FSDP2 keeps the unreduced gradients to itself until the synced micro-step.
+                    check(all(p.grad is None for p in model.parameters()), "no_sync: gradients were reduced anyway")
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+                optimizer.zero_grad()
+        losses.append(total)
+    return losses, norms
+
+
+def compare_run(what: str, losses: list[float], norms: list[float]) -> None:
+    check(len(norms) == STEPS, f"{what}: {len(norms)} clip calls")
+    for step in range(STEPS):
+        close(losses[step], REF["losses"][step], f"{what}: loss at step {step}")
+        close(norms[step], REF["norms"][step], f"{what}: clip norm at step {step}")
+
+
+def run_version(version: int) -> None:
+    name = f"FSDP{version}"
+    records.messages.clear()
+    accelerator = first if version == 2 else Accelerator(fsdp_plugin=plugin(fsdp_version=1))
+    check(accelerator.distributed_type == DistributedType.FSDP, f"{name}: distributed_type {accelerator.distributed_type}")
+    model = make_net()
+    optimizer = torch.optim.AdamW(param_groups(model), lr=LR)  # before prepare: must be rebuilt
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+
+    raw = optimizer.optimizer
+    live = {id(p) for p in model.parameters()}
+    check(all(id(p) in live for g in raw.param_groups for p in g["params"]), f"{name}: optimizer not on the sharded parameters")
+    check([g["weight_decay"] for g in raw.param_groups] == [0.1, 0.0], f"{name}: param groups lost")
+    check([g["lr"] for g in raw.param_groups] == [LR, LR / 2], f"{name}: per-group lr lost")
+    check(scheduler.scheduler.optimizer is raw, f"{name}: scheduler still points at the old optimizer")
+    if rank == 0 and version == 2:  # FSDP1 with use_orig_params keeps the Parameter objects: nothing to rebuild
+        check(any("rebuilt" in m for m in records.messages), f"{name}: the rebuild was not announced: {records.messages}")
+
+    full = full_nbytes(make_net())
+    held = local_nbytes(model.parameters())
+    check(abs(held - full / world) <= 0.01 * full, f"{name}: holds {held} of {full} parameter bytes")
+    if version == 2:
+        from torch.distributed.fsdp import FSDPModule
+
+        unwrapped = accelerator.unwrap_model(model)
+        check(isinstance(unwrapped, Net) and isinstance(unwrapped, FSDPModule), f"{name}: unwrap_model gave {type(unwrapped)}")
+        check(all(isinstance(b, FSDPModule) for b in model.blocks), f"{name}: blocks not wrapped")
+    else:
+        check(type(accelerator.unwrap_model(model)) is Net, f"{name}: unwrap_model gave {type(accelerator.unwrap_model(model))}")
+
+    losses, norms = train(accelerator, model, optimizer, scheduler)
+    compare_run(name, losses, norms)
+    check(any(n > MAX_NORM for n in norms), f"{name}: clipping never active, the check proves nothing")
+    compare_state(accelerator, model, name)
+    if version == 2:
+        check(all(p.grad is None for p in model.parameters()), "zero_grad left gradients")
+        x, y = data(0)
+        nn.functional.mse_loss(model(local(x, rank, world)), local(y, rank, world)).backward()
+        grad_bytes = local_nbytes(p.grad for p in model.parameters())
+        check(grad_bytes == full // world, f"{name}: gradients take {grad_bytes} bytes, expected {full // world}")
+        state_bytes = optimizer_state_nbytes(raw)
+        check(state_bytes == 2 * full // world, f"{name}: AdamW state takes {state_bytes} bytes, expected {2 * full // world}")
+        inf_norm = float(accelerator.clip_grad_norm_(model.parameters(), 1e9, norm_type=math.inf))
+        local_max = max(p.grad.to_local().abs().max().item() for p in model.parameters())
+        gathered = [None, None]
+        dist.all_gather_object(gathered, local_max)
+        close(inf_norm, max(gathered), f"{name}: inf-norm")
+        optimizer.zero_grad()
+
+    # A method other than forward, using the root's own (sharded) parameters.
+    x, _ = data(0)
+    reference = make_net()
+    reference.load_state_dict(REF["state"])
+    with torch.no_grad():
+        check(torch.equal(model.generate(x), reference.generate(x)), f"{name}: generate() after wrapping")
+
+    # Gradient accumulation: two micro-batches per step follow the same trajectory.
+    accumulating = Accelerator(fsdp_plugin=plugin(fsdp_version=version), gradient_accumulation_steps=2)
+    model = make_net()
+    model = accumulating.prepare(model)
+    optimizer = accumulating.prepare(torch.optim.AdamW(param_groups(model), lr=LR))  # built after prepare(model)
+    losses, norms = train(accumulating, model, optimizer, micro=2, unreduced=version == 2)
+    compare_run(f"{name} accumulation", losses, norms)
+    compare_state(accumulating, model, f"{name} accumulation")
+
+
+def check_meta_init() -> None:
+    """A model built on the meta device is materialised shard by shard."""
+    accelerator = Accelerator(fsdp_plugin=plugin())
+    with torch.device("meta"):
+        model = Net()
+    model = accelerator.prepare(model)
+    check(not any(p.is_meta for p in model.parameters()), "meta parameters left after prepare")
+    check(local_nbytes(model.parameters()) == full_nbytes(make_net()) // world, "meta init: shard sizes")
+    weights = [p.full_tensor() for p in model.parameters()]
+    check(all(torch.isfinite(w).all() for w in weights), "meta init: non-finite weights (uninitialised memory?)")
+    # reset_parameters ran: Linear weights are uniform within 1/sqrt(fan_in), LayerNorm weights are ones.
+    check(torch.equal(model.blocks[0].norm.weight.full_tensor(), torch.ones(16)), "meta init: LayerNorm not reset")
+    bound = 1 / math.sqrt(16)
+    w = model.blocks[0].fc1.weight.full_tensor()
+    check(w.abs().max() <= bound and w.std() > bound / 4, f"meta init: fc1 weights look uninitialised ({w.abs().max()})")
+    x, y = data(0)
+    out = model(x)
+    gathered = [None, None]
+    dist.all_gather_object(gathered, out.detach())
+    check(torch.equal(gathered[0], gathered[1]), "meta init: processes hold different models")
+    nn.functional.mse_loss(out, y).backward()
+
+    # cpu_ram_efficient_loading: only process 0 has real weights; they are scattered to the shards.
+    accelerator = Accelerator(fsdp_plugin=plugin(cpu_ram_efficient_loading=True))
+    if rank == 0:
+        model = make_net(seed=7)
+    else:
+        with torch.device("meta"):
+            model = Net()
+    model = accelerator.prepare(model)
+    state = accelerator.get_state_dict(model)
+    if rank == 0:
+        expected = make_net(seed=7).state_dict()
+        check(all(torch.equal(state[k], expected[k]) for k in expected), "cpu_ram_efficient_loading: weights differ from process 0's")
+
+
+def check_precision_and_checkpointing() -> None:
+    x, y = data(0)
+    xl, yl = local(x, rank, world), local(y, rank, world)
+    # Activation checkpointing changes memory, not results.
+    accelerator = Accelerator(fsdp_plugin=plugin(activation_checkpointing=True))
+    model = accelerator.prepare(make_net())
+    loss = nn.functional.mse_loss(model(xl), yl)
+    accelerator.backward(loss)
+    close(loss.item(), REF["losses"][0], "activation checkpointing: loss")
+    norm = float(accelerator.clip_grad_norm_(model.parameters(), MAX_NORM))
+    close(norm, REF["norms"][0], "activation checkpointing: gradient norm")
+    check(set(accelerator.get_state_dict(model)) == set(REF["state"]) or rank != 0, "activation checkpointing renamed parameters")
+
+    # bf16: parameters gathered in bf16, fp32 master shards, fp32 outputs, loss close to fp32.
+    accelerator = Accelerator(fsdp_plugin=plugin(), mixed_precision="bf16")
+    model = accelerator.prepare(make_net())
+    out = model(xl)
+    check(out.dtype == torch.float32, f"bf16: outputs are {out.dtype}, expected fp32")
+    loss = nn.functional.mse_loss(out, yl)
+    close(loss.item(), REF["losses"][0], "bf16 loss vs fp32", tol=5e-2)
+    accelerator.backward(loss)
+    check(all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters()), "bf16: master shards not fp32")
+
+    # fp16: a sharded grad scaler that agrees across processes.
+    accelerator = Accelerator(fsdp_plugin=plugin(), mixed_precision="fp16")
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    check(isinstance(accelerator.scaler, ShardedGradScaler), f"fp16: scaler is {type(accelerator.scaler)}")
+    model = make_net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for _ in range(2):
+        accelerator.backward(nn.functional.mse_loss(model(xl), yl))
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    skipped = [None, None]
+    dist.all_gather_object(skipped, (accelerator.scaler.get_scale(), accelerator.optimizer_step_was_skipped))
+    check(skipped[0] == skipped[1], f"fp16: processes disagree on the scaler: {skipped}")
+
+
+def check_errors() -> None:
+    try:
+        Accelerator(fsdp_plugin=plugin(), mixed_precision="fp8")
+    except ValueError as error:
+        check("fsdp" in str(error), f"fp8 error message: {error}")
+    else:
+        check(False, "fp8 with FSDP should be refused")
+    accelerator = Accelerator(fsdp_plugin=plugin(fsdp_version=1))
+    model = accelerator.prepare(make_net())
+    try:
+        accelerator.clip_grad_norm_(list(model.parameters())[:2], 1.0)
+    except ValueError as error:
+        check("model.parameters()" in str(error), f"FSDP1 partial clip message: {error}")
+    else:
+        check(False, "FSDP1 partial clip should be refused")
+    try:
+        FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Missing"])
+        Accelerator(fsdp_plugin=plugin(transformer_cls_names_to_wrap=["Missing"])).prepare(make_net())
+    except ValueError as error:
+        check("Missing" in str(error), f"missing class message: {error}")
+    else:
+        check(False, "an unknown layer class should be refused")
+    # A model on the meta device on one process only fails on both, instead of hanging.
+    accelerator = Accelerator(fsdp_plugin=plugin())
+    if rank == 0:  # (process 0 alone real is cpu_ram_efficient_loading; process 0 alone meta is a mistake)
+        with torch.device("meta"):
+            model = Net()
+    else:
+        model = make_net()
+    try:
+        accelerator.prepare(model)
+    except ValueError as error:
+        check("meta device on processes [0]" in str(error), f"meta mismatch message: {error}")
+    else:
+        check(False, "a meta model on one process only should be refused")
+
+
+run_version(2)
+run_version(1)
+check_meta_init()
+check_precision_and_checkpointing()
+check_errors()
+dist.barrier()
+print(f"FSDP TRAIN CHECKS PASSED {rank}", flush=True)
