@@ -168,6 +168,19 @@ def check_dispatch_variable_lengths() -> None:
         check(f"dispatch shapes vary split={split}", len(widths) > 1, str(widths))
 
 
+def check_dispatch_large_batches_grow_the_slot() -> None:
+    """Shares larger than the dispatcher's slot (64 KiB at first) make it grow, sizes up and down."""
+    def collate(samples: list[int]) -> dict:
+        width = 3000 * (1 + samples[0] % 5)  # 4 x 3000..15000 floats: 48..240 KB per share
+        return {"x": torch.stack([torch.full((width,), float(i)) for i in samples]), "i": samples}
+
+    sharded = epoch_batches(prepare_data_loader(DataLoader(list(range(30)), batch_size=4, collate_fn=collate)))
+    loader = prepare_data_loader(DataLoader(list(range(30)), batch_size=4, collate_fn=collate), dispatch_batches=True)
+    dispatched = epoch_batches(loader)
+    check("dispatch of growing shares", dispatched == sharded, "dispatched batches differ")
+    check("dispatch slot grew", loader._dispatcher.capacity > 1 << 16, str(loader._dispatcher.capacity))
+
+
 def check_dispatch_error_fails_everywhere() -> None:
     loader = prepare_data_loader(DataLoader(Items(40, fail_at=21), batch_size=4), dispatch_batches=True)
     try:
@@ -193,6 +206,7 @@ def main() -> None:
         check_rng_sync_of_shuffled_loaders,
         check_resume,
         check_dispatch_variable_lengths,
+        check_dispatch_large_batches_grow_the_slot,
         check_dispatch_error_fails_everywhere,
     ]
     for fn in checks:

@@ -138,22 +138,42 @@ def apply_to_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
     return data
 
 
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+
+
 def to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """Moves every tensor of a batch (and objects with a ``.to(device)`` like BatchEncoding) to ``device``."""
-    if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=non_blocking)
-    if isinstance(data, Mapping):
-        if hasattr(data, "to") and not isinstance(data, dict):
+    """Moves every tensor of a batch (and objects with a ``.to(device)`` like BatchEncoding) to ``device``.
+
+    Runs once per batch, so the common containers are matched by exact type first and a CPU
+    tensor bound for the CPU is returned as is (``.to`` would return it too, only slower).
+    """
+    to_cpu = device.type == "cpu"
+
+    def move(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x if to_cpu and x.is_cpu else x.to(device, non_blocking=non_blocking)
+        cls = type(x)
+        if cls is list:
+            if all(type(v) in _SCALARS for v in x):  # a column of strings or numbers
+                return x
+            return [move(v) for v in x]
+        if cls is tuple:
+            return tuple([move(v) for v in x])
+        if cls is dict:
+            return {k: move(v) for k, v in x.items()}
+        if cls in _SCALARS:
+            return x
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return cls(*[move(v) for v in x])
+        if hasattr(x, "to") and callable(x.to) and not isinstance(x, type):
             try:
-                return data.to(device, non_blocking=non_blocking)
+                return x.to(device, non_blocking=non_blocking)
             except TypeError:
-                return data.to(device)
-        return _rebuild_mapping(data, {k: to_device(v, device, non_blocking) for k, v in data.items()})
-    if isinstance(data, (list, tuple)):
-        return _rebuild(data, [to_device(v, device, non_blocking) for v in data])
-    if hasattr(data, "to") and callable(data.to) and not isinstance(data, type):
-        try:
-            return data.to(device, non_blocking=non_blocking)
-        except TypeError:
-            return data.to(device)
-    return data
+                return x.to(device)
+        if isinstance(x, Mapping):
+            return _rebuild_mapping(x, {k: move(v) for k, v in x.items()})
+        if isinstance(x, (list, tuple)):
+            return _rebuild(x, [move(v) for v in x])
+        return x
+
+    return move(data)

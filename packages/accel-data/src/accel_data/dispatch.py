@@ -1,13 +1,13 @@
 """Dispatch mode: the group's first process reads every batch and sends each process its share.
 
-Wire format, chosen for speed (see ``bench/dataloader_overhead.py``): one message per process and
-step, a flat ``uint8`` buffer holding a small pickled skeleton of the batch (its structure and
-every non-tensor leaf, e.g. a list of strings) followed by the raw bytes of its tensors, each
-aligned to 16 bytes. The receiver rebuilds tensors as views of the buffer without copying, so any
-shape and dtype goes through and shapes may change from batch to batch. A step costs two
-collectives: a broadcast of a small header (kind, real samples, every share's size) and a scatter
-of the shares padded to the largest. Pickling tensors instead would go through ``torch.save``
-for every storage, several times slower on small batches.
+Wire format, chosen for speed (see ``bench/dataloader_overhead.py``): one ``uint8`` slot per
+process and step, sent with a single scatter. A slot holds a small header, then a pickled skeleton
+of the batch (its structure and every non-tensor leaf, e.g. a list of strings) followed by the raw
+bytes of its tensors, each aligned to 16 bytes. The receiver rebuilds tensors as views of the slot
+without copying, so any shape and dtype goes through and shapes may change from batch to batch.
+Pickling the tensors instead (``broadcast_object_list``) goes through ``torch.save`` for every
+storage and costs two collectives per step; on CPU processes the collective's latency is most of
+the cost, hence one per step.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from .comm import Comm
 
 _ALIGN = 16
-_DATA, _END, _ERROR = 0, 1, 2
+_DATA, _END, _ERROR, _GROW = 0, 1, 2, 3
 
 
 class _TensorRef:
@@ -74,35 +74,38 @@ def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def encode(obj: Any) -> torch.Tensor:
-    """``obj`` as one CPU ``uint8`` tensor (see the module docstring for the layout)."""
+def encode(obj: Any, offset: int = 0, size_at_least: int = 0) -> tuple[torch.Tensor, int]:
+    """``obj`` as one CPU ``uint8`` tensor, written from ``offset`` on (see the module docstring).
+
+    The buffer is at least ``size_at_least`` long (so it can go out as a fixed-size slot without
+    a copy); returns it and the end of the encoded bytes.
+    """
     tensors: list[torch.Tensor] = []
     skeleton = _strip(obj, tensors)
     flat = [t.detach().reshape(-1).contiguous().cpu() for t in tensors]
     metas = []
-    offset = 0
+    data = 0
     for t, f in zip(tensors, flat):
         nbytes = f.numel() * f.element_size()
-        metas.append((t.dtype, tuple(t.shape), offset, nbytes))
-        offset = _aligned(offset + nbytes)
+        metas.append((t.dtype, tuple(t.shape), data, nbytes))
+        data = _aligned(data + nbytes)
     head = pickle.dumps((skeleton, metas), protocol=pickle.HIGHEST_PROTOCOL)
-    start = _aligned(8 + len(head))
-    buf = torch.empty(start + offset, dtype=torch.uint8)
-    buf[:8] = torch.frombuffer(bytearray(len(head).to_bytes(8, "little")), dtype=torch.uint8)
-    buf[8 : 8 + len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+    start = _aligned(offset + 8 + len(head))
+    end = start + data
+    buf = torch.empty(max(end, size_at_least), dtype=torch.uint8)
+    buf[offset : offset + 8] = torch.frombuffer(bytearray(len(head).to_bytes(8, "little")), dtype=torch.uint8)
+    buf[offset + 8 : offset + 8 + len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
     for f, (_, _, off, nbytes) in zip(flat, metas):
         if nbytes:
             buf[start + off : start + off + nbytes] = f.view(torch.uint8)
-    return buf
+    return buf, end
 
 
-def decode(buf: torch.Tensor) -> Any:
+def decode(buf: torch.Tensor, offset: int = 0) -> Any:
     """Inverse of ``encode``; tensors are views of ``buf`` (on ``buf``'s device)."""
-    host = buf if buf.device.type == "cpu" else buf[:8].cpu()
-    length = int.from_bytes(host[:8].numpy().tobytes(), "little")
-    host = buf[: 8 + length].cpu()
-    skeleton, metas = pickle.loads(host[8 : 8 + length].numpy().tobytes())
-    start = _aligned(8 + length)
+    length = int.from_bytes(buf[offset : offset + 8].cpu().numpy().tobytes(), "little")
+    skeleton, metas = pickle.loads(buf[offset + 8 : offset + 8 + length].cpu().numpy().tobytes())
+    start = _aligned(offset + 8 + length)
     tensors = []
     for dtype, shape, off, nbytes in metas:
         raw = buf[start + off : start + off + nbytes]
@@ -114,64 +117,83 @@ class DispatchError(RuntimeError):
     """Process 0 of the data group failed while reading; raised on every other process too."""
 
 
-class Dispatcher:
-    """Sends (first process) or receives (others) one share of each step.
+_HEADER = 32  # kind, real, payload end, next capacity: four int64
 
-    Header: ``[kind, real, size_0, ..., size_{n-1}]`` as int64; a size of 0 means "no batch for
-    this process at this step" (``even_batches=False``).
+
+class Dispatcher:
+    """Sends (first process) or receives (others) one share of each step, in a single scatter.
+
+    Every process keeps the same slot capacity; a slot starts with a 32-byte header
+    ``[kind, real, end, capacity]`` followed by the encoded share (``end == 0``: no batch for this
+    process at this step). A share larger than the capacity is preceded by a header-only ``GROW``
+    scatter announcing the new capacity, so steady state is one collective per step.
     """
 
-    def __init__(self, comm: Comm) -> None:
+    def __init__(self, comm: Comm, capacity: int = 1 << 16) -> None:
         self.comm = comm
+        self.capacity = capacity
+        self._scratch: torch.Tensor | None = None
 
-    def _header(self, kind: int, real: int, sizes: list[int]) -> torch.Tensor:
-        return torch.tensor([kind, real, *sizes], dtype=torch.int64)
+    def _slot(self, kind: int, real: int, end: int, capacity: int, payload: torch.Tensor | None = None) -> torch.Tensor:
+        slot = payload if payload is not None and payload.numel() == self.capacity else None
+        if slot is None:
+            slot = torch.zeros(self.capacity, dtype=torch.uint8)
+            if payload is not None:
+                slot[_HEADER:end] = payload[_HEADER:end]
+        slot[:_HEADER].view(torch.int64)[:] = torch.tensor([kind, real, end, capacity], dtype=torch.int64)
+        return slot
+
+    def _scatter(self, slots: list[torch.Tensor] | None) -> torch.Tensor:
+        comm = self.comm
+        if slots is None:
+            out = torch.empty(self.capacity, dtype=torch.uint8, device=comm.device)
+        else:
+            if self._scratch is None or self._scratch.numel() != self.capacity:
+                self._scratch = torch.empty(self.capacity, dtype=torch.uint8, device=comm.device)
+            out = self._scratch  # process 0 keeps its own share: what it receives here is unused
+            slots = [s.to(comm.device) for s in slots]
+        comm.scatter(out, slots)
+        return out
+
+    def _post(self, kind: int, real: int, payloads: list[tuple[torch.Tensor, int] | None]) -> None:
+        needed = max((end for p in payloads if p is not None for end in [p[1]]), default=_HEADER)
+        if needed > self.capacity:
+            grown = max(needed, 2 * self.capacity)
+            self._scatter([self._slot(_GROW, -1, 0, grown) for _ in range(self.comm.size)])
+            self.capacity = grown
+        slots = [
+            self._slot(kind, real, 0, self.capacity) if p is None else self._slot(kind, real, p[1], self.capacity, p[0])
+            for p in payloads
+        ]
+        self._scatter(slots)
 
     def send(self, parts: list[Any | None], real: int) -> None:
         """First process: ``parts[r]`` goes to process ``r`` (``parts[0]`` stays here, unsent)."""
-        comm = self.comm
-        bufs = [None] + [encode(p) if p is not None else None for p in parts[1:]]
-        sizes = [0 if parts[0] is None else 1] + [0 if b is None else b.numel() for b in bufs[1:]]
-        comm.broadcast(self._header(_DATA, real, sizes))
-        largest = max(sizes[1:], default=0)
-        if largest == 0:
-            return
-        out = torch.empty(largest, dtype=torch.uint8, device=comm.device)
-        inputs = [out]
-        for b in bufs[1:]:
-            if b is None or b.numel() != largest:
-                padded = torch.empty(largest, dtype=torch.uint8)
-                if b is not None:
-                    padded[: b.numel()] = b
-                b = padded
-            inputs.append(b.to(comm.device))
-        comm.scatter(out, inputs)
+        payloads: list[tuple[torch.Tensor, int] | None] = [None]
+        payloads += [None if p is None else encode(p, _HEADER, self.capacity) for p in parts[1:]]
+        self._post(_DATA, real, payloads)
 
     def end(self) -> None:
-        self.comm.broadcast(self._header(_END, -1, [0] * self.comm.size))
+        self._post(_END, -1, [None] * self.comm.size)
 
     def error(self, exc: BaseException) -> None:
         """Tells the others that reading failed (they raise ``DispatchError``)."""
-        message = f"{type(exc).__name__}: {exc}"[:2000]
-        self.comm.broadcast(self._header(_ERROR, -1, [0] * self.comm.size))
-        payload = torch.frombuffer(bytearray(message.encode().ljust(2048, b" ")), dtype=torch.uint8)
-        self.comm.broadcast(payload)
+        message = f"{type(exc).__name__}: {exc}"[:4000].encode()
+        buf = torch.zeros(_HEADER + len(message), dtype=torch.uint8)
+        buf[_HEADER:] = torch.frombuffer(bytearray(message), dtype=torch.uint8)
+        self._post(_ERROR, -1, [(buf, buf.numel())] * self.comm.size)
 
     def receive(self) -> tuple[str, Any | None, int]:
         """Other processes: ``("data", share or None, real)``, ``("end", None, -1)``; raises on error."""
-        comm = self.comm
-        header = comm.broadcast(torch.empty(2 + comm.size, dtype=torch.int64)).cpu().tolist()
-        kind, real, sizes = header[0], header[1], header[2:]
+        while True:
+            out = self._scatter(None)
+            kind, real, end, capacity = out[:_HEADER].view(torch.int64).tolist()
+            if kind != _GROW:
+                break
+            self.capacity = capacity
         if kind == _END:
             return "end", None, -1
         if kind == _ERROR:
-            payload = comm.broadcast(torch.empty(2048, dtype=torch.uint8)).cpu()
-            message = payload.numpy().tobytes().decode(errors="replace").rstrip()
+            message = out[_HEADER:end].cpu().numpy().tobytes().decode(errors="replace")
             raise DispatchError(f"Process 0 of the data group failed while reading the data: {message}")
-        largest = max(sizes[1:], default=0)
-        if largest == 0:
-            return "data", None, real
-        out = torch.empty(largest, dtype=torch.uint8, device=comm.device)
-        comm.scatter(out, None)
-        mine = sizes[comm.rank]
-        return "data", (decode(out[:mine]) if mine else None), real
+        return "data", (decode(out[:end], _HEADER) if end else None), real

@@ -51,10 +51,13 @@ class _Progress:
     resume_inner: dict[str, Any] | None = None
 
 
-class _Tail:
-    """Real samples of the global step that holds this process's latest batch."""
+class _WithState:
+    """A batch and the StatefulDataLoader state right after its step."""
 
-    real = -1
+    __slots__ = ("batch", "state")
+
+    def __init__(self, batch: Any, state: dict[str, Any] | None) -> None:
+        self.batch, self.state = batch, state
 
 
 class _Meta:
@@ -134,7 +137,8 @@ class ShardedLoaderMixin:
         self.split_batches = split_batches
         self.dispatch_batches = dispatch
         self.device = device
-        self._place = bool(put_on_device and device is not None)
+        # Batches come out of a DataLoader on the CPU: on a CPU run there is nothing to move.
+        self._place = bool(put_on_device and device is not None and device.type != "cpu")
         self.non_blocking = non_blocking
         self.rng_types = rng_types
         self._comm = comm
@@ -219,37 +223,35 @@ class ShardedLoaderMixin:
         p.generator_state = self._generator.get_state() if self._generator is not None else None
         return skip, resume_inner
 
-    def _source(self, skip: int, tail: _Tail) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+    def _source(self, skip: int, tail: Any) -> Iterator[Any]:
+        """This process's batches of the epoch; ``tail.real`` is final once it is exhausted.
+
+        Items are batches, or ``_WithState`` pairs when a StatefulDataLoader's state must travel
+        with each batch through the look-ahead.
+        """
         if self._dispatcher is not None and not self._dispatcher.comm.is_source:
             return self._receive(tail)
         if self._dispatcher is not None:
             return self._dispatch_map(skip, tail) if self._shard is not None else self._dispatch_stream(skip, tail)
         if self._shard is not None:
-            return self._map(skip, tail)
+            # Straight from the DataLoader: no generator of ours in between on the hot path.
+            self._shard.skip, self._shard.sink = skip, tail
+            return self._base_iter()
         return self._stream(skip, tail)
-
-    def _map(self, skip: int, tail: _Tail) -> Iterator[tuple[Any, None]]:
-        shard = self._shard
-        assert shard is not None
-        sink = LastGroup()
-        shard.skip, shard.sink = skip, sink
-        for batch in self._base_iter():
-            yield batch, None
-        tail.real = sink.real
 
     def _groups(self, skip: int) -> tuple[Iterator[Any], _Snapshots | None]:
         it = self._base_iter()
         snaps = _Snapshots(it, self) if self._stateful else None
         return iter_groups(snaps or it, self._current_plan(), TREE_OPS, skip=skip), snaps
 
-    def _stream(self, skip: int, tail: _Tail) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+    def _stream(self, skip: int, tail: Any) -> Iterator[Any]:
         groups, snaps = self._groups(skip)
         rank = self.process_index
         for group in groups:
             part = group.parts[rank]
             if part is not None:
                 tail.real = group.real
-                yield part, (snaps.before_last if snaps is not None else None)
+                yield part if snaps is None else _WithState(part, snaps.before_last)
 
     def _guarded(self, it: Iterator[Any]) -> Any:
         """``next(it)``, telling the other processes before raising if reading fails."""
@@ -260,7 +262,7 @@ class ShardedLoaderMixin:
             self._dispatcher.error(exc)
             raise
 
-    def _dispatch_map(self, skip: int, tail: _Tail) -> Iterator[tuple[Any, None]]:
+    def _dispatch_map(self, skip: int, tail: Any) -> Iterator[Any]:
         shard, dispatcher = self._shard, self._dispatcher
         assert shard is not None and dispatcher is not None
         meta = _Meta()
@@ -278,10 +280,10 @@ class ShardedLoaderMixin:
             own, parts, got = parts[0], [None] * self.num_processes, 0
             if own is not None:
                 tail.real = real
-                yield own, None
+                yield own
         dispatcher.end()
 
-    def _dispatch_stream(self, skip: int, tail: _Tail) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+    def _dispatch_stream(self, skip: int, tail: Any) -> Iterator[Any]:
         dispatcher = self._dispatcher
         assert dispatcher is not None
         try:
@@ -291,12 +293,13 @@ class ShardedLoaderMixin:
             raise
         while (group := self._guarded(groups)) is not _END:
             dispatcher.send(group.parts, group.real)
-            if group.parts[0] is not None:
+            own = group.parts[0]
+            if own is not None:
                 tail.real = group.real
-                yield group.parts[0], (snaps.before_last if snaps is not None else None)
+                yield own if snaps is None else _WithState(own, snaps.before_last)
         dispatcher.end()
 
-    def _receive(self, tail: _Tail) -> Iterator[tuple[Any, None]]:
+    def _receive(self, tail: Any) -> Iterator[Any]:
         dispatcher = self._dispatcher
         assert dispatcher is not None
         while True:
@@ -305,14 +308,7 @@ class ShardedLoaderMixin:
                 return
             if part is not None:
                 tail.real = real
-                yield part, None
-
-    def _pull(self, source: Iterator[tuple[Any, Any]]) -> Any:
-        item = next(source, _END)
-        if item is _END or not self._place:
-            return item
-        # Placed as soon as read, so a non_blocking copy overlaps the step on the previous batch.
-        return to_device(item[0], self.device, self.non_blocking), item[1]  # type: ignore[arg-type]
+                yield part
 
     def __iter__(self) -> Iterator[Any]:
         from accel_core.state import GradientState
@@ -320,23 +316,34 @@ class ShardedLoaderMixin:
         gradient_state = GradientState()
         skip, _ = self._begin()
         p = self._progress
-        tail = _Tail()
+        tail = LastGroup()
         source = self._source(skip, tail)
+        place, device, non_blocking = self._place, self.device, self.non_blocking
         self.end_of_dataloader, self.remainder = False, -1
         gradient_state._add_dataloader(self)
         completed = False
+        def placed(item: Any) -> Any:
+            # Placed as soon as read, so a non_blocking copy overlaps the step on the previous batch.
+            if item is _END or not place:
+                return item
+            if type(item) is _WithState:
+                item.batch = to_device(item.batch, device, non_blocking)  # type: ignore[arg-type]
+                return item
+            return to_device(item, device, non_blocking)  # type: ignore[arg-type]
+
         try:
-            pending = self._pull(source)
+            pending = placed(next(source, _END))
             while pending is not _END:
                 current = pending
-                pending = self._pull(source)
+                pending = placed(next(source, _END))  # one batch ahead: is ``current`` the last?
                 if pending is _END:
                     self.end_of_dataloader = True
                     self.remainder = tail.real
                 p.position += 1
-                if current[1] is not None:
-                    p.inner_state = current[1]
-                yield current[0]
+                if type(current) is _WithState:
+                    p.inner_state = current.state
+                    current = current.batch
+                yield current
             completed = True
         finally:
             gradient_state._remove_dataloader(self)

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SubsetRandomSampler, WeightedRandomSampler
 
-from .sharding import LIST_OPS, Group, ShardPlan, batches_for_process, iter_groups
+from .sharding import LIST_OPS, Group, Head, ShardPlan, batches_for_process, iter_groups, make_group
 
 
 class GroupSink(Protocol):
@@ -159,6 +159,131 @@ class BatchSamplerShard(BatchSampler):
                 target.set_epoch(epoch)
 
     def _groups(self, plan: ShardPlan, skip: int) -> Iterator[Group[list[Any]]]:
+        if type(self.batch_sampler) is BatchSampler:
+            return self._index_groups(self.batch_sampler, plan, skip)
+        return iter_groups(self.batch_sampler, plan, LIST_OPS, skip=skip)
+
+    @staticmethod
+    def _index_groups(bs: BatchSampler, plan: ShardPlan, skip: int) -> Iterator[Group[list[Any]]]:
+        """Fast path for torch's own BatchSampler: cut the sampler's index stream step by step.
+
+        Same groups as ``iter_groups`` over the batch sampler, but a step is one ``islice`` of the
+        indices instead of ``num_processes`` Python-built batches, and skipping a resumed epoch's
+        first steps is one ``islice`` too.
+        """
+        size, n = bs.batch_size, plan.num_processes
+        chunk = plan.batches_per_group * size
+        part = size // n if plan.split_batches else size
+        indices = iter(bs.sampler)
+        # The start of the epoch, kept to pad the last step, whatever is skipped.
+        first = list(islice(indices, n * size))
+        keep: Head[list[Any]] = Head(LIST_OPS, n * size, n)
+        keep.add(first)
+        skipped = skip * chunk
+        rest = chain(first[skipped:], indices) if skipped <= len(first) else islice(indices, skipped - len(first), None)
+        current = list(islice(rest, chunk))
+        while current:
+            following = list(islice(rest, chunk))
+            if len(current) == chunk:
+                yield Group([current[r * part : (r + 1) * part] for r in range(n)], chunk, not following)
+            else:
+                batches = [current[i : i + size] for i in range(0, len(current), size)]
+                if bs.drop_last and len(batches[-1]) < size:
+                    batches.pop()
+                group = make_group(batches, True, plan, LIST_OPS, keep) if batches else None
+                if group is not None:
+                    yield group
+            current = following
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        for index in self.sampler:
+            yield [index]
+
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
+
+
+class UnbatchedShard(Sampler[Any]):
+    """Sampler of single indices over a ``BatchSamplerShard`` of singletons (loaders with ``batch_size=None``)."""
+
+    def __init__(self, shard: BatchSamplerShard) -> None:
+        self.shard = shard
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.shard:
+            yield batch[0]
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+
+def _batched(indices: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:
+    while True:
+        batch = list(islice(indices, size))
+        if not batch or (drop_last and len(batch) < size):
+            return
+        yield batch
+
+
+class BatchSamplerShard(BatchSampler):
+    """This process's batches of indices from ``batch_sampler``, following the rules of ``accel_data.sharding``.
+
+    process_index: the process whose batches to yield; ``None`` yields every process's batch of
+        each step in process order (what the dispatching process loads).
+    even_batches: may be changed between epochs (``Accelerator.join_uneven_inputs`` does).
+    skip: steps to leave out at the start of the next iterations (set by the prepared loader).
+
+    Example::
+
+        shard = BatchSamplerShard(BatchSampler(range(10), 3, False), num_processes=2, process_index=1)
+        list(shard)  # [[3, 4, 5], [9, 0, 1]]  (the last batch completed from the start)
+    """
+
+    def __init__(
+        self,
+        batch_sampler: Iterable[list[Any]],
+        num_processes: int = 1,
+        process_index: int | None = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+        drop_last: bool | None = None,
+    ) -> None:
+        # BatchSampler.__init__ validates a sampler + batch_size we do not have: set fields directly.
+        self.batch_sampler = batch_sampler
+        self.sampler = getattr(batch_sampler, "sampler", None)
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.drop_last = bool(getattr(batch_sampler, "drop_last", False) if drop_last is None else drop_last)
+        size = getattr(batch_sampler, "batch_size", None)
+        self.total_batch_size = size if isinstance(size, int) else None
+        if self.total_batch_size is not None and not split_batches:
+            self.total_batch_size *= num_processes
+        per_process = size if isinstance(size, int) else None
+        if per_process is not None and split_batches:
+            per_process //= num_processes
+        self.batch_size = per_process
+        self.skip = 0
+        self.sink: GroupSink | None = None
+        self.plan()  # validate now, not at the first iteration
+
+    def plan(self) -> ShardPlan:
+        size = getattr(self.batch_sampler, "batch_size", None)
+        return ShardPlan(
+            num_processes=self.num_processes,
+            split_batches=self.split_batches,
+            even_batches=self.even_batches,
+            drop_last=self.drop_last,
+            batch_size=size if isinstance(size, int) else None,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        for target in (self.batch_sampler, self.sampler):
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
+
+    def _groups(self, plan: ShardPlan, skip: int) -> Iterator[Group[list[Any]]]:
         bs = self.batch_sampler
         if skip > 0 and type(bs) is BatchSampler:
             # Skip by slicing the sampler's index stream: no batch lists are built for skipped steps,
@@ -171,8 +296,48 @@ class BatchSamplerShard(BatchSampler):
             return iter_groups(_batched(rest, size, bs.drop_last), plan, LIST_OPS, head=[head] if head else None)
         return iter_groups(bs, plan, LIST_OPS, skip=skip)
 
+    @staticmethod
+    def _own_index_batches(
+        bs: BatchSampler, plan: ShardPlan, skip: int, rank: int, sink: GroupSink | None
+    ) -> Iterator[list[Any]]:
+        """``_index_groups`` for one process, with the full steps (all but the last) cut in place.
+
+        This runs for every batch of every epoch, so a full step costs one ``islice`` and one slice.
+        """
+        size, n = bs.batch_size, plan.num_processes
+        chunk = plan.batches_per_group * size
+        part = size // n if plan.split_batches else size
+        lo, hi = rank * part, (rank + 1) * part
+        indices = iter(bs.sampler)
+        first = list(islice(indices, n * size))
+        skipped = skip * chunk
+        rest = chain(first[skipped:], indices) if skipped <= len(first) else islice(indices, skipped - len(first), None)
+        current = list(islice(rest, chunk))
+        real = -1
+        while len(current) == chunk:
+            real = chunk
+            yield current[lo:hi]
+            current = list(islice(rest, chunk))
+        if current:
+            keep: Head[list[Any]] = Head(LIST_OPS, n * size, n)
+            keep.add(first)
+            batches = [current[i : i + size] for i in range(0, len(current), size)]
+            if bs.drop_last and len(batches[-1]) < size:
+                batches.pop()
+            group = make_group(batches, True, plan, LIST_OPS, keep) if batches else None
+            if group is not None and group.parts[rank] is not None:
+                real = group.real
+                yield group.parts[rank]  # type: ignore[misc]
+        if sink is not None and real >= 0:
+            sink.push(rank, 1, real, True)
+
     def __iter__(self) -> Iterator[list[Any]]:
-        plan, skip, sink, rank = self.plan(), self.skip, self.sink, self.process_index
+        plan, rank = self.plan(), self.process_index
+        if rank is not None and type(self.batch_sampler) is BatchSampler:
+            return self._own_index_batches(self.batch_sampler, plan, self.skip, rank, self.sink)
+        return self._parts(plan, self.skip, self.sink, rank)
+
+    def _parts(self, plan: ShardPlan, skip: int, sink: GroupSink | None, rank: int | None) -> Iterator[list[Any]]:
         for group in self._groups(plan, skip):
             if rank is not None:
                 part = group.parts[rank]

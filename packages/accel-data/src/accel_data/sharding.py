@@ -97,7 +97,7 @@ class Group(Generic[B]):
     final: bool
 
 
-class _Head(Generic[B]):
+class Head(Generic[B]):
     """The first batches of the epoch, kept to pad the last group (the "samples from the start")."""
 
     def __init__(self, ops: BatchOps[B], wanted_items: int | None, wanted_batches: int) -> None:
@@ -151,7 +151,7 @@ def iter_groups(
     """
     n = plan.num_processes
     wanted_items = n * plan.batch_size if plan.batch_size is not None else None
-    keep = _Head(ops, wanted_items, n)
+    keep = Head(ops, wanted_items, n)
     for b in head or ():
         keep.add(b)
     per_group = plan.batches_per_group
@@ -168,7 +168,7 @@ def iter_groups(
         if len(buf) < per_group and not final:
             continue
         if index >= skip:
-            group = _make_group(buf, final, plan, ops, keep)
+            group = make_group(buf, final, plan, ops, keep)
             if group is not None:
                 yield group
         index += 1
@@ -185,7 +185,8 @@ def _sizes_total(buf: Sequence[B], ops: BatchOps[B]) -> int:
     return total
 
 
-def _make_group(buf: list[B], final: bool, plan: ShardPlan, ops: BatchOps[B], head: _Head[B]) -> Group[B] | None:
+def make_group(buf: list[B], final: bool, plan: ShardPlan, ops: BatchOps[B], head: Head[B]) -> Group[B] | None:
+    """The step made of ``buf`` (one batch with ``split_batches``, else up to ``num_processes``); ``None`` to drop it."""
     if plan.split_batches:
         return _split_group(buf[0], final, plan, ops, head)
     n, size = plan.num_processes, plan.batch_size
@@ -210,7 +211,7 @@ def _make_group(buf: list[B], final: bool, plan: ShardPlan, ops: BatchOps[B], he
     return Group(parts, real, final)
 
 
-def _split_group(batch: B, final: bool, plan: ShardPlan, ops: BatchOps[B], head: _Head[B]) -> Group[B] | None:
+def _split_group(batch: B, final: bool, plan: ShardPlan, ops: BatchOps[B], head: Head[B]) -> Group[B] | None:
     n, size = plan.num_processes, plan.batch_size
     length = ops.size(batch)
     if length is None:

@@ -1,0 +1,168 @@
+"""Per-batch cost of accel-data's prepared loader against a raw DataLoader + DistributedSampler.
+
+Run: uv run python bench/dataloader_overhead.py [--samples 8192] [--batch-size 64] [--rounds 7]
+The 1-process part runs here; then it re-launches itself under torchrun with 2 CPU processes
+(gloo). Variants, interleaved round by round so machine noise hits all alike:
+
+- raw:       DataLoader(batch_size, sampler=DistributedSampler(shuffle=True)), set_epoch each epoch
+- prepared:  accel_data.prepare_data_loader(DataLoader(batch_size, shuffle=True)) (batches placed on
+             the device, as the Accelerator does by default; RNG synchronised every epoch)
+- dispatch:  the same with dispatch_batches=True (process 0 reads, sends each process its share)
+- pickled:   the alternative dispatch design, for comparison: process 0 reads the step's batches
+             and broadcasts them with one broadcast_object_list; every process keeps its own
+
+Prints the median (and best) time per batch of each and the ratios to raw. Goals: prepared/raw
+<= 1.05; dispatch well under the 17x Accelerate's dispatcher costs (5.8 ms vs 0.33 ms per batch
+on 2 CPU processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _dataset(samples: int):
+    import torch
+    from torch.utils.data import Dataset
+
+    class Rows(Dataset):
+        """An in-memory map-style dataset of (features, label) rows: the loader dominates the cost."""
+
+        def __init__(self) -> None:
+            generator = torch.Generator().manual_seed(0)
+            self.x = torch.randn(samples, 32, generator=generator)
+            self.y = torch.randint(0, 10, (samples,), generator=generator)
+
+        def __len__(self) -> int:
+            return samples
+
+        def __getitem__(self, i: int):
+            return self.x[i], self.y[i]
+
+    return Rows()
+
+
+def _epoch_time(loader, epoch: int) -> tuple[float, int]:
+    import torch.distributed as dist
+
+    if hasattr(loader, "set_epoch"):
+        loader.set_epoch(epoch)
+    elif hasattr(getattr(loader, "sampler", None), "set_epoch"):
+        loader.sampler.set_epoch(epoch)
+    if dist.is_initialized():
+        dist.barrier()
+    start = time.perf_counter()
+    batches = 0
+    for x, y in loader:
+        batches += 1
+    return time.perf_counter() - start, batches
+
+
+class PickledDispatch:
+    """The object-broadcast dispatcher design, for comparison (not part of accel-data)."""
+
+    def __init__(self, dataset, batch_size: int) -> None:
+        import torch
+        from torch.utils.data import DataLoader
+
+        self.loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+    def __iter__(self):
+        import torch.distributed as dist
+
+        rank, n = dist.get_rank(), dist.get_world_size()
+        it = iter(self.loader) if rank == 0 else None
+        while True:
+            message = [None]
+            if rank == 0:
+                parts = [batch for _, batch in zip(range(n), it)]
+                message = [parts if len(parts) == n else None]
+            dist.broadcast_object_list(message, src=0)
+            if message[0] is None:
+                return
+            yield message[0][rank]
+
+
+def measure(samples: int, batch_size: int, rounds: int) -> dict[str, list[float]]:
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from accel_data import prepare_data_loader
+
+    n = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    dataset = _dataset(samples)
+    device = torch.device("cpu")
+    variants = {
+        "raw": DataLoader(dataset, batch_size=batch_size,
+                          sampler=DistributedSampler(dataset, num_replicas=n, rank=rank, shuffle=True, seed=0)),
+        "prepared": prepare_data_loader(DataLoader(dataset, batch_size=batch_size, shuffle=True),
+                                        num_processes=n, process_index=rank, put_on_device=True, device=device),
+    }
+    if n > 1:
+        variants["dispatch"] = prepare_data_loader(DataLoader(dataset, batch_size=batch_size, shuffle=True),
+                                                   put_on_device=True, device=device, dispatch_batches=True)
+        variants["pickled"] = PickledDispatch(dataset, batch_size)
+    per_batch: dict[str, list[float]] = {name: [] for name in variants}
+    for epoch in range(rounds + 1):
+        for name, loader in variants.items():
+            seconds, batches = _epoch_time(loader, epoch)
+            if epoch > 0:  # the first round warms caches up
+                per_batch[name].append(seconds / batches)
+    return per_batch
+
+
+def report(title: str, per_batch: dict[str, list[float]]) -> None:
+    raw_median = statistics.median(per_batch["raw"])
+    raw_best = min(per_batch["raw"])
+    print(f"\n{title}")
+    print(f"{'variant':<10} {'median ms/batch':>16} {'best ms/batch':>14} {'median / raw':>13} {'best / raw':>11}")
+    for name, times in per_batch.items():
+        median, best = statistics.median(times), min(times)
+        print(f"{name:<10} {median * 1e3:>16.3f} {best * 1e3:>14.3f} {median / raw_median:>13.3f} {best / raw_best:>11.3f}")
+
+
+def child(args: argparse.Namespace) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    per_batch = measure(args.samples, args.batch_size, args.rounds)
+    if dist.get_rank() == 0:
+        report(f"2 processes (gloo, CPU), batch {args.batch_size} per process, {args.samples} samples", per_batch)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=8192)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.child:
+        child(args)
+        return
+    import torch
+
+    torch.set_num_threads(1)
+    report(f"1 process, batch {args.batch_size}, {args.samples} samples", measure(args.samples, args.batch_size, args.rounds))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+               f"--master_port={port}", __file__, "--child", "--samples", str(args.samples),
+               "--batch-size", str(args.batch_size), "--rounds", str(args.rounds)]
+    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+if __name__ == "__main__":
+    main()
