@@ -124,7 +124,8 @@ def test_log_with_all_starts_every_installed_tracker(offline: Path, tmp_path: Pa
     assert len(archives) == 1
     with zipfile.ZipFile(archives[0]) as archive:
         messages = [json.loads(line) for line in archive.read("messages.json").decode().splitlines() if line]
-    loss = [m["payload"]["metric"] for m in messages if m["type"] == "metric_msg" and m["payload"]["metric"]["metricName"] == "loss"]
+    metrics = [m["payload"]["metric"] for m in messages if m["type"] == "metric_msg"]
+    loss = [m for m in metrics if m["metricName"] == "loss"]
     # Once per step: Comet's auto-logging does not also record what the TensorBoard tracker wrote.
     assert [(m["step"], m["metricValue"]) for m in loss] == [(0, 3.0), (1, 2.0), (2, 1.0)]
     assert len(custom.calls) == 3

@@ -210,6 +210,9 @@ def test_plot_metrics_writes_a_png(tmp_path: Path) -> None:
 
 
 def test_all_names_resolve() -> None:
+    from accel_tracking import _LAZY
+
+    assert set(_LAZY) <= set(accel_tracking.__all__)
     for name in accel_tracking.__all__:
         assert getattr(accel_tracking, name) is not None
     with pytest.raises(AttributeError):

@@ -78,7 +78,8 @@ def test_only_rank0_writes(two_process_run: tuple[Path, Path, str]) -> None:
     history = [r for r in wandb_reader.history(next(runs[0].glob("run-*.wandb"))) if "loss" in r]
     assert [r["_step"] for r in history] == [0, 1, 2, 3, 4] and {r["rank"] for r in history} == {0}
     # The opt-out custom tracker wrote on both ranks; the guarded one on rank 0 only.
-    assert sorted(p.name for p in (out / "direct").glob("per_rank_rank*.jsonl")) == ["per_rank_rank0.jsonl", "per_rank_rank1.jsonl"]
+    per_rank = sorted(p.name for p in (out / "direct").glob("per_rank_rank*.jsonl"))
+    assert per_rank == ["per_rank_rank0.jsonl", "per_rank_rank1.jsonl"]
     rank1_rows = [json.loads(line) for line in (out / "direct" / "per_rank_rank1.jsonl").read_text().splitlines()]
     assert {row["rank"] for row in rank1_rows} == {1} and len(rank1_rows) == 5
     assert [p.name for p in (out / "direct").glob("main_only_rank*.jsonl")] == ["main_only_rank0.jsonl"]
@@ -109,4 +110,5 @@ def test_example_two_processes_one_log_and_a_png(two_process_run: tuple[Path, Pa
     assert "48 steps logged" in stdout
     # Everything under the project is one run's files: nothing written per rank.
     assert sorted(p.name for p in project.iterdir()) == ["sine"]
-    assert sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("events")) == ["config.json", "loss.png", "metrics.jsonl"]
+    files = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("events"))
+    assert files == ["config.json", "loss.png", "metrics.jsonl"]

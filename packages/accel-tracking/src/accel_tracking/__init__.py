@@ -35,7 +35,21 @@ _LAZY = {
     "plot_metrics": "plot",
 }
 
-__all__ = ["GeneralTracker", "LoggerType", "is_main_process", "process_index", *_LAZY]
+__all__ = [
+    "CometMLTracker",
+    "GeneralTracker",
+    "LocalTracker",
+    "LoggerType",
+    "MLflowTracker",
+    "TensorBoardTracker",
+    "WandBTracker",
+    "is_main_process",
+    "plot_metrics",
+    "process_index",
+    "progress_bar",
+    "read_config",
+    "read_metrics",
+]
 
 if TYPE_CHECKING:
     from .comet_tracker import CometMLTracker

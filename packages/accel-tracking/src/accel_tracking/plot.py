@@ -70,7 +70,7 @@ def plot_metrics(
     figure = Figure(figsize=(7, 2.6 * len(keys)), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(len(keys), 1, squeeze=False)[:, 0]
-    for ax, key in zip(axes, keys):
+    for ax, key in zip(axes, keys, strict=True):
         xs, ys = series[key]
         ax.plot(xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, linewidth=1.5)
         ax.set_ylabel(key)
