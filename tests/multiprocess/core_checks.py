@@ -213,6 +213,26 @@ def check_join_uneven_inputs() -> None:
     accelerator.wait_for_everyone()
 
 
+def check_tracker_failure_stops_every_rank() -> None:
+    class BrokenTracker:
+        name = "broken"
+
+        def store_init_configuration(self, values: dict) -> None:
+            raise OSError("disk full")
+
+        def log(self, values: dict, step: int | None = None) -> None: ...
+
+        def finish(self) -> None: ...
+
+    accelerator = Accelerator(log_with=[BrokenTracker()])
+    try:
+        accelerator.init_trackers("run", config={"lr": 1})
+        raised = ""
+    except (OSError, RuntimeError) as error:
+        raised = str(error)
+    check("disk full" in raised, f"init_trackers failure must raise on every rank, got {raised!r}")
+
+
 for check_function in (
     check_setup,
     check_collectives,
@@ -222,6 +242,7 @@ for check_function in (
     check_training_parity,
     check_mixed_precision,
     check_join_uneven_inputs,
+    check_tracker_failure_stops_every_rank,
 ):
     check_function()
     acc.wait_for_everyone()

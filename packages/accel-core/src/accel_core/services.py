@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from . import plugins
+from . import ops, plugins
 from .configuration import ProjectConfiguration
 
 if TYPE_CHECKING:
@@ -72,8 +72,23 @@ class Tracking:
         init_kwargs: per-tracker constructor arguments, ``{"wandb": {"tags": [...]}}``.
         """
         init_kwargs = init_kwargs or {}
-        if not self.state.is_main_process:
-            return
+        error: BaseException | None = None
+        if self.state.is_main_process:
+            try:
+                self._start_trackers(project_name, config, init_kwargs)
+            except Exception as caught:  # noqa: BLE001 - re-raised below, on every rank
+                error = caught
+        # A tracker failing on the main process (W&B not logged in, say) must stop every rank,
+        # not leave the others waiting at their next collective.
+        if self.state.use_distributed:
+            message = [None if error is None else f"{type(error).__name__}: {error}"]
+            ops.broadcast_object_list(message, from_process=0)
+            if message[0] is not None and error is None:
+                raise RuntimeError(f"init_trackers failed on the main process: {message[0]}")
+        if error is not None:
+            raise error
+
+    def _start_trackers(self, project_name: str, config: dict[str, Any] | None, init_kwargs: dict[str, Any]) -> None:
         wanted = self.log_with or ["local"]
         names: list[Any] = []
         for item in wanted:
