@@ -1,4 +1,5 @@
-"""Real jobs: two gloo processes through `accel launch` (flags, config file, -m, restarts, a failing rank),
+"""Real jobs: two gloo processes through `accel launch` (flags, config file, -m, restarts, a failing rank,
+two machines on this host),
 `accel test`, `accel env`, and the notebook/debug launchers.
 
 Each launch costs torch's import in the agent and the workers, so each job checks many things at once;
@@ -8,6 +9,8 @@ the workers of the failure job do not import torch.
 from __future__ import annotations
 
 import json
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -65,6 +68,33 @@ def test_a_failing_rank_stops_the_job_and_is_named_with_its_traceback(cli) -> No
     assert "runner.py" not in summary and "The other ranks were stopped." in summary
     assert "rank 0 was not stopped" not in result.stdout
     assert elapsed < 55, f"rank 0 (sleeping 60 s) was not stopped: {elapsed:.0f}s"
+
+
+def test_two_machines_meet_through_the_static_rendezvous(cli) -> None:  # type: ignore[no-untyped-def]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    common = ["launch", "--cpu", "--num-machines", "2", "--main-process-ip", "127.0.0.1",
+              "--main-process-port", str(port), "-n", "4", str(cli.scripts / "report_rank.py")]
+    machines = [
+        subprocess.Popen([*cli.command(), *common[:1], "--machine-rank", str(rank), *common[1:]], env=cli.env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in (1, 0)
+    ]
+    try:
+        outputs = [machine.communicate(timeout=240) for machine in machines]
+    finally:
+        for machine in machines:
+            machine.kill()  # only if a hang left it running
+    assert [m.returncode for m in machines] == [0, 0], outputs
+    seen = {}
+    for machine_rank, (stdout, _) in zip((1, 0), outputs):
+        for match in re.finditer(r"RANKS (\{[^}]*\})", stdout):
+            ranks = json.loads(match.group(1))
+            assert ranks["GROUP_RANK"] == str(machine_rank) and ranks["WORLD_SIZE"] == "4"
+            assert ranks["LOCAL_WORLD_SIZE"] == "2" and ranks["ACCEL_USE_CPU"] == "true"
+            seen[int(ranks["RANK"])] = int(ranks["LOCAL_RANK"])
+    assert seen == {0: 0, 1: 1, 2: 0, 3: 1}  # machine 1 holds global ranks 2 and 3
 
 
 def test_accel_test_passes_on_two_cpu_processes(cli) -> None:  # type: ignore[no-untyped-def]

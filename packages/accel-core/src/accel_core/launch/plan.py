@@ -127,28 +127,31 @@ def coerce(setting: Setting, value: Any, origin: str) -> Any:
     """Reads ``value`` (a typed flag, a YAML value or an environment string) as ``setting.kind``."""
     if value is None:
         return None
-    try:
-        if setting.kind is bool:
-            result: Any = env.parse_flag(value) if isinstance(value, str) else value
-            if not isinstance(result, bool):
-                raise ValueError(f"expected true or false, got {value!r}")
-        elif setting.kind is str:
-            # YAML 1.1 reads a bare `no` as False: the config then means the string "no".
-            result = "no" if value is False else value
-            if not isinstance(result, str) or not result:
-                raise ValueError(f"expected a word, got {value!r}")
-            if setting.choices is not None or setting.name == "dynamo_backend":
-                result = result.lower()
-        elif setting.kind is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError(f"expected an integer, got {value!r}")
-            result = int(value)
-        else:
+    result: Any
+    if setting.kind is bool:
+        try:
+            result = env.parse_flag(value) if isinstance(value, str) else value
+        except ValueError as error:
+            raise ValueError(f"{origin}: {error}") from None
+        if not isinstance(result, bool):
+            raise ValueError(f"{origin}: expected true or false, got {value!r}.")
+    elif setting.kind is str:
+        # YAML 1.1 reads a bare `no` as False: the config then means the string "no".
+        result = "no" if value is False else value
+        if not isinstance(result, str) or not result:
+            raise ValueError(f"{origin}: expected a word, got {value!r}.")
+        if setting.choices is not None or setting.name == "dynamo_backend":
+            result = result.lower()
+    else:
+        try:
             if isinstance(value, bool):
-                raise ValueError(f"expected a number, got {value!r}")
-            result = float(value)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{origin}: {error}".replace("invalid literal", "not a valid value")) from None
+                raise ValueError
+            result = setting.kind(value)
+            if setting.kind is int and isinstance(value, float) and value != result:
+                raise ValueError
+        except (TypeError, ValueError):
+            kind = "an integer" if setting.kind is int else "a number"
+            raise ValueError(f"{origin}: expected {kind}, got {value!r}.") from None
     if setting.choices is not None and result not in setting.choices:
         raise ValueError(f"{origin}: {result!r} is not one of {', '.join(setting.choices)}.")
     return result
@@ -160,7 +163,7 @@ def _origin(setting: Setting, source: str, config_file: str | None) -> str:
     if source == ENVIRONMENT:
         return f"environment variable {setting.env_var}"
     if source == CONFIG:
-        return f"config file {config_file or ''} key '{setting.name}'".replace("  ", " ")
+        return f"config file {config_file} key '{setting.name}'" if config_file else f"config key '{setting.name}'"
     return f"default of {setting.name}"
 
 

@@ -35,7 +35,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument("--use_cpu", dest="use_cpu", action="store_const", const=True, help=argparse.SUPPRESS)
     _add(layout, "-n", dest="num_processes", type=int, metavar="N", help="processes in total, over all machines")
     _add(layout, dest="num_machines", type=int, metavar="N", help=helps["num_machines"])
-    _add(layout, dest="machine_rank", type=int, metavar="RANK", help=helps["machine_rank"])
+    _add(layout, dest="machine_rank", type=int, metavar="RANK", help=helps["machine_rank"] + " (static rendezvous)")
     _add(layout, dest="main_process_ip", metavar="ADDRESS", help=helps["main_process_ip"])
     _add(layout, dest="main_process_port", type=int, metavar="PORT", help="rendezvous port (one machine: a free one)")
     _add(layout, dest="rdzv_backend", metavar="NAME", help=helps["rdzv_backend"])
