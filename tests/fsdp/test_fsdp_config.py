@@ -31,6 +31,10 @@ def test_defaults_and_normalisation():
 
     assert FullyShardedDataParallelPlugin(sharding_strategy=ShardingStrategy.HYBRID_SHARD).sharding_strategy == "HYBRID_SHARD"
     assert FullyShardedDataParallelPlugin(fsdp_version=1, cpu_ram_efficient_loading=True).sync_module_states
+    plugin.set_state_dict_type("sharded_state_dict")  # Accelerate's method, used by existing scripts
+    assert plugin.state_dict_type == "SHARDED_STATE_DICT"
+    with pytest.raises(ValueError, match="FULL_STATE_DICT"):
+        plugin.set_state_dict_type("LOCAL_STATE_DICT")
 
 
 @pytest.mark.parametrize(

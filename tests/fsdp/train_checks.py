@@ -214,19 +214,59 @@ def check_meta_init() -> None:
         check(all(torch.equal(state[k], expected[k]) for k in expected), "cpu_ram_efficient_loading: weights differ from process 0's")
 
 
-def check_precision_and_checkpointing() -> None:
+VARIANTS = [
+    {"activation_checkpointing": True},
+    {"activation_checkpointing": True, "fsdp_version": 1},
+    {"sharding_strategy": "SHARD_GRAD_OP"},
+    {"sharding_strategy": "HYBRID_SHARD"},
+    {"cpu_offload": True},
+    {"auto_wrap_policy": "size_based_wrap", "min_num_params": 500, "transformer_cls_names_to_wrap": None},
+    {"sharding_strategy": "SHARD_GRAD_OP", "fsdp_version": 1, "use_orig_params": False},
+]
+
+
+def check_variants() -> None:
+    """Sharding layouts, offload and activation checkpointing change memory, not results: first step vs DDP."""
     x, y = data(0)
     xl, yl = local(x, rank, world), local(y, rank, world)
-    # Activation checkpointing changes memory, not results.
-    accelerator = Accelerator(fsdp_plugin=plugin(activation_checkpointing=True))
-    model = accelerator.prepare(make_net())
-    loss = nn.functional.mse_loss(model(xl), yl)
-    accelerator.backward(loss)
-    close(loss.item(), REF["losses"][0], "activation checkpointing: loss")
-    norm = float(accelerator.clip_grad_norm_(model.parameters(), MAX_NORM))
-    close(norm, REF["norms"][0], "activation checkpointing: gradient norm")
-    check(set(accelerator.get_state_dict(model)) == set(REF["state"]) or rank != 0, "activation checkpointing renamed parameters")
+    for variant in VARIANTS:
+        accelerator = Accelerator(fsdp_plugin=plugin(**variant))
+        model = make_net()
+        model, optimizer = accelerator.prepare(model, torch.optim.AdamW(param_groups(model), lr=LR))
+        loss = nn.functional.mse_loss(model(xl), yl)
+        accelerator.backward(loss)
+        close(loss.item(), REF["losses"][0], f"{variant}: loss")
+        norm = float(accelerator.clip_grad_norm_(model.parameters(), MAX_NORM))
+        close(norm, REF["norms"][0], f"{variant}: gradient norm")
+        optimizer.step()
+        optimizer.zero_grad()
+        next_loss = nn.functional.mse_loss(model(local(data(1)[0], rank, world)), local(data(1)[1], rank, world)).item()
+        if variant.get("use_orig_params", True):
+            close(next_loss, REF["losses"][1], f"{variant}: loss after one step")
+        else:  # flat parameters: the two param groups became one (and the user was told)
+            check(len(optimizer.param_groups) == 1, f"{variant}: {len(optimizer.param_groups)} param groups")
+            check(rank != 0 or any("one group" in m for m in records.messages), f"{variant}: conflated groups not announced")
+        state = accelerator.get_state_dict(model)
+        check(rank != 0 or set(state) == set(REF["state"]), f"{variant}: parameter names changed: {sorted(state)[:3]}")
 
+    # Ignored modules stay whole and unsharded on every process.
+    accelerator = Accelerator(fsdp_plugin=plugin(ignored_modules="head"))
+    model = accelerator.prepare(make_net())
+    check(not hasattr(model.head.weight, "to_local") and model.head.weight.shape == (4, 16), "ignored head was sharded")
+    check(hasattr(model.inp.weight, "to_local"), "the rest should be sharded")
+
+    # sync_module_states: every process starts from process 0's weights.
+    accelerator = Accelerator(fsdp_plugin=plugin(sync_module_states=True))
+    model = accelerator.prepare(make_net(seed=rank))
+    state = accelerator.get_state_dict(model)
+    if rank == 0:
+        expected = make_net(seed=0).state_dict()
+        check(all(torch.equal(state[k], expected[k]) for k in expected), "sync_module_states: weights differ from process 0's")
+
+
+def check_precision() -> None:
+    x, y = data(0)
+    xl, yl = local(x, rank, world), local(y, rank, world)
     # bf16: parameters gathered in bf16, fp32 master shards, fp32 outputs, loss close to fp32.
     accelerator = Accelerator(fsdp_plugin=plugin(), mixed_precision="bf16")
     model = accelerator.prepare(make_net())
@@ -295,7 +335,8 @@ def check_errors() -> None:
 run_version(2)
 run_version(1)
 check_meta_init()
-check_precision_and_checkpointing()
+check_variants()
+check_precision()
 check_errors()
 dist.barrier()
 print(f"FSDP TRAIN CHECKS PASSED {rank}", flush=True)

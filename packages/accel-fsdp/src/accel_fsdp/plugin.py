@@ -144,6 +144,16 @@ class FullyShardedDataParallelPlugin:
         if self.cpu_ram_efficient_loading and self.fsdp_version == 1:
             self.sync_module_states = True  # FSDP1 scatters process 0's weights through sync_module_states
 
+    def set_state_dict_type(self, state_dict_type: Any = None) -> None:
+        """Changes what ``save_state`` writes from now on (as in Accelerate); ``None`` reads
+        ``ACCEL_FSDP_STATE_DICT_TYPE``, else FULL_STATE_DICT.
+
+        Example: ``plugin.set_state_dict_type("SHARDED_STATE_DICT")``.
+        """
+        if state_dict_type is None:
+            state_dict_type = env.get_str("ACCEL_FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT")
+        self.state_dict_type = _choice(state_dict_type, STATE_DICT_TYPES, "state_dict_type")
+
     @property
     def offload_params(self) -> bool:
         """Whether sharded parameters live in CPU memory (from a bool, ``CPUOffload`` or ``CPUOffloadPolicy``)."""
