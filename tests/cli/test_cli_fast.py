@@ -70,6 +70,10 @@ def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:  # type: 
     assert bad_env.returncode == 2 and "KEY=VALUE" in bad_env.stderr
     from_env = cli.run("launch", "--dry-run", "x.py", env_extra={"ACCEL_USE_CPU": "sometimes"})
     assert from_env.returncode == 2 and "ACCEL_USE_CPU" in from_env.stderr
+    strategy = cli.run("launch", "--strategy", "no-such-strategy", "x.py")
+    assert strategy.returncode == 2 and "not installed" in strategy.stderr and "ddp" in strategy.stderr
+    dynamo = cli.run("launch", "--dynamo-backend", "magic", "x.py")
+    assert dynamo.returncode == 2 and "inductor" in dynamo.stderr
     unknown = cli.run("lunch")
     assert unknown.returncode == 2 and "unknown command" in unknown.stderr
     named = cli.run("launch", "x.py", env_extra={"ACCEL_CONFIG_FILE": str(tmp_path / "nope.yaml")})

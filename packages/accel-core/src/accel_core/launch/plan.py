@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import environment as env
-from ..enums import PrecisionType
+from ..enums import DynamoBackend, PrecisionType
 
 FLAG = "flag"
 ENVIRONMENT = "environment"
@@ -48,7 +48,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("use_cpu", bool, False, env.USE_CPU, help="run on the CPU even where an accelerator exists"),
     Setting("mixed_precision", str, "no", env.MIXED_PRECISION, tuple(PrecisionType.list()), "no, fp16, bf16, fp8"),
     Setting("gradient_accumulation_steps", int, 1, env.GRADIENT_ACCUMULATION_STEPS, help="micro-steps per step"),
-    Setting("dynamo_backend", str, "no", env.DYNAMO_BACKEND, help="torch.compile backend, or no"),
+    Setting("dynamo_backend", str, "no", env.DYNAMO_BACKEND, tuple(DynamoBackend.list()), "torch.compile backend, or no"),
     Setting("debug", bool, False, env.DEBUG_MODE, help="check shapes across ranks before collectives"),
     Setting("strategy", str, None, env.STRATEGY, help="an accel.strategies name (ddp, fsdp, ...); default: automatic"),
 )
@@ -140,7 +140,7 @@ def coerce(setting: Setting, value: Any, origin: str) -> Any:
         result = "no" if value is False else value
         if not isinstance(result, str) or not result:
             raise ValueError(f"{origin}: expected a word, got {value!r}.")
-        if setting.choices is not None or setting.name == "dynamo_backend":
+        if setting.choices is not None:
             result = result.lower()
     else:
         try:

@@ -8,6 +8,8 @@ import shlex
 import sys
 from typing import Any
 
+from accel_core import plugins
+from accel_core.enums import DynamoBackend
 from accel_core.launch.config import load_config
 from accel_core.launch.extensions import LaunchExtension, extension_env
 from accel_core.launch.plan import SETTINGS, LaunchPlan, LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
@@ -44,7 +46,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     training = parser.add_argument_group("training settings (reach the Accelerator as ACCEL_* variables)")
     _add(training, dest="mixed_precision", choices=["no", "fp16", "bf16", "fp8"], help="mixed precision")
     _add(training, dest="gradient_accumulation_steps", type=int, metavar="N", help=helps["gradient_accumulation_steps"])
-    _add(training, dest="dynamo_backend", metavar="NAME", help=helps["dynamo_backend"])
+    _add(training, dest="dynamo_backend", metavar="NAME", help="torch.compile backend: " + ", ".join(DynamoBackend.list()))
     training.add_argument("--strategy", metavar="NAME", help=helps["strategy"])
     training.add_argument("--debug", action=argparse.BooleanOptionalAction, default=None, help=helps["debug"])
     launcher = parser.add_argument_group("launcher")
@@ -63,9 +65,26 @@ def plan_from_namespace(
     config, path = load_config(namespace.config_file)
     flags = {s.name: getattr(namespace, s.name, None) for s in SETTINGS}
     flag_env = {**extension_env(extensions, namespace), **parse_env_pairs(namespace.env)}
-    return resolve_plan(
+    plan = resolve_plan(
         flags, os.environ, config, flag_env=flag_env, defaults=defaults, config_file=str(path) if path else None
     )
+    check_strategy(plan)
+    return plan
+
+
+# Strategies accel-core builds itself; the others come from `accel.strategies` entry points.
+BUILTIN_STRATEGIES = ("ddp", "single_device")
+
+
+def check_strategy(plan: LaunchPlan) -> None:
+    """Fails before starting anything when the chosen strategy's package is not installed."""
+    name = plan.strategy
+    installed = plugins.available("accel.strategies") if name else []
+    if name and name not in BUILTIN_STRATEGIES and name not in installed:
+        raise ValueError(
+            f"strategy {name!r} (from the {plan.sources['strategy']}) is not installed: "
+            f"{plugins.install_hint('accel.strategies', name)}. Available: {', '.join([*BUILTIN_STRATEGIES, *installed])}."
+        )
 
 
 def format_settings(plan: LaunchPlan) -> str:

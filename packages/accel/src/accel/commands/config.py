@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from accel_core import plugins
+from accel_core.enums import DynamoBackend
 from accel_core.launch.config import config_path, dump_config, read_config, validate_config, write_config
 from accel_core.launch.plan import SETTINGS, resolve_plan
 
@@ -127,16 +128,12 @@ def ask_config(existing: dict[str, Any] | None, asker: Asker | None = None) -> d
     config["gradient_accumulation_steps"] = asker.integer(
         "Gradient accumulation steps?", current("gradient_accumulation_steps"), minimum=1
     )
-    config["dynamo_backend"] = asker.ask("torch.compile backend (no, inductor, ...)?", current("dynamo_backend"), _word)
+    config["dynamo_backend"] = asker.choice("torch.compile backend?", current("dynamo_backend"), DynamoBackend.list())
     config["debug"] = asker.yes_no("Debug mode (check shapes across ranks before collectives)?", current("debug"))
     for name in ("max_restarts", "monitor_interval"):
         if base.get(name) is not None:
             config[name] = base[name]
     return {k: v for k, v in config.items() if v is not None}
-
-
-def _word(text: str) -> str:
-    return text.lower()
 
 
 def _none_if_auto(value: str) -> str | None:
