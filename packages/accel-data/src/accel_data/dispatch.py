@@ -12,6 +12,7 @@ the cost, hence one per step.
 
 from __future__ import annotations
 
+import ctypes
 import pickle
 from collections.abc import Mapping
 from typing import Any
@@ -101,10 +102,16 @@ def encode(obj: Any, offset: int = 0, size_at_least: int = 0) -> tuple[torch.Ten
     return buf, end
 
 
+def _bytes(t: torch.Tensor) -> bytes:
+    """The bytes of a 1-d ``uint8`` tensor (without numpy, which torch does not require)."""
+    t = t.detach().cpu().contiguous()
+    return ctypes.string_at(t.data_ptr(), t.numel()) if t.numel() else b""
+
+
 def decode(buf: torch.Tensor, offset: int = 0) -> Any:
     """Inverse of ``encode``; tensors are views of ``buf`` (on ``buf``'s device)."""
-    length = int.from_bytes(buf[offset : offset + 8].cpu().numpy().tobytes(), "little")
-    skeleton, metas = pickle.loads(buf[offset + 8 : offset + 8 + length].cpu().numpy().tobytes())
+    length = int.from_bytes(_bytes(buf[offset : offset + 8]), "little")
+    skeleton, metas = pickle.loads(_bytes(buf[offset + 8 : offset + 8 + length]))
     start = _aligned(offset + 8 + length)
     tensors = []
     for dtype, shape, off, nbytes in metas:
@@ -194,6 +201,6 @@ class Dispatcher:
         if kind == _END:
             return "end", None, -1
         if kind == _ERROR:
-            message = out[_HEADER:end].cpu().numpy().tobytes().decode(errors="replace")
+            message = _bytes(out[_HEADER:end]).decode(errors="replace")
             raise DispatchError(f"Process 0 of the data group failed while reading the data: {message}")
         return "data", (decode(out[:end], _HEADER) if end else None), real

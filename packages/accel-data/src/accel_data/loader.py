@@ -24,7 +24,7 @@ from .comm import Comm
 from .dispatch import Dispatcher
 from .rng import synchronize_rng_states
 from .samplers import BatchSamplerShard, LastGroup, SeedableRandomSampler, _last_batch_size
-from .sharding import BatchOps, ShardPlan, batches_for_process, iter_groups
+from .sharding import BatchOps, Head, ShardPlan, batches_for_process, head_for, iter_groups
 
 _END = object()
 
@@ -49,6 +49,10 @@ class _Progress:
     inner_state: dict[str, Any] | None = None  # StatefulDataLoader state after the last yielded step
     resume_skip: int = 0  # steps to skip at the next iteration only (load_state_dict)
     resume_inner: dict[str, Any] | None = None
+    # Resuming a stream from torchdata's state starts mid-epoch: the first batches of the epoch,
+    # which pad the last step, travel in the state too.
+    head: Head[Any] | None = None
+    resume_head: list[Any] | None = None
 
 
 class _WithState:
@@ -242,7 +246,10 @@ class ShardedLoaderMixin:
     def _groups(self, skip: int) -> tuple[Iterator[Any], _Snapshots | None]:
         it = self._base_iter()
         snaps = _Snapshots(it, self) if self._stateful else None
-        return iter_groups(snaps or it, self._current_plan(), TREE_OPS, skip=skip), snaps
+        plan, p = self._current_plan(), self._progress
+        p.head = keep = head_for(plan, TREE_OPS)
+        head, p.resume_head = p.resume_head, None
+        return iter_groups(snaps or it, plan, TREE_OPS, skip=skip, head=head, keep=keep), snaps
 
     def _stream(self, skip: int, tail: Any) -> Iterator[Any]:
         groups, snaps = self._groups(skip)
@@ -383,6 +390,7 @@ class ShardedLoaderMixin:
             "generator_state": generator_state,
             "seed": self._seedable.seed if self._seedable is not None else None,
             "inner": p.inner_state if in_epoch else None,
+            "head": list(p.head.batches) if in_epoch and p.inner_state is not None and p.head is not None else None,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -413,6 +421,7 @@ class ShardedLoaderMixin:
         inner = state_dict.get("inner")
         if inner is not None and self._stateful and self._shard is None:
             p.resume_inner, p.resume_skip = inner, 0
+            p.resume_head = state_dict.get("head")
         else:
             p.resume_inner, p.resume_skip = None, max(position - self._skip, 0)
         # Saving again before iterating must give back the same position.

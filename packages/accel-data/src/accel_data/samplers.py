@@ -16,6 +16,9 @@ from torch.utils.data import BatchSampler, RandomSampler, Sampler, SubsetRandomS
 from .sharding import LIST_OPS, Group, Head, ShardPlan, batches_for_process, iter_groups, make_group
 
 
+_READ = 32  # steps of indices read from the sampler at a time by the fast path
+
+
 class GroupSink(Protocol):
     """Told about every batch a shard hands out, in order (``rank``, parts in its step, real, final)."""
 
@@ -59,7 +62,10 @@ class SeedableRandomSampler(RandomSampler):
     def __iter__(self) -> Iterator[int]:
         assert self.generator is not None
         self.generator.manual_seed(self.seed + self.epoch)
-        yield from super().__iter__()
+        if not self.replacement and self.num_samples == len(self.data_source):  # type: ignore[arg-type]
+            # A list iterator: sharding reads every index, and a generator costs more per index.
+            return iter(torch.randperm(self.num_samples, generator=self.generator).tolist())
+        return super().__iter__()
 
 
 class _SingletonBatches:
@@ -311,13 +317,22 @@ class BatchSamplerShard(BatchSampler):
         indices = iter(bs.sampler)
         first = list(islice(indices, n * size))
         skipped = skip * chunk
-        rest = chain(first[skipped:], indices) if skipped <= len(first) else islice(indices, skipped - len(first), None)
-        current = list(islice(rest, chunk))
+        if skipped <= len(first):
+            buffer, pos = first, skipped
+        else:
+            buffer, pos = list(islice(indices, skipped - len(first), skipped - len(first) + _READ * chunk)), 0
         real = -1
-        while len(current) == chunk:
+        while True:
+            if pos + chunk > len(buffer):
+                # Read many steps' indices at once: one C-level islice instead of one per step.
+                more = list(islice(indices, _READ * chunk))
+                buffer, pos = buffer[pos:] + more, 0
+                if len(buffer) < chunk:
+                    break
             real = chunk
-            yield current[lo:hi]
-            current = list(islice(rest, chunk))
+            yield buffer[pos + lo : pos + hi]
+            pos += chunk
+        current = buffer[pos:]
         if current:
             keep: Head[list[Any]] = Head(LIST_OPS, n * size, n)
             keep.add(first)

@@ -136,22 +136,30 @@ class Head(Generic[B]):
         return self.batches[i % len(self.batches)]
 
 
+def head_for(plan: ShardPlan, ops: BatchOps[B]) -> Head[B]:
+    """An empty ``Head`` sized for ``plan``: enough samples to pad any last step."""
+    wanted_items = plan.num_processes * plan.batch_size if plan.batch_size is not None else None
+    return Head(ops, wanted_items, plan.num_processes)
+
+
 def iter_groups(
     batches: Iterable[B],
     plan: ShardPlan,
     ops: BatchOps[B],
     skip: int = 0,
     head: Sequence[B] | None = None,
+    keep: Head[B] | None = None,
 ) -> Iterator[Group[B]]:
     """Groups ``batches`` into global steps following ``plan``.
 
     skip: steps to leave out at the start (resume); they are still read from ``batches``.
     head: the first batches of the epoch when ``batches`` already starts later (a resume that
         skipped at a lower level); used to pad the last group exactly as an uninterrupted epoch would.
+    keep: the ``Head`` to collect them in, when the caller wants to save it (``head_for(plan, ops)``).
     """
     n = plan.num_processes
-    wanted_items = n * plan.batch_size if plan.batch_size is not None else None
-    keep = Head(ops, wanted_items, n)
+    if keep is None:
+        keep = head_for(plan, ops)
     for b in head or ():
         keep.add(b)
     per_group = plan.batches_per_group

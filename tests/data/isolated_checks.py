@@ -1,0 +1,132 @@
+"""accel-data on its own: run under torchrun in an environment holding only accel-core, accel-data
+(with its ``stateful`` extra, torchdata) and torch — no Accelerator, no meta-package, no numpy.
+
+Launched by test_data_isolated_env.py. Checks a hand-written loop over prepared loaders (map-style
+shuffled, iterable, dispatch) sees every sample once with the remainder rule; torchdata's
+StatefulDataLoader is accepted and a stateful iterable dataset resumes without re-reading.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from accel_data import prepare_data_loader
+
+RANK = int(os.environ["RANK"])
+failures: list[str] = []
+
+
+def check(name: str, condition: bool, detail: str = "") -> None:
+    if not condition:
+        failures.append(f"{name}: {detail}")
+
+
+class Items(Dataset):
+    def __len__(self) -> int:
+        return 53
+
+    def __getitem__(self, i: int) -> dict:
+        return {"idx": i, "name": f"s{i}"}
+
+
+class CountingStream(IterableDataset):
+    """An iterable dataset that torchdata can checkpoint: it remembers how far it got."""
+
+    def __init__(self, length: int) -> None:
+        self.length, self.pos, self.reads = length, 0, 0
+
+    def __iter__(self) -> Iterator[dict]:
+        while self.pos < self.length:
+            i = self.pos
+            self.pos += 1
+            self.reads += 1
+            yield {"idx": i}
+        self.pos = 0
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = state["pos"]
+
+
+def gathered_epoch(loader) -> list[int]:
+    """Hand-written evaluation loop: gather every step, drop the padding of the last one."""
+    seen: list[int] = []
+    for batch in loader:
+        # Tensor collectives only: torch's object collectives need numpy, absent here on purpose.
+        parts = [torch.empty_like(batch["idx"]) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, batch["idx"])
+        step = torch.cat(parts).tolist()
+        if loader.end_of_dataloader and loader.remainder > 0:
+            step = step[: loader.remainder]
+        seen += step
+    return seen
+
+
+def check_hand_written_loops() -> None:
+    torch.manual_seed(RANK)  # differently seeded processes: the loader synchronises the shuffle
+    shuffled = prepare_data_loader(DataLoader(Items(), batch_size=5, shuffle=True))
+    check("map-style shuffled", sorted(gathered_epoch(shuffled)) == list(range(53)))
+    for dispatch in (False, True):
+        stream = prepare_data_loader(DataLoader(CountingStream(53), batch_size=5), dispatch_batches=dispatch)
+        check(f"iterable dispatch={dispatch}", gathered_epoch(stream) == list(range(53)))
+        mapped = prepare_data_loader(DataLoader(Items(), batch_size=5), dispatch_batches=dispatch)
+        check(f"map-style dispatch={dispatch}", gathered_epoch(mapped) == list(range(53)))
+
+
+def check_stateful_dataloader() -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def make(dataset):
+        return prepare_data_loader(StatefulDataLoader(dataset, batch_size=4))
+
+    reference = [b["idx"].tolist() for b in make(CountingStream(45))]
+    check("StatefulDataLoader prepared", isinstance(make(CountingStream(3)), StatefulDataLoader))
+    for stop in (1, 3, len(reference) - 1):
+        run = make(CountingStream(45))
+        it = iter(run)
+        head = [next(it)["idx"].tolist() for _ in range(stop)]
+        state = run.state_dict()
+        it.close()
+        dataset = CountingStream(45)
+        resumed = make(dataset)
+        resumed.load_state_dict(state)
+        rest = [b["idx"].tolist() for b in resumed]
+        check(f"stateful iterable resume at {stop}", head + rest == reference, f"{head + rest} vs {reference}")
+        consumed = stop * dist.get_world_size() * 4  # samples of the steps before the checkpoint
+        check(f"stateful resume reads only the rest at {stop}", dataset.reads <= 45 - consumed,
+              f"read {dataset.reads}, {45 - consumed} left")
+    plain = prepare_data_loader(DataLoader(Items(), batch_size=4), use_stateful_dataloader=True)
+    check("use_stateful_dataloader=True", isinstance(plain, StatefulDataLoader))
+    check("use_stateful_dataloader loop", sorted(gathered_epoch(plain)) == list(range(53)))
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    check("only accel-core and accel-data", importlib.util.find_spec("accel") is None
+          and importlib.util.find_spec("accel_checkpoint") is None and importlib.util.find_spec("numpy") is None)
+    for fn in (check_hand_written_loops, check_stateful_dataloader):
+        try:
+            fn()
+        except Exception:
+            failures.append(f"{fn.__name__} raised:\n{traceback.format_exc()}")
+            break
+    if failures:
+        print(f"ISOLATED CHECKS FAILED {RANK}:\n" + "\n".join(failures), flush=True)
+        sys.exit(1)
+    print(f"ISOLATED CHECKS PASSED {RANK}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
