@@ -181,6 +181,13 @@ def check_dispatch_large_batches_grow_the_slot() -> None:
     check("dispatch slot grew", loader._dispatcher.capacity > 1 << 16, str(loader._dispatcher.capacity))
 
 
+def check_data_parallel_subgroup() -> None:
+    """Tensor-parallel peers share a batch: sharding over a group of one gives each the whole data."""
+    groups = [dist.new_group([0]), dist.new_group([1])]  # every process creates every group
+    loader = prepare_data_loader(DataLoader(Items(10), batch_size=3), group=groups[RANK], dispatch_batches=True)
+    check("data-parallel group of one", [i for b in loader for i in b["idx"].tolist()] == list(range(10)))
+
+
 def check_dispatch_error_fails_everywhere() -> None:
     loader = prepare_data_loader(DataLoader(Items(40, fail_at=21), batch_size=4), dispatch_batches=True)
     try:
@@ -207,6 +214,7 @@ def main() -> None:
         check_resume,
         check_dispatch_variable_lengths,
         check_dispatch_large_batches_grow_the_slot,
+        check_data_parallel_subgroup,
         check_dispatch_error_fails_everywhere,
     ]
     for fn in checks:

@@ -282,3 +282,19 @@ def test_integration_preparer_is_discoverable() -> None:
 
     preparer = plugins.load("accel.preparers", "dataloader")
     assert isinstance(preparer, DataLoaderPreparer)
+
+
+def test_even_batches_can_be_switched_between_epochs() -> None:
+    """Accelerator.join_uneven_inputs sets ``loader.even_batches`` for the length of a block."""
+    class SizedStream(Stream):
+        def __len__(self) -> int:
+            return self.length
+
+    for dataset in (Counting(9), SizedStream(9)):
+        loader = prepare_data_loader(DataLoader(dataset, batch_size=4), num_processes=2, process_index=1)
+        assert loader.even_batches and len(loader) == 2 and loader.total_batch_size == 8
+        assert _epoch(loader) == [[4, 5, 6, 7], [3, 4, 5, 6]]  # last step: 8 then 0..6 as padding
+        loader.even_batches = False
+        assert _epoch(loader) == [[4, 5, 6, 7]] and len(loader) == 1
+        loader.even_batches = True
+        assert len(_epoch(loader)) == 2
