@@ -18,8 +18,6 @@ import sys
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
-from .. import plugins
-
 GROUP = "accel.cli"
 
 
@@ -59,6 +57,8 @@ def load_extensions(names: Iterable[str] | None = None) -> list[LaunchExtension]
 
     A broken extension is reported on stderr and skipped: one backend must not break the command line.
     """
+    from .. import plugins  # importlib.metadata: only for the commands that take backend flags
+
     extensions: list[LaunchExtension] = []
     for name in plugins.available(GROUP) if names is None else names:
         try:

@@ -8,7 +8,6 @@ import shlex
 import sys
 from typing import Any
 
-from accel_core import plugins
 from accel_core.enums import DynamoBackend
 from accel_core.launch.config import load_config
 from accel_core.launch.extensions import LaunchExtension, extension_env
@@ -79,8 +78,12 @@ BUILTIN_STRATEGIES = ("ddp", "single_device")
 def check_strategy(plan: LaunchPlan) -> None:
     """Fails before starting anything when the chosen strategy's package is not installed."""
     name = plan.strategy
-    installed = plugins.available("accel.strategies") if name else []
-    if name and name not in BUILTIN_STRATEGIES and name not in installed:
+    if not name or name in BUILTIN_STRATEGIES:
+        return
+    from accel_core import plugins  # entry-point scan: only when a strategy is named
+
+    installed = plugins.available("accel.strategies")
+    if name not in installed:
         raise ValueError(
             f"strategy {name!r} (from the {plan.sources['strategy']}) is not installed: "
             f"{plugins.install_hint('accel.strategies', name)}. Available: {', '.join([*BUILTIN_STRATEGIES, *installed])}."

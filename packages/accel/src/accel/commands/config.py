@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from accel_core import plugins
 from accel_core.enums import DynamoBackend
 from accel_core.launch.config import config_path, dump_config, read_config, validate_config, write_config
 from accel_core.launch.plan import SETTINGS, resolve_plan
@@ -122,6 +121,8 @@ def ask_config(existing: dict[str, Any] | None, asker: Asker | None = None) -> d
     config["use_cpu"] = asker.yes_no("Run on the CPU only?", current("use_cpu"))
     per_machine = max(1, current("num_processes") // max(1, current("num_machines")))
     config["num_processes"] = asker.integer("How many processes in total, over all machines?", per_machine * machines, 1)
+    from accel_core import plugins  # entry-point scan: only when asking
+
     strategies = plugins.available("accel.strategies")
     config["strategy"] = _none_if_auto(asker.choice("Strategy?", current("strategy") or "auto", ["auto", *strategies]))
     config["mixed_precision"] = asker.choice("Mixed precision?", current("mixed_precision"), ["no", "fp16", "bf16", "fp8"])
