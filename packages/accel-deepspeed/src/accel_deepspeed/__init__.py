@@ -1,0 +1,51 @@
+"""accel-deepspeed: the ``deepspeed`` strategy of accel (DeepSpeed ZeRO stages 1, 2 and 3).
+
+Names are imported on first use: ``import accel_deepspeed`` imports neither torch nor deepspeed
+(``accel launch`` loads ``accel_deepspeed.cli`` for its flags).
+
+Example::
+
+    from accel import Accelerator
+    from accel_deepspeed import DeepSpeedPlugin
+
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, gradient_clipping=1.0))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for batch in loader:
+        with accelerator.accumulate(model):
+            loss = model(batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "DeepSpeedStrategy": "strategy",
+    "DeepSpeedPlugin": "plugin",
+    "DummyOptim": "dummy",
+    "DummyScheduler": "dummy",
+    "DeepSpeedOptimizerWrapper": "wrappers",
+    "DeepSpeedSchedulerWrapper": "wrappers",
+    "DeepSpeedLaunchOptions": "cli",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accel_deepspeed' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

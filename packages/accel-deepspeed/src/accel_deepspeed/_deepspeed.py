@@ -1,0 +1,32 @@
+"""Importing deepspeed once, without what accel never uses from it."""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+_INSTALL_HINT = 'DeepSpeed is not installed: pip install "accel[deepspeed]" (or pip install accel-deepspeed deepspeed).'
+
+
+def import_deepspeed() -> ModuleType:
+    """``import deepspeed``, with a clear ImportError when it is missing.
+
+    DeepSpeed's autotuner imports MLflow at import time when MLflow is installed (seconds of work on
+    every process) only to log autotuning experiments, which accel does not run. MLflow is hidden
+    from that one import; a later ``import mlflow`` by the user works as usual.
+    """
+    if "deepspeed" in sys.modules:
+        return sys.modules["deepspeed"]
+    hide_mlflow = "mlflow" not in sys.modules
+    if hide_mlflow:
+        sys.modules["mlflow"] = None  # type: ignore[assignment]  # makes `import mlflow` raise ImportError
+    try:
+        import deepspeed
+    except ImportError as error:
+        if getattr(error, "name", None) == "deepspeed":
+            raise ImportError(_INSTALL_HINT) from error
+        raise
+    finally:
+        if hide_mlflow and sys.modules.get("mlflow", 0) is None:
+            del sys.modules["mlflow"]
+    return deepspeed

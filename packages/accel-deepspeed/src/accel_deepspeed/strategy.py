@@ -1,0 +1,238 @@
+"""The ``deepspeed`` strategy: DeepSpeed ZeRO 1/2/3 behind the Accelerator's usual questions.
+
+Capabilities it implements (see ``accel_core.strategies.base``): ``ProcessGroupSetup`` (processes
+join through ``deepspeed.init_distributed``), ``JointPreparation`` (model + optimizer + scheduler go
+through one ``deepspeed.initialize``; the micro batch size comes from the prepared dataloaders) and
+``OwnsOptimizerStep`` (the engine scales the loss by the accumulation steps and steps at its
+boundaries). Sharded checkpoints (accel-checkpoint's ``ShardedCheckpointing``) are the engine's own.
+
+Example::
+
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True))
+    with accelerator.strategy.zero3_init_context():
+        model = BigModel()                     # built already partitioned over the processes
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.AdamW(model.parameters()), loader)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sys
+from collections.abc import Iterable, Iterator
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from accel_core import environment as env
+from accel_core.enums import DistributedType
+from accel_core.strategies.base import Strategy
+
+from ._deepspeed import import_deepspeed
+from .plugin import DeepSpeedPlugin
+
+if TYPE_CHECKING:
+    from accel_core.accelerator import Accelerator
+
+logger = logging.getLogger(__name__)
+
+
+class DeepSpeedStrategy(Strategy):
+    """Trains one model with a DeepSpeed engine; frozen models prepared with it are only placed on the device.
+
+    After ``prepare``: ``engine`` is the DeepSpeed engine, ``deepspeed_config`` the config it was
+    built with (every "auto" filled), ``mixed_precision`` what DeepSpeed computes in.
+    """
+
+    name: ClassVar[str] = "deepspeed"
+    supported_precisions: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16")
+    owns_precision: ClassVar[bool] = True
+    launcher: ClassVar[str] = "torchrun"
+
+    def __init__(self, plugin: DeepSpeedPlugin | None = None) -> None:
+        super().__init__()
+        self.plugin = plugin if plugin is not None else DeepSpeedPlugin.from_env()
+        self.engine: Any = None
+        self.deepspeed_config: dict[str, Any] | None = None
+        self.frozen_models: list[torch.nn.Module] = []
+        self.mixed_precision = "no"
+        self.steps_in_backward = False
+        self.engine_owns_scheduler = False
+        self._warned_clipping = False
+
+    @classmethod
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any] | None = None) -> DeepSpeedStrategy:
+        """Built by accel-core: the user's ``deepspeed_plugin``, or one read from ``ACCEL_DEEPSPEED_*``."""
+        if plugin is None:
+            return cls(DeepSpeedPlugin.from_env())
+        if not isinstance(plugin, DeepSpeedPlugin):
+            raise TypeError(
+                f"`deepspeed_plugin` must be an accel_deepspeed.DeepSpeedPlugin, got {type(plugin).__name__}: "
+                "from accel_deepspeed import DeepSpeedPlugin."
+            )
+        return cls(plugin)
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return DistributedType.DEEPSPEED
+
+    # -- processes --------------------------------------------------------------------------
+    def init_process_group(self, **kwargs: Any) -> None:
+        """Joins (or adopts) the process group through deepspeed.comm; a lone ``python train.py`` gets a group of one."""
+        if env.flag(env.USE_CPU) and "deepspeed" not in sys.modules:
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read once, when deepspeed picks its accelerator
+        deepspeed = import_deepspeed()
+        from deepspeed.accelerator import get_accelerator
+
+        backend = kwargs.get("backend") or get_accelerator().communication_backend_name()
+        timeout = kwargs.get("timeout") or timedelta(minutes=30)
+        os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine reads it
+        if torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+            return
+        if all(name in os.environ for name in (env.RANK, env.WORLD_SIZE, env.MASTER_ADDR, env.MASTER_PORT)):
+            deepspeed.init_distributed(
+                dist_backend=backend, auto_mpi_discovery=False, timeout=timeout, init_method=kwargs.get("init_method"), verbose=False
+            )
+        else:
+            deepspeed.init_distributed(
+                dist_backend=backend, auto_mpi_discovery=False, timeout=timeout, verbose=False,
+                init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+            )
+
+    def setup(self, accelerator: Accelerator) -> None:
+        super().setup(accelerator)
+        from deepspeed.accelerator import get_accelerator
+
+        ds_device = torch.device(get_accelerator().device_name()).type
+        if ds_device != accelerator.state.device.type:
+            raise ValueError(
+                f"DeepSpeed runs on {ds_device} but the Accelerator chose {accelerator.state.device.type}. Pick one: "
+                f"set DS_ACCELERATOR={accelerator.state.device.type} (or ACCEL_USE_CPU=true for the CPU) before starting."
+            )
+        self.mixed_precision = self.plugin.set_mixed_precision(accelerator.plan.mixed_precision)
+        accelerator.state.mixed_precision = self.mixed_precision
+
+    # -- preparation ------------------------------------------------------------------------
+    def prepare_jointly(self, objects: list[Any]) -> list[Any]:
+        from .preparation import prepare_jointly
+
+        return prepare_jointly(self, objects)
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
+        raise ValueError(
+            "With DeepSpeed, pass the model to accelerator.prepare() together with its optimizer (and scheduler and "
+            "dataloaders): DeepSpeed builds the model and optimizer together."
+        )
+
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        engine_class = _engine_class()
+        return model.module if engine_class is not None and isinstance(model, engine_class) else model
+
+    # -- the training step ------------------------------------------------------------------
+    def owns_optimizer_step(self) -> bool:
+        return True
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """The engine's backward: scales by the accumulation steps; reduces gradients at the boundary."""
+        engine = self._require_engine()
+        assert self.accelerator is not None
+        # The Accelerator decides the boundary (every N micro-steps, and at the end of the data).
+        engine.set_gradient_accumulation_boundary(self.accelerator.sync_gradients)
+        engine.backward(loss, **kwargs)
+        if self.steps_in_backward:
+            engine.step()
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor | None:
+        """DeepSpeed clips inside its step, to the config's ``gradient_clipping``; returns None (the norm is not known yet).
+
+        Warns once when ``max_norm`` differs from the configured value, since it cannot be changed here.
+        """
+        configured = self.engine.gradient_clipping() if self.engine is not None else None
+        if not self._warned_clipping and (not configured or float(configured) != float(max_norm) or norm_type != 2.0):
+            self._warned_clipping = True
+            logger.warning(
+                "DeepSpeed clips gradients inside its step to its config's gradient_clipping (%s, L2 norm); "
+                "clip_grad_norm_(max_norm=%s, norm_type=%s) cannot change that. Set DeepSpeedPlugin(gradient_clipping=%s) "
+                "or \"gradient_clipping\" in the DeepSpeed config.",
+                configured, max_norm, norm_type, max_norm,
+            )
+        return None
+
+    def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
+        raise ValueError("DeepSpeed does not support `clip_grad_value_`. Use `clip_grad_norm_` instead (set gradient_clipping).")
+
+    # -- state ------------------------------------------------------------------------------
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
+        """The full state dict. Under ZeRO-3 it is gathered (collective: call it on every process) and
+        returned on the main process, ``{}`` elsewhere."""
+        engine_class = _engine_class()
+        if engine_class is None or not isinstance(model, engine_class):
+            return model.state_dict()
+        if model.zero_optimization_partition_weights():
+            if not model.zero_gather_16bit_weights_on_model_save():
+                raise ValueError(
+                    "Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save` in DeepSpeed config "
+                    "is False. To save the model weights in 16bit, set `stage3_gather_16bit_weights_on_model_save` to True "
+                    "in DeepSpeed config file or set `zero3_save_16bit_model=True` in DeepSpeedPlugin (ACCEL_DEEPSPEED_ZERO3_"
+                    "SAVE_16BIT_MODEL=true). To save the full checkpoint, use accelerator.save_state() and recover the "
+                    "weights with DeepSpeed's zero_to_fp32.py."
+                )
+            state_dict = model._zero3_consolidated_16bit_state_dict()
+            return dict(state_dict) if state_dict is not None else {}
+        return model.module.state_dict()
+
+    def save_sharded(self, accelerator: Any, folder: str, **kwargs: Any) -> Any:
+        from .checkpointing import save_sharded
+
+        return save_sharded(self, accelerator, folder, **kwargs)
+
+    def load_sharded(self, accelerator: Any, folder: str, **kwargs: Any) -> None:
+        from .checkpointing import load_sharded
+
+        load_sharded(self, accelerator, folder, **kwargs)
+
+    # -- ZeRO-3 -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def zero3_init_context(self, enable: bool | None = None) -> Iterator[None]:
+        """Modules built inside are partitioned over the processes as they are created (``deepspeed.zero.Init``).
+
+        Active with ZeRO stage 3 and ``zero3_init_flag=True`` (or ``enable=True``); otherwise it does
+        nothing, so the same script runs with any config.
+        """
+        enabled = self.plugin.zero3_init_flag if enable is None else enable
+        if not enabled or not self.plugin.is_zero3:
+            if enable and not self.plugin.is_zero3:
+                logger.warning("zero3_init_context(enable=True) needs ZeRO stage 3 (this config: %s): not partitioning.", self.plugin.zero_stage)
+            yield
+            return
+        deepspeed = import_deepspeed()
+        with deepspeed.zero.Init(config_dict_or_path=self.plugin.zero3_init_config()):
+            yield
+
+    def _require_engine(self) -> Any:
+        if self.engine is None:
+            raise ValueError(
+                "No DeepSpeed engine yet: accelerator.prepare() the model (with trainable parameters) and its optimizer "
+                "before accelerator.backward()."
+            )
+        return self.engine
+
+    def __repr__(self) -> str:
+        return f"DeepSpeedStrategy(zero_stage={self.plugin.zero_stage}, mixed_precision={self.mixed_precision!r})"
+
+
+def _engine_class() -> type | None:
+    module = sys.modules.get("deepspeed")
+    return getattr(module, "DeepSpeedEngine", None) if module is not None else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
