@@ -70,9 +70,9 @@ def _run_elastic(
     monitor_interval: float,
     start_method: str | None,
 ) -> list[Any]:
+    import torch.multiprocessing as mp
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    import torch.multiprocessing as mp
 
     if start_method is None:
         start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"

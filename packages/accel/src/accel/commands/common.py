@@ -14,7 +14,6 @@ from accel_core.launch.extensions import LaunchExtension, extension_env
 from accel_core.launch.plan import SETTINGS, LaunchPlan, LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
 from accel_core.launch.run import direct_command
 
-
 _DEFAULT_PATH_TEXT = "$XDG_CONFIG_HOME/accel/default_config.yaml (~/.config/accel/...)"
 
 

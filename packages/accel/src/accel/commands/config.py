@@ -89,7 +89,6 @@ def default_config() -> dict[str, Any]:
 
 def import_accelerate(source: Path) -> dict[str, Any]:
     import yaml
-
     from accel_core.launch.accelerate_import import convert_accelerate_config
 
     try:

@@ -39,7 +39,7 @@ class Asker:
     def ask(self, question: str, default: T, parse: Callable[[str], T], hint: str = "") -> T:
         """Asks until the answer parses; an empty answer (or end of input) keeps ``default``."""
         shown = "" if default is None else ("yes" if default is True else "no" if default is False else str(default))
-        prompt = f"{question}{f' ({hint})' if hint else ''} [{shown}]: "
+        prompt = f"{question}{f' ({hint})' if hint else ''}{f' [{shown}]' if shown else ''}: "
         for _ in range(5):
             answer = self._answer(prompt)
             if not answer:
