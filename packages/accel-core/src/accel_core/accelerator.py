@@ -58,6 +58,7 @@ from .strategies import (
     create_strategy,
     resolve_plan,
 )
+from .strategies.base import PreparesOwnTypes
 
 _SUPPORTED = "torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler and torch.utils.data.DataLoader"
 
@@ -227,8 +228,11 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
                 f"`device_placement` should be a list with {len(args)} elements (the number of objects passed), "
                 f"got {len(device_placement)}."
             )
+        own_types = self.strategy.accepts_object if isinstance(self.strategy, PreparesOwnTypes) else None
         for obj in args:
-            if not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, LRScheduler, torch.utils.data.DataLoader)):
+            if not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, LRScheduler, torch.utils.data.DataLoader)) and not (
+                own_types is not None and own_types(obj)
+            ):
                 raise TypeError(
                     f"Cannot prepare an object of type {type(obj).__name__}: prepare accepts {_SUPPORTED}. "
                     "Leave other objects out of prepare()."

@@ -13,6 +13,7 @@ a backend's name:
 - ``OwnsOptimizerStep``: the backend steps and zeroes at accumulation boundaries itself (DeepSpeed).
 - ``ProcessGroupSetup``: join the process group its own way (deepspeed.comm, XLA, Megatron groups).
 - ``BatchTransfer``: a device loader / step marker for batches (XLA).
+- ``PreparesOwnTypes``: ``prepare`` also takes objects of the backend's own types (DeepSpeed's LR schedules).
 
 Sharded checkpointing is a protocol of accel-checkpoint, found by duck typing on the strategy.
 """
@@ -162,3 +163,11 @@ class BatchTransfer(Protocol):
     def wrap_dataloader(self, dataloader: Any) -> Any: ...
 
     def mark_step(self) -> None: ...
+
+
+@runtime_checkable
+class PreparesOwnTypes(Protocol):
+    """``prepare`` also accepts objects of the backend's own types, which are not torch ones
+    (DeepSpeed's LR schedule classes); they reach ``prepare_jointly`` like the others."""
+
+    def accepts_object(self, obj: Any) -> bool: ...
