@@ -77,8 +77,9 @@ def round_trip(accelerator_factory, folder: Path, what: str, first: range, then:
     accelerator = accelerator_factory()
     model, optimizer, scheduler = setup(accelerator, seed=0)
     train(accelerator, model, optimizer, scheduler, first)
+    saved_out = probe(model)  # a forward without backward first: SHARD_GRAD_OP units stay gathered
     accelerator.save_state(folder)
-    saved_out = probe(model)
+    check(torch.equal(probe(model), saved_out), f"{what}: saving changed the model")
     straight = train(accelerator, model, optimizer, scheduler, then)
     straight_out = probe(model)
 
@@ -128,7 +129,9 @@ expected = {
 }
 
 # 4. FULL_STATE_DICT: model files gathered on process 0, optimizer gathered too; loads the same way.
-full_result = round_trip(lambda: new_accelerator(state_dict_type="FULL_STATE_DICT"), TMP / "full", "full state dict", range(0, 2), range(2, 4))
+# (with SHARD_GRAD_OP, whose units keep their parameters gathered after a forward without backward)
+full_result = round_trip(lambda: new_accelerator(state_dict_type="FULL_STATE_DICT", sharding_strategy="SHARD_GRAD_OP"),
+                         TMP / "full", "full state dict", range(0, 2), range(2, 4))
 names = os.listdir(TMP / "full")
 check("model.safetensors" in names, f"FULL_STATE_DICT: no model.safetensors in {names}")
 check(os.listdir(TMP / "full" / "sharded") == ["optimizer_0.bin"], f"FULL_STATE_DICT sharded/: {os.listdir(TMP / 'full' / 'sharded')}")

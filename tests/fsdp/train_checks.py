@@ -222,6 +222,8 @@ VARIANTS = [
     {"cpu_offload": True},
     {"auto_wrap_policy": "size_based_wrap", "min_num_params": 500, "transformer_cls_names_to_wrap": None},
     {"sharding_strategy": "SHARD_GRAD_OP", "fsdp_version": 1, "use_orig_params": False},
+    {"sharding_strategy": "HYBRID_SHARD", "fsdp_version": 1},
+    {"sharding_strategy": "NO_SHARD", "fsdp_version": 1},
 ]
 
 

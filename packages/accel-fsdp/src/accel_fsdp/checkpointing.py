@@ -61,12 +61,28 @@ def _raw(optimizer: Any) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)
 
 
+def _resharded(models: Sequence[nn.Module]) -> list[nn.Module]:
+    """The models with every FSDP2 unit back in its sharded state.
+
+    A unit that keeps its parameters gathered after forward (``reshard_after_forward=False``) and saw
+    a forward without backward exposes the gathered tensors as ``parameters()``; DCP's optimizer
+    state functions match the optimizer's (sharded) parameters against those and would not find them.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for model in models:
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+    return list(models)
+
+
 def save(accelerator: Any, folder: str, state_dict_type: str, is_main_process: bool) -> tuple[str, ...]:
     """Writes the models' and optimizers' state into ``folder``; returns the categories covered. Collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    models = list(accelerator._models)
+    models = _resharded(accelerator._models)
     optimizers = [_raw(o) for o in accelerator._optimizers]
     if state_dict_type == "FULL_STATE_DICT":
         for i, optimizer in enumerate(optimizers):
@@ -107,7 +123,7 @@ def load(accelerator: Any, folder: str, allow_unsafe_pickle: bool | None = None)
     def read_dcp(state: dict[str, Any], path: str) -> None:
         dcp.load(state, storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle), planner=SafeLoadPlanner(allow_unsafe_pickle))
 
-    models = list(accelerator._models)
+    models = _resharded(accelerator._models)
     # FULL_STATE_DICT checkpoints have no model folders: accel-checkpoint loads their model files.
     if os.path.isdir(os.path.join(folder, "model_0")):
         for i, model in enumerate(models):

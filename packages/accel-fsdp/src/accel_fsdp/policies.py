@@ -89,6 +89,12 @@ def fsdp1_mixed_precision(spec: Any, accelerator_precision: str) -> Any:
 
 
 def reshard_after_forward(plugin: FullyShardedDataParallelPlugin) -> bool | int:
+    """FSDP2's ``reshard_after_forward``, for every unit and the root.
+
+    Explicitly True for the root too (fully_shard's own default leaves the root gathered after
+    forward): after a forward without backward (evaluation, a probe), a root left gathered exposes its
+    unsharded tensors as ``parameters()``, which the optimizer and the state-dict functions do not know.
+    """
     if plugin.reshard_after_forward is not None:
         return plugin.reshard_after_forward
     return plugin.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
