@@ -25,10 +25,15 @@ from .enums import DistributedType
 def _pick_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
     if cpu:
         return torch.device("cpu")
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return torch.device("xpu", local_rank % torch.xpu.device_count())
+    for kind in ("cuda", "xpu"):
+        backend = getattr(torch, kind, None)
+        if backend is not None and backend.is_available():
+            if local_rank >= backend.device_count():
+                raise ValueError(
+                    f"Process with local rank {local_rank} has no {kind} device of its own: this machine has "
+                    f"{backend.device_count()}. Start at most that many processes per machine, or pass --cpu."
+                )
+            return torch.device(kind, local_rank)
     # MPS is a single device: several processes cannot share it.
     if world_size == 1 and torch.backends.mps.is_available():
         return torch.device("mps")
