@@ -75,3 +75,47 @@ def test_truncated_file_names_the_file(tmp_path):
         handle.truncate(os.path.getsize(path) // 2)
     with pytest.raises(CorruptCheckpointError, match="big.safetensors is truncated or corrupt"):
         read_safetensors(path)
+
+
+def test_files_of_the_reference_writer_read_back(tmp_path):
+    from safetensors.torch import save_file
+
+    tensors = {"a": torch.randn(3, 3), "h": torch.randn(5).half(), "b": torch.randn(2).bfloat16(), "i": torch.arange(7), "m": torch.rand(3) > 0.5}
+    path = str(tmp_path / "ref.safetensors")
+    save_file(tensors, path, metadata={"format": "pt"})
+    loaded, metadata = read_safetensors(path)
+    assert metadata == {"format": "pt"} and all(torch.equal(loaded[k], v) for k, v in tensors.items())
+    loaded["a"].zero_()  # a private mapping: the file does not change
+    assert torch.equal(load_file(path)["a"], tensors["a"])
+
+
+def _craft(path, header: dict, data: bytes) -> None:
+    import json
+    import struct
+
+    raw = json.dumps(header).encode()
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(raw)) + raw + data)
+
+
+@pytest.mark.parametrize(
+    "header, data, why",
+    [
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, b"\0" * 12, "does not start where"),
+        ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, "do not match its shape"),
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, "describes"),
+        ({"a": {"dtype": "PY_OBJECT", "shape": [1], "data_offsets": [0, 1]}}, b"\0", "bad dtype"),
+    ],
+)
+def test_malformed_headers_are_rejected(tmp_path, header, data, why):
+    path = str(tmp_path / "bad.safetensors")
+    _craft(path, header, data)
+    with pytest.raises(CorruptCheckpointError, match=why):
+        read_safetensors(path)
+
+
+def test_absurd_header_length_is_rejected(tmp_path):
+    path = tmp_path / "huge.safetensors"
+    path.write_bytes((2**40).to_bytes(8, "little") + b"{}")
+    with pytest.raises(CorruptCheckpointError, match="header length"):
+        read_safetensors(str(path))

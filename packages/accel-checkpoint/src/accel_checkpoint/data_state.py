@@ -1,8 +1,8 @@
 """Dataloader positions.
 
 A prepared loader that has ``state_dict`` / ``load_state_dict`` (accel-data's does: epoch, batches
-already yielded, sampler seed) is saved and restored through them: ``load_state`` puts the loader
-back mid-epoch and the next iteration continues with the next batch.
+already yielded, sampler seed and generator) is saved and restored through them: ``load_state``
+puts the loader back mid-epoch and the next iteration continues with the next batch.
 
 A loader without them (a plain DataLoader registered by other means) cannot report where it is.
 What it does expose is saved (the sampler's epoch and random generator, so the shuffle order of

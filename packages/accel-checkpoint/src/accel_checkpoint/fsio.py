@@ -36,19 +36,52 @@ def fsync_dir(path: str) -> None:
 
 
 @contextlib.contextmanager
-def durable_open(path: str, mode: str = "wb") -> Iterator[IO[Any]]:
-    """``open`` whose file is flushed and fsynced before the block is left."""
+def durable_open(path: str, mode: str = "wb", durable: bool = True) -> Iterator[IO[Any]]:
+    """``open`` whose file is flushed and (when ``durable``) fsynced before the block is left."""
     with open(path, mode) as handle:
         yield handle
         handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            os.fsync(handle.fileno())
 
 
-def torch_save(obj: Any, path: str) -> int:
-    """``torch.save`` to ``path``, fsynced; returns the size written."""
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class BackgroundSync:
+    """fsyncs written files on a helper thread while the next file is being written.
+
+    The disk flushes one file while Python fills the page cache with the next; ``wait()`` returns
+    once every submitted file is on disk (and raises the first error).
+    """
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accel-fsync")
+        self._futures: list[Any] = []
+
+    def submit(self, path: str) -> None:
+        self._futures.append(self._pool.submit(fsync_path, path))
+
+    def wait(self) -> None:
+        try:
+            for future in self._futures:
+                future.result()
+        finally:
+            self._pool.shutdown(wait=True)
+
+
+def torch_save(obj: Any, path: str, durable: bool = True) -> int:
+    """``torch.save`` to ``path`` (fsynced when ``durable``); returns the size written."""
     import torch
 
-    with durable_open(path) as handle:
+    with durable_open(path, durable=durable) as handle:
         torch.save(obj, handle)
     return os.path.getsize(path)
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .errors import CorruptCheckpointError, CheckpointNotFoundError
+from .errors import CheckpointNotFoundError, CorruptCheckpointError
 from .fsio import durable_open
 
 if TYPE_CHECKING:
@@ -43,6 +43,11 @@ _DTYPES: dict[str, str] = {
     "uint32": "U32",
     "uint64": "U64",
 }
+
+
+_CODES = {code: name for name, code in _DTYPES.items()}
+_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+             "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
 
 
 def _dtype_code(tensor: torch.Tensor, name: str) -> str:
@@ -96,8 +101,10 @@ def tensor_nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str, metadata: Mapping[str, str] | None = None) -> int:
-    """Writes CPU tensors (no two names for one storage: see ``dedupe``) to ``path``, fsynced.
+def write_safetensors(
+    tensors: Mapping[str, torch.Tensor], path: str, metadata: Mapping[str, str] | None = None, durable: bool = True
+) -> int:
+    """Writes CPU tensors (no two names for one storage: see ``dedupe``) to ``path`` (fsynced when ``durable``).
 
     Returns the file size. Example::
 
@@ -129,7 +136,7 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str, metadata: 
         ordered.append(tensor)
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as the reference writer does
-    with durable_open(path) as handle:
+    with durable_open(path, durable=durable) as handle:
         handle.write(struct.pack("<Q", len(raw)))
         handle.write(raw)
         for tensor in ordered:
@@ -138,28 +145,80 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str, metadata: 
     return 8 + len(raw) + offset
 
 
+_MAX_HEADER = 100 * 2**20  # the reference reader's limit
+
+
+def _corrupt(path: str, why: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"{path} is truncated or corrupt ({why}). Restore the file from a copy, or load an earlier checkpoint.")
+
+
+def _parse_header(path: str, handle: Any, file_size: int) -> tuple[int, list[tuple[int, int, str, str, list[int]]], dict[str, str]]:
+    """Validates a safetensors header like the reference reader: known dtypes, sizes matching
+    shapes, tensors tiling the data section exactly, and the file holding all of it."""
+    raw = handle.read(8)
+    if len(raw) < 8:
+        raise _corrupt(path, f"{file_size} bytes, shorter than a header")
+    (length,) = struct.unpack("<Q", raw)
+    if length > _MAX_HEADER or 8 + length > file_size:
+        raise _corrupt(path, f"header length {length} does not fit in {file_size} bytes")
+    try:
+        header = json.loads(handle.read(length).decode("utf-8"))
+        metadata = header.pop("__metadata__", None) or {}
+        entries = []
+        for name, info in header.items():
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+            if dtype not in _CODES or not all(isinstance(d, int) and d >= 0 for d in shape):
+                raise ValueError(f"bad dtype/shape for {name!r}")
+            numel = 1
+            for d in shape:
+                numel *= d
+            if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end) or end - begin != numel * _ITEMSIZE[dtype]:
+                raise ValueError(f"offsets of {name!r} do not match its shape")
+            entries.append((begin, end, str(name), dtype, list(shape)))
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
+        raise _corrupt(path, f"invalid header: {error}") from None
+    entries.sort()
+    position = 0
+    for begin, end, name, _dtype, _shape in entries:
+        if begin != position:
+            raise _corrupt(path, f"tensor {name!r} does not start where the previous one ends")
+        position = end
+    if 8 + length + position != file_size:
+        raise _corrupt(path, f"the header describes {8 + length + position} bytes but the file has {file_size}")
+    return 8 + length, entries, {str(k): str(v) for k, v in metadata.items()}
+
+
 def read_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Loads every tensor of a safetensors file on the CPU, with aliases restored.
 
+    Tensors are views of a private (copy-on-write) memory map of the file: loading into a model
+    copies each byte once, as the reference reader does, and writing to them never changes the file.
     Raises CheckpointNotFoundError / CorruptCheckpointError naming the file.
     """
-    from safetensors import safe_open
+    import mmap
+
+    import torch
 
     if not os.path.isfile(path):
         raise CheckpointNotFoundError(f"Missing file {path}: the checkpoint is incomplete or was written differently.")
-    try:
-        tensors: dict[str, torch.Tensor] = {}
-        with safe_open(path, framework="pt", device="cpu") as handle:
-            metadata = dict(handle.metadata() or {})
-            for name in handle.keys():
-                tensors[name] = handle.get_tensor(name)
-    except Exception as error:  # safetensors raises its own SafetensorError / OSError variants
-        raise CorruptCheckpointError(
-            f"{path} is truncated or corrupt ({type(error).__name__}: {error}). Restore the file from a copy, "
-            "or load an earlier checkpoint."
-        ) from error
+    with open(path, "rb") as handle:
+        file_size = os.fstat(handle.fileno()).st_size
+        start, entries, metadata = _parse_header(path, handle, file_size)
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY) if file_size > start else None
+    tensors: dict[str, torch.Tensor] = {}
+    for begin, end, name, code, shape in entries:
+        dtype = getattr(torch, _CODES[code])
+        offset = start + begin
+        if end == begin:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+        elif offset % _ITEMSIZE[code]:  # misaligned (foreign writer): copy rather than view
+            tensors[name] = torch.frombuffer(bytearray(mapped[offset : start + end]), dtype=dtype).reshape(shape)
+        else:
+            tensors[name] = torch.frombuffer(mapped, dtype=dtype, count=(end - begin) // _ITEMSIZE[code], offset=offset).reshape(shape)
     aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
     for alias, kept in aliases.items():
+        if kept not in tensors:
+            raise _corrupt(path, f"alias {alias!r} points to missing tensor {kept!r}")
         tensors[alias] = tensors[kept]
     return tensors, metadata
 

@@ -6,6 +6,7 @@ memory) plus the metadata. ``writer.run_job`` writes it, now or on a background 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -51,6 +52,7 @@ class SaveJob:
     written: dict[str, int] = field(default_factory=dict)
 
 
+@functools.lru_cache(maxsize=None)
 def _version(dist_name: str) -> str | None:
     try:
         return importlib_metadata.version(dist_name)

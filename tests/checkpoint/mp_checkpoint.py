@@ -1,0 +1,222 @@
+"""Run under ``torchrun --nproc_per_node 2`` by test_multiprocess.py.
+
+  mp_checkpoint.py full <dir>    train 2 epochs of shuffled data (dropout, accumulation), async-save
+                                 the state at step K while DDP training goes on, write the results.
+  mp_checkpoint.py resume <dir>  new processes: load the step-K checkpoint, finish the run, and
+                                 check it is bit-identical to the uninterrupted one; then: a file
+                                 missing on one process fails every process (no hang), and sharded
+                                 (FSDP2 / DTensor) state through the DCP default and a strategy's
+                                 own ShardedCheckpointing, merge and save_model.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+
+from accel_core import Accelerator, set_seed
+from accel_core.configuration import ProjectConfiguration
+from accel_checkpoint import DCPCheckpointing, merge_sharded_checkpoint, wait_for_checkpoint
+from accel_checkpoint.errors import CheckpointError, CheckpointNotFoundError
+
+EPOCHS, K, ACCUMULATION = 2, 6, 2  # 8 micro-steps per epoch per process; K is an optimizer-step boundary
+
+
+def build(project_dir: str):
+    set_seed(42)
+    accelerator = Accelerator(
+        cpu=True, gradient_accumulation_steps=ACCUMULATION, project_config=ProjectConfiguration(project_dir=project_dir)
+    )
+    data = TensorDataset(torch.randn(64, 6), torch.randn(64, 1))
+    loader = DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    return (accelerator, *accelerator.prepare(model, optimizer, loader, scheduler))
+
+
+def run(accelerator, model, optimizer, loader, scheduler, start_step: int, save_dir: str | None):
+    """Trains from ``start_step`` (micro-steps) to the end; returns the losses seen after step K."""
+    losses = []
+    step = start_step
+    for _epoch in range(start_step // len(loader), EPOCHS):
+        for x, y in loader:  # a resumed loader starts where the saved one stopped
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            step += 1
+            if step > K:
+                losses.append(loss.detach().clone())
+            if step == K and save_dir is not None:
+                # Async: DDP's all-reduces of the next steps run while the writer thread agrees
+                # with the other process on its own gloo group.
+                accelerator.save_state(save_dir, async_save=True)
+    return torch.stack(losses)
+
+
+def results(model, optimizer, losses):
+    return {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optimizer": optimizer.state_dict(), "losses": losses}
+
+
+def full(folder: str) -> None:
+    accelerator, model, optimizer, loader, scheduler = build(folder)
+    losses = run(accelerator, model, optimizer, loader, scheduler, 0, os.path.join(folder, "step_k"))
+    assert wait_for_checkpoint(accelerator) == os.path.join(folder, "step_k")  # joins the writer thread
+    torch.save(results(model, optimizer, losses), os.path.join(folder, f"full_{accelerator.process_index}.pt"))
+    accelerator.wait_for_everyone()
+    assert sorted(os.listdir(os.path.join(folder, "step_k"))) == sorted(
+        ["COMPLETE", "accel_checkpoint.json", "model.safetensors", "optimizer.bin", "scheduler.bin",
+         "random_states_0.pt", "random_states_1.pt", "dataloader_0_rank_0.pt", "dataloader_0_rank_1.pt"]
+    )
+    print(f"rank {accelerator.process_index}: full run OK", flush=True)
+
+
+def equal(a, b, path="") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), f"differs at {path}"
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            equal(a[key], b[key], f"{path}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            equal(x, y, f"{path}/{i}")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def resume(folder: str) -> None:
+    accelerator, model, optimizer, loader, scheduler = build(folder)
+    rank = accelerator.process_index
+    accelerator.load_state(os.path.join(folder, "step_k"))
+    losses = run(accelerator, model, optimizer, loader, scheduler, K, None)
+    expected = torch.load(os.path.join(folder, f"full_{rank}.pt"), weights_only=True)
+    equal(results(model, optimizer, losses), expected)  # weights, Adam moments, losses: bit-identical
+    print(f"rank {rank}: exact resume OK ({len(losses)} steps after K)", flush=True)
+
+    # A file missing on one process only: both processes raise, nothing is half-loaded, no hang.
+    broken = os.path.join(folder, "broken")
+    if rank == 0:
+        shutil.copytree(os.path.join(folder, "step_k"), broken)
+        os.remove(os.path.join(broken, "dataloader_0_rank_1.pt"))
+    accelerator.wait_for_everyone()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        accelerator.load_state(broken)
+    except CheckpointNotFoundError as error:
+        assert rank == 1 and "dataloader_0_rank_1.pt" in str(error), error
+    except CheckpointError as error:
+        assert rank == 0 and "failed on process 1" in str(error) and "dataloader_0_rank_1.pt" in str(error), error
+    else:
+        raise AssertionError("loading a broken checkpoint did not fail")
+    equal(model.state_dict(), before)
+    print(f"rank {rank}: failure on one process fails all OK", flush=True)
+    sharded_checks(folder, rank)
+
+
+class FullyShardStrategy:
+    """What an FSDP2 strategy's prepare produces: parameters sharded as DTensors (no checkpoint methods)."""
+
+    name = "fully_shard_test"
+    supported_precisions = ("no",)
+    owns_precision = False
+    launcher = "torchrun"
+
+    def __init__(self) -> None:
+        from accel_core.strategies.base import Strategy
+
+        self._base = Strategy()
+
+    def __getattr__(self, name):
+        return getattr(self._base, name)
+
+    def prepare_model(self, model, device_placement):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        return fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+
+    @property
+    def data_parallel_size(self):
+        return dist.get_world_size()
+
+    @property
+    def data_parallel_rank(self):
+        return dist.get_rank()
+
+
+class OwnCheckpointStrategy(FullyShardStrategy):
+    """A strategy implementing ShardedCheckpointing (here by delegating to the DCP default, and counting)."""
+
+    name = "own_checkpoint_test"
+    calls: list[str] = []
+
+    def save_sharded(self, accelerator, folder, **kwargs):
+        self.calls.append("save")
+        return DCPCheckpointing().save_sharded(accelerator, folder)
+
+    def load_sharded(self, accelerator, folder, **kwargs):
+        self.calls.append("load")
+        DCPCheckpointing().load_sharded(accelerator, folder, **kwargs)
+
+
+def sharded_checks(folder: str, rank: int) -> None:
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import DTensor
+
+    for strategy, expected_impl in ((FullyShardStrategy(), "dcp"), (OwnCheckpointStrategy(), "OwnCheckpointStrategy")):
+        accelerator = Accelerator(cpu=True, strategy=strategy)
+        torch.manual_seed(0)
+        model = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)))
+        assert isinstance(model[0].weight, DTensor)
+        optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-2))
+        for _ in range(2):
+            model(torch.randn(3, 8)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        target = os.path.join(folder, f"sharded_{strategy.name}")
+        accelerator.save_state(target)
+        import json
+
+        meta = json.load(open(os.path.join(target, "accel_checkpoint.json")))
+        assert meta["sharded"]["implementation"].endswith(expected_impl) and meta["sharded"]["covers"] == ["models", "optimizers"]
+        assert not os.path.exists(os.path.join(target, "model.safetensors"))
+        shards = {k: v.to_local().clone() for k, v in model.state_dict().items()}
+        moments = [v["exp_avg"].to_local().clone() for v in optimizer.optimizer.state.values()]
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.to_local().zero_()
+            for state in optimizer.optimizer.state.values():
+                state["exp_avg"].to_local().zero_()
+        accelerator.load_state(target)
+        for k, v in model.state_dict().items():
+            assert torch.equal(v.to_local(), shards[k]), k
+        for state, moment in zip(optimizer.optimizer.state.values(), moments):
+            assert torch.equal(state["exp_avg"].to_local(), moment)
+        accelerator.save_model(model, os.path.join(folder, f"export_{strategy.name}"))
+        if rank == 0:
+            merged = load_file(merge_sharded_checkpoint(target, os.path.join(folder, f"merged_{strategy.name}")))
+            exported = load_file(os.path.join(folder, f"export_{strategy.name}", "model.safetensors"))
+            assert merged.keys() == full.keys() == exported.keys()
+            for k in full:
+                assert torch.equal(merged[k], full[k]) and torch.equal(exported[k], full[k]), k
+        accelerator.wait_for_everyone()
+    assert OwnCheckpointStrategy.calls == ["save", "load"]
+    print(f"rank {rank}: sharded checkpoints OK", flush=True)
+
+
+if __name__ == "__main__":
+    mode, folder = sys.argv[1:3]
+    {"full": full, "resume": resume}[mode](folder)
+    dist.destroy_process_group()
