@@ -153,3 +153,10 @@ def test_state_dict_save_and_register_for_checkpointing(tmp_path):
 def test_unknown_tracker_is_a_clear_error():
     with pytest.raises(ImportError, match="Tracker 'nonexistent' is not available"):
         Accelerator(log_with="nonexistent")
+
+
+def test_state_answers_backend_plugin_lookups_of_the_reference_api():
+    accelerator = Accelerator()
+    assert accelerator.state.fsdp_plugin is None and accelerator.state.deepspeed_plugin is None
+    with pytest.raises(AttributeError):
+        accelerator.state.no_such_thing

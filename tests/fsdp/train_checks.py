@@ -62,6 +62,10 @@ def check(condition: bool, message: str) -> None:
         raise AssertionError(f"[rank {rank}] {message}")
 
 
+# Scripts written for the reference API reach the plugin through the state.
+check(first.state.fsdp_plugin is first.strategy.plugin and first.state.deepspeed_plugin is None, "state.fsdp_plugin")
+
+
 def close(a: float, b: float, what: str, tol: float = TOL) -> None:
     check(abs(a - b) <= tol * max(1.0, abs(b)), f"{what}: {a} != {b}")
 

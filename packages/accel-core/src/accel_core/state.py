@@ -274,6 +274,18 @@ class AcceleratorState(PartialState):
             return strategy.distributed_type
         return super().distributed_type
 
+    def __getattr__(self, name: str) -> Any:
+        # Scripts written for the reference API read `state.fsdp_plugin` / `state.deepspeed_plugin`:
+        # answer with the active strategy's plugin when its name matches, None otherwise.
+        from .strategies.selection import PLUGIN_ARGUMENTS
+
+        if name in PLUGIN_ARGUMENTS:
+            strategy = self._shared_state.get("strategy")
+            if strategy is not None and strategy.name == PLUGIN_ARGUMENTS[name]:
+                return getattr(strategy, "plugin", None)
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
 
 class GradientState:
     """Gradient accumulation bookkeeping and the prepared dataloaders' end-of-data signal.
