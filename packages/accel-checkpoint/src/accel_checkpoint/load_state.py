@@ -101,11 +101,12 @@ def load_state(
     folder = metadata = None
     try:
         folder = resolve_input_dir(accelerator, input_dir)
-    except (ValueError, OSError) as caught:
+    except Exception as caught:  # noqa: BLE001 - raised on every process by agree()
         error = caught
     coord.agree(error, "load_state")
     # The newest checkpoint as process 0 sees it, so every process loads the same one.
     folder = coord.broadcast(folder)
+    models = access.listed(accelerator, "_models")
     try:
         if not os.path.isdir(folder):
             raise CheckpointNotFoundError(f"{folder} is not visible on this machine; use a shared file system or save_on_each_node=True.")
@@ -119,13 +120,11 @@ def load_state(
             if os.path.basename(folder).startswith("."):
                 raise IncompleteCheckpointError(f"{folder} is a checkpoint that was still being written; load a finished one.")
             warnings.warn(f"{folder} has no accel-checkpoint metadata: reading it as a reference-layout (legacy) checkpoint.", stacklevel=3)
-    except (ValueError, OSError) as caught:
+        for hook in access.hooks(accelerator, "_load_model_state_pre_hook"):
+            hook(models, folder)  # may remove models it loads itself
+    except Exception as caught:  # noqa: BLE001
         error = caught
     coord.agree(error, f"opening {folder}")
-
-    models = access.listed(accelerator, "_models")
-    for hook in access.hooks(accelerator, "_load_model_state_pre_hook"):
-        hook(models, folder)  # may remove models it loads itself
 
     sharded = (metadata or {}).get("sharded")
     covered = set(sharded["covers"]) if sharded else set()
@@ -189,7 +188,7 @@ def load_state(
             loaded["rng"] = reader.torch(rng_name)
         else:
             logger.warning("%s has no RNG state for process %d (saved with %d processes): RNGs are not restored.", folder, rank, saved_world)
-    except (ValueError, OSError) as caught:
+    except Exception as caught:  # noqa: BLE001
         error = caught
     coord.agree(error, f"reading {folder}")
 
@@ -208,7 +207,7 @@ def load_state(
             restore_dataloader_state(loader, state, os.path.join(folder, C.dataloader_file(i, rank)))
         if "rng" in loaded:
             (restore_rng_state if metadata else restore_legacy_rng_state)(loaded["rng"])
-    except (ValueError, RuntimeError, KeyError, TypeError) as caught:
+    except Exception as caught:  # noqa: BLE001
         error = caught
     coord.agree(error, f"restoring the state of {folder}")
 

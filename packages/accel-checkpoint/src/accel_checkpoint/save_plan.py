@@ -103,7 +103,7 @@ def plan_save(
     error: BaseException | None = None
     try:
         final, replace, number = resolve_output_dir(accelerator, output_dir)
-    except (ValueError, OSError) as caught:
+    except Exception as caught:  # noqa: BLE001 - raised on every process by agree()
         error = caught
     coord.agree(error, "save_state")
     assert final is not None
@@ -114,23 +114,35 @@ def plan_save(
     save_on_each_node = bool(getattr(config, "save_on_each_node", False))
     state = getattr(accelerator, "state", None)
     multi_node = world > int(getattr(state, "local_world_size", world) or world)
-    is_writer = rank == 0 or (save_on_each_node and local_main)
 
     temp = layout.partial_path(final, coord.broadcast(token() if rank == 0 else None))
     parent = os.path.dirname(final)
     try:
-        if rank == 0 or (multi_node and local_main):
+        if rank == 0:
             os.makedirs(parent, exist_ok=True)
             # Leftovers of interrupted saves; in the automatic folder every hidden folder is ours.
             layout.remove_leftovers(parent, only_for=None if number is not None else os.path.basename(final))
+            os.makedirs(temp)
     except OSError as caught:
         error = caught
-    coord.agree(error, f"preparing {parent}")
+    coord.agree(error, f"creating {temp}")
+    # A process that does not see process 0's folder is on a machine without a shared file system:
+    # there, the first process writes the machine's copy (save_on_each_node) and completes it.
+    own_copy = rank != 0 and not os.path.isdir(temp)
+    try:
+        if own_copy and local_main:
+            os.makedirs(parent, exist_ok=True)
+            layout.remove_leftovers(parent, only_for=None if number is not None else os.path.basename(final))
+    except OSError as caught:
+        error = caught
+    coord.agree(error, f"preparing {parent} on every machine")  # also: every process has checked
     try:
         os.makedirs(temp, exist_ok=True)
     except OSError as caught:
         error = caught
-    coord.agree(error, f"creating {temp}")
+    coord.agree(error, f"creating {temp} on every machine")
+    # Files shared by all processes are written once per file system, never twice to one path.
+    is_writer = rank == 0 or (save_on_each_node and local_main and own_copy)
 
     models = access.listed(accelerator, "_models")
     covered: set[str] = set()
@@ -219,7 +231,7 @@ def plan_save(
         files=files,
         metadata=metadata,
         finalizer=rank == 0,
-        node_finalizer=rank != 0 and multi_node and local_main,
+        node_finalizer=own_copy and local_main,
         multi_node=multi_node,
         replace_existing=replace,
         prune_base=parent if number is not None else None,
