@@ -73,6 +73,10 @@ def check_plain_python_start() -> None:
     check(T.close(losses, expected, 1e-5, 1e-6), f"one-process ZeRO-2 {losses} vs plain torch {expected}")
     state = accelerator.get_state_dict(engine)
     check(all(torch.equal(state[k], v) for k, v in reference.state_dict().items()), "get_state_dict under ZeRO-2")
+    accelerator.free_memory()  # then the same Accelerator trains another model with a new engine
+    model2 = T.mlp(5)
+    engine2, _, _ = accelerator.prepare(model2, torch.optim.AdamW(model2.parameters(), lr=T.LR), loader())
+    check(engine2 is not engine and accelerator._models == [engine2], "a new engine after free_memory()")
     try:
         accelerator.clip_grad_value_(engine.parameters(), 1.0)
     except ValueError as error:
@@ -161,6 +165,21 @@ def check_dummy_objects_and_accumulation() -> None:
     FIGURES["warmup_lrs"] = [round(v, 6) for v in lrs]
 
 
+def check_deepspeed_scheduler_object() -> None:
+    """A DeepSpeed LR schedule built in code (not a torch LRScheduler) is handed to the engine, which steps it."""
+    from deepspeed.runtime.lr_schedules import WarmupLR
+
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
+    model = T.mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=T.LR)
+    warmup = WarmupLR(optimizer, warmup_min_lr=0.0, warmup_max_lr=0.04, warmup_num_steps=10, warmup_type="linear")
+    engine, optimizer, data, scheduler = accelerator.prepare(model, optimizer, loader(), warmup)
+    check(isinstance(scheduler, DeepSpeedSchedulerWrapper) and engine.lr_scheduler is warmup, "the engine owns WarmupLR")
+    T.train_accel(accelerator, engine, optimizer, data, scheduler=scheduler, max_batches=3)
+    # DeepSpeed's schedules number the first step 0: after 3 optimizer steps, lr = 0.04 * 2 / 10.
+    check(abs(scheduler.get_last_lr()[0] - 0.04 * 2 / 10) < 1e-9, f"linear warm-up after 3 steps: {scheduler.get_last_lr()}")
+
+
 def check_frozen_teacher_and_zero3_round_trip() -> None:
     def build(seed: int):
         plugin = DeepSpeedPlugin(zero_stage=3)
@@ -204,6 +223,7 @@ if __name__ == "__main__":
     check_plain_python_start()
     check_errors()
     check_dummy_objects_and_accumulation()
+    check_deepspeed_scheduler_object()
     check_frozen_teacher_and_zero3_round_trip()
     print("FIGURES " + json.dumps(FIGURES))
     print("SINGLE PROCESS CHECKS PASSED", flush=True)

@@ -116,7 +116,9 @@ def check_zero3_init_and_consolidated_state_dict() -> None:
     check(T.close(losses, reference, 1e-4, 1e-5), f"ZeRO-3 + zero.Init losses {losses} vs DDP {reference}")
     single = T.train_single_process(T.mlp, batches).state_dict()
     state = accelerator.get_state_dict(engine)
+    from_module = accelerator.get_state_dict(accelerator.unwrap_model(engine))  # the user's module works too
     if accelerator.is_main_process:
+        check(all(torch.equal(from_module[k], state[k]) for k in state), "get_state_dict of the unwrapped module gathers too")
         check(sorted(state) == sorted(single), f"consolidated keys {sorted(state)}")
         worst = max(float((state[k] - single[k]).abs().max()) for k in single)
         check(worst < 1e-4, f"consolidated ZeRO-3 weights differ from one process's by {worst}")
@@ -145,6 +147,7 @@ def check_bf16() -> None:
     check(T.close(losses, reference, 5e-2, 1e-2), f"bf16 losses {losses} vs fp32 DDP {reference}")
     check(losses[-1] < losses[0], "bf16 loss decreases")
     FIGURES["bf16_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    check(FIGURES["bf16_max_rel_diff"] > 0, "bf16 must not give exactly the fp32 trajectory")
 
 
 if __name__ == "__main__":

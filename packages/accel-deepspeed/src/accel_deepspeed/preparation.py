@@ -81,6 +81,8 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> list[Any
     """``JointPreparation.prepare_jointly`` of the DeepSpeed strategy (see the module docstring)."""
     accelerator = strategy.accelerator
     assert accelerator is not None
+    if strategy.engine is not None and not any(m is strategy.engine for m in accelerator._models):
+        strategy.forget_engine()  # accelerator.free_memory() dropped it: a new model may be prepared
     result = list(objects)
     found = sort_objects(result)
     if found.optimizers or found.schedulers:

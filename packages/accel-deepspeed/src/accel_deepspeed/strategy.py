@@ -2,9 +2,9 @@
 
 Capabilities it implements (see ``accel_core.strategies.base``): ``ProcessGroupSetup`` (processes
 join through ``deepspeed.init_distributed``), ``JointPreparation`` (model + optimizer + scheduler go
-through one ``deepspeed.initialize``; the micro batch size comes from the prepared dataloaders) and
+through one ``deepspeed.initialize``; the micro batch size comes from the prepared dataloaders),
 ``OwnsOptimizerStep`` (the engine scales the loss by the accumulation steps and steps at its
-boundaries). Sharded checkpoints (accel-checkpoint's ``ShardedCheckpointing``) are the engine's own.
+boundaries) and ``PreparesOwnTypes`` (DeepSpeed's LR schedule objects may be prepared). Sharded checkpoints (accel-checkpoint's ``ShardedCheckpointing``) are the engine's own.
 
 Example::
 
@@ -115,12 +115,20 @@ class DeepSpeedStrategy(Strategy):
             )
         self.mixed_precision = self.plugin.set_mixed_precision(accelerator.plan.mixed_precision)
         accelerator.state.mixed_precision = self.mixed_precision
+        # The reference API's place for it: AcceleratorState().deepspeed_plugin.deepspeed_config[...]
+        accelerator.state.deepspeed_plugin = self.plugin
 
     # -- preparation ------------------------------------------------------------------------
     def prepare_jointly(self, objects: list[Any]) -> list[Any]:
         from .preparation import prepare_jointly
 
         return prepare_jointly(self, objects)
+
+    def accepts_object(self, obj: Any) -> bool:
+        """``PreparesOwnTypes``: DeepSpeed's LR schedule objects (WarmupLR, OneCycle, ...) may be prepared."""
+        from .preparation import is_deepspeed_scheduler
+
+        return is_deepspeed_scheduler(obj)
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
         raise ValueError(
@@ -172,6 +180,8 @@ class DeepSpeedStrategy(Strategy):
         """The full state dict. Under ZeRO-3 it is gathered (collective: call it on every process) and
         returned on the main process, ``{}`` elsewhere."""
         engine_class = _engine_class()
+        if self.engine is not None and model is self.engine.module:
+            model = self.engine  # the unwrapped module: under ZeRO-3 only the engine can gather it
         if engine_class is None or not isinstance(model, engine_class):
             return model.state_dict()
         if model.zero_optimization_partition_weights():
@@ -214,6 +224,14 @@ class DeepSpeedStrategy(Strategy):
         deepspeed = import_deepspeed()
         with deepspeed.zero.Init(config_dict_or_path=self.plugin.zero3_init_config()):
             yield
+
+    def forget_engine(self) -> None:
+        """Drops the references to the prepared engine and models (after ``accelerator.free_memory()``)."""
+        self.engine = None
+        self.deepspeed_config = None
+        self.frozen_models = []
+        self.steps_in_backward = False
+        self.engine_owns_scheduler = False
 
     def _require_engine(self) -> Any:
         if self.engine is None:
