@@ -16,9 +16,8 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, IterableDataset
-
 from accel_data import prepare_data_loader
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 RANK = int(os.environ["RANK"])
 failures: list[str] = []
@@ -117,7 +116,7 @@ def main() -> None:
     for fn in (check_hand_written_loops, check_stateful_dataloader):
         try:
             fn()
-        except Exception:
+        except Exception:  # noqa: BLE001 - reported below, then the run stops
             failures.append(f"{fn.__name__} raised:\n{traceback.format_exc()}")
             break
     if failures:

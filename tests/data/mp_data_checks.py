@@ -18,12 +18,11 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, IterableDataset
-
 from accel_core import ops
 from accel_core.accelerator import Accelerator
 from accel_core.state import GradientState
 from accel_data import DispatchError, prepare_data_loader
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 
 class Items(Dataset):
@@ -221,7 +220,7 @@ def main() -> None:
         start = time.perf_counter()
         try:
             fn(accelerator) if fn is check_gather_for_metrics else fn()
-        except Exception:
+        except Exception:  # noqa: BLE001 - reported below, then the run stops
             failures.append(f"{fn.__name__} raised:\n{traceback.format_exc()}")
             break  # the other process may now wait in a collective: stop rather than hang
         print(f"[{RANK}] {fn.__name__}: {time.perf_counter() - start:.2f}s", flush=True)

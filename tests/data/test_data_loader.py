@@ -7,10 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, Sampler
-
 from accel_core.state import GradientState
 from accel_data import SeedableRandomSampler, prepare_data_loader, skip_first_batches
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 
 class Counting(Dataset):
@@ -68,7 +67,9 @@ def test_prepared_loader_shards_exactly(kind: str) -> None:
     ):
         loader_batch = size * n if split else size
         dataset = Counting(length) if kind == "map" else Stream(length)
-        make = lambda: DataLoader(dataset, batch_size=loader_batch, drop_last=drop_last)  # noqa: E731
+        def make(dataset=dataset, loader_batch=loader_batch, drop_last=drop_last):
+            return DataLoader(dataset, batch_size=loader_batch, drop_last=drop_last)
+
         per_rank, real = _collect(make, n, split_batches=split, even_batches=even)
         single = [b["idx"].tolist() for b in make()]
         kept = single if split or not drop_last else single[: len(single) // n * n]
@@ -186,6 +187,24 @@ def test_skip_first_batches_prepared_and_raw() -> None:
     raw = DataLoader(Counting(10), batch_size=3)
     assert _epoch(skip_first_batches(raw, 1)) == [[3, 4, 5], [6, 7, 8], [9]]
     assert _epoch(skip_first_batches(raw, 5)) == []
+
+
+def test_skip_after_load_state_dict_does_not_skip_twice() -> None:
+    """Accelerate scripts call load_state, then skip_first_batches(loader, consumed) themselves."""
+    def make():
+        dl = DataLoader(Counting(30), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(3))
+        return prepare_data_loader(dl, num_processes=2, process_index=0)
+
+    full = _epoch(make())
+    run = make()
+    it = iter(run)
+    for _ in range(3):
+        next(it)
+    state = run.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert _epoch(skip_first_batches(resumed, 3)) == full[3:]
 
 
 def test_seedable_sampler_same_order_everywhere() -> None:

@@ -12,11 +12,10 @@ import itertools
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, SequentialSampler
-
 from accel_data.loader import TREE_OPS
 from accel_data.samplers import BatchSamplerShard, LastGroup
 from accel_data.sharding import LIST_OPS, ShardPlan, batches_for_process, iter_groups
+from torch.utils.data import BatchSampler, SequentialSampler
 
 LENGTHS = [1, 2, 5, 7, 10, 13, 16, 31, 99]
 SIZES = [1, 2, 3, 4, 5, 8]
@@ -95,9 +94,9 @@ def test_dispatch_order_yields_every_process_batches(split: bool, even: bool) ->
     """``process_index=None`` (what the dispatching process loads) = the processes' batches, step by step."""
     for length, size, n in itertools.product([5, 13, 31], [2, 3], [2, 3]):
         loader_batch = size * n if split else size
-        make = lambda rank: BatchSamplerShard(  # noqa: E731
-            BatchSampler(SequentialSampler(range(length)), loader_batch, False), n, rank, split, even
-        )
+        def make(rank, length=length, loader_batch=loader_batch, n=n):
+            return BatchSamplerShard(BatchSampler(SequentialSampler(range(length)), loader_batch, False), n, rank, split, even)
+
         per_rank = [list(make(r)) for r in range(n)]
         interleaved = [per_rank[r][t] for t in range(max(map(len, per_rank))) for r in range(n) if t < len(per_rank[r])]
         everything = make(None)

@@ -29,7 +29,19 @@ _EXPORTS = {
     "DispatchError": "dispatch",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "BatchSamplerShard",
+    "DataLoaderShard",
+    "DispatchError",
+    "SeedableRandomSampler",
+    "ShardPlan",
+    "ShardedLoaderMixin",
+    "batches_for_process",
+    "iter_groups",
+    "prepare_data_loader",
+    "skip_first_batches",
+    "synchronize_rng_states",
+]
 
 if TYPE_CHECKING:
     from .dispatch import DispatchError

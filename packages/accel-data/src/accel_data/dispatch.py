@@ -94,7 +94,7 @@ class _Layout:
     [tensor bytes, each aligned to 16].
     """
 
-    __slots__ = ("skeleton", "tensors", "start", "end")
+    __slots__ = ("end", "skeleton", "start", "tensors")
 
     def __init__(self, obj: Any, offset: int) -> None:
         self.tensors: list[torch.Tensor] = []

@@ -430,9 +430,16 @@ class ShardedLoaderMixin:
         p.inner_state = inner
 
     def _with_skip(self, num_batches: int) -> ShardedLoaderMixin:
-        """A loader over the same data and progress whose iterations skip ``num_batches`` more steps."""
+        """A loader over the same data and progress whose iterations skip ``num_batches`` more steps.
+
+        The count is from the start of the epoch and replaces a position that ``load_state_dict``
+        restored and no iteration used yet: scripts written for Accelerate restore the state, then
+        skip the batches they had consumed themselves, and must not skip twice.
+        """
         import copy
 
+        p = self._progress
+        p.resume_skip, p.resume_inner, p.resume_head = 0, None, None
         clone = copy.copy(self)
         clone.__dict__["_iterator"] = None
         clone.__dict__["_skip"] = self._skip + int(num_batches)

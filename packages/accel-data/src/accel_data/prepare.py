@@ -12,7 +12,14 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 from .comm import resolve_comm
 from .loader import DataLoaderShard, ShardedLoaderMixin
 from .rng import normalize_rng_types
-from .samplers import BatchSamplerShard, SeedableRandomSampler, UnbatchedShard, _SingletonBatches, ensure_generator
+from .samplers import (
+    BatchSamplerShard,
+    SeedableRandomSampler,
+    UnbatchedShard,
+    _SingletonBatches,
+    ensure_generator,
+    seedable_copy,
+)
 from .sharding import ShardPlan
 
 
@@ -167,9 +174,7 @@ def prepare_data_loader(
         sampler = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else dataloader.sampler
         if use_seedable_sampler and type(sampler) is RandomSampler:
             seed = int(data_seed) if data_seed is not None else torch.initial_seed()
-            seedable = SeedableRandomSampler(
-                sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, seed=seed
-            )
+            seedable = seedable_copy(sampler, seed)
             if batch_sampler is not None and type(batch_sampler) is BatchSampler:
                 batch_sampler = BatchSampler(seedable, batch_sampler.batch_size, batch_sampler.drop_last)
                 sampler = seedable

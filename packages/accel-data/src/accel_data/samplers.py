@@ -15,7 +15,6 @@ from torch.utils.data import BatchSampler, RandomSampler, Sampler, SubsetRandomS
 
 from .sharding import LIST_OPS, Group, Head, ShardPlan, batches_for_process, iter_groups, make_group
 
-
 _READ = 32  # steps of indices read from the sampler at a time by the fast path
 
 
@@ -96,14 +95,6 @@ class UnbatchedShard(Sampler[Any]):
 
     def __len__(self) -> int:
         return len(self.shard)
-
-
-def _batched(indices: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:
-    while True:
-        batch = list(islice(indices, size))
-        if not batch or (drop_last and len(batch) < size):
-            return
-        yield batch
 
 
 class BatchSamplerShard(BatchSampler):
@@ -200,107 +191,6 @@ class BatchSamplerShard(BatchSampler):
                 if group is not None:
                     yield group
             current = following
-
-    def __iter__(self) -> Iterator[list[Any]]:
-        for index in self.sampler:
-            yield [index]
-
-    def __len__(self) -> int:
-        return len(self.sampler)  # type: ignore[arg-type]
-
-
-class UnbatchedShard(Sampler[Any]):
-    """Sampler of single indices over a ``BatchSamplerShard`` of singletons (loaders with ``batch_size=None``)."""
-
-    def __init__(self, shard: BatchSamplerShard) -> None:
-        self.shard = shard
-
-    def __iter__(self) -> Iterator[Any]:
-        for batch in self.shard:
-            yield batch[0]
-
-    def __len__(self) -> int:
-        return len(self.shard)
-
-
-def _batched(indices: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:
-    while True:
-        batch = list(islice(indices, size))
-        if not batch or (drop_last and len(batch) < size):
-            return
-        yield batch
-
-
-class BatchSamplerShard(BatchSampler):
-    """This process's batches of indices from ``batch_sampler``, following the rules of ``accel_data.sharding``.
-
-    process_index: the process whose batches to yield; ``None`` yields every process's batch of
-        each step in process order (what the dispatching process loads).
-    even_batches: may be changed between epochs (``Accelerator.join_uneven_inputs`` does).
-    skip: steps to leave out at the start of the next iterations (set by the prepared loader).
-
-    Example::
-
-        shard = BatchSamplerShard(BatchSampler(range(10), 3, False), num_processes=2, process_index=1)
-        list(shard)  # [[3, 4, 5], [9, 0, 1]]  (the last batch completed from the start)
-    """
-
-    def __init__(
-        self,
-        batch_sampler: Iterable[list[Any]],
-        num_processes: int = 1,
-        process_index: int | None = 0,
-        split_batches: bool = False,
-        even_batches: bool = True,
-        drop_last: bool | None = None,
-    ) -> None:
-        # BatchSampler.__init__ validates a sampler + batch_size we do not have: set fields directly.
-        self.batch_sampler = batch_sampler
-        self.sampler = getattr(batch_sampler, "sampler", None)
-        self.num_processes = num_processes
-        self.process_index = process_index
-        self.split_batches = split_batches
-        self.even_batches = even_batches
-        self.drop_last = bool(getattr(batch_sampler, "drop_last", False) if drop_last is None else drop_last)
-        size = getattr(batch_sampler, "batch_size", None)
-        self.total_batch_size = size if isinstance(size, int) else None
-        if self.total_batch_size is not None and not split_batches:
-            self.total_batch_size *= num_processes
-        per_process = size if isinstance(size, int) else None
-        if per_process is not None and split_batches:
-            per_process //= num_processes
-        self.batch_size = per_process
-        self.skip = 0
-        self.sink: GroupSink | None = None
-        self.plan()  # validate now, not at the first iteration
-
-    def plan(self) -> ShardPlan:
-        size = getattr(self.batch_sampler, "batch_size", None)
-        return ShardPlan(
-            num_processes=self.num_processes,
-            split_batches=self.split_batches,
-            even_batches=self.even_batches,
-            drop_last=self.drop_last,
-            batch_size=size if isinstance(size, int) else None,
-        )
-
-    def set_epoch(self, epoch: int) -> None:
-        for target in (self.batch_sampler, self.sampler):
-            if hasattr(target, "set_epoch"):
-                target.set_epoch(epoch)
-
-    def _groups(self, plan: ShardPlan, skip: int) -> Iterator[Group[list[Any]]]:
-        bs = self.batch_sampler
-        if skip > 0 and type(bs) is BatchSampler:
-            # Skip by slicing the sampler's index stream: no batch lists are built for skipped steps,
-            # and the head kept for padding is the same as in an uninterrupted epoch.
-            size = bs.batch_size
-            indices = iter(bs.sampler)
-            head = list(islice(indices, plan.num_processes * size))
-            skipped = skip * plan.batches_per_group * size
-            rest = chain(head[skipped:], indices) if skipped <= len(head) else islice(indices, skipped - len(head), None)
-            return iter_groups(_batched(rest, size, bs.drop_last), plan, LIST_OPS, head=[head] if head else None)
-        return iter_groups(bs, plan, LIST_OPS, skip=skip)
 
     @staticmethod
     def _own_index_batches(

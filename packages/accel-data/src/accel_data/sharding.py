@@ -157,7 +157,6 @@ def iter_groups(
         skipped at a lower level); used to pad the last group exactly as an uninterrupted epoch would.
     keep: the ``Head`` to collect them in, when the caller wants to save it (``head_for(plan, ops)``).
     """
-    n = plan.num_processes
     if keep is None:
         keep = head_for(plan, ops)
     for b in head or ():
