@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from accel_core import Accelerator, set_seed
 from accel_core.configuration import ProjectConfiguration
-from accel_checkpoint import DCPCheckpointing, merge_sharded_checkpoint, wait_for_checkpoint
+from accel_checkpoint import DCPCheckpointing, merge_sharded_checkpoint
 from accel_checkpoint.errors import CheckpointError, CheckpointNotFoundError
 
 EPOCHS, K, ACCUMULATION = 2, 6, 2  # 8 micro-steps per epoch per process; K is an optimizer-step boundary
@@ -72,7 +72,7 @@ def results(model, optimizer, losses):
 def full(folder: str) -> None:
     accelerator, model, optimizer, loader, scheduler = build(folder)
     losses = run(accelerator, model, optimizer, loader, scheduler, 0, os.path.join(folder, "step_k"))
-    assert wait_for_checkpoint(accelerator) == os.path.join(folder, "step_k")  # joins the writer thread
+    assert accelerator.wait_for_checkpoint() == os.path.join(folder, "step_k")  # joins the writer thread
     torch.save(results(model, optimizer, losses), os.path.join(folder, f"full_{accelerator.process_index}.pt"))
     accelerator.wait_for_everyone()
     assert sorted(os.listdir(os.path.join(folder, "step_k"))) == sorted(

@@ -221,15 +221,19 @@ def test_async_save_snapshots_at_call_time_and_completes_on_wait(tmp_path):
     snapshot = weights(model)
     folder = accelerator.save_state(str(tmp_path / "a"), async_save=True)
     train(accelerator, model, optimizer, scheduler, 2)  # training goes on while it is written
-    assert wait_for_checkpoint(accelerator) == folder
+    assert accelerator.wait_for_checkpoint() == folder
     assert os.path.exists(os.path.join(folder, "COMPLETE"))
+    assert accelerator.wait_for_checkpoint() is None  # nothing pending any more
     fresh = Accelerator(cpu=True)
     model2, _, _ = make(fresh, seed=3)
     fresh.load_state(folder)
     assert all(torch.equal(v, snapshot[k]) for k, v in model2.state_dict().items())
     # A second async save reuses the CPU buffers and a load waits for the pending write first.
     folder_b = accelerator.save_state(str(tmp_path / "b"), async_save=True)
-    accelerator.load_state(folder_b)
+    assert accelerator.load_state(folder_b) == folder_b
+    accelerator.save_state(str(tmp_path / "c"), async_save=True)
+    accelerator.end_training()  # waits for the pending write
+    assert os.path.exists(tmp_path / "c" / "COMPLETE")
 
 
 def test_async_failure_is_raised_on_wait_and_leaves_nothing(tmp_path):

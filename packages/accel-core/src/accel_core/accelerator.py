@@ -452,6 +452,7 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Drops references to everything prepared and empties device caches (between two trainings)."""
+        self.wait_for_checkpoint()
         self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
         gc.collect()
         if torch.cuda.is_available():

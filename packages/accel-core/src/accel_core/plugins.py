@@ -74,6 +74,9 @@ def install_hint(group: str, name: str) -> str:
     return f'pip install "accel[{extra}]"  (or {_PACKAGE_OF_EXTRA[extra]})'
 
 
+_loaded: set[tuple[str, str]] = set()
+
+
 @lru_cache(maxsize=None)
 def load(group: str, name: str) -> Any:
     """The object registered as ``name`` in ``group``; imports its package on first use.
@@ -86,7 +89,9 @@ def load(group: str, name: str) -> Any:
         raise MissingPluginError(
             f"'{name}' ({group}) is not available: {install_hint(group, name)}. Installed: {known}."
         )
-    return entry.load()
+    value = entry.load()
+    _loaded.add((group, name))
+    return value
 
 
 def is_available(group: str, name: str) -> bool:
@@ -94,7 +99,13 @@ def is_available(group: str, name: str) -> bool:
     return name in _group(group)
 
 
+def is_loaded(group: str, name: str) -> bool:
+    """Whether ``load(group, name)`` already ran (without loading it now)."""
+    return any(key == (group, name) for key in _loaded)
+
+
 def clear_cache() -> None:
     """Forgets what was discovered (for tests that install packages at run time)."""
     _group.cache_clear()
     load.cache_clear()
+    _loaded.clear()

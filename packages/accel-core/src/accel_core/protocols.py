@@ -35,11 +35,14 @@ class CheckpointHandler(Protocol):
     def save_state(self, accelerator: Accelerator, output_dir: str | None, **kwargs: Any) -> str:
         """Writes everything the accelerator prepared or registered; returns the folder written."""
 
-    def load_state(self, accelerator: Accelerator, input_dir: str | None, **kwargs: Any) -> None:
-        """Restores what ``save_state`` wrote into the prepared objects."""
+    def load_state(self, accelerator: Accelerator, input_dir: str | None, **kwargs: Any) -> str:
+        """Restores what ``save_state`` wrote into the prepared objects; returns the folder loaded."""
 
     def save_model(self, accelerator: Accelerator, model: Any, save_directory: str, **kwargs: Any) -> None:
         """Writes the model's weights (safetensors by default) for use outside accel."""
+
+    def wait(self, accelerator: Accelerator) -> str | None:
+        """Blocks until the accelerator's asynchronous save is written; returns its folder."""
 
 
 @runtime_checkable

@@ -126,7 +126,8 @@ class Tracking:
             tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
 
     def end_training(self) -> None:
-        """Closes the trackers; call at the end of the script."""
+        """Waits for a pending asynchronous checkpoint and closes the trackers; call at the end of the script."""
+        self.wait_for_checkpoint()  # type: ignore[attr-defined]
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
@@ -154,14 +155,26 @@ class Checkpointing:
         return self.project_configuration.iteration
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
-        """Saves models, optimizers, schedulers, scaler, RNG states, dataloader positions and registered objects."""
+        """Saves models, optimizers, schedulers, scaler, RNG states, dataloader positions and registered objects.
+
+        ``async_save=True`` returns once the state is copied to CPU memory; ``wait_for_checkpoint``
+        (also called by the next save or load, ``end_training`` and ``free_memory``) waits for the files.
+        """
         handler = plugins.load("accel.checkpoint", "state")
         return handler.save_state(self, None if output_dir is None else os.fspath(output_dir), **kwargs)
 
-    def load_state(self, input_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
-        """Restores what ``save_state`` wrote (the newest automatic checkpoint when ``input_dir`` is None)."""
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str | None:
+        """Restores what ``save_state`` wrote (the newest automatic checkpoint when ``input_dir`` is None);
+        returns the folder loaded."""
         handler = plugins.load("accel.checkpoint", "state")
-        handler.load_state(self, None if input_dir is None else os.fspath(input_dir), **kwargs)
+        return handler.load_state(self, None if input_dir is None else os.fspath(input_dir), **kwargs)
+
+    def wait_for_checkpoint(self) -> str | None:
+        """Blocks until an asynchronous ``save_state`` is on disk; returns its folder (None if none pending)."""
+        if not plugins.is_loaded("accel.checkpoint", "state"):
+            return None  # nothing was ever saved through the handler: no need to import it
+        wait = getattr(plugins.load("accel.checkpoint", "state"), "wait", None)
+        return wait(self) if wait is not None else None
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str], **kwargs: Any) -> None:
         """Writes the model's full weights (safetensors, sharded past ``max_shard_size``) for use outside accel."""
