@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,9 +21,10 @@ from torch.utils.data import DataLoader
 from ._tree import to_device
 from .comm import Comm
 from .dispatch import Dispatcher
+from .resume import ResumableMixin, _Progress
 from .rng import synchronize_rng_states
 from .samplers import BatchSamplerShard, LastGroup, SeedableRandomSampler, _last_batch_size
-from .sharding import BatchOps, Head, ShardPlan, batches_for_process, head_for, iter_groups
+from .sharding import BatchOps, ShardPlan, batches_for_process, head_for, iter_groups
 
 _END = object()
 
@@ -36,23 +36,6 @@ def _tree_ops() -> BatchOps[Any]:
 
 
 TREE_OPS = _tree_ops()
-
-
-@dataclass
-class _Progress:
-    """Where a loader is, shared with the loaders ``skip_first_batches`` derives from it."""
-
-    epoch: int = 0
-    position: int = 0  # steps of the current epoch consumed, skipped ones included
-    in_epoch: bool = False
-    generator_state: torch.Tensor | None = None  # the sampler generator's state when the epoch began
-    inner_state: dict[str, Any] | None = None  # StatefulDataLoader state after the last yielded step
-    resume_skip: int = 0  # steps to skip at the next iteration only (load_state_dict)
-    resume_inner: dict[str, Any] | None = None
-    # Resuming a stream from torchdata's state starts mid-epoch: the first batches of the epoch,
-    # which pad the last step, travel in the state too.
-    head: Head[Any] | None = None
-    resume_head: list[Any] | None = None
 
 
 class _WithState:
@@ -94,7 +77,7 @@ class _Snapshots:
         return next(self.it)
 
 
-class ShardedLoaderMixin:
+class ShardedLoaderMixin(ResumableMixin):
     """What the prepared loaders add to ``DataLoader`` / torchdata's ``StatefulDataLoader``.
 
     Attributes read by accel-core's ``GradientState`` while iterating:
@@ -205,7 +188,8 @@ class ShardedLoaderMixin:
         return super().__iter__()  # type: ignore[misc]
 
     def _inner_state_dict(self) -> dict[str, Any]:
-        return super().state_dict()  # type: ignore[misc]
+        # The DataLoader class after the mixins (StatefulDataLoader), not ResumableMixin's own.
+        return super(ResumableMixin, self).state_dict()  # type: ignore[misc]
 
     def _begin(self) -> tuple[int, dict[str, Any] | None]:
         p = self._progress
@@ -220,7 +204,7 @@ class ShardedLoaderMixin:
         if resume_inner is not None:
             # torchdata restores the position itself: only the persistent skip was already applied.
             skip = 0
-            super().load_state_dict(resume_inner)  # type: ignore[misc]
+            super(ResumableMixin, self).load_state_dict(resume_inner)  # type: ignore[misc]
         p.resume_skip = 0
         p.in_epoch = True
         p.inner_state = resume_inner
@@ -369,81 +353,6 @@ class ShardedLoaderMixin:
             underlying = len(self.base_dataloader)
             last = None
         return max(batches_for_process(underlying, plan, self.process_index, last) - self._skip, 0)
-
-    # -- resume -----------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Position of the loader: epoch, steps consumed in it, sampler seed / generator state.
-
-        Loading it into the same loader in a new run makes the next iteration yield exactly the
-        steps the interrupted epoch had left (map-style: skipped in the batch sampler, no sample read).
-        """
-        p = self._progress
-        in_epoch = p.in_epoch and p.position > 0
-        generator_state = p.generator_state if in_epoch else None
-        if generator_state is None and self._generator is not None:
-            generator_state = self._generator.get_state()
-        return {
-            "epoch": p.epoch,
-            "batches_yielded": p.position if in_epoch else 0,
-            "num_processes": self.num_processes,
-            "split_batches": self.split_batches,
-            "generator_state": generator_state,
-            "seed": self._seedable.seed if self._seedable is not None else None,
-            "inner": p.inner_state if in_epoch else None,
-            "head": list(p.head.batches) if in_epoch and p.inner_state is not None and p.head is not None else None,
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores ``state_dict()``; the next iteration resumes the saved epoch where it stopped.
-
-        A different number of processes is fine when the consumed steps convert to whole steps.
-        """
-        p = self._progress
-        p.epoch = int(state_dict.get("epoch", 0))
-        position = int(state_dict.get("batches_yielded", 0))
-        saved_n = int(state_dict.get("num_processes", self.num_processes))
-        saved_split = bool(state_dict.get("split_batches", self.split_batches))
-        if (saved_n, saved_split) != (self.num_processes, self.split_batches):
-            underlying = position * (1 if saved_split else saved_n)
-            per_step = 1 if self.split_batches else self.num_processes
-            if underlying % per_step:
-                raise ValueError(
-                    f"Cannot resume: the checkpoint consumed {underlying} batches of the original loader, "
-                    f"which is not a whole number of steps of {per_step} batches with {self.num_processes} "
-                    "processes. Resume with the original number of processes or split_batches setting."
-                )
-            position = underlying // per_step
-        generator_state = state_dict.get("generator_state")
-        if generator_state is not None and self._generator is not None:
-            self._generator.set_state(generator_state)
-        if state_dict.get("seed") is not None and self._seedable is not None:
-            self._seedable.seed = int(state_dict["seed"])
-        inner = state_dict.get("inner")
-        if inner is not None and self._stateful and self._shard is None:
-            p.resume_inner, p.resume_skip = inner, 0
-            p.resume_head = state_dict.get("head")
-        else:
-            p.resume_inner, p.resume_skip = None, max(position - self._skip, 0)
-        # Saving again before iterating must give back the same position.
-        p.position, p.in_epoch = position, position > 0
-        p.generator_state = self._generator.get_state() if self._generator is not None else None
-        p.inner_state = inner
-
-    def _with_skip(self, num_batches: int) -> ShardedLoaderMixin:
-        """A loader over the same data and progress whose iterations skip ``num_batches`` more steps.
-
-        The count is from the start of the epoch and replaces a position that ``load_state_dict``
-        restored and no iteration used yet: scripts written for Accelerate restore the state, then
-        skip the batches they had consumed themselves, and must not skip twice.
-        """
-        import copy
-
-        p = self._progress
-        p.resume_skip, p.resume_inner, p.resume_head = 0, None, None
-        clone = copy.copy(self)
-        clone.__dict__["_iterator"] = None
-        clone.__dict__["_skip"] = self._skip + int(num_batches)
-        return clone
 
 
 class DataLoaderShard(ShardedLoaderMixin, DataLoader):
