@@ -5,50 +5,39 @@ Names are imported on first use, so ``import accel_core`` does not import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "Accelerator": "accelerator",
-    "PartialState": "state",
-    "AcceleratorState": "state",
-    "GradientState": "state",
-    "DistributedType": "enums",
-    "PrecisionType": "enums",
-    "RNGType": "enums",
-    "DynamoBackend": "enums",
-    "AcceleratedOptimizer": "optimizer",
-    "AcceleratedScheduler": "scheduler",
-    "DataLoaderConfiguration": "configuration",
-    "ProjectConfiguration": "configuration",
-    "GradientAccumulationPlugin": "configuration",
-    "KwargsHandler": "configuration",
-    "DistributedDataParallelKwargs": "configuration",
-    "GradScalerKwargs": "configuration",
-    "InitProcessGroupKwargs": "configuration",
-    "AutocastKwargs": "configuration",
-    "FP8RecipeKwargs": "configuration",
-    "Strategy": "strategies",
-    "DistributedOperationException": "ops",
-    "set_seed": "random",
-    "synchronize_rng_states": "random",
-    "MissingPluginError": "plugins",
+    "Accelerator": ".accelerator",
+    "PartialState": ".state",
+    "AcceleratorState": ".state",
+    "GradientState": ".state",
+    "DistributedType": ".enums",
+    "PrecisionType": ".enums",
+    "RNGType": ".enums",
+    "DynamoBackend": ".enums",
+    "AcceleratedOptimizer": ".optimizer",
+    "AcceleratedScheduler": ".scheduler",
+    "DataLoaderConfiguration": ".configuration",
+    "ProjectConfiguration": ".configuration",
+    "GradientAccumulationPlugin": ".configuration",
+    "KwargsHandler": ".configuration",
+    "DistributedDataParallelKwargs": ".configuration",
+    "GradScalerKwargs": ".configuration",
+    "InitProcessGroupKwargs": ".configuration",
+    "AutocastKwargs": ".configuration",
+    "FP8RecipeKwargs": ".configuration",
+    "Strategy": ".strategies",
+    "DistributedOperationException": ".ops",
+    "set_seed": ".random",
+    "synchronize_rng_states": ".random",
+    "MissingPluginError": ".plugins",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -6,8 +6,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accel_core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -34,16 +33,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["utils"]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "utils":
-        return importlib.import_module(".utils", __name__)
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), {**_EXPORTS, "utils": ".utils"})

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accel_core.lazy import lazy_exports
 
 _EXPORTS = {
     # collectives
@@ -46,14 +45,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel.utils' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

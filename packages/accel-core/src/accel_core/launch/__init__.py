@@ -41,8 +41,7 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy import lazy_exports
 
 # Public name -> submodule; loaded on first use so `python -m accel_core.launch.runner` stays light.
 _EXPORTS = {
@@ -72,14 +71,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), {name: f".{module}" for name, module in _EXPORTS.items()})
