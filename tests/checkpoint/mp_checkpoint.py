@@ -33,10 +33,10 @@ def build(project_dir: str):
         cpu=True, gradient_accumulation_steps=ACCUMULATION, project_config=ProjectConfiguration(project_dir=project_dir)
     )
     data = TensorDataset(torch.randn(64, 6), torch.randn(64, 1))
-    # An explicit generator: without one, torch's DataLoader draws every new iterator's base seed
-    # from the global torch RNG, so the resumed run (a new iterator mid-epoch) would shift the
-    # dropout stream by one draw against the uninterrupted run (reported to accel-data).
-    loader = DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7))
+    # No explicit generator, as most scripts: the prepared loader draws each iterator's base seed
+    # from its sampler's generator, so a resumed run's mid-epoch iterator leaves the global torch
+    # RNG (and so dropout) exactly where the uninterrupted run has it.
+    loader = DataLoader(data, batch_size=4, shuffle=True)
     model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))

@@ -198,6 +198,12 @@ def prepare_data_loader(
                 # Introspection (``loader.sampler.set_epoch``, length checks) sees the user's sampler.
                 object.__setattr__(loader, "sampler", sampler)
 
+    if loader.generator is None and generator is not None:
+        # torch's DataLoader draws each new iterator's base seed from `loader.generator`, else from
+        # the global RNG. A resumed run opens its iterator mid-epoch, so drawing from the global
+        # RNG would shift the user's dropout stream; the sampler's generator is saved and restored
+        # with the loader's position, so drawing from it keeps a resume exact.
+        loader.generator = generator
     loader._accel_setup(
         base=dataloader,
         kind=kind,
