@@ -87,13 +87,20 @@ def check_gather_for_metrics(accelerator: Accelerator) -> None:
         loader = accelerator.prepare(DataLoader(dataset, batch_size=size))
         ids: list[int] = []
         names: list[str] = []
+        whole_ids: list[int] = []
+        whole_names: list[str] = []
         for batch in loader:
             ids += accelerator.gather_for_metrics(batch["idx"]).tolist()
             names += accelerator.gather_for_metrics(batch["name"])
+            # The whole batch at once: a dict mixing a tensor and a list of strings, gathered per leaf.
+            whole = accelerator.gather_for_metrics({"idx": batch["idx"], "name": batch["name"]})
+            whole_ids += whole["idx"].tolist()
+            whole_names += whole["name"]
         label = f"gather_for_metrics {kind} len={length} bs={size} split={split} dispatch={dispatch}"
         check(label, ids == list(range(length)), f"got {len(ids)} ids, first wrong at "
               f"{next((i for i, (a, b) in enumerate(zip(ids, range(length))) if a != b), len(ids))}")
         check(label + " names", names == [f"s{i}" for i in ids], f"{names[:5]}...")
+        check(label + " dict", whole_ids == ids and whole_names == names, f"{len(whole_ids)} ids, {len(whole_names)} names")
     config.split_batches, config.dispatch_batches = False, None
 
 

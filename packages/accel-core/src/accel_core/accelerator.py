@@ -24,7 +24,7 @@ import gc
 import os
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -390,16 +390,16 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gathers predictions or labels for a metric, dropping the samples repeated to even out the last batch.
 
-        Non-tensor data (strings, dicts of lists) goes through ``gather_object``.
+        Tensors are gathered as tensors; lists of Python objects (strings, say) are concatenated
+        across processes; dicts and tuples are gathered leaf by leaf. ``use_gather_object=True``
+        gathers the whole input as one picklable object per process instead.
         """
-        all_tensors = not use_gather_object and _all_tensors(input_data)
-        data = ops.gather(input_data) if all_tensors else ops.gather_object(input_data)
         remainder = self.gradient_state.remainder
-        if self.use_distributed and self.gradient_state.end_of_dataloader and remainder > 0:
-            if all_tensors:
-                return ops.recursively_apply(lambda t: t[:remainder], data)
-            return data[:remainder]
-        return data
+        keep = remainder if self.use_distributed and self.gradient_state.end_of_dataloader and remainder > 0 else None
+        if use_gather_object:
+            data = ops.gather_object(input_data)
+            return data[:keep] if keep is not None and isinstance(input_data, (list, tuple)) else data
+        return _gather_samples(input_data, keep)
 
     # -- models -----------------------------------------------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
@@ -481,7 +481,24 @@ def _index_handlers(handlers: list[KwargsHandler] | None) -> dict[type, KwargsHa
     return indexed
 
 
-def _all_tensors(data: Any) -> bool:
-    flags: list[bool] = []
-    ops.recursively_apply(lambda x: flags.append(isinstance(x, torch.Tensor)), data, test_type=lambda x: True)
-    return bool(flags) and all(flags)
+def _contains_tensor(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, Mapping):
+        return any(_contains_tensor(v) for v in data.values())
+    if isinstance(data, (list, tuple)):
+        return any(_contains_tensor(v) for v in data)
+    return False
+
+
+def _gather_samples(data: Any, keep: int | None) -> Any:
+    """Gathers ``data`` along its sample dimension; keeps the first ``keep`` samples when given."""
+    if isinstance(data, torch.Tensor):
+        gathered = ops.gather(data)
+        return gathered if keep is None else gathered[:keep]
+    if isinstance(data, Mapping):
+        return type(data)({k: _gather_samples(v, keep) for k, v in data.items()})
+    if isinstance(data, (list, tuple)) and _contains_tensor(data):
+        return ops.honor_type(data, (_gather_samples(v, keep) for v in data))
+    gathered = ops.gather_object(data)  # a list of samples is concatenated; a lone object listed per process
+    return gathered if keep is None or not isinstance(data, (list, tuple)) else gathered[:keep]

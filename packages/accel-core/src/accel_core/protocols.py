@@ -17,7 +17,7 @@ class DataLoaderPreparer(Protocol):
     """Registered as ``accel.preparers: dataloader`` (accel-data)."""
 
     def prepare(self, dataloader: Any, accelerator: Accelerator, device_placement: bool) -> Any:
-        """Returns the loader sharded over ``accelerator.strategy.data_parallel_info()``.
+        """Returns the loader sharded over the strategy's ``data_parallel_size`` / ``data_parallel_rank`` / ``data_parallel_group``.
 
         The prepared loader registers itself with ``GradientState`` while it iterates
         (``_add_dataloader`` / ``_remove_dataloader``) and exposes ``end_of_dataloader`` (bool) and
