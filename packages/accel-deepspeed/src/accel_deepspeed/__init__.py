@@ -20,32 +20,19 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accel_core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "DeepSpeedStrategy": "strategy",
-    "DeepSpeedPlugin": "plugin",
-    "DummyOptim": "dummy",
-    "DummyScheduler": "dummy",
-    "DeepSpeedOptimizerWrapper": "wrappers",
-    "DeepSpeedSchedulerWrapper": "wrappers",
-    "DeepSpeedLaunchOptions": "cli",
+    "DeepSpeedStrategy": ".strategy",
+    "DeepSpeedPlugin": ".plugin",
+    "DummyOptim": ".dummy",
+    "DummyScheduler": ".dummy",
+    "DeepSpeedOptimizerWrapper": ".wrappers",
+    "DeepSpeedSchedulerWrapper": ".wrappers",
+    "DeepSpeedLaunchOptions": ".cli",
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel_deepspeed' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
