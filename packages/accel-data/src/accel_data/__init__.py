@@ -10,8 +10,9 @@ Names are imported lazily so that ``import accel_data`` does not import torch.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from accel_core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -52,14 +53,4 @@ if TYPE_CHECKING:
     from .sharding import ShardPlan, batches_for_process, iter_groups
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel_data' has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(globals(), {n: f".{m}" for n, m in _EXPORTS.items()})

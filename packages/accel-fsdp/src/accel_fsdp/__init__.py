@@ -16,8 +16,7 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accel_core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -31,14 +30,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel_fsdp' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), {n: f".{m}" for n, m in _EXPORTS.items()})

@@ -16,8 +16,9 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from accel_core.lazy import lazy_exports
 
 from .base import GeneralTracker, LoggerType, is_main_process, process_index
 
@@ -61,14 +62,4 @@ if TYPE_CHECKING:
     from .wandb_tracker import WandBTracker
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel_tracking' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(globals(), {n: f".{m}" for n, m in _LAZY.items()})
