@@ -178,3 +178,12 @@ def test_accel_config_default_writes_this_machines_config(cli) -> None:  # type:
     assert result.returncode == 0, cli.describe(result)
     written = read_config(cli.home / "mine.yaml")
     assert written["num_processes"] >= 1 and isinstance(written["use_cpu"], bool) and written["mixed_precision"] == "no"
+
+
+def test_deepspeed_section_accumulation_steps_become_the_accelerator_setting():
+    config, _ = convert_accelerate_config(
+        {"distributed_type": "DEEPSPEED", "deepspeed_config": {"gradient_accumulation_steps": 4, "zero_stage": 2}}
+    )
+    assert config["gradient_accumulation_steps"] == 4
+    assert config["deepspeed"] == {"zero_stage": 2}
+    assert config["strategy"] == "deepspeed"

@@ -39,3 +39,16 @@ def test_public_names_resolve():
         assert getattr(accel, name) is not None
     for name in ("gather", "reduce", "broadcast", "pad_across_processes", "send_to_device", "set_seed"):
         assert callable(getattr(accel.utils, name))
+
+
+def test_backend_names_resolve_and_a_missing_provider_names_the_extra():
+    import accel
+    import accel.utils
+    from accel_core.lazy import lazy_exports
+
+    assert accel.DeepSpeedPlugin.__module__.startswith("accel_deepspeed")
+    assert accel.FullyShardedDataParallelPlugin.__module__.startswith("accel_fsdp")
+    assert accel.utils.DummyOptim is not None and accel.utils.DummyScheduler is not None
+    getattr_, _ = lazy_exports({"__name__": "demo"}, {"MegatronLMPlugin": "accel_megatron"})
+    with pytest.raises(ImportError, match=r'MegatronLMPlugin comes from accel-megatron, which is not installed: pip install "accel\[megatron\]"'):
+        getattr_("MegatronLMPlugin")

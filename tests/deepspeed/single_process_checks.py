@@ -124,6 +124,8 @@ def check_errors() -> None:
     expect_error(acc(), lambda a: a.prepare(adam(T.mlp())), "pass the model, optimizer and scheduler to the same prepare() call")
     expect_error(acc(), lambda a: a.prepare((m := T.mlp()), adam(m)), "requires you to pass at least one of training or evaluation dataloaders")
     expect_error(acc(), lambda a: a.prepare_model(T.mlp()), "pass the model to accelerator.prepare()")
+    settled = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config(bf16={"enabled": True})))
+    check(settled.mixed_precision == "bf16", f"the DeepSpeed config's bf16 is reported before prepare: {settled.mixed_precision}")
     try:
         Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config(bf16={"enabled": True})), mixed_precision="fp16")
     except ValueError as error:

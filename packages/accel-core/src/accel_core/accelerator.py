@@ -157,7 +157,10 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
             )
         if name == "fp8":
             return plugins.load("accel.precisions", "fp8")(self)
-        if name == "no" or self.strategy.owns_precision:
+        if self.strategy.owns_precision:
+            # The backend applies it (and may settle it from its own config, e.g. DeepSpeed's bf16 section).
+            return Precision(getattr(self.strategy, "mixed_precision", name))
+        if name == "no":
             return Precision()
         device = self.state.device
         if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():

@@ -26,7 +26,16 @@ def lazy_exports(namespace: dict[str, Any], exports: Mapping[str, str]) -> tuple
         module = exports.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        imported = importlib.import_module(module, package if module.startswith(".") else None)
+        try:
+            imported = importlib.import_module(module, package if module.startswith(".") else None)
+        except ModuleNotFoundError as error:
+            provider = module.split(".")[0]
+            if module.startswith(".") or error.name != provider or not provider.startswith("accel_"):
+                raise
+            distribution, extra = provider.replace("_", "-"), provider[len("accel_") :]
+            raise ImportError(
+                f"{name} comes from {distribution}, which is not installed: pip install \"accel[{extra}]\" (or {distribution})."
+            ) from None
         # A submodule exported under its own name ("utils": ".utils") is the module itself.
         value = imported if imported.__name__ == f"{package}.{name}" else getattr(imported, name)
         namespace[name] = value  # later lookups skip __getattr__

@@ -18,10 +18,16 @@ from .ops import convert_to_fp32
 
 
 class Precision:
-    """Full precision: every hook is a pass-through."""
+    """Full precision, or precision the strategy applies itself: every hook is a pass-through.
 
-    name = "no"
+    name: the mode reported as ``accelerator.mixed_precision`` ("no", or what a strategy that owns
+        precision, such as DeepSpeed, computes in).
+    """
+
     scaler: Any = None
+
+    def __init__(self, name: str = "no") -> None:
+        self.name = name
 
     def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()

@@ -28,6 +28,9 @@ _EXPORTS = {
     "debug_launcher": "accel_core.launch",
     "skip_first_batches": "accel_data",
     "prepare_data_loader": "accel_data",
+    # backend plugins (extras: accel[fsdp], accel[deepspeed])
+    "FullyShardedDataParallelPlugin": "accel_fsdp",
+    "DeepSpeedPlugin": "accel_deepspeed",
 }
 
 __all__ = sorted(_EXPORTS) + ["utils"]

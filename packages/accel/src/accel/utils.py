@@ -37,6 +37,11 @@ _EXPORTS = {
     "GradientAccumulationPlugin": "accel_core.configuration",
     "DataLoaderConfiguration": "accel_core.configuration",
     "ProjectConfiguration": "accel_core.configuration",
+    # backend plugins (extras: accel[fsdp], accel[deepspeed])
+    "FullyShardedDataParallelPlugin": "accel_fsdp",
+    "DeepSpeedPlugin": "accel_deepspeed",
+    "DummyOptim": "accel_deepspeed",
+    "DummyScheduler": "accel_deepspeed",
     # trackers
     "LoggerType": "accel_tracking",
     "GeneralTracker": "accel_tracking",

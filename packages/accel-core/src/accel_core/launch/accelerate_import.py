@@ -90,6 +90,7 @@ def convert_accelerate_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], 
         raise ValueError("An Accelerate config is a YAML mapping (compute_environment, distributed_type, ...).")
     config: dict[str, Any] = {}
     warnings: list[str] = []
+    section_steps = None
     for key, value in data.items():
         if key in _SAME:
             if value is not None:
@@ -105,9 +106,11 @@ def convert_accelerate_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], 
         elif key in _SECTIONS:
             section, prefix = _SECTIONS[key]
             if value:
-                config[section] = {
-                    (k[len(prefix) :] if k.startswith(prefix) else k): v for k, v in dict(value).items()
-                }
+                options = {(k[len(prefix) :] if k.startswith(prefix) else k): v for k, v in dict(value).items()}
+                # Accelerate keeps DeepSpeed's accumulation steps in its section; accel has one
+                # setting for every strategy, which the Accelerator reads.
+                section_steps = options.pop("gradient_accumulation_steps", None) or section_steps
+                config[section] = options
         elif key == "dynamo_config":
             for dyn_key, dyn_value in dict(value or {}).items():
                 if dyn_key == "dynamo_backend":
@@ -123,4 +126,6 @@ def convert_accelerate_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], 
             continue
         else:
             warnings.append(f"{key}: {value!r} has no accel equivalent and is dropped.")
+    if section_steps is not None and config.get("gradient_accumulation_steps") in (None, 1):
+        config["gradient_accumulation_steps"] = section_steps
     return config, warnings
