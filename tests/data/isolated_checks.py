@@ -1,5 +1,5 @@
 """accel-data on its own: run under torchrun in an environment holding only accel-core, accel-data
-(with its ``stateful`` extra, torchdata) and torch — no Accelerator, no meta-package, no numpy.
+(with its ``stateful`` extra, torchdata) and torch — no Accelerator, no meta-package.
 
 Launched by test_data_isolated_env.py. Checks a hand-written loop over prepared loaders (map-style
 shuffled, iterable, dispatch) sees every sample once with the remainder rule; torchdata's
@@ -61,7 +61,7 @@ def gathered_epoch(loader) -> list[int]:
     """Hand-written evaluation loop: gather every step, drop the padding of the last one."""
     seen: list[int] = []
     for batch in loader:
-        # Tensor collectives only: torch's object collectives need numpy, absent here on purpose.
+        # A hand-written loop with torch's own tensor collectives: no accel helper involved.
         parts = [torch.empty_like(batch["idx"]) for _ in range(dist.get_world_size())]
         dist.all_gather(parts, batch["idx"])
         step = torch.cat(parts).tolist()
@@ -112,7 +112,7 @@ def check_stateful_dataloader() -> None:
 def main() -> None:
     dist.init_process_group("gloo")
     check("only accel-core and accel-data", importlib.util.find_spec("accel") is None
-          and importlib.util.find_spec("accel_checkpoint") is None and importlib.util.find_spec("numpy") is None)
+          and importlib.util.find_spec("accel_checkpoint") is None)
     for fn in (check_hand_written_loops, check_stateful_dataloader):
         try:
             fn()
