@@ -203,3 +203,26 @@ def test_torch_wrapper_frames_are_dropped_from_tracebacks() -> None:
     assert drop_wrapper_frames(text) == (
         'Traceback (most recent call last):\n  File "/home/me/train.py", line 3, in step\n    raise KeyError(1)\nKeyError: 1\n'
     )
+
+
+def test_option_table_extension_parses_both_spellings_and_selects_the_backend():
+    import argparse as _argparse
+
+    from accel_core.launch.extensions import OptionTable, bool_text, choice_text, nonnegative_int_text
+
+    class ToyOptions(OptionTable):
+        name = "toy"
+        options = (
+            ("toy-level", "LEVEL", nonnegative_int_text, "N", "how much"),
+            ("toy-mode", "MODE", choice_text(("FAST", "SLOW")), "NAME", "which"),
+            ("toy-flag", "FLAG", bool_text, "BOOL", "on or off"),
+        )
+
+    parser = _argparse.ArgumentParser()
+    ToyOptions().add_arguments(parser.add_argument_group("toy options"))
+    env = ToyOptions().to_env(parser.parse_args(["--toy_level", "1e3", "--toy-mode", "2", "--toy-flag", "Yes"]))
+    assert env == {"ACCEL_TOY_LEVEL": "1000", "ACCEL_TOY_MODE": "SLOW", "ACCEL_TOY_FLAG": "true", "ACCEL_STRATEGY": "toy"}
+    assert ToyOptions().to_env(parser.parse_args([])) == {}
+    assert ToyOptions().to_env(parser.parse_args(["--use-toy"])) == {"ACCEL_STRATEGY": "toy"}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--toy-level", "-1"])

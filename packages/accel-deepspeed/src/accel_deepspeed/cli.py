@@ -13,18 +13,8 @@ Example::
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
-
-
-def _bool_text(value: str) -> str:
-    lowered = value.strip().lower()
-    if lowered in _TRUE:
-        return "true"
-    if lowered in _FALSE:
-        return "false"
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+from accel_core.launch.extensions import OptionTable, bool_text, nonnegative_number_text
 
 
 def _stage_text(value: str) -> str:
@@ -40,50 +30,19 @@ def _device_text(value: str) -> str:
     return lowered
 
 
-def _number_text(value: str) -> str:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}")
-    return value.strip()
-
-
-# (flag without dashes, ACCEL_DEEPSPEED_<OPTION>, parser, metavar, help)
-_OPTIONS: tuple[tuple[str, str, Any, str, str], ...] = (
-    ("deepspeed_config_file", "CONFIG_FILE", str, "PATH", "DeepSpeed JSON config; its \"auto\" values are filled by accel"),
-    ("zero_stage", "ZERO_STAGE", _stage_text, "{0,1,2,3}", "ZeRO stage (default 2 without a config file)"),
-    ("gradient_clipping", "GRADIENT_CLIPPING", _number_text, "NORM", "max gradient norm, applied inside DeepSpeed's step"),
-    ("offload_optimizer_device", "OFFLOAD_OPTIMIZER_DEVICE", _device_text, "{none,cpu,nvme}", "where optimizer states live"),
-    ("offload_param_device", "OFFLOAD_PARAM_DEVICE", _device_text, "{none,cpu,nvme}", "where parameters live (stage 3)"),
-    ("offload_optimizer_nvme_path", "OFFLOAD_OPTIMIZER_NVME_PATH", str, "PATH", "folder for --offload-optimizer-device nvme"),
-    ("offload_param_nvme_path", "OFFLOAD_PARAM_NVME_PATH", str, "PATH", "folder for --offload-param-device nvme"),
-    ("zero3_init_flag", "ZERO3_INIT_FLAG", _bool_text, "BOOL", "build models partitioned (strategy.zero3_init_context())"),
-    ("zero3_save_16bit_model", "ZERO3_SAVE_16BIT_MODEL", _bool_text, "BOOL", "stage 3: gather full weights for save_model"),
-)
-
-
-class DeepSpeedLaunchOptions:
-    """``LaunchExtension`` of the deepspeed strategy (see ``accel_core.launch.extensions``)."""
+class DeepSpeedLaunchOptions(OptionTable):
+    """The deepspeed strategy's ``accel launch`` flags (``accel_core.launch.extensions.OptionTable``)."""
 
     name = "deepspeed"
-
-    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
-        group.add_argument(
-            "--use-deepspeed", "--use_deepspeed", dest="use_deepspeed", action="store_true", default=None,
-            help="train with the deepspeed strategy (DeepSpeed ZeRO)",
-        )
-        for flag, _, parser, metavar, help_text in _OPTIONS:
-            group.add_argument("--" + flag.replace("_", "-"), dest=f"deepspeed_{flag}", type=parser, default=None, metavar=metavar, help=help_text)
-            group.add_argument("--" + flag, dest=f"deepspeed_{flag}", type=parser, default=None, help=argparse.SUPPRESS)
-
-    def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
-        result: dict[str, str] = {}
-        for flag, option, _, _, _ in _OPTIONS:
-            value = getattr(namespace, f"deepspeed_{flag}", None)
-            if value is not None:
-                result[f"ACCEL_DEEPSPEED_{option}"] = str(value)
-        if getattr(namespace, "use_deepspeed", None) or result:
-            result["ACCEL_STRATEGY"] = "deepspeed"
-        return result
+    # (flag, ACCEL_DEEPSPEED_<OPTION>, parser, metavar, help)
+    options = (
+        ("deepspeed-config-file", "CONFIG_FILE", str, "PATH", "DeepSpeed JSON config; its \"auto\" values are filled by accel"),
+        ("zero-stage", "ZERO_STAGE", _stage_text, "{0,1,2,3}", "ZeRO stage (default 2 without a config file)"),
+        ("gradient-clipping", "GRADIENT_CLIPPING", nonnegative_number_text, "NORM", "max gradient norm, applied inside DeepSpeed's step"),
+        ("offload-optimizer-device", "OFFLOAD_OPTIMIZER_DEVICE", _device_text, "{none,cpu,nvme}", "where optimizer states live"),
+        ("offload-param-device", "OFFLOAD_PARAM_DEVICE", _device_text, "{none,cpu,nvme}", "where parameters live (stage 3)"),
+        ("offload-optimizer-nvme-path", "OFFLOAD_OPTIMIZER_NVME_PATH", str, "PATH", "folder for --offload-optimizer-device nvme"),
+        ("offload-param-nvme-path", "OFFLOAD_PARAM_NVME_PATH", str, "PATH", "folder for --offload-param-device nvme"),
+        ("zero3-init-flag", "ZERO3_INIT_FLAG", bool_text, "BOOL", "build models partitioned (strategy.zero3_init_context())"),
+        ("zero3-save-16bit-model", "ZERO3_SAVE_16BIT_MODEL", bool_text, "BOOL", "stage 3: gather full weights for save_model"),
+    )
