@@ -163,7 +163,7 @@ def test_clear_errors(tmp_path):
     with pytest.raises(CheckpointMismatchError, match="holds 1 models but 2 were prepared"):
         two.load_state(folder)
     three = Accelerator(cpu=True)
-    model3 = three.prepare(torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 2)))
+    three.prepare(torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 2)))
     with pytest.raises(CheckpointMismatchError, match="holds 1 optimizers but 0 were prepared"):
         three.load_state(folder)
 

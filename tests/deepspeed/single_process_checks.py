@@ -106,7 +106,7 @@ def check_errors() -> None:
     expect_error(acc(), with_model(lambda m: [o := adam(m), DummyScheduler(o)]),
                  "You cannot create a `DummyScheduler` without specifying a scheduler in the config file")
     expect_error(acc(hf_ds_config=config(optimizer=ADAMW)),
-                 with_model(lambda m: [o := DummyOptim(m.parameters()), torch.optim.lr_scheduler.StepLR(adam(m), 1)]),
+                 with_model(lambda m: [DummyOptim(m.parameters()), torch.optim.lr_scheduler.StepLR(adam(m), 1)]),
                  "You can only specify `accel_deepspeed.DummyScheduler` in the code when using `accel_deepspeed.DummyOptim`")
 
     def gan(accelerator: Accelerator) -> object:

@@ -9,7 +9,6 @@ the data.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from functools import partial, wraps

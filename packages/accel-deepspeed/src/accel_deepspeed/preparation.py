@@ -19,7 +19,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from accel_core.scheduler import AcceleratedScheduler
 
 from ._deepspeed import import_deepspeed
-from .config import fill_auto, get_value, is_auto, is_enabled, remaining_auto
+from .config import get_value, is_auto, is_enabled, remaining_auto
 from .dummy import DummyOptim, DummyScheduler
 from .wrappers import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 
