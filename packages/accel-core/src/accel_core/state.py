@@ -8,6 +8,7 @@ the data.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -37,6 +38,18 @@ def _pick_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
     if world_size == 1 and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def _destroy_gloo_groups_before_finalization() -> None:
+    # A gloo group still alive when the interpreter finalizes can hold tensors on its worker
+    # threads; freeing them then needs the GIL of a dying interpreter and the process aborts
+    # (SIGABRT, "terminate called without an active exception") after the script succeeded.
+    # Destroying the groups while Python is still whole avoids it; it is a local operation.
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - exiting anyway; never turn a clean exit into an error
+            pass
 
 
 def default_backend(device: torch.device) -> str:
@@ -74,6 +87,8 @@ class PartialState:
         self.backend: str | None = None
         if self.world_size > 1 or dist.is_initialized():
             self._init_process_group(init_process_group_kwargs)
+            if "gloo" in str(self.backend):
+                atexit.register(_destroy_gloo_groups_before_finalization)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.fork_launched = False
