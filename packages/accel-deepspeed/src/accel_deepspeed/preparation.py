@@ -114,6 +114,7 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> list[Any
     engine, ds_optimizer, ds_scheduler, optimizer = _initialize(strategy, config, result[engine_index], optimizer, scheduler)
 
     strategy.engine = engine
+    strategy.release_at_exit()
     strategy.deepspeed_config = config
     result[engine_index] = engine
     _place_frozen(strategy, result, found.models)  # registers the models in the order they were given

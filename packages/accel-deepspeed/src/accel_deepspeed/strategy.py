@@ -16,7 +16,9 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -26,7 +28,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-
 from accel_core import environment as env
 from accel_core.enums import DistributedType
 from accel_core.strategies.base import Strategy
@@ -232,6 +233,35 @@ class DeepSpeedStrategy(Strategy):
         self.frozen_models = []
         self.steps_in_backward = False
         self.engine_owns_scheduler = False
+
+    def release_at_exit(self) -> None:
+        """Frees DeepSpeed's native optimizer state at exit, while the interpreter is still whole.
+
+        The engine is referenced from the shared process state, so without this it is destroyed
+        during interpreter finalization; the CPU Adam extension's C++ state destroyed then can
+        abort the process (SIGABRT, "terminate called without an active exception") after a run
+        that succeeded.
+        """
+        if not getattr(self, "_release_registered", False):
+            atexit.register(self._release)
+            self._release_registered = True
+
+    def _release(self) -> None:
+        engine = self.engine
+        self.forget_engine()
+        if engine is None:
+            return
+        optimizer = getattr(engine, "optimizer", None)
+        seen: set[int] = set()
+        while optimizer is not None and id(optimizer) not in seen:
+            seen.add(id(optimizer))
+            native = getattr(optimizer, "ds_opt_adam", None)
+            if native is not None:
+                native.destroy_adam(optimizer.opt_id)
+                del optimizer.ds_opt_adam  # its __del__ must not destroy it twice
+            optimizer = getattr(optimizer, "optimizer", None)
+        del engine
+        gc.collect()
 
     def _require_engine(self) -> Any:
         if self.engine is None:
