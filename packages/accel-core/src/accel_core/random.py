@@ -32,36 +32,49 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
+def get_rng_state(rng_type: str, generator: torch.Generator | None = None) -> torch.Tensor | None:
+    """The state of one RNG (``torch``, ``cuda``, ``xpu`` or ``generator``); None where it does not
+    exist here (no such device, no generator, or ``xla``, whose strategy handles it)."""
+    if rng_type == "torch":
+        return torch.get_rng_state()
+    if rng_type == "cuda":
+        return torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+    if rng_type == "xpu":
+        return torch.xpu.get_rng_state() if hasattr(torch, "xpu") and torch.xpu.is_available() else None
+    if rng_type == "generator":
+        return generator.get_state() if generator is not None else None
+    if rng_type == "xla":
+        return None
+    raise ValueError(f"Unknown rng type {rng_type!r}: use 'torch', 'cuda', 'xpu', 'xla' or 'generator'.")
+
+
+def set_rng_state(rng_type: str, state: torch.Tensor, generator: torch.Generator | None = None) -> None:
+    """Restores what ``get_rng_state`` returned."""
+    if rng_type == "torch":
+        torch.set_rng_state(state)
+    elif rng_type == "cuda":
+        torch.cuda.set_rng_state(state)
+    elif rng_type == "xpu":
+        torch.xpu.set_rng_state(state)
+    elif rng_type == "generator" and generator is not None:
+        generator.set_state(state)
+
+
 def synchronize_rng_state(rng_type: str, generator: torch.Generator | None = None) -> None:
     """Copies process 0's state of one RNG (``torch``, ``cuda``, ``xpu`` or ``generator``) to every process."""
     state = PartialState()
     if not state.use_distributed:
         return
-    if rng_type == "torch":
-        rng_state = torch.get_rng_state()
-    elif rng_type == "cuda":
-        rng_state = torch.cuda.get_rng_state()
-    elif rng_type == "xpu":
-        rng_state = torch.xpu.get_rng_state()
-    elif rng_type == "generator":
-        if generator is None:
-            raise ValueError("synchronize_rng_state('generator') needs the generator to synchronise.")
-        rng_state = generator.get_state()
-    else:
-        raise ValueError(f"Unknown rng type {rng_type!r}: use 'torch', 'cuda', 'xpu' or 'generator'.")
+    if rng_type == "generator" and generator is None:
+        raise ValueError("synchronize_rng_state('generator') needs the generator to synchronise.")
+    rng_state = get_rng_state(rng_type, generator)
+    if rng_state is None:
+        return
     import torch.distributed as dist
 
     holder = [rng_state]
     dist.broadcast_object_list(holder, src=0)
-    rng_state = holder[0]
-    if rng_type == "torch":
-        torch.set_rng_state(rng_state)
-    elif rng_type == "cuda":
-        torch.cuda.set_rng_state(rng_state)
-    elif rng_type == "xpu":
-        torch.xpu.set_rng_state(rng_state)
-    else:
-        generator.set_state(rng_state)  # type: ignore[union-attr]
+    set_rng_state(rng_type, holder[0], generator)
 
 
 def synchronize_rng_states(rng_types: Iterable[str], generator: torch.Generator | None = None) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from accel_core.random import get_rng_state, set_rng_state
 
 from .comm import Comm
 
@@ -32,29 +33,6 @@ def normalize_rng_types(rng_types: Sequence[Any] | None, num_processes: int) -> 
     return names
 
 
-def _get_state(kind: str, generator: torch.Generator | None) -> torch.Tensor | None:
-    if kind == "torch":
-        return torch.get_rng_state()
-    if kind == "cuda":
-        return torch.cuda.get_rng_state() if torch.cuda.is_available() else None
-    if kind == "xpu":
-        return torch.xpu.get_rng_state() if hasattr(torch, "xpu") and torch.xpu.is_available() else None
-    if kind == "generator":
-        return generator.get_state() if generator is not None else None
-    return None  # "xla": synchronised by the XLA strategy's device loader, not here
-
-
-def _set_state(kind: str, generator: torch.Generator | None, state: torch.Tensor) -> None:
-    if kind == "torch":
-        torch.set_rng_state(state)
-    elif kind == "cuda":
-        torch.cuda.set_rng_state(state)
-    elif kind == "xpu":
-        torch.xpu.set_rng_state(state)
-    elif kind == "generator" and generator is not None:
-        generator.set_state(state)
-
-
 def synchronize_rng_states(
     rng_types: Sequence[str], comm: Comm | None, generator: torch.Generator | None = None, seed: int | None = None
 ) -> int | None:
@@ -64,8 +42,8 @@ def synchronize_rng_states(
     """
     if comm is None or comm.size <= 1:
         return seed
-    kinds = [k for k in rng_types if _get_state(k, generator) is not None]
-    states = [_get_state(k, generator) for k in kinds]
+    kinds = [k for k in rng_types if get_rng_state(k, generator) is not None]
+    states = [get_rng_state(k, generator) for k in kinds]
     pieces = [s.detach().to("cpu", torch.uint8).reshape(-1) for s in states if s is not None]
     with_seed = seed is not None and "generator" in rng_types
     if with_seed:
@@ -77,7 +55,7 @@ def synchronize_rng_states(
     for kind, state in zip(kinds, states):
         assert state is not None
         n = state.numel()
-        _set_state(kind, generator, buf[offset : offset + n].clone())
+        set_rng_state(kind, buf[offset : offset + n].clone(), generator)
         offset += n
     if with_seed:
         seed = int(buf[offset : offset + 8].clone().view(torch.int64).item())
