@@ -25,14 +25,7 @@ import tempfile
 import time
 
 import torch
-
-
-def fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from accel_checkpoint.fsio import fsync_path
 
 
 def folder_bytes(folder: str) -> int:
@@ -57,10 +50,9 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to write (default: the system temp folder)")
     args = parser.parse_args()
 
-    from safetensors.torch import load_file, save_file
-
-    from accel_core import Accelerator
     from accel_checkpoint import wait_for_checkpoint
+    from accel_core import Accelerator
+    from safetensors.torch import load_file, save_file
 
     width = 2048
     layers = max(1, round(args.mb * 2**20 / (4 * width * width)))
@@ -88,8 +80,8 @@ def main() -> None:
             save_file({k: v for k, v in model.state_dict().items()}, raw_model)
             torch.save(optimizer.state_dict(), raw_opt)
             if sync:
-                fsync_file(raw_model)
-                fsync_file(raw_opt)
+                fsync_path(raw_model)
+                fsync_path(raw_opt)
 
         def raw_load() -> None:
             # What a user does by hand. load_file alone only maps the file (safetensors >= 0.4 is
