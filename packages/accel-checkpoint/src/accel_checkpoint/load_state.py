@@ -17,6 +17,7 @@ from .coordination import Coordinator
 from .data_state import restore_dataloader_state
 from .errors import CheckpointMismatchError, CheckpointNotFoundError, CorruptCheckpointError, IncompleteCheckpointError
 from .legacy import legacy_counts
+from .optimizer_state import load_optimizer_state, read_optimizer_state
 from .rng import restore_legacy_rng_state, restore_rng_state
 from .safe_load import load_torch_file
 from .safetensors_io import read_safetensors
@@ -153,7 +154,10 @@ def load_state(
             loaded["models"] = [reader.model(i, (metadata or {}).get("model_format")) for i in range(len(models))]
         if OPTIMIZERS not in covered:
             _check_count("optimizers", counts["optimizers"], len(optimizers), folder)
-            loaded["optimizers"] = [reader.torch(C.indexed(C.OPTIMIZER_NAME, i, ".bin")) for i in range(len(optimizers))]
+            loaded["optimizers"] = [
+                read_optimizer_state(optimizer, reader.path(C.indexed(C.OPTIMIZER_NAME, i, ".bin")), allow_unsafe_pickle)
+                for i, optimizer in enumerate(optimizers)
+            ]
         if SCHEDULERS not in covered:
             _check_count("schedulers", counts["schedulers"], len(schedulers), folder)
             loaded["schedulers"] = [reader.torch(C.indexed(C.SCHEDULER_NAME, i, ".bin")) for i in range(len(schedulers))]
@@ -196,7 +200,7 @@ def load_state(
         for model, state in zip(models, loaded.get("models", [])):
             access.load_model_state_dict(accelerator, model, state, strict=strict)
         for optimizer, state in zip(optimizers, loaded.get("optimizers", [])):
-            optimizer.load_state_dict(state)
+            load_optimizer_state(optimizer, state)
         for scheduler, state in zip(schedulers, loaded.get("schedulers", [])):
             scheduler.load_state_dict(state)
         if "scaler" in loaded:

@@ -47,8 +47,11 @@ def _unsafe_globals(path: str) -> list[str] | None:
         return None
 
 
-def load_torch_file(path: str, allow_unsafe_pickle: bool | None = None) -> Any:
+def load_torch_file(path: str, allow_unsafe_pickle: bool | None = None, mmap: bool = False) -> Any:
     """Loads a file written by ``torch.save`` onto the CPU, safely unless the opt-in is given.
+
+    ``mmap=True`` leaves the tensors as views of a private memory map of the file (torch's zip
+    format only; other files are read normally): reading costs nothing until the bytes are used.
 
     Example::
 
@@ -63,7 +66,7 @@ def load_torch_file(path: str, allow_unsafe_pickle: bool | None = None) -> Any:
         raise _corrupt(path, EOFError("the file is empty"))
     is_zip = zipfile.is_zipfile(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and is_zip)
     except pickle.UnpicklingError as error:
         if unsafe_pickle_allowed(allow_unsafe_pickle):
             return _load_unsafe(path, is_zip)
