@@ -27,6 +27,7 @@ FORMAT_VERSION = 1
 
 # Opt-in for loading pickles that may run code (trusted files from older tools only).
 UNSAFE_PICKLE_ENV = "ACCEL_ALLOW_UNSAFE_PICKLE"
+FSYNC_ENV = "ACCEL_CHECKPOINT_FSYNC"  # "0": do not wait for the disk (see save_state(durable=...))
 
 SAFE_INDEX_NAME = "model.safetensors.index.json"
 PICKLE_INDEX_NAME = "pytorch_model.bin.index.json"

@@ -21,6 +21,20 @@ def token() -> str:
     return secrets.token_hex(4)
 
 
+def fsync_wanted(explicit: bool | None = None) -> bool:
+    """Whether checkpoint files are fsynced: the argument wins, else ``ACCEL_CHECKPOINT_FSYNC`` (default on)."""
+    if explicit is not None:
+        return bool(explicit)
+    from .constants import FSYNC_ENV
+
+    value = os.environ.get(FSYNC_ENV, "").strip().lower()
+    if value in ("", "1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{FSYNC_ENV}={os.environ[FSYNC_ENV]!r} is not a switch; set it to 1 (fsync, the default) or 0.")
+
+
 def fsync_dir(path: str) -> None:
     """Persists the entries (new names) of a folder. A no-op where folders cannot be opened (Windows)."""
     try:

@@ -15,6 +15,7 @@ from typing import Any
 
 from . import access
 from .coordination import Coordinator
+from .fsio import fsync_wanted
 from .load_state import load_state as _load_state
 from .save_plan import plan_save
 from .writer import PendingSave, run_job
@@ -59,6 +60,7 @@ class StateCheckpointer:
         output_dir: str | None = None,
         async_save: bool = False,
         safe_serialization: bool = True,
+        durable: bool | None = None,
         **kwargs: Any,
     ) -> str:
         """Saves everything prepared or registered; returns the checkpoint folder.
@@ -67,9 +69,14 @@ class StateCheckpointer:
             background thread. The checkpoint only counts (has its ``COMPLETE`` marker) once written;
             the next save/load or ``wait(accelerator)`` waits for it and raises its error, if any.
         safe_serialization: models as safetensors (default) rather than ``pytorch_model.bin``.
+        durable: fsync every file before the checkpoint counts, so it also survives a power cut or
+            an OS crash (default: on, unless ``ACCEL_CHECKPOINT_FSYNC=0``). Off, the save returns
+            once the files are in the page cache; a killed process still never leaves a broken
+            "latest" checkpoint, since the folder is renamed into place only when complete.
         Other keyword arguments go to the strategy's ``save_sharded`` when it has one.
         """
         self.wait(accelerator)
+        durable = fsync_wanted(durable)  # a bad ACCEL_CHECKPOINT_FSYNC fails here, before anything is written
         coord = Coordinator()
         from .snapshot import HostBuffers, to_cpu_without_copy
 
@@ -81,6 +88,7 @@ class StateCheckpointer:
                 self._buffers.set_for(accelerator, buffers)
         copy_tensor = buffers.copy if buffers is not None else to_cpu_without_copy
         job = plan_save(accelerator, output_dir, coord, copy_tensor, safe_serialization, sharded_kwargs=kwargs)
+        job.durable = durable
         config = access.project_configuration(accelerator)
         automatic = job.metadata["iteration"] is not None
         if buffers is not None:

@@ -49,6 +49,7 @@ class SaveJob:
     replace_existing: bool
     prune_base: str | None = None
     total_limit: int | None = None
+    durable: bool = True  # fsync every file before the checkpoint counts (survives a power cut)
     written: dict[str, int] = field(default_factory=dict)
 
 

@@ -2,7 +2,8 @@
 
 Order on disk, which is what makes a crash at any moment harmless:
 
-1. every process writes its files into ``.<name>.partial-<token>/`` (each file fsynced);
+1. every process writes its files into ``.<name>.partial-<token>/`` (each file fsynced, unless
+   ``durable=False``: then a killed process is covered, a power cut is not);
 2. all processes agree that every write succeeded (one failing process fails them all);
 3. process 0 writes ``accel_checkpoint.json`` (with every file's size) and then ``COMPLETE``,
    fsyncs the folder, and renames it to its final name (an existing folder of that name is moved
@@ -48,12 +49,14 @@ def _tensor_bytes(obj: Any) -> int:
 
 
 def write_files(job: SaveJob) -> None:
-    """Writes the job's files, largest first, each fsynced on a helper thread while the next is written."""
+    """Writes the job's files, largest first, each fsynced on a helper thread while the next is written
+    (unless ``job.durable`` is off)."""
     syncer = BackgroundSync()
     try:
         for file_job in sorted(job.files, key=lambda f: _tensor_bytes(f.payload), reverse=True):
             job.written[file_job.name] = write_file(file_job, job.temp_dir, durable=False)
-            syncer.submit(os.path.join(job.temp_dir, file_job.name))
+            if job.durable:
+                syncer.submit(os.path.join(job.temp_dir, file_job.name))
     finally:
         syncer.wait()
 
