@@ -49,12 +49,27 @@ def zero_file(path):
         os.fsync(handle.fileno())
 
 
-def test_running_optimizer_gets_the_saved_state_in_its_own_tensors(tmp_path):
+def saved_optimizer_file(tmp_path):
+    """An AdamW state of ``make``'s model after 2 steps, written by torch.save; and its contents."""
     accelerator = Accelerator(cpu=True)
     model, optimizer = make(accelerator)
-    step(accelerator, model, optimizer, 3)
+    step(accelerator, model, optimizer, 2)
+    path = str(tmp_path / "optimizer.bin")
+    torch.save(optimizer.state_dict(), path)
+    return path, snapshot(optimizer)
+
+
+def trained_checkpoint(tmp_path, steps):
+    """A run after ``steps`` steps, its checkpoint folder, and the optimizer state saved in it."""
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = make(accelerator)
+    step(accelerator, model, optimizer, steps)
     folder = accelerator.save_state(str(tmp_path / "ckpt"))
-    expected = snapshot(optimizer)
+    return accelerator, model, optimizer, folder, snapshot(optimizer)
+
+
+def test_running_optimizer_gets_the_saved_state_in_its_own_tensors(tmp_path):
+    accelerator, model, optimizer, folder, expected = trained_checkpoint(tmp_path, 3)
     step(accelerator, model, optimizer, 2)  # moves the moments away from the saved ones
     before = {(k, n): v.data_ptr() for k, s in optimizer.state_dict()["state"].items() for n, v in s.items()}
 
@@ -68,12 +83,7 @@ def test_running_optimizer_gets_the_saved_state_in_its_own_tensors(tmp_path):
 
 
 def test_fresh_optimizer_reads_into_new_memory(tmp_path):
-    accelerator = Accelerator(cpu=True)
-    model, optimizer = make(accelerator)
-    step(accelerator, model, optimizer, 2)
-    folder = accelerator.save_state(str(tmp_path / "ckpt"))
-    expected = snapshot(optimizer)
-
+    *_, folder, expected = trained_checkpoint(tmp_path, 2)
     resumed = Accelerator(cpu=True)
     model2, optimizer2 = make(resumed, seed=1)
     assert not optimizer2.state_dict()["state"]
@@ -85,13 +95,7 @@ def test_fresh_optimizer_reads_into_new_memory(tmp_path):
 def test_saved_tensors_without_a_live_counterpart_are_copied_out_of_the_file(tmp_path):
     # The live optimizer has state for the first layer only, and in another dtype for one entry:
     # those saved tensors cannot be copied in place and must not stay mapped either.
-    accelerator = Accelerator(cpu=True)
-    model, optimizer = make(accelerator)
-    step(accelerator, model, optimizer, 2)
-    path = str(tmp_path / "optimizer.bin")
-    torch.save(optimizer.state_dict(), path)
-    expected = snapshot(optimizer)
-
+    path, expected = saved_optimizer_file(tmp_path)
     torch.manual_seed(3)
     other = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     live = torch.optim.AdamW(other.parameters(), lr=1e-2)
@@ -111,12 +115,7 @@ def test_saved_tensors_without_a_live_counterpart_are_copied_out_of_the_file(tmp
 
 
 def test_layout_mismatch_is_refused_and_leaves_live_state_alone(tmp_path):
-    accelerator = Accelerator(cpu=True)
-    model, optimizer = make(accelerator)
-    step(accelerator, model, optimizer, 2)
-    path = str(tmp_path / "optimizer.bin")
-    torch.save(optimizer.state_dict(), path)
-
+    path, _ = saved_optimizer_file(tmp_path)
     small = torch.nn.Linear(8, 32)
     live = torch.optim.AdamW(small.parameters(), lr=1e-2)
     small(torch.randn(2, 8)).sum().backward()
