@@ -159,6 +159,27 @@ def test_accel_config_questions_keep_defaults_and_reask_bad_answers(cli) -> None
     assert written["env"] == {"KEEP": "me"} and "strategy" not in written
 
 
+def test_accel_config_asks_the_chosen_backends_options_and_launch_uses_them(cli) -> None:  # type: ignore[no-untyped-def]
+    cli.config_dir.mkdir(parents=True)
+    (cli.config_dir / "default_config.yaml").write_text("use_cpu: true\nfsdp:\n  offload_params: true\n  version: 1\n")
+    # machines, cpu, processes, strategy, "set fsdp options?", then the fsdp table in order:
+    # version (Enter keeps 1), sharding strategy (bad, then by position), reshard (Enter: unset),
+    # offload (Enter keeps true), auto-wrap policy; stdin then ends and the rest keep their values.
+    answers = "1\n\n2\nfsdp\nyes\n\nHALF_SHARD\n2\n\n\nsize_based_wrap\n"
+    result = cli.run("config", stdin=answers)
+    assert result.returncode == 0, cli.describe(result)
+    assert "'HALF_SHARD' is not one of FULL_SHARD" in result.stdout
+    written = yaml.safe_load((cli.config_dir / "default_config.yaml").read_text())
+    assert written["strategy"] == "fsdp"
+    assert written["fsdp"] == {"version": 1, "sharding_strategy": "SHARD_GRAD_OP", "offload_params": True,
+                               "auto_wrap_policy": "SIZE_BASED_WRAP"}
+    dry = cli.run("launch", "--dry-run", "train.py")
+    assert dry.returncode == 0, cli.describe(dry)
+    for pair in ("ACCEL_STRATEGY=fsdp", "ACCEL_FSDP_VERSION=1", "ACCEL_FSDP_SHARDING_STRATEGY=SHARD_GRAD_OP",
+                 "ACCEL_FSDP_OFFLOAD_PARAMS=true", "ACCEL_FSDP_AUTO_WRAP_POLICY=SIZE_BASED_WRAP"):
+        assert pair in dry.stdout, pair
+
+
 def test_accel_config_show_tells_where_each_setting_comes_from(cli) -> None:  # type: ignore[no-untyped-def]
     missing = cli.run("config", "show")
     assert missing.returncode == 0 and "does not exist" in missing.stdout

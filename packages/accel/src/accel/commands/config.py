@@ -124,6 +124,10 @@ def ask_config(existing: dict[str, Any] | None, asker: Asker | None = None) -> d
 
     strategies = plugins.available("accel.strategies")
     config["strategy"] = _none_if_auto(asker.choice("Strategy?", current("strategy") or "auto", ["auto", *strategies]))
+    if config["strategy"]:
+        section = ask_backend_options(asker, config["strategy"], base.get(config["strategy"]))
+        if section:
+            config[config["strategy"]] = section
     config["mixed_precision"] = asker.choice("Mixed precision?", current("mixed_precision"), ["no", "fp16", "bf16", "fp8"])
     config["gradient_accumulation_steps"] = asker.integer(
         "Gradient accumulation steps?", current("gradient_accumulation_steps"), minimum=1
@@ -134,6 +138,47 @@ def ask_config(existing: dict[str, Any] | None, asker: Asker | None = None) -> d
         if base.get(name) is not None:
             config[name] = base[name]
     return {k: v for k, v in config.items() if v is not None}
+
+
+def ask_backend_options(asker: Asker, backend: str, existing: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The backend's section of the config file, asked option by option from its ``accel launch``
+    flag table (``OptionTable.options``); Enter keeps the current value, or the backend's default."""
+    from accel_core.launch.extensions import load_extensions
+
+    table = next(iter(load_extensions([backend])), None)
+    options = getattr(table, "options", ())
+    if not options or not asker.yes_no(f"Set {backend} options now (otherwise its defaults apply)?", False):
+        return existing
+    section = dict(existing or {})
+    for flag, option, parse, _metavar, text in options:
+        key = option.lower()
+        current = section.get(key)
+        shown = None if current is None else str(current).lower() if isinstance(current, bool) else str(current)
+        answer = asker.ask(f"  {flag}", shown, _as_value_error(parse), hint=text, required=False)
+        if answer is not None:
+            section[key] = _yaml_value(answer)
+    return section
+
+
+def _as_value_error(parse: Any) -> Any:
+    """The flag parsers raise argparse.ArgumentTypeError; the questions re-ask on ValueError."""
+
+    def checked(text: str) -> Any:
+        try:
+            return parse(text)
+        except argparse.ArgumentTypeError as error:
+            raise ValueError(str(error)) from None
+
+    return checked
+
+
+def _yaml_value(text: Any) -> Any:
+    """``true`` / ``false`` / whole numbers as YAML booleans and ints, the rest as written."""
+    if not isinstance(text, str):
+        return text
+    if text in ("true", "false"):
+        return text == "true"
+    return int(text) if text.isdigit() else text
 
 
 def _none_if_auto(value: str) -> str | None:
