@@ -56,8 +56,12 @@ def test_two_processes_with_flags_config_file_environment_module_and_a_restart(c
 
 
 def test_a_failing_rank_stops_the_job_and_is_named_with_its_traceback(cli) -> None:  # type: ignore[no-untyped-def]
-    result = cli.run("launch", "--cpu", "-n", "2", str(cli.scripts / "fail_rank1.py"))
+    logs = cli.home / "logs"
+    result = cli.run("launch", "--cpu", "-n", "2", "--log-dir", str(logs), str(cli.scripts / "fail_rank1.py"))
     assert result.returncode == 1, cli.describe(result)
+    # --log-dir: each worker's output is also in files (torchrun's layout: <run>/attempt_0/<local rank>/).
+    rank1_err = [p for p in logs.rglob("stderr.log") if p.parent.name == "1"]
+    assert rank1_err and "ValueError: rank one is broken" in rank1_err[0].read_text(), sorted(logs.rglob("*"))
     summary = result.stderr[result.stderr.index("accel launch: The job failed"):]
     assert summary.startswith("accel launch: The job failed: rank 1 (local rank 1"), summary
     assert "exited with code 1" in summary and "Traceback of rank 1:" in summary

@@ -69,6 +69,8 @@ def test_yaml_bare_no_and_environment_booleans_are_read() -> None:
         ({"num_processes": 0}, {}, {}, "at least 1"),
         ({"main_process_port": 70000}, {}, {}, "not a TCP port"),
         ({}, {"ACCEL_USE_CPU": "maybe"}, {}, "ACCEL_USE_CPU"),
+        ({"tee": "4"}, {}, {}, "tee='4'; use 0 \\(none\\)"),
+        ({}, {}, {"tee": "0:3,x"}, "key 'tee'.*per local rank"),
     ],
 )
 def test_wrong_settings_name_where_they_came_from(flags, environ, config, message) -> None:  # type: ignore[no-untyped-def]
@@ -112,6 +114,7 @@ def test_when_torchrun_is_used() -> None:
     assert not resolve_plan({}, {}, {}).uses_torchrun
     assert resolve_plan({"num_processes": 2}, {}, {}).uses_torchrun
     assert resolve_plan({"max_restarts": 1}, {}, {}).uses_torchrun
+    assert resolve_plan({"log_dir": "logs"}, {}, {}).uses_torchrun  # torchrun writes the log files
     assert resolve_plan({"num_machines": 2, "num_processes": 2, "main_process_ip": "h"}, {}, {}).uses_torchrun
 
 
@@ -129,6 +132,10 @@ def test_torchrun_arguments() -> None:
     c10d = torchrun_argv(resolve_plan({**flags, "rdzv_backend": "c10d", "main_process_port": 4000}, {}, {}), target)
     assert {"--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:4000"} <= set(c10d)
     assert not any(arg.startswith("--node-rank") for arg in c10d)
+    logged = torchrun_argv(resolve_plan({"num_processes": 2, "log_dir": "logs"}, {}, {}), target)
+    assert {"--log-dir=logs", "--tee=3"} <= set(logged)  # a log folder gets both streams unless --tee says
+    teed = torchrun_argv(resolve_plan({"num_processes": 2}, {}, {"log_dir": "logs", "tee": "0:3,1:2"}), target)
+    assert {"--log-dir=logs", "--tee=0:3,1:2"} <= set(teed)
 
 
 class _Precision:

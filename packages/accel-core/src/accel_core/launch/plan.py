@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rdzv_backend", str, "static", help="torchrun rendezvous backend: static, c10d, etcd, ..."),
     Setting("max_restarts", int, 0, help="times the whole job restarts after a failure"),
     Setting("monitor_interval", float, None, help="seconds between torchrun's checks of the workers"),
+    Setting("log_dir", str, None, help="keep each worker's stdout/stderr in files under this folder (torchrun)"),
+    Setting("tee", str, None, help="streams also written to the log files: 1 stdout, 2 stderr, 3 both (default with --log-dir: 3)"),
     Setting("use_cpu", bool, False, env.USE_CPU, help="run on the CPU even where an accelerator exists"),
     Setting("mixed_precision", str, "no", env.MIXED_PRECISION, tuple(PrecisionType.list()), "no, fp16, bf16, fp8"),
     Setting("gradient_accumulation_steps", int, 1, env.GRADIENT_ACCUMULATION_STEPS, help="micro-steps per step"),
@@ -81,6 +84,8 @@ class LaunchPlan:
     rdzv_backend: str = "static"
     max_restarts: int = 0
     monitor_interval: float | None = None
+    log_dir: str | None = None
+    tee: str | None = None
     use_cpu: bool = False
     mixed_precision: str = "no"
     gradient_accumulation_steps: int = 1
@@ -99,10 +104,10 @@ class LaunchPlan:
     def uses_torchrun(self) -> bool:
         """Whether the job needs torchrun's agent: several processes or machines, or restarts.
 
-        One process on one machine without restarts runs the script directly: no agent, no
+        One process on one machine without restarts or log files runs the script directly: no agent, no
         rendezvous, and no ``RANK``/``WORLD_SIZE`` set, so the state sees a plain single process.
         """
-        return self.num_processes > 1 or self.num_machines > 1 or self.max_restarts > 0
+        return self.num_processes > 1 or self.num_machines > 1 or self.max_restarts > 0 or self.log_dir is not None
 
     def settings(self) -> dict[str, Any]:
         """The settings as a plain dict (config-file keys)."""
@@ -257,6 +262,11 @@ def _validate(values: dict[str, Any], sources: dict[str, str], config_file: str 
             "Several machines need the address of the main one: pass --main-process-ip <address of machine 0> "
             "(and the same --main-process-port on every machine)."
         )
+    tee = values["tee"]
+    if tee is not None and not re.fullmatch(r"[0-3]|\d+:[0-3](,\d+:[0-3])*", tee):
+        raise ValueError(
+            f"{where('tee')}: tee={tee!r}; use 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank, e.g. 0:3,1:2."
+        )
     port = values["main_process_port"]
     if port is not None and not 0 < port < 65536:
         raise ValueError(f"{where('main_process_port')}: {port} is not a TCP port.")
@@ -290,6 +300,11 @@ def torchrun_argv(plan: LaunchPlan, target: LaunchTarget) -> list[str]:
         argv.append(f"--max-restarts={plan.max_restarts}")
     if plan.monitor_interval is not None:
         argv.append(f"--monitor-interval={plan.monitor_interval}")
+    if plan.log_dir is not None:
+        # Without --tee torchrun would only put error files there: a log folder asked for gets the output.
+        argv += [f"--log-dir={plan.log_dir}", f"--tee={plan.tee or '3'}"]
+    elif plan.tee is not None:
+        argv.append(f"--tee={plan.tee}")
     port = plan.main_process_port
     if plan.num_machines > 1:
         address = f"{plan.main_process_ip}:{port or DEFAULT_PORT}"

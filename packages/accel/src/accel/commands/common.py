@@ -41,6 +41,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     _add(layout, dest="rdzv_backend", metavar="NAME", help=helps["rdzv_backend"])
     _add(layout, dest="max_restarts", type=int, metavar="N", help=helps["max_restarts"])
     _add(layout, dest="monitor_interval", type=float, metavar="SECONDS", help=helps["monitor_interval"])
+    _add(layout, dest="log_dir", metavar="DIR", help=helps["log_dir"])
+    _add(layout, dest="tee", metavar="STREAMS", help=helps["tee"])
     training = parser.add_argument_group("training settings (reach the Accelerator as ACCEL_* variables)")
     _add(training, dest="mixed_precision", choices=["no", "fp16", "bf16", "fp8"], help="mixed precision")
     _add(training, dest="gradient_accumulation_steps", type=int, metavar="N", help=helps["gradient_accumulation_steps"])
