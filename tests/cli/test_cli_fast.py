@@ -32,13 +32,14 @@ print(json.dumps({"code": code, "torch": "torch" in sys.modules, "out": out.getv
         (["config", "show"], "config file"),
         (["config", "--help"], "usage"),
         (["config", "default"], "Wrote "),
+        (["config"], "Wrote "),  # the questions, all answered by Enter (stdin is empty)
         (["env"], "- devices: "),
         (["test", "--help"], "usage"),
     ],
 )
 def test_help_config_and_env_do_not_import_torch(cli, argv: list[str], expected: str) -> None:  # type: ignore[no-untyped-def]
     result = subprocess.run(
-        [sys.executable, "-c", _PROBE, *argv], env=cli.env(), capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", _PROBE, *argv], env=cli.env(), input="", capture_output=True, text=True, timeout=60
     )
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["code"] == 0, result.stderr
