@@ -26,30 +26,53 @@ def fsynced(monkeypatch):
     return paths
 
 
-def prepared():
+class ShardWriter:
+    """A strategy's own sharded checkpointing (the accel-checkpoint interface) that, like DeepSpeed's,
+    writes with torch.save and does not fsync: the model goes to ``sharded/shards/model.pt``."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def save_sharded(self, accelerator, folder, **kwargs):
+        os.makedirs(os.path.join(folder, "shards"))
+        torch.save(self.model.state_dict(), os.path.join(folder, "shards", "model.pt"))
+        return ("models",)
+
+    def load_sharded(self, accelerator, folder, **kwargs):
+        self.model.load_state_dict(torch.load(os.path.join(folder, "shards", "model.pt"), weights_only=True))
+
+
+def prepared(sharded=False):
     accelerator = Accelerator(cpu=True)
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.AdamW(model.parameters())
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.backward(model(torch.randn(2, 4)).sum())
     optimizer.step()
+    if sharded:
+        writer = ShardWriter(model)
+        accelerator.strategy.save_sharded = writer.save_sharded
+        accelerator.strategy.load_sharded = writer.load_sharded
     return accelerator, model
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name fsynced files")
+@pytest.mark.parametrize("sharded", [False, True], ids=["plain", "sharded"])
 @pytest.mark.parametrize("how", ["default", "argument", "environment"])
-def test_durable_by_default_and_switchable(tmp_path, monkeypatch, fsynced, how):
-    accelerator, model = prepared()
+def test_durable_by_default_and_switchable(tmp_path, monkeypatch, fsynced, how, sharded):
+    accelerator, model = prepared(sharded)
     kwargs = {}
     if how == "argument":
         kwargs["durable"] = False
     elif how == "environment":
         monkeypatch.setenv("ACCEL_CHECKPOINT_FSYNC", "0")
     folder = accelerator.save_state(str(tmp_path / "ckpt"), **kwargs)
+    data_files = {"model.pt" if sharded else "model.safetensors", "optimizer.bin", "random_states_0.pt"}
     if how == "default":
-        assert {"model.safetensors", "optimizer.bin", "random_states_0.pt", "COMPLETE"} <= set(fsynced)
+        assert data_files | {"COMPLETE"} <= set(fsynced)
     else:
-        assert not {"model.safetensors", "optimizer.bin", "random_states_0.pt"} & set(fsynced)
+        assert not data_files & set(fsynced)
+    assert os.path.isdir(os.path.join(folder, "sharded")) == sharded
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         for p in model.parameters():

@@ -53,6 +53,13 @@ def write_files(job: SaveJob) -> None:
     (unless ``job.durable`` is off)."""
     syncer = BackgroundSync()
     try:
+        if job.durable:
+            # A strategy's shards are already written (during planning), not all by a writer that
+            # fsyncs (DeepSpeed's does not): sync them too, while our own files are written.
+            for root, _dirs, names in os.walk(os.path.join(job.temp_dir, C.SHARDED_DIR)):
+                for name in names:
+                    syncer.submit(os.path.join(root, name))
+                syncer.submit(root)  # the folder's entries: its files' names
         for file_job in sorted(job.files, key=lambda f: _tensor_bytes(f.payload), reverse=True):
             job.written[file_job.name] = write_file(file_job, job.temp_dir, durable=False)
             if job.durable:
