@@ -250,7 +250,8 @@ def build_config(
             "Give them values in the DeepSpeed config (or the matching DummyOptim / DummyScheduler arguments)."
         )
     expected = micro * steps * strategy.data_parallel_size
-    if int(config["train_batch_size"]) != expected:
+    # Absent is fine: DeepSpeed derives it from the micro batch, the accumulation and the processes.
+    if config.get("train_batch_size") is not None and int(config["train_batch_size"]) != expected:
         raise ValueError(
             f"DeepSpeed config train_batch_size={config['train_batch_size']} but micro batch {micro} x accumulation "
             f"{steps} x {strategy.data_parallel_size} processes = {expected}. Set train_batch_size to \"auto\"."
