@@ -91,3 +91,31 @@ def test_single_process_errors_dummies_teacher(deepspeed_ops, tmp_path) -> None:
     except subprocess.TimeoutExpired as error:
         pytest.fail(f"single_process_checks.py did not finish within {RUN_TIMEOUT}s\n{error.stdout}\n{error.stderr}")
     assert result.returncode == 0 and "SINGLE PROCESS CHECKS PASSED" in result.stdout, result.stdout + result.stderr[-6000:]
+
+
+def test_checkpoints_load_with_another_process_count(deepspeed_ops, tmp_path) -> None:
+    """ZeRO-1/2/3 (+ optimizer offload) checkpoints: 2 processes -> 1 and 1 -> 2 through universal checkpoints.
+
+    The 2-process and the 1-process launch run at the same time and wait for each other's checkpoints.
+    """
+    script = str(HERE / "reshard_checks.py")
+    commands = [
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script, str(tmp_path)],
+        [sys.executable, script, str(tmp_path)],
+    ]
+    launches = [subprocess.Popen(c, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO) for c in commands]
+    outputs = []
+    for launch in launches:
+        try:
+            outputs.append(launch.communicate(timeout=RUN_TIMEOUT))
+        except subprocess.TimeoutExpired:
+            for other in launches:
+                other.kill()
+            pytest.fail(f"reshard_checks.py did not finish within {RUN_TIMEOUT}s (a hang?)\n" + "\n".join(o for pair in outputs for o in pair))
+    for launch, (stdout, stderr), passed in zip(launches, outputs, (("0", "1"), ("0",))):
+        assert launch.returncode == 0, stdout + stderr[-6000:]
+        for rank in passed:
+            assert f"RESHARD CHECKS PASSED {rank}" in stdout, stdout + stderr[-4000:]
+        figures = _figures(stdout)
+        print(figures)
+        assert all(v < 1e-5 for k, v in figures.items() if k.endswith("_weights")), figures

@@ -10,6 +10,8 @@ dataloader positions, torch schedulers, custom objects, metadata, the completion
     <checkpoint>/sharded/latest, zero_to_fp32.py   written by DeepSpeed: ``python zero_to_fp32.py
                                              sharded out_dir --tag model_0`` rebuilds fp32 weights
     <checkpoint>/sharded/model_<i>.pt        a frozen model prepared next to the engine (its state dict)
+    <checkpoint>/sharded/universal/model_<i>/ written on the first load by another number of processes:
+                                             DeepSpeed's universal checkpoint of it (``resharding.py``)
 
 DeepSpeed writes its files with pickle and reads them with full unpickling. Before loading, every
 file is checked to import nothing but plain data and DeepSpeed's own checkpoint classes (listed
@@ -80,7 +82,7 @@ def load_sharded(strategy: DeepSpeedStrategy, accelerator: Any, folder: str, all
                     "models, in the same order, as in the run that saved it."
                 )
             check_pickles(path, allow_unsafe_pickle)
-            loaded, _ = model.load_checkpoint(folder, tag=_tag(index), load_optimizer_states=True, load_lr_scheduler_states=True)
+            loaded = _load_engine(accelerator, model, folder, _tag(index), allow_unsafe_pickle)
             if loaded is None:
                 raise CheckpointMismatchError(f"DeepSpeed could not load its checkpoint from {path}.")
         else:
@@ -88,6 +90,21 @@ def load_sharded(strategy: DeepSpeedStrategy, accelerator: Any, folder: str, all
             if not os.path.isfile(path):
                 raise CheckpointMismatchError(f"{path} is missing: prepare the same models, in the same order, as when saving.")
             model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def _load_engine(accelerator: Any, engine: Any, folder: str, tag: str, allow_unsafe_pickle: bool | None) -> Any:
+    """engine.load_checkpoint; through a universal checkpoint when another number of processes saved it."""
+    from .resharding import current_process_count, loading_universal, saved_process_count, universal_checkpoint
+
+    saved = saved_process_count(os.path.join(folder, tag))
+    if saved is None or saved == current_process_count(engine):
+        loaded, _ = engine.load_checkpoint(folder, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+        return loaded
+    root = universal_checkpoint(accelerator, engine, folder, tag, saved)
+    check_pickles(os.path.join(root, tag), allow_unsafe_pickle)
+    with loading_universal(engine):
+        loaded, _ = engine.load_checkpoint(root, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+    return loaded
 
 
 def check_pickles(path: str, allow_unsafe_pickle: bool | None) -> None:
@@ -103,7 +120,7 @@ def check_pickles(path: str, allow_unsafe_pickle: bool | None) -> None:
             f"Cannot check {path} without unpickling it on this torch version: pass allow_unsafe_pickle=True to "
             "load_state (or set ACCEL_ALLOW_UNSAFE_PICKLE=1) if you trust the checkpoint."
         )
-    for file in sorted(glob.glob(os.path.join(path, "*.pt"))):
+    for file in sorted(glob.glob(os.path.join(path, "**", "*.pt"), recursive=True)):
         unexpected = sorted(set(finder(file)) - DEEPSPEED_CHECKPOINT_GLOBALS)
         if unexpected:
             raise UnsafeCheckpointError(
