@@ -28,9 +28,10 @@ _EXPORTS = {
     "debug_launcher": "accel_core.launch",
     "skip_first_batches": "accel_data",
     "prepare_data_loader": "accel_data",
-    # backend plugins (extras: accel[fsdp], accel[deepspeed])
+    # backend plugins (extras: accel[fsdp], accel[deepspeed], accel[megatron])
     "FullyShardedDataParallelPlugin": "accel_fsdp",
     "DeepSpeedPlugin": "accel_deepspeed",
+    "MegatronLMPlugin": "accel_megatron",
 }
 
 __all__ = sorted(_EXPORTS) + ["utils"]

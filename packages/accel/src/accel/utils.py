@@ -37,9 +37,10 @@ _EXPORTS = {
     "GradientAccumulationPlugin": "accel_core.configuration",
     "DataLoaderConfiguration": "accel_core.configuration",
     "ProjectConfiguration": "accel_core.configuration",
-    # backend plugins (extras: accel[fsdp], accel[deepspeed])
+    # backend plugins (extras: accel[fsdp], accel[deepspeed], accel[megatron])
     "FullyShardedDataParallelPlugin": "accel_fsdp",
     "DeepSpeedPlugin": "accel_deepspeed",
+    "MegatronLMPlugin": "accel_megatron",
     "DummyOptim": "accel_deepspeed",
     "DummyScheduler": "accel_deepspeed",
     # trackers

@@ -1,0 +1,119 @@
+"""``save_state`` / ``load_state`` under Megatron TP + DP: one file set per TP shard, inside accel-checkpoint's folder.
+
+accel-checkpoint calls ``save_sharded`` with the checkpoint's ``sharded/`` folder (see
+``accel_checkpoint.sharded.ShardedCheckpointing``) and writes everything else around it (process
+RNG, dataloader positions, schedulers, custom objects, metadata, the completion marker). Layout::
+
+    sharded/megatron.json                 {"tp_degree", "pp_degree", "dp_degree", "models", "optimizers"}
+    sharded/tp_rank_<r>/model_<i>.pt      TP rank r's state dict of prepared model i (its weight shards)
+    sharded/tp_rank_<r>/optimizer_<i>.pt  the optimizer state of those shards
+    sharded/tp_rank_<r>/rng_tracker.pt    Megatron's named RNG streams of TP rank r
+
+Data-parallel replicas hold the same shard, so only DP rank 0 of each TP rank writes; on load every
+process reads its TP rank's files, so the number of DP replicas may change. The TP degree may not:
+another degree is a ``CheckpointMismatchError``. Files are read with accel-checkpoint's safe loader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from megatron.core import parallel_state
+
+from . import rng
+
+if TYPE_CHECKING:
+    from .strategy import MegatronStrategy
+
+MODELS, OPTIMIZERS = "models", "optimizers"
+METADATA = "megatron.json"
+
+
+def _shard_folder(folder: str, tp_rank: int) -> str:
+    return os.path.join(folder, f"tp_rank_{tp_rank:02d}")
+
+
+def _raw(optimizer: Any) -> Any:
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _on_every_process(what: str, work: Callable[[], None]) -> None:
+    """Runs ``work``; if it fails on any process, every process raises (none is left waiting in a collective)."""
+    from accel_checkpoint.coordination import Coordinator
+
+    coordinator = Coordinator()
+    error: BaseException | None = None
+    try:
+        work()
+    except Exception as caught:  # noqa: BLE001 - raised on every process by agree()
+        error = caught
+    coordinator.agree(error, what)
+
+
+def save_sharded(strategy: MegatronStrategy, accelerator: Any, folder: str) -> tuple[str, ...]:
+    """Collective. Returns the categories covered."""
+    _on_every_process(f"saving the Megatron shards in {folder}", lambda: _save_shard(strategy, accelerator, folder))
+    return (MODELS, OPTIMIZERS)
+
+
+def _save_shard(strategy: MegatronStrategy, accelerator: Any, folder: str) -> None:
+    models, optimizers = list(accelerator._models), list(accelerator._optimizers)
+    if accelerator.process_index == 0:
+        os.makedirs(folder, exist_ok=True)
+        metadata = {
+            "tp_degree": strategy.plugin.tp_degree,
+            "pp_degree": strategy.plugin.pp_degree,
+            "dp_degree": strategy.data_parallel_size,
+            "models": len(models),
+            "optimizers": len(optimizers),
+        }
+        with open(os.path.join(folder, METADATA), "w") as handle:
+            json.dump(metadata, handle, indent=2, sort_keys=True)
+    if parallel_state.get_data_parallel_rank() == 0:
+        shard = _shard_folder(folder, parallel_state.get_tensor_model_parallel_rank())
+        os.makedirs(shard, exist_ok=True)
+        for i, model in enumerate(models):
+            torch.save(strategy.unwrap_model(model).state_dict(), os.path.join(shard, f"model_{i}.pt"))
+        for i, optimizer in enumerate(optimizers):
+            torch.save(_raw(optimizer).state_dict(), os.path.join(shard, f"optimizer_{i}.pt"))
+        torch.save(rng.tracker_states(), os.path.join(shard, "rng_tracker.pt"))
+
+
+def load_sharded(strategy: MegatronStrategy, accelerator: Any, folder: str, allow_unsafe_pickle: bool | None = None) -> None:
+    """Collective: restores this process's TP shard."""
+    _on_every_process(f"loading the Megatron shards in {folder}", lambda: _load_shard(strategy, accelerator, folder, allow_unsafe_pickle))
+
+
+def _load_shard(strategy: MegatronStrategy, accelerator: Any, folder: str, allow_unsafe_pickle: bool | None) -> None:
+    from accel_checkpoint.errors import CheckpointMismatchError
+    from accel_checkpoint.safe_load import load_torch_file
+
+    path = os.path.join(folder, METADATA)
+    if not os.path.isfile(path):
+        raise CheckpointMismatchError(f"{path} is missing: this checkpoint was not written by the megatron strategy.")
+    with open(path) as handle:
+        saved = json.load(handle)
+    tp_degree = strategy.plugin.tp_degree
+    if saved["tp_degree"] != tp_degree or saved.get("pp_degree", 1) != strategy.plugin.pp_degree:
+        raise CheckpointMismatchError(
+            f"The checkpoint in {os.path.dirname(folder)} was saved with tp_degree={saved['tp_degree']}, this run uses "
+            f"tp_degree={tp_degree}: its weight shards do not fit. Load it with MegatronLMPlugin(tp_degree={saved['tp_degree']}) "
+            "(--megatron-tp-degree); to change the degree, export full weights with accelerator.save_model(model, dir) "
+            "in a run with the old degree and load them with accelerator.strategy.load_model_state_dict(model, state_dict)."
+        )
+    models, optimizers = list(accelerator._models), list(accelerator._optimizers)
+    if (saved["models"], saved["optimizers"]) != (len(models), len(optimizers)):
+        raise CheckpointMismatchError(
+            f"The checkpoint holds {saved['models']} model(s) and {saved['optimizers']} optimizer(s), this run prepared "
+            f"{len(models)} and {len(optimizers)}: prepare the same objects, in the same order, as the run that saved it."
+        )
+    shard = _shard_folder(folder, parallel_state.get_tensor_model_parallel_rank())
+    for i, model in enumerate(models):
+        strategy.unwrap_model(model).load_state_dict(load_torch_file(os.path.join(shard, f"model_{i}.pt"), allow_unsafe_pickle))
+    for i, optimizer in enumerate(optimizers):
+        _raw(optimizer).load_state_dict(load_torch_file(os.path.join(shard, f"optimizer_{i}.pt"), allow_unsafe_pickle))
+    rng.set_tracker_states(load_torch_file(os.path.join(shard, "rng_tracker.pt"), allow_unsafe_pickle))

@@ -1,0 +1,30 @@
+"""``accel launch`` flags of the megatron strategy (the ``accel.cli`` entry point). No torch here.
+
+Each flag becomes an ``ACCEL_MEGATRON_*`` variable that ``MegatronLMPlugin.from_env`` reads in the
+launched processes; ``--use-megatron`` (or any ``--megatron-*`` flag) selects the strategy. Values
+the plugin refuses (``--megatron-pp-degree 2`` in this version) fail in every launched process with
+the plugin's message.
+
+Example::
+
+    accel launch --cpu -n 4 --use-megatron --megatron-tp-degree 2 train.py   # 2-way TP x 2-way DP
+"""
+
+from __future__ import annotations
+
+from accel_core.launch.extensions import OptionTable, bool_text, nonnegative_int_text, nonnegative_number_text
+
+
+class MegatronLaunchOptions(OptionTable):
+    """The megatron strategy's ``accel launch`` flags (``accel_core.launch.extensions.OptionTable``)."""
+
+    name = "megatron"
+    # (flag, ACCEL_MEGATRON_<OPTION>, parser, metavar, help)
+    options = (
+        ("megatron-tp-degree", "TP_DEGREE", nonnegative_int_text, "N", "tensor-parallel size; must divide the number of processes"),
+        ("megatron-pp-degree", "PP_DEGREE", nonnegative_int_text, "N", "pipeline stages (only 1 in this version)"),
+        ("megatron-num-micro-batches", "NUM_MICRO_BATCHES", nonnegative_int_text, "N", "pipeline micro-batches (only 1 in this version)"),
+        ("megatron-sequence-parallelism", "SEQUENCE_PARALLELISM", bool_text, "BOOL", "split activations along the sequence over the TP group"),
+        ("megatron-gradient-clipping", "GRADIENT_CLIPPING", nonnegative_number_text, "NORM", "clip the global gradient norm after each synced backward"),
+        ("megatron-seed", "SEED", nonnegative_int_text, "N", "seed of Megatron's model-parallel RNG streams"),
+    )

@@ -1,0 +1,63 @@
+"""Gradients of a tensor-parallel model: the global norm and clipping, and sequence-parallel reduction.
+
+The norm is the one the unsplit model would have: a TP-sharded parameter contributes its shard on
+every TP rank (the shards together are the whole gradient); a replicated parameter contributes once,
+from TP rank 0 (Megatron's ``param_is_not_tensor_parallel_duplicate``). Contributions are summed
+over the model-parallel group. Data-parallel replicas are not summed: after the data-parallel
+all-reduce their gradients are the same.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+
+def total_norm(params: Sequence[torch.nn.Parameter], norm_type: float = 2.0) -> torch.Tensor:
+    """The ``norm_type``-norm of all the parameters' gradients as one model, the same on every process. Collective."""
+    norm_type = float(norm_type)
+    counted = [p.grad.detach() for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
+    device = counted[0].device if counted else torch.device("cpu")
+    group = parallel_state.get_model_parallel_group()
+    if norm_type == float("inf"):
+        local = torch.stack([g.abs().max().float() for g in counted]).max() if counted else torch.zeros((), device=device)
+        dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
+        return local
+    local = sum((torch.linalg.vector_norm(g.float(), norm_type) ** norm_type for g in counted), torch.zeros((), device=device))
+    dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
+    return local ** (1.0 / norm_type)
+
+
+def clip_grad_norm_(params: Sequence[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """Scales every gradient so the global norm is at most ``max_norm``; returns the norm before clipping."""
+    params = list(params)
+    norm = total_norm(params, norm_type)
+    coefficient = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
+    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    for p in params:
+        if p.grad is not None:
+            by_kind[(p.grad.device, p.grad.dtype)].append(p.grad)
+    with torch.no_grad():
+        for (device, dtype), grads in by_kind.items():
+            torch._foreach_mul_(grads, coefficient.to(device=device, dtype=dtype))
+    return norm
+
+
+def allreduce_sequence_parallel_grads(params: Sequence[torch.nn.Parameter]) -> None:
+    """Sums over the TP group the gradients of parameters used on sequence shards (LayerNorms, biases
+    marked ``sequence_parallel``), as Megatron's ``finalize_model_grads`` does. Collective over TP."""
+    grads = [p.grad for p in params if p.grad is not None and getattr(p, "sequence_parallel", False)]
+    if not grads:
+        return
+    group = parallel_state.get_tensor_model_parallel_group()
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()

@@ -1,0 +1,42 @@
+"""Megatron's parallel groups (``megatron.core.parallel_state``) and RNG streams, set up for one run."""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .plugin import MegatronLMPlugin
+
+
+def import_megatron() -> None:
+    """Imports megatron.core without its warnings that Transformer-Engine / Apex are missing: this
+    strategy uses Megatron's plain-torch paths (``tensor_parallel`` layers), which need neither."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+        import megatron.core.tensor_parallel  # noqa: F401
+
+
+def initialize(plugin: MegatronLMPlugin, world_size: int) -> None:
+    """Builds the TP / DP groups over the ``world_size`` processes, or adopts matching ones. Collective.
+
+    Groups that another Accelerator or the user built with other sizes are refused rather than
+    rebuilt: layers created under them would keep talking to the old groups.
+    """
+    import_megatron()
+    from megatron.core import parallel_state
+
+    plugin.check_world_size(world_size)
+    if parallel_state.model_parallel_is_initialized():
+        current = (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size())
+        if current != (plugin.tp_degree, plugin.pp_degree):
+            raise ValueError(
+                f"Megatron's parallel groups already exist with tp={current[0]}, pp={current[1]}, but MegatronLMPlugin asks for "
+                f"tp_degree={plugin.tp_degree}, pp_degree={plugin.pp_degree}. Call "
+                "megatron.core.parallel_state.destroy_model_parallel() first (and rebuild the model), or use the same degrees."
+            )
+        return
+    # No extra gloo copies of the DP groups: only Megatron's distributed optimizer uses them.
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=plugin.tp_degree, pipeline_model_parallel_size=plugin.pp_degree, create_gloo_process_groups=False
+    )

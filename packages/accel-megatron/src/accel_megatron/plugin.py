@@ -1,0 +1,160 @@
+"""``MegatronLMPlugin``: the Megatron-core settings, as data, readable from ``ACCEL_MEGATRON_*``. No torch here.
+
+``accel launch --use-megatron --megatron-tp-degree 2`` writes ``ACCEL_MEGATRON_TP_DEGREE=2``;
+``MegatronLMPlugin.from_env()`` reads it back in the launched processes. Option names follow
+Accelerate's ``megatron_lm_config`` keys without their ``megatron_lm_`` prefix.
+
+This version does tensor parallelism (TP) + data parallelism (DP). Settings that ask for more
+(pipeline stages, the distributed optimizer, activation recomputation, micro-batches of a pipeline
+schedule) are refused here, when the plugin is built, so every process fails the same way.
+
+Example::
+
+    plugin = MegatronLMPlugin(tp_degree=2, gradient_clipping=1.0)
+    plugin = MegatronLMPlugin.from_env()          # ACCEL_MEGATRON_* from `accel launch`
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from accel_core import environment as env
+
+_NOT_YET = "is not supported by this version of accel-megatron (tensor + data parallelism only)"
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw.strip())
+    if value < 1:
+        raise ValueError(f"expected an integer >= 1, got {raw!r}")
+    return value
+
+
+def _nonnegative_float(raw: str) -> float:
+    value = float(raw.strip())
+    if value < 0:
+        raise ValueError(f"expected a number >= 0, got {raw!r}")
+    return value
+
+
+# ACCEL_MEGATRON_<OPTION> -> (plugin field, parser)
+ENV_OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "tp_degree": ("tp_degree", _positive_int),
+    "pp_degree": ("pp_degree", _positive_int),
+    "num_micro_batches": ("num_micro_batches", _positive_int),
+    "sequence_parallelism": ("sequence_parallelism", env.parse_flag),
+    "recompute_activations": ("recompute_activations", env.parse_flag),
+    "use_distributed_optimizer": ("use_distributed_optimizer", env.parse_flag),
+    "gradient_clipping": ("gradient_clipping", _nonnegative_float),
+    "seed": ("seed", lambda raw: int(raw.strip())),
+}
+
+
+@dataclass
+class MegatronLMPlugin:
+    """Megatron-core settings for ``Accelerator(megatron_lm_plugin=...)``.
+
+    Args:
+        tp_degree: tensor-parallel size: each TP layer's weight is split over this many processes,
+            which see the same batches. Must divide the number of processes; the rest is data parallel.
+        pp_degree: pipeline stages; only 1 in this version.
+        num_micro_batches: micro-batches of a pipeline schedule; only 1 in this version.
+        sequence_parallelism: Megatron's sequence parallelism (activations split along the sequence
+            in non-TP regions); needs ``tp_degree > 1``. Layers built with
+            ``strategy.model_parallel_config()`` get it; the gradients of parameters marked
+            ``sequence_parallel`` are summed over the TP group after each synced backward.
+        recompute_activations / use_distributed_optimizer: not supported in this version (must be False).
+        gradient_clipping: if set, the global gradient norm is clipped to it after every synced
+            backward (Megatron clips inside its optimizer step; here the optimizer is yours).
+        seed: seed of Megatron's RNG tracker: the ``model-parallel-rng`` stream (dropout inside TP
+            regions) differs per TP rank, the default stream is yours (``torch.manual_seed``).
+
+    Example::
+
+        Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=2))
+    """
+
+    tp_degree: int = 1
+    pp_degree: int = 1
+    num_micro_batches: int = 1
+    sequence_parallelism: bool = False
+    recompute_activations: bool = False
+    use_distributed_optimizer: bool = False
+    gradient_clipping: float | None = None
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        for name in ("tp_degree", "pp_degree", "num_micro_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"MegatronLMPlugin({name}={value!r}): expected an integer >= 1.")
+        if self.pp_degree != 1:
+            raise ValueError(
+                f"MegatronLMPlugin(pp_degree={self.pp_degree}): pipeline parallelism {_NOT_YET}. Use pp_degree=1 "
+                "(and tp_degree to split the model), or the deepspeed / fsdp strategies to shard a model too big for one device."
+            )
+        if self.num_micro_batches != 1:
+            raise ValueError(
+                f"MegatronLMPlugin(num_micro_batches={self.num_micro_batches}): micro-batches belong to pipeline schedules, "
+                "which this version of accel-megatron does not run (tensor + data parallelism only). Use gradient_accumulation_steps on the Accelerator instead."
+            )
+        if self.use_distributed_optimizer:
+            raise ValueError(f"MegatronLMPlugin(use_distributed_optimizer=True): Megatron's distributed optimizer {_NOT_YET}. Set it to False.")
+        if self.recompute_activations:
+            raise ValueError(
+                f"MegatronLMPlugin(recompute_activations=True) {_NOT_YET}. Set it to False; recompute inside your model "
+                "(torch.utils.checkpoint) if you need to."
+            )
+        if self.sequence_parallelism and self.tp_degree == 1:
+            raise ValueError("MegatronLMPlugin(sequence_parallelism=True) needs tp_degree > 1: it splits activations over the TP group.")
+        if self.gradient_clipping is not None and (isinstance(self.gradient_clipping, bool) or float(self.gradient_clipping) < 0):
+            raise ValueError(f"MegatronLMPlugin(gradient_clipping={self.gradient_clipping!r}): expected a number >= 0, or None.")
+
+    def check_world_size(self, world_size: int) -> int:
+        """The data-parallel size for ``world_size`` processes; a clear error when ``tp_degree`` does not divide it."""
+        model_parallel = self.tp_degree * self.pp_degree
+        if world_size % model_parallel != 0:
+            divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+            raise ValueError(
+                f"MegatronLMPlugin(tp_degree={self.tp_degree}) does not divide the {world_size} processes of this run: "
+                f"the processes are split into groups of tp_degree. Use a tp_degree in {divisors} "
+                f"(--megatron-tp-degree / ACCEL_MEGATRON_TP_DEGREE), or start a multiple of {model_parallel} processes."
+            )
+        return world_size // model_parallel
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> MegatronLMPlugin:
+        """The plugin described by the ``ACCEL_MEGATRON_*`` variables (``accel launch --use-megatron ...``)."""
+        kwargs: dict[str, Any] = {}
+        unknown = []
+        for option, raw in env.backend_options("megatron", environ).items():
+            spec = ENV_OPTIONS.get(option)
+            if spec is None:
+                unknown.append(option)
+                continue
+            name, parse = spec
+            try:
+                kwargs[name] = parse(raw)
+            except ValueError as error:
+                raise ValueError(f"Environment variable ACCEL_MEGATRON_{option.upper()}={raw!r}: {error}") from None
+        if unknown:
+            known = ", ".join(sorted(f"ACCEL_MEGATRON_{o.upper()}" for o in ENV_OPTIONS))
+            raise ValueError(
+                f"Unknown Megatron option(s) {', '.join(f'ACCEL_MEGATRON_{u.upper()}' for u in sorted(unknown))} "
+                f"(from the environment or the config file's megatron section). Known: {known}."
+            )
+        return cls(**kwargs)
+
+    def to_env(self) -> dict[str, str]:
+        """The ``ACCEL_MEGATRON_*`` variables that rebuild this plugin in launched processes (non-defaults only)."""
+        defaults = type(self)()
+        result: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value == getattr(defaults, f.name):
+                continue
+            text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+            result[f"ACCEL_MEGATRON_{f.name.upper()}"] = text
+        return result

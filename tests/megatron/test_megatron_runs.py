@@ -1,0 +1,15 @@
+"""Real Megatron-core tensor + data parallelism on CPU: one 2-process gloo launch runs every check in tp_checks.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_tensor_and_data_parallel_follow_plain_torch(torchrun, tmp_path) -> None:
+    """TP=2 vs the unsplit model (AdamW, clipping), RNG streams, full-weight export, checkpoint replay,
+    DP=2 vs torch DDP, and the refused settings (pp_degree=2, tp_degree=3, another TP degree on load)."""
+    result = torchrun(HERE / "tp_checks.py", str(tmp_path), timeout=240)
+    for rank in (0, 1):
+        assert f"MEGATRON CHECKS PASSED {rank}" in result.stdout, result.stdout + result.stderr[-4000:]

@@ -1,0 +1,243 @@
+"""Megatron-core TP + DP through the Accelerator, against plain torch, in one 2-process gloo launch.
+
+Run: torchrun --nproc_per_node 2 tests/megatron/tp_checks.py <tmp_dir>
+Checks, in order: refused settings (pp_degree=2, tp_degree=3 on 2 processes) fail on every process;
+TP=2 training (AdamW, clipping) follows one process training the unsplit model; Megatron's RNG
+streams; full-weight export; save_state / load_state replays the same steps; DP=2 with the plugin's
+gradient_clipping and accumulation follows torch DDP; a TP=2 checkpoint refuses to load under TP=1.
+Every check raises on failure; the last line printed on each rank is "MEGATRON CHECKS PASSED <rank>".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from accel_checkpoint.errors import CheckpointMismatchError
+from accel_core import Accelerator, DistributedType
+from accel_megatron import MegatronLMPlugin
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+TMP = Path(sys.argv[1])
+FEATURES, HIDDEN, OUT, SAMPLES, BATCH, LR, CLIP = 8, 16, 4, 48, 4, 1e-2, 0.3
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else int(os.environ["RANK"])
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"[rank {rank()}] {message}")
+
+
+def close(a: torch.Tensor | float, b: torch.Tensor | float, tol: float = 1e-5) -> bool:
+    return torch.allclose(torch.as_tensor(a).float(), torch.as_tensor(b).float(), rtol=tol, atol=tol)
+
+
+@contextlib.contextmanager
+def raises(kind: type[BaseException], text: str):
+    try:
+        yield
+    except kind as error:
+        check(text in str(error), f"expected {text!r} in: {error}")
+        return
+    raise AssertionError(f"[rank {rank()}] expected {kind.__name__} ({text!r})")
+
+
+class TPMLP(nn.Module):
+    """col (split by output) -> tanh -> dropout on the split hidden (Megatron's TP RNG stream) -> row (split by input)."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        from megatron.core import tensor_parallel
+
+        init = nn.init.xavier_normal_
+        self.col = tensor_parallel.ColumnParallelLinear(FEATURES, HIDDEN, config=config, init_method=init, bias=True, gather_output=False)
+        self.row = tensor_parallel.RowParallelLinear(HIDDEN, OUT, config=config, init_method=init, bias=True, input_is_parallel=True, skip_bias_add=False)
+        self.dropout = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+        hidden = torch.tanh(self.col(x)[0])
+        with get_cuda_rng_tracker().fork():
+            hidden = F.dropout(hidden, self.dropout, self.training)
+        return self.row(hidden)[0]
+
+
+class FullMLP(nn.Module):
+    """The unsplit model, with the same parameter names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.col, self.row = nn.Linear(FEATURES, HIDDEN), nn.Linear(HIDDEN, OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.row(torch.tanh(self.col(x)))
+
+
+def dataset() -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(SAMPLES, FEATURES, generator=g)
+    return torch.utils.data.TensorDataset(x, torch.sin(x[:, :OUT]) + 0.1 * torch.randn(SAMPLES, OUT, generator=g))
+
+
+def loader() -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(dataset(), batch_size=BATCH, shuffle=False)
+
+
+def step(accelerator, model, optimizer, batch, clip: float | None = None):
+    x, y = batch
+    with accelerator.accumulate(model):
+        loss = F.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        norm = accelerator.clip_grad_norm_(model.parameters(), clip) if clip is not None and accelerator.sync_gradients else None
+        optimizer.step()
+        optimizer.zero_grad()
+    return loss.detach(), norm
+
+
+def check_refused_settings() -> None:
+    with raises(ValueError, "pipeline parallelism is not supported by this version"):
+        MegatronLMPlugin(pp_degree=2)
+    # Before any communication, so each process raises on its own: nobody waits for the others.
+    with raises(ValueError, "tp_degree=3) does not divide the 2 processes"):
+        Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=3))
+
+
+def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimizer]:
+    """(a) TP=2 follows the unsplit model: losses, clipping norms, final gathered weights."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    accelerator = Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=2))
+    strategy = accelerator.strategy
+    check(accelerator.distributed_type == DistributedType.MEGATRON_LM, f"distributed_type {accelerator.distributed_type}")
+    check(parallel_state.get_tensor_model_parallel_rank() == rank(), "TP rank = process index with tp_degree=2 on 2 processes")
+    check((strategy.data_parallel_size, strategy.data_parallel_rank) == (1, 0), "TP peers form one DP replica")
+    check(accelerator.state.megatron_lm_plugin is strategy.plugin, "state.megatron_lm_plugin is the plugin")
+
+    # Megatron's RNG streams: inside fork() TP ranks draw differently, outside they agree, and fork leaves the default stream alone.
+    torch.manual_seed(7)
+    with get_cuda_rng_tracker().fork():
+        inside = torch.rand(4)
+    outside = torch.rand(4)
+    torch.manual_seed(7)
+    check(torch.equal(outside, torch.rand(4)), "fork() must not consume the default stream")
+    draws = [torch.empty(8) for _ in range(2)]
+    dist.all_gather(draws, torch.cat([inside, outside]))
+    check(not torch.equal(draws[0][:4], draws[1][:4]) and torch.equal(draws[0][4:], draws[1][4:]), f"RNG streams per TP rank: {draws}")
+
+    torch.manual_seed(0)
+    reference = FullMLP()
+    torch.manual_seed(1)  # other weights on purpose: load_model_state_dict must give each rank its block
+    model = TPMLP(strategy.model_parallel_config())
+    check(model.col.weight.shape == (HIDDEN // 2, FEATURES) and model.row.weight.shape == (OUT, HIDDEN // 2), "weights split in two")
+    strategy.load_model_state_dict(model, reference.state_dict())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    model, optimizer, train_loader = accelerator.prepare(model, optimizer, loader())
+    check(accelerator.unwrap_model(model) is model, "no DDP wrapper with a single DP replica")
+
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=LR)
+    batches = list(train_loader)
+    seen = [None, None]
+    dist.all_gather_object(seen, [b[0].sum().item() for b in batches])
+    check(seen[0] == seen[1] and len(batches) == SAMPLES // BATCH, "TP peers read the same batches, all of them")
+    clipped = 0
+    for i, batch in enumerate(batches[:6]):
+        loss, norm = step(accelerator, model, optimizer, batch, clip=CLIP)
+        ref_loss = F.mse_loss(reference(batch[0]), batch[1])
+        ref_loss.backward()
+        ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP)
+        ref_optimizer.step()
+        ref_optimizer.zero_grad()
+        check(close(loss, ref_loss), f"step {i}: loss {loss.item()} vs unsplit {ref_loss.item()}")
+        check(close(norm, ref_norm), f"step {i}: clip norm {norm.item()} vs unsplit {ref_norm.item()}")
+        clipped += int(ref_norm > CLIP)
+    check(clipped >= 2, f"clipping must act in the test ({clipped} clipped steps)")
+    full = accelerator.get_state_dict(model)
+    check(sorted(full) == sorted(reference.state_dict()), f"gathered keys {sorted(full)}")
+    for key, value in reference.state_dict().items():
+        check(full[key].shape == value.shape and close(full[key], value), f"gathered {key} differs from the unsplit model's")
+
+    # Full-weight export: one safetensors file with the unsplit weights.
+    accelerator.save_model(model, TMP / "export")
+    if accelerator.is_main_process:
+        from safetensors.torch import load_file
+
+        exported = load_file(TMP / "export" / "model.safetensors")
+        check(all(torch.equal(exported[k], full[k]) for k in full) and sorted(exported) == sorted(full), "save_model wrote the gathered weights")
+    return accelerator, model, optimizer
+
+
+def check_checkpoint_replay(accelerator: Accelerator, model: nn.Module, optimizer) -> None:
+    """(c) save_state, 3 more steps (with dropout on the TP stream), load_state, the same 3 steps again: identical."""
+    accelerator.unwrap_model(model).dropout = 0.3
+    batches = list(accelerator._dataloaders[0])[6:9]
+    accelerator.save_state(TMP / "ckpt")
+
+    def run() -> tuple[list[float], dict[str, torch.Tensor]]:
+        losses = [step(accelerator, model, optimizer, batch)[0].item() for batch in batches]
+        return losses, {k: v.clone() for k, v in accelerator.get_state_dict(model).items()}
+
+    first_losses, first_weights = run()
+    accelerator.load_state(TMP / "ckpt")
+    second_losses, second_weights = run()
+    check(first_losses == second_losses, f"replayed losses {second_losses} vs {first_losses}")
+    check(all(torch.equal(first_weights[k], second_weights[k]) for k in first_weights), "replayed weights differ")
+    files = sorted(p.relative_to(TMP / "ckpt").as_posix() for p in (TMP / "ckpt" / "sharded").rglob("*") if p.is_file())
+    check(files == ["sharded/megatron.json"] + [f"sharded/tp_rank_0{r}/{n}" for r in (0, 1) for n in ("model_0.pt", "optimizer_0.pt", "rng_tracker.pt")], f"{files}")
+
+
+def check_data_parallel() -> None:
+    """(b) TP=1 on 2 processes is DP=2: follows torch DDP (accumulation 2, the plugin's gradient_clipping).
+    Then (d) the TP=2 checkpoint refuses to load here."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()  # the TP=2 groups; a new plugin with other degrees needs new ones
+    accelerator = Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=1, gradient_clipping=CLIP), gradient_accumulation_steps=2)
+    strategy = accelerator.strategy
+    check((strategy.data_parallel_size, strategy.data_parallel_rank) == (2, rank()), "TP=1 on 2 processes is DP=2")
+    torch.manual_seed(0)
+    model = FullMLP()
+    torch.manual_seed(0)
+    reference = DistributedDataParallel(FullMLP())
+    model, optimizer, train_loader = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR), loader())
+    check(isinstance(model, DistributedDataParallel), "DP replicas are wrapped in DDP")
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=LR)
+    batches = list(train_loader)[:6]
+    seen = [None, None]
+    dist.all_gather_object(seen, [b[0].sum().item() for b in batches])
+    check(seen[0] != seen[1], "DP ranks read different batches")
+    for i, batch in enumerate(batches):
+        loss, _ = step(accelerator, model, optimizer, batch)
+        boundary = i % 2 == 1
+        with contextlib.nullcontext() if boundary else reference.no_sync():
+            ref_loss = F.mse_loss(reference(batch[0]), batch[1])
+            (ref_loss / 2).backward()
+        check(close(loss, ref_loss), f"step {i}: loss {loss.item()} vs DDP {ref_loss.item()}")
+        if boundary:
+            ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP)
+            check(close(strategy.last_grad_norm, ref_norm), f"step {i}: plugin clip norm {strategy.last_grad_norm} vs DDP {ref_norm}")
+            ref_optimizer.step()
+            ref_optimizer.zero_grad()
+    for key, value in reference.module.state_dict().items():
+        check(close(accelerator.get_state_dict(model)[key], value), f"{key} differs from DDP's")
+
+    with raises(CheckpointMismatchError, "saved with tp_degree=2, this run uses tp_degree=1"):
+        accelerator.load_state(TMP / "ckpt")
+
+
+if __name__ == "__main__":
+    check_refused_settings()
+    accelerator, model, optimizer = check_tensor_parallel()
+    check_checkpoint_replay(accelerator, model, optimizer)
+    check_data_parallel()
+    print(f"MEGATRON CHECKS PASSED {rank()}", flush=True)
