@@ -89,6 +89,13 @@ class MegatronStrategy(Strategy):
     def setup(self, accelerator: Any) -> None:
         """Builds Megatron's TP / DP groups and seeds its RNG streams (collective)."""
         super().setup(accelerator)
+        if self.plugin.sequence_parallelism and self.state.device.type != "cuda":
+            # Checked before any communication, so every process raises.
+            raise ValueError(
+                "MegatronLMPlugin(sequence_parallelism=True) needs GPUs: Megatron-core's sequence-parallel layers gather "
+                "into a buffer it allocates on CUDA (megatron.core.utils.GlobalMemoryBuffer). Set sequence_parallelism=False "
+                f"on {self.state.device.type} runs."
+            )
         from . import groups
 
         groups.import_megatron()  # first, so its warnings about Transformer-Engine are filtered
