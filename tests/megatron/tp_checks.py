@@ -1,10 +1,11 @@
 """Megatron-core TP + DP through the Accelerator, against plain torch, in one 2-process gloo launch.
 
 Run: torchrun --nproc_per_node 2 tests/megatron/tp_checks.py <tmp_dir>
-Checks, in order: refused settings (pp_degree=2, tp_degree=3 on 2 processes, sequence parallelism on
-CPU) fail on every process; TP=2 training (AdamW, clipping) follows one process training the
-unsplit model; Megatron's RNG streams; full-weight export; save_state / load_state replays the same steps; DP=2 with the plugin's
-gradient_clipping and accumulation follows torch DDP; a TP=2 checkpoint refuses to load under TP=1.
+Checks, in order: refused settings (pp_degree=2, tp_degree=3 on 2 processes, sequence parallelism
+and bf16 on CPU) fail on every process; TP=2 training (AdamW, clipping) follows one process
+training the unsplit model; Megatron's RNG streams; full-weight export; save_state / load_state
+replays the same steps; DP=2 with the plugin's gradient_clipping and accumulation follows torch
+DDP; a TP=2 checkpoint refuses to load under TP=1.
 Every check raises on failure; the last line printed on each rank is "MEGATRON CHECKS PASSED <rank>".
 """
 
@@ -112,6 +113,8 @@ def check_refused_settings() -> None:
         Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=3))
     with raises(ValueError, "sequence_parallelism=True) needs GPUs"):
         Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=2, sequence_parallelism=True))
+    with raises(ValueError, "mixed_precision='bf16' with the megatron strategy needs GPUs"):
+        Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=2), mixed_precision="bf16")
 
 
 def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimizer]:

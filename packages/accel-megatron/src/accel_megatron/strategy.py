@@ -89,8 +89,15 @@ class MegatronStrategy(Strategy):
     def setup(self, accelerator: Any) -> None:
         """Builds Megatron's TP / DP groups and seeds its RNG streams (collective)."""
         super().setup(accelerator)
+        # Checked before any communication, so every process raises.
+        if accelerator.plan.mixed_precision == "bf16" and self.state.device.type != "cuda":
+            raise ValueError(
+                "mixed_precision='bf16' with the megatron strategy needs GPUs: Megatron's tensor-parallel layers re-enter "
+                "autocast in their backward only on CUDA (torch.amp.custom_bwd(device_type='cuda')), so on "
+                f"{self.state.device.type} their bf16 gradients meet fp32 weights. Use mixed_precision='no' here, or build "
+                "the model in bf16: accelerator.strategy.model_parallel_config(params_dtype=torch.bfloat16)."
+            )
         if self.plugin.sequence_parallelism and self.state.device.type != "cuda":
-            # Checked before any communication, so every process raises.
             raise ValueError(
                 "MegatronLMPlugin(sequence_parallelism=True) needs GPUs: Megatron-core's sequence-parallel layers gather "
                 "into a buffer it allocates on CUDA (megatron.core.utils.GlobalMemoryBuffer). Set sequence_parallelism=False "
