@@ -155,6 +155,11 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
     seen = [None, None]
     dist.all_gather_object(seen, [b[0].sum().item() for b in batches])
     check(seen[0] == seen[1] and len(batches) == SAMPLES // BATCH, "TP peers read the same batches, all of them")
+    # gather_for_metrics gathers over the DP group: TP peers hold the same samples, so the world would repeat them.
+    eval_x = dataset().tensors[0][:10]
+    eval_loader = accelerator.prepare(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(eval_x), batch_size=BATCH))
+    gathered = torch.cat([accelerator.gather_for_metrics(b[0]) for b in eval_loader])
+    check(torch.equal(gathered, eval_x), f"gather_for_metrics under TP=2: {tuple(gathered.shape)} rows, expected the 10 samples once")
     clipped = 0
     for i, batch in enumerate(batches[:6]):
         loss, norm = step(accelerator, model, optimizer, batch, clip=CLIP)

@@ -399,10 +399,13 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
         """
         remainder = self.gradient_state.remainder
         keep = remainder if self.use_distributed and self.gradient_state.end_of_dataloader and remainder > 0 else None
+        # Where data is sharded over a data-parallel group smaller than the world (tensor-parallel
+        # peers read the same batches), gather over that group: the world would repeat each sample.
+        group = self.strategy.data_parallel_group if self.strategy.data_parallel_size != self.num_processes else None
         if use_gather_object:
-            data = ops.gather_object(input_data)
+            data = ops.gather_object(input_data, group)
             return data[:keep] if keep is not None and isinstance(input_data, (list, tuple)) else data
-        return _gather_samples(input_data, keep)
+        return _gather_samples(input_data, keep, group)
 
     # -- models -----------------------------------------------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
@@ -494,14 +497,14 @@ def _contains_tensor(data: Any) -> bool:
     return False
 
 
-def _gather_samples(data: Any, keep: int | None) -> Any:
-    """Gathers ``data`` along its sample dimension; keeps the first ``keep`` samples when given."""
+def _gather_samples(data: Any, keep: int | None, group: Any = None) -> Any:
+    """Gathers ``data`` along its sample dimension over ``group``; keeps the first ``keep`` samples when given."""
     if isinstance(data, torch.Tensor):
-        gathered = ops.gather(data)
+        gathered = ops.gather(data, group)
         return gathered if keep is None else gathered[:keep]
     if isinstance(data, Mapping):
-        return type(data)({k: _gather_samples(v, keep) for k, v in data.items()})
+        return type(data)({k: _gather_samples(v, keep, group) for k, v in data.items()})
     if isinstance(data, (list, tuple)) and _contains_tensor(data):
-        return ops.honor_type(data, (_gather_samples(v, keep) for v in data))
-    gathered = ops.gather_object(data)  # a list of samples is concatenated; a lone object listed per process
+        return ops.honor_type(data, (_gather_samples(v, keep, group) for v in data))
+    gathered = ops.gather_object(data, group)  # a list of samples is concatenated; a lone object listed per process
     return gathered if keep is None or not isinstance(data, (list, tuple)) else gathered[:keep]

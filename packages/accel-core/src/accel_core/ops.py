@@ -138,18 +138,18 @@ def _check_same_shapes(operation: str, data: Any, ignore_dim: int | None = None)
 
 
 # -- collectives --------------------------------------------------------------------------------
-def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
+def _gather_one(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     if tensor.ndim == 0:
         tensor = tensor[None]
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, tensor)
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, tensor, group=group)
     return torch.cat(parts, dim=0)
 
 
-def gather(tensor: Any) -> Any:
-    """Gathers tensors from every process and concatenates them on the first dimension.
+def gather(tensor: Any, group: Any = None) -> Any:
+    """Gathers tensors from every process (of ``group``, default all) and concatenates them on the first dimension.
 
     All processes must pass the same shapes (pad first with ``pad_across_processes``). 0-d tensors
     become one element each.
@@ -157,16 +157,17 @@ def gather(tensor: Any) -> Any:
     if not PartialState().use_distributed:
         return tensor
     _check_same_shapes("gather", tensor)
-    return recursively_apply(_gather_one, tensor, error_on_other_type=True)
+    return recursively_apply(lambda t: _gather_one(t, group), tensor, error_on_other_type=True)
 
 
-def gather_object(obj: Any) -> list[Any]:
-    """Gathers any picklable objects; lists and tuples are concatenated, other objects listed per rank."""
+def gather_object(obj: Any, group: Any = None) -> list[Any]:
+    """Gathers any picklable objects (from ``group``, default all processes); lists and tuples are
+    concatenated, other objects listed per rank."""
     state = PartialState()
     if not state.use_distributed:
         return list(obj) if isinstance(obj, (list, tuple)) else [obj]
-    everyone: list[Any] = [None] * state.num_processes
-    dist.all_gather_object(everyone, obj)
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, obj, group=group)
     if isinstance(obj, (list, tuple)):
         return [item for part in everyone for item in part]
     return everyone
