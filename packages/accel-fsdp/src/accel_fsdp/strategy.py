@@ -12,14 +12,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator
-from datetime import timedelta
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
-from accel_core import environment as env
 from accel_core.enums import DistributedType
 from accel_core.strategies import Strategy
+from accel_core.strategies.groups import join_group_of_one
 from torch import nn
 
 from . import checkpointing, fsdp1, fsdp2, grads
@@ -82,11 +80,7 @@ class FSDPStrategy(Strategy):
     def init_process_group(self, **kwargs: Any) -> None:
         """With one process, joins a process group of one (in memory): ``fully_shard``, DeviceMesh and
         DCP need a group, and a checkpoint written by many processes then loads the same way on one."""
-        if dist.is_initialized() or (env.get_int(env.WORLD_SIZE, 1) or 1) > 1:
-            return  # several processes: PartialState joins torchrun's group as usual
-        backend = kwargs.get("backend") or ("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
-        timeout = kwargs.get("timeout") or timedelta(minutes=30)
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        join_group_of_one(**kwargs)
 
     def setup(self, accelerator: Any) -> None:
         super().setup(accelerator)

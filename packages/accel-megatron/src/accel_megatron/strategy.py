@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator
-from datetime import timedelta
 from typing import Any, ClassVar
 
 import torch
@@ -30,6 +29,8 @@ from accel_core import environment as env
 from accel_core.configuration import DistributedDataParallelKwargs
 from accel_core.enums import DistributedType
 from accel_core.strategies.base import Strategy
+from accel_core.strategies.ddp import wrap_in_ddp
+from accel_core.strategies.groups import join_group_of_one
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -78,13 +79,8 @@ class MegatronStrategy(Strategy):
     def init_process_group(self, **kwargs: Any) -> None:
         """Refuses a ``tp_degree`` that does not divide the processes (on every process, before any
         communication); with one process, joins a group of one (in memory) for Megatron's groups."""
-        world_size = env.get_int(env.WORLD_SIZE, 1) or 1
-        self.plugin.check_world_size(world_size)
-        if dist.is_initialized() or world_size > 1:
-            return  # several processes: PartialState joins torchrun's group as usual
-        backend = kwargs.get("backend") or ("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
-        timeout = kwargs.get("timeout") or timedelta(minutes=30)
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        self.plugin.check_world_size(env.get_int(env.WORLD_SIZE, 1) or 1)
+        join_group_of_one(**kwargs)
 
     def setup(self, accelerator: Any) -> None:
         """Builds Megatron's TP / DP groups and seeds its RNG streams (collective)."""
@@ -167,12 +163,7 @@ class MegatronStrategy(Strategy):
             )
         if isinstance(model, DistributedDataParallel) or not trainable or self.data_parallel_size == 1:
             return model
-        kwargs: dict[str, Any] = self.ddp_kwargs.to_kwargs() if self.ddp_kwargs is not None else {}
-        device = self.state.device
-        if device.type in ("cuda", "xpu"):
-            kwargs.setdefault("device_ids", [device.index])
-            kwargs.setdefault("output_device", device.index)
-        return DistributedDataParallel(model, process_group=self.data_parallel_group, **kwargs)
+        return wrap_in_ddp(model, self.ddp_kwargs, self.state.device, self.data_parallel_group)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model

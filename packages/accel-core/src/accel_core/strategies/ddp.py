@@ -14,6 +14,21 @@ from ..enums import DistributedType
 from .base import Strategy
 
 
+def wrap_in_ddp(
+    model: torch.nn.Module,
+    ddp_kwargs: DistributedDataParallelKwargs | None,
+    device: torch.device,
+    process_group: Any = None,
+) -> DistributedDataParallel:
+    """``DistributedDataParallel`` over ``process_group`` (default: all processes) with the user's
+    ``DistributedDataParallelKwargs``; on an accelerator, pinned to this process's device."""
+    kwargs: dict[str, Any] = ddp_kwargs.to_kwargs() if ddp_kwargs is not None else {}
+    if device.type in ("cuda", "xpu"):
+        kwargs.setdefault("device_ids", [device.index])
+        kwargs.setdefault("output_device", device.index)
+    return DistributedDataParallel(model, process_group=process_group, **kwargs)
+
+
 class SingleDeviceStrategy(Strategy):
     """One process on one device (CPU, one GPU, MPS)."""
 
@@ -43,12 +58,7 @@ class DDPStrategy(Strategy):
         model = super().prepare_model(model, device_placement)
         if isinstance(model, DistributedDataParallel) or not any(p.requires_grad for p in model.parameters()):
             return model
-        kwargs: dict[str, Any] = self.ddp_kwargs.to_kwargs() if self.ddp_kwargs is not None else {}
-        device = self.state.device
-        if device.type in ("cuda", "xpu"):
-            kwargs.setdefault("device_ids", [device.index])
-            kwargs.setdefault("output_device", device.index)
-        return DistributedDataParallel(model, **kwargs)
+        return wrap_in_ddp(model, self.ddp_kwargs, self.state.device)
 
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
