@@ -7,7 +7,8 @@ Every setting has one name here so the launcher, the config file and the state a
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 PREFIX = "ACCEL_"
 
@@ -79,3 +80,39 @@ def backend_options(backend: str, environ: Mapping[str, str] | None = None) -> d
     env = os.environ if environ is None else environ
     prefix = f"{PREFIX}{backend.upper()}_"
     return {key[len(prefix) :].lower(): value for key, value in env.items() if key.startswith(prefix)}
+
+
+def parse_backend_options(
+    backend: str,
+    table: Mapping[str, tuple[str, Callable[[str], Any]]],
+    environ: Mapping[str, str] | None = None,
+    label: str | None = None,
+) -> dict[str, Any]:
+    """A plugin's keyword arguments from the ``ACCEL_<BACKEND>_*`` variables.
+
+    ``table`` maps each option (lower-case) to ``(plugin field, parser)``. A value its parser
+    rejects (ValueError), or an option not in the table, raises ValueError naming the variable.
+
+    Example: with ``ACCEL_FSDP_VERSION=1``, ``parse_backend_options("fsdp", {"version": ("fsdp_version", int)})``
+    gives ``{"fsdp_version": 1}``.
+    """
+    prefix = f"{PREFIX}{backend.upper()}_"
+    kwargs: dict[str, Any] = {}
+    unknown = []
+    for option, raw in backend_options(backend, environ).items():
+        spec = table.get(option)
+        if spec is None:
+            unknown.append(option)
+            continue
+        name, parse = spec
+        try:
+            kwargs[name] = parse(raw)
+        except ValueError as error:
+            raise ValueError(f"Environment variable {prefix}{option.upper()}={raw!r}: {error}") from None
+    if unknown:
+        known = ", ".join(sorted(prefix + o.upper() for o in table))
+        raise ValueError(
+            f"Unknown {label or backend} option(s) {', '.join(prefix + u.upper() for u in sorted(unknown))} "
+            f"(from the environment or the config file's {backend} section). Known: {known}."
+        )
+    return kwargs

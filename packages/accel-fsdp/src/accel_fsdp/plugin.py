@@ -176,26 +176,7 @@ class FullyShardedDataParallelPlugin:
         Example: ``ACCEL_FSDP_VERSION=1 ACCEL_FSDP_STATE_DICT_TYPE=FULL_STATE_DICT`` gives
         ``FullyShardedDataParallelPlugin(fsdp_version=1, state_dict_type="FULL_STATE_DICT")``.
         """
-        options = env.backend_options("fsdp", environ)
-        kwargs: dict[str, Any] = {}
-        unknown = []
-        for option, raw in options.items():
-            spec = ENV_OPTIONS.get(option)
-            if spec is None:
-                unknown.append(option)
-                continue
-            name, parse = spec
-            variable = f"ACCEL_FSDP_{option.upper()}"
-            try:
-                kwargs[name] = parse(raw)
-            except ValueError as error:
-                raise ValueError(f"Environment variable {variable}={raw!r}: {error}") from None
-        if unknown:
-            known = ", ".join(sorted(f"ACCEL_FSDP_{o.upper()}" for o in ENV_OPTIONS))
-            raise ValueError(
-                f"Unknown FSDP option(s) {', '.join(f'ACCEL_FSDP_{u.upper()}' for u in sorted(unknown))} "
-                f"(from the environment or the config file's fsdp section). Known: {known}."
-            )
+        kwargs = env.parse_backend_options("fsdp", ENV_OPTIONS, environ, label="FSDP")
         try:
             return cls(**kwargs)
         except (TypeError, ValueError) as error:

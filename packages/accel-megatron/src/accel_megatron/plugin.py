@@ -127,25 +127,7 @@ class MegatronLMPlugin:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> MegatronLMPlugin:
         """The plugin described by the ``ACCEL_MEGATRON_*`` variables (``accel launch --use-megatron ...``)."""
-        kwargs: dict[str, Any] = {}
-        unknown = []
-        for option, raw in env.backend_options("megatron", environ).items():
-            spec = ENV_OPTIONS.get(option)
-            if spec is None:
-                unknown.append(option)
-                continue
-            name, parse = spec
-            try:
-                kwargs[name] = parse(raw)
-            except ValueError as error:
-                raise ValueError(f"Environment variable ACCEL_MEGATRON_{option.upper()}={raw!r}: {error}") from None
-        if unknown:
-            known = ", ".join(sorted(f"ACCEL_MEGATRON_{o.upper()}" for o in ENV_OPTIONS))
-            raise ValueError(
-                f"Unknown Megatron option(s) {', '.join(f'ACCEL_MEGATRON_{u.upper()}' for u in sorted(unknown))} "
-                f"(from the environment or the config file's megatron section). Known: {known}."
-            )
-        return cls(**kwargs)
+        return cls(**env.parse_backend_options("megatron", ENV_OPTIONS, environ, label="Megatron"))
 
     def to_env(self) -> dict[str, str]:
         """The ``ACCEL_MEGATRON_*`` variables that rebuild this plugin in launched processes (non-defaults only)."""
