@@ -31,13 +31,15 @@ def readable(stderr: str) -> str:
 
 def test_digits_trains_evaluates_checkpoints_and_resumes(tmp_path):
     project = tmp_path / "digits"
-    result = launch("--epochs", "5", "--project-dir", str(project), "--min-accuracy", "0.95")
+    result = launch("--epochs", "5", "--project-dir", str(project), "--min-accuracy", "0.93")
     epochs = re.findall(r"epoch (\d+): train loss ([\d.]+) \| test accuracy ([\d.]+) on (\d+) samples", result.stdout)
     assert [int(e[0]) for e in epochs] == [0, 1, 2, 3, 4], result.stdout
     losses = [float(e[1]) for e in epochs]
     assert losses[-1] < losses[0] / 4, f"loss should fall: {losses}"
-    assert float(epochs[-1][2]) >= 0.95
-    assert {int(e[3]) for e in epochs} == {360}, "gather_for_metrics must count each of the 360 test samples once"
+    assert float(epochs[-1][2]) >= 0.93  # 0.95 after 5 epochs here; margin for other CPUs
+    # 359 test samples over 2 processes x batches of 64: the last step is padded, and
+    # gather_for_metrics must drop the repeated sample so that each is counted once.
+    assert {int(e[3]) for e in epochs} == {359}, "gather_for_metrics must count each of the 359 test samples once"
 
     checkpoints = sorted(p.name for p in (project / "checkpoints").iterdir())
     assert checkpoints == ["checkpoint_3", "checkpoint_4"], checkpoints  # total_limit=2
