@@ -48,6 +48,18 @@ def raw_optimizer(optimizer: Any) -> Any:
     return getattr(optimizer, "optimizer", optimizer)
 
 
+def optimizer_owner(optimizer: Any, models: Any) -> Any:
+    """The model whose parameters ``optimizer`` updates (sharded optimizer state is keyed by its names)."""
+    ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for model in models:
+        if any(id(p) in ids for p in model.parameters()):
+            return model
+    raise ValueError(
+        f"{type(optimizer).__name__} updates none of the prepared models' parameters, so its sharded state cannot be "
+        "saved: prepare the model and its optimizer together (accelerator.prepare(model, optimizer))."
+    )
+
+
 def process_index(accelerator: Any) -> int:
     return int(getattr(accelerator, "process_index", 0))
 

@@ -25,14 +25,15 @@ def fsync_wanted(explicit: bool | None = None) -> bool:
     """Whether checkpoint files are fsynced: the argument wins, else ``ACCEL_CHECKPOINT_FSYNC`` (default on)."""
     if explicit is not None:
         return bool(explicit)
+    from accel_core.environment import parse_flag
+
     from .constants import FSYNC_ENV
 
-    value = os.environ.get(FSYNC_ENV, "").strip().lower()
-    if value in ("", "1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{FSYNC_ENV}={os.environ[FSYNC_ENV]!r} is not a switch; set it to 1 (fsync, the default) or 0.")
+    value = os.environ.get(FSYNC_ENV, "").strip()
+    try:
+        return parse_flag(value) if value else True  # empty counts as unset here, not as "off"
+    except ValueError:
+        raise ValueError(f"{FSYNC_ENV}={os.environ[FSYNC_ENV]!r} is not a switch; set it to 1 (fsync, the default) or 0.") from None
 
 
 def fsync_dir(path: str) -> None:

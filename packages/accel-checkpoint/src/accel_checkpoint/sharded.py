@@ -17,7 +17,7 @@ import os
 from collections.abc import Collection
 from typing import Any, Protocol, runtime_checkable
 
-from .access import listed, raw_optimizer, strategy_of
+from .access import listed, optimizer_owner, raw_optimizer, strategy_of
 
 MODELS = "models"
 OPTIMIZERS = "optimizers"
@@ -65,18 +65,6 @@ def find_sharded(accelerator: Any) -> tuple[Any, str] | None:
     return None
 
 
-def _owner(models: list[Any], optimizer: Any) -> Any:
-    """The model whose parameters an optimizer updates (DCP's optimizer state dict is keyed by its names)."""
-    ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    for model in models:
-        if any(id(p) in ids for p in model.parameters()):
-            return model
-    raise ValueError(
-        "An optimizer's parameters belong to none of the prepared models; prepare the model together "
-        "with its optimizer so its sharded state can be saved."
-    )
-
-
 class DCPCheckpointing:
     """The default ``ShardedCheckpointing``: one ``torch.distributed.checkpoint`` folder per model/optimizer.
 
@@ -94,7 +82,7 @@ class DCPCheckpointing:
             dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(folder, f"model_{i}"))
         for i, wrapped in enumerate(listed(accelerator, "_optimizers")):
             optimizer = raw_optimizer(wrapped)
-            state = get_optimizer_state_dict(_owner(models, optimizer), optimizer)
+            state = get_optimizer_state_dict(optimizer_owner(optimizer, models), optimizer)
             dcp.save({"optimizer": state}, checkpoint_id=os.path.join(folder, f"optimizer_{i}"))
         return (MODELS, OPTIMIZERS)
 
@@ -123,7 +111,7 @@ class DCPCheckpointing:
             set_model_state_dict(model, state["model"])
         for i, wrapped in enumerate(listed(accelerator, "_optimizers")):
             optimizer = raw_optimizer(wrapped)
-            owner = _owner(models, optimizer)
+            owner = optimizer_owner(optimizer, models)
             state = {"optimizer": get_optimizer_state_dict(owner, optimizer)}
             read(state, os.path.join(folder, f"optimizer_{i}"))
             set_optimizer_state_dict(owner, optimizer, state["optimizer"])

@@ -24,8 +24,6 @@ import contextlib
 import glob
 import io
 import os
-import shutil
-import uuid
 from argparse import Namespace
 from typing import Any
 
@@ -92,10 +90,12 @@ def _convert_guarded(source: str, root: str, tag: str, saved: int, now: int) -> 
 
 def _convert(source: str, root: str, tag: str) -> None:
     """ds_to_universal into a hidden folder, then renamed to ``root/tag`` (a concurrent conversion may win)."""
+    from accel_checkpoint.fsio import remove_tree, token
+    from accel_checkpoint.layout import partial_path
     from deepspeed.checkpoint import ds_to_universal
 
     os.makedirs(root, exist_ok=True)
-    partial = os.path.join(root, f".{tag}.partial-{uuid.uuid4().hex[:12]}")
+    partial = partial_path(os.path.join(root, tag), token())
     args = Namespace(
         input_folder=source,
         output_folder=os.path.join(partial, tag),
@@ -118,7 +118,7 @@ def _convert(source: str, root: str, tag: str) -> None:
     except Exception as error:
         raise RuntimeError(f"{error} (ds_to_universal's output: {output.getvalue()[-2000:]})") from error
     finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        remove_tree(partial)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from accel_checkpoint.access import optimizer_owner, raw_optimizer
 from torch import nn
 
 MODELS = "models"
@@ -46,21 +47,6 @@ def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, Any], str
     return set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
 
 
-def owner_of(optimizer: torch.optim.Optimizer, models: Sequence[nn.Module]) -> nn.Module:
-    ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    for model in models:
-        if any(id(p) in ids for p in model.parameters()):
-            return model
-    raise ValueError(
-        f"{type(optimizer).__name__} updates none of the prepared models' parameters, so its sharded state cannot be "
-        "saved: prepare the model and its optimizer together (accelerator.prepare(model, optimizer))."
-    )
-
-
-def _raw(optimizer: Any) -> torch.optim.Optimizer:
-    return getattr(optimizer, "optimizer", optimizer)
-
-
 def _resharded(models: Sequence[nn.Module]) -> list[nn.Module]:
     """The models with every FSDP2 unit back in its sharded state.
 
@@ -83,10 +69,10 @@ def save(accelerator: Any, folder: str, state_dict_type: str, is_main_process: b
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     models = _resharded(accelerator._models)
-    optimizers = [_raw(o) for o in accelerator._optimizers]
+    optimizers = [raw_optimizer(o) for o in accelerator._optimizers]
     if state_dict_type == "FULL_STATE_DICT":
         for i, optimizer in enumerate(optimizers):
-            state = get_optimizer_state_dict(owner_of(optimizer, models), optimizer, options=full_options())
+            state = get_optimizer_state_dict(optimizer_owner(optimizer, models), optimizer, options=full_options())
             if is_main_process:
                 os.makedirs(folder, exist_ok=True)
                 torch.save(state, os.path.join(folder, f"optimizer_{i}.bin"))
@@ -94,7 +80,7 @@ def save(accelerator: Any, folder: str, state_dict_type: str, is_main_process: b
     for i, model in enumerate(models):
         dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(folder, f"model_{i}"))
     for i, optimizer in enumerate(optimizers):
-        state = get_optimizer_state_dict(owner_of(optimizer, models), optimizer)
+        state = get_optimizer_state_dict(optimizer_owner(optimizer, models), optimizer)
         dcp.save({"optimizer": state}, checkpoint_id=os.path.join(folder, f"optimizer_{i}"))
     return (MODELS, OPTIMIZERS)
 
@@ -134,8 +120,8 @@ def load(accelerator: Any, folder: str, allow_unsafe_pickle: bool | None = None)
             read_dcp(state, path)
             set_model_state_dict(model, state["model"])
     for i, wrapped in enumerate(accelerator._optimizers):
-        optimizer = _raw(wrapped)
-        owner = owner_of(optimizer, models)
+        optimizer = raw_optimizer(wrapped)
+        owner = optimizer_owner(optimizer, models)
         sharded, full = os.path.join(folder, f"optimizer_{i}"), os.path.join(folder, f"optimizer_{i}.bin")
         if os.path.isdir(sharded):
             state = {"optimizer": get_optimizer_state_dict(owner, optimizer)}

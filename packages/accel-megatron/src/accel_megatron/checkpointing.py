@@ -22,6 +22,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from accel_checkpoint.access import raw_optimizer
+from accel_checkpoint.fsio import write_json
 from megatron.core import parallel_state
 
 from . import rng
@@ -35,10 +37,6 @@ METADATA = "megatron.json"
 
 def _shard_folder(folder: str, tp_rank: int) -> str:
     return os.path.join(folder, f"tp_rank_{tp_rank:02d}")
-
-
-def _raw(optimizer: Any) -> Any:
-    return getattr(optimizer, "optimizer", optimizer)
 
 
 def _on_every_process(what: str, work: Callable[[], None]) -> None:
@@ -71,15 +69,14 @@ def _save_shard(strategy: MegatronStrategy, accelerator: Any, folder: str) -> No
             "models": len(models),
             "optimizers": len(optimizers),
         }
-        with open(os.path.join(folder, METADATA), "w") as handle:
-            json.dump(metadata, handle, indent=2, sort_keys=True)
+        write_json(os.path.join(folder, METADATA), metadata)
     if parallel_state.get_data_parallel_rank() == 0:
         shard = _shard_folder(folder, parallel_state.get_tensor_model_parallel_rank())
         os.makedirs(shard, exist_ok=True)
         for i, model in enumerate(models):
             torch.save(strategy.unwrap_model(model).state_dict(), os.path.join(shard, f"model_{i}.pt"))
         for i, optimizer in enumerate(optimizers):
-            torch.save(_raw(optimizer).state_dict(), os.path.join(shard, f"optimizer_{i}.pt"))
+            torch.save(raw_optimizer(optimizer).state_dict(), os.path.join(shard, f"optimizer_{i}.pt"))
         torch.save(rng.tracker_states(), os.path.join(shard, "rng_tracker.pt"))
 
 
@@ -115,5 +112,5 @@ def _load_shard(strategy: MegatronStrategy, accelerator: Any, folder: str, allow
     for i, model in enumerate(models):
         strategy.unwrap_model(model).load_state_dict(load_torch_file(os.path.join(shard, f"model_{i}.pt"), allow_unsafe_pickle))
     for i, optimizer in enumerate(optimizers):
-        _raw(optimizer).load_state_dict(load_torch_file(os.path.join(shard, f"optimizer_{i}.pt"), allow_unsafe_pickle))
+        raw_optimizer(optimizer).load_state_dict(load_torch_file(os.path.join(shard, f"optimizer_{i}.pt"), allow_unsafe_pickle))
     rng.set_tracker_states(load_torch_file(os.path.join(shard, "rng_tracker.pt"), allow_unsafe_pickle))
