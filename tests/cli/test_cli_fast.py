@@ -100,6 +100,17 @@ def _runner(*args: str, cwd: Path, error_file: Path) -> subprocess.CompletedProc
     )
 
 
+def test_runner_finishes_what_an_interpreter_exit_would(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # The runner ends a finished worker with os._exit (see exit_without_finalization); nothing the
+    # script left for the exit may be lost.
+    done = _runner("path", str(cli.scripts / "leave_work_for_exit.py"), str(tmp_path), cwd=tmp_path, error_file=tmp_path / "e.json")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "no newline, not flushed"
+    assert (tmp_path / "left_open.txt").read_text() == "buffered, never closed"
+    assert (tmp_path / "thread.txt").read_text() == "thread finished"
+    assert (tmp_path / "atexit.txt").read_text() == "atexit ran"
+
+
 def test_runner_runs_like_python_and_records_the_users_traceback(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     error_file = tmp_path / "error.json"
     ok = _runner("path", str(cli.scripts / "exit_with.py"), "0", "x", cwd=tmp_path, error_file=error_file)

@@ -10,14 +10,19 @@ Imports neither torch nor anything heavy: a script that does not need torch star
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
+import gc
+import io
 import json
 import os
 import runpy
 import sys
+import threading
 import time
 import traceback
 from types import TracebackType
+from typing import NoReturn
 
 # Frames of this wrapper and of runpy are noise in the user's traceback.
 _OWN_FILES = {__file__, getattr(runpy, "__file__", ""), "<frozen runpy>"}
@@ -63,6 +68,39 @@ def run(kind: str, target: str, args: list[str]) -> None:
         raise SystemExit(f"accel runner: unknown kind {kind!r} (expected 'path' or 'module').")
 
 
+def exit_without_finalization(code: int = 0) -> NoReturn:
+    """Ends a worker whose script finished, as the interpreter would, minus its final teardown.
+
+    Why: 2-process CPU runs in CI (2 of 7 fresh-clone runs, never in 55 local runs) aborted after
+    the script had finished, with "terminate called without an active exception" and no Python
+    frame: a native thread object destroyed while the interpreter tore down modules and C++
+    statics. Everything a script can observe still happens here: non-daemon threads are joined (an
+    async checkpoint completes), atexit handlers run (trackers, logging, process-group teardown),
+    files the script left open are flushed, garbage is collected, stdio is flushed; then the
+    process leaves with ``os._exit``, skipping only that teardown.
+    """
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    # Files still open are flushed as teardown would, before any collection: io objects freed
+    # together in a reference cycle can lose their text buffer (CPython bpo-17852).
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase) and obj is not sys.stdin:
+            try:
+                if not obj.closed:
+                    obj.flush()
+            except (OSError, ValueError):
+                pass
+    gc.collect()  # finalizers of what the script left in cycles
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2:
@@ -70,7 +108,9 @@ def main(argv: list[str] | None = None) -> None:
     faulthandler.enable(all_threads=True)  # a crash in native code still shows where
     try:
         run(argv[0], argv[1], argv[2:])
-    except SystemExit:
+    except SystemExit as exit:
+        if exit.code in (None, 0):
+            exit_without_finalization(0)
         raise
     except Exception as error:
         tb = _user_frames(error.__traceback__)
@@ -80,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as error:  # KeyboardInterrupt and kin keep their own exit status
         record_error(error, _user_frames(error.__traceback__))
         raise
+    exit_without_finalization(0)
 
 
 if __name__ == "__main__":
