@@ -29,6 +29,8 @@ class DistributedType(_StrEnum):
 
 
 class PrecisionType(_StrEnum):
+    """The mixed-precision modes (``Accelerator(mixed_precision=...)``); fp8 needs a backend package."""
+
     NO = "no"
     FP16 = "fp16"
     BF16 = "bf16"
@@ -36,6 +38,8 @@ class PrecisionType(_StrEnum):
 
 
 class RNGType(_StrEnum):
+    """The random number generators that can be synchronised across processes (``rng_types=``)."""
+
     TORCH = "torch"
     CUDA = "cuda"
     XPU = "xpu"
@@ -44,6 +48,8 @@ class RNGType(_StrEnum):
 
 
 class DynamoBackend(_StrEnum):
+    """The ``torch.compile`` backends ``Accelerator(dynamo_backend=...)`` accepts."""
+
     NO = "no"
     EAGER = "eager"
     AOT_EAGER = "aot_eager"

@@ -235,6 +235,7 @@ class DeepSpeedPlugin:
 
     @property
     def effective_precision(self) -> str:
+        """The precision the DeepSpeed config enables: "fp16", "bf16" or "no"."""
         if is_enabled(get_value(self.deepspeed_config, "fp16.enabled")):
             return "fp16"
         if is_enabled(get_value(self.deepspeed_config, "bf16.enabled")):
@@ -265,6 +266,7 @@ class DeepSpeedPlugin:
     # -- ZeRO-3 ------------------------------------------------------------------------------
     @property
     def is_zero3(self) -> bool:
+        """Whether the plugin asks for ZeRO stage 3."""
         return self.zero_stage == 3
 
     def zero3_init_config(self) -> dict[str, Any]:
