@@ -11,6 +11,7 @@ class _StrEnum(str, Enum):
 
     @classmethod
     def list(cls) -> list[str]:
+        """The members' values, e.g. ``PrecisionType.list() == ['no', 'fp16', 'bf16', 'fp8']``."""
         return [member.value for member in cls]
 
 
