@@ -28,6 +28,13 @@ from typing import Any
 PUBLIC_MODULES = ("accel", "accel.utils")
 API_DIR = "reference/api"
 CLI_PAGE = "reference/cli.md"
+# mkdocstrings options of each object: its own heading (with the signature) under ours, out of the toc.
+OBJECT_OPTIONS = (
+    "show_root_heading: true",
+    "show_root_toc_entry: false",
+    "show_root_full_path: false",
+    "heading_level: 3",
+)
 
 log = logging.getLogger(f"mkdocs.plugins.{__name__}")
 
@@ -93,9 +100,7 @@ def api_pages() -> dict[str, str]:
             else:
                 defined = entry.target.rsplit(".", 1)[0]
                 lines += [f"`from {module_name} import {short}` (defined in `{defined}`)", ""]
-            # The object's own heading (with its signature) sits under ours, out of the page's table of contents.
-            options = ["show_root_heading: true", "show_root_toc_entry: false", "show_root_full_path: false", "heading_level: 3"]
-            lines += [f"::: {entry.target}", "    options:", *(f"      {option}" for option in options), ""]
+            lines += [f"::: {entry.target}", "    options:", *(f"      {option}" for option in OBJECT_OPTIONS), ""]
         pages[page_name(module_name)] = "\n".join(lines)
     return pages
 
@@ -105,9 +110,8 @@ def _help(*argv: str) -> str:
     with tempfile.TemporaryDirectory() as home:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
         env.update(XDG_CONFIG_HOME=home, COLUMNS="100", NO_COLOR="1", PYTHON_COLORS="0")
-        result = subprocess.run(
-            [sys.executable, "-m", "accel.cli", *argv], env=env, capture_output=True, text=True, timeout=120, check=False
-        )
+        command = [sys.executable, "-m", "accel.cli", *argv]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"accel {' '.join(argv)} failed ({result.returncode}):\n{result.stderr}")
     return result.stdout.rstrip()

@@ -43,9 +43,10 @@ def test_api_reference_lists_exactly_the_public_names(reference: ModuleType) -> 
     targets = re.findall(r"^::: (\S+)$", "\n".join(pages.values()), re.M)
     assert len(targets) == len(set(targets))
     assert "::: accel_core.accelerator.Accelerator" in pages["reference/api/accel.md"]
-    assert "The same object as [`accel.DistributedType`](accel.md#accel.DistributedType)" in pages[
-        "reference/api/accel.utils.md"
-    ]
+    assert (
+        "The same object as [`accel.DistributedType`](accel.md#accel.DistributedType)"
+        in pages["reference/api/accel.utils.md"]
+    )
 
 
 def test_cli_reference_is_what_each_command_prints(reference: ModuleType) -> None:
