@@ -149,11 +149,12 @@ def undocumented() -> list[str]:
     import griffe
 
     loader = griffe.GriffeLoader()
+    packages: dict[str, Any] = {}  # GriffeLoader.load parses again on every call
     missing = []
     for module_name in PUBLIC_MODULES:
         for entry in entries(module_name):
             package, _, rest = entry.target.partition(".")
-            loaded = loader.load(package)
+            loaded = packages.get(package) or packages.setdefault(package, loader.load(package))
             obj: Any = loaded[rest] if rest else loaded
             if not obj.docstring:
                 missing.append(f"{entry.public} ({entry.target})")
