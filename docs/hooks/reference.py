@@ -18,6 +18,7 @@ import importlib
 import inspect
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -181,3 +182,8 @@ def on_files(files: Any, config: Any) -> Any:
     for name in undocumented():
         log.warning(f"public name without a docstring: {name} (add one: the API reference shows it)")
     return files
+
+
+def on_page_content(html: str, **kwargs: Any) -> str:
+    # Docstrings end a paragraph with reStructuredText's "::" before an example block; show one colon.
+    return re.sub(r"::</p>", ":</p>", html)
