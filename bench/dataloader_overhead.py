@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -201,12 +200,9 @@ def main() -> None:
     torch.set_num_threads(1)
     report(f"1 process, batch {args.batch_size}, {args.samples} samples", measure(args.samples, args.batch_size, args.rounds))
     report_machinery("1 process", measure(args.samples, args.batch_size, args.rounds, machinery_only=True))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-               f"--master_port={port}", __file__, "--child", "--samples", str(args.samples),
-               "--batch-size", str(args.batch_size), "--rounds", str(args.rounds)]
+    # --standalone: torchrun binds a free port itself and keeps it (no pick-and-release race).
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", __file__,
+               "--child", "--samples", str(args.samples), "--batch-size", str(args.batch_size), "--rounds", str(args.rounds)]
     subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 

@@ -162,8 +162,9 @@ def main() -> None:
     rows: dict[str, list[dict]] = {}
     for setup in args.setups.split(","):
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-            "--master_port", str(29400 + SETUPS.index(setup) * 7 + os.getpid() % 50), __file__, "--child", setup,
+            # --standalone: torchrun binds a free port itself and keeps it.
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", __file__,
+            "--child", setup,
             "--width", str(args.width), "--depth", str(args.depth), "--steps", str(args.steps), "--out", out,
         ]
         started = time.perf_counter()

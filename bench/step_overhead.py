@@ -101,7 +101,7 @@ def main() -> None:
     import_times()
     env = {**os.environ, "ACCEL_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533", __file__,
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", __file__,
          f"--steps={args.steps}", f"--repeats={args.repeats}"],
         env=env, check=True,
     )

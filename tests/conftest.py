@@ -1,11 +1,15 @@
-"""Shared test helpers: launching a script under torchrun with a timeout, so a hang fails the test."""
+"""Shared test helpers: launching a script under torchrun with a timeout, so a hang fails the test.
+
+Markers (registered in the root pyproject.toml): a test that uses the ``torchrun`` fixture is marked
+``multiprocess`` here; ``slow`` (over ~10 s on the 2-core CI machine) and ``gpu`` are set by hand.
+"""
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,10 +18,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous_args() -> list[str]:
+    """torchrun options for a job on this host whose port torchrun picks and holds itself.
+
+    A c10d rendezvous on port 0 binds a free port and keeps it (as ``--standalone`` does), where
+    picking a free port here and releasing it for torchrun left a window for another job to take
+    it. ``--local-addr`` keeps the workers on the loopback address instead of the host's FQDN.
+    """
+    return ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1", f"--rdzv-id={uuid.uuid4()}"]
 
 
 def run_torchrun(
@@ -31,7 +39,7 @@ def run_torchrun(
     """Runs ``script`` on ``nproc`` CPU processes (gloo) with torch.distributed.run; fails on timeout."""
     command = [
         sys.executable, "-m", "torch.distributed.run",
-        f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+        f"--nproc_per_node={nproc}", *rendezvous_args(),
         str(script), *args,
     ]
     full_env = {**os.environ, "ACCEL_USE_CPU": "true", "OMP_NUM_THREADS": "1", **(env or {})}
@@ -44,6 +52,21 @@ def run_torchrun(
     return result
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def torchrun() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``run_torchrun``; session-scoped, so a module-scoped fixture can launch once for several tests."""
     return run_torchrun
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        # fixturenames includes the fixtures a test uses through other fixtures.
+        if "torchrun" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.multiprocess)
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_tests:
+        import torch  # only when a gpu test was collected: collection stays free of torch otherwise
+
+        if not torch.cuda.is_available():
+            for item in gpu_tests:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))

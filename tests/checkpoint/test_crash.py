@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -31,6 +32,7 @@ def _wait_for(path: Path, child: subprocess.Popen[str], timeout: float = 300) ->
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_save_then_a_new_process_resumes(tmp_path):
     children = {}
     for mode in MODES:  # both children run at the same time: each pays torch's start-up once

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -12,6 +13,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "mp_checkpoint.py"
 
 
+@pytest.mark.slow
 def test_two_processes_resume_exactly_and_share_failures(tmp_path, torchrun):
     first = torchrun(SCRIPT, "full", str(tmp_path), timeout=300)
     assert first.stdout.count("full run OK") == 2

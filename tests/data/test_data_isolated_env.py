@@ -12,9 +12,9 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import shutil
-import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -23,12 +23,13 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "isolated_checks.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# As tests/conftest.py's rendezvous_args: torchrun binds a free port itself and keeps it (no
+# bind-then-release race with other jobs); conftest helpers cannot be imported under importlib mode.
+RENDEZVOUS = ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1"]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_accel_data_alone_in_a_fresh_environment(tmp_path: Path) -> None:
     uv = shutil.which("uv")
     assert uv is not None, "uv is needed to build the isolated environment (pip install uv)"
@@ -51,8 +52,8 @@ def test_accel_data_alone_in_a_fresh_environment(tmp_path: Path) -> None:
     assert {"accel-core", "accel-data", "torch", "torchdata"} <= names
     assert not names & {"accel", "accel-checkpoint", "accel-tracking"}, names
     env.update(OMP_NUM_THREADS="1")
-    command = [str(python), "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-               f"--master_port={free_port()}", str(SCRIPT)]
+    command = [str(python), "-m", "torch.distributed.run", "--nproc_per_node=2", *RENDEZVOUS,
+               f"--rdzv-id={uuid.uuid4()}", str(SCRIPT)]
     try:
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
     except subprocess.TimeoutExpired as error:

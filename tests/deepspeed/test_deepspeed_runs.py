@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here launches DeepSpeed (tens of seconds each)
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RUN_TIMEOUT = 300  # seconds for one launch once the ops are compiled (about 45 s on 2 busy cores)
@@ -64,6 +66,7 @@ def test_zero_stages_follow_ddp(deepspeed_ops, torchrun, tmp_path) -> None:
     assert 0 < figures["bf16_max_rel_diff"] < 5e-2, "bf16 must differ a little from fp32, not be it"
 
 
+@pytest.mark.multiprocess
 def test_offload_and_checkpoint_through_accel_launch(deepspeed_ops, tmp_path) -> None:
     """`accel launch --use-deepspeed ...`: optimizer offload vs DDP, save_state/load_state continuation, unsafe files refused."""
     command = [
@@ -93,6 +96,7 @@ def test_single_process_errors_dummies_teacher(deepspeed_ops, tmp_path) -> None:
     assert result.returncode == 0 and "SINGLE PROCESS CHECKS PASSED" in result.stdout, result.stdout + result.stderr[-6000:]
 
 
+@pytest.mark.multiprocess
 def test_checkpoints_load_with_another_process_count(deepspeed_ops, tmp_path) -> None:
     """ZeRO-1/2/3 (+ optimizer offload) checkpoints: 2 processes -> 1 and 1 -> 2 through universal checkpoints.
 

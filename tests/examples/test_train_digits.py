@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 ACCEL = Path(sys.executable).parent / "accel"
 
@@ -29,6 +31,8 @@ def readable(stderr: str) -> str:
     return "\n".join(line for line in stderr.splitlines() if not line.startswith("Extension modules:"))[-8000:]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_digits_trains_evaluates_checkpoints_and_resumes(tmp_path):
     project = tmp_path / "digits"
     result = launch("--epochs", "5", "--project-dir", str(project), "--min-accuracy", "0.93")

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 
 
+@pytest.mark.slow
 def test_tensor_and_data_parallel_follow_plain_torch(torchrun, tmp_path) -> None:
     """TP=2 vs the unsplit model (AdamW, clipping), RNG streams, full-weight export, checkpoint replay,
     DP=2 vs torch DDP, and the refused settings (pp_degree=2, tp_degree=3, another TP degree on load)."""

@@ -37,6 +37,14 @@ def test_each_distribution_has_its_own_versioned_wheel(wheels):
         assert f"-{_version_of(package)}-" in wheel.name
 
 
+def test_each_wheel_ships_py_typed(wheels):
+    # PEP 561: without the marker, type checkers ignore the annotations of an installed package.
+    for package, wheel in wheels.items():
+        marker = f"{package.replace('-', '_')}/py.typed"
+        with zipfile.ZipFile(wheel) as archive:
+            assert marker in archive.namelist(), f"{wheel.name} lacks {marker}"
+
+
 def test_meta_package_depends_on_compatible_ranges(wheels):
     with zipfile.ZipFile(wheels["accel"]) as archive:
         metadata = next(archive.read(n).decode() for n in archive.namelist() if n.endswith("METADATA"))

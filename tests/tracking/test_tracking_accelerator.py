@@ -96,6 +96,7 @@ def test_default_is_local_under_project_dir(tmp_path: Path) -> None:
     assert read_metrics(tmp_path / "default_run")[0]["x"] == 1.5
 
 
+@pytest.mark.slow
 def test_log_with_all_starts_every_installed_tracker(offline: Path, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 

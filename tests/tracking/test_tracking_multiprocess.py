@@ -4,35 +4,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from accel_tracking import read_config, read_metrics
 
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-
-
-def _run_torchrun(script: Path, *args: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    # The shared `torchrun` fixture is per test; this module launches once for all its tests.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-               f"--master_port={port}", str(script), *args]
-    full_env = {**os.environ, "ACCEL_USE_CPU": "true", "OMP_NUM_THREADS": "1", **env}
-    try:
-        result = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"{script} did not finish within {timeout}s (a hang?)\nstdout:\n{error.stdout}\nstderr:\n{error.stderr}")
-    if result.returncode != 0:
-        pytest.fail(f"{script} failed ({result.returncode})\nstdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}")
-    return result
 
 
 def _event_files(folder: Path) -> list[Path]:
@@ -40,7 +23,9 @@ def _event_files(folder: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+def two_process_run(
+    tmp_path_factory: pytest.TempPathFactory, torchrun: Callable[..., subprocess.CompletedProcess[str]]
+) -> tuple[Path, Path, str]:
     """One torchrun launch for every check below (trackers direct, via the Accelerator, the example)."""
     tmp = tmp_path_factory.mktemp("two_process")
     wandb_dir = tmp / "wandb_home"
@@ -48,8 +33,9 @@ def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true",
            "WANDB_CONFIG_DIR": str(wandb_dir / "config"), "WANDB_CACHE_DIR": str(wandb_dir / "cache")}
     project = tmp / "project"
-    result = _run_torchrun(HERE / "tracking_two_process.py", str(tmp / "out"), "--project-dir", str(project),
-                          "--epochs", "3", "--tensorboard", env=env, timeout=240)
+    # One launch shared by the module's tests (the `torchrun` fixture is session-scoped for this).
+    result = torchrun(HERE / "tracking_two_process.py", str(tmp / "out"), "--project-dir", str(project),
+                      "--epochs", "3", "--tensorboard", env=env, timeout=240)
     assert "RANK0 OK" in result.stdout and "RANK1 OK" in result.stdout, result.stdout
     return tmp, project, result.stdout
 

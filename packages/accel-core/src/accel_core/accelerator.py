@@ -175,42 +175,52 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
     # -- properties -------------------------------------------------------------------------
     @property
     def distributed_type(self) -> DistributedType:
+        """How the processes train together, as the strategy reports it."""
         return self.strategy.distributed_type
 
     @property
     def mixed_precision(self) -> str:
+        """The precision mode in use: "no", "fp16" or "bf16"."""
         return self.precision.name
 
     @property
     def use_fp16(self) -> bool:
+        """Whether mixed precision is on (any mode, as in the reference API); prefer ``mixed_precision``."""
         return self.mixed_precision != "no"
 
     @property
     def scaler(self) -> Any:
+        """The fp16 ``GradScaler`` (or the strategy's sharded one), else None."""
         return self.precision.scaler
 
     @property
     def native_amp(self) -> bool:
+        """Whether precision runs through ``torch.autocast`` (bf16 or fp16)."""
         return isinstance(self.precision, AutocastPrecision)
 
     @property
     def split_batches(self) -> bool:
+        """``DataLoaderConfiguration.split_batches``: batches are cut between processes."""
         return self.dataloader_config.split_batches
 
     @property
     def dispatch_batches(self) -> bool | None:
+        """``DataLoaderConfiguration.dispatch_batches``: process 0 reads and sends the batches."""
         return self.dataloader_config.dispatch_batches
 
     @property
     def even_batches(self) -> bool:
+        """``DataLoaderConfiguration.even_batches``: every process gets as many batches."""
         return self.dataloader_config.even_batches
 
     @property
     def sync_gradients(self) -> bool:
+        """Whether this step synchronises gradients (the last micro-step of an accumulation)."""
         return self.gradient_state.sync_gradients
 
     @property
     def gradient_accumulation_steps(self) -> int:
+        """The number of micro-steps per optimizer step."""
         return self.gradient_state.num_steps
 
     @property

@@ -16,6 +16,7 @@ class KwargsHandler:
     """Base of the kwargs handlers: ``to_kwargs()`` returns only the fields changed from their default."""
 
     def to_kwargs(self) -> dict[str, Any]:
+        """The fields that differ from their default, as keyword arguments."""
         default = self.__class__()
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
 
@@ -56,6 +57,7 @@ class InitProcessGroupKwargs(KwargsHandler):
     timeout: timedelta = field(default_factory=lambda: timedelta(seconds=1800))
 
     def to_kwargs(self) -> dict[str, Any]:
+        """The changed fields, and ``timeout`` always."""
         kwargs = super().to_kwargs()
         kwargs["timeout"] = self.timeout  # always pass it: the point of this handler
         return kwargs

@@ -11,6 +11,7 @@ class _StrEnum(str, Enum):
 
     @classmethod
     def list(cls) -> list[str]:
+        """The members' values, e.g. ``PrecisionType.list() == ['no', 'fp16', 'bf16', 'fp8']``."""
         return [member.value for member in cls]
 
 
@@ -29,6 +30,8 @@ class DistributedType(_StrEnum):
 
 
 class PrecisionType(_StrEnum):
+    """The mixed-precision modes (``Accelerator(mixed_precision=...)``); fp8 needs a backend package."""
+
     NO = "no"
     FP16 = "fp16"
     BF16 = "bf16"
@@ -36,6 +39,8 @@ class PrecisionType(_StrEnum):
 
 
 class RNGType(_StrEnum):
+    """The random number generators that can be synchronised across processes (``rng_types=``)."""
+
     TORCH = "torch"
     CUDA = "cuda"
     XPU = "xpu"
@@ -44,6 +49,8 @@ class RNGType(_StrEnum):
 
 
 class DynamoBackend(_StrEnum):
+    """The ``torch.compile`` backends ``Accelerator(dynamo_backend=...)`` accepts."""
+
     NO = "no"
     EAGER = "eager"
     AOT_EAGER = "aot_eager"

@@ -21,34 +21,42 @@ class ProcessControl:
 
     @property
     def device(self) -> torch.device:
+        """The device this process computes on (``cuda:<local rank>``, ``cpu``, ...)."""
         return self.state.device
 
     @property
     def num_processes(self) -> int:
+        """The number of processes of the job (all machines)."""
         return self.state.num_processes
 
     @property
     def process_index(self) -> int:
+        """This process's global rank."""
         return self.state.process_index
 
     @property
     def local_process_index(self) -> int:
+        """This process's rank on its machine."""
         return self.state.local_process_index
 
     @property
     def use_distributed(self) -> bool:
+        """Whether the job has more than one process."""
         return self.state.use_distributed
 
     @property
     def is_main_process(self) -> bool:
+        """Whether this is global rank 0 (the one that writes logs and files)."""
         return self.state.is_main_process
 
     @property
     def is_local_main_process(self) -> bool:
+        """Whether this is rank 0 of its machine."""
         return self.state.is_local_main_process
 
     @property
     def is_last_process(self) -> bool:
+        """Whether this is the last global rank."""
         return self.state.is_last_process
 
     def wait_for_everyone(self) -> None:

@@ -64,6 +64,7 @@ class Tracking:
 
     @property
     def logging_dir(self) -> str | None:
+        """``ProjectConfiguration.logging_dir``: where file-writing trackers write."""
         return self.project_configuration.logging_dir
 
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None) -> None:
@@ -148,10 +149,12 @@ class Checkpointing:
 
     @property
     def project_dir(self) -> str | None:
+        """``ProjectConfiguration.project_dir``: the root of automatic checkpoints."""
         return self.project_configuration.project_dir
 
     @property
     def save_iteration(self) -> int:
+        """The number the next automatic checkpoint gets (``ProjectConfiguration.iteration``)."""
         return self.project_configuration.iteration
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:

@@ -111,26 +111,32 @@ class PartialState:
     # -- identity ---------------------------------------------------------------------------
     @property
     def initialized(self) -> bool:
+        """Whether the process state has been set up in this process."""
         return "device" in self._shared_state
 
     @property
     def num_processes(self) -> int:
+        """The number of processes of the job (all machines)."""
         return self.world_size
 
     @property
     def process_index(self) -> int:
+        """This process's global rank."""
         return self.rank
 
     @property
     def local_process_index(self) -> int:
+        """This process's rank on its machine."""
         return self.local_rank
 
     @property
     def use_distributed(self) -> bool:
+        """Whether the job has more than one process."""
         return self.world_size > 1
 
     @property
     def distributed_type(self) -> DistributedType:
+        """NO for one process, else MULTI_CPU / MULTI_GPU / MULTI_XPU by device."""
         if not self.use_distributed:
             return DistributedType.NO
         return {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}.get(
@@ -139,14 +145,17 @@ class PartialState:
 
     @property
     def is_main_process(self) -> bool:
+        """Whether this is global rank 0."""
         return self.rank == 0
 
     @property
     def is_local_main_process(self) -> bool:
+        """Whether this is rank 0 of its machine."""
         return self.local_rank == 0
 
     @property
     def is_last_process(self) -> bool:
+        """Whether this is the last global rank."""
         return self.rank == self.world_size - 1
 
     # -- synchronisation --------------------------------------------------------------------
@@ -283,6 +292,7 @@ class AcceleratorState(PartialState):
 
     @property
     def distributed_type(self) -> DistributedType:
+        """The strategy's distributed type once one is set up, else the process state's."""
         strategy = self._shared_state.get("strategy")
         if strategy is not None:
             return strategy.distributed_type
@@ -340,6 +350,7 @@ class GradientState:
 
     @property
     def in_dataloader(self) -> bool:
+        """Whether a prepared dataloader is being iterated."""
         return self.active_dataloader is not None
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:

@@ -39,9 +39,11 @@ class DummyOptim(torch.optim.Optimizer):
         self.param_groups = [{**self.defaults, **group} for group in groups]
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        """Always raises ``RuntimeError``: a placeholder cannot step; use what ``prepare`` returns."""
         raise RuntimeError("DummyOptim is a placeholder: pass it to accelerator.prepare() with its model and use what it returns.")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Always raises ``RuntimeError``: a placeholder holds no gradients; use what ``prepare`` returns."""
         raise RuntimeError("DummyOptim is a placeholder: pass it to accelerator.prepare() with its model and use what it returns.")
 
     def __repr__(self) -> str:
@@ -74,6 +76,7 @@ class DummyScheduler(LRScheduler):
         self.kwargs = kwargs
 
     def step(self, epoch: Any = None) -> None:
+        """Always raises ``RuntimeError``: a placeholder cannot step; use what ``prepare`` returns."""
         raise RuntimeError("DummyScheduler is a placeholder: pass it to accelerator.prepare() and use what it returns.")
 
     def __repr__(self) -> str:

@@ -74,8 +74,10 @@ class DeepSpeedPlugin:
         zero_stage: 0, 1, 2 or 3 (default 2 without a config).
         is_train_batch_min: with several dataloaders, the micro batch size is their smallest (True)
             or largest batch size.
-        offload_optimizer_device / offload_param_device: "none", "cpu" or "nvme" (params: stage 3).
-        offload_optimizer_nvme_path / offload_param_nvme_path: folders for "nvme".
+        offload_optimizer_device: "none", "cpu" or "nvme".
+        offload_param_device: "none", "cpu" or "nvme" (stage 3 only).
+        offload_optimizer_nvme_path: the optimizer's folder for "nvme".
+        offload_param_nvme_path: the parameters' folder for "nvme".
         zero3_init_flag: build models partitioned (``strategy.zero3_init_context()``), stage 3 only.
         zero3_save_16bit_model: gather the full weights under stage 3 for ``get_state_dict`` /
             ``save_model`` (DeepSpeed's ``stage3_gather_16bit_weights_on_model_save``).
@@ -235,6 +237,7 @@ class DeepSpeedPlugin:
 
     @property
     def effective_precision(self) -> str:
+        """The precision the DeepSpeed config enables: "fp16", "bf16" or "no"."""
         if is_enabled(get_value(self.deepspeed_config, "fp16.enabled")):
             return "fp16"
         if is_enabled(get_value(self.deepspeed_config, "bf16.enabled")):
@@ -265,6 +268,7 @@ class DeepSpeedPlugin:
     # -- ZeRO-3 ------------------------------------------------------------------------------
     @property
     def is_zero3(self) -> bool:
+        """Whether the plugin asks for ZeRO stage 3."""
         return self.zero_stage == 3
 
     def zero3_init_config(self) -> dict[str, Any]:

@@ -164,6 +164,7 @@ class FullyShardedDataParallelPlugin:
 
     @property
     def min_params(self) -> int:
+        """The size-based wrap threshold: ``min_num_params``, or the default when unset."""
         return DEFAULT_MIN_NUM_PARAMS if self.min_num_params is None else self.min_num_params
 
     @classmethod

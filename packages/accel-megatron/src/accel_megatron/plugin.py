@@ -65,7 +65,8 @@ class MegatronLMPlugin:
             in non-TP regions); needs ``tp_degree > 1``. Layers built with
             ``strategy.model_parallel_config()`` get it; the gradients of parameters marked
             ``sequence_parallel`` are summed over the TP group after each synced backward.
-        recompute_activations / use_distributed_optimizer: not supported in this version (must be False).
+        recompute_activations: not supported in this version (must be False).
+        use_distributed_optimizer: not supported in this version (must be False).
         gradient_clipping: if set, the global gradient norm is clipped to it after every synced
             backward (Megatron clips inside its optimizer step; here the optimizer is yours).
         seed: seed of Megatron's RNG tracker: the ``model-parallel-rng`` stream (dropout inside TP
