@@ -39,3 +39,12 @@ def test_every_reference_name_is_provided_or_explained() -> None:
         f"\nreference names: {report.total}, provided: {len(report.provided)}, allow-listed: {len(report.allowed)}, "
         f"enum members of allow-listed enums: {len(report.covered_by_enum)}"
     )
+
+
+def test_docs_are_current() -> None:
+    import gen_coming_from_accelerate as docs
+
+    assert docs.current_page_section() == docs.render(), (
+        "docs/coming_from_accelerate.md is out of date with surface_allowlist.yaml: "
+        "run python tests/compat/gen_coming_from_accelerate.py"
+    )

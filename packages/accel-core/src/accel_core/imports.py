@@ -155,7 +155,8 @@ def is_rich_available() -> bool:
     """rich is installed and ``ACCELERATE_ENABLE_RICH`` (or ``ACCEL_ENABLE_RICH``) is set, as in the reference."""
     if not _is_package_available("rich"):
         return False
-    return any(parse_flag(os.environ.get(name), False) for name in ("ACCEL_ENABLE_RICH", "ACCELERATE_ENABLE_RICH"))
+    value = next((os.environ[n] for n in ("ACCEL_ENABLE_RICH", "ACCELERATE_ENABLE_RICH") if n in os.environ), None)
+    return parse_flag(value, False)
 
 
 def is_pytest_available() -> bool:
