@@ -5,8 +5,8 @@
 - ``device_map.py``: ``infer_auto_device_map`` (which part goes where);
 - ``offload.py``: offloaded weights (CPU memory or safetensors files) and tensor placement;
 - ``hooks.py``: the forward hooks that move inputs and load offloaded weights just in time;
-- ``dispatch.py``: ``load_checkpoint_in_model``, ``dispatch_model``, ``cpu_offload``, ``disk_offload``,
-  ``load_checkpoint_and_dispatch``.
+- ``loading.py``: ``load_checkpoint_in_model`` (a checkpoint into a model, onto its devices);
+- ``dispatch.py``: ``dispatch_model``, ``cpu_offload``, ``disk_offload``, ``load_checkpoint_and_dispatch``.
 
 The public names and arguments are the reference's (``accelerate.big_modeling``); disk offload
 writes safetensors files (the reference writes raw ``.dat`` arrays).
@@ -23,14 +23,8 @@ Example::
 from __future__ import annotations
 
 from .device_map import check_device_map, clean_device_map, infer_auto_device_map
-from .dispatch import (
-    cpu_offload,
-    disk_offload,
-    dispatch_model,
-    load_checkpoint_and_dispatch,
-    load_checkpoint_in_model,
-    load_state_dict,
-)
+from .dispatch import cpu_offload, disk_offload, dispatch_model, load_checkpoint_and_dispatch
+from .loading import load_checkpoint_in_model, load_state_dict
 from .hooks import has_offloaded_params, remove_hook_from_submodules
 from .init import init_empty_weights, init_on_device
 from .offload import (
