@@ -25,7 +25,7 @@ from accel import (
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
 )
-from accel.utils import compute_module_sizes, find_tied_parameters, get_balanced_memory
+from accel.utils import align_module_device, compute_module_sizes, find_tied_parameters, get_balanced_memory, has_offloaded_params
 
 
 class Block(nn.Module):
@@ -205,3 +205,20 @@ def test_infer_auto_device_map_reserves_room_for_the_largest_layer(caplog: pytes
     with caplog.at_level(logging.INFO):
         assert dict(infer_auto_device_map(model, {"cpu": 400})) == {"": "disk"}
     assert "No module could be assigned to cpu" in caplog.text
+
+
+def test_align_module_device_loads_an_offloaded_module_for_a_while(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    source, _, _, _ = trained
+    model = TinyLM()
+    model.load_state_dict(source.state_dict())
+    disk_offload(model, tmp_path, execution_device="cpu")
+    layer = model.blocks[2].up
+    assert has_offloaded_params(layer) and not has_offloaded_params(model.blocks[2])  # hooks sit on tensor owners
+    with align_module_device(layer):
+        torch.testing.assert_close(layer.weight, source.blocks[2].up.weight, rtol=0, atol=0)
+    assert layer.weight.device.type == "meta"
+    plain = nn.Linear(2, 2)  # not offloaded: moved to execution_device and back (only the CPU exists here)
+    before = plain.weight.detach().clone()
+    with align_module_device(plain, execution_device="cpu"):
+        assert plain.weight.device.type == "cpu"
+    assert torch.equal(plain.weight, before)

@@ -198,3 +198,20 @@ def test_reference_constants() -> None:
     assert (utils.OPTIMIZER_NAME, utils.SCHEDULER_NAME, utils.SCALER_NAME, utils.RNG_STATE_NAME) == (
         "optimizer", "scheduler", "scaler.pt", "random_states")  # fmt: skip
     assert "MULTI_CPU" in utils.TORCH_DISTRIBUTED_OPERATION_TYPES
+
+
+def test_merge_fsdp_weights(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+
+    state_dict = {"layer.weight": torch.randn(3, 3), "steps": torch.arange(4)}
+    sharded = tmp_path / "pytorch_model_fsdp_0"
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save(state_dict, checkpoint_id=str(sharded))  # what a sharded FSDP save writes, here from one process
+    utils.merge_fsdp_weights(str(sharded), str(tmp_path / "merged"))
+    merged = load_file(tmp_path / "merged" / "model.safetensors")
+    assert merged.keys() == state_dict.keys() and all(torch.equal(merged[k], v) for k, v in state_dict.items())
+    utils.merge_fsdp_weights(str(sharded), str(tmp_path / "bin"), safe_serialization=False, remove_checkpoint_dir=True)
+    assert torch.load(tmp_path / "bin" / "pytorch_model.bin").keys() == state_dict.keys() and not sharded.exists()
+    with pytest.raises(ValueError, match="couldn't find a valid metadata file"):
+        utils.merge_fsdp_weights(str(sharded), str(tmp_path / "again"))

@@ -133,6 +133,8 @@ _EXPORTS = {
     "check_tied_parameters_on_same_device": "accel_checkpoint.big_modeling",
     "set_module_tensor_to_device": "accel_checkpoint.big_modeling",
     "has_offloaded_params": "accel_checkpoint.big_modeling",
+    "align_module_device": "accel_checkpoint.big_modeling",
+    "merge_fsdp_weights": "accel_checkpoint.merge",
     "OffloadedWeightsLoader": "accel_checkpoint.big_modeling",
     "PrefixedDataset": "accel_checkpoint.big_modeling",
     "extract_submodules_state_dict": "accel_checkpoint.big_modeling",

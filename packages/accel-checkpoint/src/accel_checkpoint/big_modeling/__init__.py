@@ -25,7 +25,7 @@ from __future__ import annotations
 from .device_map import check_device_map, clean_device_map, infer_auto_device_map
 from .dispatch import cpu_offload, disk_offload, dispatch_model, load_checkpoint_and_dispatch
 from .loading import load_checkpoint_in_model, load_state_dict
-from .hooks import has_offloaded_params, remove_hook_from_submodules
+from .hooks import align_module_device, has_offloaded_params, remove_hook_from_submodules
 from .init import init_empty_weights, init_on_device
 from .offload import (
     OffloadedWeightsLoader,
@@ -53,6 +53,7 @@ from .sizes import (
 
 __all__ = [
     "OffloadedWeightsLoader",
+    "align_module_device",
     "PrefixedDataset",
     "calculate_maximum_sizes",
     "check_device_map",

@@ -8,7 +8,8 @@ loaded are put back, so a tied parameter that lives on a device stays there.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from accel_core.structures import find_device
 from .offload import set_module_tensor_to_device
 
 _HANDLES = "_accel_dispatch_handles"
+_OFFLOAD = "_accel_offload_hook"  # (load, unload) of a module whose tensors are loaded just in time
 
 
 def _keep(module: nn.Module, handle: Any) -> None:
@@ -53,20 +55,25 @@ def attach_offload_hook(
     """Loads ``module``'s tensors ``names`` (relative, dotted) from ``weights[prefix + name]`` onto ``device`` for each call."""
     loaded: list[str] = []
 
-    def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
+    def load(mod: nn.Module, target: Any = None) -> None:
+        target = device if target is None else target
         for name in names:
             owner, _, attribute = name.rpartition(".")
             if getattr(mod.get_submodule(owner), attribute).device.type == "meta":
-                set_module_tensor_to_device(mod, name, device, value=weights[prefix + name])
+                set_module_tensor_to_device(mod, name, target, value=weights[prefix + name])
                 loaded.append(name)
 
-    def post(mod: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+    def unload(mod: nn.Module) -> None:
         while loaded:
             set_module_tensor_to_device(mod, loaded.pop(), "meta")
+
+    def post(mod: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        unload(mod)
         return output
 
-    _keep(module, module.register_forward_pre_hook(pre))
+    _keep(module, module.register_forward_pre_hook(lambda mod, args: load(mod)))
     _keep(module, module.register_forward_hook(post))
+    module.__dict__[_OFFLOAD] = (load, unload)
 
 
 def remove_hook_from_submodules(module: nn.Module) -> None:
@@ -74,13 +81,44 @@ def remove_hook_from_submodules(module: nn.Module) -> None:
     for sub in module.modules():
         for handle in sub.__dict__.pop(_HANDLES, []):
             handle.remove()
+        sub.__dict__.pop(_OFFLOAD, None)
     module.__dict__.pop("to", None)
     module.__dict__.pop("cuda", None)
 
 
 def has_offloaded_params(module: nn.Module) -> bool:
-    """Whether some tensor of ``module`` is loaded just in time by a dispatch hook (and is on meta between calls)."""
-    return _HANDLES in module.__dict__ and any(t.device.type == "meta" for t in module.parameters())
+    """Whether ``module`` has tensors that a dispatch hook loads just in time (they are on meta between calls)."""
+    return _OFFLOAD in module.__dict__
+
+
+@contextlib.contextmanager
+def align_module_device(module: nn.Module, execution_device: Any = None) -> Iterator[None]:
+    """Inside the block, ``module``'s own tensors are usable: offloaded ones are loaded (onto
+    ``execution_device`` if given), others are moved to ``execution_device`` if given; all go back after.
+
+    Example::
+
+        with align_module_device(model.blocks[3]):
+            weight = model.blocks[3].up.weight.clone()   # real values, even for a disk-offloaded block
+    """
+    if has_offloaded_params(module):
+        load, unload = module.__dict__[_OFFLOAD]
+        try:
+            load(module, execution_device)
+            yield
+        finally:
+            unload(module)
+    elif execution_device is not None:
+        devices = {name: param.device for name, param in module.named_parameters(recurse=False)}
+        try:
+            for name in devices:
+                set_module_tensor_to_device(module, name, execution_device)
+            yield
+        finally:
+            for name, device in devices.items():
+                set_module_tensor_to_device(module, name, device)
+    else:
+        yield
 
 
 def guard_moves(model: nn.Module) -> None:
