@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parent / "scripts" / "logging_script.py"
 
-
-def test_records_on_two_processes(torchrun) -> None:  # type: ignore[no-untyped-def]
-    result = torchrun(SCRIPT, env={"ACCELERATE_LOG_LEVEL": "DEBUG"})
-    out = result.stdout + result.stderr
+def test_records_on_two_processes(two_process_run) -> None:  # type: ignore[no-untyped-def]
+    """scripts/api_checks.py's get_logger section, run with ACCELERATE_LOG_LEVEL=DEBUG."""
+    out = two_process_run.output
     lines = out.splitlines()
     early = [line for line in lines if line.startswith("EARLY-ERROR")]
     assert len(early) == 2 and "PartialState()` or `Accelerator()` before using the logging utility" in early[0]

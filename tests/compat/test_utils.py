@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +13,15 @@ import torch
 
 import accel.utils as utils
 
-SCRIPT = Path(__file__).parent / "scripts" / "utils_script.py"
 
-
-def test_utils_on_two_processes(torchrun, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    result = torchrun(SCRIPT, str(tmp_path))
-    checks = re.findall(r"CHECK (\S+) (True|False)", result.stdout)
-    assert len(checks) == 2 * 12 and all(ok == "True" for _, ok in checks), result.stdout
+def test_utils_on_two_processes(two_process_run) -> None:  # type: ignore[no-untyped-def]
+    """scripts/api_checks.py's accel.utils section."""
+    checks = two_process_run.checks(
+        "tqdm_main_only", "tqdm_everywhere", "extract_model_from_parallel", "save_main_process_only", "load_back",
+        "gather_object", "send_to_device_keywords", "convert_to_fp32_keyword", "slice_tensors_keywords",
+        "synchronize_rng_states", "find_executable_batch_size", "release_memory",
+    )  # fmt: skip
+    assert all(results == [True, True] for results in checks.values()), (checks, two_process_run.output)
 
 
 # -- find_executable_batch_size -------------------------------------------------------------------
