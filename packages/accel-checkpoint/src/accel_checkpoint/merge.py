@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 import torch
@@ -62,3 +63,32 @@ def merge_sharded_checkpoint(
     metadata = safetensors_metadata(aliases)
     replace_file_atomically(lambda tmp: write_safetensors(unique, tmp, metadata), output_path)
     return output_path
+
+
+def merge_fsdp_weights(
+    checkpoint_dir: str, output_path: str, safe_serialization: bool = True, remove_checkpoint_dir: bool = False
+) -> None:
+    """The reference's name: merges a sharded (FSDP ``SHARDED_STATE_DICT``) model checkpoint into one file.
+
+    Writes ``<output_path>/model.safetensors`` (``pytorch_model.bin`` without ``safe_serialization``)
+    on the main process; the others wait. ``remove_checkpoint_dir`` deletes the sharded folder after.
+
+    Example::
+
+        merge_fsdp_weights("checkpoint/pytorch_model_fsdp_0", "merged")
+    """
+    from accel_core.state import PartialState
+
+    if not os.path.isdir(checkpoint_dir):
+        raise ValueError(f"Tried to load from {checkpoint_dir} but couldn't find a valid metadata file: pass the sharded model folder.")
+    state = PartialState()
+    if state.is_main_process:
+        if safe_serialization:
+            merge_sharded_checkpoint(checkpoint_dir, output_path)
+        else:
+            tensors = _read_any(os.path.abspath(checkpoint_dir), 0, None)
+            os.makedirs(output_path, exist_ok=True)
+            torch.save(tensors, os.path.join(output_path, f"{C.PICKLE_MODEL_NAME}.bin"))
+        if remove_checkpoint_dir:
+            shutil.rmtree(checkpoint_dir)
+    state.wait_for_everyone()

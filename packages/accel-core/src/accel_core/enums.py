@@ -1,11 +1,22 @@
-"""String enums of the public API. No torch import."""
+"""String enums of the public API, with every member of the reference's (so comparisons never raise). No torch import."""
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import Enum, EnumMeta
+from typing import Any
 
 
-class _StrEnum(str, Enum):
+class _ContainsValues(EnumMeta):
+    # `"fp16" in PrecisionType` answers by value, as the reference's enums do (Python < 3.12 raises TypeError).
+    def __contains__(cls, item: Any) -> bool:
+        try:
+            cls(item)
+        except ValueError:
+            return False
+        return True
+
+
+class _StrEnum(str, Enum, metaclass=_ContainsValues):
     def __str__(self) -> str:
         return self.value
 
@@ -16,16 +27,26 @@ class _StrEnum(str, Enum):
 
 
 class DistributedType(_StrEnum):
-    """How the processes train together. A strategy declares which one it is."""
+    """How the processes train together. A strategy declares which one it is.
+
+    accel runs NO, MULTI_CPU, MULTI_GPU, MULTI_XPU, FSDP, DEEPSPEED and MEGATRON_LM; the other
+    members exist so that scripts comparing against them (``MULTI_NPU``, ...) keep working.
+    """
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
     MULTI_XPU = "MULTI_XPU"
-    FSDP = "FSDP"
     DEEPSPEED = "DEEPSPEED"
-    MEGATRON_LM = "MEGATRON_LM"
+    FSDP = "FSDP"
     XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
     TPU = "XLA"  # the reference API's older name for XLA
 
 
@@ -33,9 +54,9 @@ class PrecisionType(_StrEnum):
     """The mixed-precision modes (``Accelerator(mixed_precision=...)``); fp8 needs a backend package."""
 
     NO = "no"
+    FP8 = "fp8"
     FP16 = "fp16"
     BF16 = "bf16"
-    FP8 = "fp8"
 
 
 class RNGType(_StrEnum):
@@ -43,19 +64,41 @@ class RNGType(_StrEnum):
 
     TORCH = "torch"
     CUDA = "cuda"
-    XPU = "xpu"
+    MLU = "mlu"
+    SDAA = "sdaa"
+    MUSA = "musa"
+    NPU = "npu"
     XLA = "xla"
+    XPU = "xpu"
+    HPU = "hpu"
+    NEURON = "neuron"
     GENERATOR = "generator"
 
 
 class DynamoBackend(_StrEnum):
-    """The ``torch.compile`` backends ``Accelerator(dynamo_backend=...)`` accepts."""
+    """A ``torch.compile`` backend. Values are the names torch.compile takes (lowercase); the
+    reference's uppercase spelling is accepted too: ``DynamoBackend("INDUCTOR") is DynamoBackend.INDUCTOR``."""
 
     NO = "no"
     EAGER = "eager"
     AOT_EAGER = "aot_eager"
     INDUCTOR = "inductor"
+    AOT_TS_NVFUSER = "aot_ts_nvfuser"
+    NVPRIMS_NVFUSER = "nvprims_nvfuser"
     CUDAGRAPHS = "cudagraphs"
+    OFI = "ofi"
+    FX2TRT = "fx2trt"
     ONNXRT = "onnxrt"
+    TENSORRT = "tensorrt"
+    AOT_TORCHXLA_TRACE_ONCE = "aot_torchxla_trace_once"
+    TORCHXLA_TRACE_ONCE = "torchxla_trace_once"
     TVM = "tvm"
+    HPU_BACKEND = "hpu_backend"
+    NEURON = "neuron"
     IPEX = "ipex"
+
+    @classmethod
+    def _missing_(cls, value: object) -> DynamoBackend | None:
+        if isinstance(value, str) and value.lower() != value:
+            return cls._value2member_map_.get(value.lower())  # type: ignore[return-value]
+        return None

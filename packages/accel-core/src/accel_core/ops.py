@@ -31,7 +31,7 @@ def is_torch_tensor(obj: Any) -> bool:
 
 
 def is_namedtuple(obj: Any) -> bool:
-    return isinstance(obj, tuple) and hasattr(obj, "_fields")
+    return isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields")
 
 
 def honor_type(obj: Any, generator: Any) -> Any:
@@ -85,11 +85,12 @@ def _leaves(data: Any) -> list[torch.Tensor]:
     return found
 
 
-def send_to_device(data: Any, device: torch.device | str | int, non_blocking: bool = False, skip_keys: Any = None) -> Any:
-    """Moves every tensor (and every object with a ``.to`` method) in ``data`` to ``device``.
+def send_to_device(tensor: Any, device: torch.device | str | int, non_blocking: bool = False, skip_keys: Any = None) -> Any:
+    """Moves every tensor (and every object with a ``.to`` method) in ``tensor``, a nested structure, to ``device``.
 
     ``skip_keys``: dict keys whose values stay where they are.
     """
+    data = tensor
     if isinstance(skip_keys, str):
         skip_keys = [skip_keys]
     skip = set(skip_keys or ())
@@ -160,12 +161,13 @@ def gather(tensor: Any, group: Any = None) -> Any:
     return recursively_apply(lambda t: _gather_one(t, group), tensor, error_on_other_type=True)
 
 
-def gather_object(obj: Any, group: Any = None) -> list[Any]:
+def gather_object(object: Any, group: Any = None) -> Any:  # noqa: A002 - the reference's argument name
     """Gathers any picklable objects (from ``group``, default all processes); lists and tuples are
-    concatenated, other objects listed per rank."""
+    concatenated, other objects listed per rank. On one process ``object`` comes back as it is."""
+    obj = object
     state = PartialState()
     if not state.use_distributed:
-        return list(obj) if isinstance(obj, (list, tuple)) else [obj]
+        return obj
     everyone: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, obj, group=group)
     if isinstance(obj, (list, tuple)):
@@ -250,8 +252,11 @@ def find_batch_size(data: Any) -> int | None:
     return None
 
 
-def slice_tensors(data: Any, tensor_slice: slice) -> Any:
-    """Applies ``tensor_slice`` to every tensor (and every list) in ``data``."""
+def slice_tensors(data: Any, tensor_slice: slice, process_index: int | None = None, num_processes: int | None = None) -> Any:
+    """Applies ``tensor_slice`` to every tensor in ``data``.
+
+    ``process_index`` / ``num_processes`` are accepted for the reference's signature and not used.
+    """
     return recursively_apply(lambda t: t[tensor_slice], data)
 
 
@@ -267,10 +272,10 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     return torch.cat(data, dim=dim)
 
 
-def convert_to_fp32(data: Any) -> Any:
-    """Casts fp16 / bf16 tensors in ``data`` to fp32 (outputs of an autocast forward)."""
+def convert_to_fp32(tensor: Any) -> Any:
+    """Casts fp16 / bf16 tensors in ``tensor``, a nested structure, to fp32 (outputs of an autocast forward)."""
     return recursively_apply(
         lambda t: t.float(),
-        data,
-        test_type=lambda t: isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16),
+        tensor,
+        test_type=lambda t: (isinstance(t, torch.Tensor) or hasattr(t, "dtype")) and t.dtype in (torch.float16, torch.bfloat16),
     )

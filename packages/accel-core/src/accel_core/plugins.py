@@ -31,7 +31,6 @@ _PROVIDERS: dict[tuple[str, str], str] = {
     ("accel.trackers", "wandb"): "tracking",
     ("accel.trackers", "mlflow"): "tracking",
     ("accel.trackers", "comet_ml"): "tracking",
-    ("accel.trackers", "aim"): "tracking",
 }
 
 _PACKAGE_OF_EXTRA = {

@@ -26,7 +26,10 @@ DEFAULT_LOGGING_DIR = "runs"
 class LoggerType(str, Enum):
     """The names of the trackers accel knows (``Accelerator(log_with=LoggerType.TENSORBOARD)``).
 
-    ``ALL`` asks for every installed tracker whose library is importable.
+    ``ALL`` asks for every installed tracker whose library is importable. ``AIM``, ``TRACKIO``,
+    ``CLEARML``, ``DVCLIVE`` and ``SWANLAB`` are the reference's names for trackers accel does not
+    ship: asking for one raises an ImportError unless a package registers it (``accel.trackers``
+    entry point); pass a ``GeneralTracker`` instance instead.
 
     Example::
 
@@ -40,6 +43,11 @@ class LoggerType(str, Enum):
     WANDB = "wandb"
     MLFLOW = "mlflow"
     COMETML = "comet_ml"
+    AIM = "aim"
+    TRACKIO = "trackio"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
 
     def __str__(self) -> str:  # the entry-point name, so core can call plugins.load(group, str(x))
         return self.value

@@ -26,3 +26,29 @@ def progress_bar(iterable: Iterable[Any] | None = None, *, main_process_only: bo
     else:
         kwargs.setdefault("desc", f"[rank {process_index()}]")
     return tqdm.tqdm(iterable, **kwargs)
+
+
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+    """The reference's ``accelerate.utils.tqdm``: ``tqdm.auto.tqdm(*args, **kwargs)``, drawn by local rank 0 only.
+
+    ``main_process_only=False`` draws on every process; ``disable=True`` hides it everywhere.
+
+    Example::
+
+        from accel.utils import tqdm
+
+        for batch in tqdm(train_dataloader, desc="epoch 1"):
+            ...
+    """
+    if args and isinstance(args[0], bool):
+        raise ValueError(
+            "Passing `True` or `False` as the first argument to accel's `tqdm` wrapper is unsupported. "
+            "Please use the `main_process_only` keyword argument instead."
+        )
+    require("tqdm", "progress")
+    from tqdm.auto import tqdm as auto_tqdm
+
+    disable = kwargs.pop("disable", False)
+    if main_process_only and not disable:
+        disable = local_process_index() != 0
+    return auto_tqdm(*args, **kwargs, disable=disable)

@@ -32,9 +32,24 @@ _EXPORTS = {
     "FullyShardedDataParallelPlugin": "accel_fsdp",
     "DeepSpeedPlugin": "accel_deepspeed",
     "MegatronLMPlugin": "accel_megatron",
+    # the reference's other top-level names (issue 18)
+    "find_executable_batch_size": "accel_core.memory",
+    "synchronize_rng_states": "accel_core.random",
+    "is_rich_available": "accel_core.imports",
+    "init_empty_weights": "accel_checkpoint.big_modeling",
+    "init_on_device": "accel_checkpoint.big_modeling",
+    "infer_auto_device_map": "accel_checkpoint.big_modeling",
+    "load_checkpoint_in_model": "accel_checkpoint.big_modeling",
+    "load_checkpoint_and_dispatch": "accel_checkpoint.big_modeling",
+    "dispatch_model": "accel_checkpoint.big_modeling",
+    "cpu_offload": "accel_checkpoint.big_modeling",
+    "disk_offload": "accel_checkpoint.big_modeling",
 }
 
-__all__ = sorted(_EXPORTS) + ["utils"]
+# submodules, as in the reference: `from accel.logging import get_logger`, `accel.local_sgd.LocalSGD`
+_SUBMODULES = {"utils": ".utils", "logging": ".logging", "local_sgd": ".local_sgd", "big_modeling": ".big_modeling"}
+
+__all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 
 
-__getattr__, __dir__ = lazy_exports(globals(), {**_EXPORTS, "utils": ".utils"})
+__getattr__, __dir__ = lazy_exports(globals(), {**_EXPORTS, **_SUBMODULES})

@@ -87,6 +87,30 @@ def default_config() -> dict[str, Any]:
     return config
 
 
+def write_basic_config(mixed_precision: str = "no", save_location: str | os.PathLike[str] | None = None) -> Path | bool:
+    """Writes ``default_config()`` for this machine with ``mixed_precision``, as ``accel config default`` does.
+
+    The reference's ``accelerate.utils.write_basic_config``. save_location: the file (default: the
+    one ``accel launch`` reads, see ``accel config show``). An existing file is left alone: prints
+    so and returns False; otherwise returns the path written.
+
+    Example::
+
+        from accel.utils import write_basic_config
+        write_basic_config(mixed_precision="bf16")
+    """
+    path = Path(save_location).expanduser() if save_location is not None else config_path(None)[0]
+    if path.exists():
+        print(f"Configuration already exists at {path}, will not override. Run `accel config` manually or pass a different `save_location`.")
+        return False
+    precision = str(mixed_precision).lower()
+    if precision not in ("no", "fp16", "bf16", "fp8"):
+        raise ValueError(f"`mixed_precision` should be one of 'no', 'fp16', 'bf16', or 'fp8'. Received {mixed_precision}")
+    config = {**default_config(), "mixed_precision": precision}
+    resolve_plan({}, {}, validate_config(config, "the new config"), config_file=str(path))
+    return write_config(path, config)
+
+
 def import_accelerate(source: Path) -> dict[str, Any]:
     import yaml
     from accel_core.launch.accelerate_import import convert_accelerate_config

@@ -1,0 +1,135 @@
+"""Helpers on ``nn.Module`` objects that scripts call directly: unwrap a prepared model, inspect compiled ones.
+
+Example::
+
+    from accel.utils import extract_model_from_parallel
+
+    plain = extract_model_from_parallel(prepared_model)   # the user's module, out of DDP / FSDP / DeepSpeed
+    torch.save(plain.state_dict(), "weights.pt")
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import reduce
+from typing import Any
+
+import torch
+from torch import nn
+
+from .precision import unwrap_forward
+
+
+def is_compiled_module(module: nn.Module) -> bool:
+    """Whether ``module`` is what ``torch.compile(model)`` returned."""
+    return hasattr(torch, "_dynamo") and isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+
+
+def has_compiled_regions(module: nn.Module) -> bool:
+    """Whether some submodule of ``module`` was compiled with ``torch.compile``."""
+    if not hasattr(torch, "_dynamo") or not module._modules:
+        return False
+    return any(isinstance(m, torch._dynamo.eval_frame.OptimizedModule) for m in module.modules())
+
+
+def model_has_dtensor(model: nn.Module) -> bool:
+    """Whether some parameter of ``model`` is a ``DTensor`` (sharded by FSDP2 or tensor parallelism)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _wrapper_types() -> tuple[type, ...]:
+    """The containers whose ``.module`` is the user's model; backends only if their library is already imported."""
+    types: list[type] = [nn.parallel.DistributedDataParallel, nn.DataParallel]
+    if torch.distributed.is_available():
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        types.append(FullyShardedDataParallel)
+    if "deepspeed" in sys.modules:
+        from deepspeed import DeepSpeedEngine
+
+        types.append(DeepSpeedEngine)
+    return tuple(types)
+
+
+def _active_strategy() -> Any:
+    state_module = sys.modules.get("accel_core.state")
+    return None if state_module is None else state_module.AcceleratorState._shared_state.get("strategy")
+
+
+def extract_model_from_parallel(
+    model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False
+) -> nn.Module:
+    """The user's module from inside the containers ``prepare`` (or the user) put around it.
+
+    Unwraps DDP, DataParallel, FSDP1, a DeepSpeed engine and whatever the active accel strategy
+    wrapped it in. keep_fp32_wrapper: False also removes the mixed-precision forward wrapper.
+    keep_torch_compile: False returns the module inside a ``torch.compile`` wrapper. recursive:
+    also unwrap ``.module`` containers among the submodules.
+    """
+    compiled: nn.Module | None = None
+    if is_compiled_module(model):
+        compiled, model = model, model._orig_mod  # type: ignore[assignment]
+    elif has_compiled_regions(model) and "_orig_mod" in model.__dict__:
+        compiled, model = model, model.__dict__["_orig_mod"]
+
+    wrappers = _wrapper_types()
+    strategy = _active_strategy()
+    while True:
+        if isinstance(model, wrappers):
+            model = model.module
+        elif strategy is not None and strategy.unwrap_model(model) is not model:
+            model = strategy.unwrap_model(model)
+        else:
+            break
+
+    if recursive:
+        model = _unwrap_children(model)
+    if not keep_fp32_wrapper:
+        unwrap_forward(model)
+    if keep_torch_compile and compiled is not None:
+        if is_compiled_module(compiled):
+            compiled._orig_mod = model
+        else:
+            compiled.__dict__["_orig_mod"] = model
+        model = compiled
+    return model
+
+
+def _unwrap_children(module: nn.Module) -> nn.Module:
+    inner = _unwrap_children(module.module) if isinstance(getattr(module, "module", None), nn.Module) else module
+    for name, child in list(inner.named_children()):
+        setattr(inner, name, _unwrap_children(child))
+    return inner
+
+
+def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -> list[Any]:
+    """Every submodule of ``model``, children before their parents; ``model`` itself last.
+
+    return_fqns: ``(qualified name, module)`` pairs instead of modules.
+    """
+    ordered: list[tuple[str, nn.Module]] = []
+    stack: list[tuple[str, nn.Module]] = [("", model)]
+    while stack:
+        name, module = stack.pop()
+        stack += [(f"{name}.{child_name}" if name else child_name, child) for child_name, child in module.named_children()]
+        ordered.append((name, module))
+    ordered.reverse()
+    return ordered if return_fqns else [module for _, module in ordered]
+
+
+def recursive_getattr(obj: Any, attr: str) -> Any:
+    """``getattr`` along a dotted path: ``recursive_getattr(model, "encoder.layer.0")``."""
+    return reduce(getattr, attr.split("."), obj)
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """Whether ``model`` is a PEFT (LoRA, ...) ``PeftModel``; False when peft is not installed."""
+    from .imports import is_peft_available
+
+    if not is_peft_available():
+        return False
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)

@@ -1,0 +1,126 @@
+"""Writes reference_surface.json: the public names of Hugging Face Accelerate that scripts use.
+
+Run once by hand (not in CI) against a bare clone of huggingface/accelerate; it reads files with
+``git show`` and parses them with ``ast`` (nothing of Accelerate is imported or installed):
+
+    python tests/compat/gen_reference_surface.py /work/.mirror/huggingface+accelerate/repo [REV]
+
+Sections (each a sorted list of dotted names):
+- ``accelerate``: the names ``accelerate/__init__.py`` binds (its top-level API);
+- ``accelerate.utils``: the names ``accelerate/utils/__init__.py`` binds (conditional imports included);
+- ``accelerate.utils.<Enum>.<MEMBER>``: the members of the enums ``accelerate.utils`` exports;
+- ``accelerate.Accelerator``: public methods and properties, public attributes set in ``__init__``,
+  and the constructor's arguments (``accelerate.Accelerator(<argument>)``);
+- ``accelerate.logging`` and ``accelerate.local_sgd``: module-level public names, plus
+  ``LocalSGD``'s methods and constructor arguments.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+OUTPUT = Path(__file__).with_name("reference_surface.json")
+
+
+def show(repo: str, rev: str, path: str) -> str:
+    return subprocess.run(
+        ["git", f"--git-dir={repo}", "show", f"{rev}:{path}"], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def bound_by_imports(source: str) -> list[str]:
+    """Names a module binds with ``from x import a, b as c`` anywhere (inside ``if`` blocks too), public only."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                name = alias.asname or alias.name
+                if not name.startswith("_"):
+                    names.add(name)
+    return sorted(names)
+
+
+def module_public_names(source: str) -> list[str]:
+    """Public functions, classes and assignments at a module's top level."""
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return sorted(n for n in names if not n.startswith("_") and n != "logger")
+
+
+def find_class(source: str, name: str) -> ast.ClassDef:
+    return next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def class_surface(cls: ast.ClassDef, prefix: str) -> list[str]:
+    """Public methods and properties, public ``self.x`` set in ``__init__``, and constructor arguments."""
+    names = {f"{prefix}.{n.name}" for n in cls.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    if init is not None:
+        for node in ast.walk(init):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+                and not node.attr.startswith("_")
+            ):
+                names.add(f"{prefix}.{node.attr}")
+        arguments = init.args.posonlyargs + init.args.args[1:] + init.args.kwonlyargs
+        names.update(f"{prefix}({a.arg})" for a in arguments)
+    return sorted(names)
+
+
+def enum_members(source: str, exported: set[str]) -> list[str]:
+    """``accelerate.utils.<Enum>.<MEMBER>`` for the enums of dataclasses.py that utils exports."""
+    names = []
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.ClassDef) or node.name not in exported:
+            continue
+        bases = {ast.unparse(b) for b in node.bases}
+        if not bases & {"enum.Enum", "BaseEnum", "str, enum.Enum"} and not any("Enum" in b for b in bases):
+            continue
+        for statement in node.body:
+            if isinstance(statement, ast.Assign):
+                names += [f"accelerate.utils.{node.name}.{t.id}" for t in statement.targets if isinstance(t, ast.Name)]
+    return sorted(names)
+
+
+def main(repo: str, rev: str = "HEAD") -> None:
+    commit = subprocess.run(
+        ["git", f"--git-dir={repo}", "rev-parse", rev], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    init = show(repo, commit, "src/accelerate/__init__.py")
+    version = next(line.split('"')[1] for line in init.splitlines() if line.startswith("__version__"))
+    utils = bound_by_imports(show(repo, commit, "src/accelerate/utils/__init__.py"))
+    local_sgd = show(repo, commit, "src/accelerate/local_sgd.py")
+    surface = {
+        "reference": {"repository": "huggingface/accelerate", "commit": commit, "version": version},
+        "accelerate": [f"accelerate.{n}" for n in bound_by_imports(init)],
+        "accelerate.utils": [f"accelerate.utils.{n}" for n in utils],
+        "accelerate.utils enum members": enum_members(show(repo, commit, "src/accelerate/utils/dataclasses.py"), set(utils)),
+        "accelerate.Accelerator": class_surface(
+            find_class(show(repo, commit, "src/accelerate/accelerator.py"), "Accelerator"), "accelerate.Accelerator"
+        ),
+        "accelerate.logging": [
+            f"accelerate.logging.{n}" for n in module_public_names(show(repo, commit, "src/accelerate/logging.py"))
+        ],
+        "accelerate.local_sgd": [f"accelerate.local_sgd.{n}" for n in module_public_names(local_sgd)]
+        + class_surface(find_class(local_sgd, "LocalSGD"), "accelerate.local_sgd.LocalSGD"),
+    }
+    OUTPUT.write_text(json.dumps(surface, indent=1) + "\n")
+    counts = {k: len(v) for k, v in surface.items() if k != "reference"}
+    print(f"wrote {OUTPUT} from {commit[:12]} (version {version}): {counts}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__)
+    main(*sys.argv[1:])

@@ -1,0 +1,50 @@
+"""accel provides every public name of the reference (Accelerate 1.15) that is not in the reviewed allow-list."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # pytest runs with --import-mode=importlib
+
+import surface  # noqa: E402
+
+
+def test_allowlist_is_well_formed() -> None:
+    data = surface.allowlist()
+    seen: Counter[str] = Counter()
+    for group in data["missing"]:
+        assert group["kind"] in ("not planned", "planned", "internal"), group
+        assert group["reason"].strip() and group["names"], group
+        seen.update(group["names"])
+    for group in data["pending"] or []:
+        assert group["branch"] and group["reason"].startswith("pending: being added in branch"), group
+        seen.update(group["names"])
+    assert not [n for n, count in seen.items() if count > 1], "a name is listed twice"
+
+
+def test_every_reference_name_is_provided_or_explained() -> None:
+    report = surface.compare()
+    assert not report.unknown, f"allow-list names that are not reference names (typos?): {report.unknown}"
+    assert not report.unexplained, (
+        f"{len(report.unexplained)} reference names are missing from accel and not in surface_allowlist.yaml:\n  "
+        + "\n  ".join(report.unexplained)
+    )
+    assert not report.stale, (
+        "accel now provides these allow-listed names: remove them from surface_allowlist.yaml "
+        "(and regenerate docs/coming_from_accelerate.md):\n  " + "\n  ".join(report.stale)
+    )
+    print(
+        f"\nreference names: {report.total}, provided: {len(report.provided)}, allow-listed: {len(report.allowed)}, "
+        f"enum members of allow-listed enums: {len(report.covered_by_enum)}"
+    )
+
+
+def test_docs_are_current() -> None:
+    import gen_coming_from_accelerate as docs
+
+    assert docs.current_page_section() == docs.render(), (
+        "docs/coming_from_accelerate.md is out of date with surface_allowlist.yaml: "
+        "run python tests/compat/gen_coming_from_accelerate.py"
+    )
