@@ -317,3 +317,48 @@ def test_even_batches_can_be_switched_between_epochs() -> None:
         assert _epoch(loader) == [[4, 5, 6, 7]] and len(loader) == 1
         loader.even_batches = True
         assert len(_epoch(loader)) == 2
+
+
+class WorkerSeeds(Dataset):
+    """Sample ``i`` is ``(i, the seed of the worker that loaded it)``."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        info = torch.utils.data.get_worker_info()
+        return i, info.seed if info is not None else -1
+
+
+@pytest.mark.parametrize("user_generator", [False, True])
+def test_resume_replays_worker_seeds_and_leaves_the_global_rng_alone(user_generator: bool) -> None:
+    """A resumed epoch draws its iterator's base seed (workers' seeds) as the interrupted one did.
+
+    torch draws it from the loader's generator, else from the global RNG, when an iterator opens
+    (as Accelerate's loader does). The resumed run restores the global RNG to the checkpoint's
+    point (load_state) and must not draw from it again, or the dropout stream after resume shifts.
+    """
+    def make():
+        generator = torch.Generator().manual_seed(5) if user_generator else None
+        dl = DataLoader(WorkerSeeds(), batch_size=2, shuffle=True, num_workers=2, generator=generator)
+        return prepare_data_loader(dl, num_processes=2, process_index=1)
+
+    def rows(batches) -> list[list[int]]:
+        return [[*b[0].tolist(), *b[1].tolist()] for b in batches]
+
+    torch.manual_seed(0)
+    run = make()
+    list(run)  # epoch 0
+    it = iter(run)
+    got = [next(it) for _ in range(2)]
+    state, rng_at_checkpoint = run.state_dict(), torch.get_rng_state()
+    rest = list(it)
+    assert rows(got + rest) and len({seed for b in got + rest for seed in b[1].tolist()}) == 2
+
+    torch.manual_seed(123)  # a new run: whatever the RNG did before, load_state restores it
+    resumed = make()
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng_at_checkpoint)
+    replayed = list(resumed)
+    assert rows(replayed) == rows(rest), "same samples and same worker seeds as the interrupted epoch"
+    assert torch.equal(torch.get_rng_state(), rng_at_checkpoint), "opening the resumed epoch drew from the global RNG"
