@@ -216,9 +216,28 @@ def test_seedable_sampler_same_order_everywhere() -> None:
         orders.append([_epoch(loader), _epoch(loader)])
     assert orders[0] == orders[1], "data_seed decides the order, not the global RNG"
     assert orders[0][0] != orders[0][1], "each epoch is shuffled differently"
-    sampler = SeedableRandomSampler(range(10), seed=1)
-    sampler.set_epoch(2)
-    assert list(sampler) == list(sampler)
+
+
+def test_seedable_random_sampler_has_accelerates_constructor_and_behaviour() -> None:
+    torch.manual_seed(11)
+    default = SeedableRandomSampler(range(10))
+    assert default.initial_seed == 11 and default.epoch == 0, "data_seed=None takes torch.initial_seed()"
+    generator = torch.Generator()
+    sampler = SeedableRandomSampler(range(10), False, 10, generator, data_seed=1)  # RandomSampler's positions
+    assert sampler.generator is generator and sampler.initial_seed == 1
+    first = list(sampler)
+    assert sampler.epoch == 1, "a complete pass moves to the next epoch"
+    second = list(sampler)
+    assert first != second and sorted(first) == sorted(second) == list(range(10))
+    sampler.set_epoch(0)
+    assert list(sampler) == first
+    expected = torch.randperm(10, generator=torch.Generator().manual_seed(1 + 1)).tolist()
+    assert second == expected, "epoch e is the permutation of seed initial_seed + e"
+    partial = iter(sampler)
+    next(partial)
+    assert sampler.epoch == 1, "an unfinished pass does not move the epoch"
+    replaced = SeedableRandomSampler(range(10), replacement=True, num_samples=25, data_seed=3)
+    assert len(list(replaced)) == 25
 
 
 def test_set_epoch_is_forwarded() -> None:

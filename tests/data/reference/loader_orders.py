@@ -67,10 +67,18 @@ CASES: dict[str, dict[str, Any]] = {
     "skip_first_batches_seedable": dict(seed=14, n=50, bs=4, skip=3, seedable=True),
     "skip_first_batches_seedable_set_epoch": dict(seed=14, n=50, bs=4, skip=3, seedable=True, set_epoch=True),
     "skip_first_batches_batch_sampler": dict(seed=15, n=50, bs=4, skip=3, kind="batch_sampler"),
+    # The user's own SeedableRandomSampler (as Accelerate's test_script builds it).
+    "user_seedable_sampler": dict(seed=16, n=50, bs=4, kind="seedable"),
+    "user_seedable_sampler_with_config": dict(seed=16, n=50, bs=4, kind="seedable", seedable=True),
 }
 
 
-def build_loader(case: dict[str, Any]) -> DataLoader:
+def seedable_sampler_class(lib_name: str) -> type:
+    # Accelerate has it in accelerate.data_loader; accel in accel.utils.
+    return importlib.import_module("accelerate.data_loader" if lib_name == "accelerate" else "accel.utils").SeedableRandomSampler
+
+
+def build_loader(case: dict[str, Any], lib_name: str) -> DataLoader:
     dataset = Indices(case["n"])
     kind, bs, drop_last = case.get("kind", "loader"), case["bs"], case.get("drop_last", False)
     if kind == "loader":
@@ -80,6 +88,11 @@ def build_loader(case: dict[str, Any]) -> DataLoader:
         return DataLoader(dataset, batch_size=bs, shuffle=True, drop_last=drop_last, generator=generator)
     if kind == "subset":  # a fold of a cross-validation: every other sample
         return DataLoader(dataset, batch_size=bs, sampler=SubsetRandomSampler(range(0, case["n"], 2)))
+    if kind == "seedable":
+        sampler = seedable_sampler_class(lib_name)(
+            generator=torch.Generator().manual_seed(3), data_source=dataset, num_samples=len(dataset)
+        )
+        return DataLoader(dataset, batch_size=bs, sampler=sampler)
     if kind == "batch_sampler":
         sampler = BatchSampler(RandomSampler(dataset), batch_size=bs, drop_last=drop_last)
         return DataLoader(dataset, sampler=sampler, batch_size=None)
@@ -97,7 +110,7 @@ def run_case(lib: Any, case: dict[str, Any]) -> list[list[list[int]]] | str:
     accelerator = lib.Accelerator(cpu=True, dataloader_config=config)
     lib.utils.set_seed(case["seed"])
     try:
-        loader = accelerator.prepare(build_loader(case))
+        loader = accelerator.prepare(build_loader(case, lib.__name__))
     except Exception as error:  # noqa: BLE001 - the error type is part of the behaviour compared
         return type(error).__name__
     epochs = []

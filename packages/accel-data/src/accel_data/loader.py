@@ -213,10 +213,10 @@ class ShardedLoaderMixin(ResumableMixin):
 
     def _begin(self) -> tuple[int, dict[str, Any] | None]:
         p = self._progress
-        seed = self._seedable.seed if self._seedable is not None else None
+        seed = self._seedable.initial_seed if self._seedable is not None else None
         seed = synchronize_rng_states(self.rng_types, self._comm, self._generator, seed)
         if self._seedable is not None and seed is not None:
-            self._seedable.seed = seed
+            self._seedable.initial_seed = seed
             self._seedable.set_epoch(p.epoch)
         resume_inner, p.resume_inner = p.resume_inner, None
         skip = self._skip + p.resume_skip

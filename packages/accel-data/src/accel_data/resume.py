@@ -65,7 +65,7 @@ class ResumableMixin:
             "num_processes": self.num_processes,
             "split_batches": self.split_batches,
             "generator_state": generator_state,
-            "seed": self._seedable.seed if self._seedable is not None else None,
+            "seed": self._seedable.initial_seed if self._seedable is not None else None,
             "base_seed_state": p.seed_state if in_epoch else None,
             "inner": p.inner_state if in_epoch else None,
             "head": list(p.head.batches) if in_epoch and p.inner_state is not None and p.head is not None else None,
@@ -95,7 +95,7 @@ class ResumableMixin:
         if generator_state is not None and self._generator is not None:
             self._generator.set_state(generator_state)
         if state_dict.get("seed") is not None and self._seedable is not None:
-            self._seedable.seed = int(state_dict["seed"])
+            self._seedable.initial_seed = int(state_dict["seed"])
         inner = state_dict.get("inner")
         if inner is not None and self._stateful and self._shard is None:
             p.resume_inner, p.resume_skip = inner, 0
