@@ -9,6 +9,7 @@ Written as an Accelerate user writes it (only the import differs). Checks:
    numbering and pruning per folder; ``load_state()`` picks the newest checkpoint complete on
    every process (one process's newest being unfinished makes all of them take the previous one).
 3. A folder missing on one process only: every process raises, none hangs, nothing is modified.
+4. Sharded (DTensor) state into folders of their own: a clear error on every process, nothing left behind.
 """
 
 from __future__ import annotations
@@ -126,6 +127,25 @@ def missing_on_one(accelerator, model) -> None:
     check("nothing modified", all(torch.equal(v, before[k]) for k, v in model.state_dict().items()))
 
 
+def sharded_needs_one_folder() -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from accel_checkpoint.errors import CheckpointError
+    from mp_checkpoint import FullyShardStrategy
+
+    rank = int(os.environ["RANK"])
+    accelerator = Accelerator(cpu=True, strategy=FullyShardStrategy())
+    accelerator.prepare(torch.nn.Linear(4, 4))
+    try:
+        accelerator.save_state(os.path.join(BASE, f"sharded{rank}"))
+    except CheckpointError as error:
+        check("sharded: the error says why", "one folder that every process sees" in str(error), str(error))
+    else:
+        check("sharded state into folders of their own is refused", False)
+    accelerator.wait_for_everyone()
+    left = [n for n in os.listdir(BASE) if n.startswith(".") or n.startswith("sharded")]
+    check("sharded: nothing left behind", not left, str(left))
+
+
 def main() -> None:
     import faulthandler
 
@@ -133,7 +153,7 @@ def main() -> None:
     accelerator, model, optimizer, loader = build()
     rank = accelerator.process_index
     for fn in (lambda: own_folders(accelerator, model, optimizer, loader), automatic_naming,
-               lambda: missing_on_one(accelerator, model)):
+               lambda: missing_on_one(accelerator, model), sharded_needs_one_folder):
         try:
             fn()
         except Exception:  # noqa: BLE001 - reported below; stop rather than hang in a collective

@@ -157,6 +157,14 @@ def plan_save(
     covered: set[str] = set()
     sharded_info = None
     sharded = find_sharded(accelerator)
+    if sharded is not None and any(coord.gather(leader != 0)):
+        # Every process writes its shards and process 0 the index of all of them: one folder.
+        if leader == rank:
+            remove_tree(temp)
+        raise CheckpointError(
+            f"save_state: sharded state ({sharded[1]}) must be saved to one folder that every process sees "
+            "(a shared file system); give every process the same path on it."
+        )
     if sharded is not None:
         implementation, name = sharded
         covered = set(implementation.save_sharded(accelerator, os.path.join(temp, C.SHARDED_DIR), **(sharded_kwargs or {})) or ())
