@@ -5,7 +5,8 @@ not divide, split on/off, dispatch on/off, map-style and iterable, tensors and s
 Accelerator and through the standalone API; RNG synchronisation of shuffled loaders seeded
 differently on each process; mid-epoch resume after load_state_dict; dispatch of variable-length
 sequences; a reading error on process 0 failing every process instead of hanging; a loader whose
-sampler yields index batches (``sampler=BatchSampler(...), batch_size=None``) sharded like any other.
+sampler yields index batches (``sampler=BatchSampler(...), batch_size=None``) sharded like any other;
+``split_between_processes`` on a ``datasets.Dataset``.
 """
 
 from __future__ import annotations
@@ -176,6 +177,20 @@ def check_index_batch_sampler(accelerator: Accelerator) -> None:
     config.even_batches = True
 
 
+def check_split_a_datasets_dataset(accelerator: Accelerator) -> None:
+    """``split_between_processes`` on a Hugging Face ``datasets.Dataset``: each process its rows."""
+    import datasets
+
+    table = datasets.Dataset.from_dict({"prompt": [f"p{i}" for i in range(5)], "idx": list(range(5))})
+    with accelerator.split_between_processes(table) as rows:
+        check("split Dataset gives a Dataset", isinstance(rows, datasets.Dataset), type(rows).__name__)
+        everyone = ops.gather_object([rows["prompt"]])
+    check("split Dataset: each row once, in order", everyone == [["p0", "p1", "p2"], ["p3", "p4"]], str(everyone))
+    with accelerator.split_between_processes(table, apply_padding=True) as rows:
+        everyone = ops.gather_object([rows["idx"]])
+    check("split Dataset padded with the last row", everyone == [[0, 1, 2], [3, 4, 4]], str(everyone))
+
+
 def make_resume_loader(case: str):
     if case == "iterable":
         return prepare_data_loader(DataLoader(Stream(45), batch_size=4))
@@ -260,6 +275,7 @@ def main() -> None:
     checks = [
         check_gather_for_metrics,
         check_index_batch_sampler,
+        check_split_a_datasets_dataset,
         check_standalone_with_ops_gather,
         check_rng_sync_of_shuffled_loaders,
         check_resume,
@@ -271,7 +287,7 @@ def main() -> None:
     for fn in checks:
         start = time.perf_counter()
         try:
-            fn(accelerator) if fn in (check_gather_for_metrics, check_index_batch_sampler) else fn()
+            fn(accelerator) if fn in (check_gather_for_metrics, check_index_batch_sampler, check_split_a_datasets_dataset) else fn()
         except Exception:  # noqa: BLE001 - reported below, then the run stops
             failures.append(f"{fn.__name__} raised:\n{traceback.format_exc()}")
             break  # the other process may now wait in a collective: stop rather than hang
