@@ -70,6 +70,11 @@ CASES: dict[str, dict[str, Any]] = {
     # The user's own SeedableRandomSampler (as Accelerate's test_script builds it).
     "user_seedable_sampler": dict(seed=16, n=50, bs=4, kind="seedable"),
     "user_seedable_sampler_with_config": dict(seed=16, n=50, bs=4, kind="seedable", seedable=True),
+    # Process 0 reads every batch and sends each process its share.
+    "dispatch": dict(seed=17, n=50, bs=4, dispatch_batches=True),
+    "dispatch_no_shuffle": dict(seed=17, n=50, bs=4, dispatch_batches=True, shuffle=False),
+    "dispatch_split": dict(seed=18, n=50, bs=8, dispatch_batches=True, split_batches=True),
+    "dispatch_seedable": dict(seed=19, n=50, bs=4, dispatch_batches=True, seedable=True),
 }
 
 
@@ -103,6 +108,7 @@ def run_case(lib: Any, case: dict[str, Any]) -> list[list[list[int]]] | str:
     """Each epoch's batches on this process, or the name of the error preparing or reading it raised."""
     config = lib.DataLoaderConfiguration(
         split_batches=case.get("split_batches", False),
+        dispatch_batches=case.get("dispatch_batches"),
         even_batches=case.get("even_batches", True),
         use_seedable_sampler=case.get("seedable", False),
         data_seed=case.get("data_seed"),
