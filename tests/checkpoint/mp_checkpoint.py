@@ -33,9 +33,9 @@ def build(project_dir: str):
         cpu=True, gradient_accumulation_steps=ACCUMULATION, project_config=ProjectConfiguration(project_dir=project_dir)
     )
     data = TensorDataset(torch.randn(64, 6), torch.randn(64, 1))
-    # No explicit generator, as most scripts: the prepared loader draws each iterator's base seed
-    # from its sampler's generator, so a resumed run's mid-epoch iterator leaves the global torch
-    # RNG (and so dropout) exactly where the uninterrupted run has it.
+    # No explicit generator, as most scripts: torch draws each epoch's iterator base seed from the
+    # global RNG (as with Accelerate); a resumed run's mid-epoch iterator replays that draw from the
+    # loader's saved state, leaving the global torch RNG (and so dropout) where the uninterrupted run has it.
     loader = DataLoader(data, batch_size=4, shuffle=True)
     model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)

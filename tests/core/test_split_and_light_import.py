@@ -25,6 +25,29 @@ def test_split_covers_every_item_once_in_order(processes, length):
     assert torch.cat(tensor_shares).tolist() == items if processes > 1 else True
 
 
+def test_padding_repeats_the_inputs_last_item():
+    """As Accelerate: a short share is completed with the input's last item, not its own."""
+    items = list(range(7))
+    assert [_split(items, 3, i, apply_padding=True) for i in range(3)] == [[0, 1, 2], [3, 4, 6], [5, 6, 6]]
+    padded = [_split(torch.arange(7), 3, i, apply_padding=True).tolist() for i in range(3)]
+    assert padded == [[0, 1, 2], [3, 4, 6], [5, 6, 6]]
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+def test_split_a_datasets_dataset_gives_its_rows(processes):
+    datasets = pytest.importorskip("datasets")
+    for length in range(0, 8):
+        table = datasets.Dataset.from_dict({"idx": list(range(length)), "text": [f"t{i}" for i in range(length)]})
+        shares = [_split(table, processes, i, apply_padding=False) for i in range(processes)]
+        assert all(isinstance(share, datasets.Dataset) for share in shares), "rows, not a dict of columns"
+        assert [i for share in shares for i in share["idx"]] == list(range(length))
+        assert [t for share in shares for t in share["text"]] == [f"t{i}" for i in range(length)]
+        padded = [_split(table, processes, i, apply_padding=True) for i in range(processes)]
+        assert [share["idx"] for share in padded] == [_split(list(range(length)), processes, i, True) for i in range(processes)]
+    nested = _split({"rows": datasets.Dataset.from_dict({"idx": [0, 1, 2]}), "ids": [0, 1, 2]}, 2, 1, False)
+    assert nested["rows"]["idx"] == nested["ids"] == [2]
+
+
 def test_import_accel_does_not_import_torch():
     code = "import sys, accel, accel_core, accel_core.environment, accel_core.plugins; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

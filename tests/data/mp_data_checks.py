@@ -4,7 +4,9 @@ Checks: gather_for_metrics sees every sample exactly once (lengths 99 and 512, b
 not divide, split on/off, dispatch on/off, map-style and iterable, tensors and strings), through the
 Accelerator and through the standalone API; RNG synchronisation of shuffled loaders seeded
 differently on each process; mid-epoch resume after load_state_dict; dispatch of variable-length
-sequences; a reading error on process 0 failing every process instead of hanging.
+sequences; a reading error on process 0 failing every process instead of hanging; a loader whose
+sampler yields index batches (``sampler=BatchSampler(...), batch_size=None``) sharded like any other;
+``split_between_processes`` on a ``datasets.Dataset``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from accel_core import ops
 from accel_core.accelerator import Accelerator
 from accel_core.state import GradientState
 from accel_data import DispatchError, prepare_data_loader
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
 
 
 class Items(Dataset):
@@ -36,6 +38,16 @@ class Items(Dataset):
         if i == self.fail_at:
             raise KeyError(f"sample {i} is corrupt")
         return {"idx": i, "x": torch.full((2,), float(i)), "name": f"s{i}"}
+
+
+class Rows(Dataset):
+    """Reads a whole batch per list of indices, as a Hugging Face ``datasets.Dataset`` does."""
+
+    def __len__(self) -> int:
+        return 50
+
+    def __getitem__(self, indices: list[int]) -> dict:
+        return {"idx": torch.tensor(indices), "x": torch.tensor(indices, dtype=torch.float32)}
 
 
 class Stream(IterableDataset):
@@ -132,6 +144,53 @@ def check_rng_sync_of_shuffled_loaders() -> None:
     check("rng_types=['torch'] synchronises the global RNG", values[0] == values[1], str(values))
 
 
+def check_index_batch_sampler(accelerator: Accelerator) -> None:
+    """``DataLoader(sampler=BatchSampler(RandomSampler(...)), batch_size=None)`` on processes seeded differently."""
+    config = accelerator.dataloader_config
+    for even, drop_last in itertools.product([True, False], [False, True]):
+        config.even_batches = even
+        torch.manual_seed(3000 + RANK)  # each process its own seed: the inner sampler must be synchronised
+        rows = Rows()
+        loader = accelerator.prepare(DataLoader(rows, sampler=BatchSampler(RandomSampler(rows), 4, drop_last), batch_size=None))
+        real = 48 if drop_last else 50  # drop_last leaves out the 2 samples of the short last batch
+        label = f"index batches even={even} drop_last={drop_last}"
+        for epoch in range(2):
+            mine: list[int] = []
+            gathered: list[int] = []
+            count = 0
+            for batch in loader:
+                count += 1
+                check(label + " batch", batch["idx"].tolist() == batch["x"].long().tolist() and len(batch["idx"]) <= 4)
+                mine += batch["idx"].tolist()
+                if even:  # equal batches on every process: a plain gather works (it aborted gloo before)
+                    gathered += accelerator.gather_for_metrics(batch["idx"]).tolist()
+            everyone = ops.gather_object([mine])
+            counts = ops.gather_object([count])
+            check(f"{label} epoch {epoch} len", count == len(loader), f"{count} batches, len {len(loader)}")
+            distinct = set(i for ids in everyone for i in ids)
+            check(f"{label} epoch {epoch} every sample", len(distinct) == real and distinct <= set(range(50)), str(sorted(distinct)))
+            if even:
+                check(f"{label} epoch {epoch} same steps", counts[0] == counts[1], str(counts))
+                check(f"{label} epoch {epoch} gather_for_metrics once each", sorted(gathered) == sorted(distinct), f"{len(gathered)} ids")
+            else:
+                check(f"{label} epoch {epoch} no repeat", sum(map(len, everyone)) == real, str(everyone))
+    config.even_batches = True
+
+
+def check_split_a_datasets_dataset(accelerator: Accelerator) -> None:
+    """``split_between_processes`` on a Hugging Face ``datasets.Dataset``: each process its rows."""
+    import datasets
+
+    table = datasets.Dataset.from_dict({"prompt": [f"p{i}" for i in range(5)], "idx": list(range(5))})
+    with accelerator.split_between_processes(table) as rows:
+        check("split Dataset gives a Dataset", isinstance(rows, datasets.Dataset), type(rows).__name__)
+        everyone = ops.gather_object([rows["prompt"]])
+    check("split Dataset: each row once, in order", everyone == [["p0", "p1", "p2"], ["p3", "p4"]], str(everyone))
+    with accelerator.split_between_processes(table, apply_padding=True) as rows:
+        everyone = ops.gather_object([rows["idx"]])
+    check("split Dataset padded with the last row", everyone == [[0, 1, 2], [3, 4, 4]], str(everyone))
+
+
 def make_resume_loader(case: str):
     if case == "iterable":
         return prepare_data_loader(DataLoader(Stream(45), batch_size=4))
@@ -215,6 +274,8 @@ def main() -> None:
     accelerator = Accelerator(cpu=True)
     checks = [
         check_gather_for_metrics,
+        check_index_batch_sampler,
+        check_split_a_datasets_dataset,
         check_standalone_with_ops_gather,
         check_rng_sync_of_shuffled_loaders,
         check_resume,
@@ -226,7 +287,7 @@ def main() -> None:
     for fn in checks:
         start = time.perf_counter()
         try:
-            fn(accelerator) if fn is check_gather_for_metrics else fn()
+            fn(accelerator) if fn in (check_gather_for_metrics, check_index_batch_sampler, check_split_a_datasets_dataset) else fn()
         except Exception:  # noqa: BLE001 - reported below, then the run stops
             failures.append(f"{fn.__name__} raised:\n{traceback.format_exc()}")
             break  # the other process may now wait in a collective: stop rather than hang

@@ -216,9 +216,28 @@ def test_seedable_sampler_same_order_everywhere() -> None:
         orders.append([_epoch(loader), _epoch(loader)])
     assert orders[0] == orders[1], "data_seed decides the order, not the global RNG"
     assert orders[0][0] != orders[0][1], "each epoch is shuffled differently"
-    sampler = SeedableRandomSampler(range(10), seed=1)
-    sampler.set_epoch(2)
-    assert list(sampler) == list(sampler)
+
+
+def test_seedable_random_sampler_has_accelerates_constructor_and_behaviour() -> None:
+    torch.manual_seed(11)
+    default = SeedableRandomSampler(range(10))
+    assert default.initial_seed == 11 and default.epoch == 0, "data_seed=None takes torch.initial_seed()"
+    generator = torch.Generator()
+    sampler = SeedableRandomSampler(range(10), False, 10, generator, data_seed=1)  # RandomSampler's positions
+    assert sampler.generator is generator and sampler.initial_seed == 1
+    first = list(sampler)
+    assert sampler.epoch == 1, "a complete pass moves to the next epoch"
+    second = list(sampler)
+    assert first != second and sorted(first) == sorted(second) == list(range(10))
+    sampler.set_epoch(0)
+    assert list(sampler) == first
+    expected = torch.randperm(10, generator=torch.Generator().manual_seed(1 + 1)).tolist()
+    assert second == expected, "epoch e is the permutation of seed initial_seed + e"
+    partial = iter(sampler)
+    next(partial)
+    assert sampler.epoch == 1, "an unfinished pass does not move the epoch"
+    replaced = SeedableRandomSampler(range(10), replacement=True, num_samples=25, data_seed=3)
+    assert len(list(replaced)) == 25
 
 
 def test_set_epoch_is_forwarded() -> None:
@@ -317,3 +336,48 @@ def test_even_batches_can_be_switched_between_epochs() -> None:
         assert _epoch(loader) == [[4, 5, 6, 7]] and len(loader) == 1
         loader.even_batches = True
         assert len(_epoch(loader)) == 2
+
+
+class WorkerSeeds(Dataset):
+    """Sample ``i`` is ``(i, the seed of the worker that loaded it)``."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        info = torch.utils.data.get_worker_info()
+        return i, info.seed if info is not None else -1
+
+
+@pytest.mark.parametrize("user_generator", [False, True])
+def test_resume_replays_worker_seeds_and_leaves_the_global_rng_alone(user_generator: bool) -> None:
+    """A resumed epoch draws its iterator's base seed (workers' seeds) as the interrupted one did.
+
+    torch draws it from the loader's generator, else from the global RNG, when an iterator opens
+    (as Accelerate's loader does). The resumed run restores the global RNG to the checkpoint's
+    point (load_state) and must not draw from it again, or the dropout stream after resume shifts.
+    """
+    def make():
+        generator = torch.Generator().manual_seed(5) if user_generator else None
+        dl = DataLoader(WorkerSeeds(), batch_size=2, shuffle=True, num_workers=2, generator=generator)
+        return prepare_data_loader(dl, num_processes=2, process_index=1)
+
+    def rows(batches) -> list[list[int]]:
+        return [[*b[0].tolist(), *b[1].tolist()] for b in batches]
+
+    torch.manual_seed(0)
+    run = make()
+    list(run)  # epoch 0
+    it = iter(run)
+    got = [next(it) for _ in range(2)]
+    state, rng_at_checkpoint = run.state_dict(), torch.get_rng_state()
+    rest = list(it)
+    assert rows(got + rest) and len({seed for b in got + rest for seed in b[1].tolist()}) == 2
+
+    torch.manual_seed(123)  # a new run: whatever the RNG did before, load_state restores it
+    resumed = make()
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng_at_checkpoint)
+    replayed = list(resumed)
+    assert rows(replayed) == rows(rest), "same samples and same worker seeds as the interrupted epoch"
+    assert torch.equal(torch.get_rng_state(), rng_at_checkpoint), "opening the resumed epoch drew from the global RNG"

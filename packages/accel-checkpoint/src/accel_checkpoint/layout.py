@@ -80,11 +80,15 @@ def old_path(final: str, tag: str) -> str:
     return os.path.join(parent, f".{name}{OLD_TAG}{tag}")
 
 
-def remove_leftovers(parent: str, keep: str | None = None, only_for: str | None = None) -> list[str]:
+def remove_leftovers(
+    parent: str, keep: str | None = None, only_for: str | None = None, keep_tag: str | None = None
+) -> list[str]:
     """Deletes hidden ``.partial-`` / ``.old-`` folders left by interrupted saves.
 
     only_for: limit to leftovers of one final folder name (explicit output dirs share a parent with
     unrelated things); ``None`` cleans every leftover (the automatic checkpoints folder is ours).
+    keep_tag: the token of the save in progress: its folders (written by other processes, maybe
+    under another path to the same place) are not leftovers.
     """
     removed = []
     if not os.path.isdir(parent):
@@ -94,6 +98,8 @@ def remove_leftovers(parent: str, keep: str | None = None, only_for: str | None 
             continue
         stem = name[1:].split(PARTIAL_TAG)[0].split(OLD_TAG)[0]
         if stem == name[1:] or (only_for is not None and stem != only_for):
+            continue
+        if keep_tag is not None and name.endswith(f"{PARTIAL_TAG}{keep_tag}"):
             continue
         path = os.path.join(parent, name)
         if keep is not None and os.path.abspath(path) == os.path.abspath(keep):

@@ -26,19 +26,41 @@ from .sharded import MODELS, OPTIMIZERS, SCHEDULERS, find_sharded
 logger = logging.getLogger(__name__)
 
 
-def resolve_input_dir(accelerator: Any, input_dir: str | None) -> str:
+def _automatic_base(accelerator: Any) -> str:
     config = access.project_configuration(accelerator)
+    if config is None or not config.automatic_checkpoint_naming or not config.project_dir:
+        raise ValueError(
+            "load_state() needs input_dir, unless ProjectConfiguration(automatic_checkpoint_naming=True, "
+            "project_dir=...) is used, in which case it loads the newest checkpoint."
+        )
+    return layout.checkpoints_dir(config.project_dir)
+
+
+def resolve_input_dir(accelerator: Any, input_dir: str | None, coord: Coordinator | None = None) -> str:
+    """This process's checkpoint folder: ``input_dir``, or the newest automatic checkpoint.
+
+    Each process reads its own folder (processes may each have their own, on their own disk).
+    Automatic: the newest number complete in every process's folder, so that all of them load the
+    same checkpoint even if a save was interrupted after some processes had completed theirs.
+    Collective when ``coord`` is given and ``input_dir`` is None.
+    """
     if input_dir is None:
-        if config is None or not config.automatic_checkpoint_naming or not config.project_dir:
-            raise ValueError(
-                "load_state() needs input_dir, unless ProjectConfiguration(automatic_checkpoint_naming=True, "
-                "project_dir=...) is used, in which case it loads the newest checkpoint."
+        base = _automatic_base(accelerator)
+        complete = {f.number for f in layout.list_checkpoints(base) if f.complete}
+        everywhere = set(complete)
+        if coord is not None:
+            for other in coord.gather(sorted(complete)):
+                everywhere &= set(other)
+        if not everywhere:
+            hint = " on every process" if complete else ""
+            raise CheckpointNotFoundError(f"No complete checkpoint in {base}{hint}: nothing to resume from (save_state() first).")
+        number = max(everywhere)
+        if complete and number < max(complete):
+            logger.warning(
+                "Loading checkpoint_%d: the newer checkpoint_%d in %s is not complete on every process.", number, max(complete), base
             )
-        base = layout.checkpoints_dir(config.project_dir)
-        found = layout.latest_complete(base)
-        if found is None:
-            raise CheckpointNotFoundError(f"No complete checkpoint in {base}: nothing to resume from (save_state() first).")
-        return os.path.abspath(found.path)
+        layout.latest_complete(base)  # reports unfinished folders
+        return os.path.abspath(layout.numbered_path(os.path.dirname(base), number))
     folder = os.path.abspath(os.path.expanduser(input_dir))
     if not os.path.isdir(folder):
         hint = ""
@@ -101,12 +123,17 @@ def load_state(
     error: BaseException | None = None
     folder = metadata = None
     try:
-        folder = resolve_input_dir(accelerator, input_dir)
+        # The automatic choice is agreed in a collective: every process must reach it.
+        base = _automatic_base(accelerator) if input_dir is None else None
     except Exception as caught:  # noqa: BLE001 - raised on every process by agree()
         error = caught
     coord.agree(error, "load_state")
-    # The newest checkpoint as process 0 sees it, so every process loads the same one.
-    folder = coord.broadcast(folder)
+    try:
+        folder = resolve_input_dir(accelerator, input_dir, coord if base is not None else None)
+    except Exception as caught:  # noqa: BLE001
+        error = caught
+    coord.agree(error, "load_state")
+    assert folder is not None
     models = access.listed(accelerator, "_models")
     try:
         if not os.path.isdir(folder):
@@ -181,10 +208,11 @@ def load_state(
             if saved_world != access.num_processes(accelerator):
                 # Positions of a sharded loader are the same on every process; the loader's own
                 # load_state_dict converts them to the new process count (or says why it cannot).
-                source = 0
+                # The first process's whose file this folder holds (a folder of its own holds only one).
+                source = next((r for r in range(saved_world) if os.path.exists(os.path.join(folder, C.dataloader_file(0, r)))), 0)
                 logger.warning(
-                    "%s was saved by %d processes, %d run now: every dataloader resumes from process 0's position.",
-                    folder, saved_world, access.num_processes(accelerator),
+                    "%s was saved by %d processes, %d run now: every dataloader resumes from process %d's position.",
+                    folder, saved_world, access.num_processes(accelerator), source,
                 )
             loaded["loaders"] = [reader.torch(C.dataloader_file(i, source)) for i in range(len(loaders))]
         rng_name = C.rng_file(rank) if metadata else f"{C.RNG_STATE_NAME}_{rank}{C.LEGACY_RNG_EXT}"

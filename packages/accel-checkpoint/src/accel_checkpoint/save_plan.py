@@ -43,9 +43,7 @@ class SaveJob:
     temp_dir: str
     files: list[FileJob]
     metadata: dict[str, Any]
-    finalizer: bool  # global process 0: writes metadata + marker, renames, prunes
-    node_finalizer: bool  # first process of another machine: does the same for its machine's copy
-    multi_node: bool
+    finalizer: bool  # the process that created this folder: writes metadata + marker, renames, prunes
     replace_existing: bool
     prune_base: str | None = None
     total_limit: int | None = None
@@ -90,6 +88,39 @@ def resolve_output_dir(accelerator: Any, output_dir: str | None) -> tuple[str, b
     return final, True, None
 
 
+def create_partial_folders(coord: Coordinator, final: str, temp: str, tag: str, automatic: bool) -> int:
+    """Creates the hidden folder(s) being written, one per distinct folder; returns this process's leader.
+
+    Collective. Processes may write to one shared folder, to the same path on separate disks (no
+    shared file system), or each to a path of its own: which processes share a folder is found
+    by looking, not from the paths. Process 0 creates its folder; every process that cannot see
+    its own yet waits for the next round, where the lowest of them creates its folder; and so on.
+    The creator of a folder (its leader) completes it. One round when the file system is shared.
+    """
+    leader: int | None = None
+    creator = 0
+    while True:
+        error: BaseException | None = None
+        if coord.rank == creator:
+            try:
+                parent = os.path.dirname(final)
+                os.makedirs(parent, exist_ok=True)
+                # Leftovers of interrupted saves (never this save's own folders, whatever their path);
+                # in the automatic folder every hidden folder is ours.
+                layout.remove_leftovers(parent, only_for=None if automatic else os.path.basename(final), keep_tag=tag)
+                os.makedirs(temp)
+            except OSError as caught:
+                error = caught
+        coord.agree(error, f"creating {temp}")
+        if leader is None and os.path.isdir(temp):
+            leader = creator
+        waiting = [rank for rank, without in enumerate(coord.gather(leader is None)) if without]
+        if not waiting:
+            assert leader is not None
+            return leader
+        creator = waiting[0]
+
+
 def plan_save(
     accelerator: Any,
     output_dir: str | None,
@@ -111,44 +142,29 @@ def plan_save(
 
     rank = access.process_index(accelerator)
     world = access.num_processes(accelerator)
-    local_main = access.is_local_main(accelerator)
     save_on_each_node = bool(getattr(config, "save_on_each_node", False))
-    state = getattr(accelerator, "state", None)
-    multi_node = world > int(getattr(state, "local_world_size", world) or world)
 
-    temp = layout.partial_path(final, coord.broadcast(token() if rank == 0 else None))
-    parent = os.path.dirname(final)
-    try:
-        if rank == 0:
-            os.makedirs(parent, exist_ok=True)
-            # Leftovers of interrupted saves; in the automatic folder every hidden folder is ours.
-            layout.remove_leftovers(parent, only_for=None if number is not None else os.path.basename(final))
-            os.makedirs(temp)
-    except OSError as caught:
-        error = caught
-    coord.agree(error, f"creating {temp}")
-    # A process that does not see process 0's folder is on a machine without a shared file system:
-    # there, the first process writes the machine's copy (save_on_each_node) and completes it.
-    own_copy = rank != 0 and not os.path.isdir(temp)
-    try:
-        if own_copy and local_main:
-            os.makedirs(parent, exist_ok=True)
-            layout.remove_leftovers(parent, only_for=None if number is not None else os.path.basename(final))
-    except OSError as caught:
-        error = caught
-    coord.agree(error, f"preparing {parent} on every machine")  # also: every process has checked
-    try:
-        os.makedirs(temp, exist_ok=True)
-    except OSError as caught:
-        error = caught
-    coord.agree(error, f"creating {temp} on every machine")
-    # Files shared by all processes are written once per file system, never twice to one path.
-    is_writer = rank == 0 or (save_on_each_node and local_main and own_copy)
+    tag = coord.broadcast(token() if rank == 0 else None)
+    temp = layout.partial_path(final, tag)
+    leader = create_partial_folders(coord, final, temp, tag, automatic=number is not None)
+    # Files shared by all processes are written once per folder, never twice to one path: by
+    # process 0, and by the first process of each other folder when it is a copy on another
+    # machine's disk with save_on_each_node, or a folder of its own (a different path).
+    first_final = coord.broadcast(final if rank == 0 else None)
+    is_writer = leader == rank and (rank == 0 or save_on_each_node or final != first_final)
 
     models = access.listed(accelerator, "_models")
     covered: set[str] = set()
     sharded_info = None
     sharded = find_sharded(accelerator)
+    if sharded is not None and any(coord.gather(leader != 0)):
+        # Every process writes its shards and process 0 the index of all of them: one folder.
+        if leader == rank:
+            remove_tree(temp)
+        raise CheckpointError(
+            f"save_state: sharded state ({sharded[1]}) must be saved to one folder that every process sees "
+            "(a shared file system); give every process the same path on it."
+        )
     if sharded is not None:
         implementation, name = sharded
         covered = set(implementation.save_sharded(accelerator, os.path.join(temp, C.SHARDED_DIR), **(sharded_kwargs or {})) or ())
@@ -201,7 +217,7 @@ def plan_save(
     try:
         coord.agree(error, "taking the checkpoint snapshot")
     except BaseException:
-        if rank == 0:
+        if leader == rank:
             remove_tree(temp)
         raise
 
@@ -231,10 +247,8 @@ def plan_save(
         temp_dir=temp,
         files=files,
         metadata=metadata,
-        finalizer=rank == 0,
-        node_finalizer=own_copy and local_main,
-        multi_node=multi_node,
+        finalizer=leader == rank,
         replace_existing=replace,
-        prune_base=parent if number is not None else None,
+        prune_base=os.path.dirname(final) if number is not None else None,
         total_limit=total_limit,
     )

@@ -5,8 +5,9 @@ Order on disk, which is what makes a crash at any moment harmless:
 1. every process writes its files into ``.<name>.partial-<token>/`` (each file fsynced, unless
    ``durable=False``: then a killed process is covered, a power cut is not);
 2. all processes agree that every write succeeded (one failing process fails them all);
-3. process 0 writes ``accel_checkpoint.json`` (with every file's size) and then ``COMPLETE``,
-   fsyncs the folder, and renames it to its final name (an existing folder of that name is moved
+3. process 0 (and the first process of each other folder, when processes write to several)
+   writes ``accel_checkpoint.json`` (with every file's size) and then ``COMPLETE``, fsyncs the
+   folder, and renames it to its final name (an existing folder of that name is moved
    aside first and deleted after);
 4. only then are checkpoints beyond ``total_limit`` deleted.
 
@@ -106,10 +107,12 @@ def run_job(job: SaveJob, coord: Coordinator) -> str:
     try:
         coord.agree(error, f"writing checkpoint files into {job.temp_dir}")
     except BaseException:
-        if job.finalizer or job.node_finalizer:
+        if job.finalizer:
             remove_tree(job.temp_dir)
         raise
 
+    # Each folder's leader completes it: process 0's, and those of processes writing elsewhere
+    # (another machine's disk, a folder of their own).
     error = None
     if job.finalizer:
         try:
@@ -117,15 +120,6 @@ def run_job(job: SaveJob, coord: Coordinator) -> str:
         except BaseException as caught:  # noqa: BLE001
             error = caught
     coord.agree(error, f"completing checkpoint {job.final_dir}")
-    if job.multi_node:
-        # Without a shared file system, each machine holds its own partial folder: finish it there too.
-        error = None
-        if job.node_finalizer and os.path.isdir(job.temp_dir):
-            try:
-                _finish(job)
-            except BaseException as caught:  # noqa: BLE001
-                error = caught
-        coord.agree(error, f"completing checkpoint {job.final_dir} on every machine")
     logger.info("Saved state to %s", job.final_dir)
     return job.final_dir
 

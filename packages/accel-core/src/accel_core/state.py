@@ -182,11 +182,12 @@ class PartialState:
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Gives each process its contiguous share of a list, tuple, dict of lists, or tensor.
+        """Gives each process its contiguous share of a list, tuple, dict of lists, tensor, or table.
 
         The first ``len % num_processes`` processes get one item more. With ``apply_padding`` every
-        process gets the same count, the short ones repeating their last item (so a later
-        ``gather`` has equal shapes; drop the padding yourself).
+        process gets the same count, the short ones repeating the input's last item (so a later
+        ``gather`` has equal shapes; drop the padding yourself). An object with a ``select(rows)``
+        method (a ``datasets.Dataset``) gives ``select`` of its share of rows.
 
         Example::
 
@@ -268,11 +269,19 @@ def _split(inputs: Any, n: int, index: int, apply_padding: bool) -> Any:
     base, extra = divmod(length, n)
     start = index * base + min(index, extra)
     end = start + base + (1 if index < extra else 0)
-    share = inputs[start:end]
     wanted = base + (1 if extra else 0)
+    select = getattr(inputs, "select", None)
+    if callable(select) and not isinstance(inputs, (torch.Tensor, list, tuple, str)):
+        # A table with its own row selection (a Hugging Face ``datasets.Dataset``): slicing it
+        # gives a dict of columns, so its rows are picked with ``select``.
+        rows = list(range(start, end))
+        if apply_padding and length > 0:
+            rows += [length - 1] * (wanted - len(rows))
+        return select(rows)
+    share = inputs[start:end]
     if apply_padding and len(share) < wanted and length > 0:
-        # A process whose share is empty repeats the very last item of the input.
-        last = inputs[end - 1 : end] if end > 0 and len(share) else inputs[length - 1 : length]
+        # Short shares repeat the last item of the input (as Accelerate pads).
+        last = inputs[length - 1 : length]
         missing = wanted - len(share)
         if isinstance(share, torch.Tensor):
             share = torch.cat([share] + [last] * missing)

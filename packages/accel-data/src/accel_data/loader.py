@@ -185,7 +185,27 @@ class ShardedLoaderMixin(ResumableMixin):
 
     # -- iteration --------------------------------------------------------------------------
     def _base_iter(self) -> Iterator[Any]:
-        return super().__iter__()  # type: ignore[misc]
+        # torch draws each new iterator's base seed (the workers' seeds) from `self.generator`, else
+        # from the global RNG, as Accelerate's loader does. A resumed run opens its iterator
+        # mid-epoch, after the global RNG was restored to the checkpoint's point: drawing from it
+        # again would shift the user's dropout stream, so a resumed epoch draws from the state the
+        # interrupted epoch drew from (saved in `state_dict`), and the global RNG is left alone.
+        p = self._progress
+        restore, p.resume_seed_state = p.resume_seed_state, None
+        source: torch.Generator | None = self.generator  # type: ignore[attr-defined]
+        if restore is None:
+            p.seed_state = source.get_state() if source is not None else torch.get_rng_state()
+            return super().__iter__()  # type: ignore[misc]
+        if source is not None:
+            source.set_state(restore)
+            return super().__iter__()  # type: ignore[misc]
+        replay = torch.Generator()
+        replay.set_state(restore)
+        self.generator = replay
+        try:
+            return super().__iter__()  # type: ignore[misc]
+        finally:
+            self.generator = None
 
     def _inner_state_dict(self) -> dict[str, Any]:
         # The DataLoader class after the mixins (StatefulDataLoader), not ResumableMixin's own.
@@ -193,10 +213,10 @@ class ShardedLoaderMixin(ResumableMixin):
 
     def _begin(self) -> tuple[int, dict[str, Any] | None]:
         p = self._progress
-        seed = self._seedable.seed if self._seedable is not None else None
+        seed = self._seedable.initial_seed if self._seedable is not None else None
         seed = synchronize_rng_states(self.rng_types, self._comm, self._generator, seed)
         if self._seedable is not None and seed is not None:
-            self._seedable.seed = seed
+            self._seedable.initial_seed = seed
             self._seedable.set_epoch(p.epoch)
         resume_inner, p.resume_inner = p.resume_inner, None
         skip = self._skip + p.resume_skip

@@ -171,6 +171,17 @@ def prepare_data_loader(
     else:
         kind = "map"
         batch_sampler = dataloader.batch_sampler
+        # `DataLoader(sampler=BatchSampler(...), batch_size=None)`: the sampler yields lists of indices
+        # and the dataset reads one batch per list. Shard those lists as a batch sampler's, and
+        # synchronise / seed the sampler inside it.
+        index_batches = batch_sampler is None and isinstance(dataloader.sampler, BatchSampler)
+        if index_batches:
+            if split_batches and n > 1:
+                raise ValueError(
+                    "split_batches=True cannot split a DataLoader whose sampler yields batches (batch_size=None): "
+                    "pass the BatchSampler as batch_sampler=... instead, or use split_batches=False."
+                )
+            batch_sampler = dataloader.sampler
         sampler = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else dataloader.sampler
         if use_seedable_sampler and type(sampler) is RandomSampler:
             seed = int(data_seed) if data_seed is not None else torch.initial_seed()
@@ -193,17 +204,14 @@ def prepare_data_loader(
             loader = cls(dataset, batch_size=None, sampler=UnbatchedShard(shard), **kwargs)
         else:
             shard = BatchSamplerShard(batch_sampler, n, shard_rank, split_batches, even_batches)
-            loader = cls(dataset, batch_sampler=shard, **kwargs)
-            if sampler is not None:
+            if index_batches:
+                loader = cls(dataset, batch_size=None, sampler=shard, **kwargs)
+            else:
+                loader = cls(dataset, batch_sampler=shard, **kwargs)
+            if sampler is not None and not index_batches:
                 # Introspection (``loader.sampler.set_epoch``, length checks) sees the user's sampler.
                 object.__setattr__(loader, "sampler", sampler)
 
-    if loader.generator is None and generator is not None:
-        # torch's DataLoader draws each new iterator's base seed from `loader.generator`, else from
-        # the global RNG. A resumed run opens its iterator mid-epoch, so drawing from the global
-        # RNG would shift the user's dropout stream; the sampler's generator is saved and restored
-        # with the loader's position, so drawing from it keeps a resume exact.
-        loader.generator = generator
     loader._accel_setup(
         base=dataloader,
         kind=kind,

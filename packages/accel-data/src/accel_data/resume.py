@@ -19,6 +19,10 @@ class _Progress:
     position: int = 0  # steps of the current epoch consumed, skipped ones included
     in_epoch: bool = False
     generator_state: torch.Tensor | None = None  # the sampler generator's state when the epoch began
+    # The state of what torch drew the epoch's iterator base seed (worker seeds) from: the loader's
+    # generator, else the global RNG. A resumed epoch draws it again from there (see _base_iter).
+    seed_state: torch.Tensor | None = None
+    resume_seed_state: torch.Tensor | None = None
     inner_state: dict[str, Any] | None = None  # StatefulDataLoader state after the last yielded step
     resume_skip: int = 0  # steps to skip at the next iteration only (load_state_dict)
     resume_inner: dict[str, Any] | None = None
@@ -61,7 +65,8 @@ class ResumableMixin:
             "num_processes": self.num_processes,
             "split_batches": self.split_batches,
             "generator_state": generator_state,
-            "seed": self._seedable.seed if self._seedable is not None else None,
+            "seed": self._seedable.initial_seed if self._seedable is not None else None,
+            "base_seed_state": p.seed_state if in_epoch else None,
             "inner": p.inner_state if in_epoch else None,
             "head": list(p.head.batches) if in_epoch and p.inner_state is not None and p.head is not None else None,
         }
@@ -90,13 +95,16 @@ class ResumableMixin:
         if generator_state is not None and self._generator is not None:
             self._generator.set_state(generator_state)
         if state_dict.get("seed") is not None and self._seedable is not None:
-            self._seedable.seed = int(state_dict["seed"])
+            self._seedable.initial_seed = int(state_dict["seed"])
         inner = state_dict.get("inner")
         if inner is not None and self._stateful and self._shard is None:
             p.resume_inner, p.resume_skip = inner, 0
             p.resume_head = state_dict.get("head")
         else:
             p.resume_inner, p.resume_skip = None, max(position - self._skip, 0)
+        seed_state = state_dict.get("base_seed_state")
+        p.resume_seed_state = seed_state if position > 0 else None
+        p.seed_state = p.resume_seed_state
         # Saving again before iterating must give back the same position.
         p.position, p.in_epoch = position, position > 0
         p.generator_state = self._generator.get_state() if self._generator is not None else None

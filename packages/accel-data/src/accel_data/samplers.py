@@ -36,35 +36,55 @@ class LastGroup:
 
 
 class SeedableRandomSampler(RandomSampler):
-    """A ``RandomSampler`` whose order depends only on ``seed + epoch``.
+    """A ``RandomSampler`` whose order depends only on ``initial_seed + epoch`` (Accelerate's constructor).
 
     Every process (and every resumed run) with the same seed and epoch sees the same permutation,
-    whatever happened to the random number generators in between.
+    whatever happened to the random number generators in between. After a complete pass the epoch
+    moves on by one, so iterating again gives the next epoch's order; ``set_epoch`` sets it.
+
+    generator: reseeded at each pass (one is created when ``None``); the other arguments are
+        ``RandomSampler``'s.
+    data_seed: the seed; ``None`` takes ``torch.initial_seed()`` (the seed ``set_seed`` set).
 
     Example::
 
-        sampler = SeedableRandomSampler(dataset, seed=42)
+        sampler = SeedableRandomSampler(dataset, data_seed=42)
         sampler.set_epoch(3)
         order = list(sampler)  # the same on every process, every time
     """
 
     def __init__(
-        self, data_source: Sized, replacement: bool = False, num_samples: int | None = None, seed: int = 0
+        self,
+        data_source: Sized,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        data_seed: int | None = None,
     ) -> None:
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=torch.Generator())
-        self.seed = int(seed)
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+        self.initial_seed = int(data_seed) if data_seed is not None else torch.initial_seed()
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch whose order the next pass gives."""
         self.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[int]:
-        assert self.generator is not None
-        self.generator.manual_seed(self.seed + self.epoch)
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.initial_seed + self.epoch)
         if not self.replacement and self.num_samples == len(self.data_source):  # type: ignore[arg-type]
-            # A list iterator: sharding reads every index, and a generator costs more per index.
-            return iter(torch.randperm(self.num_samples, generator=self.generator).tolist())
-        return super().__iter__()
+            # RandomSampler's first permutation, as a list iterator: sharding reads every index,
+            # and a generator costs more per index.
+            order: Iterator[int] = iter(torch.randperm(self.num_samples, generator=self.generator).tolist())
+        else:
+            order = super().__iter__()
+        return chain(order, self._next_epoch())
+
+    def _next_epoch(self) -> Iterator[int]:
+        """Empty; moves to the next epoch when a pass is complete (as Accelerate's sampler does)."""
+        self.set_epoch(self.epoch + 1)
+        yield from ()
 
 
 class _SingletonBatches:
@@ -301,7 +321,11 @@ def ensure_generator(sampler: Any) -> torch.Generator | None:
 
 
 def seedable_copy(sampler: RandomSampler, seed: int) -> SeedableRandomSampler:
-    """The same draw as ``sampler`` (replacement, num_samples) made from ``seed + epoch``."""
+    """The same draw as ``sampler`` (replacement, num_samples, its generator) made from ``seed + epoch``."""
     return SeedableRandomSampler(
-        sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, seed=seed
+        sampler.data_source,
+        replacement=sampler.replacement,
+        num_samples=sampler._num_samples,
+        generator=sampler.generator,
+        data_seed=seed,
     )

@@ -226,16 +226,15 @@ def _split_group(batch: B, final: bool, plan: ShardPlan, ops: BatchOps[B], head:
             "split_batches=True needs batches whose size can be read (tensors, lists, dicts of them); "
             "use split_batches=False for this data."
         )
-    if not final or (length % n == 0 and (size is None or length == size or not plan.pads)):
+    if not final or length == size or (size is None and length % n == 0):
         if length % n:
             raise ValueError(
                 f"split_batches=True needs every batch's size to be a multiple of the number of processes "
                 f"({n}), got a batch of {length}: change the batch size or use split_batches=False."
             )
-        if final and plan.drop_last and size is not None and length < size:
-            return None
         chunk = length // n
         return Group([ops.cut(batch, r * chunk, (r + 1) * chunk) for r in range(n)], length, final)
+    # The last batch is short (or, of unknown size, does not divide evenly).
     if plan.drop_last and (size is None or length < size):
         return None
     if plan.pads:
@@ -244,7 +243,9 @@ def _split_group(batch: B, final: bool, plan: ShardPlan, ops: BatchOps[B], head:
         padded = ops.concat([batch, head.samples(target - length)]) if target > length else batch
         chunk = target // n
         return Group([ops.cut(padded, r * chunk, (r + 1) * chunk) for r in range(n)], length, final)
-    chunk = math.ceil(length / n)
+    # Unpadded: each process keeps its usual slice of the full batch's positions, so trailing
+    # processes get a shorter slice or none (as Accelerate's BatchSamplerShard does).
+    chunk = size // n if size is not None and length <= size else math.ceil(length / n)
     parts: list[B | None] = [
         ops.cut(batch, r * chunk, min((r + 1) * chunk, length)) if r * chunk < length else None for r in range(n)
     ]
@@ -261,13 +262,11 @@ def batches_for_process(
     """
     n = plan.num_processes
     if plan.split_batches:
-        if (
-            not plan.even_batches
-            and last_batch_size is not None
-            and num_batches > 0
-            and process_index * math.ceil(last_batch_size / n) >= last_batch_size
-        ):
-            return num_batches - 1
+        if not plan.even_batches and last_batch_size is not None and num_batches > 0:
+            size = plan.batch_size
+            chunk = size // n if size is not None and last_batch_size <= size else math.ceil(last_batch_size / n)
+            if process_index * chunk >= last_batch_size:
+                return num_batches - 1
         return num_batches
     full, extra = divmod(num_batches, n)
     if extra == 0 or plan.drop_last:

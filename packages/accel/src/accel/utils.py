@@ -23,6 +23,8 @@ _EXPORTS = {
     "set_seed": "accel_core.random",
     "synchronize_rng_state": "accel_core.random",
     "synchronize_rng_states": "accel_core.random",
+    # data
+    "SeedableRandomSampler": "accel_data",
     # configuration
     "DistributedType": "accel_core.enums",
     "PrecisionType": "accel_core.enums",
