@@ -186,7 +186,7 @@ def check_properties_and_unwrap() -> None:
     compiled = torch.compile(prepared, backend="eager")
     kept = accelerator.unwrap_model(compiled)
     check(isinstance(kept, torch._dynamo.eval_frame.OptimizedModule), f"keep_torch_compile=True keeps it compiled: {type(kept)}")
-    check(kept._orig_mod is model, "...around the user's module")
+    check(kept._orig_mod is model and kept.dynamo_ctx is compiled.dynamo_ctx, "...around the user's module, same backend")
     plain = accelerator.unwrap_model(compiled, keep_torch_compile=False)
     check(plain is model, "keep_torch_compile=False gives the user's module")
     check(isinstance(compiled._orig_mod, torch.nn.parallel.DistributedDataParallel), "unwrapping leaves the prepared model alone")

@@ -53,7 +53,6 @@ from .queries import SetupQueries
 from .random import synchronize_rng_states
 from .scheduler import AcceleratedScheduler
 from .services import Checkpointing, Tracking, normalize_log_with
-from .triggers import Triggers
 from .state import AcceleratorState, GradientState
 from .strategies import (
     BackwardSyncControl,
@@ -65,6 +64,7 @@ from .strategies import (
     resolve_plan,
 )
 from .strategies.base import ConvertsOwnTypes, PreparesOwnTypes
+from .triggers import Triggers
 
 _SUPPORTED = "torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler and torch.utils.data.DataLoader"
 
@@ -458,17 +458,18 @@ class Accelerator(ProcessControl, Tracking, Checkpointing, Triggers, Profiling, 
     ) -> torch.nn.Module:
         """The user's module from inside the strategy's wrapper.
 
-        keep_torch_compile: for a compiled model, return the user's module compiled the same way (a
-            new ``torch.compile`` wrapper over it, as Accelerate returns); False returns the plain module.
+        keep_torch_compile: for a compiled model, return the user's module in a new compiled wrapper
+            with the same compile settings (as Accelerate returns; the prepared model is left as it
+            is); False returns the plain module.
         """
-        compiled = "_orig_mod" in model.__dict__.get("_modules", {})
+        compiled = model if "_orig_mod" in model.__dict__.get("_modules", {}) else None
         model = getattr(model, "_orig_mod", model)
         model = self.strategy.unwrap_model(model)
         if not keep_fp32_wrapper:
             unwrap_forward(model)
-        if compiled and keep_torch_compile:
-            kwargs = self.dynamo_plugin.to_kwargs() if self.dynamo_plugin.backend != "no" else {}
-            model = torch.compile(model, **kwargs)
+        if compiled is not None and keep_torch_compile:
+            # torch.compile's wrapper class, built around the user's module with the same dynamo context.
+            model = type(compiled)(model, compiled.dynamo_ctx)
         return model
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
