@@ -77,9 +77,9 @@ def main() -> None:
     test_loader = DataLoader(test_set, batch_size=64)
     model = make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    # Written in optimizer steps: accel steps the scheduler once per real optimizer step.
-    steps_per_epoch = -(-len(train_set) // (args.batch_size * accelerator.num_processes))
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps_per_epoch * args.epochs)
+    # Sized from the loader before prepare, as in Accelerate: each optimizer step advances the
+    # scheduler once per process, so the cosine ends with the last epoch on any number of processes.
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=len(train_loader) * args.epochs)
     model, optimizer, train_loader, test_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, test_loader, scheduler
     )

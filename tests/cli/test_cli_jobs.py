@@ -156,6 +156,8 @@ def test_notebook_and_debug_launchers(cli) -> None:  # type: ignore[no-untyped-d
     assert report["one"] == ["fp16"] and report["env_after"] is None  # one process: here, settings restored after
     failure = report["failure"]
     assert failure["rank"] == 1 and failure["exit_code"] == 1
+    # torch's ChildFailedError (what Accelerate scripts catch), accel's JobFailedError too.
+    assert failure["job_failed_error"] and failure["torch_failures"] == [1] and failure["first_failure"] == 1
     assert "KeyError: 'rank 1 cannot go on'" in failure["text"] and "in failing" in failure["text"]
     assert "torch/distributed" not in failure["text"]
     assert report["failure_seconds"] < 45  # the rank sleeping a minute was stopped, not waited for

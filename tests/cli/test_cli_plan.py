@@ -233,3 +233,14 @@ def test_option_table_extension_parses_both_spellings_and_selects_the_backend():
     assert ToyOptions().to_env(parser.parse_args(["--use-toy"])) == {"ACCEL_STRATEGY": "toy"}
     with pytest.raises(SystemExit):
         parser.parse_args(["--toy-level", "-1"])
+
+
+def test_scheduler_stepping_travels_from_flag_environment_or_config_file() -> None:
+    plan = resolve_plan({}, {}, {})
+    assert plan.scheduler_stepping is None and "ACCEL_SCHEDULER_STEPPING" not in plan.env  # the Accelerator's default
+    plan = resolve_plan({}, {}, {"scheduler_stepping": "per_optimizer_step"})
+    assert (plan.env["ACCEL_SCHEDULER_STEPPING"], plan.sources["scheduler_stepping"]) == ("per_optimizer_step", CONFIG)
+    plan = resolve_plan({"scheduler_stepping": "per_process"}, {"ACCEL_SCHEDULER_STEPPING": "per_optimizer_step"}, {})
+    assert plan.env["ACCEL_SCHEDULER_STEPPING"] == "per_process"
+    with pytest.raises(ValueError, match="scheduler_stepping.*per_optimizer_step"):
+        resolve_plan({}, {}, {"scheduler_stepping": "per_epoch"})

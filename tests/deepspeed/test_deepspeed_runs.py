@@ -72,6 +72,8 @@ def test_offload_and_checkpoint_through_accel_launch(deepspeed_ops, tmp_path) ->
     command = [
         sys.executable, "-c", "import sys; from accel.cli import main; sys.exit(main())", "launch",
         "--cpu", "-n", "2", "--use-deepspeed", "--zero-stage", "2", "--offload-optimizer-device", "cpu", "--gradient-clipping", "1.0",
+        # The DDP reference steps its scheduler once per optimizer step: accel's option does the same.
+        "--scheduler-stepping", "per_optimizer_step",
         str(HERE / "offload_checkpoint_checks.py"), str(tmp_path),
     ]
     try:

@@ -207,3 +207,27 @@ def test_mixed_precision_policies():
     assert fsdp1_mixed_precision(None, "no") is None
     v1 = fsdp1_mixed_precision({"param_dtype": "bf16", "buffer_dtype": "bf16"}, "fp16")
     assert (v1.param_dtype, v1.buffer_dtype, v1.reduce_dtype) == (torch.bfloat16, torch.bfloat16, None)
+
+
+def test_state_dict_configs_as_accelerate_takes_them():
+    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, ShardedStateDictConfig
+
+    plugin = FullyShardedDataParallelPlugin(
+        state_dict_type="FULL_STATE_DICT",
+        state_dict_config=FullStateDictConfig(offload_to_cpu=True, rank0_only=True),
+        optim_state_dict_config=FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=True),
+    )
+    assert plugin.state_dict_config.rank0_only and plugin.optim_state_dict_config.offload_to_cpu
+    assert FullyShardedDataParallelPlugin().state_dict_config is None  # implied by state_dict_type
+    assert FullyShardedDataParallelPlugin(state_dict_config={"offload_to_cpu": False}).state_dict_config == {"offload_to_cpu": False}
+    with pytest.raises(ValueError, match="does not match state_dict_type=SHARDED_STATE_DICT"):
+        FullyShardedDataParallelPlugin(state_dict_config=FullStateDictConfig())
+    with pytest.raises(ValueError, match="unknown keys"):
+        FullyShardedDataParallelPlugin(optim_state_dict_config={"offload": True})
+    with pytest.raises(TypeError, match="state dict config or a dict"):
+        FullyShardedDataParallelPlugin(state_dict_config=3)
+    # Switching the type for a final full save drops configs of the other kind.
+    sharded = FullyShardedDataParallelPlugin(state_dict_config=ShardedStateDictConfig(offload_to_cpu=True))
+    sharded.set_state_dict_type("FULL_STATE_DICT")
+    assert sharded.state_dict_type == "FULL_STATE_DICT" and sharded.state_dict_config is None
+    assert "STATE_DICT_CONFIG" not in " ".join(plugin.to_env())  # torch objects do not travel through the environment

@@ -93,3 +93,13 @@ def test_plugin_cli_and_public_names_import_neither_torch_nor_megatron() -> None
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == []
+
+
+def test_schedule_shape_options() -> None:
+    plugin = MegatronLMPlugin(lr_decay_style="cosine", min_lr=1e-5)
+    assert plugin.to_env() == {"ACCEL_MEGATRON_LR_DECAY_STYLE": "cosine", "ACCEL_MEGATRON_MIN_LR": "1e-05"}
+    assert MegatronLMPlugin.from_env(plugin.to_env()) == plugin
+    with pytest.raises(ValueError, match="linear, cosine, constant or inverse-square-root"):
+        MegatronLMPlugin(lr_decay_style="step")
+    with pytest.raises(ValueError, match="min_lr"):
+        MegatronLMPlugin(min_lr=-1.0)

@@ -5,6 +5,7 @@ import os
 import time
 
 from accel_core.launch import JobFailedError, debug_launcher, notebook_launcher
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 
 def work(scale: int) -> dict:
@@ -38,13 +39,19 @@ def local() -> str:
 
 if __name__ == "__main__":
     report = {"debug": debug_launcher(work, args=(10,))}
-    report["notebook"] = notebook_launcher(work, args=(2,), num_processes=2, mixed_precision="bf16", use_cpu=True)
+    report["notebook"] = notebook_launcher(
+        work, args=(2,), num_processes=2, mixed_precision="bf16", use_cpu=True, log_line_prefix_template="[${rank}]: "
+    )
     report["one"] = notebook_launcher(local, num_processes=1, mixed_precision="fp16")
     report["env_after"] = os.environ.get("ACCEL_MIXED_PRECISION")
     start = time.monotonic()
     try:
-        debug_launcher(failing)
-    except JobFailedError as error:
-        report["failure"] = {"rank": error.root.rank, "exit_code": error.exit_code, "text": str(error)}
+        notebook_launcher(failing, num_processes=2, use_cpu=True)
+    except ChildFailedError as error:  # what scripts written for Accelerate catch
+        report["failure"] = {
+            "rank": error.root.rank, "exit_code": error.exit_code, "text": str(error),
+            "job_failed_error": isinstance(error, JobFailedError), "torch_failures": sorted(error.failures),
+            "first_failure": error.get_first_failure()[0],
+        }
     report["failure_seconds"] = time.monotonic() - start
     print(json.dumps(report), flush=True)

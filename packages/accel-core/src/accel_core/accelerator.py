@@ -32,6 +32,8 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from . import environment as env
 from . import ops, plugins
+from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
+from .compilation import compile_model
 from .configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -40,11 +42,14 @@ from .configuration import (
     InitProcessGroupKwargs,
     KwargsHandler,
     ProjectConfiguration,
+    TorchDynamoPlugin,
 )
-from .enums import DistributedType
+from .enums import DistributedType, SchedulerStepping
 from .optimizer import AcceleratedOptimizer
 from .precision import AutocastPrecision, Precision, unwrap_forward
 from .process_control import ProcessControl
+from .profiling import Profiling
+from .queries import SetupQueries
 from .random import synchronize_rng_states
 from .scheduler import AcceleratedScheduler
 from .services import Checkpointing, Tracking, normalize_log_with
@@ -58,18 +63,23 @@ from .strategies import (
     create_strategy,
     resolve_plan,
 )
-from .strategies.base import PreparesOwnTypes
+from .strategies.base import ConvertsOwnTypes, PreparesOwnTypes
+from .triggers import Triggers
 
 _SUPPORTED = "torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler and torch.utils.data.DataLoader"
 
 
-class Accelerator(ProcessControl, Tracking, Checkpointing):
+class Accelerator(ProcessControl, Tracking, Checkpointing, Triggers, Profiling, SetupQueries):
     """Prepares a model, optimizer, scheduler and dataloaders for the current setup, then stays out of the way.
 
-    Arguments follow the reference ``Accelerator``; accel adds ``dataloader_config`` (a
-    ``DataLoaderConfiguration``) and ``strategy`` (a strategy name such as ``"ddp"``, or a Strategy).
-    ``gradient_accumulation_steps`` and ``mixed_precision`` default to the ``ACCEL_*`` environment
-    that ``accel launch`` writes, then to 1 and ``"no"``.
+    Arguments follow the reference ``Accelerator``; accel adds ``strategy`` (a strategy name such as
+    ``"ddp"``, or a Strategy) and ``scheduler_stepping``: ``"per_process"`` (the default, as
+    Accelerate: each optimizer step advances a prepared LR scheduler once per data-parallel process,
+    once with ``split_batches``) or ``"per_optimizer_step"`` (once; see ``accel_core.scheduler``).
+    ``gradient_accumulation_steps``, ``mixed_precision`` and ``scheduler_stepping`` default to the
+    ``ACCEL_*`` environment that ``accel launch`` writes, then to 1, ``"no"`` and ``"per_process"``.
+    ``deepspeed_plugins`` takes one plugin, or a dict naming one (accel runs one DeepSpeed
+    configuration per Accelerator).
     """
 
     def __init__(
@@ -94,12 +104,17 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
         dynamo_backend: str | None = None,
         dataloader_config: DataLoaderConfiguration | None = None,
         strategy: Any = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugins: Any = None,
+        scheduler_stepping: str | SchedulerStepping | None = None,
     ) -> None:
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None and self.project_configuration.project_dir is None:
             self.project_configuration.set_directories(project_dir)
 
-        self.handlers = _index_handlers(kwargs_handlers)
+        self.handlers = index_handlers(kwargs_handlers)
+        deepspeed_plugin = one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
+        dynamo = dynamo_settings(dynamo_backend, dynamo_plugin)
         strategy_name = strategy if isinstance(strategy, str) or strategy is None else getattr(strategy, "name", None)
         plan = resolve_plan(
             world_size=env.get_int(env.WORLD_SIZE, 1) or 1,
@@ -109,10 +124,12 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
             cpu=cpu,
             plugins={"deepspeed_plugin": deepspeed_plugin, "fsdp_plugin": fsdp_plugin, "megatron_lm_plugin": megatron_lm_plugin},
             strategy=strategy_name,
-            dynamo_backend=None if dynamo_backend is None else str(dynamo_backend),
+            dynamo_backend=None if dynamo is None else dynamo.backend.value,
+            scheduler_stepping=None if scheduler_stepping is None else str(scheduler_stepping),
             environ=os.environ,
         )
         self.plan = plan
+        self.dynamo_plugin = dynamo if dynamo is not None else TorchDynamoPlugin(backend=plan.dynamo_backend)
         self.strategy = strategy if strategy is not None and not isinstance(strategy, str) else create_strategy(
             plan.strategy, plan.strategy_plugin, self.handlers
         )
@@ -136,6 +153,7 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
         self.dataloader_config = dataloader_config
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.scheduler_stepping = SchedulerStepping(plan.scheduler_stepping)
         self.rng_types = [str(r) for r in rng_types] if rng_types is not None else ["generator"]
         self.log_with = normalize_log_with(log_with)
         self.trackers: list[Any] = []
@@ -213,6 +231,10 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
         """``DataLoaderConfiguration.even_batches``: every process gets as many batches."""
         return self.dataloader_config.even_batches
 
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
     @property
     def sync_gradients(self) -> bool:
         """Whether this step synchronises gradients (the last micro-step of an accumulation)."""
@@ -222,6 +244,13 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
     def gradient_accumulation_steps(self) -> int:
         """The number of micro-steps per optimizer step."""
         return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        # Scripts that search for a batch size that fits (find_executable_batch_size) set it afterwards.
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}.")
+        self.gradient_state.num_steps = value
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
@@ -258,6 +287,8 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
         if isinstance(self.strategy, JointPreparation):
             result = self.strategy.prepare_jointly(result)
         else:
+            if own_types is not None and isinstance(self.strategy, ConvertsOwnTypes):
+                result = [self.strategy.convert_object(obj) if own_types(obj) else obj for obj in result]
             result = self._prepare_separately(result, device_placement)
         return result[0] if len(result) == 1 else tuple(result)
 
@@ -305,8 +336,7 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
             device_placement = self.device_placement
         prepared = self.strategy.prepare_model(model, device_placement=device_placement)
         self.precision.wrap_forward(self.strategy.unwrap_model(prepared))
-        if self.plan.dynamo_backend != "no":
-            prepared = torch.compile(prepared, backend=self.plan.dynamo_backend)
+        prepared = compile_model(prepared, self.dynamo_plugin)
         self._models.append(prepared)
         return prepared
 
@@ -319,11 +349,26 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
         return prepared
 
     def prepare_scheduler(self, scheduler: LRScheduler) -> AcceleratedScheduler:
-        """Wraps an LR scheduler so it steps once per real optimizer step (see ``accel_core.scheduler``)."""
+        """Wraps an LR scheduler so it steps with the optimizer, ``scheduler_steps_per_optimizer_step``
+        times per real optimizer step (see ``accel_core.scheduler``)."""
         optimizers = [opt for opt in self._optimizers if opt.optimizer is getattr(scheduler, "optimizer", None)]
-        prepared = AcceleratedScheduler(scheduler, optimizers or list(self._optimizers), self.step_scheduler_with_optimizer)
+        prepared = AcceleratedScheduler(
+            scheduler,
+            optimizers or list(self._optimizers),
+            self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+            steps_per_optimizer_step=self.scheduler_steps_per_optimizer_step,
+        )
         self._schedulers.append(prepared)
         return prepared
+
+    @property
+    def scheduler_steps_per_optimizer_step(self) -> int:
+        """LR scheduler steps per optimizer step: the data-parallel size (1 with ``split_batches``) with
+        ``scheduler_stepping="per_process"``, 1 with ``"per_optimizer_step"``."""
+        if self.scheduler_stepping == SchedulerStepping.PER_OPTIMIZER_STEP or self.split_batches:
+            return 1
+        return self.strategy.data_parallel_size
 
     def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> Any:
         """Shards a DataLoader over the data-parallel processes (accel-data)."""
@@ -418,12 +463,23 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
         return _gather_samples(input_data, keep, group)
 
     # -- models -----------------------------------------------------------------------------
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
-        """The user's module from inside the strategy's wrapper (and ``torch.compile``)."""
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
+        """The user's module from inside the strategy's wrapper.
+
+        keep_torch_compile: for a compiled model, return the user's module in a new compiled wrapper
+            with the same compile settings (as Accelerate returns; the prepared model is left as it
+            is); False returns the plain module.
+        """
+        compiled = model if "_orig_mod" in model.__dict__.get("_modules", {}) else None
         model = getattr(model, "_orig_mod", model)
         model = self.strategy.unwrap_model(model)
         if not keep_fp32_wrapper:
             unwrap_forward(model)
+        if compiled is not None and keep_torch_compile:
+            # torch.compile's wrapper class, built around the user's module with the same dynamo context.
+            model = type(compiled)(model, compiled.dynamo_ctx)
         return model
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
@@ -451,7 +507,12 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
             yield
             return
         even = self.even_batches if even_batches is None else even_batches
-        saved = [(dl, dl.even_batches) for dl in self._dataloaders if hasattr(dl, "even_batches")]
+        saved = [(dl, dl.even_batches) for dl in self._dataloaders if hasattr(dl, "even_batches") and not _is_iterable(dl)]
+        if even_batches is not None and any(_is_iterable(dl) for dl in self._dataloaders):
+            warnings.warn(
+                "Overriding even_batches is only supported for map-style datasets, yet some dataloaders given were iterable",
+                stacklevel=3,
+            )
         try:
             if even_batches is not None:
                 for dl, _ in saved:
@@ -486,15 +547,9 @@ class Accelerator(ProcessControl, Tracking, Checkpointing):
         )
 
 
-def _index_handlers(handlers: list[KwargsHandler] | None) -> dict[type, KwargsHandler]:
-    indexed: dict[type, KwargsHandler] = {}
-    for handler in handlers or []:
-        if not isinstance(handler, KwargsHandler):
-            raise TypeError(f"Unsupported kwargs handler {handler!r}: it must be an accel KwargsHandler dataclass.")
-        if type(handler) in indexed:
-            raise ValueError(f"You can only pass one `{type(handler).__name__}` in `kwargs_handlers`.")
-        indexed[type(handler)] = handler
-    return indexed
+def _is_iterable(dataloader: Any) -> bool:
+    """Whether a prepared loader reads an iterable-style dataset (its even_batches cannot be overridden)."""
+    return isinstance(getattr(dataloader, "dataset", None), torch.utils.data.IterableDataset)
 
 
 def _contains_tensor(data: Any) -> bool:

@@ -23,7 +23,14 @@ class KwargsHandler:
 
 @dataclass
 class DistributedDataParallelKwargs(KwargsHandler):
-    """Arguments passed to ``torch.nn.parallel.DistributedDataParallel``.
+    """Arguments passed to ``torch.nn.parallel.DistributedDataParallel``, and its communication hook.
+
+    comm_hook: a ``DDPCommunicationHookType`` (or its value): ``"fp16"`` / ``"bf16"`` send gradients
+        compressed to that dtype, ``"power_sgd"`` / ``"batched_power_sgd"`` low-rank approximations
+        (torch's ``ddp_comm_hooks``). Registered on the model when it is prepared.
+    comm_wrapper: ``"fp16"`` or ``"bf16"``: also compress what ``comm_hook`` sends (power-SGD's factors).
+    comm_state_option: keyword arguments of power-SGD's ``PowerSGDState`` (``matrix_approximation_rank``,
+        ``start_powerSGD_iter``, ...).
 
     Example: ``Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])``
     """
@@ -35,6 +42,34 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    comm_hook: Any = "no"
+    comm_wrapper: Any = "no"
+    comm_state_option: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from .enums import DDPCommunicationHookType
+
+        for name in ("comm_hook", "comm_wrapper"):
+            value = getattr(self, name)
+            try:
+                setattr(self, name, DDPCommunicationHookType(str(getattr(value, "value", value)).lower()))
+            except ValueError:
+                raise ValueError(
+                    f"{name}={value!r} is not a DDPCommunicationHookType: use one of {DDPCommunicationHookType.list()}."
+                ) from None
+        if self.comm_wrapper not in ("no", "fp16", "bf16"):
+            raise ValueError(f"comm_wrapper={self.comm_wrapper.value!r}: a wrapper compresses to 'fp16' or 'bf16' (or 'no').")
+        if self.comm_wrapper != "no" and self.comm_hook == "no":
+            raise ValueError(f"comm_wrapper={self.comm_wrapper.value!r} wraps a comm_hook: set comm_hook too (e.g. 'power_sgd').")
+        if self.comm_state_option and self.comm_hook not in ("power_sgd", "batched_power_sgd"):
+            raise ValueError("comm_state_option configures power-SGD: set comm_hook='power_sgd' or 'batched_power_sgd'.")
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The ``DistributedDataParallel`` arguments (the hook settings are applied after wrapping)."""
+        kwargs = super().to_kwargs()
+        for name in ("comm_hook", "comm_wrapper", "comm_state_option"):
+            kwargs.pop(name, None)
+        return kwargs
 
 
 @dataclass
@@ -72,6 +107,106 @@ class AutocastKwargs(KwargsHandler):
 
 
 @dataclass
+class ProfileKwargs(KwargsHandler):
+    """Settings of ``torch.profiler.profile`` for ``Accelerator.profile()``.
+
+    activities: names among ``"cpu"``, ``"cuda"``, ``"xpu"``, ``"hpu"``, ``"mtia"`` (default: torch's choice).
+    schedule_option: arguments of ``torch.profiler.schedule`` (``wait``, ``warmup``, ``active``, ``repeat``,
+        ``skip_first``); call ``prof.step()`` once per iteration then.
+    on_trace_ready: called with the profiler whenever a scheduled recording ends.
+    output_trace_dir: each process writes its Chrome trace there as ``profile_<process index>.json``.
+
+    Example::
+
+        handler = ProfileKwargs(activities=["cpu"], record_shapes=True, output_trace_dir="traces")
+        accelerator = Accelerator(kwargs_handlers=[handler])
+        with accelerator.profile() as prof:
+            train_step()
+        print(prof.key_averages().table())
+    """
+
+    activities: list[str] | None = None
+    schedule_option: dict[str, int] | None = None
+    on_trace_ready: Any = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+
+    def build(self) -> Any:
+        """A ``torch.profiler.profile`` with these settings (not started)."""
+        import torch
+
+        known = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "hpu": "HPU", "mtia": "MTIA"}
+        activities = None
+        if self.activities is not None:
+            activities = []
+            for name in self.activities:
+                member = getattr(torch.profiler.ProfilerActivity, known.get(str(name).lower(), ""), None)
+                if member is None:
+                    available = [n for n, m in known.items() if hasattr(torch.profiler.ProfilerActivity, m)]
+                    raise ValueError(f"Invalid profiler activity: {name}. Must be one of {available}.")
+                activities.append(member)
+        schedule = torch.profiler.schedule(**self.schedule_option) if self.schedule_option is not None else None
+        return torch.profiler.profile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=self.on_trace_ready,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_flops=self.with_flops,
+            with_modules=self.with_modules,
+        )
+
+
+@dataclass
+class TorchDynamoPlugin(KwargsHandler):
+    """How ``prepare`` compiles models with ``torch.compile`` (``Accelerator(dynamo_plugin=...)``).
+
+    backend: a ``DynamoBackend`` name (``"inductor"``, ...); ``None`` reads ``ACCEL_DYNAMO_BACKEND``, else ``"no"``.
+    mode / fullgraph / dynamic / options / disable: ``torch.compile``'s arguments (``None``: torch's default).
+    use_regional_compilation: compile each block of a repeated stack (an ``nn.ModuleList`` of one
+        class) on its own, so the compiler's cache serves the others: a faster cold start.
+
+    Example::
+
+        accelerator = Accelerator(dynamo_plugin=TorchDynamoPlugin(backend="inductor", mode="reduce-overhead"))
+    """
+
+    backend: Any = None
+    mode: str | None = None
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: bool | None = None
+
+    def __post_init__(self) -> None:
+        from . import environment as env
+        from .enums import DynamoBackend
+
+        backend = self.backend if self.backend is not None else env.get_str(env.DYNAMO_BACKEND, "no")
+        name = str(getattr(backend, "value", backend)).lower()
+        if name not in DynamoBackend.list():
+            raise ValueError(f"Unknown dynamo backend {backend!r}. Choose between {DynamoBackend.list()}.")
+        self.backend = DynamoBackend(name)
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = False
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """``torch.compile``'s keyword arguments: the backend and the fields set."""
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        kwargs.pop("use_regional_compilation")
+        if not kwargs["disable"]:
+            kwargs.pop("disable")
+        kwargs["backend"] = self.backend.value
+        return kwargs
+
+
+@dataclass
 class FP8RecipeKwargs(KwargsHandler):
     """Recipe for fp8 training; read by the fp8 backend package (Transformer-Engine needs CUDA)."""
 
@@ -88,7 +223,9 @@ class GradientAccumulationPlugin(KwargsHandler):
     """How gradient accumulation behaves.
 
     num_steps: micro-batches per optimizer step.
-    adjust_scheduler: kept for API compatibility; accel steps schedulers once per real optimizer step anyway.
+    adjust_scheduler: kept for API compatibility. As in Accelerate, the LR scheduler never steps on
+        accumulation micro-steps whatever its value (Accelerate reads the field so that it never takes
+        effect), so a schedule is written in optimizer steps times the stepping of ``scheduler_stepping``.
     sync_with_dataloader: force a sync (and an optimizer step) on the last batch of the data.
     sync_each_batch: synchronise gradients on every micro-batch (saves memory with FSDP, costs speed).
     """

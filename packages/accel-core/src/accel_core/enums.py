@@ -102,3 +102,30 @@ class DynamoBackend(_StrEnum):
         if isinstance(value, str) and value.lower() != value:
             return cls._value2member_map_.get(value.lower())  # type: ignore[return-value]
         return None
+
+
+class DDPCommunicationHookType(_StrEnum):
+    """The communication hook ``DistributedDataParallelKwargs(comm_hook=...)`` registers on a DDP model.
+
+    NO: plain all-reduce; FP16 / BF16: gradients sent compressed to that dtype; POWER_SGD /
+    BATCHED_POWER_SGD: low-rank gradient approximations (torch's ``powerSGD_hook``).
+    """
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+class SchedulerStepping(_StrEnum):
+    """How many scheduler steps one optimizer step makes (``Accelerator(scheduler_stepping=...)``).
+
+    PER_PROCESS (default, as Accelerate): one per data-parallel process, one with ``split_batches``,
+    so a schedule sized from the DataLoader's length before ``prepare`` fits the run on any number
+    of processes. PER_OPTIMIZER_STEP: one, whatever the number of processes; size schedules from
+    the prepared loader.
+    """
+
+    PER_PROCESS = "per_process"
+    PER_OPTIMIZER_STEP = "per_optimizer_step"

@@ -195,16 +195,30 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     return object_list
 
 
-def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """Reduces tensors across processes (``"sum"``, ``"mean"`` or ``"none"``); every process gets the result."""
-    if reduction not in ("sum", "mean", "none"):
-        raise ValueError(f"Unknown reduction {reduction!r}: use 'sum', 'mean' or 'none'.")
+# reduction name -> torch's ReduceOp member; "mean" sums then divides.
+_REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN", "product": "PRODUCT"}
+
+
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """Reduces tensors across processes; every process gets the result.
+
+    reduction: ``"mean"`` (the default, as Accelerate's ``utils.reduce``), ``"sum"``, ``"max"``,
+    ``"min"``, ``"product"``, or ``"none"`` (a copy, no communication). ``Accelerator.reduce``
+    defaults to ``"sum"``, as Accelerate's does.
+    scale: multiplies the result.
+
+    Example::
+
+        mean_loss = reduce(loss.detach())  # the same value on every process
+    """
+    if reduction not in _REDUCE_OPS and reduction != "none":
+        raise ValueError(f"Unknown reduction {reduction!r}: use one of {', '.join([*_REDUCE_OPS, 'none'])}.")
     state = PartialState()
 
     def _reduce_one(t: torch.Tensor) -> torch.Tensor:
         out = t.clone()
         if state.use_distributed and reduction != "none":
-            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+            dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[reduction]))
             if reduction == "mean":
                 out = out / state.num_processes
         if scale != 1.0:

@@ -109,7 +109,8 @@ class ProcessControl:
         return ops.gather_object(obj)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Sums (or averages, ``reduction="mean"``) tensors across processes; every process gets the result."""
+        """Reduces tensors across processes (default ``"sum"``, as Accelerate's ``Accelerator.reduce``;
+        also ``"mean"``, ``"max"``, ``"min"``, ``"product"``, ``"none"``); every process gets the result."""
         return ops.reduce(tensor, reduction=reduction, scale=scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:

@@ -307,6 +307,19 @@ class AcceleratorState(PartialState):
             return strategy.distributed_type
         return super().distributed_type
 
+    # What AcceleratorState adds to the shared state; the rest is PartialState's.
+    _ACCELERATOR_KEYS = ("mixed_precision", "strategy")
+
+    @classmethod
+    def _reset_state(cls, reset_partial_state: bool = False) -> None:
+        """Forgets what the Accelerator chose (tests only); the process state (device, process group)
+        stays unless ``reset_partial_state``, as in Accelerate."""
+        if reset_partial_state:
+            PartialState._reset_state()
+            return
+        for key in cls._ACCELERATOR_KEYS:
+            cls._shared_state.pop(key, None)
+
     def __getattr__(self, name: str) -> Any:
         # Scripts written for the reference API read `state.fsdp_plugin` / `state.deepspeed_plugin`:
         # answer with the active strategy's plugin when its name matches, None otherwise.

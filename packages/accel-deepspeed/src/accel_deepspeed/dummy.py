@@ -53,9 +53,9 @@ class DummyOptim(torch.optim.Optimizer):
 class DummyScheduler(LRScheduler):
     """Stands for the scheduler of the DeepSpeed config (or one built by ``lr_scheduler_callable``).
 
-    total_num_steps / warmup_num_steps: fill the config's "auto" scheduler params, counted in
-        optimizer steps (accel steps a scheduler once per optimizer step, whatever the number of
-        processes).
+    total_num_steps / warmup_num_steps: fill the config's "auto" scheduler params. As in Accelerate,
+        ``total_num_steps`` is divided by the number of processes (not with ``split_batches``, nor with
+        ``scheduler_stepping="per_optimizer_step"``); ``warmup_num_steps`` is taken as it is.
     lr_scheduler_callable: ``fn(optimizer) -> scheduler``, called by DeepSpeed with its optimizer,
         when the config has no scheduler.
     """

@@ -131,7 +131,13 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> list[Any
         if ds_scheduler is not None:
             prepared: Any = DeepSpeedSchedulerWrapper(ds_scheduler, optimizers)
         else:
-            prepared = AcceleratedScheduler(scheduler, optimizers, accelerator.step_scheduler_with_optimizer)
+            prepared = AcceleratedScheduler(
+                scheduler,
+                optimizers,
+                accelerator.step_scheduler_with_optimizer,
+                split_batches=accelerator.split_batches,
+                steps_per_optimizer_step=accelerator.scheduler_steps_per_optimizer_step,
+            )
         accelerator._schedulers.append(prepared)
         result[found.schedulers[0]] = prepared
     strategy.engine_owns_scheduler = ds_scheduler is not None
@@ -237,8 +243,10 @@ def build_config(
             }
         )
         if scheduler.total_num_steps is not None:
-            # Counted in optimizer steps: accel steps schedulers once per optimizer step on every process.
-            values["scheduler.params.total_num_steps"] = scheduler.total_num_steps
+            # The engine steps its scheduler once per optimizer step; total_num_steps is counted as the
+            # run's scheduler_stepping counts (per process by default, as Accelerate divides it).
+            per_step = accelerator.scheduler_steps_per_optimizer_step
+            values["scheduler.params.total_num_steps"] = -(-scheduler.total_num_steps // per_step)
     plugin.deepspeed_config_process(must_match=False, **values)
     if isinstance(optimizer, torch.optim.Optimizer) and not isinstance(optimizer, DummyOptim):
         config["zero_allow_untested_optimizer"] = True

@@ -70,6 +70,12 @@ class FullyShardedDataParallelPlugin:
     state_dict_type: what ``save_state`` writes: SHARDED_STATE_DICT (DCP, each process its shard;
         loads on any number of processes) or FULL_STATE_DICT (model as safetensors, optimizer gathered
         on process 0).
+    state_dict_config / optim_state_dict_config: Accelerate's torch ``FullStateDictConfig`` /
+        ``ShardedStateDictConfig`` (``Full``/``ShardedOptimStateDictConfig``), or dicts of their fields;
+        ``None`` means the one ``state_dict_type`` implies. Their kind must match ``state_dict_type``.
+        accel-fsdp, like Accelerate's ``save_state`` on several processes, gathers full state dicts to
+        CPU memory on process 0 and writes sharded ones from where they are, whatever their
+        ``offload_to_cpu`` / ``rank0_only`` say.
     sync_module_states: copy process 0's parameters and buffers to every process before sharding.
     cpu_ram_efficient_loading: process 0 alone builds the real model, the others build it on the
         meta device; process 0's weights are then scattered shard by shard.
@@ -101,6 +107,8 @@ class FullyShardedDataParallelPlugin:
     mixed_precision_policy: Any = None
     ignored_modules: Iterable[Any] | str | None = None
     state_dict_type: Any = "SHARDED_STATE_DICT"
+    state_dict_config: Any = None
+    optim_state_dict_config: Any = None
     limit_all_gathers: bool = True
     use_orig_params: bool = True
     sync_module_states: bool = False
@@ -133,6 +141,7 @@ class FullyShardedDataParallelPlugin:
         if self.backward_prefetch is not None:
             self.backward_prefetch = _choice(self.backward_prefetch, BACKWARD_PREFETCH, "backward_prefetch")
         self.state_dict_type = _choice(self.state_dict_type, STATE_DICT_TYPES, "state_dict_type")
+        self._check_state_dict_configs()
         if isinstance(self.ignored_modules, str):
             try:
                 re.compile(self.ignored_modules)
@@ -153,6 +162,32 @@ class FullyShardedDataParallelPlugin:
         if state_dict_type is None:
             state_dict_type = env.get_str("ACCEL_FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT")
         self.state_dict_type = _choice(state_dict_type, STATE_DICT_TYPES, "state_dict_type")
+        # Configs of the other kind described the previous type: the new type implies its own.
+        kind = self.state_dict_type.split("_")[0].lower()
+        for name in ("state_dict_config", "optim_state_dict_config"):
+            config = getattr(self, name)
+            if config is not None and not isinstance(config, Mapping) and not type(config).__name__.lower().startswith(kind):
+                setattr(self, name, None)
+
+    def _check_state_dict_configs(self) -> None:
+        # Checked by name and fields: torch's config classes are not imported here.
+        kind = self.state_dict_type.split("_")[0].lower()  # "full" or "sharded"
+        for name in ("state_dict_config", "optim_state_dict_config"):
+            config = getattr(self, name)
+            if config is None:
+                continue
+            if isinstance(config, Mapping):
+                unknown = set(config) - {"offload_to_cpu", "rank0_only", "_use_dtensor"}
+                if unknown:
+                    raise ValueError(f"{name} has unknown keys {sorted(unknown)}: use offload_to_cpu and rank0_only.")
+                continue
+            if not hasattr(config, "offload_to_cpu"):
+                raise TypeError(f"{name} must be a torch.distributed.fsdp state dict config or a dict, got {config!r}.")
+            if not type(config).__name__.lower().startswith(kind):
+                raise ValueError(
+                    f"{name}={type(config).__name__} does not match state_dict_type={self.state_dict_type}: pass a "
+                    f"{'Full' if kind == 'full' else 'Sharded'}{'Optim' if name.startswith('optim') else ''}StateDictConfig, or None."
+                )
 
     @property
     def offload_params(self) -> bool:

@@ -25,6 +25,7 @@ _EXPORTS = {
     "MegatronStrategy": ".strategy",
     "MegatronLMPlugin": ".plugin",
     "MegatronLaunchOptions": ".cli",
+    "MegatronLMDummyScheduler": ".scheduler",
 }
 
 __all__ = sorted(_EXPORTS)

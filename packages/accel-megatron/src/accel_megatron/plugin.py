@@ -49,6 +49,8 @@ ENV_OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "use_distributed_optimizer": ("use_distributed_optimizer", env.parse_flag),
     "gradient_clipping": ("gradient_clipping", _nonnegative_float),
     "seed": ("seed", lambda raw: int(raw.strip())),
+    "lr_decay_style": ("lr_decay_style", lambda raw: raw.strip()),
+    "min_lr": ("min_lr", _nonnegative_float),
 }
 
 
@@ -71,6 +73,8 @@ class MegatronLMPlugin:
             backward (Megatron clips inside its optimizer step; here the optimizer is yours).
         seed: seed of Megatron's RNG tracker: the ``model-parallel-rng`` stream (dropout inside TP
             regions) differs per TP rank, the default stream is yours (``torch.manual_seed``).
+        lr_decay_style / min_lr: the shape of the schedule a ``MegatronLMDummyScheduler`` becomes
+            (linear, cosine, constant, inverse-square-root) and its final learning rate.
 
     Example::
 
@@ -85,6 +89,8 @@ class MegatronLMPlugin:
     use_distributed_optimizer: bool = False
     gradient_clipping: float | None = None
     seed: int = 1234
+    lr_decay_style: str = "linear"
+    min_lr: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("tp_degree", "pp_degree", "num_micro_batches"):
@@ -110,6 +116,12 @@ class MegatronLMPlugin:
             )
         if self.sequence_parallelism and self.tp_degree == 1:
             raise ValueError("MegatronLMPlugin(sequence_parallelism=True) needs tp_degree > 1: it splits activations over the TP group.")
+        if self.lr_decay_style not in ("linear", "cosine", "constant", "inverse-square-root"):
+            raise ValueError(
+                f"MegatronLMPlugin(lr_decay_style={self.lr_decay_style!r}): use linear, cosine, constant or inverse-square-root."
+            )
+        if isinstance(self.min_lr, bool) or not isinstance(self.min_lr, (int, float)) or self.min_lr < 0:
+            raise ValueError(f"MegatronLMPlugin(min_lr={self.min_lr!r}): expected a number >= 0.")
         if self.gradient_clipping is not None and (isinstance(self.gradient_clipping, bool) or float(self.gradient_clipping) < 0):
             raise ValueError(f"MegatronLMPlugin(gradient_clipping={self.gradient_clipping!r}): expected a number >= 0, or None.")
 

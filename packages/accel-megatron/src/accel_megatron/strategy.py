@@ -165,6 +165,19 @@ class MegatronStrategy(Strategy):
             return model
         return wrap_in_ddp(model, self.ddp_kwargs, self.state.device, self.data_parallel_group)
 
+    # -- Megatron's own types in prepare (PreparesOwnTypes, ConvertsOwnTypes) -----------------
+    def accepts_object(self, obj: Any) -> bool:
+        """``prepare`` takes a ``MegatronLMDummyScheduler``."""
+        from .scheduler import MegatronLMDummyScheduler
+
+        return isinstance(obj, MegatronLMDummyScheduler)
+
+    def convert_object(self, obj: Any) -> Any:
+        """A ``MegatronLMDummyScheduler`` becomes Megatron's schedule as a torch LR scheduler."""
+        from .scheduler import build_scheduler
+
+        return build_scheduler(obj, self.plugin.lr_decay_style, float(self.plugin.min_lr))
+
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
 

@@ -36,6 +36,9 @@ _EXPORTS = {
     "InitProcessGroupKwargs": "accel_core.configuration",
     "AutocastKwargs": "accel_core.configuration",
     "FP8RecipeKwargs": "accel_core.configuration",
+    "ProfileKwargs": "accel_core.configuration",
+    "TorchDynamoPlugin": "accel_core.configuration",
+    "DDPCommunicationHookType": "accel_core.enums",
     "GradientAccumulationPlugin": "accel_core.configuration",
     "DataLoaderConfiguration": "accel_core.configuration",
     "ProjectConfiguration": "accel_core.configuration",
@@ -45,6 +48,7 @@ _EXPORTS = {
     "MegatronLMPlugin": "accel_megatron",
     "DummyOptim": "accel_deepspeed",
     "DummyScheduler": "accel_deepspeed",
+    "MegatronLMDummyScheduler": "accel_megatron",
     # trackers
     "LoggerType": "accel_tracking",
     "GeneralTracker": "accel_tracking",

@@ -63,6 +63,7 @@ _EXPORTS = {
     "add_extension_arguments": "extensions",
     "extension_env": "extensions",
     "JobFailedError": "failures",
+    "LaunchedFunctionFailed": "child_failed",
     "launch": "run",
     "notebook_launcher": "notebook",
     "debug_launcher": "notebook",

@@ -48,6 +48,7 @@ class RankFailure:
 class JobFailedError(RuntimeError):
     """A launched job failed; ``str()`` names the failing rank and shows its traceback.
 
+    ``rank_failures`` lists the ranks that did not succeed, root cause first (``root``).
     ``exit_code`` is what the launching command should return: the failing rank's code, or
     ``128 + signal`` when a signal killed it (the shell's convention).
     """
@@ -57,8 +58,8 @@ class JobFailedError(RuntimeError):
             raise ValueError("JobFailedError needs at least one failure.")
         # Root cause: a worker that failed by itself before one the launcher stopped; one with a
         # traceback before one without; then the earliest; then the lowest rank.
-        self.failures = sorted(failures, key=lambda f: (f.stopped_by_launcher, f.traceback is None, f.timestamp, f.rank))
-        self.root = self.failures[0]
+        self.rank_failures = sorted(failures, key=lambda f: (f.stopped_by_launcher, f.traceback is None, f.timestamp, f.rank))
+        self.root = self.rank_failures[0]
         self.world_size = world_size
         self.restarts = restarts
         super().__init__(self.summary())
@@ -71,7 +72,7 @@ class JobFailedError(RuntimeError):
     def summary(self) -> str:
         root = self.root
         lines = [f"The job failed: {root.describe()}."]
-        others = [f for f in self.failures[1:] if not f.stopped_by_launcher]
+        others = [f for f in self.rank_failures[1:] if not f.stopped_by_launcher]
         if others:
             lines.append("Also failed: " + "; ".join(f.describe() for f in others) + ".")
         if self.restarts:
@@ -90,18 +91,22 @@ class JobFailedError(RuntimeError):
     @classmethod
     def from_child_failed(cls, error: Any, world_size: int | None = None, restarts: int = 0) -> JobFailedError:
         """Builds the error from torch's ``ChildFailedError`` (``error.failures``: global rank -> ProcessFailure)."""
-        failures = [
-            RankFailure(
-                rank=int(rank),
-                local_rank=int(failure.local_rank),
-                exitcode=int(failure.exitcode),
-                pid=int(failure.pid),
-                timestamp=int(failure.timestamp),
-                traceback=_traceback_of(failure),
-            )
-            for rank, failure in error.failures.items()
-        ]
-        return cls(failures, world_size=world_size, restarts=restarts)
+        return cls(rank_failures_of(error), world_size=world_size, restarts=restarts)
+
+
+def rank_failures_of(error: Any) -> list[RankFailure]:
+    """The ``RankFailure`` of each worker in torch's ``ChildFailedError``."""
+    return [
+        RankFailure(
+            rank=int(rank),
+            local_rank=int(failure.local_rank),
+            exitcode=int(failure.exitcode),
+            pid=int(failure.pid),
+            timestamp=int(failure.timestamp),
+            traceback=_traceback_of(failure),
+        )
+        for rank, failure in error.failures.items()
+    ]
 
 
 # Frames of torch's worker wrappers (``record``, the multiprocessing entry) are noise in a user's traceback.

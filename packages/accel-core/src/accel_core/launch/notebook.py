@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .. import environment as env
-from .failures import JobFailedError
 from .plan import encode_env_value
 from .run import patched_environ, preserved_signal_handlers
 
@@ -38,7 +37,7 @@ def _check_parent_is_clean(uses_cuda: bool) -> None:
 
 @contextlib.contextmanager
 def _quiet_failure_log() -> Iterator[None]:
-    """Mutes the agent's own report of a failed function (JobFailedError says it shorter).
+    """Mutes the agent's own report of a failed function (LaunchedFunctionFailed says it shorter).
 
     That report is logged with ``exc_info``, which makes torch's log formatter import
     ``torch._dynamo``: seconds of delay before the error reaches the caller.
@@ -69,10 +68,13 @@ def _run_elastic(
     max_restarts: int,
     monitor_interval: float,
     start_method: str | None,
+    log_line_prefix_template: str | None = None,
 ) -> list[Any]:
     import torch.multiprocessing as mp
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from .child_failed import LaunchedFunctionFailed
 
     if start_method is None:
         start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
@@ -99,14 +101,13 @@ def _run_elastic(
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
         start_method=start_method,
+        log_line_prefix_template=log_line_prefix_template,
     )
     with patched_environ(settings), preserved_signal_handlers(), _quiet_failure_log():
         try:
             results = elastic_launch(config, function)(*args)
         except ChildFailedError as error:
-            raise JobFailedError.from_child_failed(
-                error, world_size=num_processes * num_nodes, restarts=max_restarts
-            ) from None
+            raise LaunchedFunctionFailed(error, world_size=num_processes * num_nodes, restarts=max_restarts) from None
     return [results[rank] for rank in sorted(results)]
 
 
@@ -127,13 +128,17 @@ def notebook_launcher(
     monitor_interval: float = 0.1,
     use_cpu: bool = False,
     start_method: str | None = None,
+    log_line_prefix_template: str | None = None,
 ) -> list[Any]:
     """Runs ``function(*args)`` on ``num_processes`` processes of this machine and returns their results by rank.
 
     ``num_processes=None`` uses one process per CUDA GPU, or runs the function right here when there
     are fewer than two. Create the ``Accelerator`` inside ``function``; nothing in this process may
     have touched CUDA before. ``use_port=None`` picks a free port (several machines must agree on
-    one). A failed process raises ``JobFailedError`` naming its rank, with its traceback.
+    one). ``log_line_prefix_template`` is torchrun's (``"[${rank}]: "``; also ``${role_name}``,
+    ``${local_rank}``, ``${hostname}``) for the workers' log lines. A failed process raises
+    ``LaunchedFunctionFailed``, a torch ``ChildFailedError`` (and accel ``JobFailedError``) naming its
+    rank, with its traceback.
 
     Example::
 
@@ -172,6 +177,7 @@ def notebook_launcher(
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
         start_method=start_method,
+        log_line_prefix_template=log_line_prefix_template,
     )
 
 

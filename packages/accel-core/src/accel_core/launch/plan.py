@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import environment as env
-from ..enums import DynamoBackend, PrecisionType
+from ..enums import DynamoBackend, PrecisionType, SchedulerStepping
 
 FLAG = "flag"
 ENVIRONMENT = "environment"
@@ -54,6 +54,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("dynamo_backend", str, "no", env.DYNAMO_BACKEND, tuple(DynamoBackend.list()), "torch.compile backend, or no"),
     Setting("debug", bool, False, env.DEBUG_MODE, help="check shapes across ranks before collectives"),
     Setting("strategy", str, None, env.STRATEGY, help="an accel.strategies name (ddp, fsdp, ...); default: automatic"),
+    Setting(
+        "scheduler_stepping", str, None, env.SCHEDULER_STEPPING, tuple(SchedulerStepping.list()),
+        "LR scheduler steps per optimizer step: per_process (as Accelerate, the default) or per_optimizer_step (one)",
+    ),
 )
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -92,6 +96,7 @@ class LaunchPlan:
     dynamo_backend: str = "no"
     debug: bool = False
     strategy: str | None = None
+    scheduler_stepping: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     config_file: str | None = None

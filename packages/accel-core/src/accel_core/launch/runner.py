@@ -85,8 +85,10 @@ def exit_without_finalization(code: int = 0) -> NoReturn:
     atexit._run_exitfuncs()
     # Files still open are flushed as teardown would, before any collection: io objects freed
     # together in a reference cycle can lose their text buffer (CPython bpo-17852).
+    # `type(obj)`, not `isinstance(obj, ...)`: isinstance reads `obj.__class__`, an attribute access
+    # that runs code of any object defining __getattribute__ (torch.distributed.reduce_op warns).
     for obj in gc.get_objects():
-        if isinstance(obj, io.IOBase) and obj is not sys.stdin:
+        if issubclass(type(obj), io.IOBase) and obj is not sys.stdin:
             try:
                 if not obj.closed:
                     obj.flush()

@@ -14,6 +14,8 @@ a backend's name:
 - ``ProcessGroupSetup``: join the process group its own way (deepspeed.comm, XLA, Megatron groups).
 - ``BatchTransfer``: a device loader / step marker for batches (XLA).
 - ``PreparesOwnTypes``: ``prepare`` also takes objects of the backend's own types (DeepSpeed's LR schedules).
+- ``ConvertsOwnTypes``: in a separate (not joint) preparation, such an object is first turned into
+  the torch object that stands for it (Megatron's dummy scheduler into an LR scheduler).
 
 Sharded checkpointing is a protocol of accel-checkpoint, found by duck typing on the strategy.
 """
@@ -171,3 +173,12 @@ class PreparesOwnTypes(Protocol):
     (DeepSpeed's LR schedule classes); they reach ``prepare_jointly`` like the others."""
 
     def accepts_object(self, obj: Any) -> bool: ...
+
+
+@runtime_checkable
+class ConvertsOwnTypes(Protocol):
+    """For a strategy that prepares objects separately: each object ``accepts_object`` took is first
+    replaced by ``convert_object(obj)``, a torch object (an LR scheduler, say) that ``prepare`` then
+    prepares like the user's own."""
+
+    def convert_object(self, obj: Any) -> Any: ...

@@ -26,7 +26,37 @@ def wrap_in_ddp(
     if device.type in ("cuda", "xpu"):
         kwargs.setdefault("device_ids", [device.index])
         kwargs.setdefault("output_device", device.index)
-    return DistributedDataParallel(model, process_group=process_group, **kwargs)
+    wrapped = DistributedDataParallel(model, process_group=process_group, **kwargs)
+    if ddp_kwargs is not None:
+        register_comm_hook(wrapped, ddp_kwargs, process_group)
+    return wrapped
+
+
+def register_comm_hook(model: DistributedDataParallel, ddp_kwargs: DistributedDataParallelKwargs, process_group: Any = None) -> None:
+    """Registers the communication hook ``ddp_kwargs.comm_hook`` names (wrapped by ``comm_wrapper``) on ``model``.
+
+    Power-SGD keeps its state (error feedback, warm-started factors) in a ``PowerSGDState`` over
+    ``process_group``, built with ``comm_state_option``.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    hooks = {
+        "fp16": default_hooks.fp16_compress_hook,
+        "bf16": default_hooks.bf16_compress_hook,
+        "power_sgd": powerSGD_hook.powerSGD_hook,
+        "batched_power_sgd": powerSGD_hook.batched_powerSGD_hook,
+    }
+    wrappers = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}
+    hook = hooks.get(str(ddp_kwargs.comm_hook))
+    if hook is None:
+        return
+    wrapper = wrappers.get(str(ddp_kwargs.comm_wrapper))
+    if wrapper is not None:
+        hook = wrapper(hook)
+    state: Any = process_group  # the default hooks take the process group as their state (None: the world)
+    if str(ddp_kwargs.comm_hook) in ("power_sgd", "batched_power_sgd"):
+        state = powerSGD_hook.PowerSGDState(process_group, **ddp_kwargs.comm_state_option)
+    model.register_comm_hook(state=state, hook=hook)
 
 
 class SingleDeviceStrategy(Strategy):

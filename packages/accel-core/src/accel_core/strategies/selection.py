@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import environment as env
 from ..configuration import GradientAccumulationPlugin
-from ..enums import DynamoBackend, PrecisionType
+from ..enums import DynamoBackend, PrecisionType, SchedulerStepping
 
 # The Accelerator arguments that select a backend, and the strategy each one selects.
 PLUGIN_ARGUMENTS = {"deepspeed_plugin": "deepspeed", "fsdp_plugin": "fsdp", "megatron_lm_plugin": "megatron"}
@@ -28,6 +28,7 @@ class Plan:
     gradient_accumulation: GradientAccumulationPlugin
     cpu: bool
     dynamo_backend: str
+    scheduler_stepping: str = SchedulerStepping.PER_PROCESS.value
 
 
 def resolve_plan(
@@ -40,6 +41,7 @@ def resolve_plan(
     plugins: Mapping[str, Any] | None = None,
     strategy: str | None = None,
     dynamo_backend: str | None = None,
+    scheduler_stepping: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Plan:
     """Resolves the plan; raises ValueError with the fix for contradictory inputs.
@@ -90,6 +92,12 @@ def resolve_plan(
     if dynamo not in DynamoBackend.list():
         raise ValueError(f"Unknown dynamo_backend {dynamo!r}. Choose between {DynamoBackend.list()}.")
 
+    stepping = scheduler_stepping if scheduler_stepping is not None else env.get_str(env.SCHEDULER_STEPPING, None, environ)
+    stepping = str(stepping if stepping is not None else SchedulerStepping.PER_PROCESS).lower()
+    if stepping not in SchedulerStepping.list():
+        origin = "scheduler_stepping" if scheduler_stepping is not None else env.SCHEDULER_STEPPING
+        raise ValueError(f"Unknown {origin} {stepping!r}. Choose between {SchedulerStepping.list()}.")
+
     return Plan(
         strategy=name,
         strategy_plugin=strategy_plugin,
@@ -97,4 +105,5 @@ def resolve_plan(
         gradient_accumulation=accumulation,
         cpu=bool(cpu) or env.flag(env.USE_CPU, False, environ),
         dynamo_backend=dynamo,
+        scheduler_stepping=stepping,
     )

@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import Any
 
-from accel_core.enums import DynamoBackend
+from accel_core.enums import DynamoBackend, SchedulerStepping
 from accel_core.launch.config import load_config
 from accel_core.launch.extensions import LaunchExtension, extension_env
 from accel_core.launch.plan import SETTINGS, LaunchPlan, LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
@@ -48,6 +48,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     _add(training, dest="gradient_accumulation_steps", type=int, metavar="N", help=helps["gradient_accumulation_steps"])
     _add(training, dest="dynamo_backend", metavar="NAME", help="torch.compile backend: " + ", ".join(DynamoBackend.list()))
     training.add_argument("--strategy", metavar="NAME", help=helps["strategy"])
+    _add(training, dest="scheduler_stepping", choices=SchedulerStepping.list(), help=helps["scheduler_stepping"])
     training.add_argument("--debug", action=argparse.BooleanOptionalAction, default=None, help=helps["debug"])
     launcher = parser.add_argument_group("launcher")
     _add(launcher, dest="config_file", metavar="PATH", help="default: $ACCEL_CONFIG_FILE, else " + _DEFAULT_PATH_TEXT)

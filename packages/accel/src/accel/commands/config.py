@@ -158,7 +158,7 @@ def ask_config(existing: dict[str, Any] | None, asker: Asker | None = None) -> d
     )
     config["dynamo_backend"] = asker.choice("torch.compile backend?", current("dynamo_backend"), DynamoBackend.list())
     config["debug"] = asker.yes_no("Debug mode (check shapes across ranks before collectives)?", current("debug"))
-    for name in ("max_restarts", "monitor_interval", "log_dir", "tee"):
+    for name in ("max_restarts", "monitor_interval", "log_dir", "tee", "scheduler_stepping"):
         if base.get(name) is not None:
             config[name] = base[name]
     return {k: v for k, v in config.items() if v is not None}

@@ -1,0 +1,94 @@
+"""The Accelerator's read-only questions about its setup, under the reference API's names.
+
+Scripts branch on these (``if accelerator.is_fsdp2``, ``if accelerator.should_save_model``) or
+read the settings back (``accelerator.non_blocking``, ``accelerator.ddp_handler``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .configuration import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    FP8RecipeKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProfileKwargs,
+)
+from .enums import DistributedType
+
+if TYPE_CHECKING:
+    from .state import AcceleratorState
+
+# Distributed types with one accelerator device per process (the reference's `multi_device` list;
+# names accel has no backend for count too, so a comparison never depends on what is installed).
+_MULTI_DEVICE = {"MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_HPU", "MULTI_NEURON"}
+
+
+class SetupQueries:
+    """Mixin of the Accelerator: properties that describe the run."""
+
+    state: AcceleratorState
+    dataloader_config: DataLoaderConfiguration
+    handlers: dict[type, Any]
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The active ``DeepSpeedPlugin``, or None when the run does not use DeepSpeed."""
+        return self.state.deepspeed_plugin
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether models are sharded with FSDP2 (``fully_shard``)."""
+        plugin = self.state.fsdp_plugin
+        return self.state.distributed_type == DistributedType.FSDP and plugin is not None and plugin.fsdp_version == 2
+
+    @property
+    def multi_device(self) -> bool:
+        """Whether several processes each drive an accelerator device (GPUs, XPUs, ...), not CPUs."""
+        return self.state.use_distributed and str(self.state.distributed_type) in _MULTI_DEVICE
+
+    @property
+    def should_save_model(self) -> bool:
+        """Whether this process writes model files: the first process of each machine, as in Accelerate
+        when no parallelism config is given."""
+        return self.state.is_local_main_process
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return self.dataloader_config.use_stateful_dataloader
+
+    # The kwargs handlers given to the constructor, under the reference's attribute names (None when not given).
+    @property
+    def ddp_handler(self) -> DistributedDataParallelKwargs | None:
+        return self.handlers.get(DistributedDataParallelKwargs)
+
+    @property
+    def scaler_handler(self) -> GradScalerKwargs | None:
+        return self.handlers.get(GradScalerKwargs)
+
+    @property
+    def init_handler(self) -> InitProcessGroupKwargs | None:
+        return self.handlers.get(InitProcessGroupKwargs)
+
+    @property
+    def autocast_handler(self) -> AutocastKwargs | None:
+        return self.handlers.get(AutocastKwargs)
+
+    @property
+    def profile_handler(self) -> ProfileKwargs | None:
+        return self.handlers.get(ProfileKwargs)
+
+    @property
+    def fp8_recipe_handler(self) -> FP8RecipeKwargs | None:
+        return self.handlers.get(FP8RecipeKwargs)

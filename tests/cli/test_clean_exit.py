@@ -1,0 +1,25 @@
+"""A successful `accel launch` ends quietly: nothing of accel's or torch's on stderr at exit, and a
+job run with PYTHONWARNINGS=error (warnings raised as errors) still succeeds.
+
+The runner's exit path flushes the files a script left open by looking at every live object; it
+must not run code of those objects (``isinstance`` reads ``obj.__class__``, and torch's deprecated
+``torch.distributed.reduce_op`` warns on any attribute read).
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def test_a_finished_two_process_job_exits_cleanly_under_warnings_as_errors(cli) -> None:  # type: ignore[no-untyped-def]
+    result = cli.run(
+        "launch", "--cpu", "-n", "2", "--scheduler-stepping", "per_optimizer_step", str(cli.scripts / "clean_finish.py"),
+        env_extra={"PYTHONWARNINGS": "error"},
+    )
+    assert result.returncode == 0, cli.describe(result)
+    # The two workers' lines may interleave in torchrun's output: find them, not split them.
+    lines = sorted(re.findall(r"finished rank \d sum [\d.]+ stepping \w+ lr [\d.]+", result.stdout))
+    # The flag reached both workers: one scheduler step for the one optimizer step.
+    assert lines == [f"finished rank {r} sum 2.0 stepping per_optimizer_step lr 0.05" for r in (0, 1)], result.stdout
+    assert "Warning" not in result.stderr and "reduce_op" not in result.stderr, result.stderr
+    assert result.stderr.strip() == "", result.stderr
