@@ -7,7 +7,7 @@ the usual loop, written as for Accelerate with only the import changed.
 Nothing is downloaded: the model is `BertForSequenceClassification(BertConfig(...))` with random
 weights, and the task is synthetic (is the first half of a token sequence "heavier" than the second?).
 Shows `accel.logging.get_logger` (main process only, or every rank in order), `find_executable_batch_size`
-around the training function (it halves the batch after an out-of-memory error and tries again),
+around the training function (after an out-of-memory error it tries again with a smaller batch),
 `accumulate`, a `transformers` LR schedule and `gather_for_metrics` (each evaluation sample counted once).
 `transformers` is only in the workspace's dev group, never a dependency of the accel packages.
 """

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,17 +24,39 @@ import pytest
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("run_reference_comparison", HERE / "run_reference_comparison.py")
 harness = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = harness  # dataclasses look their module up there
 _spec.loader.exec_module(harness)
 
 RECORDED = {row["id"]: row for row in json.loads(harness.RESULTS_JSON.read_text())["rows"]}
 
 # Runs that fail today, by the accel feature they wait for (see reference_comparison.md for the measured
 # difference). The coordinator empties this as the branches adding each feature land.
-PENDING: dict[str, set[str]] = {}
+PENDING: dict[str, set[str]] = {
+    # Accelerate steps the scheduler num_processes times per optimizer step (batches not split); accel once.
+    "reference LR-scheduler stepping by default": {
+        "nlp_example", "cv_example", "complete_nlp_example[epochs]", "complete_nlp_example[resume_epoch_0]",
+        "checkpointing[steps]", "checkpointing[resume_step_12]", "gradient_accumulation", "multi_process_metrics", "tracking",
+    },
+    # Also needs each epoch's shuffle drawn as Accelerate draws it: folds 2 and 3 start from the RNG state fold 1 left.
+    "reference LR-scheduler stepping and the reference's shuffle draw": {"cross_validation"},
+    "accel.utils.is_xpu_available (the is_*_available checks)": {"complete_cv_example[steps]", "complete_cv_example[resume_step_8]"},
+    "accel.utils.find_executable_batch_size (x0.9 per retry, as Accelerate 1.15)": {"memory"},
+    "find_executable_batch_size and a settable Accelerator.gradient_accumulation_steps": {"automatic_gradient_accumulation"},
+    "DDPCommunicationHookType and DistributedDataParallelKwargs(comm_hook=, comm_wrapper=)": {"ddp_comm_hook[power_sgd_fp16]"},
+    "Accelerator.set_trigger / check_trigger": {"early_stopping"},
+    "accel.local_sgd.LocalSGD": {"local_sgd"},
+    "accel.utils.ProfileKwargs and Accelerator.profile (traces named profile_<rank>.json)": {"profiler"},
+    "accel.utils.is_schedulefree_available and the prepared optimizer's train()/eval()": {"schedule_free"},
+}
 
 # The examples CI runs (one launch each, ~8-10 s on a quiet 2-core machine); the others add the same
 # calls in other combinations and run with ACCEL_COMPAT_EXAMPLES=all.
-CI_RUNS: set[str] = set()
+CI_RUNS: set[str] = {
+    "nlp_example", "cv_example", "complete_nlp_example[epochs]", "complete_nlp_example[resume_epoch_0]",
+    "automatic_gradient_accumulation", "checkpointing[steps]", "checkpointing[resume_step_12]", "ddp_comm_hook[power_sgd_fp16]",
+    "early_stopping", "gradient_accumulation", "gradient_accumulation_for_autoregressive_models", "local_sgd", "memory",
+    "profiler", "schedule_free",
+}
 
 
 def _pending_feature(run_id: str) -> str | None:
@@ -76,10 +99,15 @@ def test_pending_names_real_runs():
 def test_example_matches_reference(example, run_id):
     for module in example.needs:
         pytest.importorskip(module)
-    recorded = RECORDED.get(run_id)
+    # A resumed run must end as Accelerate's uninterrupted run did: exact resume. (Accelerate's own resumed
+    # runs of these scripts do not: its shuffle generator is not in the checkpoint; see the table.)
+    run = next(r for r in example.runs if example.run_id(r.label) == run_id)
+    target_id = example.run_id(run.continues) if run.continues else run_id
+    ignore = harness.RESUME_IGNORED if run.continues else ()
+    recorded = RECORDED.get(target_id)
     assert recorded and recorded["reference"] and recorded["reference"]["ok"], \
-        f"no reference metrics recorded for {run_id}: run tests/compat/run_reference_comparison.py"
+        f"no reference metrics recorded for {target_id}: run tests/compat/run_reference_comparison.py"
     result = _accel_results(example.name)[run_id]
     assert result["ok"], f"{run_id} did not run to the end on accel: {result['error']}\n{result.get('stderr_tail') or ''}"
-    differences = harness.differences(recorded["reference"]["metrics"], result["metrics"])
-    assert not differences, f"{run_id} final metrics differ from Accelerate's ({harness.TOLERANCE_TEXT}): {differences}"
+    differences = harness.differences(recorded["reference"]["metrics"], result["metrics"], ignore=ignore)
+    assert not differences, f"{run_id} final metrics differ from Accelerate's {target_id} ({harness.TOLERANCE_TEXT}): {differences}"

@@ -136,7 +136,8 @@ class PairClassifier(nn.Module):
 
 
 class MemoryBudget(nn.Module):
-    """Wraps a model and fails like a device out of memory when a batch is larger than `max_batch`.
+    """Wraps a model and fails like a device out of memory when it trains on a batch larger than `max_batch`
+    (evaluation, without gradients, fits).
 
     CPUs here have memory to spare, so `find_executable_batch_size` would never see the error it
     exists for; this raises the allocator's own message, which both libraries recognise.
@@ -148,7 +149,7 @@ class MemoryBudget(nn.Module):
         self.max_batch = max_batch
 
     def forward(self, **batch: torch.Tensor) -> Any:
-        if batch["input_ids"].shape[0] > self.max_batch:
+        if self.training and batch["input_ids"].shape[0] > self.max_batch:
             raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 68719476736 bytes.")
         return self.model(**batch)
 
