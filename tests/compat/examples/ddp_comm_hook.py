@@ -1,0 +1,82 @@
+"""Accelerate's examples/by_feature/ddp_comm_hook.py: `DistributedDataParallelKwargs(comm_hook=, comm_wrapper=)`
+with `DDPCommunicationHookType` (fp16 / bf16 compression, PowerSGD); same library calls, synthetic MRPC, tiny model.
+
+Run: accel launch --cpu -n 2 ddp_comm_hook.py --cpu --ddp_comm_hook power_sgd --ddp_comm_wrapper fp16
+"""
+
+import argparse
+import os
+
+import torch
+from torch.optim import AdamW
+
+from synthetic import GlueMrpcMetric, PairClassifier, final_metrics_line, get_dataloaders, get_linear_schedule_with_warmup
+from synthetic import weight_norm
+
+if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
+    from accelerate import Accelerator
+    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, set_seed
+else:
+    from accel import Accelerator
+    from accel.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, set_seed
+
+
+def training_function(config, args):
+    ddp_comm_hook_type = DDPCommunicationHookType(args.ddp_comm_hook)
+    ddp_comm_wrapper = DDPCommunicationHookType(args.ddp_comm_wrapper)
+    ddp_kwargs = DistributedDataParallelKwargs(comm_hook=ddp_comm_hook_type, comm_wrapper=ddp_comm_wrapper)
+    accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision, kwargs_handlers=[ddp_kwargs])
+    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+    metric = GlueMrpcMetric()
+    set_seed(seed)
+    train_dataloader, eval_dataloader = get_dataloaders(accelerator, batch_size)
+    model = PairClassifier()
+    model = model.to(accelerator.device)
+    optimizer = AdamW(params=model.parameters(), lr=lr)
+    lr_scheduler = get_linear_schedule_with_warmup(
+        optimizer=optimizer, num_warmup_steps=config["warmup"], num_training_steps=(len(train_dataloader) * num_epochs)
+    )
+    model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+    )
+
+    for epoch in range(num_epochs):
+        model.train()
+        for step, batch in enumerate(train_dataloader):
+            batch.to(accelerator.device)
+            with accelerator.accumulate(model):
+                output = model(**batch)
+                loss = output.loss
+                accelerator.backward(loss)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+
+        model.eval()
+        for step, batch in enumerate(eval_dataloader):
+            batch.to(accelerator.device)
+            with torch.no_grad():
+                outputs = model(**batch)
+            predictions = outputs.logits.argmax(dim=-1)
+            predictions, references = accelerator.gather_for_metrics((predictions, batch["labels"]))
+            metric.add_batch(predictions=predictions, references=references)
+        eval_metric = metric.compute()
+        accelerator.print(f"epoch {epoch}:", eval_metric)
+    accelerator.print(final_metrics_line(**eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0],
+                                         weight_norm=weight_norm(model)))
+    accelerator.end_training()
+
+
+def main():
+    parser = argparse.ArgumentParser(description="ddp_comm_hook, synthetic")
+    parser.add_argument("--mixed_precision", type=str, default=None, choices=["no", "fp16", "bf16", "fp8"])
+    parser.add_argument("--ddp_comm_hook", type=str, default="no", choices=["no", "fp16", "bf16", "power_sgd", "batched_power_sgd"])
+    parser.add_argument("--ddp_comm_wrapper", type=str, default="no", choices=["no", "fp16", "bf16"])
+    parser.add_argument("--cpu", action="store_true", help="If passed, will train on the CPU.")
+    args = parser.parse_args()
+    config = {"lr": 3e-3, "num_epochs": 3, "seed": 42, "batch_size": 16, "warmup": 10}
+    training_function(config, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Accelerate's examples/by_feature/early_stopping.py: a rank that wants to stop calls `set_trigger()`, and
+every rank leaves the loop when `check_trigger()` says any did; same library calls, synthetic MRPC, tiny model.
+
+Run: accel launch --cpu -n 2 early_stopping.py --cpu
+"""
+
+import argparse
+import os
+
+import torch
+from torch.optim import AdamW
+
+from synthetic import GlueMrpcMetric, PairClassifier, final_metrics_line, get_dataloaders, get_linear_schedule_with_warmup
+from synthetic import weight_norm
+
+if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
+    from accelerate import Accelerator, DistributedType
+    from accelerate.utils import set_seed
+else:
+    from accel import Accelerator, DistributedType
+    from accel.utils import set_seed
+
+MAX_GPU_BATCH_SIZE = 16
+
+
+class EarlyStoppingCallback:
+    """Says stop once the loss has not improved by `min_delta` for `patience` checks in a row."""
+
+    def __init__(self, min_delta=0, patience=5):
+        self.min_delta = min_delta
+        self.patience = patience
+        self.counter = 0
+        self.lowest_loss = float("inf")
+
+    def check_early_stopping(self, eval_loss):
+        if self.lowest_loss - eval_loss >= self.min_delta:
+            self.lowest_loss = eval_loss
+            self.counter = 0
+            return False
+        self.counter += 1
+        return self.counter >= self.patience
+
+
+callback = EarlyStoppingCallback()
+
+
+def training_function(config, args):
+    accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
+    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+    metric = GlueMrpcMetric()
+    gradient_accumulation_steps = 1
+    if batch_size > MAX_GPU_BATCH_SIZE and accelerator.distributed_type != DistributedType.XLA:
+        gradient_accumulation_steps = batch_size // MAX_GPU_BATCH_SIZE
+        batch_size = MAX_GPU_BATCH_SIZE
+
+    set_seed(seed)
+    train_dataloader, eval_dataloader = get_dataloaders(accelerator, batch_size)
+    model = PairClassifier()
+    model = model.to(accelerator.device)
+    optimizer = AdamW(params=model.parameters(), lr=lr)
+    lr_scheduler = get_linear_schedule_with_warmup(
+        optimizer=optimizer,
+        num_warmup_steps=config["warmup"],
+        num_training_steps=(len(train_dataloader) * num_epochs) // gradient_accumulation_steps,
+    )
+    model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+    )
+
+    steps_run = []
+    for epoch in range(num_epochs):
+        model.train()
+        steps_run.append(0)
+        for step, batch in enumerate(train_dataloader):
+            batch.to(accelerator.device)
+            outputs = model(**batch)
+            loss = outputs.loss
+            loss = loss / gradient_accumulation_steps
+            accelerator.backward(loss)
+            if step % gradient_accumulation_steps == 0:
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+            steps_run[-1] += 1
+
+            if callback.check_early_stopping(loss.item()):
+                accelerator.set_trigger()
+            if accelerator.check_trigger():
+                break
+
+        model.eval()
+        for step, batch in enumerate(eval_dataloader):
+            batch.to(accelerator.device)
+            with torch.no_grad():
+                outputs = model(**batch)
+            predictions = outputs.logits.argmax(dim=-1)
+            predictions, references = accelerator.gather_for_metrics((predictions, batch["labels"]))
+            metric.add_batch(predictions=predictions, references=references)
+        eval_metric = metric.compute()
+        accelerator.print(f"epoch {epoch}:", eval_metric)
+    accelerator.print(final_metrics_line(**eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0],
+                                         weight_norm=weight_norm(model), steps_per_epoch=steps_run))
+    accelerator.end_training()
+
+
+def main():
+    parser = argparse.ArgumentParser(description="early_stopping, synthetic")
+    parser.add_argument("--mixed_precision", type=str, default=None, choices=["no", "fp16", "bf16", "fp8"])
+    parser.add_argument("--cpu", action="store_true", help="If passed, will train on the CPU.")
+    args = parser.parse_args()
+    config = {"lr": 3e-3, "num_epochs": 3, "seed": 42, "batch_size": 16, "warmup": 10}
+    training_function(config, args)
+
+
+if __name__ == "__main__":
+    main()
