@@ -30,6 +30,7 @@ _EXPORTS = {
     "InitProcessGroupKwargs": ".configuration",
     "AutocastKwargs": ".configuration",
     "FP8RecipeKwargs": ".configuration",
+    "ParallelismConfig": ".parallelism",
     "Strategy": ".strategies",
     "DistributedOperationException": ".ops",
     "set_seed": ".random",

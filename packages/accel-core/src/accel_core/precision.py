@@ -1,4 +1,9 @@
-"""Mixed precision: one small class per mode, asked by the Accelerator for autocast, scaling and steps.
+"""Mixed precision: one small class per mode, asked by the Accelerator and the model transforms.
+
+A Precision answers: how to convert a module before it is split (``convert_module``, the hook
+fp8 fills), how to build one (``module_init_context``: meta device, low-precision weights), the
+policy FSDP2 gathers and reduces with (``mixed_precision_policy``), autocast around the forward,
+loss scaling and the optimizer step.
 
 ``no``: full precision. ``bf16``: autocast to bfloat16 (CPU too), no scaler. ``fp16``: autocast to
 float16 with a ``torch.amp.GradScaler`` (on CPU too: slower than bf16 there, but it lets the scaler
@@ -26,8 +31,36 @@ class Precision:
 
     scaler: Any = None
 
+    param_dtype: torch.dtype | None = None  # the dtype parameters are computed in (None: as they are)
+
     def __init__(self, name: str = "no") -> None:
         self.name = name
+
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """First model transform, before tensor parallelism or sharding: swaps layers for the precision's
+        own (fp8 linear layers); returns the module. Nothing to convert here."""
+        return module
+
+    def module_init_context(self, empty_init: bool = False) -> contextlib.AbstractContextManager[Any]:
+        """Where and how to build a model: ``empty_init=True`` builds it on the meta device (no memory; the
+        transforms give each process memory for its part, then initialise it).
+
+        Example::
+
+            with accelerator.precision.module_init_context(empty_init=True):
+                model = BigModel()
+        """
+        return torch.device("meta") if empty_init else contextlib.nullcontext()
+
+    def mixed_precision_policy(self) -> Any:
+        """The ``MixedPrecisionPolicy`` FSDP2 gathers parameters and reduces gradients with."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.param_dtype is None:
+            return MixedPrecisionPolicy()
+        # Compute in low precision, reduce in fp32: the sharded fp32 parameters are the master
+        # weights, and summing gradients in bf16 loses bits that fp32 keeps.
+        return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32)
 
     def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
@@ -53,6 +86,7 @@ class AutocastPrecision(Precision):
     def __init__(self, name: str, device_type: str, scaler: Any = None, autocast_kwargs: dict[str, Any] | None = None):
         self.name = name
         self.dtype = torch.bfloat16 if name == "bf16" else torch.float16
+        self.param_dtype = self.dtype
         self.device_type = device_type
         self.scaler = scaler
         self.autocast_kwargs = autocast_kwargs or {}

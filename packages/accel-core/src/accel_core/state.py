@@ -239,12 +239,41 @@ class PartialState:
         """Forgets the shared state (tests only; does not leave the process group)."""
         cls._shared_state.clear()
 
+    # -- copies ---------------------------------------------------------------------------
+    # The state is one per process: a copy is the same object, and an unpickled one (a DataLoader
+    # worker started with spawn, say) is the receiving process's state, filled from the sender's
+    # values when that process has none yet (without joining any process group).
+    def __reduce__(self) -> tuple[Any, ...]:
+        values = {k: v for k, v in self._shared_state.items() if k in _PORTABLE}
+        return (_restore_state, (type(self), values))
+
+    def __copy__(self) -> PartialState:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PartialState:
+        return self
+
     def __repr__(self) -> str:
         return (
             f"Distributed environment: {self.distributed_type}  Backend: {self.backend}\n"
             f"Num processes: {self.num_processes}\nProcess index: {self.process_index}\n"
             f"Local process index: {self.local_process_index}\nDevice: {self.device}\n"
         )
+
+
+# What an unpickled state carries over: plain values, never process groups, plugins or objects.
+_PORTABLE = frozenset({
+    "world_size", "rank", "local_rank", "local_world_size", "cpu", "debug", "device", "backend",
+    "fork_launched", "mixed_precision", "chosen_distributed_type",
+})
+
+
+def _restore_state(cls: type[PartialState], values: dict[str, Any]) -> PartialState:
+    if not cls._shared_state:
+        cls._shared_state.update(values)
+    state = cls.__new__(cls)
+    state.__dict__ = cls._shared_state
+    return state
 
 
 def _split(inputs: Any, n: int, index: int, apply_padding: bool) -> Any:
@@ -273,31 +302,34 @@ def _split(inputs: Any, n: int, index: int, apply_padding: bool) -> Any:
 
 
 class AcceleratorState(PartialState):
-    """``PartialState`` plus what the Accelerator chose: mixed precision and the strategy."""
+    """``PartialState`` plus what the Accelerator chose: mixed precision, how the processes train
+    together (``distributed_type``) and the backend plugin the reference API exposes here.
+
+    Only plain values are shared: the strategy lives in its Accelerator, not in process state.
+    """
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **init_process_group_kwargs: Any) -> None:
         super().__init__(cpu=cpu, **init_process_group_kwargs)
         if "mixed_precision" not in self._shared_state or mixed_precision is not None:
             self.mixed_precision = mixed_precision or env.get_str(env.MIXED_PRECISION, "no")
-        self._shared_state.setdefault("strategy", None)
 
     @property
     def distributed_type(self) -> DistributedType:
-        strategy = self._shared_state.get("strategy")
-        if strategy is not None:
-            return strategy.distributed_type
-        return super().distributed_type
+        chosen = self._shared_state.get("chosen_distributed_type")
+        return chosen if chosen is not None else super().distributed_type
+
+    def record_choice(self, distributed_type: DistributedType, plugins: dict[str, Any]) -> None:
+        """What an Accelerator decided: its distributed type and its backend plugin (``{"fsdp_plugin": p}``)."""
+        self._shared_state["chosen_distributed_type"] = distributed_type
+        self._shared_state["plugins"] = dict(plugins)
 
     def __getattr__(self, name: str) -> Any:
         # Scripts written for the reference API read `state.fsdp_plugin` / `state.deepspeed_plugin`:
-        # answer with the active strategy's plugin when its name matches, None otherwise.
+        # the active backend's plugin, None for the others.
         from .strategies.selection import PLUGIN_ARGUMENTS
 
         if name in PLUGIN_ARGUMENTS:
-            strategy = self._shared_state.get("strategy")
-            if strategy is not None and strategy.name == PLUGIN_ARGUMENTS[name]:
-                return getattr(strategy, "plugin", None)
-            return None
+            return self._shared_state.get("plugins", {}).get(name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
@@ -357,3 +389,14 @@ class GradientState:
     @classmethod
     def _reset_state(cls) -> None:
         cls._shared_state.clear()
+
+    # One per process, like PartialState: copies are the same object; unpickling gives the
+    # receiving process's own (its dataloaders are not sent along).
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (GradientState, ())
+
+    def __copy__(self) -> GradientState:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GradientState:
+        return self
