@@ -13,11 +13,10 @@ import sys
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
-from torch.utils.data import DataLoader, TensorDataset
-
 from accel import Accelerator, DataLoaderConfiguration
+from safetensors.torch import load_file
 from tinyllama import loss_of, make_model, token_data
+from torch.utils.data import DataLoader, TensorDataset
 
 FOLDER = sys.argv[1]
 
@@ -35,7 +34,8 @@ assert set(exported) == set(state), sorted(set(exported) ^ set(state))
 for name, tensor in state.items():
     assert type(tensor) is torch.Tensor and torch.equal(tensor, exported[name]), f"{name} differs from the export"
 
-expected = json.load(open(os.path.join(FOLDER, "expected.json")))["losses"]
+with open(os.path.join(FOLDER, "expected.json")) as handle:
+    expected = json.load(handle)["losses"]
 losses = []
 iterator = iter(loader)
 for _ in range(5):

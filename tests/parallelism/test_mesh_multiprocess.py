@@ -30,7 +30,7 @@ def test_layouts_checkpoints_and_errors_on_four_processes_then_one(torchrun, tmp
     command = [sys.executable, str(HERE / "single_process_load.py"), str(tmp_path)]
     try:
         single = subprocess.run(
-            command, env={**environ, "ACCEL_USE_CPU": "true", "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300
+            command, env={**environ, "ACCEL_USE_CPU": "true", "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300, check=False
         )
     except subprocess.TimeoutExpired as error:
         pytest.fail(f"single-process load did not finish within 300s\n{error.stdout}\n{error.stderr}")

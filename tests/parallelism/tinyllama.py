@@ -5,6 +5,8 @@ sequence parallelism); imported by the launched scripts, not collected by pytest
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,8 +56,8 @@ class Block(nn.Module):
 
 
 class TinyLlama(nn.Module):
-    _no_split_modules = ["Block"]
-    tp_plan = {
+    _no_split_modules: ClassVar[list[str]] = ["Block"]
+    tp_plan: ClassVar[dict[str, str]] = {
         "tok_embeddings": "colwise_rep",
         "layers.*.attention.wq": "colwise",
         "layers.*.attention.wk": "colwise",

@@ -37,7 +37,7 @@ def _has_dtensor(model: Any) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-__all__ = ["DCPCheckpointing", "MODELS", "OPTIMIZERS", "SCHEDULERS", "ShardedCheckpointing", "find_sharded"]
+__all__ = ["MODELS", "OPTIMIZERS", "SCHEDULERS", "DCPCheckpointing", "ShardedCheckpointing", "find_sharded"]
 
 
 def find_sharded(accelerator: Any) -> tuple[Any, str] | None:
@@ -60,7 +60,10 @@ class DCPCheckpointing:
 
     def save_sharded(self, prepared: Any, folder: str, **kwargs: Any) -> Collection[str]:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         models = list(prepared.models)
         for i, model in enumerate(models):

@@ -112,6 +112,11 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         self.handlers = _index_handlers(kwargs_handlers)
         if parallelism_config is not None and not isinstance(parallelism_config, ParallelismConfig):
             raise TypeError(f"parallelism_config must be an accel ParallelismConfig, got {type(parallelism_config).__name__}.")
+        if strategy is not None and not isinstance(strategy, (str, Strategy)):
+            raise TypeError(
+                f"strategy must be a strategy name (\"ddp\", \"fsdp\", ...) or an accel_core Strategy instance, got "
+                f"{type(strategy).__name__}: subclass accel_core.strategies.Strategy."
+            )
         strategy_name = strategy.name if isinstance(strategy, Strategy) else strategy
         world_size = env.get_int(env.WORLD_SIZE, 1) or 1
         plan = resolve_plan(

@@ -56,7 +56,7 @@ def total_norm(parameters: Sequence[torch.nn.Parameter], norm_type: float = 2.0)
         reduce_device = _reduce_device(device)
         if math.isinf(norm_type):
             value = torch.zeros((), dtype=torch.float32, device=reduce_device)
-            for (_, _, _), locals_ in by_weight.items():
+            for locals_ in by_weight.values():
                 for n in torch._foreach_norm(locals_, norm_type):
                     value = torch.maximum(value, n.to(reduce_device, torch.float32))
             dist.all_reduce(value, op=dist.ReduceOp.MAX)

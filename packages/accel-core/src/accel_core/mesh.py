@@ -65,6 +65,10 @@ class ParallelDims:
         self.views = dict(views or {})
         self._groups: dict[str, MeshGroup] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Process groups do not travel; the mesh does (by group name), and groups are looked up again.
+        return {**self.__dict__, "_groups": {}}
+
     @property
     def names(self) -> tuple[str, ...]:
         """Dimension names of the mesh (empty without a mesh)."""

@@ -45,6 +45,9 @@ def _destroy_gloo_groups_before_finalization() -> None:
     # threads; freeing them then needs the GIL of a dying interpreter and the process aborts
     # (SIGABRT, "terminate called without an active exception") after the script succeeded.
     # Destroying the groups while Python is still whole avoids it; it is a local operation.
+    # Still needed now that the process state no longer holds the strategy: the groups are kept
+    # alive by torch.distributed's own module state (the default group and every subgroup, the
+    # mesh's included), not by anything accel holds, so nothing accel drops can free them earlier.
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
@@ -333,6 +336,17 @@ class AcceleratorState(PartialState):
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
+_GRADIENT_SETTINGS = frozenset({"sync_gradients", "num_steps", "sync_with_dataloader", "sync_each_batch"})
+
+
+def _restore_gradient_state(settings: dict[str, Any]) -> GradientState:
+    fresh = not GradientState._shared_state
+    state = GradientState()
+    if fresh:
+        state._shared_state.update(settings)
+    return state
+
+
 class GradientState:
     """Gradient accumulation bookkeeping and the prepared dataloaders' end-of-data signal.
 
@@ -391,9 +405,11 @@ class GradientState:
         cls._shared_state.clear()
 
     # One per process, like PartialState: copies are the same object; unpickling gives the
-    # receiving process's own (its dataloaders are not sent along).
+    # receiving process's own, set from the sender's settings when it has none (its dataloaders
+    # are not sent along).
     def __reduce__(self) -> tuple[Any, ...]:
-        return (GradientState, ())
+        settings = {k: v for k, v in self._shared_state.items() if k in _GRADIENT_SETTINGS}
+        return (_restore_gradient_state, (settings,))
 
     def __copy__(self) -> GradientState:
         return self

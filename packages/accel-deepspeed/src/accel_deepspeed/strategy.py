@@ -252,10 +252,13 @@ class DeepSpeedStrategy(Strategy):
     def release_at_exit(self) -> None:
         """Frees DeepSpeed's native optimizer state at exit, while the interpreter is still whole.
 
-        The engine is referenced from the shared process state, so without this it is destroyed
-        during interpreter finalization; the CPU Adam extension's C++ state destroyed then can
-        abort the process (SIGABRT, "terminate called without an active exception") after a run
-        that succeeded.
+        The engine lives as long as whatever references it: the Accelerator (its strategy and
+        prepared models) and, above all, the script's own globals (``model, optimizer, ... =
+        accelerator.prepare(...)`` at module level), which Python frees only while finalizing
+        modules. The CPU Adam extension's C++ state destroyed then can abort the process
+        (SIGABRT, "terminate called without an active exception") after a run that succeeded.
+        Taking the strategy out of accel's shared process state removed one such reference, not
+        the script's, so this release is still needed.
         """
         if not getattr(self, "_release_registered", False):
             atexit.register(self._release)

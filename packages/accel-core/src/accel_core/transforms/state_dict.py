@@ -18,7 +18,10 @@ def full_state_dict(model: nn.Module) -> dict[str, Any]:
     onto process 0's CPU (``{}`` on the others). Collective in the second case."""
     if not has_dtensors(model):
         return model.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+    )
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
@@ -28,6 +31,9 @@ def load_full_state_dict(model: nn.Module, state_dict: dict[str, Any], strict: b
     when the model holds DTensors."""
     if not has_dtensors(model):
         return model.load_state_dict(state_dict, strict=strict)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+    )
 
     return set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))

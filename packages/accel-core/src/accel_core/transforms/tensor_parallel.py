@@ -25,7 +25,12 @@ STYLE_NAMES = ("colwise", "rowwise", "colwise_rep", "sequence_parallel")
 def make_style(value: Any, key: str) -> Any:
     """A ``ParallelStyle`` from a style object or its name."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        ParallelStyle,
+        RowwiseParallel,
+        SequenceParallel,
+    )
 
     if isinstance(value, ParallelStyle):
         return value
