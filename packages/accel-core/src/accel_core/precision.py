@@ -13,7 +13,6 @@ path run on any machine). ``fp8`` lives in a backend package (Transformer-Engine
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -99,19 +98,9 @@ class AutocastPrecision(Precision):
         return torch.autocast(device_type=self.device_type, dtype=self.dtype, **kwargs)
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
-        if hasattr(model, "_accel_original_forward"):
+        if isinstance(model.__dict__.get("forward"), AutocastForward):
             return
-        original: Callable[..., Any] = model.forward
-        autocast = self.autocast
-
-        @functools.wraps(original)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            with autocast():
-                outputs = original(*args, **kwargs)
-            return convert_to_fp32(outputs)
-
-        model._accel_original_forward = original  # type: ignore[assignment]
-        model.forward = forward  # type: ignore[method-assign]
+        model.forward = AutocastForward(model, model.forward, self.device_type, self.dtype, self.autocast_kwargs)  # type: ignore[method-assign]
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss) if self.scaler is not None else loss
@@ -133,11 +122,39 @@ class AutocastPrecision(Precision):
         return self.scaler.get_scale() < scale_before
 
 
+class AutocastForward:
+    """``model.forward`` run under autocast with fp32 outputs; an object, so that a prepared model (and an
+    Accelerator holding one) pickles and deep-copies.
+
+    The class's own ``forward`` is looked up when called rather than held as a bound method, which
+    would pickle as a lookup of ``model.forward``: this object.
+    """
+
+    def __init__(
+        self, module: torch.nn.Module, original: Callable[..., Any], device_type: str, dtype: torch.dtype, kwargs: dict[str, Any]
+    ) -> None:
+        own = getattr(original, "__self__", None) is module and getattr(original, "__func__", None) is getattr(type(module), "forward", None)
+        self.module = module
+        self.original: Callable[..., Any] | None = None if own else original
+        self.device_type, self.dtype, self.kwargs = device_type, dtype, dict(kwargs)
+
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:
+        # What inspect.signature reports (transformers reads forward's parameters).
+        return self.original if self.original is not None else type(self.module).forward.__get__(self.module)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type=self.device_type, dtype=self.dtype, **self.kwargs):
+            outputs = self.__wrapped__(*args, **kwargs)
+        return convert_to_fp32(outputs)
+
+
 def unwrap_forward(model: torch.nn.Module) -> None:
     """Removes the autocast wrapper that ``wrap_forward`` put on ``model.forward``."""
-    original = model.__dict__.pop("_accel_original_forward", None)
-    if original is not None:
-        if getattr(original, "__self__", None) is model:
-            model.__dict__.pop("forward", None)  # back to the class's bound method
-        else:
-            model.forward = original  # type: ignore[method-assign]
+    forward = model.__dict__.get("forward")
+    if not isinstance(forward, AutocastForward):
+        return
+    if forward.original is None:
+        del model.__dict__["forward"]  # back to the class's bound method
+    else:
+        model.forward = forward.original  # type: ignore[method-assign]
