@@ -241,3 +241,36 @@ def test_precision_objects_give_fsdp_its_policy() -> None:
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
     model = nn.Linear(2, 2)
     assert Precision().convert_module(model) is model
+
+
+def test_blocks_are_checkpointed_then_compiled_in_place() -> None:
+    from accel_core import Accelerator
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.tanh(self.fc(x))
+
+    class Net(nn.Sequential):
+        _no_split_modules = ["Block"]
+
+    torch.manual_seed(0)
+    plain = Net(Block(), Block())
+    reference = Net(Block(), Block())
+    reference.load_state_dict(plain.state_dict())
+    accelerator = Accelerator(cpu=True, dynamo_backend="eager", parallelism_config=ParallelismConfig(activation_checkpointing=True))
+    model = accelerator.prepare(plain)
+    assert model is plain and not hasattr(model, "_orig_mod")  # the blocks are compiled, not the whole model
+    assert all(block._compiled_call_impl is not None for block in model)
+    from torch.distributed._composable.contract import _get_registry
+
+    assert all("checkpoint" in (_get_registry(block) or {}) for block in model)
+    x = torch.randn(3, 4)
+    model(x).sum().backward()
+    reference(x).sum().backward()
+    assert torch.allclose(model[0].fc.weight.grad, reference[0].fc.weight.grad, atol=1e-6)
+    with pytest.raises(ValueError, match="needs the blocks"):
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(activation_checkpointing=True)).prepare(nn.Linear(2, 2))

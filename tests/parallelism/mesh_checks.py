@@ -241,7 +241,8 @@ def checkpoint_round_trip() -> None:
 if __name__ == "__main__":
     run_layout("TP2xFSDP2", parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2))
     run_layout("HSDP2x2", parallelism_config=ParallelismConfig(dp_replicate_size=2, dp_shard_size=2))
-    run_layout("TP2xDDP2", parallelism_config=ParallelismConfig(dp_replicate_size=2, tp_size=2))
+    # With activation checkpointing of each block (after tensor parallelism, before the replicas).
+    run_layout("TP2xDDP2", parallelism_config=ParallelismConfig(dp_replicate_size=2, tp_size=2, activation_checkpointing=True))
     run_layout("TP4", parallelism_config=ParallelismConfig(tp_size=4))
     # The latent bug: a 2-D mesh in the FSDP plugin used to shard data over the whole world.
     from torch.distributed.device_mesh import init_device_mesh

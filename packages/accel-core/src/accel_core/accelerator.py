@@ -1,8 +1,11 @@
 """The Accelerator: the four-line change that makes a training script run anywhere.
 
-It decides a plan (``strategies.selection``), builds a Strategy and a Precision, then delegates:
-no backend is named here. Process control lives in ``process_control``, tracking and checkpoints
-in ``services``.
+It decides a plan (``strategies.selection``), builds a Strategy, asks it for the job's layout,
+builds the one named device mesh (``mesh``) and a Precision, hands the strategy a narrow
+``StrategyContext``, then delegates: no backend is named here. ``prepare`` and the transform chain
+live in ``preparation``, the mesh's public face in ``parallel``, process control in
+``process_control``, tracking and checkpoints in ``services``. What was prepared is in
+``accelerator.prepared`` (``PreparedObjects``; also under the reference's ``_models`` & co).
 
 Example::
 
