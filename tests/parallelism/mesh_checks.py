@@ -122,6 +122,19 @@ def expect_error(what: str, fragment: str, action) -> None:
     say(f"ERROR ON EVERY RANK: {what}")
 
 
+def layout_from_launcher_variables() -> None:
+    """What `accel launch --dp-shard-size 2 --tp-size 2` writes, read by a plain Accelerator()."""
+    os.environ.update({"ACCEL_DP_SHARD_SIZE": "2", "ACCEL_TP_SIZE": "2"})
+    try:
+        accelerator = Accelerator()
+    finally:
+        del os.environ["ACCEL_DP_SHARD_SIZE"], os.environ["ACCEL_TP_SIZE"]
+    dims = accelerator.parallel_dims
+    check(accelerator.strategy.name == "fsdp" and (dims.dp.size, dims.tp.size) == (2, 2), f"layout from ACCEL_*: {dims}")
+    check(accelerator.device_mesh.mesh_dim_names == ("dp_replicate", "dp_shard", "tp"), f"mesh {accelerator.device_mesh}")
+    say("LAYOUT FROM ACCEL_* VARIABLES: fsdp, dp_shard=2 x tp=2")
+
+
 def bad_layouts() -> None:
     expect_error("product != world", "but the job has 4", lambda: Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=3)))
     expect_error(
@@ -249,6 +262,7 @@ if __name__ == "__main__":
 
     plugin_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
     run_layout("FSDP2-plugin-mesh(dp_shard=2,tp=2)", steps=5, fsdp_plugin=FullyShardedDataParallelPlugin(device_mesh=plugin_mesh))
+    layout_from_launcher_variables()
     bad_layouts()
     context_parallel()
     checkpoint_round_trip()

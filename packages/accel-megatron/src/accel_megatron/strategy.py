@@ -55,6 +55,7 @@ class MegatronStrategy(Strategy):
     # does that); torch's GradScaler decides per process, so TP shards could step differently.
     supported_precisions: ClassVar[tuple[str, ...]] = ("no", "bf16")
     owns_precision: ClassVar[bool] = False
+    splits_model_itself: ClassVar[bool] = True  # Megatron's tensor_parallel layers, built by the user
 
     def __init__(self, plugin: MegatronLMPlugin | None = None, ddp_kwargs: DistributedDataParallelKwargs | None = None) -> None:
         super().__init__()

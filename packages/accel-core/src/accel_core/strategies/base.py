@@ -50,6 +50,8 @@ class Strategy:
         supported_precisions: the ``mixed_precision`` values the strategy accepts.
         owns_precision: the backend applies mixed precision itself (no autocast or GradScaler from core).
         data_parallel_dim: the mesh dimension that takes the processes no size claims.
+        splits_model_itself: the backend's own layers split the model over ``tp`` (Megatron), so the
+            transform chain's tensor-parallel step is skipped.
 
     Attributes:
         plugin: the user's plugin object (``fsdp_plugin=...``) or None; scripts written for the
@@ -60,6 +62,7 @@ class Strategy:
     supported_precisions: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16", "fp8")
     owns_precision: ClassVar[bool] = False
     data_parallel_dim: ClassVar[str] = "dp_replicate"
+    splits_model_itself: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.plugin: Any = None

@@ -4,7 +4,8 @@
 
 1. precision conversion: ``precision.convert_module`` (the hook FP8 fills: swap layers for
    low-precision ones, before anything is split);
-2. tensor parallelism over ``tp`` (``tensor_parallel``), and the context-parallel model check;
+2. tensor parallelism over ``tp`` (``tensor_parallel``; skipped for a strategy whose own layers
+   split the model, ``Strategy.splits_model_itself``), and the context-parallel model check;
 3. activation checkpointing of each block (``ParallelismConfig.activation_checkpointing`` or the
    strategy's own setting);
 4. ``torch.compile`` of each block (``dynamo_backend``; the whole model when it has no blocks);
@@ -52,7 +53,7 @@ def prepare_model(model: nn.Module, context: StrategyContext, strategy: Strategy
     """Runs the chain of the module docstring on ``model``; returns the prepared model."""
     config = context.dims.config
     model = context.precision.convert_module(model)
-    if config.tp_enabled:
+    if config.tp_enabled and not strategy.splits_model_itself:
         from .tensor_parallel import apply_tensor_parallel
 
         model = apply_tensor_parallel(model, context.dims.submesh("tp"), config)
