@@ -7,6 +7,7 @@ import argparse
 import os
 import subprocess
 import sys
+from typing import ClassVar
 
 import pytest
 import torch
@@ -255,7 +256,7 @@ def test_blocks_are_checkpointed_then_compiled_in_place() -> None:
             return x + torch.tanh(self.fc(x))
 
     class Net(nn.Sequential):
-        _no_split_modules = ["Block"]
+        _no_split_modules: ClassVar[list[str]] = ["Block"]
 
     torch.manual_seed(0)
     plain = Net(Block(), Block())

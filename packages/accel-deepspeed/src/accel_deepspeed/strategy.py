@@ -34,7 +34,12 @@ import torch
 from accel_core import environment as env
 from accel_core.enums import DistributedType
 from accel_core.parallelism import ParallelismConfig
-from accel_core.strategies import JointResult, PreparedObjects, Strategy, StrategyContext
+from accel_core.strategies import (
+    JointResult,
+    PreparedObjects,
+    Strategy,
+    StrategyContext,
+)
 
 from ._deepspeed import import_deepspeed
 from .plugin import DeepSpeedPlugin

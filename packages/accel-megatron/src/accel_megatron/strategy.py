@@ -30,7 +30,11 @@ from typing import Any, ClassVar
 import torch
 from accel_core.configuration import DistributedDataParallelKwargs
 from accel_core.enums import DistributedType
-from accel_core.parallelism import ParallelismConfig, requested_size, resolve_parallelism
+from accel_core.parallelism import (
+    ParallelismConfig,
+    requested_size,
+    resolve_parallelism,
+)
 from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
 from accel_core.strategies.ddp import wrap_in_ddp
 from accel_core.strategies.groups import join_group_of_one
