@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from accel_core import Accelerator, set_seed
 from accel_core.configuration import ProjectConfiguration
+from accel_core.strategies import Strategy
 from accel_checkpoint import DCPCheckpointing, merge_sharded_checkpoint
 from accel_checkpoint.errors import CheckpointError, CheckpointNotFoundError
 
@@ -126,35 +127,17 @@ def resume(folder: str) -> None:
     sharded_checks(folder, rank)
 
 
-class FullyShardStrategy:
+class FullyShardStrategy(Strategy):
     """What an FSDP2 strategy's prepare produces: parameters sharded as DTensors (no checkpoint methods)."""
 
     name = "fully_shard_test"
     supported_precisions = ("no",)
-    owns_precision = False
-    launcher = "torchrun"
-
-    def __init__(self) -> None:
-        from accel_core.strategies.base import Strategy
-
-        self._base = Strategy()
-
-    def __getattr__(self, name):
-        return getattr(self._base, name)
 
     def prepare_model(self, model, device_placement):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         return fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
-
-    @property
-    def data_parallel_size(self):
-        return dist.get_world_size()
-
-    @property
-    def data_parallel_rank(self):
-        return dist.get_rank()
 
 
 class OwnCheckpointStrategy(FullyShardStrategy):
@@ -163,13 +146,13 @@ class OwnCheckpointStrategy(FullyShardStrategy):
     name = "own_checkpoint_test"
     calls: list[str] = []
 
-    def save_sharded(self, accelerator, folder, **kwargs):
+    def save_sharded(self, prepared, folder, **kwargs):
         self.calls.append("save")
-        return DCPCheckpointing().save_sharded(accelerator, folder)
+        return DCPCheckpointing().save_sharded(prepared, folder)
 
-    def load_sharded(self, accelerator, folder, **kwargs):
+    def load_sharded(self, prepared, folder, **kwargs):
         self.calls.append("load")
-        DCPCheckpointing().load_sharded(accelerator, folder, **kwargs)
+        DCPCheckpointing().load_sharded(prepared, folder, **kwargs)
 
 
 def sharded_checks(folder: str, rank: int) -> None:

@@ -31,23 +31,7 @@ RECORDED = {row["id"]: row for row in json.loads(harness.RESULTS_JSON.read_text(
 
 # Runs that fail today, by the accel feature they wait for (see reference_comparison.md for the measured
 # difference). The coordinator empties this as the branches adding each feature land.
-PENDING: dict[str, set[str]] = {
-    # Accelerate steps the scheduler num_processes times per optimizer step (batches not split); accel once.
-    "reference LR-scheduler stepping by default": {
-        "nlp_example", "cv_example", "complete_nlp_example[epochs]", "complete_nlp_example[resume_epoch_0]",
-        "checkpointing[steps]", "checkpointing[resume_step_12]", "gradient_accumulation", "multi_process_metrics", "tracking",
-    },
-    # Also needs each epoch's shuffle drawn as Accelerate draws it: folds 2 and 3 start from the RNG state fold 1 left.
-    "reference LR-scheduler stepping and the reference's shuffle draw": {"cross_validation"},
-    "accel.utils.is_xpu_available (the is_*_available checks)": {"complete_cv_example[steps]", "complete_cv_example[resume_step_8]"},
-    "accel.utils.find_executable_batch_size (x0.9 per retry, as Accelerate 1.15)": {"memory"},
-    "find_executable_batch_size and a settable Accelerator.gradient_accumulation_steps": {"automatic_gradient_accumulation"},
-    "DDPCommunicationHookType and DistributedDataParallelKwargs(comm_hook=, comm_wrapper=)": {"ddp_comm_hook[power_sgd_fp16]"},
-    "Accelerator.set_trigger / check_trigger": {"early_stopping"},
-    "accel.local_sgd.LocalSGD": {"local_sgd"},
-    "accel.utils.ProfileKwargs and Accelerator.profile (traces named profile_<rank>.json)": {"profiler"},
-    "accel.utils.is_schedulefree_available and the prepared optimizer's train()/eval()": {"schedule_free"},
-}
+PENDING: dict[str, set[str]] = {}
 
 # The examples CI runs (one launch each, ~8-10 s on a quiet 2-core machine); the others add the same
 # calls in other combinations and run with ACCEL_COMPAT_EXAMPLES=all.

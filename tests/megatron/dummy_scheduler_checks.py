@@ -27,7 +27,7 @@ def check(condition: bool, message: str) -> None:
 
 
 accelerator = Accelerator(megatron_lm_plugin=MegatronLMPlugin(lr_decay_style="cosine", min_lr=0.01))
-dp = accelerator.strategy.data_parallel_size
+dp = accelerator.parallelism_config.data_parallel_size
 check(dp == 2, f"TP=1 on 2 processes is DP=2, got {dp}")
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)

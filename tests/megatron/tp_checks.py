@@ -126,7 +126,8 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
     strategy = accelerator.strategy
     check(accelerator.distributed_type == DistributedType.MEGATRON_LM, f"distributed_type {accelerator.distributed_type}")
     check(parallel_state.get_tensor_model_parallel_rank() == rank(), "TP rank = process index with tp_degree=2 on 2 processes")
-    check((strategy.data_parallel_size, strategy.data_parallel_rank) == (1, 0), "TP peers form one DP replica")
+    dims = accelerator.parallel_dims
+    check((dims.dp.size, dims.dp.rank, dims.tp.size) == (1, 0, 2), "TP peers form one DP replica on the job's mesh")
     check(accelerator.state.megatron_lm_plugin is strategy.plugin, "state.megatron_lm_plugin is the plugin")
 
     # Megatron's RNG streams: inside fork() TP ranks draw differently, outside they agree, and fork leaves the default stream alone.
@@ -214,7 +215,7 @@ def check_data_parallel() -> None:
     parallel_state.destroy_model_parallel()  # the TP=2 groups; a new plugin with other degrees needs new ones
     accelerator = Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=1, gradient_clipping=CLIP), gradient_accumulation_steps=2)
     strategy = accelerator.strategy
-    check((strategy.data_parallel_size, strategy.data_parallel_rank) == (2, rank()), "TP=1 on 2 processes is DP=2")
+    check((accelerator.parallel_dims.dp.size, accelerator.parallel_dims.dp.rank) == (2, rank()), "TP=1 on 2 processes is DP=2")
     torch.manual_seed(0)
     model = FullMLP()
     torch.manual_seed(0)

@@ -21,8 +21,9 @@ from accel_core.ops import DistributedOperationException
 from accel_core.random import synchronize_rng_states
 
 TMP = Path(sys.argv[1])
-acc = Accelerator()  # plain, no arguments: under torchrun this must be a 2-process gloo run
-rank, world = acc.process_index, acc.num_processes
+if __name__ == "__main__":  # not in a DataLoader worker started with spawn, which imports this file again
+    acc = Accelerator()  # plain, no arguments: under torchrun this must be a 2-process gloo run
+    rank, world = acc.process_index, acc.num_processes
 
 
 def check(condition: bool, message: str) -> None:
@@ -234,21 +235,63 @@ def check_tracker_failure_stops_every_rank() -> None:
     check("disk full" in raised, f"init_trackers failure must raise on every rank, got {raised!r}")
 
 
-for check_function in (
-    check_setup,
-    check_collectives,
-    check_debug_mode,
-    check_process_control,
-    check_rng_sync,
-    check_training_parity,
-    check_mixed_precision,
-    check_join_uneven_inputs,
-    check_tracker_failure_stops_every_rank,
-):
-    check_function()
-    acc.wait_for_everyone()
-    if rank == 0:
-        print(f"ok {check_function.__name__}", flush=True)
+class StateReader(torch.utils.data.Dataset):
+    """Holds the process state (and GradientState); a spawned DataLoader worker reads them."""
 
-print(f"CORE CHECKS PASSED {rank}", flush=True)
-PartialState().destroy_process_group()
+    def __init__(self, state: object, gradient_state: object) -> None:
+        self.state, self.gradient_state = state, gradient_state
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> list:
+        s = self.state
+        return [s.process_index, s.num_processes, str(s.distributed_type), s.mixed_precision, self.gradient_state.num_steps]
+
+
+def check_copies_behave_as_the_original() -> None:
+    """A pickled, deep-copied or spawned copy of an Accelerator (or its state) is the same job."""
+    import pickle
+
+    accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=3)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))  # a DDP model: it cannot travel to a process without a group
+    check(copy.deepcopy(accelerator) is accelerator and copy.deepcopy(accelerator.state) is accelerator.state, "deepcopy")
+    clone = pickle.loads(pickle.dumps(accelerator))
+    check(isinstance(clone.unwrap_model(clone.prepared.models[0]), torch.nn.Linear), "the copy's prepared model")
+    accelerator.gradient_state._set_sync_gradients(False)
+    check(clone.sync_gradients is False, "a copy must see the process's accumulation state, not a snapshot")
+    accelerator.gradient_state._set_sync_gradients(True)
+    check((clone.process_index, clone.num_processes, clone.parallel_dims.dp.size) == (rank, 2, 2), "copy's place in the job")
+    gathered = clone.gather_for_metrics(torch.tensor([rank]))
+    check(gathered.tolist() == [0, 1], f"gather_for_metrics through the copy: {gathered}")
+    # A worker started with spawn unpickles the state in a process with no process group of its own.
+    loader = torch.utils.data.DataLoader(
+        StateReader(accelerator.state, accelerator.gradient_state), num_workers=1, multiprocessing_context="spawn",
+        batch_size=None,
+    )
+    seen = next(iter(loader))
+    check(seen == [rank, 2, "MULTI_CPU", "bf16", 3], f"the spawned worker's state: {seen}")
+    del model
+    accelerator.free_memory()
+
+
+if __name__ == "__main__":
+    for check_function in (
+        check_setup,
+        check_collectives,
+        check_debug_mode,
+        check_process_control,
+        check_rng_sync,
+        check_training_parity,
+        check_mixed_precision,
+        check_join_uneven_inputs,
+        check_tracker_failure_stops_every_rank,
+        check_copies_behave_as_the_original,
+    ):
+        check_function()
+        acc.wait_for_everyone()
+        if rank == 0:
+            print(f"ok {check_function.__name__}", flush=True)
+
+    print(f"CORE CHECKS PASSED {rank}", flush=True)
+    PartialState().destroy_process_group()

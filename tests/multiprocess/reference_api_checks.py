@@ -9,7 +9,6 @@ Argument: a folder for the profiler traces.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import sys

@@ -1,8 +1,9 @@
-"""How this package reads the Accelerator and its strategy: by attribute, with fallbacks.
+"""How this package reads the Accelerator and its strategy.
 
 Everything accel-checkpoint needs from accel-core goes through these few functions, so a change of
-contract is one edit here, and objects that only answer part of the contract (a plain module, a
-strategy without a capability) still work.
+contract is one edit here. The strategy is asked what ``accel_core.strategies.base`` declares
+(``model_state_dict``, ``load_model_state_dict``, ``ShardedCheckpointing``); prepared objects are
+read from the Accelerator's public ``prepared`` (``PreparedObjects``).
 """
 
 from __future__ import annotations
@@ -10,37 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def strategy_of(accelerator: Any) -> Any:
-    return getattr(accelerator, "strategy", None)
-
-
-def unwrap(accelerator: Any, model: Any) -> Any:
-    strategy = strategy_of(accelerator)
-    for owner in (strategy, accelerator):
-        fn = getattr(owner, "unwrap_model", None)
-        if callable(fn):
-            return fn(model)
-    return model
-
-
 def model_state_dict(accelerator: Any, model: Any) -> dict[str, Any]:
     """The full state dict of a prepared model, in its own dtypes (all processes call it: it may gather)."""
-    strategy = strategy_of(accelerator)
-    fn = getattr(strategy, "model_state_dict", None)
-    if callable(fn):
-        return fn(model)
-    fn = getattr(accelerator, "get_state_dict", None)
-    if callable(fn):
-        return fn(model)
-    return unwrap(accelerator, model).state_dict()
+    return accelerator.strategy.model_state_dict(model)
 
 
 def load_model_state_dict(accelerator: Any, model: Any, state_dict: dict[str, Any], strict: bool = True) -> Any:
-    strategy = strategy_of(accelerator)
-    fn = getattr(strategy, "load_model_state_dict", None)
-    if callable(fn):
-        return fn(model, state_dict)
-    return unwrap(accelerator, model).load_state_dict(state_dict, strict=strict)
+    """Loads full weights into a prepared model through its strategy (shards keep their part)."""
+    return accelerator.strategy.load_model_state_dict(model, state_dict, strict=strict)
 
 
 def raw_optimizer(optimizer: Any) -> Any:
@@ -85,5 +63,15 @@ def hooks(accelerator: Any, name: str) -> list[Any]:
     return list(registry.values()) if registry else []
 
 
+_PREPARED = {"_models": "models", "_optimizers": "optimizers", "_schedulers": "schedulers",
+             "_dataloaders": "dataloaders", "_custom_objects": "custom_objects"}
+
+
 def listed(accelerator: Any, name: str) -> list[Any]:
-    return list(getattr(accelerator, name, None) or [])
+    """The prepared objects of one kind (``"_models"``, ``"_optimizers"``, ...), in ``prepare`` order."""
+    return list(getattr(accelerator.prepared, _PREPARED[name]))
+
+
+def data_parallel_size(accelerator: Any) -> int:
+    """Processes that read different batches (the mesh's ``dp``): dataloader positions are per data-parallel rank."""
+    return int(accelerator.parallel_dims.dp.size)

@@ -21,7 +21,10 @@ from .optimizer_state import load_optimizer_state, read_optimizer_state
 from .rng import restore_legacy_rng_state, restore_rng_state
 from .safe_load import load_torch_file
 from .safetensors_io import read_safetensors
-from .sharded import MODELS, OPTIMIZERS, SCHEDULERS, find_sharded
+from .sharded import MODELS, OPTIMIZERS, SCHEDULERS, DCPCheckpointing, find_sharded
+
+# Sharded layouts that are plain DCP folders (model_<i>/, optimizer_<i>/), loadable by DCPCheckpointing.
+_DCP_LAYOUTS = ("dcp", "accel_fsdp.strategy.FSDPStrategy")
 
 logger = logging.getLogger(__name__)
 
@@ -159,11 +162,14 @@ def load_state(
     if sharded:
         found = find_sharded(accelerator)
         if found is None:
-            raise CheckpointMismatchError(
-                f"{folder} was written by the sharded checkpointing of {sharded['implementation']}; prepare the "
-                "models with the same kind of strategy to load it (or merge it with merge_sharded_checkpoint)."
-            )
-        found[0].load_sharded(accelerator, os.path.join(folder, C.SHARDED_DIR), allow_unsafe_pickle=allow_unsafe_pickle)
+            if sharded["implementation"] not in _DCP_LAYOUTS:
+                raise CheckpointMismatchError(
+                    f"{folder} was written by the sharded checkpointing of {sharded['implementation']}; prepare the "
+                    "models with the same kind of strategy to load it (or merge it with merge_sharded_checkpoint)."
+                )
+            # A DCP checkpoint loads into plain (unsharded) models too: DCP reshards to any layout.
+            found = (DCPCheckpointing(), "dcp")
+        found[0].load_sharded(accelerator.prepared, os.path.join(folder, C.SHARDED_DIR), allow_unsafe_pickle=allow_unsafe_pickle)
 
     rank = access.process_index(accelerator)
     reader = _Reader(folder, metadata, allow_unsafe_pickle)
@@ -205,14 +211,17 @@ def load_state(
         if load_dataloader_state and metadata and counts["dataloaders"]:
             _check_count("dataloaders", counts["dataloaders"], len(loaders), folder)
             source = rank
-            if saved_world != access.num_processes(accelerator):
+            saved_dp = (metadata or {}).get("data_parallel_size", saved_world)
+            if saved_world != access.num_processes(accelerator) or saved_dp != access.data_parallel_size(accelerator):
                 # Positions of a sharded loader are the same on every process; the loader's own
-                # load_state_dict converts them to the new process count (or says why it cannot).
+                # load_state_dict converts them to the new data-parallel size (or says why it cannot).
                 # The first process's whose file this folder holds (a folder of its own holds only one).
                 source = next((r for r in range(saved_world) if os.path.exists(os.path.join(folder, C.dataloader_file(0, r)))), 0)
                 logger.warning(
-                    "%s was saved by %d processes, %d run now: every dataloader resumes from process %d's position.",
-                    folder, saved_world, access.num_processes(accelerator), source,
+                    "%s was saved by %d processes (%d data-parallel), %d (%d) run now: every dataloader resumes from "
+                    "process %d's position.",
+                    folder, saved_world, saved_dp, access.num_processes(accelerator), access.data_parallel_size(accelerator),
+                    source,
                 )
             loaded["loaders"] = [reader.torch(C.dataloader_file(i, source)) for i in range(len(loaders))]
         rng_name = C.rng_file(rank) if metadata else f"{C.RNG_STATE_NAME}_{rank}{C.LEGACY_RNG_EXT}"

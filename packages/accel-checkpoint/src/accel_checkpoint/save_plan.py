@@ -167,7 +167,7 @@ def plan_save(
         )
     if sharded is not None:
         implementation, name = sharded
-        covered = set(implementation.save_sharded(accelerator, os.path.join(temp, C.SHARDED_DIR), **(sharded_kwargs or {})) or ())
+        covered = set(implementation.save_sharded(accelerator.prepared, os.path.join(temp, C.SHARDED_DIR), **(sharded_kwargs or {})) or ())
         unknown = covered - {MODELS, OPTIMIZERS, SCHEDULERS}
         if unknown:
             raise CheckpointError(f"{name}.save_sharded returned unknown categories {sorted(unknown)}.")
@@ -226,6 +226,7 @@ def plan_save(
         "format_version": C.FORMAT_VERSION,
         "versions": {"accel-checkpoint": _version("accel-checkpoint"), "accel-core": _version("accel-core"), "torch": _version("torch")},
         "world_size": world,
+        "data_parallel_size": access.data_parallel_size(accelerator),
         "created_unix": time.time(),
         "counts": {
             "models": len(models) if MODELS in covered else len(weights),

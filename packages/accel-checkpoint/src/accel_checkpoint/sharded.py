@@ -1,50 +1,32 @@
-"""Sharded checkpoints: the interface a sharding strategy implements, and a DCP-based default.
+"""Sharded checkpoints: the protocol a sharding strategy implements, and a DCP-based default.
 
 A strategy whose models or optimizers are split across processes (FSDP, DeepSpeed ZeRO, Megatron)
-saves and loads them itself by implementing ``ShardedCheckpointing``. accel-checkpoint finds it by
-duck typing on ``accelerator.strategy`` (no backend names, no isinstance on backends) and writes
-everything the strategy does not cover (RNG, schedulers, scaler, dataloaders, custom objects,
-metadata, the completion marker) around it, in the same crash-safe folder.
+saves and loads them itself by implementing ``ShardedCheckpointing`` (declared with the rest of
+the Strategy contract in ``accel_core.strategies.base``; checked with ``isinstance``, never a
+backend's name). accel-checkpoint writes everything the strategy does not cover (RNG, schedulers,
+scaler, dataloaders, custom objects, metadata, the completion marker) around it, in the same
+crash-safe folder.
 
 Models whose parameters are DTensors (FSDP2 ``fully_shard``, tensor parallel) and whose strategy
 does not implement the protocol are saved with ``DCPCheckpointing``: each process writes its own
-shards with ``torch.distributed.checkpoint``; no process ever holds the whole model.
+shards with ``torch.distributed.checkpoint``; no process ever holds the whole model. DCP reshards
+on load, so a checkpoint of one layout (tensor parallel x FSDP2) loads on another (FSDP2 alone,
+or one process with plain tensors).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Collection
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from .access import listed, optimizer_owner, raw_optimizer, strategy_of
+from accel_core.strategies.base import ShardedCheckpointing
+
+from .access import listed, optimizer_owner, raw_optimizer
 
 MODELS = "models"
 OPTIMIZERS = "optimizers"
 SCHEDULERS = "schedulers"
-
-
-@runtime_checkable
-class ShardedCheckpointing(Protocol):
-    """Implemented by strategies that save their own (sharded) state.
-
-    ``save_sharded`` is called on every process with an empty folder (inside the checkpoint being
-    written) and returns what it saved: a subset of ``{"models", "optimizers", "schedulers"}``;
-    accel-checkpoint saves the rest. ``load_sharded`` gets the same folder back. Both are collective.
-
-    Example (a strategy reusing the DCP default)::
-
-        class MyFSDPStrategy(Strategy):
-            def save_sharded(self, accelerator, folder, **kwargs):
-                return DCPCheckpointing().save_sharded(accelerator, folder, **kwargs)
-
-            def load_sharded(self, accelerator, folder, **kwargs):
-                DCPCheckpointing().load_sharded(accelerator, folder, **kwargs)
-    """
-
-    def save_sharded(self, accelerator: Any, folder: str, **kwargs: Any) -> Collection[str]: ...
-
-    def load_sharded(self, accelerator: Any, folder: str, **kwargs: Any) -> None: ...
 
 
 def _has_dtensor(model: Any) -> bool:
@@ -55,10 +37,13 @@ def _has_dtensor(model: Any) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
+__all__ = ["MODELS", "OPTIMIZERS", "SCHEDULERS", "DCPCheckpointing", "ShardedCheckpointing", "find_sharded"]
+
+
 def find_sharded(accelerator: Any) -> tuple[Any, str] | None:
     """The implementation to use and its name, or None for a plain (full state dict) checkpoint."""
-    strategy = strategy_of(accelerator)
-    if callable(getattr(strategy, "save_sharded", None)) and callable(getattr(strategy, "load_sharded", None)):
+    strategy = accelerator.strategy
+    if isinstance(strategy, ShardedCheckpointing):
         return strategy, f"{type(strategy).__module__}.{type(strategy).__qualname__}"
     if any(_has_dtensor(m) for m in listed(accelerator, "_models")):
         return DCPCheckpointing(), "dcp"
@@ -73,20 +58,23 @@ class DCPCheckpointing:
     (DCP reshards). ``merge_sharded_checkpoint`` turns ``model_<i>`` into one safetensors file.
     """
 
-    def save_sharded(self, accelerator: Any, folder: str, **kwargs: Any) -> Collection[str]:
+    def save_sharded(self, prepared: Any, folder: str, **kwargs: Any) -> Collection[str]:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
-        models = [m for m in listed(accelerator, "_models")]
+        models = list(prepared.models)
         for i, model in enumerate(models):
             dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(folder, f"model_{i}"))
-        for i, wrapped in enumerate(listed(accelerator, "_optimizers")):
+        for i, wrapped in enumerate(prepared.optimizers):
             optimizer = raw_optimizer(wrapped)
             state = get_optimizer_state_dict(optimizer_owner(optimizer, models), optimizer)
             dcp.save({"optimizer": state}, checkpoint_id=os.path.join(folder, f"optimizer_{i}"))
         return (MODELS, OPTIMIZERS)
 
-    def load_sharded(self, accelerator: Any, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any) -> None:
+    def load_sharded(self, prepared: Any, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             get_model_state_dict,
@@ -104,12 +92,12 @@ class DCPCheckpointing:
                 raise CheckpointMismatchError(f"{path} is missing: the checkpoint holds fewer sharded objects than were prepared.")
             dcp.load(state, storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle), planner=SafeLoadPlanner(allow_unsafe_pickle))
 
-        models = listed(accelerator, "_models")
+        models = list(prepared.models)
         for i, model in enumerate(models):
             state = {"model": get_model_state_dict(model)}
             read(state, os.path.join(folder, f"model_{i}"))
             set_model_state_dict(model, state["model"])
-        for i, wrapped in enumerate(listed(accelerator, "_optimizers")):
+        for i, wrapped in enumerate(prepared.optimizers):
             optimizer = raw_optimizer(wrapped)
             owner = optimizer_owner(optimizer, models)
             state = {"optimizer": get_optimizer_state_dict(owner, optimizer)}

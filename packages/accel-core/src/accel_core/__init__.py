@@ -34,6 +34,7 @@ _EXPORTS = {
     "TorchDynamoPlugin": ".configuration",
     "DDPCommunicationHookType": ".enums",
     "SchedulerStepping": ".enums",
+    "ParallelismConfig": ".parallelism",
     "Strategy": ".strategies",
     "DistributedOperationException": ".ops",
     "set_seed": ".random",

@@ -1,8 +1,11 @@
 """The Accelerator: the four-line change that makes a training script run anywhere.
 
-It decides a plan (``strategies.selection``), builds a Strategy and a Precision, then delegates:
-no backend is named here. Process control lives in ``process_control``, tracking and checkpoints
-in ``services``.
+It decides a plan (``strategies.selection``), builds a Strategy, asks it for the job's layout,
+builds the one named device mesh (``mesh``) and a Precision, hands the strategy a narrow
+``StrategyContext``, then delegates: no backend is named here. ``prepare`` and the transform chain
+live in ``preparation``, the mesh's public face in ``parallel``, process control in
+``process_control``, tracking and checkpoints in ``services``. What was prepared is in
+``accelerator.prepared`` (``PreparedObjects``; also under the reference's ``_models`` & co).
 
 Example::
 
@@ -24,16 +27,15 @@ import gc
 import os
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.optim.lr_scheduler import LRScheduler
+import torch.distributed as dist
 
 from . import environment as env
 from . import ops, plugins
 from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
-from .compilation import compile_model
 from .configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -45,8 +47,13 @@ from .configuration import (
     TorchDynamoPlugin,
 )
 from .enums import DistributedType, SchedulerStepping
+from .mesh import ParallelDims, make_dims
 from .optimizer import AcceleratedOptimizer
+from .optimizer_rebuild import ParameterNames
+from .parallel import Parallelism
+from .parallelism import ParallelismConfig
 from .precision import AutocastPrecision, Precision, unwrap_forward
+from .preparation import Preparation
 from .process_control import ProcessControl
 from .profiling import Profiling
 from .queries import SetupQueries
@@ -56,30 +63,35 @@ from .services import Checkpointing, Tracking, normalize_log_with
 from .state import AcceleratorState, GradientState
 from .strategies import (
     BackwardSyncControl,
-    JointPreparation,
     OwnsOptimizerStep,
+    PreparedObjects,
     ProcessGroupSetup,
-    WrapsBeforeOptimizer,
+    Strategy,
+    StrategyContext,
     create_strategy,
     resolve_plan,
 )
-from .strategies.base import ConvertsOwnTypes, PreparesOwnTypes
+from .strategies.selection import PLUGIN_ARGUMENTS
 from .triggers import Triggers
 
-_SUPPORTED = "torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler and torch.utils.data.DataLoader"
 
-
-class Accelerator(ProcessControl, Tracking, Checkpointing, Triggers, Profiling, SetupQueries):
+class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpointing, Triggers, Profiling, SetupQueries):
     """Prepares a model, optimizer, scheduler and dataloaders for the current setup, then stays out of the way.
 
-    Arguments follow the reference ``Accelerator``; accel adds ``strategy`` (a strategy name such as
-    ``"ddp"``, or a Strategy) and ``scheduler_stepping``: ``"per_process"`` (the default, as
-    Accelerate: each optimizer step advances a prepared LR scheduler once per data-parallel process,
-    once with ``split_batches``) or ``"per_optimizer_step"`` (once; see ``accel_core.scheduler``).
-    ``gradient_accumulation_steps``, ``mixed_precision`` and ``scheduler_stepping`` default to the
-    ``ACCEL_*`` environment that ``accel launch`` writes, then to 1, ``"no"`` and ``"per_process"``.
-    ``deepspeed_plugins`` takes one plugin, or a dict naming one (accel runs one DeepSpeed
-    configuration per Accelerator).
+    Arguments follow the reference ``Accelerator``; accel adds ``strategy`` (a strategy name such
+    as ``"ddp"``, or a Strategy object) and ``scheduler_stepping``: ``"per_process"`` (the default,
+    as Accelerate: each optimizer step advances a prepared LR scheduler once per data-parallel
+    process, once with ``split_batches``) or ``"per_optimizer_step"`` (once; see
+    ``accel_core.scheduler``). ``gradient_accumulation_steps``, ``mixed_precision``,
+    ``scheduler_stepping`` and the sizes of ``parallelism_config`` default to the ``ACCEL_*``
+    environment that ``accel launch`` writes, then to 1, ``"no"``, ``"per_process"`` and all
+    processes data-parallel. ``deepspeed_plugins`` takes one plugin, or a dict naming one (accel
+    runs one DeepSpeed configuration per Accelerator).
+
+    One named ``DeviceMesh`` per job (``device_mesh``) is built from ``parallelism_config``;
+    dataloaders shard over its ``dp``, and models go through the transform chain of
+    ``accel_core.transforms`` (tensor parallel, activation checkpointing, compile, then FSDP2 /
+    DDP over the data-parallel dimensions).
     """
 
     def __init__(
@@ -103,6 +115,7 @@ class Accelerator(ProcessControl, Tracking, Checkpointing, Triggers, Profiling, 
         kwargs_handlers: list[KwargsHandler] | None = None,
         dynamo_backend: str | None = None,
         dataloader_config: DataLoaderConfiguration | None = None,
+        parallelism_config: ParallelismConfig | None = None,
         strategy: Any = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
         deepspeed_plugins: Any = None,
@@ -115,9 +128,17 @@ class Accelerator(ProcessControl, Tracking, Checkpointing, Triggers, Profiling, 
         self.handlers = index_handlers(kwargs_handlers)
         deepspeed_plugin = one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
         dynamo = dynamo_settings(dynamo_backend, dynamo_plugin)
-        strategy_name = strategy if isinstance(strategy, str) or strategy is None else getattr(strategy, "name", None)
+        if parallelism_config is not None and not isinstance(parallelism_config, ParallelismConfig):
+            raise TypeError(f"parallelism_config must be an accel ParallelismConfig, got {type(parallelism_config).__name__}.")
+        if strategy is not None and not isinstance(strategy, (str, Strategy)):
+            raise TypeError(
+                f"strategy must be a strategy name (\"ddp\", \"fsdp\", ...) or an accel_core Strategy instance, got "
+                f"{type(strategy).__name__}: subclass accel_core.strategies.Strategy."
+            )
+        strategy_name = strategy.name if isinstance(strategy, Strategy) else strategy
+        world_size = env.get_int(env.WORLD_SIZE, 1) or 1
         plan = resolve_plan(
-            world_size=env.get_int(env.WORLD_SIZE, 1) or 1,
+            world_size=world_size,
             mixed_precision=None if mixed_precision is None else str(mixed_precision),
             gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_accumulation_plugin=gradient_accumulation_plugin,
@@ -127,21 +148,28 @@ class Accelerator(ProcessControl, Tracking, Checkpointing, Triggers, Profiling, 
             dynamo_backend=None if dynamo is None else dynamo.backend.value,
             scheduler_stepping=None if scheduler_stepping is None else str(scheduler_stepping),
             environ=os.environ,
+            parallelism=parallelism_config,
         )
         self.plan = plan
         self.dynamo_plugin = dynamo if dynamo is not None else TorchDynamoPlugin(backend=plan.dynamo_backend)
-        self.strategy = strategy if strategy is not None and not isinstance(strategy, str) else create_strategy(
-            plan.strategy, plan.strategy_plugin, self.handlers
+        self.strategy: Strategy = (
+            strategy if isinstance(strategy, Strategy) else create_strategy(plan.strategy, plan.strategy_plugin, self.handlers)
         )
+        # Decided before any communication: a layout the strategy refuses fails on every process alike.
+        local_world = env.get_int(env.LOCAL_WORLD_SIZE, world_size) or world_size
+        layout, given_mesh = self.strategy.parallelism(parallelism_config, world_size, local_world)
         init_kwargs = self.handlers[InitProcessGroupKwargs].to_kwargs() if InitProcessGroupKwargs in self.handlers else {}
         if isinstance(self.strategy, ProcessGroupSetup):
             self.strategy.init_process_group(**init_kwargs)
         self.state = AcceleratorState(mixed_precision=plan.mixed_precision, cpu=plan.cpu, **init_kwargs)
-        self.state._shared_state["strategy"] = self.strategy
-        self.strategy.setup(self)
-        self.precision = self._make_precision(plan.mixed_precision)
+        self.parallel_dims: ParallelDims = make_dims(
+            layout, self.state.device.type, self.state.num_processes, self.state.process_index, given_mesh, dist.is_initialized()
+        )
+        self.state.mixed_precision = self.strategy.resolve_precision(plan.mixed_precision)
+        self.precision = self._make_precision(self.state.mixed_precision)
         self.gradient_state = GradientState(plan.gradient_accumulation)
-
+        self.prepared = PreparedObjects()
+        self.device_placement = device_placement
         if dataloader_config is None:
             dataloader_config = DataLoaderConfiguration(
                 split_batches=split_batches, dispatch_batches=dispatch_batches, even_batches=even_batches
@@ -151,19 +179,32 @@ class Accelerator(ProcessControl, Tracking, Checkpointing, Triggers, Profiling, 
                 "Pass split_batches / dispatch_batches / even_batches either directly or inside dataloader_config, not both."
             )
         self.dataloader_config = dataloader_config
-        self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.scheduler_stepping = SchedulerStepping(plan.scheduler_stepping)
+        self._parameter_names = ParameterNames()
+        self._context = StrategyContext(
+            device=self.state.device,
+            state=self.state,
+            dims=self.parallel_dims,
+            precision=self.precision,
+            plan=plan,
+            gradient_state=self.gradient_state,
+            prepared=self.prepared,
+            handlers=self.handlers,
+            device_placement=device_placement,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+            scheduler_steps_per_optimizer_step=self.scheduler_steps_per_optimizer_step,
+            dynamo_plugin=self.dynamo_plugin,
+        )
+        self.strategy.setup(self._context)
+        plugin_of = {arg: self.strategy.plugin if name == self.strategy.name else None for arg, name in PLUGIN_ARGUMENTS.items()}
+        self.state.record_choice(self.strategy.distributed_type, plugin_of)
+
         self.rng_types = [str(r) for r in rng_types] if rng_types is not None else ["generator"]
         self.log_with = normalize_log_with(log_with)
         self.trackers: list[Any] = []
 
         self.step = 0
-        self._models: list[torch.nn.Module] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[Any] = []
-        self._custom_objects: list[Any] = []
         self._save_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
         self._load_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
 
@@ -176,8 +217,8 @@ class Accelerator(ProcessControl, Tracking, Checkpointing, Triggers, Profiling, 
         if name == "fp8":
             return plugins.load("accel.precisions", "fp8")(self)
         if self.strategy.owns_precision:
-            # The backend applies it (and may settle it from its own config, e.g. DeepSpeed's bf16 section).
-            return Precision(getattr(self.strategy, "mixed_precision", name))
+            # The backend applies it (and settled it from its own config: resolve_precision).
+            return Precision(name)
         if name == "no":
             return Precision()
         device = self.state.device
@@ -186,9 +227,30 @@ class Accelerator(ProcessControl, Tracking, Checkpointing, Triggers, Profiling, 
         scaler = None
         if name == "fp16":
             scaler_kwargs = self.handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in self.handlers else {}
-            scaler = self.strategy.make_grad_scaler(**scaler_kwargs)
+            scaler = self.strategy.make_grad_scaler(device, **scaler_kwargs)
         autocast_kwargs = self.handlers[AutocastKwargs].to_kwargs() if AutocastKwargs in self.handlers else {}
         return AutocastPrecision(name, device.type, scaler=scaler, autocast_kwargs=autocast_kwargs)
+
+    # -- the prepared objects, under the reference API's names ------------------------------
+    @property
+    def _models(self) -> list[torch.nn.Module]:
+        return self.prepared.models
+
+    @property
+    def _optimizers(self) -> list[AcceleratedOptimizer]:
+        return self.prepared.optimizers
+
+    @property
+    def _schedulers(self) -> list[AcceleratedScheduler]:
+        return self.prepared.schedulers
+
+    @property
+    def _dataloaders(self) -> list[Any]:
+        return self.prepared.dataloaders
+
+    @property
+    def _custom_objects(self) -> list[Any]:
+        return self.prepared.custom_objects
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -256,131 +318,6 @@ class Accelerator(ProcessControl, Tracking, Checkpointing, Triggers, Profiling, 
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped (fp16 inf/nan gradients): do not change the LR then."""
         return any(opt.step_was_skipped for opt in self._optimizers)
-
-    # -- prepare ----------------------------------------------------------------------------
-    def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
-        """Prepares models, optimizers, schedulers and dataloaders; returns them in the order given.
-
-        device_placement: one bool (or None for the default) per object.
-        """
-        if device_placement is None:
-            device_placement = [None] * len(args)
-        elif len(device_placement) != len(args):
-            raise ValueError(
-                f"`device_placement` should be a list with {len(args)} elements (the number of objects passed), "
-                f"got {len(device_placement)}."
-            )
-        own_types = self.strategy.accepts_object if isinstance(self.strategy, PreparesOwnTypes) else None
-        for obj in args:
-            if not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, LRScheduler, torch.utils.data.DataLoader)) and not (
-                own_types is not None and own_types(obj)
-            ):
-                raise TypeError(
-                    f"Cannot prepare an object of type {type(obj).__name__}: prepare accepts {_SUPPORTED}. "
-                    "Leave other objects out of prepare()."
-                )
-        result: list[Any] = list(args)
-        # Dataloaders first: a joint preparation (DeepSpeed) needs their batch size.
-        for i, obj in enumerate(args):
-            if isinstance(obj, torch.utils.data.DataLoader):
-                result[i] = self.prepare_data_loader(obj, device_placement=device_placement[i])
-        if isinstance(self.strategy, JointPreparation):
-            result = self.strategy.prepare_jointly(result)
-        else:
-            if own_types is not None and isinstance(self.strategy, ConvertsOwnTypes):
-                result = [self.strategy.convert_object(obj) if own_types(obj) else obj for obj in result]
-            result = self._prepare_separately(result, device_placement)
-        return result[0] if len(result) == 1 else tuple(result)
-
-    def _prepare_separately(self, objects: list[Any], device_placement: Sequence[bool | None]) -> list[Any]:
-        # Parameters of each model before wrapping, to find which model an optimizer belongs to.
-        originals: list[tuple[set[int], torch.nn.Module]] = []
-        for i, obj in enumerate(objects):
-            if isinstance(obj, torch.nn.Module):
-                parameter_ids = {id(p) for p in obj.parameters()}
-                objects[i] = self.prepare_model(obj, device_placement=device_placement[i])
-                originals.append((parameter_ids, objects[i]))
-        rebuilt: dict[int, torch.optim.Optimizer] = {}
-        for i, obj in enumerate(objects):
-            if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
-                if isinstance(self.strategy, WrapsBeforeOptimizer):
-                    new = self._rebuild_for_wrapped_model(obj, originals)
-                    rebuilt[id(obj)] = new
-                    obj = new
-                objects[i] = self.prepare_optimizer(obj, device_placement=device_placement[i])
-        for i, obj in enumerate(objects):
-            if isinstance(obj, LRScheduler):
-                if id(obj.optimizer) in rebuilt:
-                    obj.optimizer = rebuilt[id(obj.optimizer)]
-                objects[i] = self.prepare_scheduler(obj)
-        return objects
-
-    def _rebuild_for_wrapped_model(
-        self, optimizer: torch.optim.Optimizer, originals: list[tuple[set[int], torch.nn.Module]]
-    ) -> torch.optim.Optimizer:
-        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        owners = [model for parameter_ids, model in originals if parameter_ids & owned]
-        if not owners:
-            # Built on a model prepared by an earlier prepare() call: already on the wrapped parameters.
-            if owned <= {id(p) for model in self._models for p in model.parameters()}:
-                return optimizer
-            raise ValueError(
-                f"The {self.strategy.name} strategy must wrap the model before its optimizer is prepared: pass the model "
-                "to the same prepare() call as its optimizer, or prepare the model first and build the optimizer on it."
-            )
-        return self.strategy.rebuild_optimizer(optimizer, owners[0])  # type: ignore[attr-defined]
-
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
-        """Places and wraps one model for the current strategy, with autocast when mixed precision is on."""
-        if device_placement is None:
-            device_placement = self.device_placement
-        prepared = self.strategy.prepare_model(model, device_placement=device_placement)
-        self.precision.wrap_forward(self.strategy.unwrap_model(prepared))
-        prepared = compile_model(prepared, self.dynamo_plugin)
-        self._models.append(prepared)
-        return prepared
-
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
-        """Wraps an optimizer so it only steps at accumulation boundaries, through the scaler if any."""
-        if device_placement is None:
-            device_placement = self.device_placement
-        prepared = AcceleratedOptimizer(optimizer, self.precision, self.state.device if device_placement else None)
-        self._optimizers.append(prepared)
-        return prepared
-
-    def prepare_scheduler(self, scheduler: LRScheduler) -> AcceleratedScheduler:
-        """Wraps an LR scheduler so it steps with the optimizer, ``scheduler_steps_per_optimizer_step``
-        times per real optimizer step (see ``accel_core.scheduler``)."""
-        optimizers = [opt for opt in self._optimizers if opt.optimizer is getattr(scheduler, "optimizer", None)]
-        prepared = AcceleratedScheduler(
-            scheduler,
-            optimizers or list(self._optimizers),
-            self.step_scheduler_with_optimizer,
-            split_batches=self.split_batches,
-            steps_per_optimizer_step=self.scheduler_steps_per_optimizer_step,
-        )
-        self._schedulers.append(prepared)
-        return prepared
-
-    @property
-    def scheduler_steps_per_optimizer_step(self) -> int:
-        """LR scheduler steps per optimizer step: the data-parallel size (1 with ``split_batches``) with
-        ``scheduler_stepping="per_process"``, 1 with ``"per_optimizer_step"``."""
-        if self.scheduler_stepping == SchedulerStepping.PER_OPTIMIZER_STEP or self.split_batches:
-            return 1
-        return self.strategy.data_parallel_size
-
-    def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> Any:
-        """Shards a DataLoader over the data-parallel processes (accel-data)."""
-        if device_placement is None:
-            device_placement = self.device_placement
-        prepared = plugins.load("accel.preparers", "dataloader").prepare(data_loader, self, device_placement)
-        self._dataloaders.append(prepared)
-        return prepared
-
-    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """A loader that starts ``num_batches`` in, without reading the skipped samples (for resuming)."""
-        return plugins.load("accel.preparers", "dataloader").skip_first_batches(dataloader, num_batches)
 
     # -- the training step ------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -452,11 +389,16 @@ class Accelerator(ProcessControl, Tracking, Checkpointing, Triggers, Profiling, 
         across processes; dicts and tuples are gathered leaf by leaf. ``use_gather_object=True``
         gathers the whole input as one picklable object per process instead.
         """
+        # Gather over the mesh's data parallelism: tensor- and context-parallel peers read the same
+        # batches, so the world would repeat each sample (group None: every process).
+        dp = self.parallel_dims.dp
+        if dp.size == 1:  # every process read every sample: nothing to gather
+            if use_gather_object:
+                return list(input_data) if isinstance(input_data, (list, tuple)) else [input_data]
+            return input_data
         remainder = self.gradient_state.remainder
-        keep = remainder if self.use_distributed and self.gradient_state.end_of_dataloader and remainder > 0 else None
-        # Where data is sharded over a data-parallel group smaller than the world (tensor-parallel
-        # peers read the same batches), gather over that group: the world would repeat each sample.
-        group = self.strategy.data_parallel_group if self.strategy.data_parallel_size != self.num_processes else None
+        keep = remainder if self.gradient_state.end_of_dataloader and remainder > 0 else None
+        group = dp.group
         if use_gather_object:
             data = ops.gather_object(input_data, group)
             return data[:keep] if keep is not None and isinstance(input_data, (list, tuple)) else data
@@ -530,7 +472,7 @@ class Accelerator(ProcessControl, Tracking, Checkpointing, Triggers, Profiling, 
     def free_memory(self, *objects: Any) -> list[None]:
         """Drops references to everything prepared and empties device caches (between two trainings)."""
         self.wait_for_checkpoint()
-        self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
+        self.prepared.clear()
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -540,9 +482,15 @@ class Accelerator(ProcessControl, Tracking, Checkpointing, Triggers, Profiling, 
         """Same as ``free_memory``."""
         return self.free_memory(*objects)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Accelerator:
+        # As in the reference: an Accelerator stands for the job (its process group, mesh and
+        # prepared objects), so a deep copy is the same object.
+        return self
+
     def __repr__(self) -> str:
         return (
-            f"Accelerator(strategy={self.strategy.name}, processes={self.num_processes}, device={self.device}, "
+            f"Accelerator(strategy={self.strategy.name}, processes={self.num_processes}, layout=({self.parallel_dims.config.describe()}), "
+            f"device={self.device}, "
             f"mixed_precision={self.mixed_precision}, gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
 

@@ -21,6 +21,7 @@ DEBUG_MODE = "ACCEL_DEBUG_MODE"  # "1"/"true": check shapes across ranks before 
 STRATEGY = "ACCEL_STRATEGY"  # name of an ``accel.strategies`` entry point: "ddp", "fsdp", "deepspeed", ...
 CONFIG_FILE = "ACCEL_CONFIG_FILE"  # path of the YAML config file
 SCHEDULER_STEPPING = "ACCEL_SCHEDULER_STEPPING"  # "per_process" (as Accelerate) | "per_optimizer_step"
+# The mesh sizes travel as ACCEL_<DIM>_SIZE (ACCEL_TP_SIZE, ...): see ``accel_core.parallelism.ENV_VARS``.
 # A backend's own options travel as ACCEL_<BACKEND>_<OPTION>, e.g. ACCEL_FSDP_SHARDING_STRATEGY;
 # the backend package reads them in its plugin's ``from_env``.
 

@@ -50,12 +50,11 @@ def _wrapper_types() -> tuple[type, ...]:
         from deepspeed import DeepSpeedEngine
 
         types.append(DeepSpeedEngine)
+    if "megatron.core" in sys.modules:
+        from megatron.core.distributed import DistributedDataParallel as MegatronDDP
+
+        types.append(MegatronDDP)
     return tuple(types)
-
-
-def _active_strategy() -> Any:
-    state_module = sys.modules.get("accel_core.state")
-    return None if state_module is None else state_module.AcceleratorState._shared_state.get("strategy")
 
 
 def extract_model_from_parallel(
@@ -63,8 +62,8 @@ def extract_model_from_parallel(
 ) -> nn.Module:
     """The user's module from inside the containers ``prepare`` (or the user) put around it.
 
-    Unwraps DDP, DataParallel, FSDP1, a DeepSpeed engine and whatever the active accel strategy
-    wrapped it in. keep_fp32_wrapper: False also removes the mixed-precision forward wrapper.
+    Unwraps DDP, DataParallel, FSDP1, a DeepSpeed engine and Megatron-core's DDP (FSDP2 keeps the
+    user's object). keep_fp32_wrapper: False also removes the mixed-precision forward wrapper.
     keep_torch_compile: False returns the module inside a ``torch.compile`` wrapper. recursive:
     also unwrap ``.module`` containers among the submodules.
     """
@@ -75,14 +74,8 @@ def extract_model_from_parallel(
         compiled, model = model, model.__dict__["_orig_mod"]
 
     wrappers = _wrapper_types()
-    strategy = _active_strategy()
-    while True:
-        if isinstance(model, wrappers):
-            model = model.module
-        elif strategy is not None and strategy.unwrap_model(model) is not model:
-            model = strategy.unwrap_model(model)
-        else:
-            break
+    while isinstance(model, wrappers):
+        model = model.module
 
     if recursive:
         model = _unwrap_children(model)

@@ -1,4 +1,9 @@
-"""Mixed precision: one small class per mode, asked by the Accelerator for autocast, scaling and steps.
+"""Mixed precision: one small class per mode, asked by the Accelerator and the model transforms.
+
+A Precision answers: how to convert a module before it is split (``convert_module``, the hook
+fp8 fills), how to build one (``module_init_context``: meta device, low-precision weights), the
+policy FSDP2 gathers and reduces with (``mixed_precision_policy``), autocast around the forward,
+loss scaling and the optimizer step.
 
 ``no``: full precision. ``bf16``: autocast to bfloat16 (CPU too), no scaler. ``fp16``: autocast to
 float16 with a ``torch.amp.GradScaler`` (on CPU too: slower than bf16 there, but it lets the scaler
@@ -8,7 +13,6 @@ path run on any machine). ``fp8`` lives in a backend package (Transformer-Engine
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -26,8 +30,36 @@ class Precision:
 
     scaler: Any = None
 
+    param_dtype: torch.dtype | None = None  # the dtype parameters are computed in (None: as they are)
+
     def __init__(self, name: str = "no") -> None:
         self.name = name
+
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """First model transform, before tensor parallelism or sharding: swaps layers for the precision's
+        own (fp8 linear layers); returns the module. Nothing to convert here."""
+        return module
+
+    def module_init_context(self, empty_init: bool = False) -> contextlib.AbstractContextManager[Any]:
+        """Where and how to build a model: ``empty_init=True`` builds it on the meta device (no memory; the
+        transforms give each process memory for its part, then initialise it).
+
+        Example::
+
+            with accelerator.precision.module_init_context(empty_init=True):
+                model = BigModel()
+        """
+        return torch.device("meta") if empty_init else contextlib.nullcontext()
+
+    def mixed_precision_policy(self) -> Any:
+        """The ``MixedPrecisionPolicy`` FSDP2 gathers parameters and reduces gradients with."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.param_dtype is None:
+            return MixedPrecisionPolicy()
+        # Compute in low precision, reduce in fp32: the sharded fp32 parameters are the master
+        # weights, and summing gradients in bf16 loses bits that fp32 keeps.
+        return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32)
 
     def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
@@ -53,6 +85,7 @@ class AutocastPrecision(Precision):
     def __init__(self, name: str, device_type: str, scaler: Any = None, autocast_kwargs: dict[str, Any] | None = None):
         self.name = name
         self.dtype = torch.bfloat16 if name == "bf16" else torch.float16
+        self.param_dtype = self.dtype
         self.device_type = device_type
         self.scaler = scaler
         self.autocast_kwargs = autocast_kwargs or {}
@@ -65,19 +98,9 @@ class AutocastPrecision(Precision):
         return torch.autocast(device_type=self.device_type, dtype=self.dtype, **kwargs)
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
-        if hasattr(model, "_accel_original_forward"):
+        if isinstance(model.__dict__.get("forward"), AutocastForward):
             return
-        original: Callable[..., Any] = model.forward
-        autocast = self.autocast
-
-        @functools.wraps(original)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            with autocast():
-                outputs = original(*args, **kwargs)
-            return convert_to_fp32(outputs)
-
-        model._accel_original_forward = original  # type: ignore[assignment]
-        model.forward = forward  # type: ignore[method-assign]
+        model.forward = AutocastForward(model, model.forward, self.device_type, self.dtype, self.autocast_kwargs)  # type: ignore[method-assign]
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss) if self.scaler is not None else loss
@@ -99,11 +122,39 @@ class AutocastPrecision(Precision):
         return self.scaler.get_scale() < scale_before
 
 
+class AutocastForward:
+    """``model.forward`` run under autocast with fp32 outputs; an object, so that a prepared model (and an
+    Accelerator holding one) pickles and deep-copies.
+
+    The class's own ``forward`` is looked up when called rather than held as a bound method, which
+    would pickle as a lookup of ``model.forward``: this object.
+    """
+
+    def __init__(
+        self, module: torch.nn.Module, original: Callable[..., Any], device_type: str, dtype: torch.dtype, kwargs: dict[str, Any]
+    ) -> None:
+        own = getattr(original, "__self__", None) is module and getattr(original, "__func__", None) is getattr(type(module), "forward", None)
+        self.module = module
+        self.original: Callable[..., Any] | None = None if own else original
+        self.device_type, self.dtype, self.kwargs = device_type, dtype, dict(kwargs)
+
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:
+        # What inspect.signature reports (transformers reads forward's parameters).
+        return self.original if self.original is not None else type(self.module).forward.__get__(self.module)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type=self.device_type, dtype=self.dtype, **self.kwargs):
+            outputs = self.__wrapped__(*args, **kwargs)
+        return convert_to_fp32(outputs)
+
+
 def unwrap_forward(model: torch.nn.Module) -> None:
     """Removes the autocast wrapper that ``wrap_forward`` put on ``model.forward``."""
-    original = model.__dict__.pop("_accel_original_forward", None)
-    if original is not None:
-        if getattr(original, "__self__", None) is model:
-            model.__dict__.pop("forward", None)  # back to the class's bound method
-        else:
-            model.forward = original  # type: ignore[method-assign]
+    forward = model.__dict__.get("forward")
+    if not isinstance(forward, AutocastForward):
+        return
+    if forward.original is None:
+        del model.__dict__["forward"]  # back to the class's bound method
+    else:
+        model.forward = forward.original  # type: ignore[method-assign]

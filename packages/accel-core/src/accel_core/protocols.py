@@ -17,7 +17,11 @@ class DataLoaderPreparer(Protocol):
     """Registered as ``accel.preparers: dataloader`` (accel-data)."""
 
     def prepare(self, dataloader: Any, accelerator: Accelerator, device_placement: bool) -> Any:
-        """Returns the loader sharded over the strategy's ``data_parallel_size`` / ``data_parallel_rank`` / ``data_parallel_group``.
+        """Returns the loader sharded over the mesh's data parallelism.
+
+        Reads of the Accelerator: ``parallel_dims.dp`` (a ``MeshGroup``: ``size``, ``rank``,
+        ``group``; tensor- and context-parallel peers have the same ``dp.rank`` and must get the
+        same batches), ``dataloader_config``, ``device`` and ``rng_types``.
 
         The prepared loader registers itself with ``GradientState`` while it iterates
         (``_add_dataloader`` / ``_remove_dataloader``) and exposes ``end_of_dataloader`` (bool) and

@@ -45,6 +45,9 @@ def _destroy_gloo_groups_before_finalization() -> None:
     # threads; freeing them then needs the GIL of a dying interpreter and the process aborts
     # (SIGABRT, "terminate called without an active exception") after the script succeeded.
     # Destroying the groups while Python is still whole avoids it; it is a local operation.
+    # Still needed now that the process state no longer holds the strategy: the groups are kept
+    # alive by torch.distributed's own module state (the default group and every subgroup, the
+    # mesh's included), not by anything accel holds, so nothing accel drops can free them earlier.
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
@@ -249,12 +252,41 @@ class PartialState:
         """Forgets the shared state (tests only; does not leave the process group)."""
         cls._shared_state.clear()
 
+    # -- copies ---------------------------------------------------------------------------
+    # The state is one per process: a copy is the same object, and an unpickled one (a DataLoader
+    # worker started with spawn, say) is the receiving process's state, filled from the sender's
+    # values when that process has none yet (without joining any process group).
+    def __reduce__(self) -> tuple[Any, ...]:
+        values = {k: v for k, v in self._shared_state.items() if k in _PORTABLE}
+        return (_restore_state, (type(self), values))
+
+    def __copy__(self) -> PartialState:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PartialState:
+        return self
+
     def __repr__(self) -> str:
         return (
             f"Distributed environment: {self.distributed_type}  Backend: {self.backend}\n"
             f"Num processes: {self.num_processes}\nProcess index: {self.process_index}\n"
             f"Local process index: {self.local_process_index}\nDevice: {self.device}\n"
         )
+
+
+# What an unpickled state carries over: plain values, never process groups, plugins or objects.
+_PORTABLE = frozenset({
+    "world_size", "rank", "local_rank", "local_world_size", "cpu", "debug", "device", "backend",
+    "fork_launched", "mixed_precision", "chosen_distributed_type",
+})
+
+
+def _restore_state(cls: type[PartialState], values: dict[str, Any]) -> PartialState:
+    if not cls._shared_state:
+        cls._shared_state.update(values)
+    state = cls.__new__(cls)
+    state.__dict__ = cls._shared_state
+    return state
 
 
 def _split(inputs: Any, n: int, index: int, apply_padding: bool) -> Any:
@@ -291,21 +323,26 @@ def _split(inputs: Any, n: int, index: int, apply_padding: bool) -> Any:
 
 
 class AcceleratorState(PartialState):
-    """``PartialState`` plus what the Accelerator chose: mixed precision and the strategy."""
+    """``PartialState`` plus what the Accelerator chose: mixed precision, how the processes train
+    together (``distributed_type``) and the backend plugin the reference API exposes here.
+
+    Only plain values are shared: the strategy lives in its Accelerator, not in process state.
+    """
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **init_process_group_kwargs: Any) -> None:
         super().__init__(cpu=cpu, **init_process_group_kwargs)
         if "mixed_precision" not in self._shared_state or mixed_precision is not None:
             self.mixed_precision = mixed_precision or env.get_str(env.MIXED_PRECISION, "no")
-        self._shared_state.setdefault("strategy", None)
 
     @property
     def distributed_type(self) -> DistributedType:
-        """The strategy's distributed type once one is set up, else the process state's."""
-        strategy = self._shared_state.get("strategy")
-        if strategy is not None:
-            return strategy.distributed_type
-        return super().distributed_type
+        chosen = self._shared_state.get("chosen_distributed_type")
+        return chosen if chosen is not None else super().distributed_type
+
+    def record_choice(self, distributed_type: DistributedType, plugins: dict[str, Any]) -> None:
+        """What an Accelerator decided: its distributed type and its backend plugin (``{"fsdp_plugin": p}``)."""
+        self._shared_state["chosen_distributed_type"] = distributed_type
+        self._shared_state["plugins"] = dict(plugins)
 
     # What AcceleratorState adds to the shared state; the rest is PartialState's.
     _ACCELERATOR_KEYS = ("mixed_precision", "strategy")
@@ -322,15 +359,23 @@ class AcceleratorState(PartialState):
 
     def __getattr__(self, name: str) -> Any:
         # Scripts written for the reference API read `state.fsdp_plugin` / `state.deepspeed_plugin`:
-        # answer with the active strategy's plugin when its name matches, None otherwise.
+        # the active backend's plugin, None for the others.
         from .strategies.selection import PLUGIN_ARGUMENTS
 
         if name in PLUGIN_ARGUMENTS:
-            strategy = self._shared_state.get("strategy")
-            if strategy is not None and strategy.name == PLUGIN_ARGUMENTS[name]:
-                return getattr(strategy, "plugin", None)
-            return None
+            return self._shared_state.get("plugins", {}).get(name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+_GRADIENT_SETTINGS = frozenset({"sync_gradients", "num_steps", "sync_with_dataloader", "sync_each_batch"})
+
+
+def _restore_gradient_state(settings: dict[str, Any]) -> GradientState:
+    fresh = not GradientState._shared_state
+    state = GradientState()
+    if fresh:
+        state._shared_state.update(settings)
+    return state
 
 
 class GradientState:
@@ -390,3 +435,16 @@ class GradientState:
     @classmethod
     def _reset_state(cls) -> None:
         cls._shared_state.clear()
+
+    # One per process, like PartialState: copies are the same object; unpickling gives the
+    # receiving process's own, set from the sender's settings when it has none (its dataloaders
+    # are not sent along).
+    def __reduce__(self) -> tuple[Any, ...]:
+        settings = {k: v for k, v in self._shared_state.items() if k in _GRADIENT_SETTINGS}
+        return (_restore_gradient_state, (settings,))
+
+    def __copy__(self) -> GradientState:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GradientState:
+        return self

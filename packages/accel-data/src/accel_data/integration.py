@@ -1,4 +1,9 @@
-"""The ``accel.preparers: dataloader`` entry point: maps an ``Accelerator`` onto ``prepare_data_loader``."""
+"""The ``accel.preparers: dataloader`` entry point: maps an ``Accelerator`` onto ``prepare_data_loader``.
+
+What it reads of the Accelerator is declared by ``accel_core.protocols.DataLoaderPreparer``: the
+mesh's data parallelism (``parallel_dims.dp``: size, rank, group), ``dataloader_config``,
+``device`` and ``rng_types``.
+"""
 
 from __future__ import annotations
 
@@ -7,39 +12,17 @@ from typing import Any
 from .prepare import prepare_data_loader, skip_first_batches
 
 
-def _data_parallel(accelerator: Any) -> tuple[int, int, Any | None]:
-    """Size, rank and group of the data-parallel group the strategy shards data over."""
-    strategy = getattr(accelerator, "strategy", None)
-    size = getattr(strategy, "data_parallel_size", None)
-    rank = getattr(strategy, "data_parallel_rank", None)
-    group = getattr(strategy, "data_parallel_group", None)
-    if size is None or rank is None:
-        info = getattr(strategy, "data_parallel_info", None)
-        if callable(info):
-            found = info()
-            if isinstance(found, tuple) and len(found) >= 2:
-                size, rank = found[0], found[1]
-                group = found[2] if len(found) > 2 else group
-            else:
-                size = getattr(found, "size", getattr(found, "data_parallel_size", size))
-                rank = getattr(found, "rank", getattr(found, "data_parallel_rank", rank))
-                group = getattr(found, "group", getattr(found, "data_parallel_group", group))
-    if size is None or rank is None:
-        size, rank, group = accelerator.num_processes, accelerator.process_index, None
-    return int(size), int(rank), group
-
-
 class DataLoaderPreparer:
     """Implements ``accel_core.protocols.DataLoaderPreparer`` with accel-data's loaders."""
 
     def prepare(self, dataloader: Any, accelerator: Any, device_placement: bool) -> Any:
         config = accelerator.dataloader_config
-        size, rank, group = _data_parallel(accelerator)
+        dp = accelerator.parallel_dims.dp
         return prepare_data_loader(
             dataloader,
             device=accelerator.device,
-            num_processes=size,
-            process_index=rank,
+            num_processes=dp.size,
+            process_index=dp.rank,
             split_batches=config.split_batches,
             put_on_device=device_placement,
             rng_types=None if accelerator.rng_types is None else list(accelerator.rng_types),
@@ -49,7 +32,8 @@ class DataLoaderPreparer:
             data_seed=config.data_seed,
             non_blocking=config.non_blocking,
             use_stateful_dataloader=config.use_stateful_dataloader,
-            group=group,
+            group=dp.group,
+            rng_over_world=True,  # tensor/context-parallel peers sit in different dp groups: one permutation for all
         )
 
     def skip_first_batches(self, dataloader: Any, num_batches: int) -> Any:

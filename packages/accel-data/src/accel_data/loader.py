@@ -114,6 +114,7 @@ class ShardedLoaderMixin(ResumableMixin):
         generator: torch.Generator | None,
         seedable: SeedableRandomSampler | None,
         stateful: bool,
+        rng_comm: Comm | None = None,
     ) -> None:
         self.base_dataloader = base
         self._kind = kind
@@ -129,6 +130,7 @@ class ShardedLoaderMixin(ResumableMixin):
         self.non_blocking = non_blocking
         self.rng_types = rng_types
         self._comm = comm
+        self._rng_comm = rng_comm if rng_comm is not None else comm  # who shares one permutation
         self._dispatcher = Dispatcher(comm) if dispatch and comm is not None else None
         self._generator = generator
         self._seedable = seedable
@@ -214,7 +216,7 @@ class ShardedLoaderMixin(ResumableMixin):
     def _begin(self) -> tuple[int, dict[str, Any] | None]:
         p = self._progress
         seed = self._seedable.initial_seed if self._seedable is not None else None
-        seed = synchronize_rng_states(self.rng_types, self._comm, self._generator, seed)
+        seed = synchronize_rng_states(self.rng_types, self._rng_comm, self._generator, seed)
         if self._seedable is not None and seed is not None:
             self._seedable.initial_seed = seed
             self._seedable.set_epoch(p.epoch)

@@ -7,9 +7,10 @@ from functools import lru_cache
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from .comm import resolve_comm
+from .comm import Comm, resolve_comm
 from .loader import DataLoaderShard, ShardedLoaderMixin
 from .rng import normalize_rng_types
 from .samplers import (
@@ -102,6 +103,7 @@ def prepare_data_loader(
     non_blocking: bool = False,
     use_stateful_dataloader: bool = False,
     group: Any | None = None,
+    rng_over_world: bool = False,
 ) -> DataLoader:
     """Returns a loader yielding this process's share of every step of ``dataloader``.
 
@@ -119,6 +121,10 @@ def prepare_data_loader(
         ``"torch"``, ``"cuda"``, ``"xpu"``); ``None`` means ``["generator"]`` with several processes.
     use_seedable_sampler / data_seed: shuffle with ``seed + epoch`` (same on every process and resume).
     group: the torch.distributed group to shard over (a data-parallel group); default the world.
+    rng_over_world: synchronise the RNGs (``rng_types``) from process 0 of the whole world rather than
+        of ``group``: every data-parallel group then draws the same permutation, so processes with the
+        same rank in different groups (tensor- or context-parallel peers) get the same batches. Every
+        process of the world must prepare the loader (the Accelerator does).
 
     Example::
 
@@ -144,7 +150,10 @@ def prepare_data_loader(
             "processes (launch with torchrun / accel launch), or set dispatch_batches=False."
         )
     dispatch = dispatch and n > 1
-    names = normalize_rng_types(rng_types, n)
+    rng_comm = comm
+    if rng_over_world and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        rng_comm = Comm(None)
+    names = normalize_rng_types(rng_types, max(n, rng_comm.size if rng_comm is not None else 1))
     if put_on_device and device is None:
         from accel_core.state import PartialState
 
@@ -226,6 +235,7 @@ def prepare_data_loader(
         non_blocking=non_blocking,
         rng_types=names,
         comm=comm,
+        rng_comm=rng_comm,
         generator=generator,
         seedable=seedable,
         stateful=cls is not DataLoaderShard,

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from accel_core.strategies import PreparedObjects
+
     from .strategy import DeepSpeedStrategy
 
 MODELS, OPTIMIZERS, SCHEDULERS = "models", "optimizers", "schedulers"
@@ -52,11 +54,11 @@ def _tag(index: int) -> str:
     return f"model_{index}"
 
 
-def save_sharded(strategy: DeepSpeedStrategy, accelerator: Any, folder: str, **kwargs: Any) -> set[str]:
+def save_sharded(strategy: DeepSpeedStrategy, prepared: PreparedObjects, folder: str, **kwargs: Any) -> set[str]:
     """Collective. Writes each prepared model (the engine through DeepSpeed); returns the categories covered."""
     os.makedirs(folder, exist_ok=True)
     covered = {MODELS}
-    for index, model in enumerate(accelerator._models):
+    for index, model in enumerate(prepared.models):
         if model is strategy.engine:
             os.makedirs(os.path.join(folder, _tag(index)), exist_ok=True)
             model.save_checkpoint(folder, tag=_tag(index), **kwargs)
@@ -64,16 +66,18 @@ def save_sharded(strategy: DeepSpeedStrategy, accelerator: Any, folder: str, **k
                 covered.add(OPTIMIZERS)
             if strategy.engine_owns_scheduler:
                 covered.add(SCHEDULERS)
-        elif accelerator.is_main_process:
+        elif strategy.context.state.is_main_process:
             torch.save(model.state_dict(), os.path.join(folder, f"{_tag(index)}.pt"))
     return covered
 
 
-def load_sharded(strategy: DeepSpeedStrategy, accelerator: Any, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any) -> None:
+def load_sharded(
+    strategy: DeepSpeedStrategy, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any
+) -> None:
     """Collective. Restores what ``save_sharded`` wrote into the prepared engine and frozen models."""
     from accel_checkpoint.errors import CheckpointMismatchError
 
-    for index, model in enumerate(accelerator._models):
+    for index, model in enumerate(prepared.models):
         if model is strategy.engine:
             path = os.path.join(folder, _tag(index))
             if not os.path.isdir(path):
@@ -82,7 +86,7 @@ def load_sharded(strategy: DeepSpeedStrategy, accelerator: Any, folder: str, all
                     "models, in the same order, as in the run that saved it."
                 )
             check_pickles(path, allow_unsafe_pickle)
-            loaded = _load_engine(accelerator, model, folder, _tag(index), allow_unsafe_pickle)
+            loaded = _load_engine(strategy.context.state.is_local_main_process, model, folder, _tag(index), allow_unsafe_pickle)
             if loaded is None:
                 raise CheckpointMismatchError(f"DeepSpeed could not load its checkpoint from {path}.")
         else:
@@ -92,7 +96,7 @@ def load_sharded(strategy: DeepSpeedStrategy, accelerator: Any, folder: str, all
             model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
-def _load_engine(accelerator: Any, engine: Any, folder: str, tag: str, allow_unsafe_pickle: bool | None) -> Any:
+def _load_engine(is_local_main_process: bool, engine: Any, folder: str, tag: str, allow_unsafe_pickle: bool | None) -> Any:
     """engine.load_checkpoint; through a universal checkpoint when another number of processes saved it."""
     from .resharding import current_process_count, loading_universal, saved_process_count, universal_checkpoint
 
@@ -100,7 +104,7 @@ def _load_engine(accelerator: Any, engine: Any, folder: str, tag: str, allow_uns
     if saved is None or saved == current_process_count(engine):
         loaded, _ = engine.load_checkpoint(folder, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
         return loaded
-    root = universal_checkpoint(accelerator, engine, folder, tag, saved)
+    root = universal_checkpoint(is_local_main_process, engine, folder, tag, saved)
     check_pickles(os.path.join(root, tag), allow_unsafe_pickle)
     with loading_universal(engine):
         loaded, _ = engine.load_checkpoint(root, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)

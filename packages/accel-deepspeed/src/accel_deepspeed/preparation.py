@@ -17,6 +17,7 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 from accel_core.scheduler import AcceleratedScheduler
+from accel_core.strategies import JointResult
 
 from ._deepspeed import import_deepspeed
 from .config import get_value, is_auto, is_enabled, remaining_auto
@@ -77,11 +78,10 @@ def sort_objects(objects: list[Any]) -> Sorted:
     return found
 
 
-def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> list[Any]:
+def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> JointResult:
     """``JointPreparation.prepare_jointly`` of the DeepSpeed strategy (see the module docstring)."""
-    accelerator = strategy.accelerator
-    assert accelerator is not None
-    if strategy.engine is not None and not any(m is strategy.engine for m in accelerator._models):
+    context = strategy.context
+    if strategy.engine is not None and not any(m is strategy.engine for m in context.prepared.models):
         strategy.forget_engine()  # accelerator.free_memory() dropped it: a new model may be prepared
     result = list(objects)
     found = sort_objects(result)
@@ -106,7 +106,7 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> list[Any
 
     if engine_index is None:
         _place_frozen(strategy, result, found.models)
-        return result
+        return JointResult(result)
 
     optimizer = result[found.optimizers[0]] if found.optimizers else None
     scheduler = result[found.schedulers[0]] if found.schedulers else None
@@ -117,13 +117,15 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> list[Any
     strategy.release_at_exit()
     strategy.deepspeed_config = config
     result[engine_index] = engine
-    _place_frozen(strategy, result, found.models)  # registers the models in the order they were given
+    _place_frozen(strategy, result, found.models)
     wrapper = None
+    extra: list[Any] = []
     if ds_optimizer is not None:
         wrapper = DeepSpeedOptimizerWrapper(ds_optimizer, engine)
-        accelerator._optimizers.append(wrapper)
         if found.optimizers:
             result[found.optimizers[0]] = wrapper
+        else:
+            extra.append(wrapper)  # a config optimizer: the script has no handle on it
     # A config optimizer that the script has no handle on: step it from backward, as nobody calls step().
     strategy.steps_in_backward = ds_optimizer is not None and not found.optimizers
     if found.schedulers:
@@ -134,33 +136,27 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> list[Any
             prepared = AcceleratedScheduler(
                 scheduler,
                 optimizers,
-                accelerator.step_scheduler_with_optimizer,
-                split_batches=accelerator.split_batches,
-                steps_per_optimizer_step=accelerator.scheduler_steps_per_optimizer_step,
+                context.step_scheduler_with_optimizer,
+                steps_per_optimizer_step=context.scheduler_steps_per_optimizer_step,
             )
-        accelerator._schedulers.append(prepared)
         result[found.schedulers[0]] = prepared
     strategy.engine_owns_scheduler = ds_scheduler is not None
 
-    # accel-core gives a strategy that owns precision a plain Precision; name it after what DeepSpeed runs.
-    accelerator.precision.name = strategy.mixed_precision
-    if accelerator.plan.dynamo_backend != "no":
-        engine.compile(backend=accelerator.plan.dynamo_backend)
-    return result
+    if context.plan.dynamo_backend != "no":
+        engine.compile(backend=context.plan.dynamo_backend)
+    return JointResult(result, extra_optimizers=extra)
 
 
 def _place_frozen(strategy: DeepSpeedStrategy, objects: list[Any], model_indices: list[int]) -> None:
-    """Frozen models are only placed on the device; every model is registered in ``prepare`` order."""
-    accelerator = strategy.accelerator
-    assert accelerator is not None
+    """Frozen models are only placed on the device (the Accelerator registers every model in ``prepare`` order)."""
+    context = strategy.context
     for i in model_indices:
         model = objects[i]
         if model is not strategy.engine:
-            if accelerator.device_placement:
-                model = model.to(accelerator.device)
+            if context.device_placement:
+                model = model.to(context.device)
             objects[i] = model
             strategy.frozen_models.append(model)
-        accelerator._models.append(model)
 
 
 def _pick_engine_model(strategy: DeepSpeedStrategy, objects: list[Any], found: Sorted, trainable: list[int]) -> int | None:
@@ -201,14 +197,13 @@ def build_config(
     strategy: DeepSpeedStrategy, objects: list[Any], found: Sorted, model: torch.nn.Module, optimizer: Any, scheduler: Any
 ) -> dict[str, Any]:
     """The engine's config: the plugin's, checked against the objects, with its "auto" values filled."""
-    accelerator = strategy.accelerator
-    assert accelerator is not None
+    context = strategy.context
     plugin = strategy.plugin
     config = plugin.deepspeed_config
     _check_optimizer_and_scheduler(config, optimizer, scheduler)
 
     micro = _micro_batch_size(strategy, objects, found, config)
-    steps = accelerator.gradient_accumulation_steps
+    steps = context.gradient_state.num_steps
     configured_steps = config.get("gradient_accumulation_steps")
     if not is_auto(configured_steps) and configured_steps is not None and int(configured_steps) != steps:
         logger.warning(
@@ -219,7 +214,7 @@ def build_config(
     config["gradient_accumulation_steps"] = steps
     values: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro,
-        "train_batch_size": micro * steps * strategy.data_parallel_size,
+        "train_batch_size": micro * steps * strategy.context.dims.dp.size,
         "gradient_clipping": 1.0,
         "zero_optimization.stage3_gather_16bit_weights_on_model_save": False,
     }
@@ -245,7 +240,7 @@ def build_config(
         if scheduler.total_num_steps is not None:
             # The engine steps its scheduler once per optimizer step; total_num_steps is counted as the
             # run's scheduler_stepping counts (per process by default, as Accelerate divides it).
-            per_step = accelerator.scheduler_steps_per_optimizer_step
+            per_step = strategy.context.scheduler_steps_per_optimizer_step
             values["scheduler.params.total_num_steps"] = -(-scheduler.total_num_steps // per_step)
     plugin.deepspeed_config_process(must_match=False, **values)
     if isinstance(optimizer, torch.optim.Optimizer) and not isinstance(optimizer, DummyOptim):
@@ -257,12 +252,12 @@ def build_config(
             f"These DeepSpeed config values are \"auto\" but accel has nothing to fill them with: {', '.join(left)}. "
             "Give them values in the DeepSpeed config (or the matching DummyOptim / DummyScheduler arguments)."
         )
-    expected = micro * steps * strategy.data_parallel_size
+    expected = micro * steps * strategy.context.dims.dp.size
     # Absent is fine: DeepSpeed derives it from the micro batch, the accumulation and the processes.
     if config.get("train_batch_size") is not None and int(config["train_batch_size"]) != expected:
         raise ValueError(
             f"DeepSpeed config train_batch_size={config['train_batch_size']} but micro batch {micro} x accumulation "
-            f"{steps} x {strategy.data_parallel_size} processes = {expected}. Set train_batch_size to \"auto\"."
+            f"{steps} x {strategy.context.dims.dp.size} processes = {expected}. Set train_batch_size to \"auto\"."
         )
     return copy.deepcopy(config)
 
@@ -295,10 +290,8 @@ def _check_optimizer_and_scheduler(config: dict[str, Any], optimizer: Any, sched
 
 
 def _micro_batch_size(strategy: DeepSpeedStrategy, objects: list[Any], found: Sorted, config: dict[str, Any]) -> int:
-    accelerator = strategy.accelerator
-    assert accelerator is not None
-    loaders = [objects[i] for i in found.dataloaders] or list(accelerator._dataloaders)
-    sizes = [size for size in (_per_process_batch(loader, strategy.data_parallel_size) for loader in loaders) if size]
+    loaders = [objects[i] for i in found.dataloaders] or list(strategy.context.prepared.dataloaders)
+    sizes = [size for size in (_per_process_batch(loader, strategy.context.dims.dp.size) for loader in loaders) if size]
     configured = config.get("train_micro_batch_size_per_gpu")
     if not sizes:
         if configured is None or is_auto(configured):

@@ -42,7 +42,7 @@ def current_process_count(engine: Any) -> int:
     return int(getattr(engine, "seq_dp_world_size", engine.dp_world_size))
 
 
-def universal_checkpoint(accelerator: Any, engine: Any, folder: str, tag: str, saved: int) -> str:
+def universal_checkpoint(is_local_main_process: bool, engine: Any, folder: str, tag: str, saved: int) -> str:
     """Collective. The universal checkpoint of ``folder/tag`` (converted when missing): its root folder."""
     from accel_checkpoint.coordination import Coordinator
     from accel_checkpoint.errors import CheckpointMismatchError
@@ -62,7 +62,7 @@ def universal_checkpoint(accelerator: Any, engine: Any, folder: str, tag: str, s
     if coord.rank == 0 and not os.path.isdir(target):
         error = _convert_guarded(os.path.join(folder, tag), root, tag, saved, now)
     coord.agree(error, "converting the DeepSpeed checkpoint to a universal checkpoint")
-    if accelerator.is_local_main_process and not os.path.isdir(target):
+    if is_local_main_process and not os.path.isdir(target):
         error = _convert_guarded(os.path.join(folder, tag), root, tag, saved, now)  # this machine has its own copy
     coord.agree(error, "converting the DeepSpeed checkpoint to a universal checkpoint on every machine")
     if not os.path.isdir(target):

@@ -4,7 +4,10 @@ Capabilities it implements (see ``accel_core.strategies.base``): ``ProcessGroupS
 join through ``deepspeed.init_distributed``), ``JointPreparation`` (model + optimizer + scheduler go
 through one ``deepspeed.initialize``; the micro batch size comes from the prepared dataloaders),
 ``OwnsOptimizerStep`` (the engine scales the loss by the accumulation steps and steps at its
-boundaries) and ``PreparesOwnTypes`` (DeepSpeed's LR schedule objects may be prepared). Sharded checkpoints (accel-checkpoint's ``ShardedCheckpointing``) are the engine's own.
+boundaries), ``PreparesOwnTypes`` (DeepSpeed's LR schedule objects may be prepared) and
+``ShardedCheckpointing`` (the engine's own checkpoints). A whole-engine strategy: DeepSpeed shards
+over all processes itself, so a layout with tensor, context or pipeline parallelism, or with both
+replicas and shards, is refused.
 
 Example::
 
@@ -25,18 +28,21 @@ import socket
 import sys
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from accel_core import environment as env
 from accel_core.enums import DistributedType
-from accel_core.strategies.base import Strategy
+from accel_core.parallelism import ParallelismConfig
+from accel_core.strategies import (
+    JointResult,
+    PreparedObjects,
+    Strategy,
+    StrategyContext,
+)
 
 from ._deepspeed import import_deepspeed
 from .plugin import DeepSpeedPlugin
-
-if TYPE_CHECKING:
-    from accel_core.accelerator import Accelerator
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +57,7 @@ class DeepSpeedStrategy(Strategy):
     name: ClassVar[str] = "deepspeed"
     supported_precisions: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16")
     owns_precision: ClassVar[bool] = True
-    launcher: ClassVar[str] = "torchrun"
+    data_parallel_dim: ClassVar[str] = "dp_shard"
 
     def __init__(self, plugin: DeepSpeedPlugin | None = None) -> None:
         super().__init__()
@@ -65,7 +71,7 @@ class DeepSpeedStrategy(Strategy):
         self._warned_clipping = False
 
     @classmethod
-    def from_plugin(cls, plugin: Any, handlers: dict[type, Any] | None = None) -> DeepSpeedStrategy:
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> DeepSpeedStrategy:
         """Built by accel-core: the user's ``deepspeed_plugin``, or one read from ``ACCEL_DEEPSPEED_*``."""
         if plugin is None:
             return cls(DeepSpeedPlugin.from_env())
@@ -79,6 +85,23 @@ class DeepSpeedStrategy(Strategy):
     @property
     def distributed_type(self) -> DistributedType:
         return DistributedType.DEEPSPEED
+
+    def check_parallelism(self, config: ParallelismConfig) -> None:
+        """DeepSpeed partitions over all processes itself: only a purely data-parallel layout fits."""
+        refused = [f"{dim}_size={config.size(dim)}" for dim in ("tp", "cp", "pp") if config.size(dim) > 1]
+        if config.dp_replicate_enabled and config.dp_shard_enabled:
+            refused.append(f"dp_replicate_size={config.size('dp_replicate')} with dp_shard_size={config.size('dp_shard')}")
+        if refused:
+            raise ValueError(
+                f"The DeepSpeed strategy cannot honour {', '.join(refused)}: DeepSpeed ZeRO partitions over all processes "
+                "with its own groups. Drop parallelism_config (or the --tp-size/--cp-size/... flags) with DeepSpeed, or "
+                "use FSDP2 (fsdp_plugin) for tensor / context parallelism and HSDP on the mesh."
+            )
+
+    def resolve_precision(self, requested: str) -> str:
+        """What DeepSpeed computes in: the config's fp16/bf16 section wins over ``mixed_precision``."""
+        self.mixed_precision = self.plugin.set_mixed_precision(requested)
+        return self.mixed_precision
 
     # -- processes --------------------------------------------------------------------------
     def init_process_group(self, **kwargs: Any) -> None:
@@ -104,23 +127,19 @@ class DeepSpeedStrategy(Strategy):
                 init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
             )
 
-    def setup(self, accelerator: Accelerator) -> None:
-        super().setup(accelerator)
+    def setup(self, context: StrategyContext) -> None:
+        super().setup(context)
         from deepspeed.accelerator import get_accelerator
 
         ds_device = torch.device(get_accelerator().device_name()).type
-        if ds_device != accelerator.state.device.type:
+        if ds_device != context.device.type:
             raise ValueError(
-                f"DeepSpeed runs on {ds_device} but the Accelerator chose {accelerator.state.device.type}. Pick one: "
-                f"set DS_ACCELERATOR={accelerator.state.device.type} (or ACCEL_USE_CPU=true for the CPU) before starting."
+                f"DeepSpeed runs on {ds_device} but the Accelerator chose {context.device.type}. Pick one: "
+                f"set DS_ACCELERATOR={context.device.type} (or ACCEL_USE_CPU=true for the CPU) before starting."
             )
-        self.mixed_precision = self.plugin.set_mixed_precision(accelerator.plan.mixed_precision)
-        accelerator.state.mixed_precision = self.mixed_precision
-        # The reference API's place for it: AcceleratorState().deepspeed_plugin.deepspeed_config[...]
-        accelerator.state.deepspeed_plugin = self.plugin
 
     # -- preparation ------------------------------------------------------------------------
-    def prepare_jointly(self, objects: list[Any]) -> list[Any]:
+    def prepare_jointly(self, objects: list[Any]) -> JointResult:
         from .preparation import prepare_jointly
 
         return prepare_jointly(self, objects)
@@ -148,9 +167,8 @@ class DeepSpeedStrategy(Strategy):
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """The engine's backward: scales by the accumulation steps; reduces gradients at the boundary."""
         engine = self._require_engine()
-        assert self.accelerator is not None
         # The Accelerator decides the boundary (every N micro-steps, and at the end of the data).
-        engine.set_gradient_accumulation_boundary(self.accelerator.sync_gradients)
+        engine.set_gradient_accumulation_boundary(self.context.sync_gradients)
         engine.backward(loss, **kwargs)
         if self.steps_in_backward:
             engine.step()
@@ -198,15 +216,17 @@ class DeepSpeedStrategy(Strategy):
             return dict(state_dict) if state_dict is not None else {}
         return model.module.state_dict()
 
-    def save_sharded(self, accelerator: Any, folder: str, **kwargs: Any) -> Any:
+    def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> Any:
+        """``ShardedCheckpointing``: the engine's ``save_checkpoint`` (frozen models as plain files). Collective."""
         from .checkpointing import save_sharded
 
-        return save_sharded(self, accelerator, folder, **kwargs)
+        return save_sharded(self, prepared, folder, **kwargs)
 
-    def load_sharded(self, accelerator: Any, folder: str, **kwargs: Any) -> None:
+    def load_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> None:
+        """Restores what ``save_sharded`` wrote (through a universal checkpoint for another process count). Collective."""
         from .checkpointing import load_sharded
 
-        load_sharded(self, accelerator, folder, **kwargs)
+        load_sharded(self, prepared, folder, **kwargs)
 
     # -- ZeRO-3 -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -237,10 +257,13 @@ class DeepSpeedStrategy(Strategy):
     def release_at_exit(self) -> None:
         """Frees DeepSpeed's native optimizer state at exit, while the interpreter is still whole.
 
-        The engine is referenced from the shared process state, so without this it is destroyed
-        during interpreter finalization; the CPU Adam extension's C++ state destroyed then can
-        abort the process (SIGABRT, "terminate called without an active exception") after a run
-        that succeeded.
+        The engine lives as long as whatever references it: the Accelerator (its strategy and
+        prepared models) and, above all, the script's own globals (``model, optimizer, ... =
+        accelerator.prepare(...)`` at module level), which Python frees only while finalizing
+        modules. The CPU Adam extension's C++ state destroyed then can abort the process
+        (SIGABRT, "terminate called without an active exception") after a run that succeeded.
+        Taking the strategy out of accel's shared process state removed one such reference, not
+        the script's, so this release is still needed.
         """
         if not getattr(self, "_release_registered", False):
             atexit.register(self._release)

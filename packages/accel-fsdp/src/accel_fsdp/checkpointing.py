@@ -63,13 +63,13 @@ def _resharded(models: Sequence[nn.Module]) -> list[nn.Module]:
     return list(models)
 
 
-def save(accelerator: Any, folder: str, state_dict_type: str, is_main_process: bool) -> tuple[str, ...]:
+def save(prepared: Any, folder: str, state_dict_type: str, is_main_process: bool) -> tuple[str, ...]:
     """Writes the models' and optimizers' state into ``folder``; returns the categories covered. Collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    models = _resharded(accelerator._models)
-    optimizers = [raw_optimizer(o) for o in accelerator._optimizers]
+    models = _resharded(prepared.models)
+    optimizers = [raw_optimizer(o) for o in prepared.optimizers]
     if state_dict_type == "FULL_STATE_DICT":
         for i, optimizer in enumerate(optimizers):
             state = get_optimizer_state_dict(optimizer_owner(optimizer, models), optimizer, options=full_options())
@@ -94,7 +94,7 @@ def _missing(path: str) -> Exception:
     )
 
 
-def load(accelerator: Any, folder: str, allow_unsafe_pickle: bool | None = None) -> None:
+def load(prepared: Any, folder: str, allow_unsafe_pickle: bool | None = None) -> None:
     """Restores what ``save`` wrote, on any number of processes (DCP reshards). Collective."""
     import torch.distributed.checkpoint as dcp
     from accel_checkpoint.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
@@ -109,7 +109,7 @@ def load(accelerator: Any, folder: str, allow_unsafe_pickle: bool | None = None)
     def read_dcp(state: dict[str, Any], path: str) -> None:
         dcp.load(state, storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle), planner=SafeLoadPlanner(allow_unsafe_pickle))
 
-    models = _resharded(accelerator._models)
+    models = _resharded(prepared.models)
     # FULL_STATE_DICT checkpoints have no model folders: accel-checkpoint loads their model files.
     if os.path.isdir(os.path.join(folder, "model_0")):
         for i, model in enumerate(models):
@@ -119,7 +119,7 @@ def load(accelerator: Any, folder: str, allow_unsafe_pickle: bool | None = None)
             state = {"model": get_model_state_dict(model)}
             read_dcp(state, path)
             set_model_state_dict(model, state["model"])
-    for i, wrapped in enumerate(accelerator._optimizers):
+    for i, wrapped in enumerate(prepared.optimizers):
         optimizer = raw_optimizer(wrapped)
         owner = optimizer_owner(optimizer, models)
         sharded, full = os.path.join(folder, f"optimizer_{i}"), os.path.join(folder, f"optimizer_{i}.bin")

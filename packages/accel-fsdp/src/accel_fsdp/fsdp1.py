@@ -34,7 +34,7 @@ def wrap_model(
     plugin: FullyShardedDataParallelPlugin,
     *,
     device: torch.device,
-    accelerator_precision: str,
+    precision: Any,
     mesh: Any = None,
     is_main_process: bool = True,
 ) -> nn.Module:
@@ -53,7 +53,7 @@ def wrap_model(
     kwargs: dict[str, Any] = {
         "sharding_strategy": ShardingStrategy[plugin.sharding_strategy],
         "auto_wrap_policy": user_policy or (CustomPolicy(lambda module: id(module) in unit_ids) if units else None),
-        "mixed_precision": policies.fsdp1_mixed_precision(plugin.mixed_precision_policy, accelerator_precision),
+        "mixed_precision": policies.fsdp1_mixed_precision(plugin.mixed_precision_policy, precision),
         "ignored_modules": ignored or None,
         "device_id": device if device.type == "cpu" else (device.index if device.index is not None else device),
         "sync_module_states": plugin.sync_module_states,

@@ -1,8 +1,13 @@
-"""FSDP2: ``fully_shard`` on each chosen unit and on the root, over a device mesh.
+"""FSDP2: ``fully_shard`` on each chosen unit and on the root, over the job mesh's data-parallel dimensions.
+
+The last step of accel-core's transform chain: tensor parallelism, activation checkpointing and
+per-block compile happened before (``accel_core.transforms``); a tensor-parallel model's DTensor
+parameters are sharded again over ``dp_shard_cp`` (2-D: FSDP x TP).
 
 Also the memory-efficient start: a model built on the meta device (on every process, or on every
 process but 0 with ``cpu_ram_efficient_loading``) gets memory for its shard only, then is
-initialised (``reset_parameters`` / ``param_init_fn``) or receives process 0's weights shard by shard.
+initialised (``param_init_fn`` / the model's ``init_weights`` / ``reset_parameters``, refusing
+modules none of them covers) or receives process 0's weights shard by shard.
 """
 
 from __future__ import annotations
@@ -71,31 +76,28 @@ def _non_persistent_buffers(model: nn.Module) -> list[tuple[nn.Module, str]]:
     return found
 
 
-def _initialise(model: nn.Module, plugin: FullyShardedDataParallelPlugin) -> None:
-    """Fills the freshly allocated shards of a model that was built on the meta device."""
-    with torch.no_grad():
-        for module in model.modules():
-            if plugin.param_init_fn is not None:
-                plugin.param_init_fn(module)
-            elif callable(getattr(module, "reset_parameters", None)):
-                module.reset_parameters()
-
-
 def shard_model(
     model: nn.Module,
     plugin: FullyShardedDataParallelPlugin,
     *,
     mesh: Any,
     device: torch.device,
-    accelerator_precision: str,
+    precision: Any,
 ) -> nn.Module:
-    """Applies ``fully_shard`` as the plugin says; returns the same module object (now an ``FSDPModule``)."""
+    """Applies ``fully_shard`` as the plugin says; returns the same module object (now an ``FSDPModule``).
+
+    mesh: the data-parallel sub-mesh (1-D ``dp_shard_cp``, or 2-D ``(dp_replicate, dp_shard_cp)`` for HSDP).
+    precision: the Accelerator's Precision (its ``mixed_precision_policy`` unless the plugin has one).
+    """
+    from accel_core.transforms.meta_init import check_initialisable, initialise
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard, register_fsdp_forward_method
 
     if is_fsdp2(model):  # the user sharded it already ("manual wrapping")
         return model
     group = mesh.get_group() if mesh.ndim == 1 else None
     layout = _meta_layout(model, group)
+    if layout == "meta":
+        check_initialisable(model, plugin.param_init_fn)  # before any memory or communication
     ignored = policies.ignored_modules(model, plugin.ignored_modules)
     ignored_params = {p for module in ignored for p in module.parameters()}
     units = policies.units_to_wrap(model, plugin, ignored)
@@ -111,13 +113,6 @@ def shard_model(
     elif layout == "real" and plugin.sync_module_states:
         _broadcast_states(model, group)
 
-    if plugin.activation_checkpointing:
-        from torch.distributed._composable import checkpoint
-
-        # The composable form keeps parameter names unchanged (no ``_checkpoint_wrapped_module.``).
-        for unit in units:
-            checkpoint(unit)
-
     offload_to_cpu = plugin.offload_params
     offload: Any = plugin.cpu_offload if isinstance(plugin.cpu_offload, OffloadPolicy) else None
     if offload is None:
@@ -125,7 +120,7 @@ def shard_model(
     options = {
         "mesh": mesh,
         "reshard_after_forward": policies.reshard_after_forward(plugin),
-        "mp_policy": policies.fsdp2_mixed_precision(plugin.mixed_precision_policy, accelerator_precision),
+        "mp_policy": policies.fsdp2_mixed_precision(plugin.mixed_precision_policy, precision),
         "offload_policy": offload,
     }
     for unit in units:
@@ -137,7 +132,7 @@ def shard_model(
         # Memory for this process's shards only (CPU when offloading), then values.
         model.to_empty(device=torch.device("cpu") if offload_to_cpu else device)
         if layout == "meta":
-            _initialise(model, plugin)
+            initialise(model, plugin.param_init_fn)
         else:
             _scatter_from_rank0(model, held, saved_buffers, group)
 

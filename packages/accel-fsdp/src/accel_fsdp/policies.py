@@ -41,9 +41,16 @@ def to_dtype(value: Any, what: str) -> Any:
     raise ValueError(f"{what}={value!r} is not a dtype; use one of {', '.join(sorted(_DTYPES))} or a torch.dtype.")
 
 
-def _mixed_precision_fields(spec: Any, accelerator_precision: str) -> dict[str, Any]:
+def _precision_dtype(precision: Any) -> torch.dtype | None:
+    """The dtype parameters are computed in: a Precision object's ``param_dtype``, or from a mode name."""
+    if isinstance(precision, str):
+        return _ACCELERATOR_DTYPES.get(precision)
+    return precision.param_dtype
+
+
+def _mixed_precision_fields(spec: Any, precision: Any) -> dict[str, Any]:
     if spec is None:
-        dtype = _ACCELERATOR_DTYPES.get(accelerator_precision)
+        dtype = _precision_dtype(precision)
         # Gather and compute in low precision, reduce gradients in fp32: the sharded fp32 parameters
         # are the master weights, and summing gradients in bf16 loses bits that fp32 keeps.
         return {} if dtype is None else {"param_dtype": dtype, "reduce_dtype": torch.float32}
@@ -56,13 +63,18 @@ def _mixed_precision_fields(spec: Any, accelerator_precision: str) -> dict[str, 
     return {key: to_dtype(value, f"mixed_precision_policy[{key!r}]") if key.endswith("dtype") else value for key, value in items.items()}
 
 
-def fsdp2_mixed_precision(spec: Any, accelerator_precision: str) -> Any:
-    """The ``MixedPrecisionPolicy`` for ``fully_shard``."""
+def fsdp2_mixed_precision(spec: Any, precision: Any) -> Any:
+    """The ``MixedPrecisionPolicy`` for ``fully_shard``: the plugin's ``spec``, else the Precision object's own policy.
+
+    precision: the Accelerator's ``Precision`` (or a mode name such as ``"bf16"``).
+    """
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if isinstance(spec, MixedPrecisionPolicy):
         return spec
-    fields = _mixed_precision_fields(spec, accelerator_precision)
+    if spec is None and not isinstance(precision, str):
+        return precision.mixed_precision_policy()
+    fields = _mixed_precision_fields(spec, precision)
     if isinstance(spec, dict):
         unknown = set(fields) - _FSDP2_MP_FIELDS
         if unknown:
@@ -73,13 +85,16 @@ def fsdp2_mixed_precision(spec: Any, accelerator_precision: str) -> Any:
     return MixedPrecisionPolicy(**{k: v for k, v in fields.items() if k in _FSDP2_MP_FIELDS})
 
 
-def fsdp1_mixed_precision(spec: Any, accelerator_precision: str) -> Any:
-    """The ``MixedPrecision`` for ``FullyShardedDataParallel``, or None for full precision."""
+def fsdp1_mixed_precision(spec: Any, precision: Any) -> Any:
+    """The ``MixedPrecision`` for ``FullyShardedDataParallel``, or None for full precision.
+
+    precision: the Accelerator's ``Precision`` (or a mode name).
+    """
     from torch.distributed.fsdp import MixedPrecision
 
     if isinstance(spec, MixedPrecision):
         return spec
-    fields = _mixed_precision_fields(spec, accelerator_precision)
+    fields = _mixed_precision_fields(spec, precision)
     if isinstance(spec, dict):
         unknown = set(fields) - _FSDP1_MP_FIELDS
         if unknown:
@@ -98,24 +113,6 @@ def reshard_after_forward(plugin: FullyShardedDataParallelPlugin) -> bool | int:
     if plugin.reshard_after_forward is not None:
         return plugin.reshard_after_forward
     return plugin.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
-
-
-def build_mesh(plugin: FullyShardedDataParallelPlugin, device_type: str, world_size: int, local_world_size: int) -> Any:
-    """The mesh FSDP2 shards over: 1-D over all processes, or (machines, processes per machine) for HSDP."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if plugin.device_mesh is not None:
-        return plugin.device_mesh
-    if plugin.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
-        if local_world_size < 1 or world_size % local_world_size:
-            raise ValueError(
-                f"sharding_strategy={plugin.sharding_strategy} needs the same number of processes on every machine "
-                f"({world_size} processes, {local_world_size} on this one); pass device_mesh=... to choose the groups."
-            )
-        return init_device_mesh(
-            device_type, (world_size // local_world_size, local_world_size), mesh_dim_names=("dp_replicate", "dp_shard")
-        )
-    return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp_shard",))
 
 
 def ignored_modules(model: nn.Module, spec: Any) -> list[nn.Module]:

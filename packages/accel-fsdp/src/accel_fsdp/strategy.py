@@ -3,24 +3,33 @@
 Capabilities it implements (see ``accel_core.strategies.base``): ``WrapsBeforeOptimizer`` (an
 optimizer built before ``prepare`` is rebuilt on the sharded parameters), ``BackwardSyncControl``
 (``accumulate``/``no_sync`` skip the gradient reduce-scatter), ``ProcessGroupSetup`` (a group of
-one for a single process, so FSDP and DCP behave the same there), and accel-checkpoint's
-``ShardedCheckpointing`` (``save_sharded``/``load_sharded``).
+one for a single process, so FSDP and DCP behave the same there), and ``ShardedCheckpointing``
+(``save_sharded``/``load_sharded``).
+
+On the job's mesh FSDP is the data-parallel transform: ``fully_shard`` over ``dp_shard_cp``, or
+over ``(dp_replicate, dp_shard_cp)`` (HSDP) when there are replicas; tensor parallelism, applied
+before by accel-core, composes with it (2-D parameters).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any, ClassVar
 
 import torch
 from accel_core.enums import DistributedType
-from accel_core.strategies import Strategy
+from accel_core.grads import clip_grad_norm_
+from accel_core.mesh import adopt_mesh
+from accel_core.parallelism import SIZE_FIELDS, ParallelismConfig, resolve_parallelism
+from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
 from accel_core.strategies.groups import join_group_of_one
 from torch import nn
 
-from . import checkpointing, fsdp1, fsdp2, grads
+from . import checkpointing, fsdp1, fsdp2, policies
 from .optimizer import ParameterNames, rebuild
 from .plugin import FullyShardedDataParallelPlugin
 
@@ -51,7 +60,7 @@ class FSDPStrategy(Strategy):
     name: ClassVar[str] = "fsdp"
     supported_precisions: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16")
     owns_precision: ClassVar[bool] = False
-    launcher: ClassVar[str] = "torchrun"
+    data_parallel_dim: ClassVar[str] = "dp_shard"
 
     def __init__(self, plugin: FullyShardedDataParallelPlugin | None = None) -> None:
         super().__init__()
@@ -60,11 +69,9 @@ class FSDPStrategy(Strategy):
                 f"fsdp_plugin must be an accel_fsdp.FullyShardedDataParallelPlugin, got {type(plugin).__name__}."
             )
         self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin()
-        self._names = ParameterNames()
-        self._mesh: Any = None
 
     @classmethod
-    def from_plugin(cls, plugin: Any, handlers: dict[type, Any] | None = None) -> FSDPStrategy:
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> FSDPStrategy:
         """Core's factory: the user's plugin, or one read from the ``ACCEL_FSDP_*`` environment."""
         return cls(plugin if plugin is not None else FullyShardedDataParallelPlugin.from_env())
 
@@ -76,54 +83,100 @@ class FSDPStrategy(Strategy):
     def distributed_type(self) -> DistributedType:
         return DistributedType.FSDP
 
+    # -- layout -----------------------------------------------------------------------------
+    def parallelism(
+        self, requested: ParallelismConfig | None, world_size: int, local_world_size: int
+    ) -> tuple[ParallelismConfig, Any]:
+        """Parameters shard over the processes no other size claims (``dp_shard``). The plugin may
+        describe the layout instead: its ``device_mesh`` (adopted as the job's mesh, so data is sharded
+        over its data-parallel dimensions only), or HYBRID_SHARD (machines x processes per machine)."""
+        sizes_given = requested is not None and any(getattr(requested, name) is not None for name in SIZE_FIELDS)
+        base = requested if requested is not None else ParallelismConfig()
+        if self.plugin.device_mesh is not None:
+            if sizes_given:
+                raise ValueError(
+                    "Pass the layout once: either FullyShardedDataParallelPlugin(device_mesh=...) or the sizes of "
+                    "parallelism_config, not both."
+                )
+            described, mesh = adopt_mesh(self.plugin.device_mesh, world_size)
+            config = dataclasses.replace(base, **{name: getattr(described, name) for name in SIZE_FIELDS})
+            self.check_parallelism(config)
+            return config, mesh
+        if self.plugin.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2") and not sizes_given:
+            if local_world_size < 1 or world_size % local_world_size:
+                raise ValueError(
+                    f"sharding_strategy={self.plugin.sharding_strategy} needs the same number of processes on every "
+                    f"machine ({world_size} processes, {local_world_size} on this one); pass "
+                    "parallelism_config=ParallelismConfig(dp_replicate_size=..., dp_shard_size=...) to choose."
+                )
+            base = dataclasses.replace(base, dp_replicate_size=world_size // local_world_size, dp_shard_size=local_world_size)
+        config = resolve_parallelism(base, world_size, data_parallel_dim="dp_shard", environ=os.environ)
+        self.check_parallelism(config)
+        return config, None
+
+    def check_parallelism(self, config: ParallelismConfig) -> None:
+        """FSDP2 composes with every dimension; FSDP1 only with data parallelism."""
+        if self.fsdp_version == 1 and (config.tp_enabled or config.cp_enabled):
+            raise ValueError(
+                f"tp_size={config.size('tp')}, cp_size={config.size('cp')} need FSDP2 (DTensor parameters); "
+                "FullyShardedDataParallelPlugin(fsdp_version=1) cannot compose with them. Use fsdp_version=2."
+            )
+
     # -- process group ----------------------------------------------------------------------
     def init_process_group(self, **kwargs: Any) -> None:
         """With one process, joins a process group of one (in memory): ``fully_shard``, DeviceMesh and
         DCP need a group, and a checkpoint written by many processes then loads the same way on one."""
         join_group_of_one(**kwargs)
 
-    def setup(self, accelerator: Any) -> None:
-        super().setup(accelerator)
-        if self.fsdp_version == 2 and self.state.is_main_process:
+    def setup(self, context: StrategyContext) -> None:
+        super().setup(context)
+        if self.fsdp_version == 2 and context.state.is_main_process:
             changed = [k for k, default in _FSDP1_ONLY.items() if getattr(self.plugin, k) != default]
             if changed:
                 logger.warning("accel-fsdp: %s only apply to FSDP1 (fsdp_version=1); FSDP2 ignores them.", ", ".join(changed))
 
     @property
     def device_mesh(self) -> Any:
-        """The mesh parameters are sharded over (built on first use; collective)."""
-        if self._mesh is None:
-            state = self.state
-            local = getattr(state, "local_world_size", state.num_processes) or state.num_processes
-            from .policies import build_mesh
-
-            self._mesh = build_mesh(self.plugin, state.device.type, state.num_processes, local)
-        return self._mesh
+        """The mesh parameters are sharded over: ``dp_shard_cp``, or ``(dp_replicate, dp_shard_cp)`` with replicas."""
+        dims = self.context.dims
+        if not dims.config.dp_replicate_enabled:
+            return dims.submesh("dp_shard_cp")
+        return dims.submesh("dp_replicate", "dp_shard_cp" if dims.config.cp_enabled else "dp_shard")
 
     # -- models and optimizers --------------------------------------------------------------
     def prepare_model(self, model: nn.Module, device_placement: bool) -> nn.Module:
         """Shards ``model`` (placement is FSDP's job: parameters go to the mesh's device)."""
-        self._names.record(model)
-        precision = str(getattr(self.state, "mixed_precision", "no") or "no")
+        context = self.context
         if self.fsdp_version == 2:
-            return fsdp2.shard_model(model, self.plugin, mesh=self.device_mesh, device=self.state.device, accelerator_precision=precision)
+            return fsdp2.shard_model(model, self.plugin, mesh=self.device_mesh, device=context.device, precision=context.precision)
         hybrid = self.plugin.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
         return fsdp1.wrap_model(
             model,
             self.plugin,
-            device=self.state.device,
-            accelerator_precision=precision,
-            mesh=self.device_mesh if hybrid else None,
-            is_main_process=self.state.is_main_process,
+            device=context.device,
+            precision=context.precision,
+            mesh=context.dims.submesh("dp_replicate", "dp_shard") if hybrid else None,
+            is_main_process=context.state.is_main_process,
         )
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        """FSDP2's units (the plugin's wrap policy); FSDP1 checkpoints and compiles as a whole."""
+        if self.fsdp_version == 1:
+            return []
+        return policies.units_to_wrap(model, self.plugin, policies.ignored_modules(model, self.plugin.ignored_modules))
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        # FSDP1 applies its own wrapper-based checkpointing while wrapping.
+        return self.fsdp_version == 2 and bool(self.plugin.activation_checkpointing)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         # FSDP2 keeps the user's object (its class gains FSDPModule); FSDP1 wraps it.
         return model.module if fsdp1.is_fsdp1(model) else model
 
-    def rebuild_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+    def rebuild_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module, names: ParameterNames) -> torch.optim.Optimizer:
         flat = self.fsdp_version == 1 and not self.plugin.use_orig_params
-        return rebuild(optimizer, model, self._names, flat=flat, announce=self.state.is_main_process)
+        return rebuild(optimizer, model, names, flat=flat, announce=self.state.is_main_process, log=logger, who="accel-fsdp")
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
@@ -145,40 +198,37 @@ class FSDPStrategy(Strategy):
         params = list(parameters)
         if self.fsdp_version == 1:
             wanted = {id(p) for p in params}
-            for model in self._prepared_models():
+            for model in self.context.prepared.models:
                 if fsdp1.is_fsdp1(model) and {id(p) for p in model.parameters()} == wanted:
                     return model.clip_grad_norm_(max_norm, norm_type)
             raise ValueError(
                 "With FSDP1, clip_grad_norm_ clips a whole prepared model: pass model.parameters() of the model that "
                 "prepare() returned (FSDP2, the default, also clips any subset of parameters)."
             )
-        return grads.clip_grad_norm_(params, max_norm, norm_type)
-
-    def _prepared_models(self) -> list[nn.Module]:
-        return list(getattr(self.accelerator, "_models", []) or [])
+        return clip_grad_norm_(params, max_norm, norm_type)
 
     def model_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The full state dict, gathered shard by shard onto process 0's CPU (empty on the others). Collective."""
         return checkpointing.full_model_state_dict(model)
 
-    def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, Any]) -> Any:
+    def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> Any:
         """Loads a full state dict (the same on every process) into the shards. Collective."""
-        return checkpointing.load_full_model_state_dict(model, state_dict)
+        return checkpointing.load_full_model_state_dict(model, state_dict, strict=strict)
 
-    def make_grad_scaler(self, **kwargs: Any) -> Any:
+    def make_grad_scaler(self, device: torch.device, **kwargs: Any) -> Any:
         """fp16: a ``ShardedGradScaler``, which agrees across processes on whether any shard overflowed."""
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        return ShardedGradScaler(self.state.device.type, **kwargs)
+        return ShardedGradScaler(device.type, **kwargs)
 
-    # -- accel-checkpoint's ShardedCheckpointing -------------------------------------------
-    def save_sharded(self, accelerator: Any, folder: str, **kwargs: Any) -> tuple[str, ...]:
+    # -- ShardedCheckpointing -----------------------------------------------------------------
+    def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> Collection[str]:
         """Writes models and optimizers (DCP shards, or gathered for FULL_STATE_DICT). Collective."""
-        return checkpointing.save(accelerator, folder, self.plugin.state_dict_type, self.state.is_main_process)
+        return checkpointing.save(prepared, folder, self.plugin.state_dict_type, self.context.state.is_main_process)
 
-    def load_sharded(self, accelerator: Any, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any) -> None:
-        """Restores what ``save_sharded`` wrote, resharding to the current number of processes. Collective."""
-        checkpointing.load(accelerator, folder, allow_unsafe_pickle)
+    def load_sharded(self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any) -> None:
+        """Restores what ``save_sharded`` wrote, resharding to the current layout (DCP). Collective."""
+        checkpointing.load(prepared, folder, allow_unsafe_pickle)
 
     def __repr__(self) -> str:
         return f"FSDPStrategy(version={self.fsdp_version}, sharding={self.plugin.sharding_strategy})"

@@ -52,20 +52,20 @@ def _on_every_process(what: str, work: Callable[[], None]) -> None:
     coordinator.agree(error, what)
 
 
-def save_sharded(strategy: MegatronStrategy, accelerator: Any, folder: str) -> tuple[str, ...]:
+def save_sharded(strategy: MegatronStrategy, prepared: Any, folder: str) -> tuple[str, ...]:
     """Collective. Returns the categories covered."""
-    _on_every_process(f"saving the Megatron shards in {folder}", lambda: _save_shard(strategy, accelerator, folder))
+    _on_every_process(f"saving the Megatron shards in {folder}", lambda: _save_shard(strategy, prepared, folder))
     return (MODELS, OPTIMIZERS)
 
 
-def _save_shard(strategy: MegatronStrategy, accelerator: Any, folder: str) -> None:
-    models, optimizers = list(accelerator._models), list(accelerator._optimizers)
-    if accelerator.process_index == 0:
+def _save_shard(strategy: MegatronStrategy, prepared: Any, folder: str) -> None:
+    models, optimizers = list(prepared.models), list(prepared.optimizers)
+    if strategy.context.state.process_index == 0:
         os.makedirs(folder, exist_ok=True)
         metadata = {
             "tp_degree": strategy.plugin.tp_degree,
             "pp_degree": strategy.plugin.pp_degree,
-            "dp_degree": strategy.data_parallel_size,
+            "dp_degree": strategy.context.dims.dp.size,
             "models": len(models),
             "optimizers": len(optimizers),
         }
@@ -80,12 +80,12 @@ def _save_shard(strategy: MegatronStrategy, accelerator: Any, folder: str) -> No
         torch.save(rng.tracker_states(), os.path.join(shard, "rng_tracker.pt"))
 
 
-def load_sharded(strategy: MegatronStrategy, accelerator: Any, folder: str, allow_unsafe_pickle: bool | None = None) -> None:
+def load_sharded(strategy: MegatronStrategy, prepared: Any, folder: str, allow_unsafe_pickle: bool | None = None) -> None:
     """Collective: restores this process's TP shard."""
-    _on_every_process(f"loading the Megatron shards in {folder}", lambda: _load_shard(strategy, accelerator, folder, allow_unsafe_pickle))
+    _on_every_process(f"loading the Megatron shards in {folder}", lambda: _load_shard(strategy, prepared, folder, allow_unsafe_pickle))
 
 
-def _load_shard(strategy: MegatronStrategy, accelerator: Any, folder: str, allow_unsafe_pickle: bool | None) -> None:
+def _load_shard(strategy: MegatronStrategy, prepared: Any, folder: str, allow_unsafe_pickle: bool | None) -> None:
     from accel_checkpoint.errors import CheckpointMismatchError
     from accel_checkpoint.safe_load import load_torch_file
 
@@ -102,7 +102,7 @@ def _load_shard(strategy: MegatronStrategy, accelerator: Any, folder: str, allow
             "(--megatron-tp-degree); to change the degree, export full weights with accelerator.save_model(model, dir) "
             "in a run with the old degree and load them with accelerator.strategy.load_model_state_dict(model, state_dict)."
         )
-    models, optimizers = list(accelerator._models), list(accelerator._optimizers)
+    models, optimizers = list(prepared.models), list(prepared.optimizers)
     if (saved["models"], saved["optimizers"]) != (len(models), len(optimizers)):
         raise CheckpointMismatchError(
             f"The checkpoint holds {saved['models']} model(s) and {saved['optimizers']} optimizer(s), this run prepared "

@@ -6,6 +6,8 @@ import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from accel_core.mesh import ParallelDims
+
     from .plugin import MegatronLMPlugin
 
 
@@ -40,3 +42,23 @@ def initialize(plugin: MegatronLMPlugin, world_size: int) -> None:
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=plugin.tp_degree, pipeline_model_parallel_size=plugin.pp_degree, create_gloo_process_groups=False
     )
+
+
+def check_same_ranks(dims: ParallelDims) -> None:
+    """Megatron's DP and TP groups hold the same ranks as the job mesh's ``dp`` and ``tp`` (data is sharded
+    over the mesh's ``dp``, gradients averaged over Megatron's DP group: they must agree)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    for name, theirs in (("dp", parallel_state.get_data_parallel_group()), ("tp", parallel_state.get_tensor_model_parallel_group())):
+        ours = dims.dp if name == "dp" else dims.tp
+        if ours.size == 1:
+            mine = [dims.rank]
+        else:
+            mine = list(range(dims.world_size)) if ours.group is None else dist.get_process_group_ranks(ours.group)
+        megatron = dist.get_process_group_ranks(theirs)
+        if sorted(mine) != sorted(megatron):
+            raise RuntimeError(
+                f"Megatron's {name} group {sorted(megatron)} differs from the mesh's {sorted(mine)}: Megatron's rank "
+                "order changed (accel expects tensor parallel innermost, as megatron-core's default 'tp-cp-ep-dp-pp')."
+            )

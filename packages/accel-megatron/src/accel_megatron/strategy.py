@@ -3,9 +3,11 @@
 Capabilities it implements (see ``accel_core.strategies.base``): ``ProcessGroupSetup`` (checks the
 plugin against the number of processes before any communication, and gives a lone ``python
 train.py`` a group of one, which Megatron's groups need), ``BackwardSyncControl`` (``accumulate``
-skips the DP all-reduce), and accel-checkpoint's ``ShardedCheckpointing`` (``save_sharded`` /
-``load_sharded``, one file set per TP shard). Dataloaders shard over Megatron's DP group, so the
-processes of one TP group read the same batches.
+skips the DP all-reduce), and ``ShardedCheckpointing`` (``save_sharded`` / ``load_sharded``, one
+file set per TP shard). A whole-engine strategy on the job's mesh: the plugin's ``tp_degree`` is the
+mesh's ``tp`` and the rest is ``dp_replicate`` (the same ranks as Megatron's TP and DP groups, which
+``setup`` checks), so dataloaders shard over the mesh's ``dp`` and the processes of one TP group read
+the same batches. Sharded data parallelism and context / pipeline parallelism on the mesh are refused.
 
 The user builds the model from ``megatron.core.tensor_parallel`` layers *after* creating the
 Accelerator (the layers read Megatron's groups when they are built)::
@@ -19,16 +21,21 @@ Accelerator (the layers read Megatron's groups when they are built)::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
-from accel_core import environment as env
 from accel_core.configuration import DistributedDataParallelKwargs
 from accel_core.enums import DistributedType
-from accel_core.strategies.base import Strategy
+from accel_core.parallelism import (
+    ParallelismConfig,
+    requested_size,
+    resolve_parallelism,
+)
+from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
 from accel_core.strategies.ddp import wrap_in_ddp
 from accel_core.strategies.groups import join_group_of_one
 from torch import nn
@@ -52,7 +59,7 @@ class MegatronStrategy(Strategy):
     # does that); torch's GradScaler decides per process, so TP shards could step differently.
     supported_precisions: ClassVar[tuple[str, ...]] = ("no", "bf16")
     owns_precision: ClassVar[bool] = False
-    launcher: ClassVar[str] = "torchrun"
+    splits_model_itself: ClassVar[bool] = True  # Megatron's tensor_parallel layers, built by the user
 
     def __init__(self, plugin: MegatronLMPlugin | None = None, ddp_kwargs: DistributedDataParallelKwargs | None = None) -> None:
         super().__init__()
@@ -67,26 +74,50 @@ class MegatronStrategy(Strategy):
         self._warned_replicated = False
 
     @classmethod
-    def from_plugin(cls, plugin: Any, handlers: dict[type, Any] | None = None) -> MegatronStrategy:
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> MegatronStrategy:
         """Core's factory: the user's plugin, or one read from ``ACCEL_MEGATRON_*``."""
-        return cls(plugin, (handlers or {}).get(DistributedDataParallelKwargs))
+        return cls(plugin, handlers.get(DistributedDataParallelKwargs))
 
     @property
     def distributed_type(self) -> DistributedType:
         return DistributedType.MEGATRON_LM
 
-    # -- processes --------------------------------------------------------------------------
+    # -- layout and processes ---------------------------------------------------------------
+    def parallelism(
+        self, requested: ParallelismConfig | None, world_size: int, local_world_size: int
+    ) -> tuple[ParallelismConfig, Any]:
+        """``tp`` is the plugin's ``tp_degree``, the rest ``dp_replicate``; refuses a ``tp_degree`` that does not
+        divide the processes, or a layout Megatron's groups cannot be (on every process, before any communication)."""
+        self.plugin.check_world_size(world_size)
+        tp = requested_size(requested, "tp", os.environ)
+        if tp not in (1, self.plugin.tp_degree):
+            raise ValueError(
+                f"tp_size={tp} contradicts MegatronLMPlugin(tp_degree={self.plugin.tp_degree}): Megatron's tensor "
+                "parallelism is the plugin's; set one of them (or the same value in both)."
+            )
+        base = requested if requested is not None else ParallelismConfig()
+        config = resolve_parallelism(dataclasses.replace(base, tp_size=self.plugin.tp_degree), world_size, environ=os.environ)
+        self.check_parallelism(config)
+        return config, None
+
+    def check_parallelism(self, config: ParallelismConfig) -> None:
+        refused = [f"{dim}_size={config.size(dim)}" for dim in ("dp_shard", "cp", "pp") if config.size(dim) > 1]
+        if refused:
+            raise ValueError(
+                f"The megatron strategy cannot honour {', '.join(refused)}: it runs Megatron's tensor parallelism "
+                "(tp_degree) with replicated data parallelism. Use FSDP2 (fsdp_plugin) with ParallelismConfig for "
+                "sharded data parallelism or context parallelism with tensor parallelism."
+            )
+
     def init_process_group(self, **kwargs: Any) -> None:
-        """Refuses a ``tp_degree`` that does not divide the processes (on every process, before any
-        communication); with one process, joins a group of one (in memory) for Megatron's groups."""
-        self.plugin.check_world_size(env.get_int(env.WORLD_SIZE, 1) or 1)
+        """With one process, joins a group of one (in memory) for Megatron's groups."""
         join_group_of_one(**kwargs)
 
-    def setup(self, accelerator: Any) -> None:
+    def setup(self, context: StrategyContext) -> None:
         """Builds Megatron's TP / DP groups and seeds its RNG streams (collective)."""
-        super().setup(accelerator)
+        super().setup(context)
         # Checked before any communication, so every process raises.
-        if accelerator.plan.mixed_precision == "bf16" and self.state.device.type != "cuda":
+        if context.plan.mixed_precision == "bf16" and self.state.device.type != "cuda":
             raise ValueError(
                 "mixed_precision='bf16' with the megatron strategy needs GPUs: Megatron's tensor-parallel layers re-enter "
                 "autocast in their backward only on CUDA (torch.amp.custom_bwd(device_type='cuda')), so on "
@@ -106,6 +137,7 @@ class MegatronStrategy(Strategy):
 
         groups.initialize(self.plugin, self.state.num_processes)
         rng.seed_streams(self.plugin.seed, self.state.device.type)
+        groups.check_same_ranks(context.dims)
 
     def model_parallel_config(self, **overrides: Any) -> Any:
         """A ``megatron.core.ModelParallelConfig`` for this run's layers: the TP size, sequence parallelism,
@@ -120,25 +152,6 @@ class MegatronStrategy(Strategy):
         }
         settings.update(overrides)
         return ModelParallelConfig(**settings)
-
-    # -- data parallelism -------------------------------------------------------------------
-    @property
-    def data_parallel_size(self) -> int:
-        from megatron.core import parallel_state
-
-        return parallel_state.get_data_parallel_world_size()
-
-    @property
-    def data_parallel_rank(self) -> int:
-        from megatron.core import parallel_state
-
-        return parallel_state.get_data_parallel_rank()
-
-    @property
-    def data_parallel_group(self) -> dist.ProcessGroup | None:
-        from megatron.core import parallel_state
-
-        return parallel_state.get_data_parallel_group()
 
     # -- models -----------------------------------------------------------------------------
     def prepare_model(self, model: nn.Module, device_placement: bool) -> nn.Module:
@@ -161,9 +174,11 @@ class MegatronStrategy(Strategy):
                 "after creating the Accelerator.",
                 type(model).__name__,
             )
-        if isinstance(model, DistributedDataParallel) or not trainable or self.data_parallel_size == 1:
+        if isinstance(model, DistributedDataParallel) or not trainable or self.context.dims.dp.size == 1:
             return model
-        return wrap_in_ddp(model, self.ddp_kwargs, self.state.device, self.data_parallel_group)
+        from megatron.core import parallel_state
+
+        return wrap_in_ddp(model, self.ddp_kwargs, self.state.device, parallel_state.get_data_parallel_group())
 
     # -- Megatron's own types in prepare (PreparesOwnTypes, ConvertsOwnTypes) -----------------
     def accepts_object(self, obj: Any) -> bool:
@@ -192,13 +207,13 @@ class MegatronStrategy(Strategy):
         """``loss.backward()``; at accumulation boundaries, then Megatron's gradient finishing: sequence-parallel
         gradients summed over the TP group, and the plugin's ``gradient_clipping``."""
         loss.backward(**kwargs)
-        if self.accelerator is None or not self.accelerator.sync_gradients:
+        if not self.context.sync_gradients:
             return
         if not (self.plugin.sequence_parallelism or self.plugin.gradient_clipping is not None):
             return
         from . import grads
 
-        params = [p for model in self.accelerator._models for p in model.parameters() if p.requires_grad]
+        params = [p for model in self.context.prepared.models for p in model.parameters() if p.requires_grad]
         if self.plugin.sequence_parallelism:
             grads.allreduce_sequence_parallel_grads(params)
         if self.plugin.gradient_clipping is not None:
@@ -217,23 +232,23 @@ class MegatronStrategy(Strategy):
 
         return full_state_dict(self.unwrap_model(model))
 
-    def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, Any]) -> Any:
+    def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> Any:
         """Loads full weights (as ``model_state_dict`` returns them); each TP rank keeps its own block."""
         from .weights import load_full_state_dict
 
         return load_full_state_dict(self.unwrap_model(model), state_dict)
 
-    def save_sharded(self, accelerator: Any, folder: str, **kwargs: Any) -> tuple[str, ...]:
-        """accel-checkpoint's ``ShardedCheckpointing``: each TP shard written once (by DP rank 0). Collective."""
+    def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> tuple[str, ...]:
+        """``ShardedCheckpointing``: each TP shard written once (by DP rank 0). Collective."""
         from .checkpointing import save_sharded
 
-        return save_sharded(self, accelerator, folder)
+        return save_sharded(self, prepared, folder)
 
-    def load_sharded(self, accelerator: Any, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any) -> None:
+    def load_sharded(self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any) -> None:
         """Restores what ``save_sharded`` wrote; another ``tp_degree`` is a ``CheckpointMismatchError``. Collective."""
         from .checkpointing import load_sharded
 
-        load_sharded(self, accelerator, folder, allow_unsafe_pickle)
+        load_sharded(self, prepared, folder, allow_unsafe_pickle)
 
     def __repr__(self) -> str:
         return f"MegatronStrategy(tp_degree={self.plugin.tp_degree}, sequence_parallelism={self.plugin.sequence_parallelism})"

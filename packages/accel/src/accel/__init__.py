@@ -24,6 +24,7 @@ _EXPORTS = {
     "GradScalerKwargs": "accel_core.configuration",
     "InitProcessGroupKwargs": "accel_core.configuration",
     "AutocastKwargs": "accel_core.configuration",
+    "ParallelismConfig": "accel_core.parallelism",
     "notebook_launcher": "accel_core.launch",
     "debug_launcher": "accel_core.launch",
     "skip_first_batches": "accel_data",

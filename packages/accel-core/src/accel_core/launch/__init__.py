@@ -9,8 +9,10 @@ How a launch works
     2. ``plan.resolve_plan(flags, os.environ, config)`` is the one pure function that decides each
        setting (flag > ``ACCEL_*`` environment > config file > default) and the workers' extra
        environment: ``ACCEL_MIXED_PRECISION``, ``ACCEL_GRADIENT_ACCUMULATION_STEPS``,
-       ``ACCEL_USE_CPU``, ``ACCEL_DYNAMO_BACKEND``, ``ACCEL_DEBUG_MODE``, ``ACCEL_STRATEGY``, and
-       ``ACCEL_<BACKEND>_<OPTION>`` for each option of a backend section of the config file.
+       ``ACCEL_USE_CPU``, ``ACCEL_DYNAMO_BACKEND``, ``ACCEL_DEBUG_MODE``, ``ACCEL_STRATEGY``, the mesh
+       sizes ``ACCEL_DP_REPLICATE_SIZE`` / ``ACCEL_DP_SHARD_SIZE`` / ``ACCEL_TP_SIZE`` / ``ACCEL_CP_SIZE`` /
+       ``ACCEL_PP_SIZE`` (when given), and ``ACCEL_<BACKEND>_<OPTION>`` for each option of a backend
+       section of the config file.
     3. ``run.launch(plan, target)``: one process on one machine without restarts runs
        ``python script.py`` directly (no ``RANK``/``WORLD_SIZE``: a plain single process); anything
        else runs torchrun's elastic agent (``torch.distributed.run``) in this process, whose

@@ -74,7 +74,6 @@ _HARMLESS: dict[str, tuple[Any, ...]] = {
     "commands": (None,),
     "ipex_config": ({}, None),
     "mpirun_config": ({}, None),
-    "parallelism_config": ({}, None),
 }
 _DYNAMO_HARMLESS: dict[str, tuple[Any, ...]] = {
     "dynamo_mode": ("default", None),
@@ -111,6 +110,15 @@ def convert_accelerate_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], 
                 # setting for every strategy, which the Accelerator reads.
                 section_steps = options.pop("gradient_accumulation_steps", None) or section_steps
                 config[section] = options
+        elif key == "parallelism_config":
+            # Accelerate's keys are parallelism_config_<dim>_size; accel's settings are <dim>_size.
+            for option, size in dict(value or {}).items():
+                name = str(option).removeprefix("parallelism_config_")
+                if name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "pp_size"):
+                    if size is not None:
+                        config[name] = size
+                elif size not in (None, "", False):
+                    warnings.append(f"parallelism_config.{option}: {size!r} has no accel equivalent and is dropped.")
         elif key == "dynamo_config":
             for dyn_key, dyn_value in dict(value or {}).items():
                 if dyn_key == "dynamo_backend":

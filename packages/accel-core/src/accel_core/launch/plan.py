@@ -58,7 +58,14 @@ SETTINGS: tuple[Setting, ...] = (
         "scheduler_stepping", str, None, env.SCHEDULER_STEPPING, tuple(SchedulerStepping.list()),
         "LR scheduler steps per optimizer step: per_process (as Accelerate, the default) or per_optimizer_step (one)",
     ),
+    # The job's mesh (accel_core.parallelism): unset sizes are 1, except the data-parallel one, which fills the rest.
+    Setting("dp_replicate_size", int, None, "ACCEL_DP_REPLICATE_SIZE", help="model replicas (DDP; HSDP's replicas)"),
+    Setting("dp_shard_size", int, None, "ACCEL_DP_SHARD_SIZE", help="FSDP2 shards of each replica"),
+    Setting("tp_size", int, None, "ACCEL_TP_SIZE", help="tensor-parallel degree"),
+    Setting("cp_size", int, None, "ACCEL_CP_SIZE", help="context-parallel degree (GPU)"),
+    Setting("pp_size", int, None, "ACCEL_PP_SIZE", help="pipeline stages (not available yet: 1)"),
 )
+MESH_SETTINGS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "pp_size")
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
 
 
@@ -97,6 +104,11 @@ class LaunchPlan:
     debug: bool = False
     strategy: str | None = None
     scheduler_stepping: str | None = None
+    dp_replicate_size: int | None = None
+    dp_shard_size: int | None = None
+    tp_size: int | None = None
+    cp_size: int | None = None
+    pp_size: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     config_file: str | None = None
@@ -275,6 +287,26 @@ def _validate(values: dict[str, Any], sources: dict[str, str], config_file: str 
     port = values["main_process_port"]
     if port is not None and not 0 < port < 65536:
         raise ValueError(f"{where('main_process_port')}: {port} is not a TCP port.")
+    _validate_mesh(values, where)
+
+
+def _validate_mesh(values: dict[str, Any], where: Any) -> None:
+    """Mesh sizes must be >= 1 and fit the processes (checked again, with the strategy, in each process)."""
+    given = {name: values[name] for name in MESH_SETTINGS if values[name] is not None}
+    for name, size in given.items():
+        if size < 1:
+            raise ValueError(f"{where(name)}: {name} must be at least 1, got {size}.")
+    product, processes = 1, values["num_processes"]
+    for size in given.values():
+        product *= size
+    both_dp = "dp_replicate_size" in given and "dp_shard_size" in given
+    if processes % product or (both_dp and product != processes):
+        sizes = " x ".join(f"{name}={size}" for name, size in given.items())
+        need = f"equal {processes}" if both_dp else f"divide {processes}"
+        raise ValueError(
+            f"The mesh sizes {sizes} (product {product}) must {need}, the number of processes (--num-processes). "
+            "Leave a data-parallel size unset to fill the rest."
+        )
 
 
 def parse_env_pairs(pairs: Iterable[str]) -> dict[str, str]:

@@ -11,29 +11,30 @@ from .base import (
     BatchTransfer,
     JointPreparation,
     OwnsOptimizerStep,
+    PreparesOwnTypes,
     ProcessGroupSetup,
+    ShardedCheckpointing,
     Strategy,
     WrapsBeforeOptimizer,
 )
+from .context import JointResult, PreparedObjects, StrategyContext
 from .ddp import DDPStrategy, SingleDeviceStrategy
 from .selection import Plan, resolve_plan
 
 _BUILTIN: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "single_device": SingleDeviceStrategy}
 
 
-def create_strategy(name: str, plugin: Any = None, handlers: dict[type, Any] | None = None) -> Strategy:
-    """Builds the strategy ``name``; backend classes come from the ``accel.strategies`` entry points.
-
-    A strategy class may define ``from_plugin(plugin, handlers)``; otherwise it is built with no arguments.
-    """
-    handlers = handlers or {}
-    if name == "ddp":
-        from ..configuration import DistributedDataParallelKwargs
-
-        return DDPStrategy(handlers.get(DistributedDataParallelKwargs))
+def strategy_class(name: str) -> type[Strategy]:
+    """The class registered as ``name`` (core's own, or an ``accel.strategies`` entry point)."""
     cls = _BUILTIN.get(name) or load("accel.strategies", name)
-    factory = getattr(cls, "from_plugin", None)
-    return factory(plugin, handlers) if factory is not None else cls()
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise TypeError(f"The accel.strategies entry point {name!r} is {cls!r}, not a subclass of accel_core Strategy.")
+    return cls
+
+
+def create_strategy(name: str, plugin: Any = None, handlers: dict[type, Any] | None = None) -> Strategy:
+    """Builds the strategy ``name`` with ``from_plugin(plugin, handlers)``."""
+    return strategy_class(name).from_plugin(plugin, handlers or {})
 
 
 __all__ = [
@@ -41,12 +42,18 @@ __all__ = [
     "BatchTransfer",
     "DDPStrategy",
     "JointPreparation",
+    "JointResult",
     "OwnsOptimizerStep",
     "Plan",
+    "PreparedObjects",
+    "PreparesOwnTypes",
     "ProcessGroupSetup",
+    "ShardedCheckpointing",
     "SingleDeviceStrategy",
     "Strategy",
+    "StrategyContext",
     "WrapsBeforeOptimizer",
     "create_strategy",
     "resolve_plan",
+    "strategy_class",
 ]

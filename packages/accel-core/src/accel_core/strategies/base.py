@@ -1,39 +1,46 @@
-"""The Strategy protocol: the questions the Accelerator asks a backend, and nothing about which backend.
+"""The Strategy contract: everything the Accelerator (or another package) asks of a backend, declared here.
 
-A ``Strategy`` answers the questions every backend must answer (how to wrap a model, how to run
-backward, how to clip, how to unwrap, which group the data is sharded over). Optional powers are
-small protocols a strategy may also implement; the Accelerator checks for the capability, never for
-a backend's name:
+The contract is one-way. The Accelerator builds a strategy (``from_plugin``), asks it which
+layout it runs (``parallelism``), then hands it a narrow ``StrategyContext`` (device, mesh,
+precision, plan, prepared objects) in ``setup``. The strategy answers questions and returns what it
+prepared; it never writes the Accelerator's fields. Optional powers are small protocols checked
+with ``isinstance``, never a backend's name:
 
 - ``JointPreparation``: model + optimizer (+ scheduler, dataloader batch size) prepared in one call
-  (DeepSpeed's ``initialize``, Megatron).
-- ``WrapsBeforeOptimizer``: the model must be wrapped before its optimizer exists, so an optimizer
-  built earlier is rebuilt on the new parameters (FSDP).
+  (DeepSpeed's ``initialize``).
+- ``WrapsBeforeOptimizer``: wrapping replaces parameters, so an optimizer built before ``prepare``
+  is rebuilt on the new ones (FSDP).
 - ``BackwardSyncControl``: skip gradient synchronisation while accumulating (DDP, FSDP).
 - ``OwnsOptimizerStep``: the backend steps and zeroes at accumulation boundaries itself (DeepSpeed).
-- ``ProcessGroupSetup``: join the process group its own way (deepspeed.comm, XLA, Megatron groups).
+- ``ProcessGroupSetup``: join the process group its own way (deepspeed.comm, XLA, Megatron).
 - ``BatchTransfer``: a device loader / step marker for batches (XLA).
 - ``PreparesOwnTypes``: ``prepare`` also takes objects of the backend's own types (DeepSpeed's LR schedules).
 - ``ConvertsOwnTypes``: in a separate (not joint) preparation, such an object is first turned into
   the torch object that stands for it (Megatron's dummy scheduler into an LR scheduler).
+- ``ShardedCheckpointing``: the backend saves and loads its (sharded) models and optimizers itself
+  (accel-checkpoint writes everything else around them).
 
-Sharded checkpointing is a protocol of accel-checkpoint, found by duck typing on the strategy.
+Models are prepared by the ordered chain of ``accel_core.transforms``; a strategy's
+``prepare_model`` is its last step (the data-parallel wrapper).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+import os
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
 from ..enums import DistributedType
+from ..parallelism import ParallelismConfig, resolve_parallelism
+from .context import JointResult, PreparedObjects, StrategyContext
 
 if TYPE_CHECKING:
-    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
 
-    from ..accelerator import Accelerator
+    from ..optimizer_rebuild import ParameterNames
     from ..state import AcceleratorState
 
 
@@ -44,51 +51,104 @@ class Strategy:
         name: the ``accel.strategies`` entry-point name.
         supported_precisions: the ``mixed_precision`` values the strategy accepts.
         owns_precision: the backend applies mixed precision itself (no autocast or GradScaler from core).
-        launcher: which launcher starts its processes ("torchrun", "deepspeed", "xla-spawn").
+        data_parallel_dim: the mesh dimension that takes the processes no size claims.
+        splits_model_itself: the backend's own layers split the model over ``tp`` (Megatron), so the
+            transform chain's tensor-parallel step is skipped.
+
+    Attributes:
+        plugin: the user's plugin object (``fsdp_plugin=...``) or None; scripts written for the
+            reference read it as ``AcceleratorState().fsdp_plugin`` and kin.
     """
 
     name: ClassVar[str] = "base"
     supported_precisions: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16", "fp8")
     owns_precision: ClassVar[bool] = False
-    launcher: ClassVar[str] = "torchrun"
+    data_parallel_dim: ClassVar[str] = "dp_replicate"
+    splits_model_itself: ClassVar[bool] = False
 
     def __init__(self) -> None:
-        self.accelerator: Accelerator | None = None
+        self.plugin: Any = None
+        self._context: StrategyContext | None = None
+
+    @classmethod
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> Strategy:
+        """Builds the strategy from the user's plugin (None: defaults / ``ACCEL_<NAME>_*``) and kwargs handlers."""
+        if plugin is not None:
+            raise TypeError(f"The {cls.name} strategy takes no plugin, got {type(plugin).__name__}.")
+        return cls()
+
+    # -- layout -----------------------------------------------------------------------------
+    def parallelism(
+        self, requested: ParallelismConfig | None, world_size: int, local_world_size: int
+    ) -> tuple[ParallelismConfig, DeviceMesh | None]:
+        """The complete layout this strategy runs, and a mesh its plugin already holds (None: build one).
+
+        Pure (no communication), so a layout the strategy refuses fails on every process alike.
+        """
+        config = resolve_parallelism(requested, world_size, data_parallel_dim=self.data_parallel_dim, environ=os.environ)
+        self.check_parallelism(config)
+        return config, None
+
+    def check_parallelism(self, config: ParallelismConfig) -> None:
+        """Raises ValueError naming the fix when ``config`` needs an axis the strategy cannot honour.
+
+        Core's strategies replicate over data parallelism and run tensor parallelism; sharding
+        parameters (``dp_shard``) and context parallelism need FSDP2.
+        """
+        needs_fsdp = [f"{dim}_size={config.size(dim)}" for dim in ("dp_shard", "cp") if config.size(dim) > 1]
+        if needs_fsdp:
+            raise ValueError(
+                f"{', '.join(needs_fsdp)} needs FSDP2 (parameters sharded over dp_shard x cp), which the {self.name} "
+                'strategy does not do: pass fsdp_plugin=FullyShardedDataParallelPlugin() (pip install "accel[fsdp]") '
+                "or accel launch --use-fsdp."
+            )
+
+    def resolve_precision(self, requested: str) -> str:
+        """The precision the job runs in (a backend owning precision may settle it from its own config)."""
+        return requested
 
     # -- lifecycle --------------------------------------------------------------------------
-    def setup(self, accelerator: Accelerator) -> None:
-        """Called once when the Accelerator adopts the strategy, after the process state exists."""
-        self.accelerator = accelerator
+    def setup(self, context: StrategyContext) -> None:
+        """Called once, after the process group, the mesh and the precision exist. May communicate."""
+        self._context = context
+
+    @property
+    def context(self) -> StrategyContext:
+        if self._context is None:
+            raise RuntimeError(f"The {self.name} strategy was used before the Accelerator set it up.")
+        return self._context
 
     @property
     def state(self) -> AcceleratorState:
-        assert self.accelerator is not None, "strategy used before setup()"
-        return self.accelerator.state
+        return self.context.state
 
     @property
     def distributed_type(self) -> DistributedType:
         return DistributedType.NO
 
-    # -- data parallelism -------------------------------------------------------------------
-    @property
-    def data_parallel_size(self) -> int:
-        """How many different batches are processed per step (dataloaders shard over this)."""
-        return self.state.num_processes
+    # -- models ---------------------------------------------------------------------------
+    def blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The model's repeated blocks, where activation checkpointing and per-block compile apply.
+
+        Default: modules whose class is named in the model's ``_no_split_modules`` (the Hugging
+        Face convention), children before parents; empty when it names none.
+        """
+        names = set(getattr(model, "_no_split_modules", None) or ())
+        return [m for m in model.modules() if m is not model and type(m).__name__ in names]
 
     @property
-    def data_parallel_rank(self) -> int:
-        return self.state.process_index
+    def activation_checkpointing(self) -> bool:
+        """Whether the strategy's own settings ask for activation checkpointing of each block."""
+        return False
 
-    @property
-    def data_parallel_group(self) -> dist.ProcessGroup | None:
-        """The group dataloaders shard over; None means the whole world."""
-        return None
-
-    # -- models and optimizers --------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
-        """Moves the model to the device (and wraps it, in distributed strategies)."""
-        if device_placement:
-            model = model.to(self.state.device)
+        """The last model transform: place the model (and wrap it, in data-parallel strategies)."""
+        from ..transforms.meta_init import has_meta_tensors, materialize
+
+        if has_meta_tensors(model):
+            materialize(model, self.context.device)
+        elif device_placement:
+            model = model.to(self.context.device)
         return model
 
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -100,20 +160,31 @@ class Strategy:
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """Clips to ``max_norm`` and returns the total norm of all gradients (global, across shards)."""
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+    ) -> torch.Tensor | None:
+        """Clips to ``max_norm`` and returns the total norm of all gradients (global over the whole mesh)."""
+        from ..grads import clip_grad_norm_
+
+        return clip_grad_norm_(list(parameters), max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
-        """The full (unsharded) state dict of a prepared model, valid at least on the main process."""
-        return self.unwrap_model(model).state_dict()
+        """The full (unsharded) state dict of a prepared model, valid at least on the main process. Collective
+        when the model holds DTensors (gathered onto process 0's CPU; ``{}`` on the others)."""
+        from ..transforms.state_dict import full_state_dict
 
-    def make_grad_scaler(self, **kwargs: Any) -> Any:
-        """The GradScaler for fp16 (sharded strategies return a sharded one)."""
-        return torch.amp.GradScaler(self.state.device.type, **kwargs)
+        return full_state_dict(self.unwrap_model(model))
+
+    def load_model_state_dict(self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True) -> Any:
+        """Loads a full state dict (the same on every process) into a prepared model; shards keep their part."""
+        from ..transforms.state_dict import load_full_state_dict
+
+        return load_full_state_dict(self.unwrap_model(model), state_dict, strict=strict)
+
+    def make_grad_scaler(self, device: torch.device, **kwargs: Any) -> Any:
+        """The GradScaler for fp16 on ``device`` (sharded strategies return a sharded one). Called before ``setup``."""
+        return torch.amp.GradScaler(device.type, **kwargs)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -130,18 +201,24 @@ class BackwardSyncControl(Protocol):
 class JointPreparation(Protocol):
     """The backend prepares model, optimizer, scheduler (and needs the batch size) in one call.
 
-    ``prepare_jointly`` receives every object passed to ``prepare`` (dataloaders already prepared)
-    and returns replacements in the same order.
+    ``prepare_jointly`` receives every object passed to ``prepare`` (dataloaders already prepared
+    and registered) and returns a ``JointResult``: replacements in the same order (the Accelerator
+    registers the models, optimizers and schedulers among them), plus optimizers it created.
     """
 
-    def prepare_jointly(self, objects: list[Any]) -> list[Any]: ...
+    def prepare_jointly(self, objects: list[Any]) -> JointResult: ...
 
 
 @runtime_checkable
 class WrapsBeforeOptimizer(Protocol):
-    """Wrapping replaces parameters: optimizers built before ``prepare`` must be rebuilt on the new ones."""
+    """Wrapping replaces parameters: optimizers built before ``prepare`` must be rebuilt on the new ones.
 
-    def rebuild_optimizer(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> torch.optim.Optimizer: ...
+    ``names`` knows each original parameter's name (recorded before any transform), to match the new ones.
+    """
+
+    def rebuild_optimizer(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, names: ParameterNames
+    ) -> torch.optim.Optimizer: ...
 
 
 @runtime_checkable
@@ -182,3 +259,17 @@ class ConvertsOwnTypes(Protocol):
     prepares like the user's own."""
 
     def convert_object(self, obj: Any) -> Any: ...
+
+
+@runtime_checkable
+class ShardedCheckpointing(Protocol):
+    """The strategy saves its (sharded) models / optimizers itself; accel-checkpoint writes the rest around them.
+
+    ``save_sharded`` is called on every process with an empty folder inside the checkpoint being
+    written and returns what it covered: a subset of ``{"models", "optimizers", "schedulers"}``.
+    ``load_sharded`` gets the same folder back. Both are collective.
+    """
+
+    def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> Collection[str]: ...
+
+    def load_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> None: ...

@@ -1,4 +1,9 @@
-"""Single-device and DistributedDataParallel strategies (GPU with nccl, CPU with gloo)."""
+"""Single-device and data-parallel strategies (GPU with nccl, CPU with gloo), on the job's mesh.
+
+``DDPStrategy`` replicates the model over the mesh's ``dp`` processes: torch's
+``DistributedDataParallel`` for plain models; FSDP2-based replicas for models tensor parallelism
+has split (``transforms.data_parallel``). Tensor parallelism itself is an earlier transform.
+"""
 
 from __future__ import annotations
 
@@ -66,7 +71,7 @@ class SingleDeviceStrategy(Strategy):
 
 
 class DDPStrategy(Strategy):
-    """Data parallelism with ``torch.nn.parallel.DistributedDataParallel``.
+    """Data parallelism over the mesh's ``dp`` (all processes, unless tensor parallelism takes some).
 
     Models without trainable parameters are only moved to the device (DDP refuses them, and
     there is nothing to synchronise).
@@ -78,24 +83,49 @@ class DDPStrategy(Strategy):
         super().__init__()
         self.ddp_kwargs = ddp_kwargs
 
+    @classmethod
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> DDPStrategy:
+        """DDP takes no plugin; its settings come from ``DistributedDataParallelKwargs``."""
+        if plugin is not None:
+            raise TypeError(f"The ddp strategy takes no plugin, got {type(plugin).__name__}.")
+        return cls(handlers.get(DistributedDataParallelKwargs))
+
     @property
     def distributed_type(self) -> DistributedType:
         return {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}.get(
-            self.state.device.type, DistributedType.MULTI_CPU
+            self.context.device.type, DistributedType.MULTI_CPU
         )
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
+        from ..transforms.data_parallel import is_replicated, replicate
+        from ..transforms.state_dict import has_dtensors
+
         model = super().prepare_model(model, device_placement)
-        if isinstance(model, DistributedDataParallel) or not any(p.requires_grad for p in model.parameters()):
+        dims = self.context.dims
+        if isinstance(model, DistributedDataParallel) or is_replicated(model) or dims.dp.size == 1:
             return model
-        return wrap_in_ddp(model, self.ddp_kwargs, self.state.device)
+        if not any(p.requires_grad for p in model.parameters()):
+            return model
+        if has_dtensors(model):
+            return replicate(model, dims, self.blocks(model))
+        return wrap_in_ddp(model, self.ddp_kwargs, self.context.device, dims.dp.group)
 
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
-        """Skips DDP's gradient all-reduce inside the block (for accumulation micro-steps)."""
-        context = model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
-        with context:
+        """Skips the gradient all-reduce inside the block (for accumulation micro-steps)."""
+        from ..transforms.data_parallel import is_replicated
+
+        if isinstance(model, DistributedDataParallel):
+            with model.no_sync():
+                yield
+        elif is_replicated(model):
+            model.set_requires_gradient_sync(False)  # type: ignore[operator]
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)  # type: ignore[operator]
+        else:
             yield

@@ -13,6 +13,7 @@ from typing import Any
 from .. import environment as env
 from ..configuration import GradientAccumulationPlugin
 from ..enums import DynamoBackend, PrecisionType, SchedulerStepping
+from ..parallelism import ParallelismConfig, requested_size
 
 # The Accelerator arguments that select a backend, and the strategy each one selects.
 PLUGIN_ARGUMENTS = {"deepspeed_plugin": "deepspeed", "fsdp_plugin": "fsdp", "megatron_lm_plugin": "megatron"}
@@ -43,10 +44,13 @@ def resolve_plan(
     dynamo_backend: str | None = None,
     scheduler_stepping: str | None = None,
     environ: Mapping[str, str] | None = None,
+    parallelism: ParallelismConfig | None = None,
 ) -> Plan:
     """Resolves the plan; raises ValueError with the fix for contradictory inputs.
 
     plugins: the backend-selecting constructor arguments, e.g. ``{"fsdp_plugin": plugin}``.
+    parallelism: the requested layout; sharding parameters (``dp_shard_size > 1``) or context
+        parallelism (``cp_size > 1``) selects FSDP when nothing else names a strategy.
     """
     environ = {} if environ is None else environ
 
@@ -84,7 +88,10 @@ def resolve_plan(
     elif given:
         name = PLUGIN_ARGUMENTS[next(iter(given))]
     else:
-        name = env.get_str(env.STRATEGY, None, environ) or ("ddp" if world_size > 1 else "single_device")
+        name = env.get_str(env.STRATEGY, None, environ) or ""
+        if not name:
+            wants_fsdp = any(requested_size(parallelism, dim, environ) > 1 for dim in ("dp_shard", "cp"))
+            name = "fsdp" if wants_fsdp else "ddp" if world_size > 1 else "single_device"
     if name == "ddp" and world_size == 1:
         name = "single_device"  # DDP over one process only adds overhead
 

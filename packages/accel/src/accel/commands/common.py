@@ -50,6 +50,13 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     training.add_argument("--strategy", metavar="NAME", help=helps["strategy"])
     _add(training, dest="scheduler_stepping", choices=SchedulerStepping.list(), help=helps["scheduler_stepping"])
     training.add_argument("--debug", action=argparse.BooleanOptionalAction, default=None, help=helps["debug"])
+    mesh = parser.add_argument_group(
+        "parallelism (the job's device mesh; unset sizes are 1, the data-parallel one fills the rest)"
+    )
+    for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "pp_size"):
+        _add(mesh, dest=name, type=int, metavar="N", help=helps[name])
+        # Accelerate's spelling of the same flags.
+        mesh.add_argument(f"--parallelism_config_{name}", dest=name, type=int, default=None, help=argparse.SUPPRESS)
     launcher = parser.add_argument_group("launcher")
     _add(launcher, dest="config_file", metavar="PATH", help="default: $ACCEL_CONFIG_FILE, else " + _DEFAULT_PATH_TEXT)
     launcher.add_argument(

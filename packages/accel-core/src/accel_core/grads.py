@@ -1,0 +1,96 @@
+"""Gradient norms and clipping over the whole mesh: the norm of the full model's gradients, whatever the layout.
+
+A DTensor gradient (tensor parallel, FSDP2, HSDP) holds one piece of a tensor; pieces on
+replicated mesh dimensions are copies. Each process adds ``|piece|^p`` divided by the number of
+processes holding that same piece, and one ``all_reduce`` over all processes sums the pieces:
+exactly the single-process norm, in one collective, for any mix of meshes and placements.
+(DTensor's own ``get_total_norm(...).full_tensor()`` reduces per mesh dimension and warns at each
+step on multi-dimensional meshes.) Plain gradients are the same on every process (DDP), or are
+the process's own (parameters FSDP ignores), and count as they are here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+
+def _copies(grad: torch.Tensor, world: int) -> int:
+    """How many processes hold the same piece as this one: replicated mesh dimensions, and copies of the mesh."""
+    mesh = grad.device_mesh
+    replicated = math.prod(mesh.size(i) for i, placement in enumerate(grad.placements) if placement.is_replicate())
+    return replicated * (world // mesh.size())
+
+
+def _reduce_device(local: torch.device) -> torch.device:
+    backend = str(dist.get_backend()).lower()
+    if "nccl" in backend and local.type != "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return local
+
+
+def total_norm(parameters: Sequence[torch.nn.Parameter], norm_type: float = 2.0) -> torch.Tensor:
+    """The ``norm_type``-norm of all gradients of ``parameters`` as one vector; identical on every process. Collective
+    when any parameter is a DTensor (every process must call it with the same parameters)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    norm_type = float(norm_type)
+    grads = [p.grad for p in parameters if p.grad is not None]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    pieces = [g for g in grads if isinstance(g, DTensor)]
+    distributed = dist.is_available() and dist.is_initialized() and any(isinstance(p, DTensor) for p in parameters)
+    device = (grads[0].to_local() if isinstance(grads[0], DTensor) else grads[0]).device if grads else torch.device("cpu")
+    norms: list[torch.Tensor] = []
+    if distributed:
+        world = dist.get_world_size()
+        by_weight: dict[tuple[int, torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+        for grad in pieces:
+            if any(p.is_partial() for p in grad.placements):  # unreduced sums: reduce them first
+                grad = grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in grad.placements])
+            local = grad.to_local()
+            by_weight[(_copies(grad, world), local.device, local.dtype)].append(local)
+        reduce_device = _reduce_device(device)
+        if math.isinf(norm_type):
+            value = torch.zeros((), dtype=torch.float32, device=reduce_device)
+            for locals_ in by_weight.values():
+                for n in torch._foreach_norm(locals_, norm_type):
+                    value = torch.maximum(value, n.to(reduce_device, torch.float32))
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        else:
+            value = torch.zeros((), dtype=torch.float32, device=reduce_device)
+            for (copies, _, _), locals_ in by_weight.items():
+                local_norms = torch.stack([n.to(reduce_device, torch.float32) for n in torch._foreach_norm(locals_, norm_type)])
+                value = value + local_norms.pow(norm_type).sum() / copies
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            value = value.pow(1.0 / norm_type)
+        norms.append(value.to(device))
+    elif pieces:
+        plain = plain + [g.to_local() for g in pieces]  # no process group: a DTensor of one process is its local tensor
+    if plain:
+        norms.append(torch.nn.utils.get_total_norm(plain, norm_type).to(device=device, dtype=torch.float32))
+    if not norms:
+        return torch.tensor(0.0, device=device)
+    return torch.linalg.vector_norm(torch.stack(norms), norm_type)
+
+
+def clip_grad_norm_(parameters: Sequence[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """Scales the gradients so that their global norm is at most ``max_norm``; returns the norm before clipping."""
+    parameters = list(parameters)
+    norm = total_norm(parameters, norm_type)
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return norm
+    coefficient = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
+    # Scale the local pieces in place: one foreach call per device and dtype, no DTensor dispatch.
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    for grad in grads:
+        local = grad.to_local() if hasattr(grad, "to_local") else grad
+        groups[(local.device, local.dtype)].append(local)
+    with torch.no_grad():
+        for (device, dtype), tensors in groups.items():
+            torch._foreach_mul_(tensors, coefficient.to(device=device, dtype=dtype))
+    return norm

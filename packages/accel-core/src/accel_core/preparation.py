@@ -1,0 +1,191 @@
+"""The Accelerator's ``prepare`` family: models through the transform chain, optimizers, schedulers, dataloaders.
+
+What is prepared is registered in the Accelerator's ``PreparedObjects`` (the lists strategies and
+accel-checkpoint read); strategies return what they prepared and never register it themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+from . import plugins, transforms
+from .enums import SchedulerStepping
+from .optimizer import AcceleratedOptimizer
+from .optimizer_rebuild import ParameterNames
+from .scheduler import AcceleratedScheduler
+from .strategies import JointPreparation, PreparesOwnTypes, WrapsBeforeOptimizer
+from .strategies.base import ConvertsOwnTypes
+
+if TYPE_CHECKING:
+    from .mesh import ParallelDims
+    from .precision import Precision
+    from .strategies import PreparedObjects, Strategy, StrategyContext
+
+_SUPPORTED = "torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler and torch.utils.data.DataLoader"
+
+
+class Preparation:
+    """Mixin of the Accelerator: ``prepare`` and its per-kind parts."""
+
+    strategy: Strategy
+    precision: Precision
+    prepared: PreparedObjects
+    device_placement: bool
+    step_scheduler_with_optimizer: bool
+    scheduler_stepping: SchedulerStepping
+    split_batches: bool
+    parallel_dims: ParallelDims
+    _context: StrategyContext
+    _parameter_names: ParameterNames
+
+    def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
+        """Prepares models, optimizers, schedulers and dataloaders; returns them in the order given.
+
+        device_placement: one bool (or None for the default) per object.
+        """
+        if device_placement is None:
+            device_placement = [None] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(
+                f"`device_placement` should be a list with {len(args)} elements (the number of objects passed), "
+                f"got {len(device_placement)}."
+            )
+        own_types = self.strategy.accepts_object if isinstance(self.strategy, PreparesOwnTypes) else None
+        for obj in args:
+            if not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, LRScheduler, torch.utils.data.DataLoader)) and not (
+                own_types is not None and own_types(obj)
+            ):
+                raise TypeError(
+                    f"Cannot prepare an object of type {type(obj).__name__}: prepare accepts {_SUPPORTED}. "
+                    "Leave other objects out of prepare()."
+                )
+        result: list[Any] = list(args)
+        # Dataloaders first: a joint preparation (DeepSpeed) needs their batch size.
+        for i, obj in enumerate(args):
+            if isinstance(obj, torch.utils.data.DataLoader):
+                result[i] = self.prepare_data_loader(obj, device_placement=device_placement[i])
+        if isinstance(self.strategy, JointPreparation):
+            result = self._register_joint(args, self.strategy.prepare_jointly(result))
+        else:
+            if own_types is not None and isinstance(self.strategy, ConvertsOwnTypes):
+                # Backend stand-ins (Megatron's dummy scheduler) become the torch objects they stand for.
+                result = [self.strategy.convert_object(obj) if own_types(obj) else obj for obj in result]
+            result = self._prepare_separately(result, device_placement)
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _register_joint(self, given: Sequence[Any], joint: Any) -> list[Any]:
+        objects = list(joint.objects)
+        self.prepared.optimizers.extend(joint.extra_optimizers)
+        for original, prepared in zip(given, objects):
+            if isinstance(original, torch.nn.Module):
+                self.prepared.models.append(prepared)
+            elif isinstance(original, torch.optim.Optimizer):
+                self.prepared.optimizers.append(prepared)
+            elif not isinstance(original, torch.utils.data.DataLoader):
+                self.prepared.schedulers.append(prepared)
+        return objects
+
+    def _prepare_separately(self, objects: list[Any], device_placement: Sequence[bool | None]) -> list[Any]:
+        # Parameters of each model before wrapping, to find which model an optimizer belongs to.
+        originals: list[tuple[set[int], torch.nn.Module]] = []
+        for i, obj in enumerate(objects):
+            if isinstance(obj, torch.nn.Module):
+                parameter_ids = {id(p) for p in obj.parameters()}
+                objects[i] = self.prepare_model(obj, device_placement=device_placement[i])
+                originals.append((parameter_ids, objects[i]))
+        rebuilt: dict[int, torch.optim.Optimizer] = {}
+        for i, obj in enumerate(objects):
+            if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
+                if self._replaces_parameters(originals):
+                    new = self._rebuild_for_wrapped_model(obj, originals)
+                    rebuilt[id(obj)] = new
+                    obj = new
+                objects[i] = self.prepare_optimizer(obj, device_placement=device_placement[i])
+        for i, obj in enumerate(objects):
+            if isinstance(obj, LRScheduler):
+                if id(obj.optimizer) in rebuilt:
+                    obj.optimizer = rebuilt[id(obj.optimizer)]
+                objects[i] = self.prepare_scheduler(obj)
+        return objects
+
+    def _replaces_parameters(self, originals: list[tuple[set[int], torch.nn.Module]]) -> bool:
+        """Whether preparing put new parameter objects in the models (sharding, tensor parallelism)."""
+        if isinstance(self.strategy, WrapsBeforeOptimizer):
+            return True
+        return any(not ids <= {id(p) for p in model.parameters()} for ids, model in originals)
+
+    def _rebuild_for_wrapped_model(
+        self, optimizer: torch.optim.Optimizer, originals: list[tuple[set[int], torch.nn.Module]]
+    ) -> torch.optim.Optimizer:
+        from .optimizer_rebuild import rebuild
+
+        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        owners = [model for parameter_ids, model in originals if parameter_ids & owned]
+        if not owners:
+            # Built on a model prepared by an earlier prepare() call: already on the wrapped parameters.
+            if owned <= {id(p) for model in self.prepared.models for p in model.parameters()}:
+                return optimizer
+            raise ValueError(
+                f"Preparing the model replaced its parameters ({self.strategy.name}, tensor parallelism): pass the model "
+                "to the same prepare() call as its optimizer, or prepare the model first and build the optimizer on it."
+            )
+        if isinstance(self.strategy, WrapsBeforeOptimizer):
+            return self.strategy.rebuild_optimizer(optimizer, owners[0], self._parameter_names)
+        return rebuild(optimizer, owners[0], self._parameter_names, announce=self._context.state.is_main_process)
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
+        """Runs ``model`` through the transform chain (``accel_core.transforms``), with autocast when mixed precision is on."""
+        if device_placement is None:
+            device_placement = self.device_placement
+        self._parameter_names.record(model)
+        prepared = transforms.prepare_model(model, self._context, self.strategy, device_placement)
+        self.precision.wrap_forward(self.strategy.unwrap_model(getattr(prepared, "_orig_mod", prepared)))
+        self.prepared.models.append(prepared)
+        return prepared
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+        """Wraps an optimizer so it only steps at accumulation boundaries, through the scaler if any."""
+        if device_placement is None:
+            device_placement = self.device_placement
+        prepared = AcceleratedOptimizer(optimizer, self.precision, self._context.device if device_placement else None)
+        self.prepared.optimizers.append(prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler: LRScheduler) -> AcceleratedScheduler:
+        """Wraps an LR scheduler so it steps with the optimizer, ``scheduler_steps_per_optimizer_step``
+        times per real optimizer step (see ``accel_core.scheduler``)."""
+        optimizers = [opt for opt in self.prepared.optimizers if opt.optimizer is getattr(scheduler, "optimizer", None)]
+        prepared = AcceleratedScheduler(
+            scheduler,
+            optimizers or list(self.prepared.optimizers),
+            self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+            steps_per_optimizer_step=self.scheduler_steps_per_optimizer_step,
+        )
+        self.prepared.schedulers.append(prepared)
+        return prepared
+
+    @property
+    def scheduler_steps_per_optimizer_step(self) -> int:
+        """LR scheduler steps per optimizer step: the data-parallel size (1 with ``split_batches``) with
+        ``scheduler_stepping="per_process"``, 1 with ``"per_optimizer_step"``."""
+        if self.scheduler_stepping == SchedulerStepping.PER_OPTIMIZER_STEP or self.split_batches:
+            return 1
+        return self.parallel_dims.config.data_parallel_size
+
+    def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> Any:
+        """Shards a DataLoader over the mesh's data-parallel processes (accel-data); tensor- and
+        context-parallel peers read the same batches."""
+        if device_placement is None:
+            device_placement = self.device_placement
+        prepared = plugins.load("accel.preparers", "dataloader").prepare(data_loader, self, device_placement)
+        self.prepared.dataloaders.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A loader that starts ``num_batches`` in, without reading the skipped samples (for resuming)."""
+        return plugins.load("accel.preparers", "dataloader").skip_first_batches(dataloader, num_batches)

@@ -1,0 +1,85 @@
+"""What a strategy is given: a narrow, public view of the job (``StrategyContext``) and of what was prepared.
+
+A strategy reads these and returns what it prepared; it never writes the Accelerator's fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..configuration import TorchDynamoPlugin
+    from ..mesh import ParallelDims
+    from ..precision import Precision
+    from ..state import AcceleratorState, GradientState
+    from .selection import Plan
+
+
+@dataclass
+class PreparedObjects:
+    """Everything prepared (or registered for checkpointing), in ``prepare`` order; the Accelerator owns the lists.
+
+    Readers (strategies, accel-checkpoint) treat the lists as read-only.
+    """
+
+    models: list[Any] = field(default_factory=list)
+    optimizers: list[Any] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    dataloaders: list[Any] = field(default_factory=list)
+    custom_objects: list[Any] = field(default_factory=list)
+
+    def clear(self) -> None:
+        """Forgets every prepared object (``free_memory``), keeping the same lists."""
+        for items in (self.models, self.optimizers, self.schedulers, self.dataloaders):
+            items.clear()
+
+
+@dataclass
+class StrategyContext:
+    """The job as a strategy sees it (given to ``Strategy.setup``).
+
+    device: this process's device. state: the process state (rank, world, main process).
+    dims: the mesh and its groups. precision: the Precision object (transforms ask it).
+    plan: what was resolved from arguments and environment. gradient_state: accumulation (is
+    this micro-step a synchronising one?). prepared: the prepared objects. handlers: the
+    kwargs handlers by type. device_placement / step_scheduler_with_optimizer: the
+    Accelerator's settings of those names. scheduler_steps_per_optimizer_step: how many steps a
+    prepared LR scheduler makes per optimizer step (``Accelerator.scheduler_stepping``).
+    dynamo_plugin: how models are compiled (``TorchDynamoPlugin``; None: not at all).
+    """
+
+    device: torch.device
+    state: AcceleratorState
+    dims: ParallelDims
+    precision: Precision
+    plan: Plan
+    gradient_state: GradientState
+    prepared: PreparedObjects
+    handlers: Mapping[type, Any] = field(default_factory=dict)
+    device_placement: bool = True
+    step_scheduler_with_optimizer: bool = True
+    scheduler_steps_per_optimizer_step: int = 1
+    dynamo_plugin: TorchDynamoPlugin | None = None
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether the current micro-step synchronises gradients (and the optimizer steps)."""
+        return bool(self.gradient_state.sync_gradients)
+
+
+@dataclass
+class JointResult:
+    """What ``JointPreparation.prepare_jointly`` returns.
+
+    objects: replacements for the objects given, in the same order (the Accelerator registers
+        models, optimizers and schedulers among them in that order).
+    extra_optimizers: optimizers the backend created that the script holds no handle on (a
+        DeepSpeed config optimizer); registered too, so step-skip reporting and hooks see them.
+    """
+
+    objects: list[Any]
+    extra_optimizers: list[Any] = field(default_factory=list)

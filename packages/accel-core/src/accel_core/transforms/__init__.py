@@ -1,0 +1,79 @@
+"""Model transforms: one documented order, each step a small function over a sub-mesh.
+
+``prepare_model`` applies, in torchtitan's order:
+
+1. precision conversion: ``precision.convert_module`` (the hook FP8 fills: swap layers for
+   low-precision ones, before anything is split);
+2. tensor parallelism over ``tp`` (``tensor_parallel``; skipped for a strategy whose own layers
+   split the model, ``Strategy.splits_model_itself``), and the context-parallel model check;
+3. activation checkpointing of each block (``ParallelismConfig.activation_checkpointing`` or the
+   strategy's own setting);
+4. ``torch.compile`` of each block (``dynamo_backend``; the whole model when it has no blocks);
+5. the strategy's data-parallel step (``Strategy.prepare_model``): FSDP2 over ``dp_shard_cp`` (HSDP
+   over ``dp_replicate x dp_shard_cp``) in accel-fsdp, or replicas over ``dp`` (DDP; FSDP2-based
+   replicas for tensor-parallel models) in core; a model built on the meta device is given memory
+   and values there.
+
+Blocks come from ``Strategy.blocks(model)``: FSDP's units, else the classes of the model's
+``_no_split_modules``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from ..compilation import compile_model
+from ..configuration import TorchDynamoPlugin
+
+if TYPE_CHECKING:
+    from ..strategies.base import Strategy
+    from ..strategies.context import StrategyContext
+
+
+def checkpoint_blocks(blocks: list[nn.Module], model: nn.Module) -> None:
+    """Recomputes each block's activations in backward (torch's composable ``checkpoint``, names unchanged)."""
+    from torch.distributed._composable import checkpoint
+
+    if not blocks:
+        raise ValueError(
+            f"Activation checkpointing needs the blocks of {type(model).__name__}: set model._no_split_modules = "
+            "['MyBlock'] (or, with FSDP, transformer_cls_names_to_wrap=['MyBlock'])."
+        )
+    for block in blocks:
+        checkpoint(block)
+
+
+def compile_blocks(blocks: list[nn.Module], **compile_kwargs: Any) -> None:
+    """``torch.compile`` each block in place (module objects and parameter names unchanged)."""
+    for block in blocks:
+        block.compile(**compile_kwargs)
+
+
+def prepare_model(model: nn.Module, context: StrategyContext, strategy: Strategy, device_placement: bool) -> nn.Module:
+    """Runs the chain of the module docstring on ``model``; returns the prepared model."""
+    config = context.dims.config
+    model = context.precision.convert_module(model)
+    if config.tp_enabled and not strategy.splits_model_itself:
+        from .tensor_parallel import apply_tensor_parallel
+
+        model = apply_tensor_parallel(model, context.dims.submesh("tp"), config)
+    if config.cp_enabled:
+        from .context_parallel import check_model
+
+        check_model(model, config.size("cp"))
+    blocks = strategy.blocks(model)
+    if config.activation_checkpointing or strategy.activation_checkpointing:
+        checkpoint_blocks(blocks, model)
+    dynamo = context.dynamo_plugin
+    if dynamo is None:
+        dynamo = TorchDynamoPlugin(backend=context.plan.dynamo_backend)
+    compiles = dynamo.backend != "no"
+    if compiles and blocks:
+        compile_blocks(blocks, **dynamo.to_kwargs())
+    model = strategy.prepare_model(model, device_placement=device_placement)
+    if compiles and not blocks:
+        # Whole, or region by region with TorchDynamoPlugin(use_regional_compilation=True).
+        model = compile_model(model, dynamo)
+    return model

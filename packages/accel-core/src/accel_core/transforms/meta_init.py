@@ -1,0 +1,63 @@
+"""Materialising a model built on the meta device, without leaving uninitialised memory behind.
+
+After ``to_empty`` every parameter holds whatever the allocator returned; only an initialiser
+makes it a value. Who initialises, first found wins: the caller's ``init_fn(module)`` (FSDP's
+``param_init_fn``), the model's own ``init_weights()`` (torchtitan's convention: it sets every
+parameter and buffer), else each module's ``reset_parameters()``. A module holding tensors that
+none of these covers is refused before any memory is allocated, with its name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+def has_meta_tensors(model: nn.Module) -> bool:
+    return any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+
+
+def uninitialisable(model: nn.Module) -> list[str]:
+    """Names of submodules with meta-device tensors of their own and no ``reset_parameters``."""
+    missing = []
+    for name, module in model.named_modules():
+        own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+        if any(t.is_meta for t in own) and not callable(getattr(module, "reset_parameters", None)):
+            missing.append(f"{name or '<root>'} ({type(module).__name__})")
+    return missing
+
+
+def check_initialisable(model: nn.Module, init_fn: Callable[[nn.Module], None] | None = None) -> None:
+    """Raises ValueError naming the modules a meta-device model could not initialise (before any allocation)."""
+    if init_fn is not None or callable(getattr(model, "init_weights", None)):
+        return
+    missing = uninitialisable(model)
+    if missing:
+        raise ValueError(
+            f"{type(model).__name__} was built on the meta device, but these modules hold tensors and have no "
+            f"reset_parameters() to give them values: {', '.join(missing)}. Add reset_parameters() to them, give the "
+            "model an init_weights() method that sets every parameter and buffer, or build it on a real device."
+        )
+
+
+def initialise(model: nn.Module, init_fn: Callable[[nn.Module], None] | None = None) -> None:
+    """Fills a freshly allocated (``to_empty``) model; see the module docstring for the order."""
+    with torch.no_grad():
+        if init_fn is not None:
+            for module in model.modules():
+                init_fn(module)
+        elif callable(getattr(model, "init_weights", None)):
+            model.init_weights()
+        else:
+            for module in model.modules():
+                if callable(getattr(module, "reset_parameters", None)):
+                    module.reset_parameters()
+
+
+def materialize(model: nn.Module, device: torch.device, init_fn: Callable[[nn.Module], None] | None = None) -> None:
+    """Allocates a meta-device model on ``device`` and initialises it (refusing what it cannot initialise)."""
+    check_initialisable(model, init_fn)
+    model.to_empty(device=device)
+    initialise(model, init_fn)
