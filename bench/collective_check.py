@@ -2,7 +2,8 @@
 
 Measured side by side in one run on 2 CPU processes (gloo): an evaluation set gathered with
 ``gather_for_metrics`` as the reference's examples do — ``(predictions, labels)`` per batch — with
-the check, and the same loop with the check switched off in this process (bench only). Three
+the check, the same loop with the check switched off in this process (bench only), and 0.1.0's
+path (no check, one all_gather per tensor, where several tensors now travel in one). Three
 payloads: class ids (a classifier: two int64 vectors per batch), a batch's logits (batch x 1000
 fp32), and token logits (batch x 128 x 1000 fp32, a language model's). For each: the time of
 gather_for_metrics alone, and of the whole evaluation loop (a forward of a small model + gather).
@@ -22,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 import accel_core.accelerator as accelerator_module
-from accel_core import Accelerator
+from accel_core import Accelerator, ops
 
 
 def without_check(fn: Callable[[], float]) -> Callable[[], float]:
@@ -33,6 +34,22 @@ def without_check(fn: Callable[[], float]) -> Callable[[], float]:
             return fn()
         finally:
             accelerator_module.check_agreement = check
+
+    return run
+
+
+def per_leaf(fn: Callable[[], float]) -> Callable[[], float]:
+    """0.1.0's path: no check, one all_gather per tensor (today several tensors travel in one)."""
+
+    def run() -> float:
+        gather = accelerator_module.Accelerator.gather_for_metrics
+        accelerator_module.Accelerator.gather_for_metrics = lambda self, data, use_gather_object=False: ops.recursively_apply(
+            ops._gather_one, data
+        )
+        try:
+            return fn()
+        finally:
+            accelerator_module.Accelerator.gather_for_metrics = gather
 
     return run
 
@@ -72,12 +89,16 @@ def main() -> None:
     rows = []
     for name, make in payloads.items():
         batches = args.batches if "token" not in name else max(5, args.batches // 20)
-        variants = {"checked": evaluation(make, batches), "unchecked": without_check(evaluation(make, batches))}
+        variants = {
+            "checked": evaluation(make, batches),
+            "unchecked": without_check(evaluation(make, batches)),
+            "per_leaf": per_leaf(evaluation(make, batches)),
+        }
         variants["unchecked"]()  # warm-up
         gather_s: dict[str, list[float]] = {k: [] for k in variants}
         loop_s: dict[str, list[float]] = {k: [] for k in variants}
         for repeat in range(args.repeats):
-            order = list(variants) if repeat % 2 == 0 else list(reversed(variants))  # neither always goes first
+            order = list(variants) if repeat % 2 == 0 else list(reversed(variants))  # none always goes first
             for variant in order:
                 acc.wait_for_everyone()
                 start = time.perf_counter()
@@ -94,7 +115,9 @@ def main() -> None:
             print(
                 f"{name:36s} unchecked {per_call['unchecked']:8.0f} us  checked {per_call['checked']:8.0f} us  "
                 f"gather_for_metrics ratio {g['checked'] / g['unchecked']:.3f}  "
-                f"evaluation loop ratio {loop['checked'] / loop['unchecked']:.3f}  (goal < 1.05)"
+                f"evaluation loop ratio {loop['checked'] / loop['unchecked']:.3f}  (goal < 1.05)\n"
+                f"{'':36s} 0.1.0's per-tensor gathers, unchecked {per_call['per_leaf']:8.0f} us: checked ratio to it "
+                f"{g['checked'] / g['per_leaf']:.3f}"
             )
     acc.wait_for_everyone()
 

@@ -90,6 +90,16 @@ def check_mismatches() -> None:
     both = acc.gather_for_metrics((torch.ones(2, 2), torch.ones(2, dtype=torch.int64), ["a", "b"] if rank == 0 else ["c"]))
     check(both[0].shape == (4, 2) and both[2] == ["a", "b", "c"], "gather_for_metrics with lists of differing lengths")
     check(acc.gather_object([rank] * (rank + 1)) == [0, 1, 1], "gather_object of differing lengths is allowed")
+    # Several tensors travel packed in one all_gather: every dtype and shape comes back intact.
+    mixed = {
+        "f": torch.arange(6, dtype=torch.float32).view(3, 2) + 10 * rank,
+        "i": [torch.tensor([rank, -rank], dtype=torch.int64), torch.tensor(rank == 1)],
+        "h": torch.full((1, 1, 3), rank + 0.5, dtype=torch.bfloat16),
+    }
+    for name, gathered in (("gather", acc.gather(mixed)), ("gather_for_metrics", acc.gather_for_metrics(mixed))):
+        check(torch.equal(gathered["f"], torch.cat([torch.arange(6.0).view(3, 2), torch.arange(6.0).view(3, 2) + 10])), f"{name} f")
+        check(gathered["i"][0].tolist() == [0, 0, 1, -1] and gathered["i"][1].tolist() == [False, True], f"{name} i: {gathered['i']}")
+        check(gathered["h"].dtype == torch.bfloat16 and gathered["h"].view(-1).tolist() == [0.5] * 3 + [1.5] * 3, f"{name} h")
 
 
 def check_collective_on_one_rank() -> None:

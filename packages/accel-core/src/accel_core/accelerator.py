@@ -405,6 +405,9 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
             return data[:keep] if keep is not None and isinstance(input_data, (list, tuple)) else data
         # One agreement check for the whole structure, then the leaves move unchecked.
         check_agreement("gather_for_metrics", input_data, group, hint=ops.PAD_HINT)
+        if _only_tensors(input_data):  # one all_gather for all of them
+            gathered = ops.gather_unchecked(input_data, group)
+            return gathered if keep is None else ops.recursively_apply(lambda t: t[:keep], gathered)
         return _gather_samples(input_data, keep, group)
 
     # -- models -----------------------------------------------------------------------------
@@ -511,6 +514,14 @@ def _contains_tensor(data: Any) -> bool:
     if isinstance(data, (list, tuple)):
         return any(_contains_tensor(v) for v in data)
     return False
+
+
+def _only_tensors(data: Any) -> bool:
+    if isinstance(data, Mapping):
+        return all(_only_tensors(v) for v in data.values())
+    if isinstance(data, (list, tuple)):
+        return bool(data) and all(_only_tensors(v) for v in data)
+    return isinstance(data, torch.Tensor)
 
 
 def _gather_samples(data: Any, keep: int | None, group: Any = None) -> Any:

@@ -145,8 +145,26 @@ PAD_HINT = (
 
 
 def gather_unchecked(tensor: Any, group: Any = None) -> Any:
-    """``gather`` without the agreement check, for callers that ran ``check_agreement`` on a larger structure."""
-    return recursively_apply(lambda t: _gather_one(t, group), tensor, error_on_other_type=True)
+    """``gather`` without the agreement check, for callers that ran ``check_agreement`` on a larger structure.
+
+    Several tensors on one device travel in one all_gather of their bytes: the check made their
+    shapes equal on every rank, so each rank's buffer splits the same way.
+    """
+    leaves = _leaves(tensor)
+    if len(leaves) < 2 or any(t.device != leaves[0].device for t in leaves):
+        return recursively_apply(lambda t: _gather_one(t, group), tensor, error_on_other_type=True)
+    parts = [(t[None] if t.ndim == 0 else t).contiguous() for t in leaves]
+    packed = torch.cat([p.reshape(-1).view(torch.uint8) for p in parts])
+    world = dist.get_world_size(group)
+    everyone = _gather_one(packed, group).view(world, -1)
+    gathered, offset = [], 0
+    for part in parts:
+        size = part.numel() * part.element_size()
+        rows = everyone[:, offset : offset + size].contiguous().view(part.dtype)
+        gathered.append(rows.reshape(world * part.shape[0], *part.shape[1:]))
+        offset += size
+    results = iter(gathered)
+    return recursively_apply(lambda t: next(results), tensor, error_on_other_type=True)
 
 
 def gather_object(object: Any, group: Any = None) -> Any:  # noqa: A002 - the reference's argument name
