@@ -144,14 +144,19 @@ PAD_HINT = (
 """What a shape mismatch before a gather tells the user to do."""
 
 
+_PACK_BYTES = 2**20
+
+
 def gather_unchecked(tensor: Any, group: Any = None) -> Any:
     """``gather`` without the agreement check, for callers that ran ``check_agreement`` on a larger structure.
 
-    Several tensors on one device travel in one all_gather of their bytes: the check made their
-    shapes equal on every rank, so each rank's buffer splits the same way.
+    Several small tensors on one device travel in one all_gather of their bytes (the check made
+    their shapes equal on every rank, so each rank's buffer splits the same way): small gathers
+    cost a collective's latency each, while packing large ones would only add copies.
     """
     leaves = _leaves(tensor)
-    if len(leaves) < 2 or any(t.device != leaves[0].device for t in leaves):
+    total = sum(t.numel() * t.element_size() for t in leaves)
+    if len(leaves) < 2 or total > _PACK_BYTES or any(t.device != leaves[0].device for t in leaves):
         return recursively_apply(lambda t: _gather_one(t, group), tensor, error_on_other_type=True)
     parts = [(t[None] if t.ndim == 0 else t).contiguous() for t in leaves]
     packed = torch.cat([p.reshape(-1).view(torch.uint8) for p in parts])
