@@ -178,7 +178,8 @@ class BatchSamplerShard(BatchSampler):
     def _groups(self, plan: ShardPlan, skip: int) -> Iterator[Group[list[Any]]]:
         if type(self.batch_sampler) is BatchSampler:
             return self._index_groups(self.batch_sampler, plan, skip)
-        return iter_groups(self.batch_sampler, plan, LIST_OPS, skip=skip)
+        # Read no further than the step handed out, as Accelerate's shard reads a batch sampler.
+        return iter_groups(self.batch_sampler, plan, LIST_OPS, skip=skip, read_ahead=False)
 
     @staticmethod
     def _index_groups(bs: BatchSampler, plan: ShardPlan, skip: int) -> Iterator[Group[list[Any]]]:
