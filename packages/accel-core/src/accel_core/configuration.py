@@ -207,18 +207,6 @@ class TorchDynamoPlugin(KwargsHandler):
 
 
 @dataclass
-class FP8RecipeKwargs(KwargsHandler):
-    """Recipe for fp8 training; read by the fp8 backend package (Transformer-Engine needs CUDA)."""
-
-    backend: str = "te"
-    margin: int = 0
-    interval: int = 1
-    fp8_format: str = "HYBRID"
-    amax_history_len: int = 1024
-    amax_compute_algo: str = "most_recent"
-
-
-@dataclass
 class GradientAccumulationPlugin(KwargsHandler):
     """How gradient accumulation behaves.
 
