@@ -167,9 +167,8 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
             layout, self.state.device.type, self.state.num_processes, self.state.process_index, given_mesh, dist.is_initialized()
         )
         self.state.mixed_precision = self.strategy.resolve_precision(plan.mixed_precision)
-        if self.state.mixed_precision != "fp8" and fp8_recipe_handler(self.handlers) is not None:
-            if self.strategy.distributed_type not in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-                raise ValueError("Passing in an FP8 configuration requires setting `mixed_precision='fp8'`.")
+        if self.state.mixed_precision != "fp8" and fp8_recipe_handler(self.handlers) is not None and not self.strategy.owns_precision:
+            raise ValueError("Passing in an FP8 configuration requires setting `mixed_precision='fp8'`.")
         self.precision = self._make_precision(self.state.mixed_precision)
         # fp8 on a device that cannot run it falls back (with a warning) to what the precision says.
         self.state.mixed_precision = self.precision.name
@@ -225,7 +224,6 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
                 device=self.state.device,
                 handlers=self.handlers,
                 is_main_process=self.state.is_main_process,
-                distributed_type=str(self.strategy.distributed_type),
                 fallback=self._make_precision,
             )
             factory: PrecisionFactory = plugins.load("accel.precisions", "fp8")

@@ -91,15 +91,13 @@ class PrecisionContext:
     """What a precision plugin is given to build itself: a narrow view of the job, not the Accelerator.
 
     device: this process's device. handlers: the kwargs handlers by type (the fp8 recipe handlers).
-    is_main_process: whether this process logs (conversion reports). distributed_type: the strategy's
-    (``DistributedType`` value). fallback: builds one of core's precisions by name ("bf16", "fp16"), for
+    is_main_process: whether this process logs (conversion reports). fallback: builds one of core's precisions by name ("bf16", "fp16"), for
     a device that cannot run the requested one (a GPU below compute capability 8.9 asked for fp8).
     """
 
     device: torch.device
     handlers: Mapping[type, Any] = field(default_factory=dict)
     is_main_process: bool = True
-    distributed_type: str = "NO"
     fallback: Callable[[str], Precision] | None = None
 
 

@@ -62,6 +62,27 @@ def convert_model_to_fp8_ao(
     return report
 
 
+def plain_weight(tensor: Any) -> Any:
+    """``tensor`` without torchao's float8 all-gather wrapper (``WeightWithDynamicFloat8CastTensor``), inside a
+    DTensor too: the plain high-precision weight it holds, which checkpoints and safetensors can store."""
+    from torch.distributed.tensor import DTensor
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    if isinstance(tensor, DTensor) and isinstance(tensor._local_tensor, WeightWithDynamicFloat8CastTensor):
+        local = tensor._local_tensor._tensor
+        return DTensor.from_local(local, tensor.device_mesh, tensor.placements, run_check=False, shape=tensor.shape, stride=tensor.stride())
+    if isinstance(tensor, WeightWithDynamicFloat8CastTensor):
+        return tensor._tensor
+    return tensor
+
+
+def _plain_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    # A state_dict post-hook of each Float8Linear: its weight is saved as the plain tensor under the original name.
+    key = prefix + "weight"
+    if key in state_dict:
+        state_dict[key] = plain_weight(state_dict[key])
+
+
 def has_ao_layers(model: nn.Module) -> bool:
     """Whether ``model`` has a torchao ``Float8Linear`` layer."""
     from torchao.float8.float8_linear import Float8Linear
@@ -96,7 +117,12 @@ class AOFloat8Precision(AutocastPrecision):
     def convert_module(self, module: nn.Module) -> nn.Module:
         if has_ao_layers(module):
             return module  # converted already (by the script, or an earlier prepare)
+        from torchao.float8.float8_linear import Float8Linear
+
         report = convert_model_to_fp8_ao(module, self.config, self.handler.module_filter_func)
+        for layer in module.modules():
+            if isinstance(layer, Float8Linear):
+                layer.register_state_dict_post_hook(_plain_state_dict)
         self.reports.append(report)
         self._models.append(weakref.ref(module))
         if self.is_main_process:
