@@ -83,6 +83,15 @@ def _plain_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: str
         state_dict[key] = plain_weight(state_dict[key])
 
 
+def _rescale_after_load(module: nn.Module, incompatible_keys: Any) -> None:
+    # Loaded weights need the scales a run that never stopped would use: those precomputed after each
+    # optimizer step over the whole weight, not the per-shard ones FSDP2 computes when none is precomputed.
+    # Collective over the weights' mesh, as loading a sharded model's state dict already is.
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(module)
+
+
 def has_ao_layers(model: nn.Module) -> bool:
     """Whether ``model`` has a torchao ``Float8Linear`` layer."""
     from torchao.float8.float8_linear import Float8Linear
@@ -123,6 +132,8 @@ class AOFloat8Precision(AutocastPrecision):
         for layer in module.modules():
             if isinstance(layer, Float8Linear):
                 layer.register_state_dict_post_hook(_plain_state_dict)
+        if self.config.enable_fsdp_float8_all_gather:
+            module.register_load_state_dict_post_hook(_rescale_after_load)
         self.reports.append(report)
         self._models.append(weakref.ref(module))
         if self.is_main_process:
