@@ -69,10 +69,10 @@ def plain_weight(tensor: Any) -> Any:
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
     if isinstance(tensor, DTensor) and isinstance(tensor._local_tensor, WeightWithDynamicFloat8CastTensor):
-        local = tensor._local_tensor._tensor
+        local = tensor._local_tensor._tensor.detach()  # the wrapper holds the original Parameter
         return DTensor.from_local(local, tensor.device_mesh, tensor.placements, run_check=False, shape=tensor.shape, stride=tensor.stride())
     if isinstance(tensor, WeightWithDynamicFloat8CastTensor):
-        return tensor._tensor
+        return tensor._tensor.detach()
     return tensor
 
 

@@ -42,10 +42,15 @@ def check_cuda_fp8_capability() -> bool:
     return torch.cuda.is_available() and fp8_fallback("cuda", torch.cuda.get_device_capability()) is None
 
 
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """The CUDA compute capability of ``device`` (None for other devices)."""
+    return tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None  # type: ignore[return-value]
+
+
 def make_precision(context: PrecisionContext) -> Precision:
     """The fp8 Precision for ``context`` (the ``PrecisionFactory`` accel-core calls for ``mixed_precision="fp8"``)."""
     device = context.device
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    capability = device_capability(device)
     fallback = fp8_fallback(device.type, capability)
     if fallback is not None:
         if context.fallback is None:
