@@ -21,10 +21,11 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from accel import Accelerator, ParallelismConfig
-from accel.utils import AORecipeKwargs
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Accelerator, ParallelismConfig
+from accel.utils import AORecipeKwargs
 
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 warnings.filterwarnings("ignore", message=".*may not have complete support.*")
@@ -121,31 +122,42 @@ def main() -> None:
     report = accelerator.precision.report
     check(report is not None and report.converted == ["up", "down"], f"converted {report}")
     check(set(report.skipped) == {"inp", "odd", "out"}, f"skipped {report.skipped}")
-    check("not divisible by 16" in report.skipped["odd"] and "first linear" in report.skipped["inp"], f"reasons {report.skipped}")
+    check(
+        "not divisible by 16" in report.skipped["odd"] and "first linear" in report.skipped["inp"],
+        f"reasons {report.skipped}",
+    )
     reports: list = [None] * dist.get_world_size()
     dist.all_gather_object(reports, (report.converted, report.skipped))
     check(all(r == reports[0] for r in reports), "conversion reports differ between ranks")
     inner = accelerator.unwrap_model(model)
     check(isinstance(inner.up, Float8Linear) and isinstance(inner.down, Float8Linear), "up/down are not Float8Linear")
     check(type(inner.odd) is nn.Linear and type(inner.inp) is nn.Linear, "skipped layers were converted")
-    check(accelerator.fp8_backend == "AO" and accelerator.mixed_precision == "fp8", f"backend {accelerator.fp8_backend}")
+    check(
+        accelerator.fp8_backend == "AO" and accelerator.mixed_precision == "fp8", f"backend {accelerator.fp8_backend}"
+    )
     model_params = {id(p) for p in model.parameters()}
-    check(all(id(p) in model_params for g in optimizer.param_groups for p in g["params"]), "optimizer not on the model's parameters")
+    check(
+        all(id(p) in model_params for g in optimizer.param_groups for p in g["params"]),
+        "optimizer not on the model's parameters",
+    )
 
     # The loss curves: fp8 follows bf16 within LOSS_TOL (relative), and both learn.
-    worst = max(abs(a - b) / abs(b) for a, b in zip(fp8_losses, bf16_losses))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(fp8_losses, bf16_losses, strict=True))
     check(len(fp8_losses) == STEPS and worst <= LOSS_TOL, f"fp8 vs bf16: worst relative loss difference {worst:.4f}")
     check(fp8_losses[-1] < 0.7 * fp8_losses[0], f"fp8 did not learn: {fp8_losses[0]:.4f} -> {fp8_losses[-1]:.4f}")
     say(
-        f"LOSS {LAYOUT}: bf16 {bf16_losses[0]:.4f}->{bf16_losses[-1]:.4f} fp8 {fp8_losses[0]:.4f}->{fp8_losses[-1]:.4f} "
-        f"max relative difference {worst:.4f} (tolerance {LOSS_TOL})"
+        f"LOSS {LAYOUT}: bf16 {bf16_losses[0]:.4f}->{bf16_losses[-1]:.4f} "
+        f"fp8 {fp8_losses[0]:.4f}->{fp8_losses[-1]:.4f} max relative difference {worst:.4f} (tolerance {LOSS_TOL})"
     )
 
     # Replicas identical: the full weights of every rank that holds them (FSDP gathers them on rank 0 only) agree.
     weights = full_weights(accelerator, model)
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, {k: v.sum().item() for k, v in weights.items()})
-    check(len(gathered[0]) == 10 and all(g == gathered[0] for g in gathered if g), f"ranks hold different weights: {gathered}")
+    check(
+        len(gathered[0]) == 10 and all(g == gathered[0] for g in gathered if g),
+        f"ranks hold different weights: {gathered}",
+    )
     shared = [weights]
     dist.broadcast_object_list(shared, src=0)
     weights = shared[0]

@@ -19,5 +19,10 @@ HERE = Path(__file__).resolve().parent
 def test_fp8_trains_like_bf16_saves_and_loads(torchrun, tmp_path, layout, nproc):
     result = torchrun(HERE / "fp8_checks.py", str(tmp_path), layout, nproc=nproc, timeout=600)
     assert all(f"FP8 CHECKS PASSED {rank}" in result.stdout for rank in range(nproc)), result.stdout[-3000:]
-    for line in (f"LOSS {layout}", f"SAVE/LOAD STATE {layout}: identical outputs", f"SAVE_MODEL {layout}", "ERROR ON EVERY RANK"):
+    for line in (
+        f"LOSS {layout}",
+        f"SAVE/LOAD STATE {layout}: identical outputs",
+        f"SAVE_MODEL {layout}",
+        "ERROR ON EVERY RANK",
+    ):
         assert line in result.stdout, result.stdout[-3000:]

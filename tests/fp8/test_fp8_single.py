@@ -8,19 +8,22 @@ import logging
 
 import pytest
 import torch
+from torch import nn
+
 from accel_core.enums import FP8BackendType
 from accel_core.fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, fp8_backend_of
-from torch import nn
 
 pytest.importorskip("torchao")
 
-from accel_fp8 import ConversionReport, convert_model_to_fp8_ao, fp8_fallback  # noqa: E402
-from accel_fp8.ao import AOFloat8Precision  # noqa: E402
+from accel_fp8 import ConversionReport, convert_model_to_fp8_ao, fp8_fallback
+from accel_fp8.ao import AOFloat8Precision
 
 
 def mlp() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 48), nn.Linear(48, 10))
+    return nn.Sequential(
+        nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 48), nn.Linear(48, 10)
+    )
 
 
 def test_fallback_decision_follows_compute_capability():
@@ -120,7 +123,9 @@ def test_parallel_style_swaps_for_float8_styles_of_converted_layers():
     assert type(precision.parallel_style(SequenceParallel(), [model[2]])) is SequenceParallel
     rowwise = AOFloat8Precision("cpu", AORecipeKwargs(recipe_name="rowwise"))
     converted = rowwise.convert_module(mlp())
-    assert type(rowwise.parallel_style(ColwiseParallel(), [converted[2]])) is ColwiseParallel  # float8 styles are tensorwise
+    assert (
+        type(rowwise.parallel_style(ColwiseParallel(), [converted[2]])) is ColwiseParallel
+    )  # float8 styles are tensorwise
 
 
 def test_prepared_fp8_model_state_dict_is_plain_and_reloads():

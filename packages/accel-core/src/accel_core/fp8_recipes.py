@@ -110,8 +110,8 @@ class TERecipeKwargs(KwargsHandler):
     def __post_init__(self) -> None:
         if not is_transformer_engine_available():
             raise ImportError(
-                'TERecipeKwargs needs Transformer-Engine: pip install "accel-fp8[te]" (a CUDA machine with its toolkit), '
-                "or use AORecipeKwargs (torchao)."
+                'TERecipeKwargs needs Transformer-Engine: pip install "accel-fp8[te]" (a CUDA machine with its '
+                "toolkit), or use AORecipeKwargs (torchao)."
             )
         self._fill_from_env()
 
@@ -125,9 +125,14 @@ class TERecipeKwargs(KwargsHandler):
         self.fp8_format = (self.fp8_format or os.environ.get(_PREFIX + "FORMAT") or "HYBRID").upper()
         if self.fp8_format not in FP8_FORMATS:
             raise ValueError(f"`fp8_format` must be one of {' or '.join(FP8_FORMATS)}, got {self.fp8_format!r}.")
-        self.amax_compute_algo = (self.amax_compute_algo or os.environ.get(_PREFIX + "AMAX_COMPUTE_ALGO") or "most_recent").lower()
+        self.amax_compute_algo = (
+            self.amax_compute_algo or os.environ.get(_PREFIX + "AMAX_COMPUTE_ALGO") or "most_recent"
+        ).lower()
         if self.amax_compute_algo not in AMAX_COMPUTE_ALGORITHMS:
-            raise ValueError(f"`amax_compute_algo` must be one of {' or '.join(AMAX_COMPUTE_ALGORITHMS)}, got {self.amax_compute_algo!r}.")
+            raise ValueError(
+                f"`amax_compute_algo` must be one of {' or '.join(AMAX_COMPUTE_ALGORITHMS)}, "
+                f"got {self.amax_compute_algo!r}."
+            )
         if self.amax_history_len is None:
             self.amax_history_len = env.get_int(_PREFIX + "AMAX_HISTORY_LEN", 1024)
         if self.override_linear_precision is None:
@@ -159,7 +164,9 @@ class FP8RecipeKwargs(TERecipeKwargs):
         )
         backend = (self.backend or os.environ.get(_PREFIX + "BACKEND") or "TE").upper()
         if backend == "MSAMP":
-            raise ValueError("accel does not support MS-AMP: use backend='TE' (Transformer-Engine) or AORecipeKwargs (torchao).")
+            raise ValueError(
+                "accel does not support MS-AMP: use backend='TE' (Transformer-Engine) or AORecipeKwargs (torchao)."
+            )
         if backend not in ("TE", "AO"):
             raise ValueError(f"`backend` must be 'TE' or 'AO' to use FP8RecipeKwargs, got {self.backend!r}.")
         self.backend = backend

@@ -14,9 +14,10 @@ import weakref
 from typing import Any
 
 import torch
+from torch import nn
+
 from accel_core.fp8_recipes import AORecipeKwargs
 from accel_core.precision import AutocastPrecision
-from torch import nn
 
 from .report import ConversionReport, RecordingFilter
 
@@ -31,11 +32,15 @@ def build_config(handler: AORecipeKwargs) -> Any:
 
     if handler.config is not None:
         if not isinstance(handler.config, Float8LinearConfig):
-            raise TypeError(f"AORecipeKwargs.config must be a torchao Float8LinearConfig, got {type(handler.config).__name__}.")
+            raise TypeError(
+                f"AORecipeKwargs.config must be a torchao Float8LinearConfig, got {type(handler.config).__name__}."
+            )
         return handler.config
     base = Float8LinearConfig.from_recipe_name(handler.recipe_name) if handler.recipe_name else Float8LinearConfig()
     return dataclasses.replace(
-        base, pad_inner_dim=bool(handler.pad_inner_dim), enable_fsdp_float8_all_gather=bool(handler.enable_fsdp_float8_all_gather)
+        base,
+        pad_inner_dim=bool(handler.pad_inner_dim),
+        enable_fsdp_float8_all_gather=bool(handler.enable_fsdp_float8_all_gather),
     )
 
 
@@ -57,8 +62,12 @@ def convert_model_to_fp8_ao(
     if report is None:
         report = ConversionReport(model=type(model).__name__, backend="torchao")
     if isinstance(model, nn.Linear):
-        raise ValueError("convert_model_to_fp8_ao converts the linear layers inside a model: wrap a lone nn.Linear in a module.")
-    convert_to_float8_training(model, module_filter_fn=RecordingFilter(model, report, module_filter_func), config=config)
+        raise ValueError(
+            "convert_model_to_fp8_ao converts the linear layers inside a model: wrap a lone nn.Linear in a module."
+        )
+    convert_to_float8_training(
+        model, module_filter_fn=RecordingFilter(model, report, module_filter_func), config=config
+    )
     return report
 
 
@@ -70,7 +79,9 @@ def plain_weight(tensor: Any) -> Any:
 
     if isinstance(tensor, DTensor) and isinstance(tensor._local_tensor, WeightWithDynamicFloat8CastTensor):
         local = tensor._local_tensor._tensor.detach()  # the wrapper holds the original Parameter
-        return DTensor.from_local(local, tensor.device_mesh, tensor.placements, run_check=False, shape=tensor.shape, stride=tensor.stride())
+        return DTensor.from_local(
+            local, tensor.device_mesh, tensor.placements, run_check=False, shape=tensor.shape, stride=tensor.stride()
+        )
     if isinstance(tensor, WeightWithDynamicFloat8CastTensor):
         return tensor._tensor.detach()
     return tensor
@@ -109,7 +120,11 @@ class AOFloat8Precision(AutocastPrecision):
     backend = "AO"
 
     def __init__(
-        self, device_type: str, handler: AORecipeKwargs, is_main_process: bool = True, autocast_kwargs: dict[str, Any] | None = None
+        self,
+        device_type: str,
+        handler: AORecipeKwargs,
+        is_main_process: bool = True,
+        autocast_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__("fp8", device_type, autocast_kwargs=autocast_kwargs)
         self.handler = handler
@@ -139,7 +154,9 @@ class AOFloat8Precision(AutocastPrecision):
         if self.is_main_process:
             logger.info(report.summary())
             if not report.converted:
-                logger.warning("fp8: no layer of %s could be converted; it trains in bf16 (%s).", report.model, report.skipped)
+                logger.warning(
+                    "fp8: no layer of %s could be converted; it trains in bf16 (%s).", report.model, report.skipped
+                )
         return module
 
     def parallel_style(self, style: Any, modules: list[nn.Module]) -> Any:
@@ -156,7 +173,9 @@ class AOFloat8Precision(AutocastPrecision):
         if float8_style is None:
             return style
         return float8_style(
-            input_layouts=style.input_layouts[0], output_layouts=style.output_layouts[0], use_local_output=style.use_local_output
+            input_layouts=style.input_layouts[0],
+            output_layouts=style.output_layouts[0],
+            use_local_output=style.use_local_output,
         )
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:

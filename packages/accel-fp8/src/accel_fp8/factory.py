@@ -9,9 +9,10 @@ run falls back to fp16 with a warning, as Accelerate does.
 from __future__ import annotations
 
 import logging
-from functools import lru_cache
+from functools import cache
 
 import torch
+
 from accel_core.configuration import AutocastKwargs
 from accel_core.enums import FP8BackendType
 from accel_core.fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs, fp8_backend_of, fp8_recipe_handler
@@ -36,7 +37,7 @@ def fp8_fallback(device_type: str, capability: tuple[int, int] | None) -> str | 
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def check_cuda_fp8_capability() -> bool:
     """Whether the current CUDA GPU has fp8 tensor cores (compute capability >= 8.9). Initialises CUDA."""
     return torch.cuda.is_available() and fp8_fallback("cuda", torch.cuda.get_device_capability()) is None
@@ -54,11 +55,14 @@ def make_precision(context: PrecisionContext) -> Precision:
     fallback = fp8_fallback(device.type, capability)
     if fallback is not None:
         if context.fallback is None:
-            raise ValueError(f"fp8 needs a GPU of compute capability >= 8.9, this one has {capability}: use bf16 or fp16.")
+            raise ValueError(
+                f"fp8 needs a GPU of compute capability >= 8.9, this one has {capability}: use bf16 or fp16."
+            )
         if context.is_main_process:
             logger.warning(
-                "The current device has compute capability of %s which is insufficient for FP8 mixed precision training "
-                "(requires a GPU Hopper/Ada Lovelace or higher, compute capability of 8.9 or higher). Will use %s instead.",
+                "The current device has compute capability of %s which is insufficient for FP8 mixed precision "
+                "training (requires a GPU Hopper/Ada Lovelace or higher, compute capability of 8.9 or higher). "
+                "Will use %s instead.",
                 capability,
                 fallback.upper(),
             )

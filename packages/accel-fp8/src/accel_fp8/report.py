@@ -79,13 +79,21 @@ class RecordingFilter:
         default, for training stability).
     """
 
-    def __init__(self, model: nn.Module, report: ConversionReport, user_filter: Callable[..., bool] | None = None) -> None:
+    def __init__(
+        self, model: nn.Module, report: ConversionReport, user_filter: Callable[..., bool] | None = None
+    ) -> None:
         self.report = report
         self.user_filter = user_filter
         first, last = find_first_last_linear_layers(model)
-        self.edges = {} if user_filter is not None else {
-            name: why for name, why in ((first, "the first linear layer"), (last, "the last linear layer")) if name is not None
-        }
+        self.edges = (
+            {}
+            if user_filter is not None
+            else {
+                name: why
+                for name, why in ((first, "the first linear layer"), (last, "the last linear layer"))
+                if name is not None
+            }
+        )
 
     def __call__(self, module: nn.Module, fqn: str) -> bool:
         if not isinstance(module, nn.Linear):

@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
+
 from accel_core.fp8_recipes import TERecipeKwargs
 from accel_core.precision import AutocastForward, AutocastPrecision
-from torch import nn
 
 from .report import ConversionReport, fp8_shape_problem
 
@@ -26,7 +27,7 @@ _INSTALL = 'pip install "accel-fp8[te]" (on a CUDA machine with its toolkit)'
 def import_te() -> Any:
     """``transformer_engine.pytorch``, or an ImportError naming the extra to install."""
     try:
-        import transformer_engine.pytorch as te
+        import transformer_engine.pytorch as te  # pyright: ignore[reportMissingImports]
     except ImportError as error:
         raise ImportError(
             f"The Transformer-Engine fp8 backend needs transformer_engine: {_INSTALL}; or use torchao, which runs "
@@ -38,13 +39,13 @@ def import_te() -> Any:
 def recipe_from(handler: TERecipeKwargs | None) -> Any:
     """Transformer-Engine's recipe object for ``handler`` (``DelayedScaling``, or ``MXFP8BlockScaling``)."""
     import_te()
-    import transformer_engine.common.recipe as te_recipe
+    import transformer_engine.common.recipe as te_recipe  # pyright: ignore[reportMissingImports]
 
     kwargs = dict(handler.to_kwargs()) if handler is not None else {}
     for name in ("use_autocast_during_eval", "backend", "opt_level"):
         kwargs.pop(name, None)
     if kwargs.pop("use_mxfp8_block_scaling", False):
-        from transformer_engine.pytorch.fp8 import check_mxfp8_support
+        from transformer_engine.pytorch.fp8 import check_mxfp8_support  # pyright: ignore[reportMissingImports]
 
         available, why = check_mxfp8_support()
         if not available:
@@ -55,7 +56,9 @@ def recipe_from(handler: TERecipeKwargs | None) -> Any:
     return te_recipe.DelayedScaling(**kwargs)
 
 
-def convert_model(model: nn.Module, to_transformer_engine: bool = True, report: ConversionReport | None = None) -> ConversionReport:
+def convert_model(
+    model: nn.Module, to_transformer_engine: bool = True, report: ConversionReport | None = None
+) -> ConversionReport:
     """Replaces ``model``'s ``nn.Linear`` (dimensions divisible by 16) and ``nn.LayerNorm`` layers by
     Transformer-Engine's in place, copying weights; ``to_transformer_engine=False`` converts back. Returns the report.
 
@@ -76,21 +79,28 @@ def convert_model(model: nn.Module, to_transformer_engine: bool = True, report: 
 
 
 @torch.no_grad()
-def _converted(te: Any, module: nn.Module, to_te: bool, fqn: str, report: ConversionReport) -> nn.Module | None:
-    new: nn.Module
+def _converted(te: Any, module: Any, to_te: bool, fqn: str, report: ConversionReport) -> nn.Module | None:
+    new: Any
     if to_te and type(module) is nn.Linear:
         problem = fp8_shape_problem(module)
         if problem is not None:
             report.skipped[fqn] = problem
             return None
-        new = te.Linear(module.in_features, module.out_features, bias=module.bias is not None, params_dtype=module.weight.dtype)
+        new = te.Linear(
+            module.in_features, module.out_features, bias=module.bias is not None, params_dtype=module.weight.dtype
+        )
     elif to_te and type(module) is nn.LayerNorm:
         if len(module.normalized_shape) != 1 or not module.elementwise_affine:
             report.skipped[fqn] = "LayerNorm over several dimensions or without affine weights"
             return None
         new = te.LayerNorm(module.normalized_shape[0], eps=module.eps, params_dtype=module.weight.dtype)
     elif not to_te and isinstance(module, te.Linear):
-        new = nn.Linear(module.in_features, module.out_features, bias=getattr(module, "bias", None) is not None, dtype=module.weight.dtype)
+        new = nn.Linear(
+            module.in_features,
+            module.out_features,
+            bias=getattr(module, "bias", None) is not None,
+            dtype=module.weight.dtype,
+        )
     elif not to_te and isinstance(module, te.LayerNorm):
         new = nn.LayerNorm(module.weight.shape[0], eps=module.eps, dtype=module.weight.dtype)
     else:
@@ -114,7 +124,15 @@ class FP8AutocastForward(AutocastForward):
     """``model.forward`` under bf16 autocast and Transformer-Engine's ``fp8_autocast`` (off in eval mode unless
     ``use_during_eval``); removed by ``unwrap_forward`` like the plain autocast wrapper."""
 
-    def __init__(self, module: nn.Module, original: Any, device_type: str, kwargs: dict[str, Any], recipe: Any, use_during_eval: bool):
+    def __init__(
+        self,
+        module: nn.Module,
+        original: Any,
+        device_type: str,
+        kwargs: dict[str, Any],
+        recipe: Any,
+        use_during_eval: bool,
+    ):
         super().__init__(module, original, device_type, torch.bfloat16, kwargs)
         self.recipe, self.use_during_eval = recipe, use_during_eval
 
@@ -125,23 +143,31 @@ class FP8AutocastForward(AutocastForward):
 
 
 def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: TERecipeKwargs | None) -> nn.Module:
-    """Makes ``model.forward`` run under ``fp8_autocast`` with the handler's recipe (Accelerate's function); returns it."""
+    """Makes ``model.forward`` run under ``fp8_autocast`` with the handler's recipe (Accelerate's function);
+    returns ``model``."""
     use_during_eval = bool(fp8_recipe_handler.use_autocast_during_eval) if fp8_recipe_handler is not None else False
     device_type = next((p.device.type for p in model.parameters()), "cuda")
-    model.forward = FP8AutocastForward(model, model.forward, device_type, {}, recipe_from(fp8_recipe_handler), use_during_eval)  # type: ignore[method-assign]
+    model.forward = FP8AutocastForward(
+        model, model.forward, device_type, {}, recipe_from(fp8_recipe_handler), use_during_eval
+    )  # type: ignore[method-assign]
     return model
 
 
 class TEFloat8Precision(AutocastPrecision):
     """The ``fp8`` precision on Transformer-Engine (``TERecipeKwargs``, or ``ACCEL_FP8_BACKEND=TE``).
 
-    handler: the recipe settings (None: ``TERecipeKwargs()``, Accelerate's defaults). is_main_process: logs the conversion report there.
+    handler: the recipe settings (None: ``TERecipeKwargs()``, Accelerate's defaults). is_main_process: logs the
+    conversion report there.
     """
 
     backend = "TE"
 
     def __init__(
-        self, device_type: str, handler: TERecipeKwargs | None, is_main_process: bool = True, autocast_kwargs: dict[str, Any] | None = None
+        self,
+        device_type: str,
+        handler: TERecipeKwargs | None,
+        is_main_process: bool = True,
+        autocast_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if device_type != "cuda":
             raise ValueError(
