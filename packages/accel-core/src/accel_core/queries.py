@@ -58,40 +58,48 @@ class SetupQueries:
 
     @property
     def use_seedable_sampler(self) -> bool:
+        """Whether shuffled loaders use a ``SeedableRandomSampler`` (``DataLoaderConfiguration(use_seedable_sampler=)``)."""
         return self.dataloader_config.use_seedable_sampler
 
     @property
     def non_blocking(self) -> bool:
+        """Whether batches move to the device with ``non_blocking=True`` (``DataLoaderConfiguration(non_blocking=)``)."""
         return self.dataloader_config.non_blocking
 
     @property
     def use_stateful_dataloader(self) -> bool:
+        """Whether prepared loaders are torchdata ``StatefulDataLoader`` s (``DataLoaderConfiguration(use_stateful_dataloader=)``)."""
         return self.dataloader_config.use_stateful_dataloader
 
     # The kwargs handlers given to the constructor, under the reference's attribute names (None when not given).
     @property
     def ddp_handler(self) -> DistributedDataParallelKwargs | None:
+        """The ``DistributedDataParallelKwargs`` given in ``kwargs_handlers``, or None."""
         return self.handlers.get(DistributedDataParallelKwargs)
 
     @property
     def scaler_handler(self) -> GradScalerKwargs | None:
+        """The ``GradScalerKwargs`` given in ``kwargs_handlers``, or None."""
         return self.handlers.get(GradScalerKwargs)
 
     @property
     def init_handler(self) -> InitProcessGroupKwargs | None:
+        """The ``InitProcessGroupKwargs`` given in ``kwargs_handlers``, or None."""
         return self.handlers.get(InitProcessGroupKwargs)
 
     @property
     def autocast_handler(self) -> AutocastKwargs | None:
+        """The ``AutocastKwargs`` given in ``kwargs_handlers``, or None."""
         return self.handlers.get(AutocastKwargs)
 
     @property
     def profile_handler(self) -> ProfileKwargs | None:
+        """The ``ProfileKwargs`` given in ``kwargs_handlers``, or None."""
         return self.handlers.get(ProfileKwargs)
 
     @property
     def fp8_recipe_handler(self) -> FP8RecipeKwargs | None:
-        """The deprecated ``FP8RecipeKwargs`` given, if any."""
+        """The deprecated ``FP8RecipeKwargs`` given in ``kwargs_handlers``, or None."""
         return self.handlers.get(FP8RecipeKwargs)
 
     @property
