@@ -32,6 +32,7 @@ _EXPORTS = {
     "convert_model": "te",
     "has_transformer_engine_layers": "te",
     "apply_fp8_autowrap": "te",
+    "contextual_fp8_autocast": "te",
     "ConversionReport": "report",
     "filter_linear_layers": "report",
     "filter_first_and_last_linear_layers": "report",

@@ -142,6 +142,19 @@ class FP8AutocastForward(AutocastForward):
             return super().__call__(*args, **kwargs)
 
 
+def contextual_fp8_autocast(model_forward: Any, fp8_recipe: Any, use_during_eval: bool = False) -> Any:
+    """A ``forward(self, *args, **kwargs)`` running ``model_forward`` under ``fp8_autocast`` with ``fp8_recipe``,
+    off in eval mode unless ``use_during_eval`` (Accelerate's function; bind it with ``types.MethodType``)."""
+    te = import_te()
+
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        with te.fp8_autocast(enabled=use_during_eval or self.training, fp8_recipe=fp8_recipe):
+            return model_forward(*args, **kwargs)
+
+    forward.__wrapped__ = model_forward  # type: ignore[attr-defined]
+    return forward
+
+
 def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: TERecipeKwargs | None) -> nn.Module:
     """Makes ``model.forward`` run under ``fp8_autocast`` with the handler's recipe (Accelerate's function);
     returns ``model``."""
