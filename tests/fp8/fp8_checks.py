@@ -101,6 +101,16 @@ def train(precision: str) -> tuple[list[float], Accelerator, nn.Module, torch.op
     return losses, accelerator, model, optimizer
 
 
+def input_hooks(module: nn.Module) -> set[str]:
+    """The qualified names of the functions a tensor-parallel style hooked on ``module``'s input."""
+    names = set()
+    for hook in module._forward_pre_hooks.values():
+        for cell in getattr(hook, "__closure__", None) or ():
+            function = getattr(cell.cell_contents, "func", cell.cell_contents)
+            names.add(getattr(function, "__qualname__", ""))
+    return names
+
+
 def full_weights(accelerator: Accelerator, model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.float().clone() for k, v in accelerator.get_state_dict(model).items()}
 
@@ -132,6 +142,15 @@ def main() -> None:
     inner = accelerator.unwrap_model(model)
     check(isinstance(inner.up, Float8Linear) and isinstance(inner.down, Float8Linear), "up/down are not Float8Linear")
     check(type(inner.odd) is nn.Linear and type(inner.inp) is nn.Linear, "skipped layers were converted")
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    weight = inner.up.weight
+    local = weight._local_tensor if hasattr(weight, "_local_tensor") else weight
+    check(isinstance(local, WeightWithDynamicFloat8CastTensor), f"up.weight is not gathered in float8: {type(local)}")
+    if LAYOUT == "tp_fsdp":
+        # The plan's colwise / rowwise became torchao's float8 styles (the precision chose them).
+        check(any("Float8ColwiseParallel" in n for n in input_hooks(inner.up)), f"up: {input_hooks(inner.up)}")
+        check(any("Float8RowwiseParallel" in n for n in input_hooks(inner.down)), f"down: {input_hooks(inner.down)}")
     check(
         accelerator.fp8_backend == "AO" and accelerator.mixed_precision == "fp8", f"backend {accelerator.fp8_backend}"
     )

@@ -165,6 +165,32 @@ def test_recipe_without_fp8_and_te_on_cpu_fail_clearly():
             import_te()
 
 
+def test_transformer_engine_path_fails_clearly_without_te_or_gpu(monkeypatch):
+    # The Transformer-Engine path needs CUDA and transformer_engine; here (CPU, no TE) every way in says what to do.
+    from accel import Accelerator
+    from accel_core.fp8_recipes import TERecipeKwargs
+
+    te_installed = True
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except ImportError:
+        te_installed = False
+    if not te_installed:
+        with pytest.raises(ImportError, match=r"accel-fp8\[te\]"):
+            TERecipeKwargs()
+    monkeypatch.setenv("ACCEL_FP8_BACKEND", "TE")
+    with pytest.raises(ValueError, match="CUDA GPUs only.*AORecipeKwargs"):
+        Accelerator(mixed_precision="fp8", cpu=True)
+    # The deprecated handler carries the TE fields, validated as the reference does.
+    with pytest.raises(ValueError, match="fp8_format"), pytest.warns(FutureWarning):
+        FP8RecipeKwargs(backend="TE", fp8_format="E3M4")
+    with pytest.raises(ValueError, match="MS-AMP"), pytest.warns(FutureWarning):
+        FP8RecipeKwargs(backend="MSAMP")
+    with pytest.warns(FutureWarning):
+        legacy = FP8RecipeKwargs(backend="TE", amax_compute_algo="MAX")
+    assert legacy.to_kwargs()["amax_compute_algo"] == "max" and legacy.to_kwargs()["amax_history_len"] == 1024
+
+
 def test_conversion_report_is_logged_on_the_main_process(caplog):
     precision = AOFloat8Precision("cpu", AORecipeKwargs(), is_main_process=True)
     with caplog.at_level(logging.INFO, logger="accel"):

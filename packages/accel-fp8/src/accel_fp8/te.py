@@ -36,6 +36,13 @@ def import_te() -> Any:
     return te
 
 
+def te_autocast(te: Any, enabled: bool, recipe: Any) -> Any:
+    """Transformer-Engine's fp8 autocast context: ``te.autocast`` (2.8 and later), else ``te.fp8_autocast``."""
+    if hasattr(te, "autocast"):
+        return te.autocast(enabled=enabled, recipe=recipe)
+    return te.fp8_autocast(enabled=enabled, fp8_recipe=recipe)
+
+
 def recipe_from(handler: TERecipeKwargs | None) -> Any:
     """Transformer-Engine's recipe object for ``handler`` (``DelayedScaling``, or ``MXFP8BlockScaling``)."""
     import_te()
@@ -138,7 +145,7 @@ class FP8AutocastForward(AutocastForward):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         te = import_te()
-        with te.fp8_autocast(enabled=self.use_during_eval or self.module.training, fp8_recipe=self.recipe):
+        with te_autocast(te, self.use_during_eval or self.module.training, self.recipe):
             return super().__call__(*args, **kwargs)
 
 
@@ -148,7 +155,7 @@ def contextual_fp8_autocast(model_forward: Any, fp8_recipe: Any, use_during_eval
     te = import_te()
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        with te.fp8_autocast(enabled=use_during_eval or self.training, fp8_recipe=fp8_recipe):
+        with te_autocast(te, use_during_eval or self.training, fp8_recipe):
             return model_forward(*args, **kwargs)
 
     forward.__wrapped__ = model_forward  # type: ignore[attr-defined]
