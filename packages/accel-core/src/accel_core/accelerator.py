@@ -272,7 +272,7 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
 
     @property
     def mixed_precision(self) -> str:
-        """The precision mode in use: "no", "fp16" or "bf16"."""
+        """The precision mode in use: "no", "fp16", "bf16" or "fp8" (an old GPU asked for fp8 runs fp16)."""
         return self.precision.name
 
     @property
