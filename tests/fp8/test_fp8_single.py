@@ -179,7 +179,7 @@ def test_transformer_engine_path_fails_clearly_without_te_or_gpu(monkeypatch):
         with pytest.raises(ImportError, match=r"accel-fp8\[te\]"):
             TERecipeKwargs()
     monkeypatch.setenv("ACCEL_FP8_BACKEND", "TE")
-    with pytest.raises(ValueError, match="CUDA GPUs only.*AORecipeKwargs"):
+    with pytest.raises(ValueError, match=r"CUDA GPUs only.*AORecipeKwargs"):
         Accelerator(mixed_precision="fp8", cpu=True)
     # The deprecated handler carries the TE fields, validated as the reference does.
     with pytest.raises(ValueError, match="fp8_format"), pytest.warns(FutureWarning):
@@ -230,3 +230,16 @@ def test_fp8_composes_with_torch_compile():
     compiled, model = _fp8_losses("aot_eager")
     assert type(model).__name__ == "OptimizedModule"
     assert compiled == pytest.approx(eager, rel=1e-5), (compiled, eager)
+
+
+def test_model_converted_by_the_script_is_reported_and_saves_plain_weights():
+    from torchao.float8 import Float8LinearConfig
+
+    from accel import Accelerator
+
+    model = mlp()
+    convert_model_to_fp8_ao(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True))
+    accelerator = Accelerator(mixed_precision="fp8", cpu=True)
+    model = accelerator.prepare(model)
+    assert accelerator.precision.report.converted == ["2", "4"] and accelerator.precision.report.skipped == {}
+    assert all(type(t) is torch.Tensor for t in accelerator.get_state_dict(model).values())

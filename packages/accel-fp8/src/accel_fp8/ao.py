@@ -94,6 +94,12 @@ def _plain_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: str
         state_dict[key] = plain_weight(state_dict[key])
 
 
+def _float8_gathered() -> type:
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    return WeightWithDynamicFloat8CastTensor
+
+
 def _rescale_after_load(module: nn.Module, incompatible_keys: Any) -> None:
     # Loaded weights need the scales a run that never stopped would use: those precomputed after each
     # optimizer step over the whole weight, not the per-shard ones FSDP2 computes when none is precomputed.
@@ -139,15 +145,20 @@ class AOFloat8Precision(AutocastPrecision):
         return self.reports[-1] if self.reports else None
 
     def convert_module(self, module: nn.Module) -> nn.Module:
-        if has_ao_layers(module):
-            return module  # converted already (by the script, or an earlier prepare)
         from torchao.float8.float8_linear import Float8Linear
 
-        report = convert_model_to_fp8_ao(module, self.config, self.handler.module_filter_func)
+        if any(module is ref() for ref in self._models):
+            return module  # prepared before: converted and hooked already
+        if has_ao_layers(module):
+            # Converted by the script itself: reported as it is, hooked like ours.
+            found = [name for name, layer in module.named_modules() if isinstance(layer, Float8Linear)]
+            report = ConversionReport(model=type(module).__name__, backend="torchao", converted=found)
+        else:
+            report = convert_model_to_fp8_ao(module, self.config, self.handler.module_filter_func)
         for layer in module.modules():
             if isinstance(layer, Float8Linear):
                 layer.register_state_dict_post_hook(_plain_state_dict)
-        if self.config.enable_fsdp_float8_all_gather:
+        if any(isinstance(getattr(layer, "weight", None), _float8_gathered()) for layer in module.modules()):
             module.register_load_state_dict_post_hook(_rescale_after_load)
         self.reports.append(report)
         self._models.append(weakref.ref(module))
