@@ -14,7 +14,7 @@ AdamW state (about 3x the model on disk):
   Before each load, freed heap memory is handed back to the kernel (``malloc_trim``), so that no
   variant profits from pages another one happened to leave mapped. Goal: >= 0.8 of raw.
 - async save: time ``save_state(async_save=True)`` blocks the caller vs a synchronous save. Goal: <= 0.2.
-- content hashes: ``save_state`` / ``load_state`` against the same calls with the per-file BLAKE2b
+- content hashes: ``save_state`` / ``load_state`` against the same calls with the per-file SHA-256
   hashing (save) and verification (load) switched off in this process, to show what they add.
 
 Usage: python bench/checkpoint_io.py [--mb 256] [--repeats 3] [--dir /tmp]
@@ -122,7 +122,7 @@ def main() -> None:
         def async_save() -> None:
             accelerator.save_state(target, async_save=True)
 
-        import accel_checkpoint.load_state as loading
+        import accel_checkpoint.content_hash as loading
         import accel_checkpoint.writer as writing
 
         def without_hashes(fn):  # the same call with the content hashes switched off (bench only)

@@ -13,7 +13,7 @@ import warnings
 from typing import Any
 
 from . import access, constants as C, layout
-from .content_hash import verify_file
+from .content_hash import BackgroundVerifier
 from .coordination import Coordinator
 from .data_state import restore_dataloader_state
 from .errors import CheckpointMismatchError, CheckpointNotFoundError, CorruptCheckpointError, IncompleteCheckpointError
@@ -84,6 +84,7 @@ class _Reader:
         self.folder = folder
         self.sizes: dict[str, int] = (metadata or {}).get("files", {})
         self.hashes: dict[str, str] = (metadata or {}).get("hashes", {})  # absent from older checkpoints
+        self.verifier = BackgroundVerifier()  # hashes files while they are parsed; wait() before using them
         self.allow_unsafe_pickle = allow_unsafe_pickle
 
     def path(self, name: str) -> str:
@@ -95,7 +96,7 @@ class _Reader:
                 "after saving. Restore it from a copy, or load an earlier checkpoint."
             )
         if os.path.isfile(path):
-            verify_file(path, self.hashes.get(name))
+            self.verifier.submit(path, self.hashes.get(name))
         return path
 
     def verify_sharded(self, rank: int, world: int) -> None:
@@ -103,6 +104,7 @@ class _Reader:
         names = sorted(n for n in self.hashes if n.startswith(f"{C.SHARDED_DIR}/"))
         for name in names[rank::world]:
             self.path(name)
+        self.verifier.wait()
 
     def torch(self, name: str) -> Any:
         return load_torch_file(self.path(name), self.allow_unsafe_pickle)
@@ -245,6 +247,10 @@ def load_state(
             logger.warning("%s has no RNG state for process %d (saved with %d processes): RNGs are not restored.", folder, rank, saved_world)
     except Exception as caught:  # noqa: BLE001
         error = caught
+    try:
+        reader.verifier.wait()  # a file that does not hash as written is refused before anything changes
+    except Exception as caught:  # noqa: BLE001
+        error = caught  # the root cause, where parsing the changed file also failed
     coord.agree(error, f"reading {folder}")
 
     try:
