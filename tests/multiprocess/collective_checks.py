@@ -69,6 +69,10 @@ def check_mismatches() -> None:
         lambda: acc.pad_across_processes(torch.ones(2, 3) if rank == 0 else torch.ones(2, 3, 1), dim=1),
         "Cannot apply pad_across_processes", "process 0: tensor: 2-d", "process 1: tensor: 3-d",
     )
+    raises_everywhere(
+        "gather, sizes of a large tensor differ (the check, then the data)",
+        lambda: acc.gather(torch.ones(5000 + rank, 2)), "process 0: tensor: float32 (5000, 2)", "process 1: tensor: float32 (5001, 2)",
+    )
     raises_everywhere("reduce, shapes differ", lambda: acc.reduce(torch.ones(2 + rank)), "Cannot apply reduce")
     raises_everywhere(
         "gather, nested keys differ", lambda: acc.gather({"a": torch.ones(2)} if rank == 0 else {"b": torch.ones(2)}),
@@ -90,6 +94,9 @@ def check_mismatches() -> None:
     both = acc.gather_for_metrics((torch.ones(2, 2), torch.ones(2, dtype=torch.int64), ["a", "b"] if rank == 0 else ["c"]))
     check(both[0].shape == (4, 2) and both[2] == ["a", "b", "c"], "gather_for_metrics with lists of differing lengths")
     check(acc.gather_object([rank] * (rank + 1)) == [0, 1, 1], "gather_object of differing lengths is allowed")
+    large = acc.gather({"a": torch.full((3000, 2), float(rank)), "b": torch.arange(10)})  # over SMALL_GATHER_BYTES
+    check(large["a"].shape == (6000, 2) and bool(large["a"][3000:].eq(1).all()) and bool(large["a"][:3000].eq(0).all()), "large gather")
+    check(large["b"].tolist() == list(range(10)) * 2, "large gather, second tensor")
     # Several tensors travel packed in one all_gather: every dtype and shape comes back intact.
     mixed = {
         "f": torch.arange(6, dtype=torch.float32).view(3, 2) + 10 * rank,

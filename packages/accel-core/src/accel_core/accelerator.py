@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from . import environment as env
 from . import ops, plugins
-from .collective_check import check_agreement
+from .collective_check import check_agreement, checked_small_gather
 from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
 from .configuration import (
     AutocastKwargs,
@@ -416,10 +416,13 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
             data = ops.gather_object(input_data, group)
             return data[:keep] if keep is not None and isinstance(input_data, (list, tuple)) else data
         # One agreement check for the whole structure, then the leaves move unchecked.
-        check_agreement("gather_for_metrics", input_data, group, hint=ops.PAD_HINT)
-        if _only_tensors(input_data):  # one all_gather for all of them
-            gathered = ops.gather_unchecked(input_data, group)
+        if _only_tensors(input_data):
+            # Small tensors travel with the check in one collective; larger ones after it.
+            gathered = checked_small_gather("gather_for_metrics", input_data, group, hint=ops.PAD_HINT)
+            if gathered is None:
+                gathered = ops.gather_unchecked(input_data, group)
             return gathered if keep is None else ops.recursively_apply(lambda t: t[:keep], gathered)
+        check_agreement("gather_for_metrics", input_data, group, hint=ops.PAD_HINT)
         return _gather_samples(input_data, keep, group)
 
     # -- models -----------------------------------------------------------------------------

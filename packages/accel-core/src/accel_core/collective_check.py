@@ -78,17 +78,24 @@ def check_agreement(operation: str, data: Any, group: Any = None, ndim_only: boo
     dtypes aside, and the number of dimensions only (the sizes may differ).
     hint: what to do about it, appended to the message.
     """
-    state = PartialState()
     lines = describe(data, ndim_only=ndim_only)
-    device = state.device if state.backend is not None and "nccl" in str(state.backend) else torch.device("cpu")
-    mine = torch.tensor([_digest(lines)], dtype=torch.int64, device=device)
+    mine = torch.tensor([_digest(lines)], dtype=torch.int64, device=_check_device())
     world = dist.get_world_size(group)
     digests = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(digests, mine, group=group)
     values = [int(d.item()) for d in digests]
-    if all(v == values[0] for v in values):
-        return
-    everyone: list[Any] = [None] * world
+    if any(v != values[0] for v in values):
+        raise_mismatch(operation, lines, group, ndim_only, hint)
+
+
+def _check_device() -> torch.device:
+    state = PartialState()
+    return state.device if state.backend is not None and "nccl" in str(state.backend) else torch.device("cpu")
+
+
+def raise_mismatch(operation: str, lines: list[str], group: Any, ndim_only: bool = False, hint: str = "") -> None:
+    """Collective, once the ranks found their digests differ: exchanges the descriptions and raises on every rank."""
+    everyone: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, lines, group=group)
     described = "\n".join(f"  - process {i}: " + "; ".join(d) for i, d in enumerate(everyone))
     what = "structures or numbers of dimensions" if ndim_only else "structures, dtypes or shapes"
@@ -96,3 +103,74 @@ def check_agreement(operation: str, data: Any, group: Any = None, ndim_only: boo
         f"Cannot apply {operation}: the inputs have different {what} across processes (nothing was exchanged):\n"
         f"{described}\n{hint}".rstrip()
     )
+
+
+SMALL_GATHER_BYTES = 16 * 2**10
+"""Gathers whose tensors hold at most this many bytes (per rank) travel with their check in one collective."""
+
+_HEADER = 3  # int64s: digest, whether the data fit, its size in bytes
+
+
+def checked_small_gather(operation: str, data: Any, group: Any = None, hint: str = "") -> Any | None:
+    """``gather`` of small tensors and its agreement check in one all_gather; None when the data is larger.
+
+    Every rank sends the same fixed-size buffer — its digest, then its tensors' bytes when they fit
+    in ``SMALL_GATHER_BYTES`` — so the exchange is safe whatever the ranks pass. A gather of a few
+    hundred bytes is all latency: this makes the check free there. When the digests agree and every
+    rank's data fit, the result is unpacked from the buffers; when they agree but the data is
+    larger, None tells the caller to move it (the check is done). When they differ: the same
+    ``DistributedOperationException`` as ``check_agreement``.
+    """
+    lines = describe(data)
+    leaves: list[torch.Tensor] = []
+
+    def collect(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            leaves.append(value[None] if value.ndim == 0 else value)
+        elif isinstance(value, Mapping):
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                collect(item)
+
+    collect(data)
+    device = leaves[0].device if leaves else _check_device()
+    size = sum(t.numel() * t.element_size() for t in leaves)
+    fits = size <= SMALL_GATHER_BYTES and all(t.device == device for t in leaves)
+    header = torch.tensor([_digest(lines), int(fits), size], dtype=torch.int64)
+    buffer = torch.zeros(_HEADER * 8 + SMALL_GATHER_BYTES, dtype=torch.uint8, device=device)
+    buffer[: _HEADER * 8] = header.view(torch.uint8).to(device)
+    if fits and leaves:
+        buffer[_HEADER * 8 : _HEADER * 8 + size] = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in leaves])
+    world = dist.get_world_size(group)
+    everyone = torch.empty(world * buffer.numel(), dtype=torch.uint8, device=device)
+    dist.all_gather(list(everyone.view(world, -1).unbind(0)), buffer, group=group)
+    rows = everyone.view(world, -1)
+    headers = rows[:, : _HEADER * 8].contiguous().view(torch.int64).cpu().tolist()
+    if any(h[0] != headers[0][0] for h in headers):
+        raise_mismatch(operation, lines, group, hint=hint)
+    if not all(h[1] for h in headers):
+        return None
+    gathered, offset = [], _HEADER * 8
+    for t in leaves:
+        nbytes = t.numel() * t.element_size()
+        part = rows[:, offset : offset + nbytes].contiguous().view(t.dtype)
+        gathered.append(part.reshape(world * t.shape[0], *t.shape[1:]))
+        offset += nbytes
+    results = iter(gathered)
+
+    def rebuild(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return next(results)
+        if isinstance(value, Mapping):
+            return type(value)({k: rebuild(v) for k, v in value.items()})
+        if isinstance(value, (list, tuple)):
+            items = [rebuild(v) for v in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        raise TypeError(
+            f"Unsupported type {type(value).__name__} passed to {operation}: only nested lists, tuples and dicts of "
+            "torch.Tensor are supported. Use gather_object for other Python objects."
+        )
+
+    return rebuild(data)

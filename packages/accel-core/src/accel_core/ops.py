@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .collective_check import DistributedOperationException, check_agreement
+from .collective_check import DistributedOperationException, check_agreement, checked_small_gather
 from .state import PartialState
 
 __all__ = ["DistributedOperationException"]  # re-exported: its home is collective_check
@@ -133,8 +133,8 @@ def gather(tensor: Any, group: Any = None) -> Any:
     """
     if not PartialState().use_distributed:
         return tensor
-    check_agreement("gather", tensor, group, hint=PAD_HINT)
-    return gather_unchecked(tensor, group)
+    small = checked_small_gather("gather", tensor, group, hint=PAD_HINT)  # small: one collective in all
+    return small if small is not None else gather_unchecked(tensor, group)
 
 
 PAD_HINT = (
