@@ -14,6 +14,8 @@ AdamW state (about 3x the model on disk):
   Before each load, freed heap memory is handed back to the kernel (``malloc_trim``), so that no
   variant profits from pages another one happened to leave mapped. Goal: >= 0.8 of raw.
 - async save: time ``save_state(async_save=True)`` blocks the caller vs a synchronous save. Goal: <= 0.2.
+- content hashes: ``save_state`` / ``load_state`` against the same calls with the per-file SHA-256
+  hashing (save) and verification (load) switched off in this process, to show what they add.
 
 Usage: python bench/checkpoint_io.py [--mb 256] [--repeats 3] [--dir /tmp]
 Everything is written under a temporary folder that is deleted at the end.
@@ -120,6 +122,19 @@ def main() -> None:
         def async_save() -> None:
             accelerator.save_state(target, async_save=True)
 
+        import accel_checkpoint.content_hash as loading
+        import accel_checkpoint.writer as writing
+
+        def without_hashes(fn):  # the same call with the content hashes switched off (bench only)
+            def run() -> None:
+                hash_files, verify_file = writing.hash_files, loading.verify_file
+                writing.hash_files, loading.verify_file = (lambda folder, names: {}), (lambda path, expected: None)
+                try:
+                    fn()
+                finally:
+                    writing.hash_files, loading.verify_file = hash_files, verify_file
+            return run
+
         def forget_optimizer_state() -> None:
             optimizer.optimizer.state.clear()
             release_free_memory()
@@ -129,11 +144,13 @@ def main() -> None:
             "load": (lambda: accelerator.load_state(target), release_free_memory),
             "raw_load_fresh": (raw_load, forget_optimizer_state),
             "load_fresh": (lambda: accelerator.load_state(target), forget_optimizer_state),
+            "load_nohash": (without_hashes(lambda: accelerator.load_state(target)), release_free_memory),
         }
         saves = {
             "raw": lambda: raw_save(False),
             "raw_fsync": lambda: raw_save(True),
             "save": lambda: accelerator.save_state(target),
+            "save_nohash": without_hashes(lambda: accelerator.save_state(target)),
             "save_nosync": lambda: accelerator.save_state(target, durable=False),
             "async": async_save,
         }
@@ -146,13 +163,17 @@ def main() -> None:
                 wait_for_checkpoint(accelerator)
             runs["memcpy"].append(median_time(memcpy, 1))
             raw_save(True)
+            accelerator.save_state(target)  # with hashes, for the loads (load_nohash skips verifying them)
             order = list(loads) if repeat % 2 == 0 else list(reversed(loads))  # no variant always goes first
             for name in order:
                 load, before = loads[name]
                 runs[name].append(median_time(load, 1, before))
-        t_raw, t_raw_sync, t_save, t_nosync, t_async, t_copy, t_raw_load, t_load, t_raw_fresh, t_fresh = (
+        t_raw, t_raw_sync, t_save, t_nosync, t_async, t_copy, t_raw_load, t_load, t_raw_fresh, t_fresh, t_save_nh, t_load_nh = (
             statistics.median(runs[k])
-            for k in ("raw", "raw_fsync", "save", "save_nosync", "async", "memcpy", "raw_load", "load", "raw_load_fresh", "load_fresh")
+            for k in (
+                "raw", "raw_fsync", "save", "save_nosync", "async", "memcpy", "raw_load", "load", "raw_load_fresh", "load_fresh",
+                "save_nohash", "load_nohash",
+            )
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -171,6 +192,8 @@ def main() -> None:
     row("load  load_state, running optimizer", t_load, f"ratio {t_raw_load / t_load:.2f}  (goal >= 0.8)")
     row("load  raw, fresh optimizer", t_raw_fresh)
     row("load  load_state, fresh optimizer", t_fresh, f"ratio {t_raw_fresh / t_fresh:.2f}  (goal >= 0.8)")
+    row("save  save_state without hashes", t_save_nh, f"hashing adds {t_save / t_save_nh - 1:+.0%} to save_state")
+    row("load  load_state without verifying", t_load_nh, f"verifying adds {t_load / t_load_nh - 1:+.0%} to load_state")
     print(f"{'async save blocks':38s} {t_async:6.2f} s  ratio {t_async / t_save:.2f} of a sync save  (goal <= 0.2)")
     print(f"  (its floor, a plain copy of the same tensors: {t_copy:.2f} s = {mb / t_copy / 1000:.1f} GB/s memory bandwidth "
           f"here, {t_copy / t_save:.2f} of a sync save)")

@@ -12,6 +12,7 @@ import torch
 from accel_core import Accelerator
 from accel_core.configuration import ProjectConfiguration
 from accel_checkpoint import wait_for_checkpoint
+from accel_checkpoint.content_hash import hash_file
 from accel_checkpoint.errors import (
     CheckpointError,
     CheckpointMismatchError,
@@ -191,10 +192,11 @@ def test_malicious_custom_state_is_refused_through_load_state(tmp_path, monkeypa
 
     path = os.path.join(folder, "custom_checkpoint_0.pt")
     torch.save({"count": Payload()}, path)
-    # An attacker can edit the metadata too: keep the recorded size consistent.
+    # An attacker can edit the metadata too: keep the recorded size and hash consistent.
     meta_path = os.path.join(folder, "accel_checkpoint.json")
     meta = json.load(open(meta_path))
     meta["files"]["custom_checkpoint_0.pt"] = os.path.getsize(path)
+    meta["hashes"]["custom_checkpoint_0.pt"] = hash_file(path)
     json.dump(meta, open(meta_path, "w"))
     with pytest.raises(UnsafeCheckpointError, match=r"custom_checkpoint_0\.pt.*io\.open.*allow_unsafe_pickle=True"):
         accelerator.load_state(folder)

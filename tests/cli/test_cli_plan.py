@@ -104,6 +104,12 @@ def test_omp_threads_share_the_cpus_unless_the_caller_chose() -> None:
     assert "OMP_NUM_THREADS" not in resolve_plan({}, {}, {}).env  # one process: leave torch's default
 
 
+def test_debug_mode_turns_on_torchs_collective_checks_unless_the_caller_chose() -> None:
+    assert resolve_plan({"debug": True}, {}, {}).env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
+    assert "TORCH_DISTRIBUTED_DEBUG" not in resolve_plan({"debug": True}, {"TORCH_DISTRIBUTED_DEBUG": "INFO"}, {}).env
+    assert "TORCH_DISTRIBUTED_DEBUG" not in resolve_plan({}, {}, {}).env
+
+
 def test_env_pairs() -> None:
     assert parse_env_pairs(["A=1", "B=x=y", "C="]) == {"A": "1", "B": "x=y", "C": ""}
     with pytest.raises(ValueError, match="KEY=VALUE"):

@@ -1,4 +1,4 @@
-"""Runs the 2-process accel-core checks (collectives, debug mode, process control, RNG sync,
+"""Runs the 2-process accel-core checks (collectives, process control, RNG sync,
 DDP training parity with accumulation, bf16/fp16, join_uneven_inputs) under torchrun with gloo."""
 
 from __future__ import annotations

@@ -13,11 +13,12 @@ import warnings
 from typing import Any
 
 from . import access, constants as C, layout
+from .content_hash import BackgroundVerifier
 from .coordination import Coordinator
 from .data_state import restore_dataloader_state
 from .errors import CheckpointMismatchError, CheckpointNotFoundError, CorruptCheckpointError, IncompleteCheckpointError
 from .legacy import legacy_counts
-from .optimizer_state import load_optimizer_state, read_optimizer_state
+from .optimizer_state import check_optimizer_class, load_optimizer_state, read_optimizer_state
 from .rng import restore_legacy_rng_state, restore_rng_state
 from .safe_load import load_torch_file
 from .safetensors_io import read_safetensors
@@ -77,11 +78,13 @@ def resolve_input_dir(accelerator: Any, input_dir: str | None, coord: Coordinato
 
 
 class _Reader:
-    """Reads files of one checkpoint, checking each against the size recorded when it was written."""
+    """Reads files of one checkpoint, checking each against the size and hash recorded when it was written."""
 
     def __init__(self, folder: str, metadata: dict[str, Any] | None, allow_unsafe_pickle: bool | None) -> None:
         self.folder = folder
         self.sizes: dict[str, int] = (metadata or {}).get("files", {})
+        self.hashes: dict[str, str] = (metadata or {}).get("hashes", {})  # absent from older checkpoints
+        self.verifier = BackgroundVerifier()  # hashes files while they are parsed; wait() before using them
         self.allow_unsafe_pickle = allow_unsafe_pickle
 
     def path(self, name: str) -> str:
@@ -92,7 +95,16 @@ class _Reader:
                 f"{path} has {os.path.getsize(path)} bytes but {expected} were written: it was truncated or changed "
                 "after saving. Restore it from a copy, or load an earlier checkpoint."
             )
+        if os.path.isfile(path):
+            self.verifier.submit(path, self.hashes.get(name))
         return path
+
+    def verify_sharded(self, rank: int, world: int) -> None:
+        """Checks the strategy's shard files, each process a share of them (any process's failure is agreed)."""
+        names = sorted(n for n in self.hashes if n.startswith(f"{C.SHARDED_DIR}/"))
+        for name in names[rank::world]:
+            self.path(name)
+        self.verifier.wait()
 
     def torch(self, name: str) -> Any:
         return load_torch_file(self.path(name), self.allow_unsafe_pickle)
@@ -151,6 +163,8 @@ def load_state(
             if os.path.basename(folder).startswith("."):
                 raise IncompleteCheckpointError(f"{folder} is a checkpoint that was still being written; load a finished one.")
             warnings.warn(f"{folder} has no accel-checkpoint metadata: reading it as a reference-layout (legacy) checkpoint.", stacklevel=3)
+        if (metadata or {}).get("sharded"):
+            _Reader(folder, metadata, allow_unsafe_pickle).verify_sharded(access.process_index(accelerator), access.num_processes(accelerator))
         for hook in access.hooks(accelerator, "_load_model_state_pre_hook"):
             hook(models, folder)  # may remove models it loads itself
     except Exception as caught:  # noqa: BLE001
@@ -187,10 +201,12 @@ def load_state(
             loaded["models"] = [reader.model(i, (metadata or {}).get("model_format")) for i in range(len(models))]
         if OPTIMIZERS not in covered:
             _check_count("optimizers", counts["optimizers"], len(optimizers), folder)
-            loaded["optimizers"] = [
-                read_optimizer_state(optimizer, reader.path(C.indexed(C.OPTIMIZER_NAME, i, ".bin")), allow_unsafe_pickle)
-                for i, optimizer in enumerate(optimizers)
-            ]
+            classes = (metadata or {}).get("optimizer_classes") or [None] * len(optimizers)
+            loaded["optimizers"] = []
+            for i, (optimizer, saved_class) in enumerate(zip(optimizers, classes)):
+                path = reader.path(C.indexed(C.OPTIMIZER_NAME, i, ".bin"))
+                check_optimizer_class(optimizer, saved_class, path)
+                loaded["optimizers"].append(read_optimizer_state(optimizer, path, allow_unsafe_pickle))
         if SCHEDULERS not in covered:
             _check_count("schedulers", counts["schedulers"], len(schedulers), folder)
             loaded["schedulers"] = [reader.torch(C.indexed(C.SCHEDULER_NAME, i, ".bin")) for i in range(len(schedulers))]
@@ -231,6 +247,10 @@ def load_state(
             logger.warning("%s has no RNG state for process %d (saved with %d processes): RNGs are not restored.", folder, rank, saved_world)
     except Exception as caught:  # noqa: BLE001
         error = caught
+    try:
+        reader.verifier.wait()  # a file that does not hash as written is refused before anything changes
+    except Exception as caught:  # noqa: BLE001
+        error = caught  # the root cause, where parsing the changed file also failed
     coord.agree(error, f"reading {folder}")
 
     try:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from . import access
+from .errors import CheckpointMismatchError
 from .safe_load import load_torch_file
 
 
@@ -35,6 +37,26 @@ def _live_state(optimizer: Any) -> dict[Any, dict[str, Any]]:
     except Exception:  # noqa: BLE001 - an optimizer whose state_dict cannot be taken: plain load
         return {}
     return state if isinstance(state, dict) else {}
+
+
+def optimizer_class(optimizer: Any) -> str:
+    """The qualified class name of the user's optimizer inside a prepared one (``torch.optim.adam.Adam``)."""
+    raw = type(access.raw_optimizer(optimizer))
+    return f"{raw.__module__}.{raw.__qualname__}"
+
+
+def check_optimizer_class(optimizer: Any, saved_class: str | None, path: str) -> None:
+    """Raises ``CheckpointMismatchError`` naming both classes when ``path`` was saved for another optimizer class.
+
+    saved_class: from the checkpoint's metadata; None (older checkpoints) skips the check.
+    """
+    current = optimizer_class(optimizer)
+    if saved_class is not None and saved_class != current:
+        raise CheckpointMismatchError(
+            f"{path} holds the state of a {saved_class} optimizer, but the optimizer prepared in its place is a "
+            f"{current}. Build the same optimizer class as the run that saved it (the states differ: torch would "
+            "fail with a KeyError on a missing hyperparameter)."
+        )
 
 
 def read_optimizer_state(optimizer: Any, path: str, allow_unsafe_pickle: bool | None = None) -> SavedOptimizerState:

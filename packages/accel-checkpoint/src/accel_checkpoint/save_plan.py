@@ -21,6 +21,7 @@ from .errors import CheckpointError
 from .fsio import remove_tree, token
 from .rng import capture_rng_state
 from .safetensors_io import dedupe, safetensors_metadata
+from .optimizer_state import optimizer_class
 from .sharded import MODELS, OPTIMIZERS, SCHEDULERS, find_sharded
 from .snapshot import CopyFn, copy_tree
 
@@ -237,6 +238,8 @@ def plan_save(
             "scaler": scaler is not None,
         },
         "model_format": "safetensors" if safe_serialization else "torch",
+        # The classes, so that loading into another optimizer class names both (not torch's KeyError: 'betas').
+        "optimizer_classes": [optimizer_class(o) for o in access.listed(accelerator, "_optimizers")],
         "sharded": sharded_info,
         "step": getattr(accelerator, "step", None),
         "iteration": number,

@@ -25,6 +25,7 @@ from typing import Any
 from . import constants as C, layout
 from .coordination import Coordinator
 from .errors import CheckpointError
+from .content_hash import ALGORITHM, hash_files
 from .fsio import BackgroundSync, file_sizes, fsync_dir, remove_tree, token, torch_save, write_json
 from .safetensors_io import write_safetensors
 from .save_plan import FileJob, SaveJob
@@ -87,7 +88,8 @@ def _install(temp: str, final: str, replace: bool) -> None:
 
 def _finish(job: SaveJob) -> None:
     """Metadata, then the marker, then the rename: the marker's presence implies everything else."""
-    metadata = dict(job.metadata, files=file_sizes(job.temp_dir))
+    sizes = file_sizes(job.temp_dir)
+    metadata = dict(job.metadata, files=sizes, hashes=hash_files(job.temp_dir, sizes), hash_algorithm=ALGORITHM)
     write_json(os.path.join(job.temp_dir, C.METADATA_NAME), metadata)
     write_json(os.path.join(job.temp_dir, C.COMPLETE_NAME), {"complete": True, "files": len(metadata["files"]) + 1})
     fsync_dir(job.temp_dir)

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from . import environment as env
 from . import ops, plugins
+from .collective_check import check_agreement, checked_small_gather
 from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
 from .configuration import (
     AutocastKwargs,
@@ -414,6 +415,14 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         if use_gather_object:
             data = ops.gather_object(input_data, group)
             return data[:keep] if keep is not None and isinstance(input_data, (list, tuple)) else data
+        # One agreement check for the whole structure, then the leaves move unchecked.
+        if _only_tensors(input_data):
+            # Small tensors travel with the check in one collective; larger ones after it.
+            gathered = checked_small_gather("gather_for_metrics", input_data, group, hint=ops.PAD_HINT)
+            if gathered is None:
+                gathered = ops.gather_unchecked(input_data, group)
+            return gathered if keep is None else ops.recursively_apply(lambda t: t[:keep], gathered)
+        check_agreement("gather_for_metrics", input_data, group, hint=ops.PAD_HINT)
         return _gather_samples(input_data, keep, group)
 
     # -- models -----------------------------------------------------------------------------
@@ -522,10 +531,18 @@ def _contains_tensor(data: Any) -> bool:
     return False
 
 
+def _only_tensors(data: Any) -> bool:
+    if isinstance(data, Mapping):
+        return all(_only_tensors(v) for v in data.values())
+    if isinstance(data, (list, tuple)):
+        return bool(data) and all(_only_tensors(v) for v in data)
+    return isinstance(data, torch.Tensor)
+
+
 def _gather_samples(data: Any, keep: int | None, group: Any = None) -> Any:
     """Gathers ``data`` along its sample dimension over ``group``; keeps the first ``keep`` samples when given."""
     if isinstance(data, torch.Tensor):
-        gathered = ops.gather(data, group)
+        gathered = ops.gather_unchecked(data, group)
         return gathered if keep is None else gathered[:keep]
     if isinstance(data, Mapping):
         return type(data)({k: _gather_samples(v, keep, group) for k, v in data.items()})

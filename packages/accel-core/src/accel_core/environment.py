@@ -17,7 +17,8 @@ MIXED_PRECISION = "ACCEL_MIXED_PRECISION"  # "no" | "fp16" | "bf16" | "fp8"
 GRADIENT_ACCUMULATION_STEPS = "ACCEL_GRADIENT_ACCUMULATION_STEPS"
 USE_CPU = "ACCEL_USE_CPU"  # "true" forces the CPU even where a GPU exists
 DYNAMO_BACKEND = "ACCEL_DYNAMO_BACKEND"  # "no" or a torch.compile backend name
-DEBUG_MODE = "ACCEL_DEBUG_MODE"  # "1"/"true": check shapes across ranks before collectives
+DEBUG_MODE = "ACCEL_DEBUG_MODE"  # "1"/"true": torch's collective consistency checks (TORCH_DISTRIBUTED_DEBUG=DETAIL)
+TORCH_DISTRIBUTED_DEBUG = "TORCH_DISTRIBUTED_DEBUG"  # torch's own: OFF / INFO / DETAIL
 STRATEGY = "ACCEL_STRATEGY"  # name of an ``accel.strategies`` entry point: "ddp", "fsdp", "deepspeed", ...
 CONFIG_FILE = "ACCEL_CONFIG_FILE"  # path of the YAML config file
 SCHEDULER_STEPPING = "ACCEL_SCHEDULER_STEPPING"  # "per_process" (as Accelerate) | "per_optimizer_step"

@@ -1,9 +1,11 @@
 """Collective operations on nested structures of tensors (lists, tuples, namedtuples, dicts).
 
 Every function works on one process too (then it returns its input, or a copy where the
-multi-process version would return new tensors). With ``ACCEL_DEBUG_MODE=1`` each collective first
-compares the shapes of all ranks and raises ``DistributedOperationException`` on every rank when
-they differ — instead of the hang or the cryptic backend error a mismatch otherwise gives.
+multi-process version would return new tensors). Before moving data, ``gather``, ``broadcast``,
+``reduce`` and ``pad_across_processes`` compare the structure, dtypes and shapes of all ranks (one
+all_gather of one int64, see ``accel_core.collective_check``) and raise
+``DistributedOperationException`` on every rank when they differ — instead of the hang, the abort
+or the silent garbage a mismatch otherwise gives.
 
 Example::
 
@@ -19,11 +21,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .collective_check import DistributedOperationException, check_agreement, checked_small_gather
 from .state import PartialState
 
-
-class DistributedOperationException(RuntimeError):
-    """Raised on every rank when the inputs of a collective do not match across processes."""
+__all__ = ["DistributedOperationException"]  # re-exported: its home is collective_check
 
 
 def is_torch_tensor(obj: Any) -> bool:
@@ -113,33 +114,6 @@ def send_to_device(tensor: Any, device: torch.device | str | int, non_blocking: 
     return data
 
 
-# -- debug checks ---------------------------------------------------------------------------------
-def _signature(data: Any) -> Any:
-    return recursively_apply(lambda t: (tuple(t.shape), str(t.dtype)), data)
-
-
-def _check_same_shapes(operation: str, data: Any, ignore_dim: int | None = None) -> None:
-    """In debug mode, raise on every rank unless all ranks pass structures of the same shapes."""
-    state = PartialState()
-    if not (state.debug and state.use_distributed):
-        return
-    signature = _signature(data)
-    if ignore_dim is not None:
-        signature = recursively_apply(
-            lambda s: (tuple(d for i, d in enumerate(s[0]) if i != ignore_dim), s[1]),
-            signature,
-            test_type=lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], str),
-        )
-    everyone: list[Any] = [None] * state.num_processes
-    dist.all_gather_object(everyone, signature)
-    if any(s != everyone[0] for s in everyone):
-        lines = "\n".join(f"  - process {i}: {s}" for i, s in enumerate(everyone))
-        raise DistributedOperationException(
-            f"Cannot apply {operation}: the tensors have different shapes or types across processes:\n{lines}\n"
-            "Make them match first, for example with `accelerator.pad_across_processes(tensor, dim=...)`."
-        )
-
-
 # -- collectives --------------------------------------------------------------------------------
 def _gather_one(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     if tensor.ndim == 0:
@@ -159,8 +133,43 @@ def gather(tensor: Any, group: Any = None) -> Any:
     """
     if not PartialState().use_distributed:
         return tensor
-    _check_same_shapes("gather", tensor)
-    return recursively_apply(lambda t: _gather_one(t, group), tensor, error_on_other_type=True)
+    small = checked_small_gather("gather", tensor, group, hint=PAD_HINT)  # small: one collective in all
+    return small if small is not None else gather_unchecked(tensor, group)
+
+
+PAD_HINT = (
+    "Every process must pass the same shapes: pad the differing dimension first with "
+    "`accelerator.pad_across_processes(tensor, dim=...)`, and cast to one dtype."
+)
+"""What a shape mismatch before a gather tells the user to do."""
+
+
+_PACK_BYTES = 2**20
+
+
+def gather_unchecked(tensor: Any, group: Any = None) -> Any:
+    """``gather`` without the agreement check, for callers that ran ``check_agreement`` on a larger structure.
+
+    Several small tensors on one device travel in one all_gather of their bytes (the check made
+    their shapes equal on every rank, so each rank's buffer splits the same way): small gathers
+    cost a collective's latency each, while packing large ones would only add copies.
+    """
+    leaves = _leaves(tensor)
+    total = sum(t.numel() * t.element_size() for t in leaves)
+    if len(leaves) < 2 or total > _PACK_BYTES or any(t.device != leaves[0].device for t in leaves):
+        return recursively_apply(lambda t: _gather_one(t, group), tensor, error_on_other_type=True)
+    parts = [(t[None] if t.ndim == 0 else t).contiguous() for t in leaves]
+    packed = torch.cat([p.reshape(-1).view(torch.uint8) for p in parts])
+    world = dist.get_world_size(group)
+    everyone = _gather_one(packed, group).view(world, -1)
+    gathered, offset = [], 0
+    for part in parts:
+        size = part.numel() * part.element_size()
+        rows = everyone[:, offset : offset + size].contiguous().view(part.dtype)
+        gathered.append(rows.reshape(world * part.shape[0], *part.shape[1:]))
+        offset += size
+    results = iter(gathered)
+    return recursively_apply(lambda t: next(results), tensor, error_on_other_type=True)
 
 
 def gather_object(object: Any, group: Any = None) -> Any:  # noqa: A002 - the reference's argument name
@@ -181,7 +190,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """Copies the tensors of ``from_process`` into every process's tensors (same shapes needed)."""
     if not PartialState().use_distributed:
         return tensor
-    _check_same_shapes("broadcast", tensor)
+    check_agreement("broadcast", tensor, hint="Every process must pass a tensor of the sender's shape and dtype to receive into.")
 
     def _broadcast_one(t: torch.Tensor) -> torch.Tensor:
         dist.broadcast(t, src=from_process)
@@ -228,7 +237,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         return out
 
     if state.use_distributed and reduction != "none":
-        _check_same_shapes("reduce", tensor)
+        check_agreement("reduce", tensor, hint="Every process must pass the same shapes and dtypes.")
     return recursively_apply(_reduce_one, tensor, error_on_other_type=True)
 
 
@@ -237,15 +246,23 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     state = PartialState()
     if not state.use_distributed:
         return tensor
-    _check_same_shapes("pad_across_processes", recursively_apply(lambda t: t.new_empty(t.ndim), tensor))
+    check_agreement(
+        "pad_across_processes", tensor, ndim_only=True,
+        hint="Only the size along `dim` may differ: pass tensors with the same number of dimensions on every process.",
+    )
+
+    # The sizes along ``dim`` of every leaf in one all_gather (the check made the leaf counts agree).
+    leaves = [t for t in _leaves(tensor) if t.ndim > 0 and -t.ndim <= dim < t.ndim]
+    if not leaves:
+        return tensor
+    sizes = torch.tensor([t.shape[dim % t.ndim] for t in leaves], dtype=torch.int64, device=leaves[0].device)
+    longest_of = iter(_gather_one(sizes).view(-1, len(leaves)).max(dim=0).values.tolist())
 
     def _pad_one(t: torch.Tensor) -> torch.Tensor:
         if t.ndim == 0 or dim >= t.ndim or dim < -t.ndim:
             return t
         d = dim % t.ndim
-        size = torch.tensor([t.shape[d]], device=t.device, dtype=torch.int64)
-        sizes = _gather_one(size)
-        longest = int(sizes.max())
+        longest = int(next(longest_of))
         if longest == t.shape[d]:
             return t
         shape = list(t.shape)

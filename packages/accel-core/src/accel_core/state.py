@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from functools import partial, wraps
@@ -104,6 +105,11 @@ class PartialState:
             self.rank = dist.get_rank()
             return
         kwargs = dict(kwargs)
+        if self.debug and not os.environ.get(env.TORCH_DISTRIBUTED_DEBUG):
+            # Debug mode under plain torchrun: torch read the variable when it was imported, so set
+            # it and make torch read it again before the group (and its checking wrapper) is made.
+            os.environ[env.TORCH_DISTRIBUTED_DEBUG] = "DETAIL"
+            dist.set_debug_level_from_env()
         backend = kwargs.pop("backend", None) or default_backend(self.device)
         kwargs.setdefault("timeout", timedelta(minutes=30))
         if backend == "nccl" and self.device.type == "cuda":

@@ -52,7 +52,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("mixed_precision", str, "no", env.MIXED_PRECISION, tuple(PrecisionType.list()), "no, fp16, bf16, fp8"),
     Setting("gradient_accumulation_steps", int, 1, env.GRADIENT_ACCUMULATION_STEPS, help="micro-steps per step"),
     Setting("dynamo_backend", str, "no", env.DYNAMO_BACKEND, tuple(DynamoBackend.list()), "torch.compile backend, or no"),
-    Setting("debug", bool, False, env.DEBUG_MODE, help="check shapes across ranks before collectives"),
+    Setting("debug", bool, False, env.DEBUG_MODE, help="torch's checks that every rank calls the same collective (TORCH_DISTRIBUTED_DEBUG=DETAIL)"),
     Setting("strategy", str, None, env.STRATEGY, help="an accel.strategies name (ddp, fsdp, ...); default: automatic"),
     Setting(
         "scheduler_stepping", str, None, env.SCHEDULER_STEPPING, tuple(SchedulerStepping.list()),
@@ -244,6 +244,9 @@ def resolve_plan(
         if setting.env_var and values[setting.name] is not None:
             child_env[setting.env_var] = encode_env_value(values[setting.name])
     child_env.update(flag_env or {})
+    if values["debug"] and env.TORCH_DISTRIBUTED_DEBUG not in environ and env.TORCH_DISTRIBUTED_DEBUG not in child_env:
+        # Debug mode also turns on torch's checks that every rank calls the same collective.
+        child_env[env.TORCH_DISTRIBUTED_DEBUG] = "DETAIL"
     nproc_per_node = values["num_processes"] // values["num_machines"]
     if nproc_per_node > 1 and "OMP_NUM_THREADS" not in environ and "OMP_NUM_THREADS" not in child_env:
         # torchrun would set 1 (and print a warning box); share this machine's CPUs instead.

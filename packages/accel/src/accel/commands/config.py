@@ -157,7 +157,7 @@ def ask_config(existing: dict[str, Any] | None, asker: Asker | None = None) -> d
         "Gradient accumulation steps?", current("gradient_accumulation_steps"), minimum=1
     )
     config["dynamo_backend"] = asker.choice("torch.compile backend?", current("dynamo_backend"), DynamoBackend.list())
-    config["debug"] = asker.yes_no("Debug mode (check shapes across ranks before collectives)?", current("debug"))
+    config["debug"] = asker.yes_no("Debug mode (torch checks that every rank calls the same collective)?", current("debug"))
     for name in ("max_restarts", "monitor_interval", "log_dir", "tee", "scheduler_stepping"):
         if base.get(name) is not None:
             config[name] = base[name]
