@@ -12,12 +12,12 @@ from .configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
-    FP8RecipeKwargs,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     ProfileKwargs,
 )
-from .enums import DistributedType
+from .enums import DistributedType, FP8BackendType
+from .fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs, fp8_backend_of, fp8_recipe_handler
 
 if TYPE_CHECKING:
     from .state import AcceleratorState
@@ -99,5 +99,32 @@ class SetupQueries:
 
     @property
     def fp8_recipe_handler(self) -> FP8RecipeKwargs | None:
-        """The ``FP8RecipeKwargs`` given in ``kwargs_handlers``, or None."""
+        """The deprecated ``FP8RecipeKwargs`` given in ``kwargs_handlers``, or None."""
         return self.handlers.get(FP8RecipeKwargs)
+
+    @property
+    def ao_recipe_handler(self) -> AORecipeKwargs | None:
+        """The ``AORecipeKwargs`` given, if any."""
+        return self.handlers.get(AORecipeKwargs)
+
+    @property
+    def te_recipe_handler(self) -> TERecipeKwargs | None:
+        """The ``TERecipeKwargs`` given, if any."""
+        return self.handlers.get(TERecipeKwargs)
+
+    @property
+    def has_fp8_handler(self) -> bool:
+        """Whether an fp8 recipe handler was given."""
+        return fp8_recipe_handler(self.handlers) is not None
+
+    @property
+    def fp8_enabled(self) -> bool:
+        """Whether models train in fp8 (``mixed_precision="fp8"`` on a device that runs it)."""
+        return self.state.mixed_precision == "fp8"
+
+    @property
+    def fp8_backend(self) -> FP8BackendType:
+        """The library fp8 runs on (``AO`` or ``TE``); ``NO`` when fp8 is off."""
+        if not self.fp8_enabled:
+            return FP8BackendType.NO
+        return fp8_backend_of(self.handlers)
