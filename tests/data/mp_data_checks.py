@@ -3,7 +3,7 @@
 Checks: gather_for_metrics sees every sample exactly once (lengths 99 and 512, batch sizes that do
 not divide, split on/off, dispatch on/off, map-style and iterable, tensors and strings), through the
 Accelerator and through the standalone API; RNG synchronisation of shuffled loaders seeded
-differently on each process; mid-epoch resume after load_state_dict; dispatch of variable-length
+differently on each process; mid-epoch resume after load_state_dict (with worker processes drawing random transforms, too); dispatch of variable-length
 sequences; a reading error on process 0 failing every process instead of hanging; a loader whose
 sampler yields index batches (``sampler=BatchSampler(...), batch_size=None``) sharded like any other;
 ``split_between_processes`` on a ``datasets.Dataset``.
@@ -23,7 +23,7 @@ import torch.distributed as dist
 from accel_core import ops
 from accel_core.accelerator import Accelerator
 from accel_core.state import GradientState
-from accel_data import DispatchError, prepare_data_loader
+from accel_data import DispatchError, prepare_data_loader, skip_first_batches
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
 
 
@@ -38,6 +38,16 @@ class Items(Dataset):
         if i == self.fail_at:
             raise KeyError(f"sample {i} is corrupt")
         return {"idx": i, "x": torch.full((2,), float(i)), "name": f"s{i}"}
+
+
+class Augmented(Dataset):
+    """A random transform drawn from the global RNG, i.e. a DataLoader worker's own stream."""
+
+    def __len__(self) -> int:
+        return 45
+
+    def __getitem__(self, i: int) -> dict:
+        return {"idx": i, "x": torch.rand(())}
 
 
 class Rows(Dataset):
@@ -222,6 +232,36 @@ def check_resume() -> None:
             check(f"resume {case} at {stop}", got == expected, f"{len(got)} vs {len(expected)} batches")
 
 
+def check_resume_with_workers() -> None:
+    """Workers draw augmentation from their own RNG: a resumed epoch (load_state_dict, and then also
+    skip_first_batches as Accelerate's scripts do) must give the remaining batches the same random
+    values as the uninterrupted epoch, at odd and even stops (which worker loads the next batch)."""
+    def make():
+        torch.manual_seed(5 + RANK)
+        return prepare_data_loader(DataLoader(Augmented(), batch_size=4, shuffle=True, num_workers=2))
+
+    reference = make()
+    epoch_batches(reference)
+    expected = epoch_batches(reference)  # epoch 1
+    for stop in (1, 2):
+        run = make()
+        epoch_batches(run)
+        it = iter(run)
+        head = [next(it) for _ in range(stop)]
+        state = run.state_dict()
+        it.close()
+        for how in ("load_state_dict", "load_state_dict + skip_first_batches"):
+            resumed = make()
+            resumed.load_state_dict(state)
+            if how != "load_state_dict":
+                resumed = skip_first_batches(resumed, stop)
+            rest = epoch_batches(resumed)
+            got = [{k: v.tolist() for k, v in b.items()} for b in head] + rest
+            check(f"resume with workers at {stop} ({how}): same samples", [b["idx"] for b in got] == [b["idx"] for b in expected])
+            check(f"resume with workers at {stop} ({how}): same worker draws", got == expected,
+                  f"{[b['x'] for b in got[stop:]]} vs {[b['x'] for b in expected[stop:]]}")
+
+
 def check_dispatch_variable_lengths() -> None:
     for split in (False, True):
         sharded = epoch_batches(prepare_data_loader(DataLoader(Sequences(), batch_size=6, collate_fn=pad_collate),
@@ -279,6 +319,7 @@ def main() -> None:
         check_standalone_with_ops_gather,
         check_rng_sync_of_shuffled_loaders,
         check_resume,
+        check_resume_with_workers,
         check_dispatch_variable_lengths,
         check_dispatch_large_batches_grow_the_slot,
         check_data_parallel_subgroup,

@@ -244,9 +244,18 @@ class ShardedLoaderMixin(ResumableMixin):
         if self._dispatcher is not None:
             return self._dispatch_map(skip, tail) if self._shard is not None else self._dispatch_stream(skip, tail)
         if self._shard is not None:
+            # Worker processes draw their random transforms from their own RNG, seeded once per
+            # epoch: skipped batches they never loaded would leave each worker's stream where the
+            # epoch began, so a resumed epoch would augment its remaining batches differently.
+            # With workers, the skipped batches are loaded (in the workers) and dropped here.
+            replay = skip if self.num_workers > 0 else 0  # type: ignore[attr-defined]
+            self._shard.skip, self._shard.sink = skip - replay, tail
             # Straight from the DataLoader: no generator of ours in between on the hot path.
-            self._shard.skip, self._shard.sink = skip, tail
-            return self._base_iter()
+            it = self._base_iter()
+            for _ in range(replay):
+                if next(it, _END) is _END:
+                    break
+            return it
         return self._stream(skip, tail)
 
     def _groups(self, skip: int) -> tuple[Iterator[Any], _Snapshots | None]:
