@@ -84,6 +84,7 @@ class _Reader:
         self.folder = folder
         self.sizes: dict[str, int] = (metadata or {}).get("files", {})
         self.hashes: dict[str, str] = (metadata or {}).get("hashes", {})  # absent from older checkpoints
+        self.hash_algorithm: str = (metadata or {}).get("hash_algorithm", "sha256")
         self.verifier = BackgroundVerifier()  # hashes files while they are parsed; wait() before using them
         self.allow_unsafe_pickle = allow_unsafe_pickle
 
@@ -96,7 +97,7 @@ class _Reader:
                 "after saving. Restore it from a copy, or load an earlier checkpoint."
             )
         if os.path.isfile(path):
-            self.verifier.submit(path, self.hashes.get(name))
+            self.verifier.submit(path, self.hashes.get(name), self.hash_algorithm)
         return path
 
     def verify_sharded(self, rank: int, world: int) -> None:
