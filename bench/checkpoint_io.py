@@ -128,7 +128,7 @@ def main() -> None:
         def without_hashes(fn):  # the same call with the content hashes switched off (bench only)
             def run() -> None:
                 hash_files, verify_file = writing.hash_files, loading.verify_file
-                writing.hash_files, loading.verify_file = (lambda folder, names: {}), (lambda path, expected: None)
+                writing.hash_files, loading.verify_file = (lambda folder, names: {}), (lambda path, expected, algorithm=None: None)
                 try:
                     fn()
                 finally:
