@@ -152,7 +152,18 @@ def main() -> None:
                 runs[name].append(median_time(load, 1, before))
         t_raw, t_raw_sync, t_save, t_nosync, t_async, t_copy, t_raw_load, t_load, t_raw_fresh, t_fresh = (
             statistics.median(runs[k])
-            for k in ("raw", "raw_fsync", "save", "save_nosync", "async", "memcpy", "raw_load", "load", "raw_load_fresh", "load_fresh")
+            for k in (
+                "raw",
+                "raw_fsync",
+                "save",
+                "save_nosync",
+                "async",
+                "memcpy",
+                "raw_load",
+                "load",
+                "raw_load_fresh",
+                "load_fresh",
+            )
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -172,8 +183,10 @@ def main() -> None:
     row("load  raw, fresh optimizer", t_raw_fresh)
     row("load  load_state, fresh optimizer", t_fresh, f"ratio {t_raw_fresh / t_fresh:.2f}  (goal >= 0.8)")
     print(f"{'async save blocks':38s} {t_async:6.2f} s  ratio {t_async / t_save:.2f} of a sync save  (goal <= 0.2)")
-    print(f"  (its floor, a plain copy of the same tensors: {t_copy:.2f} s = {mb / t_copy / 1000:.1f} GB/s memory bandwidth "
-          f"here, {t_copy / t_save:.2f} of a sync save)")
+    print(
+        f"  (its floor, a plain copy of the same tensors: {t_copy:.2f} s = {mb / t_copy / 1000:.1f} GB/s memory bandwidth "
+        f"here, {t_copy / t_save:.2f} of a sync save)"
+    )
 
 
 if __name__ == "__main__":

@@ -144,7 +144,10 @@ def main() -> None:
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
     model = build()
-    plan = {"tok_embeddings": ColwiseParallel(output_layouts=Replicate()), "output": ColwiseParallel(output_layouts=Replicate())}
+    plan = {
+        "tok_embeddings": ColwiseParallel(output_layouts=Replicate()),
+        "output": ColwiseParallel(output_layouts=Replicate()),
+    }
     for i in range(args.depth):
         plan.update({f"layers.{i}.attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")})
         plan.update({f"layers.{i}.{w}": ColwiseParallel() for w in ("w1", "w3")})

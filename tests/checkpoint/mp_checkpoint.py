@@ -1,12 +1,12 @@
 """Run under ``torchrun --nproc_per_node 2`` by test_multiprocess.py.
 
-  mp_checkpoint.py full <dir>    train 2 epochs of shuffled data (dropout, accumulation), async-save
-                                 the state at step K while DDP training goes on, write the results.
-  mp_checkpoint.py resume <dir>  new processes: load the step-K checkpoint, finish the run, and
-                                 check it is bit-identical to the uninterrupted one; then: a file
-                                 missing on one process fails every process (no hang), and sharded
-                                 (FSDP2 / DTensor) state through the DCP default and a strategy's
-                                 own ShardedCheckpointing, merge and save_model.
+mp_checkpoint.py full <dir>    train 2 epochs of shuffled data (dropout, accumulation), async-save
+                               the state at step K while DDP training goes on, write the results.
+mp_checkpoint.py resume <dir>  new processes: load the step-K checkpoint, finish the run, and
+                               check it is bit-identical to the uninterrupted one; then: a file
+                               missing on one process fails every process (no hang), and sharded
+                               (FSDP2 / DTensor) state through the DCP default and a strategy's
+                               own ShardedCheckpointing, merge and save_model.
 """
 
 from __future__ import annotations
@@ -67,7 +67,11 @@ def run(accelerator, model, optimizer, loader, scheduler, start_step: int, save_
 
 
 def results(model, optimizer, losses):
-    return {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optimizer": optimizer.state_dict(), "losses": losses}
+    return {
+        "model": {k: v.clone() for k, v in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "losses": losses,
+    }
 
 
 def full(folder: str) -> None:
@@ -77,8 +81,17 @@ def full(folder: str) -> None:
     torch.save(results(model, optimizer, losses), os.path.join(folder, f"full_{accelerator.process_index}.pt"))
     accelerator.wait_for_everyone()
     assert sorted(os.listdir(os.path.join(folder, "step_k"))) == sorted(
-        ["COMPLETE", "accel_checkpoint.json", "model.safetensors", "optimizer.bin", "scheduler.bin",
-         "random_states_0.pt", "random_states_1.pt", "dataloader_0_rank_0.pt", "dataloader_0_rank_1.pt"]
+        [
+            "COMPLETE",
+            "accel_checkpoint.json",
+            "model.safetensors",
+            "optimizer.bin",
+            "scheduler.bin",
+            "random_states_0.pt",
+            "random_states_1.pt",
+            "dataloader_0_rank_0.pt",
+            "dataloader_0_rank_1.pt",
+        ]
     )
     print(f"rank {accelerator.process_index}: full run OK", flush=True)
 
@@ -175,7 +188,10 @@ def sharded_checks(folder: str, rank: int) -> None:
         import json
 
         meta = json.load(open(os.path.join(target, "accel_checkpoint.json")))
-        assert meta["sharded"]["implementation"].endswith(expected_impl) and meta["sharded"]["covers"] == ["models", "optimizers"]
+        assert meta["sharded"]["implementation"].endswith(expected_impl) and meta["sharded"]["covers"] == [
+            "models",
+            "optimizers",
+        ]
         assert not os.path.exists(os.path.join(target, "model.safetensors"))
         shards = {k: v.to_local().clone() for k, v in model.state_dict().items()}
         moments = [v["exp_avg"].to_local().clone() for v in optimizer.optimizer.state.values()]

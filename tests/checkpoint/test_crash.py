@@ -58,7 +58,10 @@ def test_sigkill_mid_save_then_a_new_process_resumes(tmp_path):
         (partial,) = glob.glob(str(base / ".checkpoint_1.partial-*"))
         written = set(os.listdir(partial))
         # Killed mid-write: earlier files are there, the one being written is open, no marker.
-        assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "custom_checkpoint_0.pt"} <= written, (mode, written)
+        assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "custom_checkpoint_0.pt"} <= written, (
+            mode,
+            written,
+        )
         assert "COMPLETE" not in written and "accel_checkpoint.json" not in written
 
         # A new process (this one) resumes from the newest complete checkpoint and trains on.

@@ -85,6 +85,10 @@ def test_corrupt_files_name_the_file_and_the_fix(tmp_path, damage):
     torch.save({"t": torch.randn(1000)}, path)
     data = open(path, "rb").read()
     with open(path, "wb") as handle:
-        handle.write({"truncate": data[: len(data) // 2], "empty": b"", "garbage": os.urandom(300).replace(b"\x80", b"\x00")}[damage])
+        handle.write(
+            {"truncate": data[: len(data) // 2], "empty": b"", "garbage": os.urandom(300).replace(b"\x80", b"\x00")}[
+                damage
+            ]
+        )
     with pytest.raises(CorruptCheckpointError, match=r"scheduler\.bin is truncated or corrupt.*earlier checkpoint"):
         load_torch_file(path)

@@ -72,8 +72,16 @@ def test_round_trip_resumes_exactly_with_scaler_custom_objects_and_step(tmp_path
     counter.count, accelerator.step = 5, 7
     folder = accelerator.save_state(str(tmp_path / "ckpt"))
     assert sorted(os.listdir(folder)) == sorted(
-        ["COMPLETE", "accel_checkpoint.json", "custom_checkpoint_0.pt", "model.safetensors", "optimizer.bin",
-         "random_states_0.pt", "scaler.pt", "scheduler.bin"]
+        [
+            "COMPLETE",
+            "accel_checkpoint.json",
+            "custom_checkpoint_0.pt",
+            "model.safetensors",
+            "optimizer.bin",
+            "random_states_0.pt",
+            "scaler.pt",
+            "scheduler.bin",
+        ]
     )
     expected_losses = train(accelerator, model, optimizer, scheduler, 3)
     expected = weights(model)
@@ -107,7 +115,9 @@ def test_hooks_see_the_folder_being_built_and_may_take_over_models(tmp_path):
     handle = accelerator.register_load_state_pre_hook(load_hook)
     folder = accelerator.save_state(str(tmp_path / "ckpt"))
     assert seen["save"][:2] == (1, 1) and ".partial-" in seen["save"][2]
-    assert os.path.exists(os.path.join(folder, "extra.json")) and not os.path.exists(os.path.join(folder, "model.safetensors"))
+    assert os.path.exists(os.path.join(folder, "extra.json")) and not os.path.exists(
+        os.path.join(folder, "model.safetensors")
+    )
     accelerator.load_state(folder)
     assert seen["load"] == folder
     handle.remove()
@@ -132,7 +142,10 @@ def test_automatic_naming_total_limit_and_resume_numbering(tmp_path):
     os.remove(base / "checkpoint_9" / "COMPLETE")
     os.makedirs(base / ".checkpoint_10.partial-deadbeef")
 
-    fresh = Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=3))
+    fresh = Accelerator(
+        cpu=True,
+        project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=3),
+    )
     model2, optimizer2, scheduler2 = make(fresh, seed=1)
     fresh.load_state()  # the newest complete one: checkpoint_6, not the unfinished checkpoint_9
     assert all(torch.equal(v, expected[k]) for k, v in model2.state_dict().items())
@@ -263,7 +276,11 @@ def test_reference_layout_checkpoint_needs_the_opt_in_for_its_pickles(tmp_path):
     torch.save(optimizer.state_dict(), legacy / "optimizer.bin")
     torch.save(scheduler.state_dict(), legacy / "scheduler.bin")
     torch.save(
-        {"random_state": random.getstate(), "numpy_random_seed": np.random.get_state(), "torch_manual_seed": torch.get_rng_state()},
+        {
+            "random_state": random.getstate(),
+            "numpy_random_seed": np.random.get_state(),
+            "torch_manual_seed": torch.get_rng_state(),
+        },
         legacy / "random_states_0.pkl",
     )
     with pytest.warns(UserWarning, match="legacy"), pytest.raises(UnsafeCheckpointError, match="random_states_0.pkl"):

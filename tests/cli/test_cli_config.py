@@ -66,7 +66,9 @@ def test_config_location_flag_then_environment_then_xdg_then_home(tmp_path: Path
 
 
 def test_written_config_reads_back_and_bad_keys_are_named(tmp_path: Path) -> None:
-    path = write_config(tmp_path / "d" / "c.yaml", {"num_processes": 2, "mixed_precision": "no", "fsdp": {"version": 2}})
+    path = write_config(
+        tmp_path / "d" / "c.yaml", {"num_processes": 2, "mixed_precision": "no", "fsdp": {"version": 2}}
+    )
     text = path.read_text()
     assert text.startswith("# accel launch configuration") and "mixed_precision: 'no'" in text
     assert read_config(path) == {"num_processes": 2, "mixed_precision": "no", "fsdp": {"version": 2}}
@@ -116,7 +118,10 @@ def test_accelerate_multi_gpu_config_keeps_what_maps_and_warns_about_the_rest() 
     cpu, _ = convert_accelerate_config({"distributed_type": "MULTI_CPU", "num_processes": 2})
     assert cpu == {"num_processes": 2, "use_cpu": True}
     deepspeed, warnings = convert_accelerate_config(
-        {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2, "deepspeed_multinode_launcher": "standard"}}
+        {
+            "distributed_type": "DEEPSPEED",
+            "deepspeed_config": {"zero_stage": 2, "deepspeed_multinode_launcher": "standard"},
+        }
     )
     assert deepspeed == {"strategy": "deepspeed", "deepspeed": {"zero_stage": 2, "multinode_launcher": "standard"}}
     _, warnings = convert_accelerate_config({"compute_environment": "AMAZON_SAGEMAKER", "ec2_instance_type": "x"})
@@ -138,9 +143,14 @@ def test_accel_config_import_writes_a_config_that_launch_uses(cli, tmp_path: Pat
     fsdp.write_text(ACCELERATE_FSDP)
     assert cli.run("config", "import", str(fsdp), "--force").returncode == 0
     # The imported file drives a launch: settings and backend options reach the workers' environment.
-    dry = cli.run("launch", "--dry-run", "-n", "2", "train.py", "--lr", "1", env_extra={"ACCEL_MIXED_PRECISION": "fp16"})
+    dry = cli.run(
+        "launch", "--dry-run", "-n", "2", "train.py", "--lr", "1", env_extra={"ACCEL_MIXED_PRECISION": "fp16"}
+    )
     assert dry.returncode == 0, cli.describe(dry)
-    assert "ACCEL_STRATEGY=fsdp" in dry.stdout and "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP=LlamaDecoderLayer" in dry.stdout
+    assert (
+        "ACCEL_STRATEGY=fsdp" in dry.stdout
+        and "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP=LlamaDecoderLayer" in dry.stdout
+    )
     assert "ACCEL_MIXED_PRECISION=fp16" in dry.stdout  # the environment beats the file's bf16
     assert "--nproc-per-node=2 -m accel_core.launch.runner path train.py --lr 1" in dry.stdout  # the flag beats 8
 
@@ -171,12 +181,21 @@ def test_accel_config_asks_the_chosen_backends_options_and_launch_uses_them(cli)
     assert "'HALF_SHARD' is not one of FULL_SHARD" in result.stdout
     written = yaml.safe_load((cli.config_dir / "default_config.yaml").read_text())
     assert written["strategy"] == "fsdp"
-    assert written["fsdp"] == {"version": 1, "sharding_strategy": "SHARD_GRAD_OP", "offload_params": True,
-                               "auto_wrap_policy": "SIZE_BASED_WRAP"}
+    assert written["fsdp"] == {
+        "version": 1,
+        "sharding_strategy": "SHARD_GRAD_OP",
+        "offload_params": True,
+        "auto_wrap_policy": "SIZE_BASED_WRAP",
+    }
     dry = cli.run("launch", "--dry-run", "train.py")
     assert dry.returncode == 0, cli.describe(dry)
-    for pair in ("ACCEL_STRATEGY=fsdp", "ACCEL_FSDP_VERSION=1", "ACCEL_FSDP_SHARDING_STRATEGY=SHARD_GRAD_OP",
-                 "ACCEL_FSDP_OFFLOAD_PARAMS=true", "ACCEL_FSDP_AUTO_WRAP_POLICY=SIZE_BASED_WRAP"):
+    for pair in (
+        "ACCEL_STRATEGY=fsdp",
+        "ACCEL_FSDP_VERSION=1",
+        "ACCEL_FSDP_SHARDING_STRATEGY=SHARD_GRAD_OP",
+        "ACCEL_FSDP_OFFLOAD_PARAMS=true",
+        "ACCEL_FSDP_AUTO_WRAP_POLICY=SIZE_BASED_WRAP",
+    ):
         assert pair in dry.stdout, pair
 
 

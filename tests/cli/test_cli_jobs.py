@@ -33,9 +33,25 @@ def test_two_processes_with_flags_config_file_environment_module_and_a_restart(c
     out = tmp_path / "out"
     out.mkdir()
     result = cli.run(
-        "launch", "--config-file", str(config), "--cpu", "-n", "2", "--mixed-precision", "bf16", "--env", "FOO=bar",
-        "--max-restarts", "1", "--env", f"PROBE_FAIL_ONCE={tmp_path / 'marker'}",
-        "-m", "probe_pkg.probe", str(out), "x", "--y",
+        "launch",
+        "--config-file",
+        str(config),
+        "--cpu",
+        "-n",
+        "2",
+        "--mixed-precision",
+        "bf16",
+        "--env",
+        "FOO=bar",
+        "--max-restarts",
+        "1",
+        "--env",
+        f"PROBE_FAIL_ONCE={tmp_path / 'marker'}",
+        "-m",
+        "probe_pkg.probe",
+        str(out),
+        "x",
+        "--y",
         env_extra={"ACCEL_GRADIENT_ACCUMULATION_STEPS": "5"},
         cwd=cli.scripts,  # `-m` finds the package from the working directory, as `python -m` does
     )
@@ -68,7 +84,7 @@ def test_a_failing_rank_stops_the_job_and_is_named_with_its_traceback(cli) -> No
     # --log-dir: each worker's output is also in files (torchrun's layout: <run>/attempt_0/<local rank>/).
     rank1_err = [p for p in logs.rglob("stderr.log") if p.parent.name == "1"]
     assert rank1_err and "ValueError: rank one is broken" in rank1_err[0].read_text(), sorted(logs.rglob("*"))
-    summary = result.stderr[result.stderr.index("accel launch: The job failed"):]
+    summary = result.stderr[result.stderr.index("accel launch: The job failed") :]
     assert summary.startswith("accel launch: The job failed: rank 1 (local rank 1"), summary
     assert "exited with code 1" in summary and "Traceback of rank 1:" in summary
     assert "in explode" in summary and "ValueError: rank one is broken" in summary
@@ -78,11 +94,27 @@ def test_a_failing_rank_stops_the_job_and_is_named_with_its_traceback(cli) -> No
 
 def _launch_two_machines(cli, port: int) -> tuple[list[int | None], list[tuple[str, str]]]:  # type: ignore[no-untyped-def]
     """Machines 0 and 1 of one job on this host; returns their exit codes and (stdout, stderr)."""
-    common = ["launch", "--cpu", "--num-machines", "2", "--main-process-ip", "127.0.0.1",
-              "--main-process-port", str(port), "-n", "4", str(cli.scripts / "report_rank.py")]
+    common = [
+        "launch",
+        "--cpu",
+        "--num-machines",
+        "2",
+        "--main-process-ip",
+        "127.0.0.1",
+        "--main-process-port",
+        str(port),
+        "-n",
+        "4",
+        str(cli.scripts / "report_rank.py"),
+    ]
     machines = {  # machine 1 first: it waits for machine 0's store
-        rank: subprocess.Popen([*cli.command(), *common[:1], "--machine-rank", str(rank), *common[1:]], env=cli.env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        rank: subprocess.Popen(
+            [*cli.command(), *common[:1], "--machine-rank", str(rank), *common[1:]],
+            env=cli.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in (1, 0)
     }
     try:

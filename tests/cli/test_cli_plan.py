@@ -21,7 +21,12 @@ from accel_core.launch.plan import (
 
 
 def test_each_setting_takes_flag_then_environment_then_config_then_default() -> None:
-    config = {"mixed_precision": "fp16", "gradient_accumulation_steps": 3, "dynamo_backend": "inductor", "num_processes": 4}
+    config = {
+        "mixed_precision": "fp16",
+        "gradient_accumulation_steps": 3,
+        "dynamo_backend": "inductor",
+        "num_processes": 4,
+    }
     environ = {"ACCEL_MIXED_PRECISION": "bf16", "ACCEL_GRADIENT_ACCUMULATION_STEPS": "5"}
     flags = {"mixed_precision": "fp8", "num_processes": None, "use_cpu": None}
     plan = resolve_plan(flags, environ, config)
@@ -54,7 +59,9 @@ def test_false_flags_override_a_true_config_and_defaults_can_be_replaced() -> No
 
 def test_yaml_bare_no_and_environment_booleans_are_read() -> None:
     # YAML 1.1 reads `mixed_precision: no` as False.
-    plan = resolve_plan({}, {"ACCEL_USE_CPU": "1", "ACCEL_DEBUG_MODE": "yes"}, {"mixed_precision": False, "dynamo_backend": False})
+    plan = resolve_plan(
+        {}, {"ACCEL_USE_CPU": "1", "ACCEL_DEBUG_MODE": "yes"}, {"mixed_precision": False, "dynamo_backend": False}
+    )
     assert (plan.mixed_precision, plan.dynamo_backend, plan.use_cpu, plan.debug) == ("no", "no", True, True)
 
 
@@ -121,10 +128,27 @@ def test_when_torchrun_is_used() -> None:
 def test_torchrun_arguments() -> None:
     target = LaunchTarget("train.py", ("--lr", "1"))
     one = torchrun_argv(resolve_plan({"num_processes": 2}, {}, {}), target)
-    assert one == ["--nnodes=1", "--nproc-per-node=2", "-m", "accel_core.launch.runner", "path", "train.py", "--lr", "1"]
-    port = torchrun_argv(resolve_plan({"num_processes": 2, "main_process_port": 1234, "max_restarts": 2}, {}, {}), target)
+    assert one == [
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "-m",
+        "accel_core.launch.runner",
+        "path",
+        "train.py",
+        "--lr",
+        "1",
+    ]
+    port = torchrun_argv(
+        resolve_plan({"num_processes": 2, "main_process_port": 1234, "max_restarts": 2}, {}, {}), target
+    )
     assert {"--master-port=1234", "--master-addr=127.0.0.1", "--max-restarts=2"} <= set(port)
-    flags = {"num_processes": 16, "num_machines": 2, "machine_rank": 1, "main_process_ip": "10.0.0.1", "monitor_interval": 0.5}
+    flags = {
+        "num_processes": 16,
+        "num_machines": 2,
+        "machine_rank": 1,
+        "main_process_ip": "10.0.0.1",
+        "monitor_interval": 0.5,
+    }
     static = torchrun_argv(resolve_plan(flags, {}, {}), LaunchTarget("pkg.train", module=True))
     assert static[:2] == ["--nnodes=2", "--nproc-per-node=8"]
     assert {"--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29500", "--monitor-interval=0.5"} <= set(static)
@@ -181,7 +205,9 @@ def test_conflicting_or_missing_extensions_are_skipped_with_a_message(capsys: py
 
 
 def _failure(rank: int, exitcode: int, traceback: str | None = None, timestamp: int = 100) -> RankFailure:
-    return RankFailure(rank=rank, local_rank=rank, exitcode=exitcode, pid=1000 + rank, timestamp=timestamp, traceback=traceback)
+    return RankFailure(
+        rank=rank, local_rank=rank, exitcode=exitcode, pid=1000 + rank, timestamp=timestamp, traceback=traceback
+    )
 
 
 def test_the_root_cause_is_the_rank_that_failed_by_itself() -> None:
@@ -228,7 +254,12 @@ def test_option_table_extension_parses_both_spellings_and_selects_the_backend():
     parser = _argparse.ArgumentParser()
     ToyOptions().add_arguments(parser.add_argument_group("toy options"))
     env = ToyOptions().to_env(parser.parse_args(["--toy_level", "1e3", "--toy-mode", "2", "--toy-flag", "Yes"]))
-    assert env == {"ACCEL_TOY_LEVEL": "1000", "ACCEL_TOY_MODE": "SLOW", "ACCEL_TOY_FLAG": "true", "ACCEL_STRATEGY": "toy"}
+    assert env == {
+        "ACCEL_TOY_LEVEL": "1000",
+        "ACCEL_TOY_MODE": "SLOW",
+        "ACCEL_TOY_FLAG": "true",
+        "ACCEL_STRATEGY": "toy",
+    }
     assert ToyOptions().to_env(parser.parse_args([])) == {}
     assert ToyOptions().to_env(parser.parse_args(["--use-toy"])) == {"ACCEL_STRATEGY": "toy"}
     with pytest.raises(SystemExit):

@@ -25,7 +25,13 @@ from accel import (
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
 )
-from accel.utils import align_module_device, compute_module_sizes, find_tied_parameters, get_balanced_memory, has_offloaded_params
+from accel.utils import (
+    align_module_device,
+    compute_module_sizes,
+    find_tied_parameters,
+    get_balanced_memory,
+    has_offloaded_params,
+)
 
 
 class Block(nn.Module):
@@ -115,7 +121,9 @@ def test_model_larger_than_memory_runs_from_cpu_and_disk(trained, tmp_path: Path
         out = model(ids)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
     offloaded = next(n for n, d in model.hf_device_map.items() if d == "disk")
-    assert all(p.device.type == "meta" for p in model.get_submodule(offloaded).parameters()), "weights not freed after use"
+    assert all(p.device.type == "meta" for p in model.get_submodule(offloaded).parameters()), (
+        "weights not freed after use"
+    )
     assert resident_bytes(model) <= budget
     with pytest.raises(RuntimeError, match="can't move a model that has some modules offloaded"):
         model.to("cpu")
@@ -149,7 +157,11 @@ def test_everything_on_disk_with_offloaded_buffers(trained, tmp_path: Path) -> N
 def test_dtype_and_checkpoint_forms(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     source, checkpoint, ids, expected = trained
     single = tmp_path / "model.safetensors"
-    save_file({k: v.contiguous() for k, v in source.state_dict().items() if k != "head.weight"}, single, metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in source.state_dict().items() if k != "head.weight"},
+        single,
+        metadata={"format": "pt"},
+    )
     torch.save(source.state_dict(), tmp_path / "pytorch_model.bin")
     for where in (single, tmp_path / "pytorch_model.bin", checkpoint / "model.safetensors.index.json", checkpoint):
         model = empty_model()
@@ -170,7 +182,10 @@ def test_dtype_and_checkpoint_forms(trained, tmp_path: Path) -> None:  # type: i
 
 def test_cpu_and_disk_offload_load_weights_just_in_time(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     source, _, ids, expected = trained
-    for offload in (lambda m: cpu_offload(m, execution_device="cpu"), lambda m: disk_offload(m, tmp_path, execution_device="cpu")):
+    for offload in (
+        lambda m: cpu_offload(m, execution_device="cpu"),
+        lambda m: disk_offload(m, tmp_path, execution_device="cpu"),
+    ):
         model = TinyLM()
         model.load_state_dict(source.state_dict())
         offload(model)

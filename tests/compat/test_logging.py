@@ -34,7 +34,9 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     import os
 
     full_env = {k: v for k, v in os.environ.items() if not k.endswith("LOG_LEVEL")}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**full_env, **env}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**full_env, **env}, timeout=120
+    )
 
 
 def test_level_from_the_environment_accel_name_first() -> None:

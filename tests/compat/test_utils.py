@@ -44,7 +44,9 @@ def test_batch_shrinks_by_the_reference_factor_on_a_cpu_allocation_failure() -> 
     # Decorator form with a custom reduction; a later call starts from the last size found.
     train, tried = _allocate_above(10)
     halves = iter([32, 16, 8])
-    decorated = utils.find_executable_batch_size(starting_batch_size=64, reduce_batch_size_fn=lambda: next(halves))(train)
+    decorated = utils.find_executable_batch_size(starting_batch_size=64, reduce_batch_size_fn=lambda: next(halves))(
+        train
+    )
     assert decorated() == (8, 1.0) and tried == [64, 32, 16, 8]
     assert decorated() == (8, 1.0) and tried[-1] == 8
 
@@ -70,7 +72,9 @@ def test_out_of_memory_errors_of_every_device_are_recognised() -> None:
     assert should_reduce_batch_size(RuntimeError("XPU out of memory. Tried to allocate 1 GiB"))
     assert should_reduce_batch_size(RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear"))
     assert should_reduce_batch_size(RuntimeError("FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed"))
-    assert not should_reduce_batch_size(RuntimeError("shape mismatch")) and not should_reduce_batch_size(ValueError("x"))
+    assert not should_reduce_batch_size(RuntimeError("shape mismatch")) and not should_reduce_batch_size(
+        ValueError("x")
+    )
 
 
 # -- availability checks --------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def test_missing_backend_package_names_the_extra(monkeypatch):
     with pytest.raises(ImportError, match=r'pip install "accel\[xla\]"'):
         Accelerator()
     monkeypatch.delenv("ACCEL_STRATEGY")
-    with pytest.raises(MissingPluginError, match=r'accel\[fp8\]'):
+    with pytest.raises(MissingPluginError, match=r"accel\[fp8\]"):
         Accelerator(mixed_precision="fp8")
 
 

@@ -21,11 +21,21 @@ from torch import nn
 
 def test_unset_sizes_fill_the_world_with_the_strategys_data_parallel_dimension() -> None:
     config = resolve_parallelism(ParallelismConfig(tp_size=2), 8)
-    assert (config.dp_replicate_size, config.dp_shard_size, config.tp_size, config.cp_size, config.pp_size) == (4, 1, 2, 1, 1)
+    assert (config.dp_replicate_size, config.dp_shard_size, config.tp_size, config.cp_size, config.pp_size) == (
+        4,
+        1,
+        2,
+        1,
+        1,
+    )
     config = resolve_parallelism(ParallelismConfig(tp_size=2), 8, data_parallel_dim="dp_shard")
     assert (config.dp_replicate_size, config.dp_shard_size) == (1, 4)
     config = resolve_parallelism(ParallelismConfig(dp_replicate_size=2, tp_size=2), 8)
-    assert config.dp_shard_size == 2 and config.data_parallel_size == 4 and config.dp_dim_names == ["dp_replicate", "dp_shard"]
+    assert (
+        config.dp_shard_size == 2
+        and config.data_parallel_size == 4
+        and config.dp_dim_names == ["dp_replicate", "dp_shard"]
+    )
     assert resolve_parallelism(None, 1).total_size == 1
     # The given config is not changed: resolution returns a copy.
     given = ParallelismConfig(tp_size=2)
@@ -113,7 +123,9 @@ def test_refusing_a_deepspeed_mesh_imports_neither_deepspeed_nor_starts_processe
     )
     # WORLD_SIZE=2 as torchrun would set it: the layout is decided (and refused) before any process group.
     environ = {**os.environ, "WORLD_SIZE": "2"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ, check=False
+    )
     assert done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
@@ -124,9 +136,13 @@ def test_mesh_keeps_both_data_parallel_dimensions_and_skips_unused_ones() -> Non
 
 
 def test_launch_flags_environment_and_config_file_reach_the_workers() -> None:
-    plan = resolve_launch_plan({"num_processes": 8, "tp_size": 2}, {"ACCEL_TP_SIZE": "4", "ACCEL_CP_SIZE": "2"}, {"dp_shard_size": 2})
+    plan = resolve_launch_plan(
+        {"num_processes": 8, "tp_size": 2}, {"ACCEL_TP_SIZE": "4", "ACCEL_CP_SIZE": "2"}, {"dp_shard_size": 2}
+    )
     assert (plan.tp_size, plan.cp_size, plan.dp_shard_size) == (2, 2, 2)
-    assert plan.env["ACCEL_TP_SIZE"] == "2" and plan.env["ACCEL_CP_SIZE"] == "2" and plan.env["ACCEL_DP_SHARD_SIZE"] == "2"
+    assert (
+        plan.env["ACCEL_TP_SIZE"] == "2" and plan.env["ACCEL_CP_SIZE"] == "2" and plan.env["ACCEL_DP_SHARD_SIZE"] == "2"
+    )
     assert "ACCEL_DP_REPLICATE_SIZE" not in plan.env  # unset: the Accelerator fills it
     with pytest.raises(ValueError, match=r"tp_size=3 \(product 3\) must divide 4"):
         resolve_launch_plan({"num_processes": 4, "tp_size": 3}, {}, {})
@@ -144,7 +160,13 @@ def test_accel_launch_flags_and_accelerates_spellings() -> None:
     assert (namespace.tp_size, namespace.dp_shard_size, namespace.num_processes) == (2, 2, 4)
     assert isinstance(parser, argparse.ArgumentParser)
     config, warnings = convert_accelerate_config(
-        {"parallelism_config": {"parallelism_config_tp_size": 2, "parallelism_config_dp_shard_size": 4, "parallelism_config_sp_size": 2}}
+        {
+            "parallelism_config": {
+                "parallelism_config_tp_size": 2,
+                "parallelism_config_dp_shard_size": 4,
+                "parallelism_config_sp_size": 2,
+            }
+        }
     )
     assert config == {"tp_size": 2, "dp_shard_size": 4} and len(warnings) == 1 and "sp_size" in warnings[0]
 
@@ -165,7 +187,11 @@ def test_one_process_has_a_trivial_layout_and_no_mesh() -> None:
 
     accelerator = Accelerator(cpu=True)
     assert accelerator.device_mesh is None and accelerator.parallelism_config.total_size == 1
-    assert (accelerator.parallel_dims.dp.size, accelerator.tensor_parallel_rank, accelerator.data_parallel_rank) == (1, 0, 0)
+    assert (accelerator.parallel_dims.dp.size, accelerator.tensor_parallel_rank, accelerator.data_parallel_rank) == (
+        1,
+        0,
+        0,
+    )
     with accelerator.maybe_context_parallel(buffers=[torch.zeros(2, 4)], buffer_seq_dims=[1]):
         pass  # context parallelism off: the block just runs
 
@@ -262,7 +288,9 @@ def test_blocks_are_checkpointed_then_compiled_in_place() -> None:
     plain = Net(Block(), Block())
     reference = Net(Block(), Block())
     reference.load_state_dict(plain.state_dict())
-    accelerator = Accelerator(cpu=True, dynamo_backend="eager", parallelism_config=ParallelismConfig(activation_checkpointing=True))
+    accelerator = Accelerator(
+        cpu=True, dynamo_backend="eager", parallelism_config=ParallelismConfig(activation_checkpointing=True)
+    )
     model = accelerator.prepare(plain)
     assert model is plain and not hasattr(model, "_orig_mod")  # the blocks are compiled, not the whole model
     assert all(block._compiled_call_impl is not None for block in model)
@@ -274,4 +302,6 @@ def test_blocks_are_checkpointed_then_compiled_in_place() -> None:
     reference(x).sum().backward()
     assert torch.allclose(model[0].fc.weight.grad, reference[0].fc.weight.grad, atol=1e-6)
     with pytest.raises(ValueError, match="needs the blocks"):
-        Accelerator(cpu=True, parallelism_config=ParallelismConfig(activation_checkpointing=True)).prepare(nn.Linear(2, 2))
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(activation_checkpointing=True)).prepare(
+            nn.Linear(2, 2)
+        )

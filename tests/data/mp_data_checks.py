@@ -109,10 +109,18 @@ def check_gather_for_metrics(accelerator: Accelerator) -> None:
             whole_ids += whole["idx"].tolist()
             whole_names += whole["name"]
         label = f"gather_for_metrics {kind} len={length} bs={size} split={split} dispatch={dispatch}"
-        check(label, ids == list(range(length)), f"got {len(ids)} ids, first wrong at "
-              f"{next((i for i, (a, b) in enumerate(zip(ids, range(length))) if a != b), len(ids))}")
+        check(
+            label,
+            ids == list(range(length)),
+            f"got {len(ids)} ids, first wrong at "
+            f"{next((i for i, (a, b) in enumerate(zip(ids, range(length))) if a != b), len(ids))}",
+        )
         check(label + " names", names == [f"s{i}" for i in ids], f"{names[:5]}...")
-        check(label + " dict", whole_ids == ids and whole_names == names, f"{len(whole_ids)} ids, {len(whole_names)} names")
+        check(
+            label + " dict",
+            whole_ids == ids and whole_names == names,
+            f"{len(whole_ids)} ids, {len(whole_names)} names",
+        )
     config.split_batches, config.dispatch_batches = False, None
 
 
@@ -151,7 +159,9 @@ def check_index_batch_sampler(accelerator: Accelerator) -> None:
         config.even_batches = even
         torch.manual_seed(3000 + RANK)  # each process its own seed: the inner sampler must be synchronised
         rows = Rows()
-        loader = accelerator.prepare(DataLoader(rows, sampler=BatchSampler(RandomSampler(rows), 4, drop_last), batch_size=None))
+        loader = accelerator.prepare(
+            DataLoader(rows, sampler=BatchSampler(RandomSampler(rows), 4, drop_last), batch_size=None)
+        )
         real = 48 if drop_last else 50  # drop_last leaves out the 2 samples of the short last batch
         label = f"index batches even={even} drop_last={drop_last}"
         for epoch in range(2):
@@ -168,10 +178,18 @@ def check_index_batch_sampler(accelerator: Accelerator) -> None:
             counts = ops.gather_object([count])
             check(f"{label} epoch {epoch} len", count == len(loader), f"{count} batches, len {len(loader)}")
             distinct = set(i for ids in everyone for i in ids)
-            check(f"{label} epoch {epoch} every sample", len(distinct) == real and distinct <= set(range(50)), str(sorted(distinct)))
+            check(
+                f"{label} epoch {epoch} every sample",
+                len(distinct) == real and distinct <= set(range(50)),
+                str(sorted(distinct)),
+            )
             if even:
                 check(f"{label} epoch {epoch} same steps", counts[0] == counts[1], str(counts))
-                check(f"{label} epoch {epoch} gather_for_metrics once each", sorted(gathered) == sorted(distinct), f"{len(gathered)} ids")
+                check(
+                    f"{label} epoch {epoch} gather_for_metrics once each",
+                    sorted(gathered) == sorted(distinct),
+                    f"{len(gathered)} ids",
+                )
             else:
                 check(f"{label} epoch {epoch} no repeat", sum(map(len, everyone)) == real, str(everyone))
     config.even_batches = True
@@ -199,8 +217,9 @@ def make_resume_loader(case: str):
     seedable = case == "seedable"
     torch.manual_seed(77 + RANK)
     dl = DataLoader(Items(45), batch_size=4, shuffle=True)
-    return prepare_data_loader(dl, use_seedable_sampler=seedable, data_seed=11 if seedable else None,
-                               dispatch_batches=case == "dispatch")
+    return prepare_data_loader(
+        dl, use_seedable_sampler=seedable, data_seed=11 if seedable else None, dispatch_batches=case == "dispatch"
+    )
 
 
 def check_resume() -> None:
@@ -224,10 +243,16 @@ def check_resume() -> None:
 
 def check_dispatch_variable_lengths() -> None:
     for split in (False, True):
-        sharded = epoch_batches(prepare_data_loader(DataLoader(Sequences(), batch_size=6, collate_fn=pad_collate),
-                                                    split_batches=split))
-        dispatched = epoch_batches(prepare_data_loader(DataLoader(Sequences(), batch_size=6, collate_fn=pad_collate),
-                                                       split_batches=split, dispatch_batches=True))
+        sharded = epoch_batches(
+            prepare_data_loader(DataLoader(Sequences(), batch_size=6, collate_fn=pad_collate), split_batches=split)
+        )
+        dispatched = epoch_batches(
+            prepare_data_loader(
+                DataLoader(Sequences(), batch_size=6, collate_fn=pad_collate),
+                split_batches=split,
+                dispatch_batches=True,
+            )
+        )
         check(f"dispatch variable lengths split={split}", dispatched == sharded, "dispatched batches differ")
         widths = {len(b["ids"][0]) for b in dispatched}
         check(f"dispatch shapes vary split={split}", len(widths) > 1, str(widths))
@@ -235,6 +260,7 @@ def check_dispatch_variable_lengths() -> None:
 
 def check_dispatch_large_batches_grow_the_slot() -> None:
     """Shares larger than the dispatcher's slot (64 KiB at first) make it grow, sizes up and down."""
+
     def collate(samples: list[int]) -> dict:
         width = 3000 * (1 + samples[0] % 5)  # 4 x 3000..15000 floats: 48..240 KB per share
         return {"x": torch.stack([torch.full((width,), float(i)) for i in samples]), "i": samples}
@@ -287,7 +313,11 @@ def main() -> None:
     for fn in checks:
         start = time.perf_counter()
         try:
-            fn(accelerator) if fn in (check_gather_for_metrics, check_index_batch_sampler, check_split_a_datasets_dataset) else fn()
+            fn(accelerator) if fn in (
+                check_gather_for_metrics,
+                check_index_batch_sampler,
+                check_split_a_datasets_dataset,
+            ) else fn()
         except Exception:  # noqa: BLE001 - reported below, then the run stops
             failures.append(f"{fn.__name__} raised:\n{traceback.format_exc()}")
             break  # the other process may now wait in a collective: stop rather than hang

@@ -16,6 +16,7 @@ def round_trip(obj, offset: int = 0):
     assert buf.numel() >= max(end, 1024)
     return decode(buf[:end], offset)
 
+
 Pair = namedtuple("Pair", ["inputs", "labels"])
 
 
@@ -70,7 +71,12 @@ def test_variable_shapes_between_batches() -> None:
 
 
 def test_tree_size_slice_concat() -> None:
-    batch = {"x": torch.arange(6).reshape(3, 2), "names": ["a", "b", "c"], "pair": (torch.arange(3), np.arange(3)), "k": 1}
+    batch = {
+        "x": torch.arange(6).reshape(3, 2),
+        "names": ["a", "b", "c"],
+        "pair": (torch.arange(3), np.arange(3)),
+        "k": 1,
+    }
     assert batch_size(batch) == 3
     part = slice_batch(batch, 1, 3)
     assert part["x"].tolist() == [[2, 3], [4, 5]] and part["names"] == ["b", "c"] and part["k"] == 1

@@ -49,7 +49,10 @@ def check_offload_from_launcher() -> tuple:
     strategy = accelerator.strategy
     check(isinstance(strategy, DeepSpeedStrategy), f"the launcher's --use-deepspeed selects DeepSpeed, got {strategy}")
     plugin = strategy.plugin
-    check(plugin.zero_stage == 2 and plugin.offload_optimizer_device == "cpu" and plugin.gradient_clipping == 1.0, f"{plugin}")
+    check(
+        plugin.zero_stage == 2 and plugin.offload_optimizer_device == "cpu" and plugin.gradient_clipping == 1.0,
+        f"{plugin}",
+    )
     check(engine.zero_cpu_offload(), "the engine offloads the optimizer")
     base = type(engine.optimizer.optimizer).__name__
     check(base == "DeepSpeedCPUAdam", f"torch AdamW becomes DeepSpeedCPUAdam for offload, got {base}")
@@ -78,8 +81,13 @@ def check_round_trip(accelerator, engine, optimizer, loader, scheduler) -> None:
             accelerator.save_state(folder)
             saved_step = engine.global_steps
     sharded = folder / "sharded" / "model_0"
-    check(sharded.is_dir() and any(sharded.glob("*optim_states.pt")), f"DeepSpeed files inside accel's layout: {list(sharded.glob('*'))}")
-    found = sorted({name for f in sharded.glob("*.pt") for name in torch.serialization.get_unsafe_globals_in_checkpoint(str(f))})
+    check(
+        sharded.is_dir() and any(sharded.glob("*optim_states.pt")),
+        f"DeepSpeed files inside accel's layout: {list(sharded.glob('*'))}",
+    )
+    found = sorted(
+        {name for f in sharded.glob("*.pt") for name in torch.serialization.get_unsafe_globals_in_checkpoint(str(f))}
+    )
     FIGURES["checkpoint_globals"] = found
     check(set(found) <= DEEPSPEED_CHECKPOINT_GLOBALS, f"DeepSpeed checkpoint globals outside the allowlist: {found}")
 

@@ -121,9 +121,14 @@ def load_and_compare(case: str, saved_world: int) -> None:
     final = FIGURES[f"{name}_final_weights"] = max_diff(full_weights(engine), record["final"])
     FIGURES[f"{name}_losses"] = losses
     check(after_load < 1e-6, f"{name}: weights after load_state differ by {after_load}")
-    check(T.close(losses, record["losses"], 1e-5, 1e-6), f"{name}: losses after load_state {losses} vs {record['losses']}")
+    check(
+        T.close(losses, record["losses"], 1e-5, 1e-6), f"{name}: losses after load_state {losses} vs {record['losses']}"
+    )
     check(final < 1e-5, f"{name}: weights after continuing differ by {final}")
-    check(not T.close(fresh_adam_losses(record["saved"]), record["losses"], 1e-3, 1e-4), "losses must depend on Adam's state")
+    check(
+        not T.close(fresh_adam_losses(record["saved"]), record["losses"], 1e-3, 1e-4),
+        "losses must depend on Adam's state",
+    )
 
 
 def fresh_adam_losses(weights: dict[str, torch.Tensor]) -> list[float]:

@@ -36,11 +36,23 @@ def test_sharded_checkpoints_two_processes_then_one(torchrun, tmp_path):
 
     # One process, through the real launcher and its --use-fsdp flags (no torchrun, no RANK/WORLD_SIZE).
     accel = Path(sys.executable).with_name("accel")
-    command = [str(accel), "launch", "--cpu", "-n", "1", "--use-fsdp", "--fsdp-transformer-layer-cls-to-wrap", "Block",
-               str(HERE / "single_process_checks.py"), str(tmp_path)]
+    command = [
+        str(accel),
+        "launch",
+        "--cpu",
+        "-n",
+        "1",
+        "--use-fsdp",
+        "--fsdp-transformer-layer-cls-to-wrap",
+        "Block",
+        str(HERE / "single_process_checks.py"),
+        str(tmp_path),
+    ]
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
     try:
-        single = subprocess.run(command, env={**environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=180)
+        single = subprocess.run(
+            command, env={**environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=180
+        )
     except subprocess.TimeoutExpired as error:
         pytest.fail(f"single-process run did not finish within 180s\n{error.stdout}\n{error.stderr}")
     assert single.returncode == 0, f"{single.stdout}\n{single.stderr[-6000:]}"

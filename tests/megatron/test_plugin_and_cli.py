@@ -66,14 +66,24 @@ def _parse(*argv: str) -> dict[str, str]:
 
 
 def test_launch_flags_become_the_plugin() -> None:
-    environ = _parse("--use-megatron", "--megatron-tp-degree", "2", "--megatron_sequence_parallelism", "yes", "--megatron-gradient-clipping", "1.0")
+    environ = _parse(
+        "--use-megatron",
+        "--megatron-tp-degree",
+        "2",
+        "--megatron_sequence_parallelism",
+        "yes",
+        "--megatron-gradient-clipping",
+        "1.0",
+    )
     assert environ == {
         "ACCEL_STRATEGY": "megatron",
         "ACCEL_MEGATRON_TP_DEGREE": "2",
         "ACCEL_MEGATRON_SEQUENCE_PARALLELISM": "true",
         "ACCEL_MEGATRON_GRADIENT_CLIPPING": "1.0",
     }
-    assert MegatronLMPlugin.from_env(environ) == MegatronLMPlugin(tp_degree=2, sequence_parallelism=True, gradient_clipping=1.0)
+    assert MegatronLMPlugin.from_env(environ) == MegatronLMPlugin(
+        tp_degree=2, sequence_parallelism=True, gradient_clipping=1.0
+    )
     assert _parse("--megatron-tp-degree", "4")["ACCEL_STRATEGY"] == "megatron"  # any flag selects the strategy
     assert _parse() == {}
     with pytest.raises(SystemExit):

@@ -81,21 +81,31 @@ def check_default_per_process() -> None:
     total, warmup = len(loader), 2
     accelerator = fresh()
     check(accelerator.scheduler_stepping == "per_process", f"default stepping {accelerator.scheduler_stepping}")
-    lrs, scheduler = train(accelerator, loader, lambda o: torch.optim.lr_scheduler.LambdaLR(o, warmup_then_linear(total, warmup)))
+    lrs, scheduler = train(
+        accelerator, loader, lambda o: torch.optim.lr_scheduler.LambdaLR(o, warmup_then_linear(total, warmup))
+    )
     check(len(lrs) == 4, f"4 batches per process, got {len(lrs)}")
     factor = warmup_then_linear(total, warmup)
     expected = [BASE_LR * factor(2 * (i + 1)) for i in range(4)]  # 2 scheduler steps per optimizer step
     check(all(close(a, b) for a, b in zip(lrs, expected)), f"per-process trajectory {lrs} vs {expected}")
-    check(scheduler.scheduler.last_epoch == total, f"the schedule ends with training: {scheduler.scheduler.last_epoch} vs {total}")
+    check(
+        scheduler.scheduler.last_epoch == total,
+        f"the schedule ends with training: {scheduler.scheduler.last_epoch} vs {total}",
+    )
     check(lrs[-1] == 0.0, "linear decay reaches 0 at the last batch, as on one process")
 
 
 def check_accumulation_and_adjust_scheduler() -> None:
-    for plugin in (None, GradientAccumulationPlugin(num_steps=2, adjust_scheduler=True),
-                   GradientAccumulationPlugin(num_steps=2, adjust_scheduler=False)):
+    for plugin in (
+        None,
+        GradientAccumulationPlugin(num_steps=2, adjust_scheduler=True),
+        GradientAccumulationPlugin(num_steps=2, adjust_scheduler=False),
+    ):
         accelerator = fresh(gradient_accumulation_plugin=plugin) if plugin else fresh(gradient_accumulation_steps=2)
         loader = DataLoader(data(), batch_size=8)
-        lrs, scheduler = train(accelerator, loader, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
+        lrs, scheduler = train(
+            accelerator, loader, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5)
+        )
         # 4 micro-batches per process = 2 optimizer steps, each 2 scheduler steps: factors 1, 4, 4, 16 (x 1/..)
         expected = [BASE_LR, BASE_LR * 0.5**2, BASE_LR * 0.5**2, BASE_LR * 0.5**4]
         check(all(close(a, b) for a, b in zip(lrs, expected)), f"accumulation ({plugin}): {lrs} vs {expected}")
@@ -160,7 +170,10 @@ def check_per_optimizer_step_option() -> None:
     os.environ["ACCEL_SCHEDULER_STEPPING"] = "per_optimizer_step"  # what `accel launch --scheduler-stepping` writes
     try:
         check(fresh().scheduler_steps_per_optimizer_step == 1, "ACCEL_SCHEDULER_STEPPING is read")
-        check(fresh(scheduler_stepping="per_process").scheduler_steps_per_optimizer_step == 2, "the argument beats the variable")
+        check(
+            fresh(scheduler_stepping="per_process").scheduler_steps_per_optimizer_step == 2,
+            "the argument beats the variable",
+        )
     finally:
         del os.environ["ACCEL_SCHEDULER_STEPPING"]
     try:

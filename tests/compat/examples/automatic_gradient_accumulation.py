@@ -45,7 +45,9 @@ def training_function(config, args):
         optimizer = AdamW(params=model.parameters(), lr=lr)
         train_dataloader, eval_dataloader = get_dataloaders(accelerator, batch_size)
         lr_scheduler = get_linear_schedule_with_warmup(
-            optimizer=optimizer, num_warmup_steps=config["warmup"], num_training_steps=(len(train_dataloader) * num_epochs)
+            optimizer=optimizer,
+            num_warmup_steps=config["warmup"],
+            num_training_steps=(len(train_dataloader) * num_epochs),
         )
         model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
             model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
@@ -73,9 +75,16 @@ def training_function(config, args):
                 metric.add_batch(predictions=predictions, references=references)
             eval_metric = metric.compute()
             accelerator.print(f"epoch {epoch}:", eval_metric)
-        accelerator.print(final_metrics_line(**eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0],
-                                             weight_norm=weight_norm(model), batch_sizes_tried=tried,
-                                             gradient_accumulation_steps=accelerator.gradient_accumulation_steps))
+        accelerator.print(
+            final_metrics_line(
+                **eval_metric,
+                last_loss=loss.item(),
+                lr=lr_scheduler.get_last_lr()[0],
+                weight_norm=weight_norm(model),
+                batch_sizes_tried=tried,
+                gradient_accumulation_steps=accelerator.gradient_accumulation_steps,
+            )
+        )
 
     inner_training_loop()
     accelerator.end_training()

@@ -10,7 +10,13 @@ import os
 import torch
 from torch.optim import AdamW
 
-from synthetic import GlueMrpcMetric, PairClassifier, final_metrics_line, get_dataloaders, get_linear_schedule_with_warmup
+from synthetic import (
+    GlueMrpcMetric,
+    PairClassifier,
+    final_metrics_line,
+    get_dataloaders,
+    get_linear_schedule_with_warmup,
+)
 from synthetic import weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
@@ -25,7 +31,12 @@ MAX_GPU_BATCH_SIZE = 16
 
 def training_function(config, args):
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
-    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+    lr, num_epochs, seed, batch_size = (
+        config["lr"],
+        int(config["num_epochs"]),
+        int(config["seed"]),
+        int(config["batch_size"]),
+    )
     metric = GlueMrpcMetric()
 
     # Too large a batch becomes gradient accumulation done by hand, as in the reference.
@@ -73,8 +84,11 @@ def training_function(config, args):
             metric.add_batch(predictions=predictions, references=references)
         eval_metric = metric.compute()
         accelerator.print(f"epoch {epoch}:", eval_metric)
-    accelerator.print(final_metrics_line(**eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0],
-                                         weight_norm=weight_norm(model)))
+    accelerator.print(
+        final_metrics_line(
+            **eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0], weight_norm=weight_norm(model)
+        )
+    )
     accelerator.end_training()
 
 

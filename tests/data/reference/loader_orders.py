@@ -80,7 +80,9 @@ CASES: dict[str, dict[str, Any]] = {
 
 def seedable_sampler_class(lib_name: str) -> type:
     # Accelerate has it in accelerate.data_loader; accel in accel.utils.
-    return importlib.import_module("accelerate.data_loader" if lib_name == "accelerate" else "accel.utils").SeedableRandomSampler
+    return importlib.import_module(
+        "accelerate.data_loader" if lib_name == "accelerate" else "accel.utils"
+    ).SeedableRandomSampler
 
 
 def build_loader(case: dict[str, Any], lib_name: str) -> DataLoader:

@@ -63,8 +63,13 @@ def hooks(accelerator: Any, name: str) -> list[Any]:
     return list(registry.values()) if registry else []
 
 
-_PREPARED = {"_models": "models", "_optimizers": "optimizers", "_schedulers": "schedulers",
-             "_dataloaders": "dataloaders", "_custom_objects": "custom_objects"}
+_PREPARED = {
+    "_models": "models",
+    "_optimizers": "optimizers",
+    "_schedulers": "schedulers",
+    "_dataloaders": "dataloaders",
+    "_custom_objects": "custom_objects",
+}
 
 
 def listed(accelerator: Any, name: str) -> list[Any]:

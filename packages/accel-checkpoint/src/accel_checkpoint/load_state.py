@@ -56,11 +56,16 @@ def resolve_input_dir(accelerator: Any, input_dir: str | None, coord: Coordinato
                 everywhere &= set(other)
         if not everywhere:
             hint = " on every process" if complete else ""
-            raise CheckpointNotFoundError(f"No complete checkpoint in {base}{hint}: nothing to resume from (save_state() first).")
+            raise CheckpointNotFoundError(
+                f"No complete checkpoint in {base}{hint}: nothing to resume from (save_state() first)."
+            )
         number = max(everywhere)
         if complete and number < max(complete):
             logger.warning(
-                "Loading checkpoint_%d: the newer checkpoint_%d in %s is not complete on every process.", number, max(complete), base
+                "Loading checkpoint_%d: the newer checkpoint_%d in %s is not complete on every process.",
+                number,
+                max(complete),
+                base,
             )
         layout.latest_complete(base)  # reports unfinished folders
         return os.path.abspath(layout.numbered_path(os.path.dirname(base), number))
@@ -140,7 +145,9 @@ def load_state(
     models = access.listed(accelerator, "_models")
     try:
         if not os.path.isdir(folder):
-            raise CheckpointNotFoundError(f"{folder} is not visible on this machine; use a shared file system or save_on_each_node=True.")
+            raise CheckpointNotFoundError(
+                f"{folder} is not visible on this machine; use a shared file system or save_on_each_node=True."
+            )
         metadata = layout.read_metadata(folder)
         if not layout.is_complete(folder):
             if metadata is not None:
@@ -149,8 +156,13 @@ def load_state(
                     "Load an earlier checkpoint."
                 )
             if os.path.basename(folder).startswith("."):
-                raise IncompleteCheckpointError(f"{folder} is a checkpoint that was still being written; load a finished one.")
-            warnings.warn(f"{folder} has no accel-checkpoint metadata: reading it as a reference-layout (legacy) checkpoint.", stacklevel=3)
+                raise IncompleteCheckpointError(
+                    f"{folder} is a checkpoint that was still being written; load a finished one."
+                )
+            warnings.warn(
+                f"{folder} has no accel-checkpoint metadata: reading it as a reference-layout (legacy) checkpoint.",
+                stacklevel=3,
+            )
         for hook in access.hooks(accelerator, "_load_model_state_pre_hook"):
             hook(models, folder)  # may remove models it loads itself
     except Exception as caught:  # noqa: BLE001
@@ -169,7 +181,9 @@ def load_state(
                 )
             # A DCP checkpoint loads into plain (unsharded) models too: DCP reshards to any layout.
             found = (DCPCheckpointing(), "dcp")
-        found[0].load_sharded(accelerator.prepared, os.path.join(folder, C.SHARDED_DIR), allow_unsafe_pickle=allow_unsafe_pickle)
+        found[0].load_sharded(
+            accelerator.prepared, os.path.join(folder, C.SHARDED_DIR), allow_unsafe_pickle=allow_unsafe_pickle
+        )
 
     rank = access.process_index(accelerator)
     reader = _Reader(folder, metadata, allow_unsafe_pickle)
@@ -188,16 +202,23 @@ def load_state(
         if OPTIMIZERS not in covered:
             _check_count("optimizers", counts["optimizers"], len(optimizers), folder)
             loaded["optimizers"] = [
-                read_optimizer_state(optimizer, reader.path(C.indexed(C.OPTIMIZER_NAME, i, ".bin")), allow_unsafe_pickle)
+                read_optimizer_state(
+                    optimizer, reader.path(C.indexed(C.OPTIMIZER_NAME, i, ".bin")), allow_unsafe_pickle
+                )
                 for i, optimizer in enumerate(optimizers)
             ]
         if SCHEDULERS not in covered:
             _check_count("schedulers", counts["schedulers"], len(schedulers), folder)
-            loaded["schedulers"] = [reader.torch(C.indexed(C.SCHEDULER_NAME, i, ".bin")) for i in range(len(schedulers))]
+            loaded["schedulers"] = [
+                reader.torch(C.indexed(C.SCHEDULER_NAME, i, ".bin")) for i in range(len(schedulers))
+            ]
         if scaler is not None and counts["scaler"]:
             loaded["scaler"] = reader.torch(C.SCALER_NAME)
         elif scaler is not None or counts["scaler"]:
-            logger.warning("GradScaler state %s: the scaler starts fresh.", "missing from the checkpoint" if scaler else "not used now")
+            logger.warning(
+                "GradScaler state %s: the scaler starts fresh.",
+                "missing from the checkpoint" if scaler else "not used now",
+            )
         if counts["custom_objects"] != len(customs):
             # The reference implementation warns and skips here; kept for compatibility.
             logger.warning(
@@ -216,11 +237,17 @@ def load_state(
                 # Positions of a sharded loader are the same on every process; the loader's own
                 # load_state_dict converts them to the new data-parallel size (or says why it cannot).
                 # The first process's whose file this folder holds (a folder of its own holds only one).
-                source = next((r for r in range(saved_world) if os.path.exists(os.path.join(folder, C.dataloader_file(0, r)))), 0)
+                source = next(
+                    (r for r in range(saved_world) if os.path.exists(os.path.join(folder, C.dataloader_file(0, r)))), 0
+                )
                 logger.warning(
                     "%s was saved by %d processes (%d data-parallel), %d (%d) run now: every dataloader resumes from "
                     "process %d's position.",
-                    folder, saved_world, saved_dp, access.num_processes(accelerator), access.data_parallel_size(accelerator),
+                    folder,
+                    saved_world,
+                    saved_dp,
+                    access.num_processes(accelerator),
+                    access.data_parallel_size(accelerator),
                     source,
                 )
             loaded["loaders"] = [reader.torch(C.dataloader_file(i, source)) for i in range(len(loaders))]
@@ -228,7 +255,12 @@ def load_state(
         if os.path.exists(os.path.join(folder, rng_name)):
             loaded["rng"] = reader.torch(rng_name)
         else:
-            logger.warning("%s has no RNG state for process %d (saved with %d processes): RNGs are not restored.", folder, rank, saved_world)
+            logger.warning(
+                "%s has no RNG state for process %d (saved with %d processes): RNGs are not restored.",
+                folder,
+                rank,
+                saved_world,
+            )
     except Exception as caught:  # noqa: BLE001
         error = caught
     coord.agree(error, f"reading {folder}")

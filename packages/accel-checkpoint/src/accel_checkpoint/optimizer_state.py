@@ -62,7 +62,12 @@ def _copy_into_live(saved: dict[str, Any], live: dict[Any, dict[str, Any]]) -> t
         merged = dict(entries)
         for name, value in entries.items():
             target = current.get(name)
-            if isinstance(value, torch.Tensor) and isinstance(target, torch.Tensor) and target.shape == value.shape and target.dtype == value.dtype:
+            if (
+                isinstance(value, torch.Tensor)
+                and isinstance(target, torch.Tensor)
+                and target.shape == value.shape
+                and target.dtype == value.dtype
+            ):
                 with torch.no_grad():
                     target.copy_(value)
                 merged[name] = target

@@ -98,7 +98,9 @@ def _looks_like_pickle(path: str) -> bool:
 def _load_unsafe(path: str, is_zip: bool) -> Any:
     import torch
 
-    warnings.warn(f"Loading {path} with full unpickling (allow_unsafe_pickle): only do this for trusted files.", stacklevel=3)
+    warnings.warn(
+        f"Loading {path} with full unpickling (allow_unsafe_pickle): only do this for trusted files.", stacklevel=3
+    )
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except RuntimeError:

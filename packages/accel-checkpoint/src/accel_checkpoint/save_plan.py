@@ -167,7 +167,12 @@ def plan_save(
         )
     if sharded is not None:
         implementation, name = sharded
-        covered = set(implementation.save_sharded(accelerator.prepared, os.path.join(temp, C.SHARDED_DIR), **(sharded_kwargs or {})) or ())
+        covered = set(
+            implementation.save_sharded(
+                accelerator.prepared, os.path.join(temp, C.SHARDED_DIR), **(sharded_kwargs or {})
+            )
+            or ()
+        )
         unknown = covered - {MODELS, OPTIMIZERS, SCHEDULERS}
         if unknown:
             raise CheckpointError(f"{name}.save_sharded returned unknown categories {sorted(unknown)}.")
@@ -202,7 +207,9 @@ def plan_save(
                 name = C.indexed(C.SCHEDULER_NAME, i, ".bin")
                 files.append(FileJob(name, "torch", copy_tree(scheduler.state_dict(), copy_tensor, name)))
             if scaler is not None:
-                files.append(FileJob(C.SCALER_NAME, "torch", copy_tree(scaler.state_dict(), copy_tensor, C.SCALER_NAME)))
+                files.append(
+                    FileJob(C.SCALER_NAME, "torch", copy_tree(scaler.state_dict(), copy_tensor, C.SCALER_NAME))
+                )
             for i, obj in enumerate(customs):
                 name = C.custom_file(i)
                 files.append(FileJob(name, "torch", copy_tree(obj.state_dict(), copy_tensor, name)))
@@ -224,7 +231,11 @@ def plan_save(
     metadata = {
         "format": C.FORMAT_NAME,
         "format_version": C.FORMAT_VERSION,
-        "versions": {"accel-checkpoint": _version("accel-checkpoint"), "accel-core": _version("accel-core"), "torch": _version("torch")},
+        "versions": {
+            "accel-checkpoint": _version("accel-checkpoint"),
+            "accel-core": _version("accel-core"),
+            "torch": _version("torch"),
+        },
         "world_size": world,
         "data_parallel_size": access.data_parallel_size(accelerator),
         "created_unix": time.time(),

@@ -89,8 +89,14 @@ class DCPCheckpointing:
             if not os.path.isdir(path):
                 from .errors import CheckpointMismatchError
 
-                raise CheckpointMismatchError(f"{path} is missing: the checkpoint holds fewer sharded objects than were prepared.")
-            dcp.load(state, storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle), planner=SafeLoadPlanner(allow_unsafe_pickle))
+                raise CheckpointMismatchError(
+                    f"{path} is missing: the checkpoint holds fewer sharded objects than were prepared."
+                )
+            dcp.load(
+                state,
+                storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle),
+                planner=SafeLoadPlanner(allow_unsafe_pickle),
+            )
 
         models = list(prepared.models)
         for i, model in enumerate(models):

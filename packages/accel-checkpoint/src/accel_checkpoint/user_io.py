@@ -51,7 +51,9 @@ def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, An
     return {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in state_dict.items()}
 
 
-def save(obj: Any, f: str | os.PathLike[str] | IO[bytes], save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+def save(
+    obj: Any, f: str | os.PathLike[str] | IO[bytes], save_on_each_node: bool = False, safe_serialization: bool = False
+) -> None:
     """Writes ``obj`` on the main process only (the first process of each machine with ``save_on_each_node``).
 
     safe_serialization: write a safetensors file (``obj`` must be a dict of tensors; shared tensors

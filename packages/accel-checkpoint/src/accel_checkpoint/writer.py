@@ -133,7 +133,9 @@ class PendingSave:
         self._on_done = on_done
         # Not a daemon: at interpreter exit Python waits for it, so a finished script's last
         # checkpoint is completed rather than abandoned half-written.
-        self._thread = threading.Thread(target=self._run, args=(job, coord), name="accel-checkpoint-writer", daemon=False)
+        self._thread = threading.Thread(
+            target=self._run, args=(job, coord), name="accel-checkpoint-writer", daemon=False
+        )
         self._thread.start()
 
     def _run(self, job: SaveJob, coord: Coordinator) -> None:

@@ -18,7 +18,9 @@ class KwargsHandler:
     def to_kwargs(self) -> dict[str, Any]:
         """The fields that differ from their default, as keyword arguments."""
         default = self.__class__()
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
+        return {
+            f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)
+        }
 
 
 @dataclass
@@ -58,11 +60,17 @@ class DistributedDataParallelKwargs(KwargsHandler):
                     f"{name}={value!r} is not a DDPCommunicationHookType: use one of {DDPCommunicationHookType.list()}."
                 ) from None
         if self.comm_wrapper not in ("no", "fp16", "bf16"):
-            raise ValueError(f"comm_wrapper={self.comm_wrapper.value!r}: a wrapper compresses to 'fp16' or 'bf16' (or 'no').")
+            raise ValueError(
+                f"comm_wrapper={self.comm_wrapper.value!r}: a wrapper compresses to 'fp16' or 'bf16' (or 'no')."
+            )
         if self.comm_wrapper != "no" and self.comm_hook == "no":
-            raise ValueError(f"comm_wrapper={self.comm_wrapper.value!r} wraps a comm_hook: set comm_hook too (e.g. 'power_sgd').")
+            raise ValueError(
+                f"comm_wrapper={self.comm_wrapper.value!r} wraps a comm_hook: set comm_hook too (e.g. 'power_sgd')."
+            )
         if self.comm_state_option and self.comm_hook not in ("power_sgd", "batched_power_sgd"):
-            raise ValueError("comm_state_option configures power-SGD: set comm_hook='power_sgd' or 'batched_power_sgd'.")
+            raise ValueError(
+                "comm_state_option configures power-SGD: set comm_hook='power_sgd' or 'batched_power_sgd'."
+            )
 
     def to_kwargs(self) -> dict[str, Any]:
         """The ``DistributedDataParallel`` arguments (the hook settings are applied after wrapping)."""

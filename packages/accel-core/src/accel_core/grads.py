@@ -43,7 +43,9 @@ def total_norm(parameters: Sequence[torch.nn.Parameter], norm_type: float = 2.0)
     plain = [g for g in grads if not isinstance(g, DTensor)]
     pieces = [g for g in grads if isinstance(g, DTensor)]
     distributed = dist.is_available() and dist.is_initialized() and any(isinstance(p, DTensor) for p in parameters)
-    device = (grads[0].to_local() if isinstance(grads[0], DTensor) else grads[0]).device if grads else torch.device("cpu")
+    device = (
+        (grads[0].to_local() if isinstance(grads[0], DTensor) else grads[0]).device if grads else torch.device("cpu")
+    )
     norms: list[torch.Tensor] = []
     if distributed:
         world = dist.get_world_size()
@@ -63,7 +65,9 @@ def total_norm(parameters: Sequence[torch.nn.Parameter], norm_type: float = 2.0)
         else:
             value = torch.zeros((), dtype=torch.float32, device=reduce_device)
             for (copies, _, _), locals_ in by_weight.items():
-                local_norms = torch.stack([n.to(reduce_device, torch.float32) for n in torch._foreach_norm(locals_, norm_type)])
+                local_norms = torch.stack(
+                    [n.to(reduce_device, torch.float32) for n in torch._foreach_norm(locals_, norm_type)]
+                )
                 value = value + local_norms.pow(norm_type).sum() / copies
             dist.all_reduce(value, op=dist.ReduceOp.SUM)
             value = value.pow(1.0 / norm_type)

@@ -307,7 +307,10 @@ def is_neuron_available(check_device: bool = False) -> bool:
 @lru_cache
 def is_hpu_available(init_hccl: bool = False) -> bool:
     try:
-        if importlib.util.find_spec("habana_frameworks") is None or importlib.util.find_spec("habana_frameworks.torch") is None:
+        if (
+            importlib.util.find_spec("habana_frameworks") is None
+            or importlib.util.find_spec("habana_frameworks.torch") is None
+        ):
             return False
     except ImportError:
         return False

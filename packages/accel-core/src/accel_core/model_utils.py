@@ -106,7 +106,9 @@ def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -
     stack: list[tuple[str, nn.Module]] = [("", model)]
     while stack:
         name, module = stack.pop()
-        stack += [(f"{name}.{child_name}" if name else child_name, child) for child_name, child in module.named_children()]
+        stack += [
+            (f"{name}.{child_name}" if name else child_name, child) for child_name, child in module.named_children()
+        ]
         ordered.append((name, module))
     ordered.reverse()
     return ordered if return_fqns else [module for _, module in ordered]

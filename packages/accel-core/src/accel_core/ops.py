@@ -58,14 +58,18 @@ def recursively_apply(
         return honor_type(
             data,
             (
-                recursively_apply(func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+                recursively_apply(
+                    func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
                 for o in data
             ),
         )
     if isinstance(data, Mapping):
         return type(data)(
             {
-                k: recursively_apply(func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+                k: recursively_apply(
+                    func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
                 for k, v in data.items()
             }
         )
@@ -85,7 +89,9 @@ def _leaves(data: Any) -> list[torch.Tensor]:
     return found
 
 
-def send_to_device(tensor: Any, device: torch.device | str | int, non_blocking: bool = False, skip_keys: Any = None) -> Any:
+def send_to_device(
+    tensor: Any, device: torch.device | str | int, non_blocking: bool = False, skip_keys: Any = None
+) -> Any:
     """Moves every tensor (and every object with a ``.to`` method) in ``tensor``, a nested structure, to ``device``.
 
     ``skip_keys``: dict keys whose values stay where they are.
@@ -266,7 +272,9 @@ def find_batch_size(data: Any) -> int | None:
     return None
 
 
-def slice_tensors(data: Any, tensor_slice: slice, process_index: int | None = None, num_processes: int | None = None) -> Any:
+def slice_tensors(
+    data: Any, tensor_slice: slice, process_index: int | None = None, num_processes: int | None = None
+) -> Any:
     """Applies ``tensor_slice`` to every tensor in ``data``.
 
     ``process_index`` / ``num_processes`` are accepted for the reference's signature and not used.
@@ -291,5 +299,7 @@ def convert_to_fp32(tensor: Any) -> Any:
     return recursively_apply(
         lambda t: t.float(),
         tensor,
-        test_type=lambda t: (isinstance(t, torch.Tensor) or hasattr(t, "dtype")) and t.dtype in (torch.float16, torch.bfloat16),
+        test_type=lambda t: (
+            (isinstance(t, torch.Tensor) or hasattr(t, "dtype")) and t.dtype in (torch.float16, torch.bfloat16)
+        ),
     )

@@ -21,7 +21,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     # Deliberately no super().__init__: this object shares the wrapped optimizer's state instead of
     # owning parameters. Subclassing keeps ``isinstance(opt, torch.optim.Optimizer)`` true for LR schedulers.
-    def __init__(self, optimizer: torch.optim.Optimizer, precision: Precision | None = None, device: torch.device | None = None):
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, precision: Precision | None = None, device: torch.device | None = None
+    ):
         self.optimizer = optimizer
         self.precision = precision or Precision()
         self.device = device

@@ -47,7 +47,9 @@ class ParameterNames:
         return (ParameterNames, ())
 
 
-def _construct(cls: type[torch.optim.Optimizer], groups: list[dict[str, Any]], defaults: dict[str, Any]) -> torch.optim.Optimizer:
+def _construct(
+    cls: type[torch.optim.Optimizer], groups: list[dict[str, Any]], defaults: dict[str, Any]
+) -> torch.optim.Optimizer:
     try:
         return cls(groups, **defaults)
     except TypeError:
@@ -124,7 +126,11 @@ def rebuild(
                 params.append(new_params[name])
             groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
     if optimizer.state and announce:
-        log.warning("%s: %s already has state (it stepped before prepare); the rebuilt optimizer starts fresh.", who, cls.__name__)
+        log.warning(
+            "%s: %s already has state (it stepped before prepare); the rebuilt optimizer starts fresh.",
+            who,
+            cls.__name__,
+        )
     try:
         rebuilt = _construct(cls, groups, dict(optimizer.defaults))
     except TypeError as error:

@@ -82,7 +82,9 @@ class ParallelismConfig:
         if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
             raise ValueError(f"cp_comm_strategy must be one of {CP_COMM_STRATEGIES}, got {self.cp_comm_strategy!r}.")
         if self.tp_plan is not None and self.parallelize_fn is not None:
-            raise ValueError("Pass either tp_plan or parallelize_fn, not both: parallelize_fn applies tensor parallelism itself.")
+            raise ValueError(
+                "Pass either tp_plan or parallelize_fn, not both: parallelize_fn applies tensor parallelism itself."
+            )
 
     # -- sizes (None counts as 1 until resolved) ------------------------------------------------
     def size(self, dim: str) -> int:
@@ -202,7 +204,9 @@ def resolve_parallelism(
             "(use tensor parallelism, FSDP or Megatron's tensor parallelism meanwhile)."
         )
     claimed = math.prod(v for v in given.values() if v is not None)
-    open_dims = [name for name, value in given.items() if value is None and name in ("dp_replicate_size", "dp_shard_size")]
+    open_dims = [
+        name for name, value in given.items() if value is None and name in ("dp_replicate_size", "dp_shard_size")
+    ]
     sizes = {name: value for name, value in given.items()}
     described = ", ".join(f"{n}={v}" for n, v in given.items() if v is not None) or "no sizes"
     if world_size % claimed:
@@ -234,4 +238,3 @@ def config_from_sizes(**sizes: int) -> ParallelismConfig:
     if unknown:
         raise ValueError(f"Unknown mesh dimension(s) {sorted(unknown)}; known: {', '.join(MESH_DIMS)}.")
     return ParallelismConfig(**{f"{dim}_size": sizes.get(dim, 1) for dim in MESH_DIMS})
-

@@ -61,7 +61,9 @@ class Precision:
         # weights, and summing gradients in bf16 loses bits that fp32 keeps.
         return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32)
 
-    def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+    def autocast(
+        self, enabled: bool = True, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
@@ -91,7 +93,9 @@ class AutocastPrecision(Precision):
         self.autocast_kwargs = autocast_kwargs or {}
         self._unscaled: set[int] = set()
 
-    def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+    def autocast(
+        self, enabled: bool = True, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
         kwargs = {**self.autocast_kwargs, "enabled": enabled}
         if cache_enabled is not None:
             kwargs["cache_enabled"] = cache_enabled
@@ -131,9 +135,16 @@ class AutocastForward:
     """
 
     def __init__(
-        self, module: torch.nn.Module, original: Callable[..., Any], device_type: str, dtype: torch.dtype, kwargs: dict[str, Any]
+        self,
+        module: torch.nn.Module,
+        original: Callable[..., Any],
+        device_type: str,
+        dtype: torch.dtype,
+        kwargs: dict[str, Any],
     ) -> None:
-        own = getattr(original, "__self__", None) is module and getattr(original, "__func__", None) is getattr(type(module), "forward", None)
+        own = getattr(original, "__self__", None) is module and getattr(original, "__func__", None) is getattr(
+            type(module), "forward", None
+        )
         self.module = module
         self.original: Callable[..., Any] | None = None if own else original
         self.device_type, self.dtype, self.kwargs = device_type, dtype, dict(kwargs)

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from .precision import Precision
     from .strategies import PreparedObjects, Strategy, StrategyContext
 
-_SUPPORTED = "torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler and torch.utils.data.DataLoader"
+_SUPPORTED = (
+    "torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler and torch.utils.data.DataLoader"
+)
 
 
 class Preparation:
@@ -56,9 +58,9 @@ class Preparation:
             )
         own_types = self.strategy.accepts_object if isinstance(self.strategy, PreparesOwnTypes) else None
         for obj in args:
-            if not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, LRScheduler, torch.utils.data.DataLoader)) and not (
-                own_types is not None and own_types(obj)
-            ):
+            if not isinstance(
+                obj, (torch.nn.Module, torch.optim.Optimizer, LRScheduler, torch.utils.data.DataLoader)
+            ) and not (own_types is not None and own_types(obj)):
                 raise TypeError(
                     f"Cannot prepare an object of type {type(obj).__name__}: prepare accepts {_SUPPORTED}. "
                     "Leave other objects out of prepare()."
@@ -137,7 +139,9 @@ class Preparation:
             return self.strategy.rebuild_optimizer(optimizer, owners[0], self._parameter_names)
         return rebuild(optimizer, owners[0], self._parameter_names, announce=self._context.state.is_main_process)
 
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
         """Runs ``model`` through the transform chain (``accel_core.transforms``), with autocast when mixed precision is on."""
         if device_placement is None:
             device_placement = self.device_placement
@@ -147,7 +151,9 @@ class Preparation:
         self.prepared.models.append(prepared)
         return prepared
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
         """Wraps an optimizer so it only steps at accumulation boundaries, through the scaler if any."""
         if device_placement is None:
             device_placement = self.device_placement

@@ -24,7 +24,16 @@ if TYPE_CHECKING:
 
 # Distributed types with one accelerator device per process (the reference's `multi_device` list;
 # names accel has no backend for count too, so a comparison never depends on what is installed).
-_MULTI_DEVICE = {"MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_HPU", "MULTI_NEURON"}
+_MULTI_DEVICE = {
+    "MULTI_GPU",
+    "MULTI_XPU",
+    "MULTI_NPU",
+    "MULTI_MLU",
+    "MULTI_SDAA",
+    "MULTI_MUSA",
+    "MULTI_HPU",
+    "MULTI_NEURON",
+}
 
 
 class SetupQueries:

@@ -67,7 +67,9 @@ class Tracking:
         """``ProjectConfiguration.logging_dir``: where file-writing trackers write."""
         return self.project_configuration.logging_dir
 
-    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None) -> None:
+    def init_trackers(
+        self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None
+    ) -> None:
         """Starts the trackers of ``log_with`` (the local tracker when none was named), main process only.
 
         init_kwargs: per-tracker constructor arguments, ``{"wandb": {"tags": [...]}}``.
@@ -202,14 +204,17 @@ class Checkpointing:
         if invalid:
             listed = "\n".join(f"\t- item {i}: {type(o).__name__}" for i, o in enumerate(invalid))
             raise ValueError(
-                "All objects must have `state_dict` and `load_state_dict` methods to be checkpointed. Invalid:\n" + listed
+                "All objects must have `state_dict` and `load_state_dict` methods to be checkpointed. Invalid:\n"
+                + listed
             )
         self._custom_objects.extend(objects)
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
         """``torch.save`` once per machine (or on the main process only, unless ``save_on_each_node``)."""
         should_write = (
-            self.state.is_local_main_process if self.project_configuration.save_on_each_node else self.state.is_main_process
+            self.state.is_local_main_process
+            if self.project_configuration.save_on_each_node
+            else self.state.is_main_process
         )
         if not should_write:
             return

@@ -229,7 +229,9 @@ class PartialState:
             raise ValueError("on_process needs process_index=<global rank>.")
         return self._only_if(lambda: self.process_index == process_index, function)
 
-    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int | None = None) -> Any:
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
         """Decorator: run ``function`` on the process with local index ``local_process_index`` only."""
         if function is None:
             return partial(self.on_local_process, local_process_index=local_process_index)
@@ -275,10 +277,21 @@ class PartialState:
 
 
 # What an unpickled state carries over: plain values, never process groups, plugins or objects.
-_PORTABLE = frozenset({
-    "world_size", "rank", "local_rank", "local_world_size", "cpu", "debug", "device", "backend",
-    "fork_launched", "mixed_precision", "chosen_distributed_type",
-})
+_PORTABLE = frozenset(
+    {
+        "world_size",
+        "rank",
+        "local_rank",
+        "local_world_size",
+        "cpu",
+        "debug",
+        "device",
+        "backend",
+        "fork_launched",
+        "mixed_precision",
+        "chosen_distributed_type",
+    }
+)
 
 
 def _restore_state(cls: type[PartialState], values: dict[str, Any]) -> PartialState:

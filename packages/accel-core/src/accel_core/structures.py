@@ -46,7 +46,9 @@ def get_shape(data: Any) -> Any:
 
 def initialize_tensors(data_structure: Any) -> Any:
     """Empty tensors in place of each ``TensorInformation`` of ``data_structure`` (the inverse of ``get_data_structure``)."""
-    return recursively_apply(lambda i: torch.empty(*i.shape, dtype=i.dtype), data_structure, test_type=is_tensor_information)
+    return recursively_apply(
+        lambda i: torch.empty(*i.shape, dtype=i.dtype), data_structure, test_type=is_tensor_information
+    )
 
 
 def listify(data: Any) -> Any:

@@ -335,6 +335,7 @@ class ShardedLoaderMixin(ResumableMixin):
         self.end_of_dataloader, self.remainder = False, -1
         gradient_state._add_dataloader(self)
         completed = False
+
         def placed(item: Any) -> Any:
             # Placed as soon as read, so a non_blocking copy overlaps the step on the previous batch.
             if item is _END or not place:

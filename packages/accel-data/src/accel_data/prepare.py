@@ -39,7 +39,7 @@ def stateful_loader_class() -> type:
     base = _stateful_base()
     if base is None:
         raise ImportError(
-            "use_stateful_dataloader=True needs torchdata's StatefulDataLoader: pip install \"accel-data[stateful]\"."
+            'use_stateful_dataloader=True needs torchdata\'s StatefulDataLoader: pip install "accel-data[stateful]".'
         )
     return type("StatefulDataLoaderShard", (ShardedLoaderMixin, base), {"__module__": __name__})
 

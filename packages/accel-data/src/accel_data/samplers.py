@@ -283,9 +283,7 @@ class BatchSamplerShard(BatchSampler):
         last = _last_batch_size(self.batch_sampler)
         if self.process_index is not None:
             return max(batches_for_process(total, plan, self.process_index, last) - self.skip, 0)
-        return sum(
-            max(batches_for_process(total, plan, r, last) - self.skip, 0) for r in range(plan.num_processes)
-        )
+        return sum(max(batches_for_process(total, plan, r, last) - self.skip, 0) for r in range(plan.num_processes))
 
 
 def _last_batch_size(batch_sampler: Any) -> int | None:

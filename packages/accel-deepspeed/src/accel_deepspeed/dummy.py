@@ -40,11 +40,15 @@ class DummyOptim(torch.optim.Optimizer):
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         """Always raises ``RuntimeError``: a placeholder cannot step; use what ``prepare`` returns."""
-        raise RuntimeError("DummyOptim is a placeholder: pass it to accelerator.prepare() with its model and use what it returns.")
+        raise RuntimeError(
+            "DummyOptim is a placeholder: pass it to accelerator.prepare() with its model and use what it returns."
+        )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Always raises ``RuntimeError``: a placeholder holds no gradients; use what ``prepare`` returns."""
-        raise RuntimeError("DummyOptim is a placeholder: pass it to accelerator.prepare() with its model and use what it returns.")
+        raise RuntimeError(
+            "DummyOptim is a placeholder: pass it to accelerator.prepare() with its model and use what it returns."
+        )
 
     def __repr__(self) -> str:
         return f"DummyOptim(lr={self.lr}, weight_decay={self.weight_decay})"

@@ -90,7 +90,9 @@ class DeepSpeedStrategy(Strategy):
         """DeepSpeed partitions over all processes itself: only a purely data-parallel layout fits."""
         refused = [f"{dim}_size={config.size(dim)}" for dim in ("tp", "cp", "pp") if config.size(dim) > 1]
         if config.dp_replicate_enabled and config.dp_shard_enabled:
-            refused.append(f"dp_replicate_size={config.size('dp_replicate')} with dp_shard_size={config.size('dp_shard')}")
+            refused.append(
+                f"dp_replicate_size={config.size('dp_replicate')} with dp_shard_size={config.size('dp_shard')}"
+            )
         if refused:
             raise ValueError(
                 f"The DeepSpeed strategy cannot honour {', '.join(refused)}: DeepSpeed ZeRO partitions over all processes "
@@ -119,12 +121,21 @@ class DeepSpeedStrategy(Strategy):
             return
         if all(name in os.environ for name in (env.RANK, env.WORLD_SIZE, env.MASTER_ADDR, env.MASTER_PORT)):
             deepspeed.init_distributed(
-                dist_backend=backend, auto_mpi_discovery=False, timeout=timeout, init_method=kwargs.get("init_method"), verbose=False
+                dist_backend=backend,
+                auto_mpi_discovery=False,
+                timeout=timeout,
+                init_method=kwargs.get("init_method"),
+                verbose=False,
             )
         else:
             deepspeed.init_distributed(
-                dist_backend=backend, auto_mpi_discovery=False, timeout=timeout, verbose=False,
-                init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                dist_backend=backend,
+                auto_mpi_discovery=False,
+                timeout=timeout,
+                verbose=False,
+                init_method=f"tcp://127.0.0.1:{_free_port()}",
+                rank=0,
+                world_size=1,
             )
 
     def setup(self, context: StrategyContext) -> None:
@@ -186,13 +197,18 @@ class DeepSpeedStrategy(Strategy):
             logger.warning(
                 "DeepSpeed clips gradients inside its step to its config's gradient_clipping (%s, L2 norm); "
                 "clip_grad_norm_(max_norm=%s, norm_type=%s) cannot change that. Set DeepSpeedPlugin(gradient_clipping=%s) "
-                "or \"gradient_clipping\" in the DeepSpeed config.",
-                configured, max_norm, norm_type, max_norm,
+                'or "gradient_clipping" in the DeepSpeed config.',
+                configured,
+                max_norm,
+                norm_type,
+                max_norm,
             )
         return None
 
     def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
-        raise ValueError("DeepSpeed does not support `clip_grad_value_`. Use `clip_grad_norm_` instead (set gradient_clipping).")
+        raise ValueError(
+            "DeepSpeed does not support `clip_grad_value_`. Use `clip_grad_norm_` instead (set gradient_clipping)."
+        )
 
     # -- state ------------------------------------------------------------------------------
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
@@ -239,7 +255,10 @@ class DeepSpeedStrategy(Strategy):
         enabled = self.plugin.zero3_init_flag if enable is None else enable
         if not enabled or not self.plugin.is_zero3:
             if enable and not self.plugin.is_zero3:
-                logger.warning("zero3_init_context(enable=True) needs ZeRO stage 3 (this config: %s): not partitioning.", self.plugin.zero_stage)
+                logger.warning(
+                    "zero3_init_context(enable=True) needs ZeRO stage 3 (this config: %s): not partitioning.",
+                    self.plugin.zero_stage,
+                )
             yield
             return
         deepspeed = import_deepspeed()

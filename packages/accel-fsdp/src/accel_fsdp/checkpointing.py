@@ -107,7 +107,11 @@ def load(prepared: Any, folder: str, allow_unsafe_pickle: bool | None = None) ->
     )
 
     def read_dcp(state: dict[str, Any], path: str) -> None:
-        dcp.load(state, storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle), planner=SafeLoadPlanner(allow_unsafe_pickle))
+        dcp.load(
+            state,
+            storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle),
+            planner=SafeLoadPlanner(allow_unsafe_pickle),
+        )
 
     models = _resharded(prepared.models)
     # FULL_STATE_DICT checkpoints have no model folders: accel-checkpoint loads their model files.

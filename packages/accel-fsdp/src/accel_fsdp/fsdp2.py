@@ -29,7 +29,7 @@ def is_fsdp2(model: nn.Module) -> bool:
 
 
 def _meta_layout(model: nn.Module, group: Any) -> str:
-    """"real", "meta" (every process built it on the meta device) or "rank0" (only process 0 has weights).
+    """ "real", "meta" (every process built it on the meta device) or "rank0" (only process 0 has weights).
 
     Collective, so that an inconsistent layout fails on every process instead of hanging one.
     """
@@ -142,7 +142,9 @@ def shard_model(
     return model
 
 
-def _scatter_from_rank0(model: nn.Module, state: dict[str, torch.Tensor], buffers: list[torch.Tensor], group: Any) -> None:
+def _scatter_from_rank0(
+    model: nn.Module, state: dict[str, torch.Tensor], buffers: list[torch.Tensor], group: Any
+) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))

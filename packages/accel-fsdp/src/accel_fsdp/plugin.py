@@ -130,7 +130,9 @@ class FullyShardedDataParallelPlugin:
                 "strategy for pure data parallelism, or fsdp_version=1."
             )
         if self.reshard_after_forward is not None and not isinstance(self.reshard_after_forward, (bool, int)):
-            raise TypeError(f"reshard_after_forward must be a bool, an int or None, got {self.reshard_after_forward!r}.")
+            raise TypeError(
+                f"reshard_after_forward must be a bool, an int or None, got {self.reshard_after_forward!r}."
+            )
         self.transformer_cls_names_to_wrap = _names(self.transformer_cls_names_to_wrap)
         if self.auto_wrap_policy is None:
             self.auto_wrap_policy = "TRANSFORMER_BASED_WRAP" if self.transformer_cls_names_to_wrap else "NO_WRAP"
@@ -146,7 +148,9 @@ class FullyShardedDataParallelPlugin:
             try:
                 re.compile(self.ignored_modules)
             except re.error as error:
-                raise ValueError(f"ignored_modules={self.ignored_modules!r} is not a valid regular expression: {error}.") from None
+                raise ValueError(
+                    f"ignored_modules={self.ignored_modules!r} is not a valid regular expression: {error}."
+                ) from None
         if isinstance(self.forward_methods, str):
             self.forward_methods = (self.forward_methods,)
         self.forward_methods = tuple(self.forward_methods or ())
@@ -166,7 +170,11 @@ class FullyShardedDataParallelPlugin:
         kind = self.state_dict_type.split("_")[0].lower()
         for name in ("state_dict_config", "optim_state_dict_config"):
             config = getattr(self, name)
-            if config is not None and not isinstance(config, Mapping) and not type(config).__name__.lower().startswith(kind):
+            if (
+                config is not None
+                and not isinstance(config, Mapping)
+                and not type(config).__name__.lower().startswith(kind)
+            ):
                 setattr(self, name, None)
 
     def _check_state_dict_configs(self) -> None:
@@ -277,7 +285,7 @@ def _mixed_precision(raw: str) -> Any:
         except json.JSONDecodeError as error:
             raise ValueError(f"not valid JSON ({error})") from None
         if not isinstance(value, dict):
-            raise ValueError("expected a JSON object such as {\"param_dtype\": \"bf16\"}")
+            raise ValueError('expected a JSON object such as {"param_dtype": "bf16"}')
         return value
     return stripped or None
 

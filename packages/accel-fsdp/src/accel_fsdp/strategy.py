@@ -109,7 +109,9 @@ class FSDPStrategy(Strategy):
                     f"machine ({world_size} processes, {local_world_size} on this one); pass "
                     "parallelism_config=ParallelismConfig(dp_replicate_size=..., dp_shard_size=...) to choose."
                 )
-            base = dataclasses.replace(base, dp_replicate_size=world_size // local_world_size, dp_shard_size=local_world_size)
+            base = dataclasses.replace(
+                base, dp_replicate_size=world_size // local_world_size, dp_shard_size=local_world_size
+            )
         config = resolve_parallelism(base, world_size, data_parallel_dim="dp_shard", environ=os.environ)
         self.check_parallelism(config)
         return config, None
@@ -133,7 +135,9 @@ class FSDPStrategy(Strategy):
         if self.fsdp_version == 2 and context.state.is_main_process:
             changed = [k for k, default in _FSDP1_ONLY.items() if getattr(self.plugin, k) != default]
             if changed:
-                logger.warning("accel-fsdp: %s only apply to FSDP1 (fsdp_version=1); FSDP2 ignores them.", ", ".join(changed))
+                logger.warning(
+                    "accel-fsdp: %s only apply to FSDP1 (fsdp_version=1); FSDP2 ignores them.", ", ".join(changed)
+                )
 
     @property
     def device_mesh(self) -> Any:
@@ -148,7 +152,9 @@ class FSDPStrategy(Strategy):
         """Shards ``model`` (placement is FSDP's job: parameters go to the mesh's device)."""
         context = self.context
         if self.fsdp_version == 2:
-            return fsdp2.shard_model(model, self.plugin, mesh=self.device_mesh, device=context.device, precision=context.precision)
+            return fsdp2.shard_model(
+                model, self.plugin, mesh=self.device_mesh, device=context.device, precision=context.precision
+            )
         hybrid = self.plugin.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
         return fsdp1.wrap_model(
             model,
@@ -174,9 +180,13 @@ class FSDPStrategy(Strategy):
         # FSDP2 keeps the user's object (its class gains FSDPModule); FSDP1 wraps it.
         return model.module if fsdp1.is_fsdp1(model) else model
 
-    def rebuild_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module, names: ParameterNames) -> torch.optim.Optimizer:
+    def rebuild_optimizer(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, names: ParameterNames
+    ) -> torch.optim.Optimizer:
         flat = self.fsdp_version == 1 and not self.plugin.use_orig_params
-        return rebuild(optimizer, model, names, flat=flat, announce=self.state.is_main_process, log=logger, who="accel-fsdp")
+        return rebuild(
+            optimizer, model, names, flat=flat, announce=self.state.is_main_process, log=logger, who="accel-fsdp"
+        )
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
@@ -193,7 +203,9 @@ class FSDPStrategy(Strategy):
         else:
             yield
 
-    def clip_grad_norm_(self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(
+        self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
         """Clips and returns the global norm of the (sharded) gradients, equal to the unsharded model's norm."""
         params = list(parameters)
         if self.fsdp_version == 1:
@@ -226,7 +238,9 @@ class FSDPStrategy(Strategy):
         """Writes models and optimizers (DCP shards, or gathered for FULL_STATE_DICT). Collective."""
         return checkpointing.save(prepared, folder, self.plugin.state_dict_type, self.context.state.is_main_process)
 
-    def load_sharded(self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any) -> None:
+    def load_sharded(
+        self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any
+    ) -> None:
         """Restores what ``save_sharded`` wrote, resharding to the current layout (DCP). Collective."""
         checkpointing.load(prepared, folder, allow_unsafe_pickle)
 

@@ -80,9 +80,13 @@ def _save_shard(strategy: MegatronStrategy, prepared: Any, folder: str) -> None:
         torch.save(rng.tracker_states(), os.path.join(shard, "rng_tracker.pt"))
 
 
-def load_sharded(strategy: MegatronStrategy, prepared: Any, folder: str, allow_unsafe_pickle: bool | None = None) -> None:
+def load_sharded(
+    strategy: MegatronStrategy, prepared: Any, folder: str, allow_unsafe_pickle: bool | None = None
+) -> None:
     """Collective: restores this process's TP shard."""
-    _on_every_process(f"loading the Megatron shards in {folder}", lambda: _load_shard(strategy, prepared, folder, allow_unsafe_pickle))
+    _on_every_process(
+        f"loading the Megatron shards in {folder}", lambda: _load_shard(strategy, prepared, folder, allow_unsafe_pickle)
+    )
 
 
 def _load_shard(strategy: MegatronStrategy, prepared: Any, folder: str, allow_unsafe_pickle: bool | None) -> None:
@@ -110,7 +114,11 @@ def _load_shard(strategy: MegatronStrategy, prepared: Any, folder: str, allow_un
         )
     shard = _shard_folder(folder, parallel_state.get_tensor_model_parallel_rank())
     for i, model in enumerate(models):
-        strategy.unwrap_model(model).load_state_dict(load_torch_file(os.path.join(shard, f"model_{i}.pt"), allow_unsafe_pickle))
+        strategy.unwrap_model(model).load_state_dict(
+            load_torch_file(os.path.join(shard, f"model_{i}.pt"), allow_unsafe_pickle)
+        )
     for i, optimizer in enumerate(optimizers):
-        raw_optimizer(optimizer).load_state_dict(load_torch_file(os.path.join(shard, f"optimizer_{i}.pt"), allow_unsafe_pickle))
+        raw_optimizer(optimizer).load_state_dict(
+            load_torch_file(os.path.join(shard, f"optimizer_{i}.pt"), allow_unsafe_pickle)
+        )
     rng.set_tracker_states(load_torch_file(os.path.join(shard, "rng_tracker.pt"), allow_unsafe_pickle))

@@ -25,10 +25,14 @@ def total_norm(params: Sequence[torch.nn.Parameter], norm_type: float = 2.0) -> 
     device = counted[0].device if counted else torch.device("cpu")
     group = parallel_state.get_model_parallel_group()
     if norm_type == float("inf"):
-        local = torch.stack([g.abs().max().float() for g in counted]).max() if counted else torch.zeros((), device=device)
+        local = (
+            torch.stack([g.abs().max().float() for g in counted]).max() if counted else torch.zeros((), device=device)
+        )
         dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
         return local
-    local = sum((torch.linalg.vector_norm(g.float(), norm_type) ** norm_type for g in counted), torch.zeros((), device=device))
+    local = sum(
+        (torch.linalg.vector_norm(g.float(), norm_type) ** norm_type for g in counted), torch.zeros((), device=device)
+    )
     dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
     return local ** (1.0 / norm_type)
 

@@ -30,7 +30,10 @@ def initialize(plugin: MegatronLMPlugin, world_size: int) -> None:
 
     plugin.check_world_size(world_size)
     if parallel_state.model_parallel_is_initialized():
-        current = (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size())
+        current = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        )
         if current != (plugin.tp_degree, plugin.pp_degree):
             raise ValueError(
                 f"Megatron's parallel groups already exist with tp={current[0]}, pp={current[1]}, but MegatronLMPlugin asks for "
@@ -40,7 +43,9 @@ def initialize(plugin: MegatronLMPlugin, world_size: int) -> None:
         return
     # No extra gloo copies of the DP groups: only Megatron's distributed optimizer uses them.
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=plugin.tp_degree, pipeline_model_parallel_size=plugin.pp_degree, create_gloo_process_groups=False
+        tensor_model_parallel_size=plugin.tp_degree,
+        pipeline_model_parallel_size=plugin.pp_degree,
+        create_gloo_process_groups=False,
     )
 
 
@@ -50,7 +55,10 @@ def check_same_ranks(dims: ParallelDims) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    for name, theirs in (("dp", parallel_state.get_data_parallel_group()), ("tp", parallel_state.get_tensor_model_parallel_group())):
+    for name, theirs in (
+        ("dp", parallel_state.get_data_parallel_group()),
+        ("tp", parallel_state.get_tensor_model_parallel_group()),
+    ):
         ours = dims.dp if name == "dp" else dims.tp
         if ours.size == 1:
             mine = [dims.rank]

@@ -58,8 +58,15 @@ def seed_streams(seed: int, device_type: str) -> None:
     megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     # The same seeds as model_parallel_cuda_manual_seed.
     tracker.add(megatron_random._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
-    tracker.add(megatron_random._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + parallel_state.get_tensor_model_parallel_rank())
-    expert_seed = seed + 1024 + 100 * parallel_state.get_expert_model_parallel_rank() + parallel_state.get_expert_tensor_parallel_rank()
+    tracker.add(
+        megatron_random._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + parallel_state.get_tensor_model_parallel_rank()
+    )
+    expert_seed = (
+        seed
+        + 1024
+        + 100 * parallel_state.get_expert_model_parallel_rank()
+        + parallel_state.get_expert_tensor_parallel_rank()
+    )
     tracker.add(megatron_random._EXPERT_PARALLEL_RNG_TRACKER_NAME, expert_seed)
 
 

@@ -61,7 +61,9 @@ class MegatronStrategy(Strategy):
     owns_precision: ClassVar[bool] = False
     splits_model_itself: ClassVar[bool] = True  # Megatron's tensor_parallel layers, built by the user
 
-    def __init__(self, plugin: MegatronLMPlugin | None = None, ddp_kwargs: DistributedDataParallelKwargs | None = None) -> None:
+    def __init__(
+        self, plugin: MegatronLMPlugin | None = None, ddp_kwargs: DistributedDataParallelKwargs | None = None
+    ) -> None:
         super().__init__()
         if plugin is not None and not isinstance(plugin, MegatronLMPlugin):
             raise TypeError(
@@ -96,7 +98,9 @@ class MegatronStrategy(Strategy):
                 "parallelism is the plugin's; set one of them (or the same value in both)."
             )
         base = requested if requested is not None else ParallelismConfig()
-        config = resolve_parallelism(dataclasses.replace(base, tp_size=self.plugin.tp_degree), world_size, environ=os.environ)
+        config = resolve_parallelism(
+            dataclasses.replace(base, tp_size=self.plugin.tp_degree), world_size, environ=os.environ
+        )
         self.check_parallelism(config)
         return config, None
 
@@ -166,7 +170,12 @@ class MegatronStrategy(Strategy):
 
         model = super().prepare_model(model, device_placement)
         trainable = [p for p in model.parameters() if p.requires_grad]
-        if self.plugin.tp_degree > 1 and trainable and not any(is_tp_sharded(p) for p in trainable) and not self._warned_replicated:
+        if (
+            self.plugin.tp_degree > 1
+            and trainable
+            and not any(is_tp_sharded(p) for p in trainable)
+            and not self._warned_replicated
+        ):
             self._warned_replicated = True
             logger.warning(
                 "accel-megatron: %s has no tensor-parallel layer, so every TP rank holds and computes all of it. Build it from "
@@ -219,7 +228,9 @@ class MegatronStrategy(Strategy):
         if self.plugin.gradient_clipping is not None:
             self.last_grad_norm = grads.clip_grad_norm_(params, self.plugin.gradient_clipping)
 
-    def clip_grad_norm_(self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(
+        self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
         """Clips to ``max_norm`` and returns the norm of the whole (unsplit) model's gradients. Collective."""
         from . import grads
 
@@ -244,7 +255,9 @@ class MegatronStrategy(Strategy):
 
         return save_sharded(self, prepared, folder)
 
-    def load_sharded(self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any) -> None:
+    def load_sharded(
+        self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any
+    ) -> None:
         """Restores what ``save_sharded`` wrote; another ``tp_degree`` is a ``CheckpointMismatchError``. Collective."""
         from .checkpointing import load_sharded
 

@@ -49,7 +49,9 @@ class WandBTracker(GeneralTracker):
         """
         if not super().is_available():
             return False
-        if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled") or os.environ.get("WANDB_API_KEY"):
+        if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled") or os.environ.get(
+            "WANDB_API_KEY"
+        ):
             return True
         return _netrc_has("api.wandb.ai")
 

@@ -24,7 +24,9 @@ def check(name: str, condition: bool, detail: str = "") -> None:
 
 def check_layout(accelerator: Accelerator) -> None:
     expected = int(os.environ.get("WORLD_SIZE", "1"))
-    check("num_processes", accelerator.num_processes == expected, f"{accelerator.num_processes} != WORLD_SIZE {expected}")
+    check(
+        "num_processes", accelerator.num_processes == expected, f"{accelerator.num_processes} != WORLD_SIZE {expected}"
+    )
     check("process_index", 0 <= accelerator.process_index < expected, str(accelerator.process_index))
     check("is_main_process", accelerator.is_main_process == (accelerator.process_index == 0))
     if os.environ.get("ACCEL_USE_CPU", "").lower() in ("1", "true", "yes"):

@@ -26,9 +26,19 @@ state = PartialState()
 total = torch.tensor([float(state.process_index + 1)])
 dist.all_reduce(total)
 names = [
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMP_NUM_THREADS", "FOO", "FROM_CONFIG", "ACCEL_MIXED_PRECISION",
-    "ACCEL_GRADIENT_ACCUMULATION_STEPS", "ACCEL_USE_CPU", "ACCEL_DYNAMO_BACKEND", "ACCEL_DEBUG_MODE",
-    "ACCEL_TOYBACKEND_LEVEL", "ACCEL_TOYBACKEND_FAST",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "OMP_NUM_THREADS",
+    "FOO",
+    "FROM_CONFIG",
+    "ACCEL_MIXED_PRECISION",
+    "ACCEL_GRADIENT_ACCUMULATION_STEPS",
+    "ACCEL_USE_CPU",
+    "ACCEL_DYNAMO_BACKEND",
+    "ACCEL_DEBUG_MODE",
+    "ACCEL_TOYBACKEND_LEVEL",
+    "ACCEL_TOYBACKEND_FAST",
 ]
 report = {
     "rank": state.process_index,

@@ -37,7 +37,11 @@ def _children(module: Any) -> list[tuple[str, Any]]:
 
 
 def _can_split(module: Any, no_split: list[str]) -> bool:
-    return isinstance(module, nn.Module) and bool(list(module.named_children())) and module.__class__.__name__ not in no_split
+    return (
+        isinstance(module, nn.Module)
+        and bool(list(module.named_children()))
+        and module.__class__.__name__ not in no_split
+    )
 
 
 def _inside(name: str, parameter: str) -> bool:
@@ -70,7 +74,9 @@ def infer_auto_device_map(
         device_map = infer_auto_device_map(model, max_memory={"cpu": "2GB"}, no_split_module_classes=["Block"])
     """
     if fallback_allocation:
-        raise NotImplementedError("infer_auto_device_map(fallback_allocation=True) is not available in accel; leave it False.")
+        raise NotImplementedError(
+            "infer_auto_device_map(fallback_allocation=True) is not available in accel; leave it False."
+        )
     memory = get_max_memory(max_memory)
     no_split = _as_list(no_split_module_classes)
     devices: list[Device] = list(memory) + ([] if "disk" in memory else ["disk"])
@@ -80,7 +86,9 @@ def infer_auto_device_map(
     tied_groups = find_tied_parameters(model)
 
     queue: list[tuple[str, Any]] = (
-        list(model.named_parameters(recurse=False)) + list(model.named_children()) + list(model.named_buffers(recurse=False))
+        list(model.named_parameters(recurse=False))
+        + list(model.named_children())
+        + list(model.named_buffers(recurse=False))
     )
     device_map: OrderedDict[str, Device] = OrderedDict()
     used = {d: 0 for d in devices}
@@ -105,7 +113,9 @@ def infer_auto_device_map(
         ]  # fmt: skip
         # Each such parameter's part still waiting in the queue (one already placed stays where it is).
         pending = dict(queue)
-        tied_pairs = [(p, n) for p in tied_outside for n in [next((n for n in pending if p.startswith(n + ".")), None)] if n]
+        tied_pairs = [
+            (p, n) for p in tied_outside for n in [next((n for n in pending if p.startswith(n + ".")), None)] if n
+        ]
         tied_names = [n for _, n in tied_pairs]
         tied_modules = [pending[n] for n in tied_names]
         size_with_ties = size + sum(sizes[n] - sizes[p] for p, n in tied_pairs)
@@ -159,8 +169,12 @@ def infer_auto_device_map(
 
 
 def _warn_if_offloaded_buffers_do_not_fit(
-    model: nn.Module, device_map: dict[str, Device], memory: dict[Device, int], used: dict[Device, int],
-    dtype: Any, special_dtypes: Any,
+    model: nn.Module,
+    device_map: dict[str, Device],
+    memory: dict[Device, int],
+    used: dict[Device, int],
+    dtype: Any,
+    special_dtypes: Any,
 ) -> None:
     # Buffers of offloaded parts stay on the execution device (offload_buffers=False): they need room there.
     buffer_sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True)
@@ -182,7 +196,9 @@ def clean_device_map(device_map: dict[str, Device], module_name: str = "") -> di
             del device_map[key]
         device_map[module_name] = values[0]
     depth = len(module_name.split(".")) + 1 if module_name else 1
-    children = {".".join(k.split(".")[:depth]) for k in device_map if k.startswith(prefix) and len(k) > len(module_name)}
+    children = {
+        ".".join(k.split(".")[:depth]) for k in device_map if k.startswith(prefix) and len(k) > len(module_name)
+    }
     for child in children:
         clean_device_map(device_map, module_name=child)
     return device_map
@@ -193,12 +209,18 @@ def check_device_map(model: nn.Module, device_map: dict[str, Device]) -> None:
     modules = dict(model.named_modules())
     unknown = [k for k in device_map if k != "" and k not in modules and not _is_tensor_name(model, k)]
     if unknown:
-        warnings.warn(f"The following device_map keys do not match any submodules in the model: {unknown}", UserWarning, stacklevel=2)
+        warnings.warn(
+            f"The following device_map keys do not match any submodules in the model: {unknown}",
+            UserWarning,
+            stacklevel=2,
+        )
     if "" in device_map:
         return
     uncovered = [n for n in model.state_dict() if not any(n == k or n.startswith(k + ".") for k in device_map)]
     if uncovered:
-        raise ValueError(f"The device_map provided does not give any device for the following parameters: {', '.join(uncovered)}")
+        raise ValueError(
+            f"The device_map provided does not give any device for the following parameters: {', '.join(uncovered)}"
+        )
 
 
 def _is_tensor_name(model: nn.Module, name: str) -> bool:

@@ -95,7 +95,9 @@ def _attach(
         target = main_device if device in offloaded else device
         if tensor.device.type == "meta":
             if weights is None:
-                raise ValueError(f"{name} is on the meta device and no weights were given for it: load a checkpoint first.")
+                raise ValueError(
+                    f"{name} is on the meta device and no weights were given for it: load a checkpoint first."
+                )
             set_module_tensor_to_device(model, name, target, value=_TiedWeights(weights, tied)[name])
         elif tensor.device != torch.device(target):
             set_module_tensor_to_device(model, name, target)
@@ -162,7 +164,9 @@ def dispatch_model(
     _attach(model, device_map, main_device, offloaded, weights, offload_buffers, skip_keys, preload_module_classes)
     offloaded_here = sorted(str(d) for d in devices & offloaded)
     if offloaded_here:
-        logger.warning(f"Some parameters are on the meta device because they were offloaded to the {' and '.join(offloaded_here)}.")
+        logger.warning(
+            f"Some parameters are on the meta device because they were offloaded to the {' and '.join(offloaded_here)}."
+        )
     guard_moves(model)
     model.hf_device_map = dict(device_map)  # type: ignore[assignment]
     return model
@@ -234,26 +238,46 @@ def load_checkpoint_and_dispatch(
     """
     if isinstance(device_map, str):
         if device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
-            raise ValueError("If passing a string for `device_map`, please choose 'auto', 'balanced', 'balanced_low_0' or 'sequential'.")
+            raise ValueError(
+                "If passing a string for `device_map`, please choose 'auto', 'balanced', 'balanced_low_0' or 'sequential'."
+            )
         if device_map != "sequential":
             max_memory = get_balanced_memory(  # type: ignore[assignment]
-                model, max_memory=max_memory, no_split_module_classes=no_split_module_classes, dtype=dtype,
+                model,
+                max_memory=max_memory,
+                no_split_module_classes=no_split_module_classes,
+                dtype=dtype,
                 low_zero=device_map == "balanced_low_0",
             )
         device_map = infer_auto_device_map(
-            model, max_memory=max_memory, no_split_module_classes=no_split_module_classes, dtype=dtype,
+            model,
+            max_memory=max_memory,
+            no_split_module_classes=no_split_module_classes,
+            dtype=dtype,
             offload_buffers=offload_buffers,
         )
     if offload_state_dict is None:
         offload_state_dict = device_map is not None and "disk" in device_map.values()
     load_checkpoint_in_model(
-        model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype,
-        offload_state_dict=offload_state_dict, offload_buffers=offload_buffers, strict=strict,
-        full_state_dict=full_state_dict, broadcast_from_rank0=broadcast_from_rank0,
+        model,
+        checkpoint,
+        device_map=device_map,
+        offload_folder=offload_folder,
+        dtype=dtype,
+        offload_state_dict=offload_state_dict,
+        offload_buffers=offload_buffers,
+        strict=strict,
+        full_state_dict=full_state_dict,
+        broadcast_from_rank0=broadcast_from_rank0,
     )
     if device_map is None:
         return model
     return dispatch_model(
-        model, device_map=device_map, offload_dir=offload_folder, offload_buffers=offload_buffers,
-        skip_keys=skip_keys, preload_module_classes=preload_module_classes, force_hooks=force_hooks,
+        model,
+        device_map=device_map,
+        offload_dir=offload_folder,
+        offload_buffers=offload_buffers,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        force_hooks=force_hooks,
     )

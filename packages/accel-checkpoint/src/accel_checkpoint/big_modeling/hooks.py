@@ -30,7 +30,9 @@ def _keep(module: nn.Module, handle: Any) -> None:
     module.__dict__[_HANDLES].append(handle)
 
 
-def attach_io_hook(module: nn.Module, device: Any, skip_keys: str | list[str] | None = None, io_same_device: bool = False) -> None:
+def attach_io_hook(
+    module: nn.Module, device: Any, skip_keys: str | list[str] | None = None, io_same_device: bool = False
+) -> None:
     """Before ``module`` runs, its inputs go to ``device``; with ``io_same_device`` its outputs come back to the inputs' device."""
     input_devices: list[Any] = []
 

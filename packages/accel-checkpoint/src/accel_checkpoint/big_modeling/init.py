@@ -15,7 +15,10 @@ from accel_core.environment import parse_flag
 
 def _include_buffers_default() -> bool:
     # accel's name wins over the reference's when both are set.
-    value = next((os.environ[n] for n in ("ACCEL_INIT_INCLUDE_BUFFERS", "ACCELERATE_INIT_INCLUDE_BUFFERS") if n in os.environ), None)
+    value = next(
+        (os.environ[n] for n in ("ACCEL_INIT_INCLUDE_BUFFERS", "ACCELERATE_INIT_INCLUDE_BUFFERS") if n in os.environ),
+        None,
+    )
     return parse_flag(value, False)
 
 

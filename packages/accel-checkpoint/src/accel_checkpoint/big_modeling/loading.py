@@ -23,7 +23,14 @@ from torch import nn
 
 from ..file_names import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from .offload import OffloadedWeightsLoader, offload_weight, save_offload_index, set_module_tensor_to_device
-from .sizes import Device, _as_dtype, check_tied_parameters_on_same_device, device_of, find_tied_parameters, retie_parameters
+from .sizes import (
+    Device,
+    _as_dtype,
+    check_tied_parameters_on_same_device,
+    device_of,
+    find_tied_parameters,
+    retie_parameters,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +77,13 @@ def load_state_dict(checkpoint_file: str, device_map: dict[str, Device] | None =
     if checkpoint_file.endswith(".safetensors"):
         from safetensors import safe_open
 
-        with safe_open(checkpoint_file, framework="pt", device=str(target) if not isinstance(target, int) else target) as f:
+        with safe_open(
+            checkpoint_file, framework="pt", device=str(target) if not isinstance(target, int) else target
+        ) as f:
             if (f.metadata() or {"format": "pt"}).get("format", "pt") != "pt":
-                raise ValueError(f"The checkpoint {checkpoint_file} was not saved from PyTorch (format {f.metadata()['format']}).")
+                raise ValueError(
+                    f"The checkpoint {checkpoint_file} was not saved from PyTorch (format {f.metadata()['format']})."
+                )
             return {key: f.get_tensor(key) for key in f.keys()}
     from ..safe_load import load_torch_file
 
@@ -109,7 +120,9 @@ def load_checkpoint_in_model(
         check_tied_parameters_on_same_device(tied, device_map)
         if "disk" in device_map.values():
             if offload_folder is None:
-                raise ValueError("At least one of the model submodule will be offloaded to disk, please pass along an `offload_folder`.")
+                raise ValueError(
+                    "At least one of the model submodule will be offloaded to disk, please pass along an `offload_folder`."
+                )
             os.makedirs(offload_folder, exist_ok=True)
     dtype = None if dtype is None else _as_dtype(dtype)
     model_keys = set(model.state_dict())
@@ -129,7 +142,12 @@ def load_checkpoint_in_model(
                 continue
             device = device_of(name, device_map)
             target_dtype = dtype
-            if dtype is not None and torch.is_floating_point(tensor) and dtype == torch.float16 and keep_in_fp32_modules:
+            if (
+                dtype is not None
+                and torch.is_floating_point(tensor)
+                and dtype == torch.float16
+                and keep_in_fp32_modules
+            ):
                 if any(k == name or f"{k}." in name for k in keep_in_fp32_modules):
                     target_dtype = torch.float32
             if target_dtype is not None and torch.is_floating_point(tensor):
@@ -141,7 +159,9 @@ def load_checkpoint_in_model(
                 set_module_tensor_to_device(model, name, "meta", value=tensor, dtype=target_dtype)
                 offload_weight(tensor, name, staging, index=staged)
             else:  # a buffer of a disk part stays in CPU memory unless offload_buffers
-                set_module_tensor_to_device(model, name, "cpu" if device == "disk" else device, value=tensor, dtype=target_dtype)
+                set_module_tensor_to_device(
+                    model, name, "cpu" if device == "disk" else device, value=tensor, dtype=target_dtype
+                )
         del loaded
     if unexpected:
         message = f"Some weights of the model checkpoint at {checkpoint} were not used when initializing {model.__class__.__name__}: {unexpected}."
@@ -158,7 +178,9 @@ def load_checkpoint_in_model(
     retie_parameters(model, tied)
 
 
-def _load_whole(model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool, full: bool, broadcast: bool) -> None:
+def _load_whole(
+    model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool, full: bool, broadcast: bool
+) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     if broadcast and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:

@@ -27,10 +27,17 @@ INDEX_NAME = "index.json"
 
 
 def _entry(file: str, key: str, tensor: torch.Tensor) -> dict[str, Any]:
-    return {"safetensors_file": file, "weight_name": key, "dtype": str(tensor.dtype).replace("torch.", ""), "shape": list(tensor.shape)}
+    return {
+        "safetensors_file": file,
+        "weight_name": key,
+        "dtype": str(tensor.dtype).replace("torch.", ""),
+        "shape": list(tensor.shape),
+    }
 
 
-def offload_weight(weight: torch.Tensor, weight_name: str, offload_folder: str | os.PathLike[str], index: dict[str, Any] | None = None) -> dict[str, Any]:
+def offload_weight(
+    weight: torch.Tensor, weight_name: str, offload_folder: str | os.PathLike[str], index: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Writes ``weight`` to ``<offload_folder>/<weight_name>.safetensors`` and records it in ``index`` (returned)."""
     from safetensors.torch import save_file
 
@@ -68,7 +75,9 @@ def offload_state_dict(save_dir: str | os.PathLike[str], state_dict: dict[str, t
     save_offload_index(index, save_dir)
 
 
-def extract_submodules_state_dict(state_dict: dict[str, torch.Tensor], submodule_names: list[str]) -> dict[str, torch.Tensor]:
+def extract_submodules_state_dict(
+    state_dict: dict[str, torch.Tensor], submodule_names: list[str]
+) -> dict[str, torch.Tensor]:
     """The entries of ``state_dict`` that belong to one of ``submodule_names`` (or are one of them)."""
     return {
         key: value
@@ -96,7 +105,11 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
             raise ValueError("OffloadedWeightsLoader needs a state_dict, a save_folder or an index.")
         self.state_dict = {} if state_dict is None else state_dict
         self.save_folder = None if save_folder is None else os.fspath(save_folder)
-        if index is None and self.save_folder is not None and os.path.isfile(os.path.join(self.save_folder, INDEX_NAME)):
+        if (
+            index is None
+            and self.save_folder is not None
+            and os.path.isfile(os.path.join(self.save_folder, INDEX_NAME))
+        ):
             index = json.loads(open(os.path.join(self.save_folder, INDEX_NAME)).read())
         self.index = {} if index is None else dict(index)
         self.all_keys = list(self.state_dict) + [k for k in self.index if k not in self.state_dict]
@@ -118,7 +131,11 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         file = entry["safetensors_file"]
         if not os.path.isabs(file) and self.save_folder is not None:
             file = os.path.join(self.save_folder, file)
-        device = "cpu" if self.device is None else str(torch.device(self.device) if isinstance(self.device, int) else self.device)
+        device = (
+            "cpu"
+            if self.device is None
+            else str(torch.device(self.device) if isinstance(self.device, int) else self.device)
+        )
         with safe_open(file, framework="pt", device=device) as f:
             return f.get_tensor(entry.get("weight_name", key))
 
@@ -165,7 +182,9 @@ def set_module_tensor_to_device(
     supported; ``tied_params_map`` and ``clear_cache`` are accepted for the reference's signature.
     """
     if fp16_statistics is not None:
-        raise ValueError("set_module_tensor_to_device(fp16_statistics=...) is for bitsandbytes 8-bit weights, which accel does not load.")
+        raise ValueError(
+            "set_module_tensor_to_device(fp16_statistics=...) is for bitsandbytes 8-bit weights, which accel does not load."
+        )
     owner_name, _, name = tensor_name.rpartition(".")
     owner = module.get_submodule(owner_name)
     if name not in owner._parameters and name not in owner._buffers:
@@ -181,7 +200,9 @@ def set_module_tensor_to_device(
         if dtype is None:
             value = value.to(old.dtype)
         elif not str(value.dtype).startswith(("torch.uint", "torch.int", "torch.bool")):
-            value = value.to(dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype).replace("torch.", "")))
+            value = value.to(
+                dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype).replace("torch.", ""))
+            )
     with torch.no_grad():
         new = (old if value is None else value).to(device, non_blocking=non_blocking)
         if name in owner._buffers:

@@ -30,7 +30,9 @@ def convert_file_size_to_int(size: int | str) -> int:
         convert_file_size_to_int("1MiB")  # 1048576
     """
     units = {"GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "GB": 10**9, "MB": 10**6, "KB": 10**3}
-    error = ValueError(f"`size` {size} is not in a valid format. Use an integer for bytes, or a string with an unit (like '5.0GB').")
+    error = ValueError(
+        f"`size` {size} is not in a valid format. Use an integer for bytes, or a string with an unit (like '5.0GB')."
+    )
     if isinstance(size, int):
         if size < 0:
             raise error
@@ -152,7 +154,9 @@ def get_max_memory(max_memory: dict[Device, int | str] | None = None) -> dict[De
     order = gpus + [k for k in ("mps", "cpu", "disk") if k in converted]
     unknown = [k for k in converted if k not in order]
     if unknown:
-        raise ValueError(f"Device {unknown[0]} is not recognized, available devices are integers(for GPU/XPU), 'mps', 'cpu' and 'disk'")
+        raise ValueError(
+            f"Device {unknown[0]} is not recognized, available devices are integers(for GPU/XPU), 'mps', 'cpu' and 'disk'"
+        )
     return {k: converted[k] for k in order}
 
 
@@ -249,7 +253,11 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
     """``(total size, (largest layer size, its names))``, using the model's ``_no_split_modules`` if it has them."""
     sizes = compute_module_sizes(model)
     no_split = getattr(model, "_no_split_modules", None) or []
-    top = list(model.named_parameters(recurse=False)) + list(model.named_children()) + list(model.named_buffers(recurse=False))
+    top = (
+        list(model.named_parameters(recurse=False))
+        + list(model.named_children())
+        + list(model.named_buffers(recurse=False))
+    )
     return sizes[""], get_max_layer_size(top, sizes, no_split)
 
 
@@ -314,6 +322,10 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
         return False
     config = getattr(model, "config", None)
     decoder = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    word_embeddings = bool(decoder is not None and getattr(decoder, "tie_word_embeddings", False) and model.get_output_embeddings())
-    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False))
+    word_embeddings = bool(
+        decoder is not None and getattr(decoder, "tie_word_embeddings", False) and model.get_output_embeddings()
+    )
+    encoder_decoder = bool(
+        getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False)
+    )
     return word_embeddings or encoder_decoder or any(hasattr(m, "_tie_weights") for m in model.modules())

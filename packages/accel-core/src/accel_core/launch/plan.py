@@ -47,15 +47,26 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_restarts", int, 0, help="times the whole job restarts after a failure"),
     Setting("monitor_interval", float, None, help="seconds between torchrun's checks of the workers"),
     Setting("log_dir", str, None, help="keep each worker's stdout/stderr in files under this folder (torchrun)"),
-    Setting("tee", str, None, help="streams also written to the log files: 1 stdout, 2 stderr, 3 both (default with --log-dir: 3)"),
+    Setting(
+        "tee",
+        str,
+        None,
+        help="streams also written to the log files: 1 stdout, 2 stderr, 3 both (default with --log-dir: 3)",
+    ),
     Setting("use_cpu", bool, False, env.USE_CPU, help="run on the CPU even where an accelerator exists"),
     Setting("mixed_precision", str, "no", env.MIXED_PRECISION, tuple(PrecisionType.list()), "no, fp16, bf16, fp8"),
     Setting("gradient_accumulation_steps", int, 1, env.GRADIENT_ACCUMULATION_STEPS, help="micro-steps per step"),
-    Setting("dynamo_backend", str, "no", env.DYNAMO_BACKEND, tuple(DynamoBackend.list()), "torch.compile backend, or no"),
+    Setting(
+        "dynamo_backend", str, "no", env.DYNAMO_BACKEND, tuple(DynamoBackend.list()), "torch.compile backend, or no"
+    ),
     Setting("debug", bool, False, env.DEBUG_MODE, help="check shapes across ranks before collectives"),
     Setting("strategy", str, None, env.STRATEGY, help="an accel.strategies name (ddp, fsdp, ...); default: automatic"),
     Setting(
-        "scheduler_stepping", str, None, env.SCHEDULER_STEPPING, tuple(SchedulerStepping.list()),
+        "scheduler_stepping",
+        str,
+        None,
+        env.SCHEDULER_STEPPING,
+        tuple(SchedulerStepping.list()),
         "LR scheduler steps per optimizer step: per_process (as Accelerate, the default) or per_optimizer_step (one)",
     ),
     # The job's mesh (accel_core.parallelism): unset sizes are 1, except the data-parallel one, which fills the rest.

@@ -37,7 +37,9 @@ def wrap_in_ddp(
     return wrapped
 
 
-def register_comm_hook(model: DistributedDataParallel, ddp_kwargs: DistributedDataParallelKwargs, process_group: Any = None) -> None:
+def register_comm_hook(
+    model: DistributedDataParallel, ddp_kwargs: DistributedDataParallelKwargs, process_group: Any = None
+) -> None:
     """Registers the communication hook ``ddp_kwargs.comm_hook`` names (wrapped by ``comm_wrapper``) on ``model``.
 
     Power-SGD keeps its state (error feedback, warm-started factors) in a ``PowerSGDState`` over

@@ -70,7 +70,9 @@ def context_parallel_block(
     buffers = list(buffers or [])
     dims = list(buffer_seq_dims or [])
     if len(dims) != len(buffers):
-        raise ValueError(f"maybe_context_parallel: {len(buffers)} buffers but {len(dims)} buffer_seq_dims; give one dim per buffer.")
+        raise ValueError(
+            f"maybe_context_parallel: {len(buffers)} buffers but {len(dims)} buffer_seq_dims; give one dim per buffer."
+        )
     for tensor, dim in zip(buffers, dims):
         if tensor.shape[dim] % (2 * cp_mesh.size()):
             raise ValueError(

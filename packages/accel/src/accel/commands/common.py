@@ -46,7 +46,12 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     training = parser.add_argument_group("training settings (reach the Accelerator as ACCEL_* variables)")
     _add(training, dest="mixed_precision", choices=["no", "fp16", "bf16", "fp8"], help="mixed precision")
     _add(training, dest="gradient_accumulation_steps", type=int, metavar="N", help=helps["gradient_accumulation_steps"])
-    _add(training, dest="dynamo_backend", metavar="NAME", help="torch.compile backend: " + ", ".join(DynamoBackend.list()))
+    _add(
+        training,
+        dest="dynamo_backend",
+        metavar="NAME",
+        help="torch.compile backend: " + ", ".join(DynamoBackend.list()),
+    )
     training.add_argument("--strategy", metavar="NAME", help=helps["strategy"])
     _add(training, dest="scheduler_stepping", choices=SchedulerStepping.list(), help=helps["scheduler_stepping"])
     training.add_argument("--debug", action=argparse.BooleanOptionalAction, default=None, help=helps["debug"])
