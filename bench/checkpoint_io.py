@@ -31,6 +31,7 @@ import tempfile
 import time
 
 import torch
+
 from accel_checkpoint.fsio import fsync_path
 
 
@@ -65,9 +66,10 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to write (default: the system temp folder)")
     args = parser.parse_args()
 
+    from safetensors.torch import load_file, save_file
+
     from accel_checkpoint import wait_for_checkpoint
     from accel_core import Accelerator
-    from safetensors.torch import load_file, save_file
 
     width = 2048
     layers = max(1, round(args.mb * 2**20 / (4 * width * width)))

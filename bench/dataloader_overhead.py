@@ -115,8 +115,9 @@ class PickledDispatch:
 def measure(samples: int, batch_size: int, rounds: int, machinery_only: bool = False) -> dict[str, list[float]]:
     import torch
     import torch.distributed as dist
-    from accel_data import prepare_data_loader
     from torch.utils.data import DataLoader, DistributedSampler
+
+    from accel_data import prepare_data_loader
 
     n = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0

@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
+from accel_checkpoint import DCPCheckpointing, merge_sharded_checkpoint
+from accel_checkpoint.errors import CheckpointError, CheckpointNotFoundError
 from accel_core import Accelerator, set_seed
 from accel_core.configuration import ProjectConfiguration
 from accel_core.strategies import Strategy
-from accel_checkpoint import DCPCheckpointing, merge_sharded_checkpoint
-from accel_checkpoint.errors import CheckpointError, CheckpointNotFoundError
 
 EPOCHS, K, ACCUMULATION = 2, 6, 2  # 8 micro-steps per epoch per process; K is an optimizer-step boundary
 

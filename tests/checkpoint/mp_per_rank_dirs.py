@@ -147,8 +147,9 @@ def missing_on_one(accelerator, model) -> None:
 
 def sharded_needs_one_folder() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from accel_checkpoint.errors import CheckpointError
     from mp_checkpoint import FullyShardStrategy
+
+    from accel_checkpoint.errors import CheckpointError
 
     rank = int(os.environ["RANK"])
     accelerator = Accelerator(cpu=True, strategy=FullyShardStrategy())

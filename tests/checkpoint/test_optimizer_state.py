@@ -10,8 +10,8 @@ import os
 
 import torch
 
-from accel_core import Accelerator
 from accel_checkpoint.optimizer_state import load_optimizer_state, read_optimizer_state
+from accel_core import Accelerator
 
 
 def make(accelerator, seed=0):

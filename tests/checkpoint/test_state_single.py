@@ -9,8 +9,6 @@ import shutil
 import pytest
 import torch
 
-from accel_core import Accelerator
-from accel_core.configuration import ProjectConfiguration
 from accel_checkpoint import wait_for_checkpoint
 from accel_checkpoint.errors import (
     CheckpointError,
@@ -20,6 +18,8 @@ from accel_checkpoint.errors import (
     IncompleteCheckpointError,
     UnsafeCheckpointError,
 )
+from accel_core import Accelerator
+from accel_core.configuration import ProjectConfiguration
 
 
 class Counter:
@@ -263,8 +263,9 @@ def test_async_failure_is_raised_on_wait_and_leaves_nothing(tmp_path):
 
 
 def test_reference_layout_checkpoint_needs_the_opt_in_for_its_pickles(tmp_path):
-    import numpy as np
     import random
+
+    import numpy as np
 
     accelerator = Accelerator(cpu=True)
     model, optimizer, scheduler = make(accelerator)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from accel_core.launch.accelerate_import import convert_accelerate_config
 from accel_core.launch.config import config_path, default_config_path, load_config, read_config, write_config
 

@@ -6,6 +6,7 @@ import argparse
 import signal
 
 import pytest
+
 from accel_core.launch.extensions import add_extension_arguments, extension_env, load_extensions
 from accel_core.launch.failures import JobFailedError, RankFailure, drop_wrapper_frames
 from accel_core.launch.plan import (

@@ -11,12 +11,13 @@ from typing import ClassVar
 
 import pytest
 import torch
+from torch import nn
+
 from accel_core.launch.accelerate_import import convert_accelerate_config
 from accel_core.launch.plan import resolve_plan as resolve_launch_plan
 from accel_core.mesh import mesh_dims
 from accel_core.parallelism import ParallelismConfig, resolve_parallelism
 from accel_core.strategies import DDPStrategy, create_strategy, resolve_plan
-from torch import nn
 
 
 def test_unset_sizes_fill_the_world_with_the_strategys_data_parallel_dimension() -> None:

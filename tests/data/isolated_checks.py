@@ -16,8 +16,9 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from accel_data import prepare_data_loader
 from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from accel_data import prepare_data_loader
 
 RANK = int(os.environ["RANK"])
 failures: list[str] = []

@@ -20,11 +20,12 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
+
 from accel_core import ops
 from accel_core.accelerator import Accelerator
 from accel_core.state import GradientState
 from accel_data import DispatchError, prepare_data_loader
-from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
 
 
 class Items(Dataset):

@@ -7,6 +7,7 @@ from collections import namedtuple
 import numpy as np
 import pytest
 import torch
+
 from accel_data._tree import BatchTypeError, batch_size, concat_batches, slice_batch, to_device
 from accel_data.dispatch import decode, encode
 

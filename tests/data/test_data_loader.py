@@ -7,9 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+
 from accel_core.state import GradientState
 from accel_data import SeedableRandomSampler, prepare_data_loader, skip_first_batches
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 
 class Counting(Dataset):

@@ -12,10 +12,11 @@ import itertools
 
 import pytest
 import torch
+from torch.utils.data import BatchSampler, SequentialSampler
+
 from accel_data.loader import TREE_OPS
 from accel_data.samplers import BatchSamplerShard, LastGroup
 from accel_data.sharding import LIST_OPS, ShardPlan, batches_for_process, iter_groups
-from torch.utils.data import BatchSampler, SequentialSampler
 
 LENGTHS = [1, 2, 5, 7, 10, 13, 16, 31, 99]
 SIZES = [1, 2, 3, 4, 5, 8]

@@ -15,16 +15,15 @@ import shutil
 import sys
 from pathlib import Path
 
+import ds_testlib as T
 import torch
 import torch.distributed as dist
+from ds_testlib import check
 
-from accel_core import Accelerator
 from accel_checkpoint.errors import UnsafeCheckpointError
+from accel_core import Accelerator
 from accel_deepspeed import DeepSpeedStrategy
 from accel_deepspeed.checkpointing import DEEPSPEED_CHECKPOINT_GLOBALS
-
-import ds_testlib as T
-from ds_testlib import check
 
 TMP = Path(sys.argv[1])
 FIGURES: dict[str, object] = {}

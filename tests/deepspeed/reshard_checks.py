@@ -26,15 +26,14 @@ import sys
 import time
 from pathlib import Path
 
+import ds_testlib as T
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from ds_testlib import check
 
 from accel_core import Accelerator
 from accel_deepspeed import DeepSpeedPlugin
-
-import ds_testlib as T
-from ds_testlib import check
 
 TMP = Path(sys.argv[1])
 GLOBAL_BATCH, SAVE_AFTER, CONTINUE = 8, 3, 3

@@ -13,16 +13,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import ds_testlib as T
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from ds_testlib import check
 
 from accel_core import Accelerator, DistributedType
 from accel_deepspeed import DeepSpeedPlugin, DummyOptim, DummyScheduler
 from accel_deepspeed.wrappers import DeepSpeedSchedulerWrapper
-
-import ds_testlib as T
-from ds_testlib import check
 
 TMP = Path(sys.argv[1])
 FIGURES: dict[str, object] = {}

@@ -7,21 +7,20 @@ Every check raises on failure; the last line printed on each rank is "ZERO CHECK
 from __future__ import annotations
 
 import json
-import math
 import logging
+import math
 import sys
 import time
 from pathlib import Path
 
+import ds_testlib as T
 import torch
 import torch.distributed as dist
+from ds_testlib import check
 
 from accel_core import Accelerator, DistributedType
 from accel_deepspeed import DeepSpeedPlugin
 from accel_deepspeed.wrappers import DeepSpeedOptimizerWrapper
-
-import ds_testlib as T
-from ds_testlib import check
 
 TMP = Path(sys.argv[1])
 FIGURES: dict[str, object] = {}

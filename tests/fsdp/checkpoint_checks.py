@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from fsdp_testlib import LR, Net, data, local, make_net, param_groups
 from torch import nn
 
 from accel_core import Accelerator
 from accel_fsdp import FSDPStrategy, FullyShardedDataParallelPlugin
-from fsdp_testlib import LR, Net, data, local, make_net, param_groups
 
 TMP = Path(sys.argv[1])
 PROBE = torch.randn(6, 8, generator=torch.Generator().manual_seed(5))

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from fsdp_testlib import LR, Net, data, make_net, param_groups
 from torch import nn
 
 from accel_checkpoint import load_model, merge_sharded_checkpoint
 from accel_core import Accelerator
 from accel_fsdp import FSDPStrategy
-from fsdp_testlib import LR, Net, data, make_net, param_groups
 
 TMP = Path(sys.argv[1])
 TOL = 1e-5

@@ -217,8 +217,9 @@ def test_units_to_wrap():
     assert chosen(auto_wrap_policy="size_based_wrap", min_num_params=500) == [
         f"blocks.{i}.{f}" for i in range(3) for f in ("fc1", "fc2")
     ]
-    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
     import functools
+
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
     policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, nn.LayerNorm))
     assert chosen(auto_wrap_policy=policy) == [f"blocks.{i}.norm" for i in range(3)]

@@ -11,17 +11,13 @@ import math
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
-from accel_core import Accelerator, DistributedType
-from accel_fsdp import FullyShardedDataParallelPlugin
 from fsdp_testlib import (
     LR,
     MAX_NORM,
     STEPS,
     Net,
-    ddp_reference,
     data,
+    ddp_reference,
     full_nbytes,
     local,
     local_nbytes,
@@ -29,6 +25,10 @@ from fsdp_testlib import (
     optimizer_state_nbytes,
     param_groups,
 )
+from torch import nn
+
+from accel_core import Accelerator, DistributedType
+from accel_fsdp import FullyShardedDataParallelPlugin
 
 TOL = 1e-5
 logging.basicConfig(level=logging.WARNING)

@@ -12,10 +12,11 @@ import os
 import types
 
 import torch
-from accel import Accelerator
-from accel.utils import MegatronLMDummyScheduler, MegatronLMPlugin
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Accelerator
+from accel.utils import MegatronLMDummyScheduler, MegatronLMPlugin
 
 rank = int(os.environ["RANK"])
 TOTAL, WARMUP, LR = 16, 4, 0.5

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from accel_megatron.cli import MegatronLaunchOptions
 from accel_megatron.plugin import MegatronLMPlugin
 

@@ -19,11 +19,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
 from accel_checkpoint.errors import CheckpointMismatchError
 from accel_core import Accelerator, DistributedType
 from accel_megatron import MegatronLMPlugin
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 TMP = Path(sys.argv[1])
 FEATURES, HIDDEN, OUT, SAMPLES, BATCH, LR, CLIP = 8, 16, 4, 48, 4, 1e-2, 0.3

@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from accel_core import Accelerator, DistributedDataParallelKwargs, DistributedType, PartialState
-from accel_core import ops
+from accel_core import Accelerator, DistributedDataParallelKwargs, DistributedType, PartialState, ops
 from accel_core.ops import DistributedOperationException
 from accel_core.random import synchronize_rng_states
 

@@ -23,11 +23,12 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from accel import Accelerator, DataLoaderConfiguration, ParallelismConfig
-from accel_fsdp import FullyShardedDataParallelPlugin
 from tinyllama import SEQ, loss_of, make_model, token_data
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Accelerator, DataLoaderConfiguration, ParallelismConfig
+from accel_fsdp import FullyShardedDataParallelPlugin
 
 # torch's own notices, not failures: FSDP2 seeing the replicated logits view, DTensor's CPU random ops.
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")

@@ -13,10 +13,11 @@ import sys
 
 import torch
 import torch.distributed as dist
-from accel import Accelerator, DataLoaderConfiguration
 from safetensors.torch import load_file
 from tinyllama import loss_of, make_model, token_data
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Accelerator, DataLoaderConfiguration
 
 FOLDER = sys.argv[1]
 

@@ -14,7 +14,7 @@ from accel_core.configuration import ProjectConfiguration
 from accel_tracking import GeneralTracker, LocalTracker, LoggerType, TensorBoardTracker, read_config, read_metrics
 
 sys.path.insert(0, str(Path(__file__).parent))  # pytest runs with --import-mode=importlib
-import tracking_wandb_reader as wandb_reader  # noqa: E402
+import tracking_wandb_reader as wandb_reader
 
 
 class RecordingTracker(GeneralTracker):

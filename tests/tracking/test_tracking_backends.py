@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # pytest runs with --import-mode=importlib
-import tracking_wandb_reader as wandb_reader  # noqa: E402
+import tracking_wandb_reader as wandb_reader
 
 
 @pytest.fixture

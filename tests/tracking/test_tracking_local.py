@@ -224,4 +224,4 @@ def test_all_names_resolve() -> None:
     for name in accel_tracking.__all__:
         assert getattr(accel_tracking, name) is not None
     with pytest.raises(AttributeError):
-        accel_tracking.NoSuchThing  # noqa: B018
+        accel_tracking.NoSuchThing

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from accel_core.state import PartialState
-
 from accel_tracking import GeneralTracker, LocalTracker, TensorBoardTracker, WandBTracker, is_main_process, progress_bar
 
 

@@ -4,13 +4,15 @@ import json
 import os
 import time
 
-from accel_core.launch import JobFailedError, debug_launcher, notebook_launcher
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from accel_core.launch import JobFailedError, debug_launcher, notebook_launcher
 
 
 def work(scale: int) -> dict:
     import torch
     import torch.distributed as dist
+
     from accel_core.state import PartialState
 
     state = PartialState()

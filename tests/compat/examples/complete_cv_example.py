@@ -12,9 +12,6 @@ import re
 
 import numpy as np
 import torch
-from torch.optim.lr_scheduler import OneCycleLR
-from torch.utils.data import DataLoader, Dataset
-
 from synthetic import (
     TinyConvNet,
     final_metrics_line,
@@ -24,6 +21,8 @@ from synthetic import (
     to_tensor,
     weight_norm,
 )
+from torch.optim.lr_scheduler import OneCycleLR
+from torch.utils.data import DataLoader, Dataset
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator, DataLoaderConfiguration

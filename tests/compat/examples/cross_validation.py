@@ -11,17 +11,17 @@ import os
 import numpy as np
 import torch
 from sklearn.model_selection import StratifiedKFold
-from torch.optim import AdamW
-from torch.utils.data import DataLoader
-
 from synthetic import (
     GlueMrpcMetric,
     PairClassifier,
     final_metrics_line,
     get_dataloaders,
     get_linear_schedule_with_warmup,
+    load_pair_datasets,
+    pad_batch,
 )
-from synthetic import load_pair_datasets, pad_batch
+from torch.optim import AdamW
+from torch.utils.data import DataLoader
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator, DistributedType

@@ -8,16 +8,15 @@ import argparse
 import os
 
 import torch
-from torch.optim import AdamW
-
 from synthetic import (
     GlueMrpcMetric,
     PairClassifier,
     final_metrics_line,
     get_dataloaders,
     get_linear_schedule_with_warmup,
+    weight_norm,
 )
-from synthetic import weight_norm
+from torch.optim import AdamW
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator, DistributedType

@@ -12,11 +12,18 @@ import math
 import os
 
 import torch
+from synthetic import (
+    IGNORE_INDEX,
+    PAD,
+    TinyCausalLM,
+    final_metrics_line,
+    get_constant_schedule,
+    load_text_datasets,
+    pad_for_causal_lm,
+    weight_norm,
+)
 from torch.optim import AdamW
 from torch.utils.data import DataLoader
-
-from synthetic import IGNORE_INDEX, PAD, TinyCausalLM, final_metrics_line, get_constant_schedule, load_text_datasets
-from synthetic import pad_for_causal_lm, weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator, DistributedType

@@ -9,7 +9,6 @@ import argparse
 import os
 
 import torch
-
 from synthetic import GlueMrpcMetric, PairClassifier, final_metrics_line, get_dataloaders, weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":

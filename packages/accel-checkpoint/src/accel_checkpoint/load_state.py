@@ -12,7 +12,8 @@ import os
 import warnings
 from typing import Any
 
-from . import access, constants as C, layout
+from . import access, layout
+from . import constants as C
 from .coordination import Coordinator
 from .data_state import restore_dataloader_state
 from .errors import CheckpointMismatchError, CheckpointNotFoundError, CorruptCheckpointError, IncompleteCheckpointError

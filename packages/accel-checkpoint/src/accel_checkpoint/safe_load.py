@@ -43,7 +43,7 @@ def _unsafe_globals(path: str) -> list[str] | None:
         return None
     try:
         return list(finder(path))
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure of the scan means "unknown", never an error
         return None
 
 
@@ -107,4 +107,4 @@ def _load_unsafe(path: str, is_zip: bool) -> Any:
         if is_zip:
             raise
     with open(path, "rb") as handle:  # a raw pickle.dump file, not torch's format
-        return pickle.load(handle)  # noqa: S301 - explicit opt-in above
+        return pickle.load(handle)  # explicit opt-in above

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
 from typing import Any
 
-from . import access, constants as C, layout
+from . import access, layout
+from . import constants as C
 from .coordination import Coordinator
 from .data_state import dataloader_state
 from .errors import CheckpointError
@@ -51,7 +52,7 @@ class SaveJob:
     written: dict[str, int] = field(default_factory=dict)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _version(dist_name: str) -> str | None:
     try:
         return importlib_metadata.version(dist_name)
@@ -219,7 +220,7 @@ def plan_save(
             name = C.dataloader_file(i, rank)
             files.append(FileJob(name, "torch", copy_tree(dataloader_state(loader), copy_tensor, name)))
 
-    except Exception as caught:  # a failing hook or state_dict on one process must fail all of them
+    except Exception as caught:  # noqa: BLE001 - a failing hook or state_dict on one process must fail all of them
         error = caught
     try:
         coord.agree(error, "taking the checkpoint snapshot")

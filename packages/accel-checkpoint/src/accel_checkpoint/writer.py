@@ -22,7 +22,8 @@ import os
 import threading
 from typing import Any
 
-from . import constants as C, layout
+from . import constants as C
+from . import layout
 from .coordination import Coordinator
 from .errors import CheckpointError
 from .fsio import BackgroundSync, file_sizes, fsync_dir, remove_tree, token, torch_save, write_json

@@ -314,7 +314,7 @@ def is_hpu_available(init_hccl: bool = False) -> bool:
             return False
     except ImportError:
         return False
-    import habana_frameworks.torch  # noqa: F401
+    import habana_frameworks.torch
     import torch
 
     if init_hccl:

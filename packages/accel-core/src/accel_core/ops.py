@@ -167,7 +167,7 @@ def gather(tensor: Any, group: Any = None) -> Any:
     return recursively_apply(lambda t: _gather_one(t, group), tensor, error_on_other_type=True)
 
 
-def gather_object(object: Any, group: Any = None) -> Any:  # noqa: A002 - the reference's argument name
+def gather_object(object: Any, group: Any = None) -> Any:  # the reference's argument name
     """Gathers any picklable objects (from ``group``, default all processes); lists and tuples are
     concatenated, other objects listed per rank. On one process ``object`` comes back as it is."""
     obj = object

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
 from accel_core.random import get_rng_state, set_rng_state
 
 from .comm import Comm

@@ -90,9 +90,10 @@ def _convert_guarded(source: str, root: str, tag: str, saved: int, now: int) -> 
 
 def _convert(source: str, root: str, tag: str) -> None:
     """ds_to_universal into a hidden folder, then renamed to ``root/tag`` (a concurrent conversion may win)."""
+    from deepspeed.checkpoint import ds_to_universal
+
     from accel_checkpoint.fsio import remove_tree, token
     from accel_checkpoint.layout import partial_path
-    from deepspeed.checkpoint import ds_to_universal
 
     os.makedirs(root, exist_ok=True)
     partial = partial_path(os.path.join(root, tag), token())

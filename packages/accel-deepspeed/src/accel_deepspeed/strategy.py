@@ -31,6 +31,7 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 import torch
+
 from accel_core import environment as env
 from accel_core.enums import DistributedType
 from accel_core.parallelism import ParallelismConfig

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from accel_checkpoint.access import optimizer_owner, raw_optimizer
 from torch import nn
+
+from accel_checkpoint.access import optimizer_owner, raw_optimizer
 
 MODELS = "models"
 OPTIMIZERS = "optimizers"
@@ -97,14 +98,15 @@ def _missing(path: str) -> Exception:
 def load(prepared: Any, folder: str, allow_unsafe_pickle: bool | None = None) -> None:
     """Restores what ``save`` wrote, on any number of processes (DCP reshards). Collective."""
     import torch.distributed.checkpoint as dcp
-    from accel_checkpoint.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
-    from accel_checkpoint.safe_load import load_torch_file
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
         set_model_state_dict,
         set_optimizer_state_dict,
     )
+
+    from accel_checkpoint.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
+    from accel_checkpoint.safe_load import load_torch_file
 
     def read_dcp(state: dict[str, Any], path: str) -> None:
         dcp.load(

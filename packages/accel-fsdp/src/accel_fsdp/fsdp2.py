@@ -89,8 +89,9 @@ def shard_model(
     mesh: the data-parallel sub-mesh (1-D ``dp_shard_cp``, or 2-D ``(dp_replicate, dp_shard_cp)`` for HSDP).
     precision: the Accelerator's Precision (its ``mixed_precision_policy`` unless the plugin has one).
     """
-    from accel_core.transforms.meta_init import check_initialisable, initialise
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard, register_fsdp_forward_method
+
+    from accel_core.transforms.meta_init import check_initialisable, initialise
 
     if is_fsdp2(model):  # the user sharded it already ("manual wrapping")
         return model

@@ -25,7 +25,7 @@ DEFAULT_MIN_NUM_PARAMS = 100_000_000
 def _choice(value: Any, choices: tuple[str, ...], what: str) -> str:
     """Upper-cased name from a string, an enum member (``ShardingStrategy.FULL_SHARD``) or a 1-based index."""
     name = getattr(value, "name", value)
-    if isinstance(name, int) and not isinstance(name, bool) or (isinstance(name, str) and name.strip().isdigit()):
+    if (isinstance(name, int) and not isinstance(name, bool)) or (isinstance(name, str) and name.strip().isdigit()):
         index = int(name)
         if not 1 <= index <= len(choices):
             raise ValueError(f"{what}={value!r}: a number must be between 1 and {len(choices)} ({', '.join(choices)}).")
@@ -233,7 +233,7 @@ class FullyShardedDataParallelPlugin:
         for f in fields(self):
             value = getattr(self, f.name)
             option = _ENV_NAME.get(f.name)
-            if option is None or value == getattr(defaults, f.name) or callable(value) and not isinstance(value, str):
+            if option is None or value == getattr(defaults, f.name) or (callable(value) and not isinstance(value, str)):
                 continue
             if isinstance(value, bool):
                 text = "true" if value else "false"

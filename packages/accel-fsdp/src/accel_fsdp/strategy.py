@@ -21,13 +21,14 @@ from collections.abc import Collection, Iterable, Iterator
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
+
 from accel_core.enums import DistributedType
 from accel_core.grads import clip_grad_norm_
 from accel_core.mesh import adopt_mesh
 from accel_core.parallelism import SIZE_FIELDS, ParallelismConfig, resolve_parallelism
 from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
 from accel_core.strategies.groups import join_group_of_one
-from torch import nn
 
 from . import checkpointing, fsdp1, fsdp2, policies
 from .optimizer import ParameterNames, rebuild

@@ -22,9 +22,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from megatron.core import parallel_state
+
 from accel_checkpoint.access import raw_optimizer
 from accel_checkpoint.fsio import write_json
-from megatron.core import parallel_state
 
 from . import rng
 

@@ -28,6 +28,9 @@ from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
 from accel_core.configuration import DistributedDataParallelKwargs
 from accel_core.enums import DistributedType
 from accel_core.parallelism import (
@@ -38,8 +41,6 @@ from accel_core.parallelism import (
 from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
 from accel_core.strategies.ddp import wrap_in_ddp
 from accel_core.strategies.groups import join_group_of_one
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from .plugin import MegatronLMPlugin
 

@@ -11,10 +11,11 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 

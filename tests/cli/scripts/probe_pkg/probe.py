@@ -20,6 +20,7 @@ if fail_once and not os.path.exists(f"{fail_once}.rank{os.environ['RANK']}"):
 
 import torch  # noqa: E402
 import torch.distributed as dist
+
 from accel_core.state import PartialState
 
 state = PartialState()

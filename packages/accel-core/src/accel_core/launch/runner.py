@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         if exit.code in (None, 0):
             exit_without_finalization(0)
         raise
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - recorded for `accel launch`, then exit status 1
         tb = _user_frames(error.__traceback__)
         record_error(error, tb)
         sys.excepthook(type(error), error.with_traceback(tb), tb)

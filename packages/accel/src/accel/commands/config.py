@@ -125,6 +125,7 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
 
 def import_accelerate(source: Path) -> dict[str, Any]:
     import yaml
+
     from accel_core.launch.accelerate_import import convert_accelerate_config
 
     try:
