@@ -116,7 +116,7 @@ def main() -> None:
         buffers = [torch.empty_like(t) for t in state]
 
         def memcpy() -> None:
-            for b, t in zip(buffers, state):
+            for b, t in zip(buffers, state, strict=True):
                 b.copy_(t)
 
         def async_save() -> None:

@@ -104,7 +104,7 @@ class PickledDispatch:
         while True:
             message = [None]
             if rank == 0:
-                parts = [batch for _, batch in zip(range(n), it)]
+                parts = [batch for _, batch in zip(range(n), it, strict=False)]
                 message = [parts if len(parts) == n else None]
             dist.broadcast_object_list(message, src=0)
             if message[0] is None:
@@ -162,7 +162,7 @@ def measure(samples: int, batch_size: int, rounds: int, machinery_only: bool = F
 
 def _paired(times: list[float], raw: list[float]) -> float:
     """Median over rounds of the ratio to raw measured in the same round (same machine load)."""
-    return statistics.median(t / r for t, r in zip(times, raw))
+    return statistics.median(t / r for t, r in zip(times, raw, strict=True))
 
 
 def report(title: str, per_batch: dict[str, tuple[list[float], list[float]]]) -> None:

@@ -175,7 +175,7 @@ def main() -> None:
         accel = statistics.median(t for r in reports for t in r["accel"])
         manual = statistics.median(t for r in reports for t in r["manual"])
         # Paired ratios (same round, same rank): the two sides ran back to back under the same load.
-        paired = [a / m for r in reports for a, m in zip(r["accel"], r["manual"])]
+        paired = [a / m for r in reports for a, m in zip(r["accel"], r["manual"], strict=True)]
         print(f"\nstep time (median over {args.rounds} rounds x {args.steps} steps, all ranks):")
         print(f"  accel fsdp strategy      {accel * 1e3:8.2f} ms")
         print(f"  hand-written fully_shard {manual * 1e3:8.2f} ms")

@@ -105,7 +105,7 @@ def equal(a, b, path="") -> None:
             equal(a[key], b[key], f"{path}/{key}")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             equal(x, y, f"{path}/{i}")
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
@@ -204,7 +204,7 @@ def sharded_checks(folder: str, rank: int) -> None:
         accelerator.load_state(target)
         for k, v in model.state_dict().items():
             assert torch.equal(v.to_local(), shards[k]), k
-        for state, moment in zip(optimizer.optimizer.state.values(), moments):
+        for state, moment in zip(optimizer.optimizer.state.values(), moments, strict=True):
             assert torch.equal(state["exp_avg"].to_local(), moment)
         accelerator.save_model(model, os.path.join(folder, f"export_{strategy.name}"))
         if rank == 0:

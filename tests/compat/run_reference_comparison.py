@@ -348,7 +348,7 @@ def differences(reference: Any, accel: Any, path: str = "", ignore: tuple[str, .
     if isinstance(reference, list) and isinstance(accel, list):
         if len(reference) != len(accel):
             return [f"{name}: {reference} -> {accel}"]
-        differ = any(differences(r, a) for r, a in zip(reference, accel))
+        differ = any(differences(r, a) for r, a in zip(reference, accel, strict=True))
         return [f"{name}: {reference} -> {accel}"] if differ else []
     numbers = (int, float)
     if (
@@ -371,11 +371,11 @@ def make_rows(
     """The table rows of one example's runs: both sides' results, their differences, and for a resumed
     run whether each side ended as its uninterrupted run did."""
     by_lib = {
-        "reference": dict(zip(example.run_ids(), reference_results)),
-        "accel": dict(zip(example.run_ids(), accel_results)),
+        "reference": dict(zip(example.run_ids(), reference_results, strict=True)),
+        "accel": dict(zip(example.run_ids(), accel_results, strict=True)),
     }
     rows = []
-    for run_id, run, ref, acc in zip(example.run_ids(), example.runs, reference_results, accel_results):
+    for run_id, run, ref, acc in zip(example.run_ids(), example.runs, reference_results, accel_results, strict=True):
         diffs = differences(ref["metrics"], acc["metrics"]) if ref and acc and ref["ok"] and acc["ok"] else []
         rows.append(
             {

@@ -79,7 +79,7 @@ def _accel_results(example_name: str) -> dict[str, dict[str, Any]]:
     try:
         return {
             run_id: harness.run_one("accel", example, run, workdir, None, timeout=600)
-            for run_id, run in zip(example.run_ids(), example.runs)
+            for run_id, run in zip(example.run_ids(), example.runs, strict=True)
         }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -27,6 +27,6 @@ def test_one_process_counts_steps_and_changes_nothing() -> None:
         for _ in range(5):
             local_sgd.step()
     assert local_sgd.num_steps == 5
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     with pytest.raises(ValueError, match="local_sgd_steps must be a positive integer"):
         LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=0)

@@ -114,7 +114,7 @@ def check_gather_for_metrics(accelerator: Accelerator) -> None:
             label,
             ids == list(range(length)),
             f"got {len(ids)} ids, first wrong at "
-            f"{next((i for i, (a, b) in enumerate(zip(ids, range(length))) if a != b), len(ids))}",
+            f"{next((i for i, (a, b) in enumerate(zip(ids, range(length), strict=False)) if a != b), len(ids))}",
         )
         check(label + " names", names == [f"s{i}" for i in ids], f"{names[:5]}...")
         check(

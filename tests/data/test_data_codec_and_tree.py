@@ -31,7 +31,7 @@ def _same(a, b) -> None:
             _same(a[k], b[k])
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             _same(x, y)
     else:
         assert a == b

@@ -125,9 +125,9 @@ def test_tree_ops_match_list_ops() -> None:
         by_list = list(iter_groups(ref, plan, LIST_OPS))
         by_tree = list(iter_groups(tensors, plan, TREE_OPS))
         assert len(by_list) == len(by_tree)
-        for a, b in zip(by_list, by_tree):
+        for a, b in zip(by_list, by_tree, strict=True):
             assert a.real == b.real and a.final == b.final
-            for pa, pb in zip(a.parts, b.parts):
+            for pa, pb in zip(a.parts, b.parts, strict=True):
                 if pa is None:
                     assert pb is None
                     continue

@@ -31,7 +31,7 @@ def check(condition: bool, message: str) -> None:
 
 
 def close(a: list[float], b: list[float], rtol: float, atol: float) -> bool:
-    return len(a) == len(b) and all(abs(x - y) <= atol + rtol * abs(y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(abs(x - y) <= atol + rtol * abs(y) for x, y in zip(a, b, strict=True))
 
 
 def regression_data(seed: int = 0) -> torch.utils.data.TensorDataset:

@@ -61,7 +61,7 @@ def check_offload_from_launcher() -> tuple:
     check(T.close(losses, reference, 1e-4, 1e-5), f"offload losses {losses} vs DDP {reference}")
     expected_lr = 1.0 / (1.0 + 0.5 * len(batches)) * T.LR
     check(abs(scheduler.get_last_lr()[0] - expected_lr) < 1e-12, f"lr {scheduler.get_last_lr()} vs {expected_lr}")
-    FIGURES["offload_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    FIGURES["offload_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
     return accelerator, engine, optimizer, loader, scheduler
 
 

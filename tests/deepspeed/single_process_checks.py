@@ -251,7 +251,10 @@ def check_frozen_teacher_and_zero3_round_trip() -> None:
     accelerator2, engine2, optimizer2, _, teacher2 = build(seed=10)  # other weights for both models
     accelerator2.load_state(TMP / "distill", load_dataloader_state=False)
     check(
-        all(torch.equal(a, b) for a, b in zip(teacher.state_dict().values(), teacher2.state_dict().values())),
+        all(
+            torch.equal(a, b)
+            for a, b in zip(teacher.state_dict().values(), teacher2.state_dict().values(), strict=True)
+        ),
         "teacher restored",
     )
     resumed = [step(accelerator2, engine2, optimizer2, teacher2, x) for x in batches[3:6]]

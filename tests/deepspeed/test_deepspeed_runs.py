@@ -146,7 +146,7 @@ def test_checkpoints_load_with_another_process_count(deepspeed_ops, tmp_path) ->
                 f"reshard_checks.py did not finish within {RUN_TIMEOUT}s (a hang?)\n"
                 + "\n".join(o for pair in outputs for o in pair)
             )
-    for launch, (stdout, stderr), passed in zip(launches, outputs, (("0", "1"), ("0",))):
+    for launch, (stdout, stderr), passed in zip(launches, outputs, (("0", "1"), ("0",)), strict=True):
         assert launch.returncode == 0, stdout + stderr[-6000:]
         for rank in passed:
             assert f"RESHARD CHECKS PASSED {rank}" in stdout, stdout + stderr[-4000:]

@@ -64,7 +64,7 @@ def check_setup_and_zero1() -> None:
     reference, _, _ = T.train_ddp(T.mlp, batches)
     check(T.close(losses, reference, 1e-4, 1e-5), f"ZeRO-1 losses {losses} vs DDP {reference}")
     check(losses[-1] < losses[0], "ZeRO-1 loss decreases")
-    FIGURES["zero1_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    FIGURES["zero1_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
 
 
 def check_zero2_accumulation_clipping() -> None:
@@ -85,7 +85,7 @@ def check_zero2_accumulation_clipping() -> None:
     )
     check(T.close(losses, clipped, 1e-4, 1e-5), f"ZeRO-2 (accumulate 2, clip 1.0) losses {losses} vs DDP {clipped}")
     check(not T.close(losses, unclipped, 1e-3, 1e-4), "ZeRO-2 should differ from unclipped DDP: clipping not applied?")
-    FIGURES["zero2_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, clipped))
+    FIGURES["zero2_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, clipped, strict=True))
 
 
 def zero3_config() -> dict:
@@ -109,7 +109,7 @@ def check_zero3() -> None:
     )
     reference, _, _ = T.train_ddp(T.mlp, batches)
     check(T.close(losses, reference, 1e-4, 1e-5), f"ZeRO-3 losses {losses} vs DDP {reference}")
-    FIGURES["zero3_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    FIGURES["zero3_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
     try:
         accelerator.get_state_dict(engine)
     except ValueError as error:
@@ -167,7 +167,7 @@ def check_bf16() -> None:
     reference, _, _ = T.train_ddp(T.TokenClassifier, batches, loss_fn=T.token_loss)
     check(T.close(losses, reference, 5e-2, 1e-2), f"bf16 losses {losses} vs fp32 DDP {reference}")
     check(losses[-1] < losses[0], "bf16 loss decreases")
-    FIGURES["bf16_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    FIGURES["bf16_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
     check(FIGURES["bf16_max_rel_diff"] > 0, "bf16 must not give exactly the fp32 trajectory")
 
 

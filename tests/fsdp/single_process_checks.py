@@ -71,7 +71,7 @@ for step in range(3, 6):
     scheduler.step()
     optimizer.zero_grad()
     losses.append(loss.item())
-for got, want in zip(losses, expected["continued_global_losses"]):
+for got, want in zip(losses, expected["continued_global_losses"], strict=True):
     check(
         abs(got - want) <= TOL * max(1.0, abs(want)),
         f"continued losses {losses} != {expected['continued_global_losses']}",

@@ -145,7 +145,7 @@ def check_trigger_sync_in_backward() -> None:
     (
         torch.nn.functional.mse_loss(reference(x[:8]), y[:8]) + torch.nn.functional.mse_loss(reference(x[8:]), y[8:])
     ).backward()
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         mean = accelerator.reduce(q.grad.clone(), reduction="mean")
         check(
             torch.allclose(p.grad, mean, atol=1e-6),
@@ -229,7 +229,7 @@ def check_ddp_comm_hooks() -> None:
     exact, _ = train_with_hook(None)
     for kind, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
         compressed, _ = train_with_hook(DistributedDataParallelKwargs(comm_hook=kind))
-        for e, c in zip(exact, compressed):
+        for e, c in zip(exact, compressed, strict=True):
             # The hook sends each rank's gradient / world size in `dtype`: the result is the exact mean
             # up to that dtype's rounding of the two halves, and not bit-identical to it.
             tolerance = 4 * float(torch.finfo(dtype).eps) * float(e.abs().max())
@@ -238,7 +238,8 @@ def check_ddp_comm_hooks() -> None:
                 f"{kind}: within rounding ({(e - c).abs().max()} > {tolerance})",
             )
         check(
-            any(not torch.equal(e, c) for e, c in zip(exact, compressed)), f"{kind}: the gradients went through {kind}"
+            any(not torch.equal(e, c) for e, c in zip(exact, compressed, strict=True)),
+            f"{kind}: the gradients went through {kind}",
         )
     power = DistributedDataParallelKwargs(
         comm_hook=DDPCommunicationHookType.POWER_SGD,
@@ -249,7 +250,8 @@ def check_ddp_comm_hooks() -> None:
     exact_grads, exact_losses = train_with_hook(None, steps=30, lr=0.2)
     check(losses[-1] < 0.7 * losses[0], f"power-SGD trains: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
     check(
-        any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, exact_grads)), "power-SGD approximates (rank 1)"
+        any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, exact_grads, strict=True)),
+        "power-SGD approximates (rank 1)",
     )
     everyone = PartialState()
     same = torch.cat([g.flatten() for g in grads])

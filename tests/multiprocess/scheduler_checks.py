@@ -87,7 +87,7 @@ def check_default_per_process() -> None:
     check(len(lrs) == 4, f"4 batches per process, got {len(lrs)}")
     factor = warmup_then_linear(total, warmup)
     expected = [BASE_LR * factor(2 * (i + 1)) for i in range(4)]  # 2 scheduler steps per optimizer step
-    check(all(close(a, b) for a, b in zip(lrs, expected)), f"per-process trajectory {lrs} vs {expected}")
+    check(all(close(a, b) for a, b in zip(lrs, expected, strict=True)), f"per-process trajectory {lrs} vs {expected}")
     check(
         scheduler.scheduler.last_epoch == total,
         f"the schedule ends with training: {scheduler.scheduler.last_epoch} vs {total}",
@@ -108,7 +108,10 @@ def check_accumulation_and_adjust_scheduler() -> None:
         )
         # 4 micro-batches per process = 2 optimizer steps, each 2 scheduler steps: factors 1, 4, 4, 16 (x 1/..)
         expected = [BASE_LR, BASE_LR * 0.5**2, BASE_LR * 0.5**2, BASE_LR * 0.5**4]
-        check(all(close(a, b) for a, b in zip(lrs, expected)), f"accumulation ({plugin}): {lrs} vs {expected}")
+        check(
+            all(close(a, b) for a, b in zip(lrs, expected, strict=True)),
+            f"accumulation ({plugin}): {lrs} vs {expected}",
+        )
         check(scheduler.scheduler.last_epoch == 4, f"accumulation: last_epoch {scheduler.scheduler.last_epoch}")
 
 
@@ -158,7 +161,7 @@ def check_one_cycle_total_steps() -> None:
                 reference.step()
         expected.append(reference.get_last_lr()[0])
     check(len(lrs) == 8, f"8 optimizer steps per process over two epochs, got {len(lrs)}")
-    check(all(close(a, b) for a, b in zip(lrs, expected)), f"OneCycleLR trajectory {lrs} vs {expected}")
+    check(all(close(a, b) for a, b in zip(lrs, expected, strict=True)), f"OneCycleLR trajectory {lrs} vs {expected}")
     check(scheduler.scheduler.last_epoch == total, f"OneCycleLR stops at total_steps: {scheduler.scheduler.last_epoch}")
 
 

@@ -215,7 +215,7 @@ def context_parallel() -> None:
         dist.all_gather_object(pieces, tokens.tolist(), group=dims.cp.group)
         # torch's load balancing: of 4 chunks, cp rank 0 holds chunks 0 and 3, cp rank 1 chunks 1 and 2.
         q = SEQ // 4
-        rebuilt = [a[:q] + b[:q] + b[q:] + a[q:] for a, b in zip(*pieces)]
+        rebuilt = [a[:q] + b[:q] + b[q:] + a[q:] for a, b in zip(*pieces, strict=True)]
         check(rebuilt == original.tolist(), "the cp shards do not make up the sequence")
         try:
             model(tokens)
@@ -269,7 +269,7 @@ def checkpoint_round_trip() -> None:
     accelerator.load_state(folder)
     other = train(accelerator, model, optimizer, iter(loader), 5)
     # Relative: fp32 losses near 4 are 4.8e-7 apart at the last bit; other reduction orders move a bit or two.
-    worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(other, expected))
+    worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(other, expected, strict=True))
     check(worst <= 1e-6, f"TP2xFSDP2 -> FSDP4 continuation differs by {worst:.2e} (relative)")
     accelerator.free_memory()
     if RANK == 0:

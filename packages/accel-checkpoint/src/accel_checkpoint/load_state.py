@@ -267,17 +267,17 @@ def load_state(
     coord.agree(error, f"reading {folder}")
 
     try:
-        for model, state in zip(models, loaded.get("models", [])):
+        for model, state in zip(models, loaded.get("models", []), strict=False):
             access.load_model_state_dict(accelerator, model, state, strict=strict)
-        for optimizer, state in zip(optimizers, loaded.get("optimizers", [])):
+        for optimizer, state in zip(optimizers, loaded.get("optimizers", []), strict=False):
             load_optimizer_state(optimizer, state)
-        for scheduler, state in zip(schedulers, loaded.get("schedulers", [])):
+        for scheduler, state in zip(schedulers, loaded.get("schedulers", []), strict=False):
             scheduler.load_state_dict(state)
         if "scaler" in loaded:
             scaler.load_state_dict(loaded["scaler"])
-        for obj, state in zip(customs, loaded.get("customs", [])):
+        for obj, state in zip(customs, loaded.get("customs", []), strict=False):
             obj.load_state_dict(state)
-        for i, (loader, state) in enumerate(zip(loaders, loaded.get("loaders", []))):
+        for i, (loader, state) in enumerate(zip(loaders, loaded.get("loaders", []), strict=False)):
             restore_dataloader_state(loader, state, os.path.join(folder, C.dataloader_file(i, rank)))
         if "rng" in loaded:
             (restore_rng_state if metadata else restore_legacy_rng_state)(loaded["rng"])

@@ -104,7 +104,7 @@ def write_model_files(
         shards[0].update({k: unique[k] for k in bad})
     total = len(shards)
     names = [f"{prefix}{ext}"] if total == 1 else [f"{prefix}-{i + 1:05d}-of-{total:05d}{ext}" for i in range(total)]
-    for name, shard in zip(names, shards):
+    for name, shard in zip(names, shards, strict=True):
         path = os.path.join(save_directory, name)
         if safe_serialization:
             meta = safetensors_metadata(aliases if total == 1 else {})
@@ -115,7 +115,7 @@ def write_model_files(
     if total > 1:
         index: dict[str, Any] = {
             "metadata": {"total_size": sum(tensor_nbytes(t) for t in tensors_only.values())},
-            "weight_map": {key: name for name, shard in zip(names, shards) for key in shard},
+            "weight_map": {key: name for name, shard in zip(names, shards, strict=True) for key in shard},
         }
         if aliases:
             index["metadata"]["accel_aliases"] = dict(aliases)

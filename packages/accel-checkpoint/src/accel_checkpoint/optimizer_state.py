@@ -48,7 +48,9 @@ def _same_layout(saved: dict[str, Any], live: dict[str, Any]) -> bool:
     saved_groups, live_groups = saved.get("param_groups"), live.get("param_groups")
     if not isinstance(saved_groups, list) or not isinstance(live_groups, list) or len(saved_groups) != len(live_groups):
         return False
-    return all(len(a.get("params", ())) == len(b.get("params", ())) for a, b in zip(saved_groups, live_groups))
+    return all(
+        len(a.get("params", ())) == len(b.get("params", ())) for a, b in zip(saved_groups, live_groups, strict=True)
+    )
 
 
 def _copy_into_live(saved: dict[str, Any], live: dict[Any, dict[str, Any]]) -> tuple[dict[str, Any], set[int]]:

@@ -111,7 +111,7 @@ def find_executable_batch_size(
         clear_device_cache(garbage_collection=True)
         parameters = list(inspect.signature(function).parameters)
         if len(parameters) < len(args) + 1:
-            passed = ", ".join(f"{name}={value}" for name, value in zip(parameters[1:], args[1:]))
+            passed = ", ".join(f"{name}={value}" for name, value in zip(parameters[1:], args[1:], strict=False))
             raise TypeError(
                 f"Batch size was passed into `{function.__name__}` as the first argument when called. "
                 f"Remove this as the decorator already does so: `{function.__name__}({passed})`"

@@ -82,7 +82,7 @@ class Preparation:
     def _register_joint(self, given: Sequence[Any], joint: Any) -> list[Any]:
         objects = list(joint.objects)
         self.prepared.optimizers.extend(joint.extra_optimizers)
-        for original, prepared in zip(given, objects):
+        for original, prepared in zip(given, objects, strict=False):
             if isinstance(original, torch.nn.Module):
                 self.prepared.models.append(prepared)
             elif isinstance(original, torch.optim.Optimizer):

@@ -53,7 +53,7 @@ def synchronize_rng_states(
         return seed
     buf = comm.broadcast(torch.cat(pieces)).cpu()
     offset = 0
-    for kind, state in zip(kinds, states):
+    for kind, state in zip(kinds, states, strict=True):
         assert state is not None
         n = state.numel()
         set_rng_state(kind, buf[offset : offset + n].clone(), generator)

@@ -138,7 +138,9 @@ def infer_auto_device_map(
 
         if tied_names and used[device] + size <= limit:
             # The part fits alone: split one of the tied parts it drags along, if one can be split.
-            splittable = next(((n, m) for n, m in zip(tied_names, tied_modules) if _can_split(m, no_split)), None)
+            splittable = next(
+                ((n, m) for n, m in zip(tied_names, tied_modules, strict=True) if _can_split(m, no_split)), None
+            )
             if splittable is not None:
                 tied_name, tied_module = splittable
                 index = next(i for i, (n, _) in enumerate(queue) if n == tied_name)

@@ -73,7 +73,7 @@ def context_parallel_block(
         raise ValueError(
             f"maybe_context_parallel: {len(buffers)} buffers but {len(dims)} buffer_seq_dims; give one dim per buffer."
         )
-    for tensor, dim in zip(buffers, dims):
+    for tensor, dim in zip(buffers, dims, strict=True):
         if tensor.shape[dim] % (2 * cp_mesh.size()):
             raise ValueError(
                 f"maybe_context_parallel: a sequence of length {tensor.shape[dim]} (dim {dim}) must divide by "

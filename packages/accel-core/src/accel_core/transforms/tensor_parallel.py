@@ -54,7 +54,7 @@ def matching_modules(model: nn.Module, pattern: str) -> list[tuple[str, nn.Modul
     found = []
     for name, module in model.named_modules():
         parts = name.split(".") if name else []
-        if len(parts) == len(tokens) and all(fnmatch(p, t) for p, t in zip(parts, tokens)):
+        if len(parts) == len(tokens) and all(fnmatch(p, t) for p, t in zip(parts, tokens, strict=True)):
             found.append((name, module))
     return found
 
