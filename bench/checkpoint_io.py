@@ -22,6 +22,7 @@ Everything is written under a temporary folder that is deleted at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import os
@@ -53,10 +54,8 @@ def median_time(fn, repeats: int, before=None) -> float:
 def release_free_memory() -> None:
     """Returns freed heap pages to the kernel (glibc), so the next allocation pays its page faults."""
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -157,7 +158,7 @@ class OwnCheckpointStrategy(FullyShardStrategy):
     """A strategy implementing ShardedCheckpointing (here by delegating to the DCP default, and counting)."""
 
     name = "own_checkpoint_test"
-    calls: list[str] = []
+    calls: ClassVar[list[str]] = []
 
     def save_sharded(self, prepared, folder, **kwargs):
         self.calls.append("save")
@@ -187,7 +188,8 @@ def sharded_checks(folder: str, rank: int) -> None:
         accelerator.save_state(target)
         import json
 
-        meta = json.load(open(os.path.join(target, "accel_checkpoint.json")))
+        with open(os.path.join(target, "accel_checkpoint.json")) as handle:
+            meta = json.load(handle)
         assert meta["sharded"]["implementation"].endswith(expected_impl) and meta["sharded"]["covers"] == [
             "models",
             "optimizers",

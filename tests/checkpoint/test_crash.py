@@ -75,13 +75,16 @@ def test_sigkill_mid_save_then_a_new_process_resumes(tmp_path):
         restored = {}
 
         class Tracker:
+            def __init__(self, store):
+                self.store = store
+
             def state_dict(self):
-                return {"value": restored.get("value", 0)}
+                return {"value": self.store.get("value", 0)}
 
             def load_state_dict(self, state):
-                restored.update(state)
+                self.store.update(state)
 
-        accelerator.register_for_checkpointing(Tracker())
+        accelerator.register_for_checkpointing(Tracker(restored))
         accelerator.load_state()
         expected = load_file(str(base / "checkpoint_0" / "model.safetensors"))
         assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items()), mode

@@ -111,6 +111,6 @@ def test_dcp_metadata_with_a_foreign_global_is_refused(tmp_path):
 
     with open(tmp_path / "dcp" / ".metadata", "wb") as handle:
         pickle.dump(Payload(), handle)
-    with pytest.raises(UnsafeCheckpointError, match="io.open"):
+    with pytest.raises(UnsafeCheckpointError, match=r"io\.open"):
         merge_sharded_checkpoint(str(tmp_path / "dcp"), str(tmp_path / "out"))
     assert not victim.exists()

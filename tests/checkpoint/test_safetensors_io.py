@@ -84,7 +84,7 @@ def test_truncated_file_names_the_file(tmp_path):
     write_safetensors({"w": torch.randn(1000)}, path)
     with open(path, "r+b") as handle:
         handle.truncate(os.path.getsize(path) // 2)
-    with pytest.raises(CorruptCheckpointError, match="big.safetensors is truncated or corrupt"):
+    with pytest.raises(CorruptCheckpointError, match=r"big\.safetensors is truncated or corrupt"):
         read_safetensors(path)
 
 

@@ -98,7 +98,7 @@ def test_round_trip_resumes_exactly_with_scaler_custom_objects_and_step(tmp_path
 
 def test_hooks_see_the_folder_being_built_and_may_take_over_models(tmp_path):
     accelerator = Accelerator(cpu=True)
-    model, optimizer, scheduler = make(accelerator)
+    make(accelerator)
     seen = {}
 
     def save_hook(models, weights_list, output_dir):
@@ -146,7 +146,7 @@ def test_automatic_naming_total_limit_and_resume_numbering(tmp_path):
         cpu=True,
         project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=3),
     )
-    model2, optimizer2, scheduler2 = make(fresh, seed=1)
+    model2, _optimizer2, _scheduler2 = make(fresh, seed=1)
     fresh.load_state()  # the newest complete one: checkpoint_6, not the unfinished checkpoint_9
     assert all(torch.equal(v, expected[k]) for k, v in model2.state_dict().items())
     assert fresh.project_configuration.iteration == 7
@@ -162,7 +162,7 @@ def test_automatic_naming_total_limit_and_resume_numbering(tmp_path):
 
 def test_clear_errors(tmp_path):
     accelerator = Accelerator(cpu=True)
-    model, optimizer, scheduler = make(accelerator)
+    model, _optimizer, _scheduler = make(accelerator)
     with pytest.raises(CheckpointNotFoundError, match="does not exist"):
         accelerator.load_state(str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="needs input_dir"):
@@ -206,9 +206,11 @@ def test_malicious_custom_state_is_refused_through_load_state(tmp_path, monkeypa
     torch.save({"count": Payload()}, path)
     # An attacker can edit the metadata too: keep the recorded size consistent.
     meta_path = os.path.join(folder, "accel_checkpoint.json")
-    meta = json.load(open(meta_path))
+    with open(meta_path) as handle:
+        meta = json.load(handle)
     meta["files"]["custom_checkpoint_0.pt"] = os.path.getsize(path)
-    json.dump(meta, open(meta_path, "w"))
+    with open(meta_path, "w") as handle:
+        json.dump(meta, handle)
     with pytest.raises(UnsafeCheckpointError, match=r"custom_checkpoint_0\.pt.*io\.open.*allow_unsafe_pickle=True"):
         accelerator.load_state(folder)
     assert not victim.exists()
@@ -284,7 +286,7 @@ def test_reference_layout_checkpoint_needs_the_opt_in_for_its_pickles(tmp_path):
         },
         legacy / "random_states_0.pkl",
     )
-    with pytest.warns(UserWarning, match="legacy"), pytest.raises(UnsafeCheckpointError, match="random_states_0.pkl"):
+    with pytest.warns(UserWarning, match="legacy"), pytest.raises(UnsafeCheckpointError, match=r"random_states_0\.pkl"):
         accelerator.load_state(str(legacy))
     with pytest.warns(UserWarning):
         accelerator.load_state(str(legacy), allow_unsafe_pickle=True)

@@ -77,7 +77,7 @@ def test_written_config_reads_back_and_bad_keys_are_named(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="Did you mean 'num_processes'"):
         read_config(tmp_path / "typo.yaml")
     (tmp_path / "bad.yaml").write_text("mixed_precision: fp12\n")
-    with pytest.raises(ValueError, match="bad.yaml key 'mixed_precision'"):
+    with pytest.raises(ValueError, match=r"bad\.yaml key 'mixed_precision'"):
         read_config(tmp_path / "bad.yaml")
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(ValueError, match="mapping"):

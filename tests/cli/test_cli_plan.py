@@ -274,5 +274,5 @@ def test_scheduler_stepping_travels_from_flag_environment_or_config_file() -> No
     assert (plan.env["ACCEL_SCHEDULER_STEPPING"], plan.sources["scheduler_stepping"]) == ("per_optimizer_step", CONFIG)
     plan = resolve_plan({"scheduler_stepping": "per_process"}, {"ACCEL_SCHEDULER_STEPPING": "per_optimizer_step"}, {})
     assert plan.env["ACCEL_SCHEDULER_STEPPING"] == "per_process"
-    with pytest.raises(ValueError, match="scheduler_stepping.*per_optimizer_step"):
+    with pytest.raises(ValueError, match=r"scheduler_stepping.*per_optimizer_step"):
         resolve_plan({}, {}, {"scheduler_stepping": "per_epoch"})

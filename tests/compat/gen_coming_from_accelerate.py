@@ -43,7 +43,7 @@ def render() -> str:
         for group in pending:
             names = ", ".join(f"`{_short(n)}`" for n in group["names"])
             lines += [f"- In branch `{group['branch']}`: {names}", ""]
-    return "\n".join(lines + [END])
+    return "\n".join([*lines, END])
 
 
 def current_page_section() -> str:

@@ -172,7 +172,7 @@ def test_dtype_and_checkpoint_forms(trained, tmp_path: Path) -> None:  # type: i
     load_checkpoint_in_model(half, checkpoint, device_map={"": "cpu"}, dtype="float16")
     assert half.blocks[0].up.weight.dtype == torch.float16
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="not a folder containing a `.index.json` file"):
+    with pytest.raises(ValueError, match=r"not a folder containing a `\.index\.json` file"):
         load_checkpoint_in_model(empty_model(), tmp_path / "empty")
     with pytest.raises(ValueError, match="please pass along an `offload_folder`"):
         load_checkpoint_in_model(empty_model(), checkpoint, device_map={"": "disk"})

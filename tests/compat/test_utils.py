@@ -53,7 +53,7 @@ def test_batch_shrinks_by_the_reference_factor_on_a_cpu_allocation_failure() -> 
 
 def test_batch_size_errors() -> None:
     train, _ = _allocate_above(0)
-    with pytest.raises(RuntimeError, match="No executable batch size found, reached zero."):
+    with pytest.raises(RuntimeError, match=r"No executable batch size found, reached zero\."):
         utils.find_executable_batch_size(train, starting_batch_size=4)()
     with pytest.raises(TypeError, match="Batch size was passed into `train` as the first argument"):
         utils.find_executable_batch_size(_allocate_above(8)[0], starting_batch_size=4)(4, 2.0)

@@ -79,7 +79,7 @@ def test_accumulation_steps_optimizer_and_scheduler_once_per_real_step():
 
 def test_accumulated_gradient_equals_full_batch_gradient():
     accelerator = Accelerator(gradient_accumulation_steps=2)
-    model, optimizer, _ = small_setup(accelerator)
+    model, _optimizer, _ = small_setup(accelerator)
     x = torch.randn(8, 3)
     for half in (x[:4], x[4:]):
         with accelerator.accumulate(model):
@@ -99,7 +99,7 @@ class _LastBatchSignal:
 
 def test_end_of_data_forces_a_sync():
     accelerator = Accelerator(gradient_accumulation_steps=4)
-    model, optimizer, _ = small_setup(accelerator)
+    model, _optimizer, _ = small_setup(accelerator)
     state = GradientState()
     signal = _LastBatchSignal()
     state._add_dataloader(signal)

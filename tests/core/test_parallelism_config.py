@@ -92,7 +92,7 @@ def test_sharding_or_context_parallelism_selects_fsdp_unless_a_strategy_is_named
 
 def test_core_strategies_refuse_sharding_and_name_the_fix() -> None:
     strategy = create_strategy("ddp")
-    with pytest.raises(ValueError, match="needs FSDP2.*fsdp_plugin"):
+    with pytest.raises(ValueError, match=r"needs FSDP2.*fsdp_plugin"):
         strategy.parallelism(ParallelismConfig(dp_shard_size=2), 4, 4)
     config, mesh = strategy.parallelism(ParallelismConfig(tp_size=2), 4, 4)
     assert (config.dp_replicate_size, config.tp_size, mesh) == (2, 2, None)
@@ -149,7 +149,7 @@ def test_launch_flags_environment_and_config_file_reach_the_workers() -> None:
         resolve_launch_plan({"num_processes": 4, "tp_size": 3}, {}, {})
     with pytest.raises(ValueError, match="must equal 4"):
         resolve_launch_plan({"num_processes": 4, "dp_replicate_size": 1, "dp_shard_size": 2}, {}, {})
-    with pytest.raises(ValueError, match="config file .* key 'tp_size'"):
+    with pytest.raises(ValueError, match=r"config file .* key 'tp_size'"):
         resolve_launch_plan({}, {}, {"tp_size": "x"}, config_file="c.yaml")
 
 
@@ -202,9 +202,9 @@ def test_tensor_parallel_plans_are_checked_before_anything_is_split() -> None:
 
     model = nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 8))
     assert [name for name, _ in matching_modules(nn.ModuleDict({"a": model}), "a.*")] == ["a.0", "a.1", "a.2"]
-    with pytest.raises(ValueError, match="tp_size=4 must divide 0.out_features=6"):
+    with pytest.raises(ValueError, match=r"tp_size=4 must divide 0\.out_features=6"):
         check_plan(model, {"0": "colwise"}, 4)
-    with pytest.raises(ValueError, match="must divide 2.in_features=6"):
+    with pytest.raises(ValueError, match=r"must divide 2\.in_features=6"):
         check_plan(model, {"2": "rowwise"}, 4)
     with pytest.raises(ValueError, match="matches no submodule"):
         check_plan(model, {"layers.*.q": "colwise"}, 2)
@@ -221,7 +221,7 @@ def test_context_parallelism_needs_scaled_dot_product_attention() -> None:
             return torch.nn.functional.scaled_dot_product_attention(q, q, q)
 
     assert uses_sdpa(nn.Sequential(Attention()))
-    with pytest.raises(ValueError, match="never calls torch.nn.functional.scaled_dot_product_attention"):
+    with pytest.raises(ValueError, match=r"never calls torch\.nn\.functional\.scaled_dot_product_attention"):
         check_model(nn.Sequential(nn.Linear(2, 2)), 2)
 
 

@@ -77,5 +77,5 @@ def test_scheduler_stepping_argument_environment_default():
         resolve_plan(world_size=2, scheduler_stepping="per_process", environ=environ).scheduler_stepping
         == "per_process"
     )
-    with pytest.raises(ValueError, match="ACCEL_SCHEDULER_STEPPING 'twice'.*per_optimizer_step"):
+    with pytest.raises(ValueError, match=r"ACCEL_SCHEDULER_STEPPING 'twice'.*per_optimizer_step"):
         resolve_plan(world_size=2, environ={"ACCEL_SCHEDULER_STEPPING": "twice"})

@@ -69,7 +69,7 @@ def check_setup_and_zero1() -> None:
 
 def check_zero2_accumulation_clipping() -> None:
     plugin = DeepSpeedPlugin(zero_stage=2, gradient_clipping=1.0)
-    accelerator, engine, optimizer, losses, batches = run(plugin, clip=1.0, gradient_accumulation_steps=2)
+    _accelerator, engine, _optimizer, losses, batches = run(plugin, clip=1.0, gradient_accumulation_steps=2)
     check(
         engine.zero_optimization_stage() == 2 and engine.gradient_accumulation_steps() == 2,
         "ZeRO-2 with 2 accumulation steps",
@@ -100,7 +100,7 @@ def zero3_config() -> dict:
 
 
 def check_zero3() -> None:
-    accelerator, engine, optimizer, losses, batches = run(DeepSpeedPlugin(hf_ds_config=zero3_config()))
+    accelerator, engine, _optimizer, losses, batches = run(DeepSpeedPlugin(hf_ds_config=zero3_config()))
     check(engine.zero_optimization_stage() == 3, "a ZeRO-3 engine")
     weight = engine.module[2].weight
     check(
@@ -157,7 +157,7 @@ def check_zero3_init_and_consolidated_state_dict() -> None:
 
 def check_bf16() -> None:
     plugin = DeepSpeedPlugin(zero_stage=2)
-    accelerator, engine, optimizer, losses, batches = run(
+    accelerator, engine, _optimizer, losses, batches = run(
         plugin, make_model=T.TokenClassifier, dataset=T.token_data(), loss_fn=T.token_loss, mixed_precision="bf16"
     )
     check(accelerator.mixed_precision == "bf16" and accelerator.state.mixed_precision == "bf16", "bf16 reported")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from typing import ClassVar
 
 import pytest
 import torch
@@ -91,9 +92,9 @@ def test_from_env_reads_accelerate_style_options():
 def test_from_env_errors_name_the_variable():
     with pytest.raises(ValueError, match="ACCEL_FSDP_OFFLOAD_PARAMS"):
         FullyShardedDataParallelPlugin.from_env({"ACCEL_FSDP_OFFLOAD_PARAMS": "maybe"})
-    with pytest.raises(ValueError, match="ACCEL_FSDP_SHARDNG_STRATEGY.*Known:.*ACCEL_FSDP_SHARDING_STRATEGY"):
+    with pytest.raises(ValueError, match=r"ACCEL_FSDP_SHARDNG_STRATEGY.*Known:.*ACCEL_FSDP_SHARDING_STRATEGY"):
         FullyShardedDataParallelPlugin.from_env({"ACCEL_FSDP_SHARDNG_STRATEGY": "FULL_SHARD"})
-    with pytest.raises(ValueError, match="invalid FSDP setup.*NO_SHARD"):
+    with pytest.raises(ValueError, match=r"invalid FSDP setup.*NO_SHARD"):
         FullyShardedDataParallelPlugin.from_env({"ACCEL_FSDP_SHARDING_STRATEGY": "NO_SHARD"})
 
 
@@ -191,7 +192,7 @@ class Block(nn.Module):
 
 
 class Net(nn.Module):
-    _no_split_modules = ["Block"]
+    _no_split_modules: ClassVar[list[str]] = ["Block"]
 
     def __init__(self) -> None:
         super().__init__()
@@ -224,7 +225,7 @@ def test_units_to_wrap():
     policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, nn.LayerNorm))
     assert chosen(auto_wrap_policy=policy) == [f"blocks.{i}.norm" for i in range(3)]
     assert chosen(transformer_cls_names_to_wrap=["Block"], ignored_modules=r"blocks\.1") == ["blocks.0", "blocks.2"]
-    with pytest.raises(ValueError, match="Could not find the transformer layer class.*Missing"):
+    with pytest.raises(ValueError, match=r"Could not find the transformer layer class.*Missing"):
         chosen(transformer_cls_names_to_wrap=["Missing"])
     with pytest.raises(ValueError, match="matches no module"):
         chosen(ignored_modules="nothing_like_this")

@@ -53,7 +53,7 @@ def test_world_size_must_be_a_multiple_of_tp_degree() -> None:
 def test_bad_and_unknown_environment_values() -> None:
     with pytest.raises(ValueError, match="ACCEL_MEGATRON_TP_DEGREE='two'"):
         MegatronLMPlugin.from_env({"ACCEL_MEGATRON_TP_DEGREE": "two"})
-    with pytest.raises(ValueError, match="Unknown Megatron option.*ACCEL_MEGATRON_TP_SIZE"):
+    with pytest.raises(ValueError, match=r"Unknown Megatron option.*ACCEL_MEGATRON_TP_SIZE"):
         MegatronLMPlugin.from_env({"ACCEL_MEGATRON_TP_SIZE": "2"})
     with pytest.raises(ValueError, match="pipeline parallelism"):
         MegatronLMPlugin.from_env({"ACCEL_MEGATRON_PP_DEGREE": "2"})

@@ -118,7 +118,7 @@ def check_accumulation_and_adjust_scheduler() -> None:
 def check_split_batches_once() -> None:
     accelerator = fresh(split_batches=True)
     loader = DataLoader(data(), batch_size=16)  # split: each process gets 8 of each 16
-    lrs, scheduler = train(accelerator, loader, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
+    lrs, _scheduler = train(accelerator, loader, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
     check(lrs == [BASE_LR * 0.5 ** (i + 1) for i in range(4)], f"split_batches steps once: {lrs}")
 
 
@@ -134,7 +134,7 @@ def check_fp16_skipped_step() -> None:
     # fp16 gradients at once and skips the first steps too: that is GradScaler finding its scale).
     accelerator = fresh(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=256.0)])
     loader = DataLoader(data(), batch_size=8)
-    lrs, scheduler = train(
+    lrs, _scheduler = train(
         accelerator, loader, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5), poison_step=1
     )
     # Step 1 was skipped on both processes (the scaler's inf check is all-reduced by DDP's gradients).
@@ -155,7 +155,7 @@ def check_one_cycle_total_steps() -> None:
     reference_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=BASE_LR)
     reference = torch.optim.lr_scheduler.OneCycleLR(reference_opt, max_lr=1.0, total_steps=total)
     expected = []
-    for i in range(len(lrs)):
+    for _step in range(len(lrs)):
         for _ in range(2):
             if reference.last_epoch < total:
                 reference.step()

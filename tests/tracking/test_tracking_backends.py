@@ -153,7 +153,6 @@ def test_mlflow_local_store_read_back(offline_env: Path, tmp_path: Path) -> None
         results[backend] = (tracker.tracking_uri, run_id)
 
     sqlite_uri, _ = results["sqlite"]
-    file_uri, _ = results["file"]
     assert sqlite_uri == f"sqlite:///{(tmp_path / 'sqlite' / 'mlflow.db').resolve()}"
     assert (tmp_path / "sqlite" / "mlflow.db").is_file() and (tmp_path / "file" / "mlruns").is_dir()
     for backend, (uri, run_id) in results.items():

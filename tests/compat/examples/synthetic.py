@@ -17,7 +17,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -279,7 +279,7 @@ def random_resized_crop(
 class TinyConvNet(nn.Module):
     """A small CNN with the timm model surface the CV examples use: `get_classifier()` and `default_cfg`."""
 
-    default_cfg = {"mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)}
+    default_cfg: ClassVar[dict[str, Any]] = {"mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)}
 
     def __init__(self, num_classes: int) -> None:
         super().__init__()

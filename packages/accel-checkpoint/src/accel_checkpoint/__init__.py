@@ -33,7 +33,7 @@ _EXPORTS = {
     "UNSAFE_PICKLE_ENV": "constants",
 }
 
-__all__ = sorted(_EXPORTS) + ["wait_for_checkpoint"]
+__all__ = [*sorted(_EXPORTS), "wait_for_checkpoint"]
 
 
 def wait_for_checkpoint(accelerator: Any) -> str | None:

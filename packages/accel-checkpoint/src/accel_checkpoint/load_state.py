@@ -290,8 +290,13 @@ def load_state(
         accelerator.step = step
     config = access.project_configuration(accelerator)
     number = layout.number_of(folder)
-    if config is not None and config.automatic_checkpoint_naming and config.project_dir and number is not None:
-        if os.path.abspath(os.path.dirname(folder)) == os.path.abspath(layout.checkpoints_dir(config.project_dir)):
-            config.iteration = number + 1  # the next automatic save continues the numbering
+    if (
+        config is not None
+        and config.automatic_checkpoint_naming
+        and config.project_dir
+        and number is not None
+        and os.path.abspath(os.path.dirname(folder)) == os.path.abspath(layout.checkpoints_dir(config.project_dir))
+    ):
+        config.iteration = number + 1  # the next automatic save continues the numbering
     logger.info("Loaded state from %s", folder)
     return folder

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from functools import partial, wraps
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -49,10 +49,8 @@ def _destroy_gloo_groups_before_finalization() -> None:
     # alive by torch.distributed's own module state (the default group and every subgroup, the
     # mesh's included), not by anything accel holds, so nothing accel drops can free them earlier.
     if dist.is_initialized():
-        try:
+        with contextlib.suppress(Exception):  # exiting anyway; never turn a clean exit into an error
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - exiting anyway; never turn a clean exit into an error
-            pass
 
 
 def default_backend(device: torch.device) -> str:
@@ -74,7 +72,7 @@ class PartialState:
             download_data()
     """
 
-    _shared_state: dict[str, Any] = {}
+    _shared_state: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, cpu: bool = False, **init_process_group_kwargs: Any) -> None:
         self.__dict__ = self._shared_state
@@ -399,7 +397,7 @@ class GradientState:
     ``end_of_dataloader`` and ``remainder``.
     """
 
-    _shared_state: dict[str, Any] = {}
+    _shared_state: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, gradient_accumulation_plugin: Any | None = None) -> None:
         self.__dict__ = self._shared_state

@@ -211,7 +211,7 @@ def make_group(buf: list[B], final: bool, plan: ShardPlan, ops: BatchOps[B], hea
         if missing <= 0:
             return Group(list(buf) + [None] * (n - len(buf)), real, final)
         # Refill to n full batches: real samples first, then samples from the start of the epoch.
-        flat = ops.concat(list(buf) + [head.samples(missing)])
+        flat = ops.concat([*buf, head.samples(missing)])
         return Group([ops.cut(flat, r * size, (r + 1) * size) for r in range(n)], real, final)
     # Variable batch sizes: processes without a batch get whole batches from the start.
     parts: list[B | None] = list(buf) + [head.whole_batch(i) for i in range(n - len(buf))]

@@ -127,11 +127,11 @@ class DeepSpeedPlugin:
                         f"{name} must be one of {', '.join(OFFLOAD_DEVICES)}, got {getattr(self, name)!r}."
                     )
                 setattr(self, name, value)
-        if self.gradient_accumulation_steps is not None and not is_auto(self.gradient_accumulation_steps):
-            if not isinstance(self.gradient_accumulation_steps, int) or self.gradient_accumulation_steps < 1:
-                raise ValueError(
-                    f"gradient_accumulation_steps must be an integer >= 1, got {self.gradient_accumulation_steps!r}."
-                )
+        steps = self.gradient_accumulation_steps
+        if steps is not None and not is_auto(steps) and (not isinstance(steps, int) or steps < 1):
+            raise ValueError(
+                f"gradient_accumulation_steps must be an integer >= 1, got {self.gradient_accumulation_steps!r}."
+            )
         if (
             self.gradient_clipping is not None
             and not is_auto(self.gradient_clipping)

@@ -18,10 +18,11 @@ if fail_once and not os.path.exists(f"{fail_once}.rank{os.environ['RANK']}"):
         raise RuntimeError(f"attempt {attempt} fails on purpose")
     time.sleep(60)
 
+# Imported only now: rank 1 of the failing attempt must fail before importing torch.
 import torch  # noqa: E402
-import torch.distributed as dist
+import torch.distributed as dist  # noqa: E402
 
-from accel_core.state import PartialState
+from accel_core.state import PartialState  # noqa: E402
 
 state = PartialState()
 total = torch.tensor([float(state.process_index + 1)])

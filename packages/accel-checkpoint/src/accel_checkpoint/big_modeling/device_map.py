@@ -145,7 +145,7 @@ def infer_auto_device_map(
                 tied_name, tied_module = splittable
                 index = next(i for i, (n, _) in enumerate(queue) if n == tied_name)
                 pieces = [(f"{tied_name}.{n}", v) for n, v in _children(tied_module)]
-                queue = [(name, module)] + queue[:index] + pieces + queue[index + 1 :]
+                queue = [(name, module), *queue[:index], *pieces, *queue[index + 1 :]]
                 max_layer, max_layer_names = largest_layer()
                 continue
 
@@ -161,7 +161,7 @@ def infer_auto_device_map(
         # Nothing more goes on this device: the reserve for the largest layer counts as used.
         used[device] += reserved
         current += 1
-        queue = [(name, module)] + queue
+        queue = [(name, module), *queue]
 
     if clean_result:
         device_map = clean_device_map(device_map)

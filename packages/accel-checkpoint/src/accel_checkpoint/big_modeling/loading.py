@@ -84,7 +84,7 @@ def load_state_dict(checkpoint_file: str, device_map: dict[str, Device] | None =
                 raise ValueError(
                     f"The checkpoint {checkpoint_file} was not saved from PyTorch (format {f.metadata()['format']})."
                 )
-            return {key: f.get_tensor(key) for key in f.keys()}
+            return {key: f.get_tensor(key) for key in f}
     from ..safe_load import load_torch_file
 
     state_dict = load_torch_file(checkpoint_file)
@@ -143,13 +143,12 @@ def load_checkpoint_in_model(
             device = device_of(name, device_map)
             target_dtype = dtype
             if (
-                dtype is not None
+                dtype == torch.float16
                 and torch.is_floating_point(tensor)
-                and dtype == torch.float16
                 and keep_in_fp32_modules
+                and any(k == name or f"{k}." in name for k in keep_in_fp32_modules)
             ):
-                if any(k == name or f"{k}." in name for k in keep_in_fp32_modules):
-                    target_dtype = torch.float32
+                target_dtype = torch.float32
             if target_dtype is not None and torch.is_floating_point(tensor):
                 tensor = tensor.to(target_dtype)
             if device == "disk" and (offload_buffers or name not in buffers):

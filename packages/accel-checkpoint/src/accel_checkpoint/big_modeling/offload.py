@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,7 +54,7 @@ def save_offload_index(index: dict[str, Any], offload_folder: str | os.PathLike[
     if not index:
         return
     path = os.path.join(offload_folder, INDEX_NAME)
-    current = json.loads(open(path).read()) if os.path.isfile(path) else {}
+    current = json.loads(Path(path).read_text()) if os.path.isfile(path) else {}
     current.update(index)
     with open(path, "w") as f:
         json.dump(current, f, indent=2)
@@ -110,7 +111,7 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
             and self.save_folder is not None
             and os.path.isfile(os.path.join(self.save_folder, INDEX_NAME))
         ):
-            index = json.loads(open(os.path.join(self.save_folder, INDEX_NAME)).read())
+            index = json.loads(Path(self.save_folder, INDEX_NAME).read_text())
         self.index = {} if index is None else dict(index)
         self.all_keys = list(self.state_dict) + [k for k in self.index if k not in self.state_dict]
         self.device = device

@@ -11,6 +11,7 @@ Imports neither torch nor anything heavy: a script that does not need torch star
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import gc
 import io
@@ -96,10 +97,8 @@ def exit_without_finalization(code: int = 0) -> NoReturn:
                 pass
     gc.collect()  # finalizers of what the script left in cycles
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 
