@@ -185,8 +185,8 @@ def main() -> None:
     row("load  load_state, fresh optimizer", t_fresh, f"ratio {t_raw_fresh / t_fresh:.2f}  (goal >= 0.8)")
     print(f"{'async save blocks':38s} {t_async:6.2f} s  ratio {t_async / t_save:.2f} of a sync save  (goal <= 0.2)")
     print(
-        f"  (its floor, a plain copy of the same tensors: {t_copy:.2f} s = {mb / t_copy / 1000:.1f} GB/s memory bandwidth "
-        f"here, {t_copy / t_save:.2f} of a sync save)"
+        f"  (its floor, a plain copy of the same tensors: {t_copy:.2f} s = {mb / t_copy / 1000:.1f} GB/s memory "
+        f"bandwidth here, {t_copy / t_save:.2f} of a sync save)"
     )
 
 

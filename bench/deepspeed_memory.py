@@ -213,7 +213,8 @@ def main() -> None:
     )
     base = rows.get("ddp")
     print(
-        f"{'setup':<11} {'rank':>4} {'peak MiB':>9} {'vs ddp':>7} {'(prepare)':>9} {'live MiB':>9} {'vs ddp':>7} {'step ms':>8}"
+        f"{'setup':<11} {'rank':>4} {'peak MiB':>9} {'vs ddp':>7} {'(prepare)':>9} {'live MiB':>9} {'vs ddp':>7} "
+        f"{'step ms':>8}"
     )
     for setup, results in rows.items():
         for r in results:

@@ -8,7 +8,8 @@
    Accelerator against the same model sharded by hand with ``fully_shard`` (same units, same data),
    rounds interleaved (alternating which goes first) so that a change in machine load hits both alike.
 
-    uv run python -m torch.distributed.run --nproc_per_node 2 bench/fsdp_memory.py [--dim 256 --depth 4 --steps 20 --rounds 3]
+    uv run python -m torch.distributed.run --nproc_per_node 2 bench/fsdp_memory.py \
+        [--dim 256 --depth 4 --steps 20 --rounds 3]
 
 On the CPU (gloo) set ACCEL_USE_CPU=true; on GPUs it uses NCCL and one GPU per process.
 """
@@ -180,8 +181,8 @@ def main() -> None:
         print(f"  accel fsdp strategy      {accel * 1e3:8.2f} ms")
         print(f"  hand-written fully_shard {manual * 1e3:8.2f} ms")
         print(
-            f"  ratio accel / hand-written: {accel / manual:.3f} (median of paired rounds {statistics.median(paired):.3f}, "
-            f"range {min(paired):.3f}-{max(paired):.3f})"
+            f"  ratio accel / hand-written: {accel / manual:.3f} (median of paired rounds "
+            f"{statistics.median(paired):.3f}, range {min(paired):.3f}-{max(paired):.3f})"
         )
     dist.barrier()
     dist.destroy_process_group()

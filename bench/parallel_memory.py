@@ -7,7 +7,8 @@ The largest count over the processes is compared with the one-process run (every
 that one locally), and TP2 x FSDP2 also with the same model split by hand with torch's
 ``parallelize_module`` + ``fully_shard`` (raw torch).
 
-    ACCEL_USE_CPU=true uv run python -m torch.distributed.run --nproc_per_node 4 bench/parallel_memory.py [--dim 128 --depth 4]
+    ACCEL_USE_CPU=true uv run python -m torch.distributed.run --nproc_per_node 4 bench/parallel_memory.py \
+        [--dim 128 --depth 4]
 """
 
 from __future__ import annotations

@@ -55,7 +55,8 @@ def run_torchrun(
         )
     if check and result.returncode != 0:
         pytest.fail(
-            f"{script} failed with exit code {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}"
+            f"{script} failed with exit code "
+            f"{result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}"
         )
     return result
 

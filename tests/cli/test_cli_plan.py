@@ -235,7 +235,8 @@ def test_torch_wrapper_frames_are_dropped_from_tracebacks() -> None:
         "KeyError: 1\n"
     )
     assert drop_wrapper_frames(text) == (
-        'Traceback (most recent call last):\n  File "/home/me/train.py", line 3, in step\n    raise KeyError(1)\nKeyError: 1\n'
+        'Traceback (most recent call last):\n  File "/home/me/train.py", line 3, in step\n    raise '
+        "KeyError(1)\nKeyError: 1\n"
     )
 
 

@@ -1,4 +1,5 @@
-"""The compatibility suite's 2-process launch: scripts/api_checks.py runs once, and every test that needs it reads its output."""
+"""The compatibility suite's 2-process launch: scripts/api_checks.py runs once, and every test that needs it reads its
+output."""
 
 from __future__ import annotations
 

@@ -197,8 +197,10 @@ EXAMPLES: tuple[Example, ...] = (
 )
 
 SKIPPED: dict[str, str] = {
-    "examples/by_feature/fsdp_with_peak_mem_tracking.py": "GPU only: Accelerate turns an fsdp_plugin on only for GPU-type devices (on --cpu it silently runs DDP), "
-    "and the example's memory tracking reads torch.cuda counters",
+    "examples/by_feature/fsdp_with_peak_mem_tracking.py": (
+        "GPU only: Accelerate turns an fsdp_plugin on only for GPU-type devices (on --cpu it silently runs DDP), "
+        "and the example's memory tracking reads torch.cuda counters"
+    ),
     "examples/by_feature/deepspeed_with_config_support.py": "needs DeepSpeed and a DeepSpeed JSON config on GPUs",
     "examples/by_feature/megatron_lm_gpt_pretraining.py": "needs Megatron-LM on GPUs and a hub GPT-2 checkpoint",
     "examples/finetune_lm_tpu.py": "TPU (torch_xla) only",
@@ -293,7 +295,8 @@ def error_summary(stderr: str) -> str:
 def run_one(
     lib: str, example: Example, run: Run, workdir: Path, reference_python: Path | None, timeout: float
 ) -> dict[str, Any]:
-    """Launches one run of `example` on `lib` with `workdir` as its cwd and `{out}`; returns ok, metrics, error, seconds."""
+    """Launches one run of `example` on `lib` with `workdir` as its cwd and `{out}`; returns ok, metrics, error,
+    seconds."""
     args = [a.replace("{out}", str(workdir)) for a in run.args]
     command = launch_command(lib, EXAMPLES_DIR / f"{example.name}.py", args, reference_python)
     started = time.monotonic()
@@ -426,7 +429,10 @@ def reference_python(venv: Path) -> Path:
 
 
 def reference_versions(python: Path) -> dict[str, str]:
-    code = "import accelerate, torch, json; print(json.dumps({'accelerate': accelerate.__version__, 'torch': torch.__version__}))"
+    code = (
+        "import accelerate, torch, json; "
+        "print(json.dumps({'accelerate': accelerate.__version__, 'torch': torch.__version__}))"
+    )
     return json.loads(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
@@ -466,11 +472,12 @@ def write_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         "# Accelerate's examples on Accelerate and on accel (2 CPU processes each)",
         "",
         f"Written by `tests/compat/run_reference_comparison.py` on {meta['date']}: reference Accelerate "
-        f"{meta['reference_versions'].get('accelerate')} (torch {meta['reference_versions'].get('torch')}) under torchrun, "
-        f"accel {meta['accel_version']} (commit {meta['accel_commit']}) under `accel launch --cpu -n 2`. "
+        f"{meta['reference_versions'].get('accelerate')} (torch {meta['reference_versions'].get('torch')}) under "
+        f"torchrun, accel {meta['accel_version']} (commit {meta['accel_commit']}) under `accel launch --cpu -n 2`. "
         f"Identical means {TOLERANCE_TEXT}.",
         "",
-        f"Runs to the end: reference {ref_ok}/{len(rows)}, accel {accel_ok}/{len(rows)}; same final metrics: {same}/{len(rows)}.",
+        f"Runs to the end: reference {ref_ok}/{len(rows)}, accel {accel_ok}/{len(rows)}; same final metrics: "
+        f"{same}/{len(rows)}.",
         "",
         "| example run | reference runs | accel runs | identical | differences (reference -> accel) |",
         "|---|---|---|---|---|",
@@ -478,7 +485,8 @@ def write_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     for r in rows:
         diff = "; ".join(r["differences"]) if r["differences"] else ""
         lines.append(
-            f"| {r['id']} | {cell(r['reference'])} | {cell(r['accel'])} | {'yes' if r['identical'] else '**no**'} | {diff} |"
+            f"| {r['id']} | {cell(r['reference'])} | {cell(r['accel'])} | {'yes' if r['identical'] else '**no**'} | "
+            f"{diff} |"
         )
     resumes = [r for r in rows if r.get("continues")]
     if resumes:
@@ -490,7 +498,8 @@ def write_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
             "|---|---|---|---|",
         ]
         lines += [
-            f"| {r['id']} | {r['continues']} | {_yes_no(r['resume_exact']['reference'])} | {_yes_no(r['resume_exact']['accel'])} |"
+            f"| {r['id']} | {r['continues']} | {_yes_no(r['resume_exact']['reference'])} | "
+            f"{_yes_no(r['resume_exact']['accel'])} |"
             for r in resumes
         ]
     lines += ["", "## Final metrics", "", "| example run | reference | accel |", "|---|---|---|"]

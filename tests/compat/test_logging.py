@@ -40,14 +40,20 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_level_from_the_environment_accel_name_first() -> None:
-    code = "import logging; from accel.logging import get_logger; print(logging.getLevelName(get_logger('x').logger.level))"
+    code = (
+        "import logging; from accel.logging import get_logger; "
+        "print(logging.getLevelName(get_logger('x').logger.level))"
+    )
     assert _run(code, ACCELERATE_LOG_LEVEL="debug").stdout.strip() == "DEBUG"
     assert _run(code, ACCEL_LOG_LEVEL="error", ACCELERATE_LOG_LEVEL="debug").stdout.strip() == "ERROR"
     assert _run(code).stdout.strip() == "NOTSET"
 
 
 def test_import_does_not_import_torch() -> None:
-    code = "import sys; from accel.logging import get_logger; get_logger('x', log_level='INFO'); print('torch' in sys.modules)"
+    code = (
+        "import sys; from accel.logging import get_logger; get_logger('x', log_level='INFO'); "
+        "print('torch' in sys.modules)"
+    )
     assert _run(code).stdout.strip() == "False"
 
 

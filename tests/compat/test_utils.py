@@ -81,16 +81,21 @@ def test_out_of_memory_errors_of_every_device_are_recognised() -> None:
 @pytest.mark.parametrize(
     ("check", "module"),
     [
-        ("is_wandb_available", "wandb"), ("is_tensorboard_available", "tensorboard"), ("is_mlflow_available", "mlflow"),
-        ("is_comet_ml_available", "comet_ml"), ("is_deepspeed_available", "deepspeed"), ("is_datasets_available", "datasets"),
+        ("is_wandb_available", "wandb"), ("is_tensorboard_available", "tensorboard"),
+        ("is_mlflow_available", "mlflow"), ("is_comet_ml_available", "comet_ml"),
+        ("is_deepspeed_available", "deepspeed"), ("is_datasets_available", "datasets"),
         ("is_transformers_available", "transformers"), ("is_peft_available", "peft"), ("is_rich_available", None),
         ("is_aim_available", "aim"), ("is_clearml_available", "clearml"), ("is_dvclive_available", "dvclive"),
-        ("is_schedulefree_available", "schedulefree"), ("is_torchao_available", "torchao"), ("is_pytest_available", "pytest"),
+        ("is_schedulefree_available", "schedulefree"), ("is_torchao_available", "torchao"),
+        ("is_pytest_available", "pytest"),
         ("is_transformer_engine_available", "transformer_engine"), ("is_torchvision_available", "torchvision"),
     ],
 )  # fmt: skip
 def test_package_checks_answer_what_is_installed_without_importing_it(check: str, module: str | None) -> None:
-    code = f"import sys; from accel.utils import {check}; print({check}(), {module!r} in sys.modules, 'torch' in sys.modules)"
+    code = (
+        f"import sys; from accel.utils import {check}; "
+        f"print({check}(), {module!r} in sys.modules, 'torch' in sys.modules)"
+    )
     answer, imported, torch_imported = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     ).stdout.split()

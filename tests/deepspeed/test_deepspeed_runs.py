@@ -70,7 +70,8 @@ def test_zero_stages_follow_ddp(deepspeed_ops, torchrun, tmp_path) -> None:
 
 @pytest.mark.multiprocess
 def test_offload_and_checkpoint_through_accel_launch(deepspeed_ops, tmp_path) -> None:
-    """`accel launch --use-deepspeed ...`: optimizer offload vs DDP, save_state/load_state continuation, unsafe files refused."""
+    """`accel launch --use-deepspeed ...`: optimizer offload vs DDP, save_state/load_state continuation, unsafe files
+    refused."""
     command = [
         sys.executable,
         "-c",
@@ -103,7 +104,8 @@ def test_offload_and_checkpoint_through_accel_launch(deepspeed_ops, tmp_path) ->
 
 
 def test_single_process_errors_dummies_teacher(deepspeed_ops, tmp_path) -> None:
-    """Plain `python train.py`: contradictory-config errors, DummyOptim/DummyScheduler, frozen teacher + ZeRO-3 resume."""
+    """Plain `python train.py`: contradictory-config errors, DummyOptim/DummyScheduler, frozen teacher + ZeRO-3
+    resume."""
     try:
         result = subprocess.run(
             [sys.executable, str(HERE / "single_process_checks.py"), str(tmp_path)],

@@ -182,6 +182,9 @@ def test_accel_launch_dry_run_and_light_imports(tmp_path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "ACCEL_STRATEGY=deepspeed" in result.stdout and "ACCEL_DEEPSPEED_ZERO_STAGE=3" in result.stdout
-    probe = "import sys, accel_deepspeed, accel_deepspeed.cli, accel_deepspeed.plugin; print('torch' in sys.modules, 'deepspeed' in sys.modules)"
+    probe = (
+        "import sys, accel_deepspeed, accel_deepspeed.cli, accel_deepspeed.plugin; "
+        "print('torch' in sys.modules, 'deepspeed' in sys.modules)"
+    )
     light = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert light.stdout.split() == ["False", "False"], light.stderr

@@ -54,7 +54,8 @@ def raises(kind: type[BaseException], text: str):
 
 
 class TPMLP(nn.Module):
-    """col (split by output) -> tanh -> dropout on the split hidden (Megatron's TP RNG stream) -> row (split by input)."""
+    """col (split by output) -> tanh -> dropout on the split hidden (Megatron's TP RNG stream) -> row (split by
+    input)."""
 
     def __init__(self, config) -> None:
         super().__init__()
@@ -144,7 +145,8 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
     check((dims.dp.size, dims.dp.rank, dims.tp.size) == (1, 0, 2), "TP peers form one DP replica on the job's mesh")
     check(accelerator.state.megatron_lm_plugin is strategy.plugin, "state.megatron_lm_plugin is the plugin")
 
-    # Megatron's RNG streams: inside fork() TP ranks draw differently, outside they agree, and fork leaves the default stream alone.
+    # Megatron's RNG streams: inside fork() TP ranks draw differently, outside they agree, and fork leaves the default
+    # stream alone.
     torch.manual_seed(7)
     with get_cuda_rng_tracker().fork():
         inside = torch.rand(4)

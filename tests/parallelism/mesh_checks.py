@@ -113,8 +113,8 @@ def run_layout(name: str, steps: int = STEPS, **accelerator_kwargs) -> None:
     nbytes = torch.tensor([float(local_bytes(model, optimizer))])
     dist.all_reduce(nbytes, op=dist.ReduceOp.MAX)
     say(
-        f"LAYOUT {name}: {accelerator.parallelism_config.describe()} strategy={accelerator.strategy.name} steps={steps} "
-        f"max|dloss|={worst_loss:.2e} max|dnorm|={worst_norm:.2e} max bytes/rank={int(nbytes.item())}"
+        f"LAYOUT {name}: {accelerator.parallelism_config.describe()} strategy={accelerator.strategy.name} "
+        f"steps={steps} max|dloss|={worst_loss:.2e} max|dnorm|={worst_norm:.2e} max bytes/rank={int(nbytes.item())}"
     )
     accelerator.free_memory()
 

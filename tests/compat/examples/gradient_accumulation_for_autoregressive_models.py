@@ -124,7 +124,8 @@ def training_function(config, args):
                     total_batched_samples += 1
                     outputs = model(**batch, use_cache=False, num_items_in_batch=num_items_in_batch)
                     loss = outputs.loss
-                    # DDP averages over ranks and accelerate over micro-steps; the loss is already a mean over all of them.
+                    # DDP averages over ranks and accelerate over micro-steps; the loss is already a mean over all of
+                    # them.
                     loss = loss * gradient_accumulation_steps * accelerator.num_processes
                     accelerator.backward(loss)
                     losses.append(loss.detach())

@@ -52,7 +52,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """``FileSystemReader`` whose metadata is unpickled with an allow-list, and whose file references stay inside the folder."""
+    """``FileSystemReader`` whose metadata is unpickled with an allow-list, and whose file references stay inside the
+    folder."""
 
     def __init__(self, path: str | os.PathLike[str], allow_unsafe_pickle: bool | None = None) -> None:
         super().__init__(path)

@@ -77,7 +77,8 @@ def resolve_input_dir(accelerator: Any, input_dir: str | None, coord: Coordinato
         if os.path.isdir(parent):
             aside = [n for n in os.listdir(parent) if n.startswith(f".{name}{C.OLD_TAG}")]
             if aside:
-                hint = f" A previous version was being replaced when the process stopped: {os.path.join(parent, aside[0])}."
+                old = os.path.join(parent, aside[0])
+                hint = f" A previous version was being replaced when the process stopped: {old}."
         raise CheckpointNotFoundError(f"Tried to find {input_dir} but folder does not exist.{hint}")
     return folder
 
@@ -223,7 +224,8 @@ def load_state(
         if counts["custom_objects"] != len(customs):
             # The reference implementation warns and skips here; kept for compatibility.
             logger.warning(
-                "Number of found checkpoints does not match the number of registered objects: found %d, registered %d. Skipping.",
+                "Number of found checkpoints does not match the number of registered objects: found %d, registered %d. "
+                "Skipping.",
                 counts["custom_objects"],
                 len(customs),
             )

@@ -81,7 +81,8 @@ def merge_fsdp_weights(
 
     if not os.path.isdir(checkpoint_dir):
         raise ValueError(
-            f"Tried to load from {checkpoint_dir} but couldn't find a valid metadata file: pass the sharded model folder."
+            f"Tried to load from {checkpoint_dir} but couldn't find a valid metadata file: pass the sharded model "
+            "folder."
         )
     state = PartialState()
     if state.is_main_process:

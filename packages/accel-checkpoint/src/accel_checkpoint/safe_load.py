@@ -29,8 +29,9 @@ def unsafe_pickle_allowed(explicit: bool | None = None) -> bool:
 
 def _corrupt(path: str, error: BaseException) -> CorruptCheckpointError:
     return CorruptCheckpointError(
-        f"{path} is truncated or corrupt ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'empty'}). "
-        "Restore the file from a copy, or load an earlier checkpoint."
+        f"{path} is truncated or corrupt ({type(error).__name__}: "
+        f"{str(error).splitlines()[0] if str(error) else 'empty'}). Restore the file from a copy, or load an earlier "
+        "checkpoint."
     )
 
 

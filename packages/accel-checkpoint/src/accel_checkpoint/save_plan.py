@@ -67,7 +67,8 @@ def resolve_output_dir(accelerator: Any, output_dir: str | None) -> tuple[str, b
         if not config.project_dir:
             raise ValueError(
                 "automatic_checkpoint_naming=True needs a project directory: "
-                "Accelerator(project_config=ProjectConfiguration(project_dir='runs/exp', automatic_checkpoint_naming=True))."
+                "Accelerator(project_config=ProjectConfiguration(project_dir='runs/exp', "
+                "automatic_checkpoint_naming=True))."
             )
         if output_dir is not None:
             logger.warning("save_state: automatic_checkpoint_naming is on, so output_dir=%r is ignored.", output_dir)

@@ -31,7 +31,8 @@ def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
 
 
 def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Keeps one name per shared storage (safetensors refuses aliases; warns about the names dropped) and makes tensors contiguous.
+    """Keeps one name per shared storage (safetensors refuses aliases; warns about the names dropped) and makes tensors
+    contiguous.
 
     The first name (in the state dict's order) of each storage stays; ``state_dict`` is modified.
     """

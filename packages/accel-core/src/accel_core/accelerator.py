@@ -191,7 +191,8 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
             )
         elif (split_batches, dispatch_batches, even_batches) != (False, None, True):
             raise ValueError(
-                "Pass split_batches / dispatch_batches / even_batches either directly or inside dataloader_config, not both."
+                "Pass split_batches / dispatch_batches / even_batches either directly or inside dataloader_config, not "
+                "both."
             )
         self.dataloader_config = dataloader_config
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -470,8 +471,8 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
             return
         if not all(isinstance(j, Joinable) for j in joinables):
             warnings.warn(
-                f"join_uneven_inputs needs Joinable objects (a DDP model); the {self.strategy.name} strategy's are not, "
-                "so it has no effect.",
+                f"join_uneven_inputs needs Joinable objects (a DDP model); the {self.strategy.name} strategy's are "
+                "not, so it has no effect.",
                 stacklevel=3,
             )
             yield
@@ -482,7 +483,8 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         ]
         if even_batches is not None and any(_is_iterable(dl) for dl in self._dataloaders):
             warnings.warn(
-                "Overriding even_batches is only supported for map-style datasets, yet some dataloaders given were iterable",
+                "Overriding even_batches is only supported for map-style datasets, yet some dataloaders given were "
+                "iterable",
                 stacklevel=3,
             )
         try:
@@ -519,8 +521,8 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
 
     def __repr__(self) -> str:
         return (
-            f"Accelerator(strategy={self.strategy.name}, processes={self.num_processes}, layout=({self.parallel_dims.config.describe()}), "
-            f"device={self.device}, "
+            f"Accelerator(strategy={self.strategy.name}, processes={self.num_processes}, "
+            f"layout=({self.parallel_dims.config.describe()}), device={self.device}, "
             f"mixed_precision={self.mixed_precision}, gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
 

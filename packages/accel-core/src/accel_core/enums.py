@@ -1,4 +1,5 @@
-"""String enums of the public API, with every member of the reference's (so comparisons never raise). No torch import."""
+"""String enums of the public API, with every member of the reference's (so comparisons never raise). No torch
+import."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ _ACCEL_PREFIXES = ("ACCEL_", "ACCELERATE_")
 
 
 def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
-    """``1`` / ``0`` for a truth string (``y yes t true on 1`` / ``n no f false off 0``); ``True`` / ``False`` with ``to_bool``."""
+    """``1`` / ``0`` for a truth string (``y yes t true on 1`` / ``n no f false off 0``); ``True`` / ``False`` with
+    ``to_bool``."""
     lowered = value.lower()
     if lowered in ("y", "yes", "t", "true", "on", "1"):
         return True if to_bool else 1
@@ -60,7 +61,8 @@ def are_libraries_initialized(*library_names: str) -> list[str]:
 
 
 def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
-    """``["KEY=value\\n", ...]`` for the items safe to write into an environment file; warns about and skips the others."""
+    """``["KEY=value\\n", ...]`` for the items safe to write into an environment file; warns about and skips the
+    others."""
     forbidden = (";", "\n", "<", ">", " ")
     lines = []
     for key, value in current_env.items():
@@ -117,7 +119,8 @@ def _restore_accel_variables() -> Iterator[None]:
 
 
 def purge_accelerate_environment(func_or_cls: _T) -> _T:
-    """Decorator for a function or test class: ``ACCEL_*`` / ``ACCELERATE_*`` variables it sets are undone after each call.
+    """Decorator for a function or test class: ``ACCEL_*`` / ``ACCELERATE_*`` variables it sets are undone after each
+    call.
 
     On a class, every ``test*`` method (of the class and of its subclasses) is wrapped.
     """
@@ -147,7 +150,9 @@ def purge_accelerate_environment(func_or_cls: _T) -> _T:
 
 
 def get_current_device_type() -> tuple[str, str]:
-    """``(device type, distributed type)`` of this machine's accelerator, without initialising it: ``("cuda", "MULTI_GPU")``.
+    """``(device type, distributed type)`` of this machine's accelerator, without initialising it.
+
+    For example ``("cuda", "MULTI_GPU")``.
 
     The order of preference is the reference's: MLU, SDAA, MUSA, NPU, HPU, XPU, Neuron, then CUDA.
     """

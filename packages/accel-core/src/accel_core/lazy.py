@@ -36,7 +36,8 @@ def lazy_exports(
                 raise
             distribution, extra = provider.replace("_", "-"), provider[len("accel_") :]
             raise ImportError(
-                f'{name} comes from {distribution}, which is not installed: pip install "accel[{extra}]" (or {distribution}).'
+                f'{name} comes from {distribution}, which is not installed: pip install "accel[{extra}]" (or '
+                f"{distribution})."
             ) from None
         # A submodule exported under its own name ("utils": ".utils") is the module itself.
         value = imported if imported.__name__ == f"{package}.{name}" else getattr(imported, name)

@@ -166,7 +166,8 @@ def flattened_views(mesh: DeviceMesh) -> dict[str, DeviceMesh]:
 
 
 def adopt_mesh(mesh: DeviceMesh, world_size: int) -> tuple[ParallelismConfig, DeviceMesh]:
-    """The config a mesh the user built describes (and the mesh, named); raises ValueError when it cannot be the job's mesh.
+    """The config a mesh the user built describes (and the mesh, named); raises ValueError when it cannot be the job's
+    mesh.
 
     Unnamed meshes follow FSDP's convention: 1-D shards (``dp_shard``), 2-D is HSDP
     (``dp_replicate``, ``dp_shard``). Named ones must use the names of ``MESH_DIMS``.

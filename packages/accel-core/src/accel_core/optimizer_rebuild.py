@@ -141,8 +141,8 @@ def rebuild(
     _keep_scheduler_tracking(optimizer, rebuilt)
     if announce:
         log.warning(
-            "%s: %s was created before the model's parameters were replaced (sharded or split); it was rebuilt on "
-            "the new parameters (%d parameter group(s), hyper-parameters kept). Use the optimizer that prepare() returns.",
+            "%s: %s was created before the model's parameters were replaced (sharded or split); it was rebuilt on the "
+            "new parameters (%d parameter group(s), hyper-parameters kept). Use the optimizer that prepare() returns.",
             who,
             cls.__name__,
             len(groups),

@@ -132,8 +132,9 @@ class Preparation:
             if owned <= {id(p) for model in self.prepared.models for p in model.parameters()}:
                 return optimizer
             raise ValueError(
-                f"Preparing the model replaced its parameters ({self.strategy.name}, tensor parallelism): pass the model "
-                "to the same prepare() call as its optimizer, or prepare the model first and build the optimizer on it."
+                f"Preparing the model replaced its parameters ({self.strategy.name}, tensor parallelism): pass the "
+                "model to the same prepare() call as its optimizer, or prepare the model first and build the "
+                "optimizer on it."
             )
         if isinstance(self.strategy, WrapsBeforeOptimizer):
             return self.strategy.rebuild_optimizer(optimizer, owners[0], self._parameter_names)
@@ -142,7 +143,8 @@ class Preparation:
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
-        """Runs ``model`` through the transform chain (``accel_core.transforms``), with autocast when mixed precision is on."""
+        """Runs ``model`` through the transform chain (``accel_core.transforms``), with autocast when mixed precision is
+        on."""
         if device_placement is None:
             device_placement = self.device_placement
         self._parameter_names.record(model)

@@ -74,7 +74,8 @@ class ProcessControl:
     def split_between_processes(
         self, inputs: Any, apply_padding: bool = False
     ) -> contextlib.AbstractContextManager[Any]:
-        """``with accelerator.split_between_processes(items) as mine: ...`` — see ``PartialState.split_between_processes``."""
+        """``with accelerator.split_between_processes(items) as mine: ...`` — see
+        ``PartialState.split_between_processes``."""
         return self.state.split_between_processes(inputs, apply_padding=apply_padding)
 
     def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:

@@ -45,7 +45,8 @@ def get_shape(data: Any) -> Any:
 
 
 def initialize_tensors(data_structure: Any) -> Any:
-    """Empty tensors in place of each ``TensorInformation`` of ``data_structure`` (the inverse of ``get_data_structure``)."""
+    """Empty tensors in place of each ``TensorInformation`` of ``data_structure`` (the inverse of
+    ``get_data_structure``)."""
     return recursively_apply(
         lambda i: torch.empty(*i.shape, dtype=i.dtype), data_structure, test_type=is_tensor_information
     )
@@ -82,7 +83,8 @@ def find_device(data: Any) -> torch.device | None:
 
 
 class ConvertOutputsToFp32:
-    """A forward function whose fp16 / bf16 outputs come back in fp32. Refuses to be pickled (unwrap the model first)."""
+    """A forward function whose fp16 / bf16 outputs come back in fp32. Refuses to be pickled (unwrap the model
+    first)."""
 
     def __init__(self, model_forward: Callable[..., Any]) -> None:
         self.model_forward = model_forward

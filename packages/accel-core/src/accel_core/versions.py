@@ -21,7 +21,8 @@ STR_OPERATION_TO_FUNC: dict[str, Callable[[Any, Any], bool]] = {
 
 
 def compare_versions(library_or_version: str | Version, operation: str, requirement_version: str) -> bool:
-    """Compares an installed library's version (given its distribution name) or a ``Version`` with ``requirement_version``.
+    """Compares an installed library's version (given its distribution name) or a ``Version`` with
+    ``requirement_version``.
 
     Example::
 

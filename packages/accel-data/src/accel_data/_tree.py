@@ -122,8 +122,8 @@ def concat_batches(batches: Sequence[Any]) -> Any:
     if isinstance(first, (str, bytes, int, float, bool)) or first is None:
         return first
     raise BatchTypeError(
-        f"accel-data cannot join batches of type {type(first).__name__} (needed to pad the last batch "
-        "with even_batches=True). Return tensors, lists, tuples or dicts from your collate_fn, or set even_batches=False."
+        f"accel-data cannot join batches of type {type(first).__name__} (needed to pad the last batch with "
+        "even_batches=True). Return tensors, lists, tuples or dicts from your collate_fn, or set even_batches=False."
     )
 
 

@@ -207,7 +207,8 @@ def prepare_data_loader(
         if batch_sampler is None:
             if split_batches and n > 1:
                 raise ValueError(
-                    "split_batches=True needs a batch size: give the DataLoader batch_size=..., or use split_batches=False."
+                    "split_batches=True needs a batch size: give the DataLoader batch_size=..., or use "
+                    "split_batches=False."
                 )
             shard = BatchSamplerShard(_SingletonBatches(sampler), n, shard_rank, False, even_batches)
             loader = cls(dataset, batch_size=None, sampler=UnbatchedShard(shard), **kwargs)

@@ -193,7 +193,8 @@ def _sizes_total(buf: Sequence[B], ops: BatchOps[B]) -> int:
 
 
 def make_group(buf: list[B], final: bool, plan: ShardPlan, ops: BatchOps[B], head: Head[B]) -> Group[B] | None:
-    """The step made of ``buf`` (one batch with ``split_batches``, else up to ``num_processes``); ``None`` to drop it."""
+    """The step made of ``buf`` (one batch with ``split_batches``, else up to ``num_processes``); ``None`` to drop
+    it."""
     if plan.split_batches:
         return _split_group(buf[0], final, plan, ops, head)
     n, size = plan.num_processes, plan.batch_size

@@ -240,7 +240,8 @@ class DeepSpeedPlugin:
             other = "bf16" if mixed_precision == "fp16" else "fp16"
             if is_enabled(get_value(config, f"{other}.enabled")):
                 raise ValueError(
-                    f"`--mixed_precision` arg cannot be set to `{mixed_precision}` when `{other}` is set in the DeepSpeed config file."
+                    f"`--mixed_precision` arg cannot be set to `{mixed_precision}` when `{other}` is set in the "
+                    "DeepSpeed config file."
                 )
         if mixed_precision == "fp16" and "fp16" not in config:
             # auto_cast: DeepSpeed casts floating inputs to fp16, so the training loop stays unchanged.

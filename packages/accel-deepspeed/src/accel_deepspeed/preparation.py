@@ -98,8 +98,8 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> JointRes
             )
     if len(found.optimizers) > 1 or len(found.schedulers) > 1:
         raise ValueError(
-            f"Got {len(found.optimizers)} optimizers and {len(found.schedulers)} schedulers: a DeepSpeed engine has one "
-            f"of each. {_SEVERAL_MODELS}"
+            f"Got {len(found.optimizers)} optimizers and {len(found.schedulers)} schedulers: a DeepSpeed engine has "
+            f"one of each. {_SEVERAL_MODELS}"
         )
     trainable = [i for i in found.models if _trainable(result[i])]
     engine_index = _pick_engine_model(strategy, result, found, trainable)
@@ -216,8 +216,8 @@ def build_config(
     configured_steps = config.get("gradient_accumulation_steps")
     if not is_auto(configured_steps) and configured_steps is not None and int(configured_steps) != steps:
         logger.warning(
-            "Updating DeepSpeed's gradient accumulation steps to %d (the Accelerator's) from %s (the DeepSpeed config). "
-            "Pass Accelerator(gradient_accumulation_steps=%s) to keep the config's value.",
+            "Updating DeepSpeed's gradient accumulation steps to %d (the Accelerator's) from %s (the DeepSpeed "
+            "config). Pass Accelerator(gradient_accumulation_steps=%s) to keep the config's value.",
             steps,
             configured_steps,
             configured_steps,
@@ -286,8 +286,8 @@ def _check_optimizer_and_scheduler(config: dict[str, Any], optimizer: Any, sched
     if scheduler is not None:
         if "scheduler" in config and not isinstance(scheduler, DummyScheduler):
             raise ValueError(
-                "You cannot specify a scheduler in the config file and in the code at the same time. "
-                "Please remove the scheduler from the config file or create `accel_deepspeed.DummyScheduler` in the code."
+                "You cannot specify a scheduler in the config file and in the code at the same time. Please remove the "
+                "scheduler from the config file or create `accel_deepspeed.DummyScheduler` in the code."
             )
         if (
             "scheduler" not in config
@@ -311,9 +311,10 @@ def _micro_batch_size(strategy: DeepSpeedStrategy, objects: list[Any], found: So
     if not sizes:
         if configured is None or is_auto(configured):
             raise ValueError(
-                "When using DeepSpeed `accelerator.prepare()` requires you to pass at least one of training or evaluation "
-                "dataloaders or alternatively set an integer value in `train_micro_batch_size_per_gpu` in the deepspeed "
-                "config file (DeepSpeedPlugin(hf_ds_config=...)) or in `plugin.deepspeed_config['train_micro_batch_size_per_gpu']`."
+                "When using DeepSpeed `accelerator.prepare()` requires you to pass at least one of training or "
+                "evaluation dataloaders or alternatively set an integer value in `train_micro_batch_size_per_gpu` in "
+                "the deepspeed config file (DeepSpeedPlugin(hf_ds_config=...)) or in "
+                "`plugin.deepspeed_config['train_micro_batch_size_per_gpu']`."
             )
         return int(configured)
     micro = min(sizes) if strategy.plugin.is_train_batch_min else max(sizes)

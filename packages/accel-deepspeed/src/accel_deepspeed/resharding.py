@@ -79,9 +79,9 @@ def _convert_guarded(source: str, root: str, tag: str, saved: int, now: int) -> 
     except Exception as caught:  # noqa: BLE001 - reported on every process by agree()
         error = CheckpointMismatchError(
             f"{source} was saved by {saved} processes and {now} run now; converting it to a DeepSpeed universal "
-            f"checkpoint in {root} failed: {type(caught).__name__}: {caught}. Load it with {saved} processes, or convert "
-            f"it yourself: python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state --input_folder "
-            f"{source} --output_folder {os.path.join(root, tag)}"
+            f"checkpoint in {root} failed: {type(caught).__name__}: {caught}. Load it with {saved} processes, or "
+            "convert it yourself: python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state "
+            f"--input_folder {source} --output_folder {os.path.join(root, tag)}"
         )
         error.__cause__ = caught
         return error

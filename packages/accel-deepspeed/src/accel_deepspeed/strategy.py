@@ -96,9 +96,9 @@ class DeepSpeedStrategy(Strategy):
             )
         if refused:
             raise ValueError(
-                f"The DeepSpeed strategy cannot honour {', '.join(refused)}: DeepSpeed ZeRO partitions over all processes "
-                "with its own groups. Drop parallelism_config (or the --tp-size/--cp-size/... flags) with DeepSpeed, or "
-                "use FSDP2 (fsdp_plugin) for tensor / context parallelism and HSDP on the mesh."
+                f"The DeepSpeed strategy cannot honour {', '.join(refused)}: DeepSpeed ZeRO partitions over all "
+                "processes with its own groups. Drop parallelism_config (or the --tp-size/--cp-size/... flags) with "
+                "DeepSpeed, or use FSDP2 (fsdp_plugin) for tensor / context parallelism and HSDP on the mesh."
             )
 
     def resolve_precision(self, requested: str) -> str:
@@ -108,7 +108,8 @@ class DeepSpeedStrategy(Strategy):
 
     # -- processes --------------------------------------------------------------------------
     def init_process_group(self, **kwargs: Any) -> None:
-        """Joins (or adopts) the process group through deepspeed.comm; a lone ``python train.py`` gets a group of one."""
+        """Joins (or adopts) the process group through deepspeed.comm; a lone ``python train.py`` gets a group of
+        one."""
         if env.flag(env.USE_CPU) and "deepspeed" not in sys.modules:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read once, when deepspeed picks its accelerator
         deepspeed = import_deepspeed()
@@ -188,7 +189,8 @@ class DeepSpeedStrategy(Strategy):
     def clip_grad_norm_(
         self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor | None:
-        """DeepSpeed clips inside its step, to the config's ``gradient_clipping``; returns None (the norm is not known yet).
+        """DeepSpeed clips inside its step, to the config's ``gradient_clipping``; returns None (the norm is not known
+        yet).
 
         Warns once when ``max_norm`` differs from the configured value, since it cannot be changed here.
         """
@@ -197,7 +199,8 @@ class DeepSpeedStrategy(Strategy):
             self._warned_clipping = True
             logger.warning(
                 "DeepSpeed clips gradients inside its step to its config's gradient_clipping (%s, L2 norm); "
-                "clip_grad_norm_(max_norm=%s, norm_type=%s) cannot change that. Set DeepSpeedPlugin(gradient_clipping=%s) "
+                "clip_grad_norm_(max_norm=%s, norm_type=%s) cannot change that. Set "
+                "DeepSpeedPlugin(gradient_clipping=%s) "
                 'or "gradient_clipping" in the DeepSpeed config.',
                 configured,
                 max_norm,
@@ -223,11 +226,12 @@ class DeepSpeedStrategy(Strategy):
         if model.zero_optimization_partition_weights():
             if not model.zero_gather_16bit_weights_on_model_save():
                 raise ValueError(
-                    "Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save` in DeepSpeed config "
-                    "is False. To save the model weights in 16bit, set `stage3_gather_16bit_weights_on_model_save` to True "
-                    "in DeepSpeed config file or set `zero3_save_16bit_model=True` in DeepSpeedPlugin (ACCEL_DEEPSPEED_ZERO3_"
-                    "SAVE_16BIT_MODEL=true). To save the full checkpoint, use accelerator.save_state() and recover the "
-                    "weights with DeepSpeed's zero_to_fp32.py."
+                    "Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save` in DeepSpeed "
+                    "config is False. To save the model weights in 16bit, set "
+                    "`stage3_gather_16bit_weights_on_model_save` to True in DeepSpeed config file or set "
+                    "`zero3_save_16bit_model=True` in DeepSpeedPlugin (ACCEL_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL=true). "
+                    "To save the full checkpoint, use accelerator.save_state() and recover the weights with "
+                    "DeepSpeed's zero_to_fp32.py."
                 )
             state_dict = model._zero3_consolidated_16bit_state_dict()
             return dict(state_dict) if state_dict is not None else {}
@@ -240,7 +244,8 @@ class DeepSpeedStrategy(Strategy):
         return save_sharded(self, prepared, folder, **kwargs)
 
     def load_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> None:
-        """Restores what ``save_sharded`` wrote (through a universal checkpoint for another process count). Collective."""
+        """Restores what ``save_sharded`` wrote (through a universal checkpoint for another process count).
+        Collective."""
         from .checkpointing import load_sharded
 
         load_sharded(self, prepared, folder, **kwargs)
@@ -309,8 +314,8 @@ class DeepSpeedStrategy(Strategy):
     def _require_engine(self) -> Any:
         if self.engine is None:
             raise ValueError(
-                "No DeepSpeed engine yet: accelerator.prepare() the model (with trainable parameters) and its optimizer "
-                "before accelerator.backward()."
+                "No DeepSpeed engine yet: accelerator.prepare() the model (with trainable parameters) and its "
+                "optimizer before accelerator.backward()."
             )
         return self.engine
 

@@ -194,7 +194,8 @@ class FullyShardedDataParallelPlugin:
             if not type(config).__name__.lower().startswith(kind):
                 raise ValueError(
                     f"{name}={type(config).__name__} does not match state_dict_type={self.state_dict_type}: pass a "
-                    f"{'Full' if kind == 'full' else 'Sharded'}{'Optim' if name.startswith('optim') else ''}StateDictConfig, or None."
+                    f"{'Full' if kind == 'full' else 'Sharded'}{'Optim' if name.startswith('optim') else ''}"
+                    "StateDictConfig, or None."
                 )
 
     @property

@@ -109,7 +109,8 @@ def fsdp1_mixed_precision(spec: Any, precision: Any) -> Any:
         unknown = set(fields) - _FSDP1_MP_FIELDS
         if unknown:
             raise ValueError(
-                f"mixed_precision_policy keys {sorted(unknown)} do not exist in FSDP1's MixedPrecision; use {sorted(_FSDP1_MP_FIELDS)}."
+                f"mixed_precision_policy keys {sorted(unknown)} do not exist in FSDP1's MixedPrecision; use "
+                f"{sorted(_FSDP1_MP_FIELDS)}."
             )
     kept = {k: v for k, v in fields.items() if k in _FSDP1_MP_FIELDS}
     return MixedPrecision(**kept) if kept else None
@@ -158,8 +159,8 @@ def transformer_class_names(model: nn.Module, plugin: FullyShardedDataParallelPl
     missing = [n for n in names if n not in present]
     if missing:
         raise ValueError(
-            f"Could not find the transformer layer class(es) {missing} in {type(model).__name__}; its module classes are "
-            f"{sorted(present)}."
+            f"Could not find the transformer layer class(es) {missing} in {type(model).__name__}; its module classes "
+            f"are {sorted(present)}."
         )
     return set(names)
 

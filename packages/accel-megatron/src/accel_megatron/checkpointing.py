@@ -103,15 +103,17 @@ def _load_shard(strategy: MegatronStrategy, prepared: Any, folder: str, allow_un
     if saved["tp_degree"] != tp_degree or saved.get("pp_degree", 1) != strategy.plugin.pp_degree:
         raise CheckpointMismatchError(
             f"The checkpoint in {os.path.dirname(folder)} was saved with tp_degree={saved['tp_degree']}, this run uses "
-            f"tp_degree={tp_degree}: its weight shards do not fit. Load it with MegatronLMPlugin(tp_degree={saved['tp_degree']}) "
-            "(--megatron-tp-degree); to change the degree, export full weights with accelerator.save_model(model, dir) "
-            "in a run with the old degree and load them with accelerator.strategy.load_model_state_dict(model, state_dict)."
+            f"tp_degree={tp_degree}: its weight shards do not fit. Load it with "
+            f"MegatronLMPlugin(tp_degree={saved['tp_degree']}) (--megatron-tp-degree); to change the degree, export "
+            "full weights with accelerator.save_model(model, dir) in a run with the old degree and load them with "
+            "accelerator.strategy.load_model_state_dict(model, state_dict)."
         )
     models, optimizers = list(prepared.models), list(prepared.optimizers)
     if (saved["models"], saved["optimizers"]) != (len(models), len(optimizers)):
         raise CheckpointMismatchError(
-            f"The checkpoint holds {saved['models']} model(s) and {saved['optimizers']} optimizer(s), this run prepared "
-            f"{len(models)} and {len(optimizers)}: prepare the same objects, in the same order, as the run that saved it."
+            f"The checkpoint holds {saved['models']} model(s) and {saved['optimizers']} optimizer(s), this run "
+            f"prepared {len(models)} and {len(optimizers)}: prepare the same objects, in the same order, as the run "
+            "that saved it."
         )
     shard = _shard_folder(folder, parallel_state.get_tensor_model_parallel_rank())
     for i, model in enumerate(models):

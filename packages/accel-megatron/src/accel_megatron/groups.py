@@ -36,9 +36,10 @@ def initialize(plugin: MegatronLMPlugin, world_size: int) -> None:
         )
         if current != (plugin.tp_degree, plugin.pp_degree):
             raise ValueError(
-                f"Megatron's parallel groups already exist with tp={current[0]}, pp={current[1]}, but MegatronLMPlugin asks for "
-                f"tp_degree={plugin.tp_degree}, pp_degree={plugin.pp_degree}. Call "
-                "megatron.core.parallel_state.destroy_model_parallel() first (and rebuild the model), or use the same degrees."
+                f"Megatron's parallel groups already exist with tp={current[0]}, pp={current[1]}, but MegatronLMPlugin "
+                f"asks for tp_degree={plugin.tp_degree}, pp_degree={plugin.pp_degree}. Call "
+                "megatron.core.parallel_state.destroy_model_parallel() first (and rebuild the model), or use the same "
+                "degrees."
             )
         return
     # No extra gloo copies of the DP groups: only Megatron's distributed optimizer uses them.

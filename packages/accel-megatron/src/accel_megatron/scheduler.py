@@ -46,7 +46,10 @@ class MegatronLMDummyScheduler:
         )
 
     def __repr__(self) -> str:
-        return f"MegatronLMDummyScheduler(total_num_steps={self.total_num_steps}, warmup_num_steps={self.warmup_num_steps})"
+        return (
+            f"MegatronLMDummyScheduler(total_num_steps={self.total_num_steps}, "
+            f"warmup_num_steps={self.warmup_num_steps})"
+        )
 
 
 class MegatronLRScheduler(LRScheduler):
@@ -66,7 +69,8 @@ class MegatronLRScheduler(LRScheduler):
             raise ValueError(f"lr_decay_style={decay_style!r} is not one of {', '.join(DECAY_STYLES)}.")
         if not isinstance(total_num_steps, int) or total_num_steps < 1:
             raise ValueError(
-                f"MegatronLMDummyScheduler(total_num_steps={total_num_steps!r}): give the number of scheduler steps, an integer >= 1."
+                f"MegatronLMDummyScheduler(total_num_steps={total_num_steps!r}): give the number of scheduler steps, "
+                "an integer >= 1."
             )
         if not 0 <= warmup_num_steps < total_num_steps:
             raise ValueError(

@@ -1,4 +1,5 @@
-"""``MegatronStrategy``: Megatron-core tensor parallelism (TP) + data parallelism (DP) behind the Accelerator's questions.
+"""``MegatronStrategy``: Megatron-core tensor parallelism (TP) + data parallelism (DP) behind the Accelerator's
+questions.
 
 Capabilities it implements (see ``accel_core.strategies.base``): ``ProcessGroupSetup`` (checks the
 plugin against the number of processes before any communication, and gives a lone ``python
@@ -124,16 +125,16 @@ class MegatronStrategy(Strategy):
         # Checked before any communication, so every process raises.
         if context.plan.mixed_precision == "bf16" and self.state.device.type != "cuda":
             raise ValueError(
-                "mixed_precision='bf16' with the megatron strategy needs GPUs: Megatron's tensor-parallel layers re-enter "
-                "autocast in their backward only on CUDA (torch.amp.custom_bwd(device_type='cuda')), so on "
-                f"{self.state.device.type} their bf16 gradients meet fp32 weights. Use mixed_precision='no' here, or build "
-                "the model in bf16: accelerator.strategy.model_parallel_config(params_dtype=torch.bfloat16)."
+                "mixed_precision='bf16' with the megatron strategy needs GPUs: Megatron's tensor-parallel layers "
+                "re-enter autocast in their backward only on CUDA (torch.amp.custom_bwd(device_type='cuda')), so on "
+                f"{self.state.device.type} their bf16 gradients meet fp32 weights. Use mixed_precision='no' here, or "
+                "build the model in bf16: accelerator.strategy.model_parallel_config(params_dtype=torch.bfloat16)."
             )
         if self.plugin.sequence_parallelism and self.state.device.type != "cuda":
             raise ValueError(
-                "MegatronLMPlugin(sequence_parallelism=True) needs GPUs: Megatron-core's sequence-parallel layers gather "
-                "into a buffer it allocates on CUDA (megatron.core.utils.GlobalMemoryBuffer). Set sequence_parallelism=False "
-                f"on {self.state.device.type} runs."
+                "MegatronLMPlugin(sequence_parallelism=True) needs GPUs: Megatron-core's sequence-parallel layers "
+                "gather into a buffer it allocates on CUDA (megatron.core.utils.GlobalMemoryBuffer). Set "
+                f"sequence_parallelism=False on {self.state.device.type} runs."
             )
         from . import groups
 
@@ -179,9 +180,9 @@ class MegatronStrategy(Strategy):
         ):
             self._warned_replicated = True
             logger.warning(
-                "accel-megatron: %s has no tensor-parallel layer, so every TP rank holds and computes all of it. Build it from "
-                "megatron.core.tensor_parallel layers (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding) "
-                "after creating the Accelerator.",
+                "accel-megatron: %s has no tensor-parallel layer, so every TP rank holds and computes all of it. Build "
+                "it from megatron.core.tensor_parallel layers (ColumnParallelLinear, RowParallelLinear, "
+                "VocabParallelEmbedding) after creating the Accelerator.",
                 type(model).__name__,
             )
         if isinstance(model, DistributedDataParallel) or not trainable or self.context.dims.dp.size == 1:
@@ -265,4 +266,5 @@ class MegatronStrategy(Strategy):
         load_sharded(self, prepared, folder, allow_unsafe_pickle)
 
     def __repr__(self) -> str:
-        return f"MegatronStrategy(tp_degree={self.plugin.tp_degree}, sequence_parallelism={self.plugin.sequence_parallelism})"
+        plugin = self.plugin
+        return f"MegatronStrategy(tp_degree={plugin.tp_degree}, sequence_parallelism={plugin.sequence_parallelism})"

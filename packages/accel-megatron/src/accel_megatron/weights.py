@@ -41,7 +41,8 @@ def _without_empty_extra_state(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def full_state_dict(module: nn.Module) -> dict[str, Any]:
-    """The whole model's weights, TP shards concatenated along their ``partition_dim``, on every process. Collective over TP."""
+    """The whole model's weights, TP shards concatenated along their ``partition_dim``, on every process. Collective
+    over TP."""
     state = _without_empty_extra_state(module.state_dict())
     tp_size = parallel_state.get_tensor_model_parallel_world_size()
     if tp_size == 1:

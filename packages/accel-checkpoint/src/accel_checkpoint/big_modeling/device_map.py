@@ -108,7 +108,9 @@ def infer_auto_device_map(
         size = sizes[name]
         # Parameters tied to one inside this part but living outside it must go along.
         tied_outside = [
-            p for group in tied_groups if any(_inside(name, p) for p in group) and not all(_inside(name, p) for p in group)
+            p
+            for group in tied_groups
+            if any(_inside(name, p) for p in group) and not all(_inside(name, p) for p in group)
             for p in group if not _inside(name, p)
         ]  # fmt: skip
         # Each such parameter's part still waiting in the queue (one already placed stays where it is).

@@ -239,7 +239,8 @@ def load_checkpoint_and_dispatch(
     if isinstance(device_map, str):
         if device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
             raise ValueError(
-                "If passing a string for `device_map`, please choose 'auto', 'balanced', 'balanced_low_0' or 'sequential'."
+                "If passing a string for `device_map`, please choose 'auto', 'balanced', 'balanced_low_0' or "
+                "'sequential'."
             )
         if device_map != "sequential":
             max_memory = get_balanced_memory(  # type: ignore[assignment]

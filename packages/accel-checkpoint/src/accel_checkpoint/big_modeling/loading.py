@@ -1,4 +1,5 @@
-"""Load a checkpoint (one file, an index, or a folder of shards) into a model, tensor by tensor, onto its device-map devices.
+"""Load a checkpoint (one file, an index, or a folder of shards) into a model, tensor by tensor, onto its device-map
+devices.
 
 Tensors mapped to ``"disk"`` go to the offload folder instead and stay on the meta device in the model.
 
@@ -50,7 +51,8 @@ def _checkpoint_files(checkpoint: str | os.PathLike[str]) -> list[str]:
         indexes = [f for f in os.listdir(checkpoint) if f.endswith(".index.json")]
         if len(indexes) != 1:
             raise ValueError(
-                f"{checkpoint} is not a folder containing a `.index.json` file or a {WEIGHTS_NAME} or a {SAFE_WEIGHTS_NAME} file"
+                f"{checkpoint} is not a folder containing a `.index.json` file or a {WEIGHTS_NAME} or a "
+                f"{SAFE_WEIGHTS_NAME} file"
                 if not indexes
                 else f"{checkpoint} containing more than one `.index.json` file, delete the irrelevant ones."
             )
@@ -121,7 +123,8 @@ def load_checkpoint_in_model(
         if "disk" in device_map.values():
             if offload_folder is None:
                 raise ValueError(
-                    "At least one of the model submodule will be offloaded to disk, please pass along an `offload_folder`."
+                    "At least one of the model submodule will be offloaded to disk, please pass along an "
+                    "`offload_folder`."
                 )
             os.makedirs(offload_folder, exist_ok=True)
     dtype = None if dtype is None else _as_dtype(dtype)
@@ -163,7 +166,10 @@ def load_checkpoint_in_model(
                 )
         del loaded
     if unexpected:
-        message = f"Some weights of the model checkpoint at {checkpoint} were not used when initializing {model.__class__.__name__}: {unexpected}."
+        message = (
+            f"Some weights of the model checkpoint at {checkpoint} were not used when initializing "
+            f"{model.__class__.__name__}: {unexpected}."
+        )
         if strict and device_map is not None:
             raise ValueError(message)
         logger.warning(message)

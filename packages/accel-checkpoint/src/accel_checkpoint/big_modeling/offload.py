@@ -184,7 +184,8 @@ def set_module_tensor_to_device(
     """
     if fp16_statistics is not None:
         raise ValueError(
-            "set_module_tensor_to_device(fp16_statistics=...) is for bitsandbytes 8-bit weights, which accel does not load."
+            "set_module_tensor_to_device(fp16_statistics=...) is for bitsandbytes 8-bit weights, which accel does not "
+            "load."
         )
     owner_name, _, name = tensor_name.rpartition(".")
     owner = module.get_submodule(owner_name)
@@ -196,7 +197,8 @@ def set_module_tensor_to_device(
     if value is not None:
         if old.shape != value.shape:
             raise ValueError(
-                f'Trying to set a tensor of shape {value.shape} in "{tensor_name}" (which has shape {old.shape}), this looks incorrect.'
+                f'Trying to set a tensor of shape {value.shape} in "{tensor_name}" (which has shape {old.shape}), this '
+                "looks incorrect."
             )
         if dtype is None:
             value = value.to(old.dtype)

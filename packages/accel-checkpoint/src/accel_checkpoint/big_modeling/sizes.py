@@ -155,7 +155,8 @@ def get_max_memory(max_memory: dict[Device, int | str] | None = None) -> dict[De
     unknown = [k for k in converted if k not in order]
     if unknown:
         raise ValueError(
-            f"Device {unknown[0]} is not recognized, available devices are integers(for GPU/XPU), 'mps', 'cpu' and 'disk'"
+            f"Device {unknown[0]} is not recognized, available devices are integers(for GPU/XPU), 'mps', 'cpu' and "
+            "'disk'"
         )
     return {k: converted[k] for k in order}
 

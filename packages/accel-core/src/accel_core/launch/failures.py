@@ -84,7 +84,8 @@ class JobFailedError(RuntimeError):
             lines.append("  " + root.traceback.rstrip().replace("\n", "\n  "))
         elif root.signal_name:
             lines.append(
-                "No Python traceback (killed by a signal: out of memory, a crash in native code, ...); see its output above."
+                "No Python traceback (killed by a signal: out of memory, a crash in native code, ...); see its output "
+                "above."
             )
         else:
             lines.append("No Python traceback (it exited without raising, e.g. sys.exit); see its output above.")

@@ -277,8 +277,8 @@ def _validate(values: dict[str, Any], sources: dict[str, str], config_file: str 
     machines, processes = values["num_machines"], values["num_processes"]
     if processes % machines:
         raise ValueError(
-            f"num_processes ({processes}, {where('num_processes')}) counts the processes of all machines and must "
-            f"be a multiple of num_machines ({machines}); e.g. --num-processes {machines * max(1, processes // machines)}."
+            f"num_processes ({processes}, {where('num_processes')}) counts the processes of all machines and must be a "
+            f"multiple of num_machines ({machines}); e.g. --num-processes {machines * max(1, processes // machines)}."
         )
     if not 0 <= values["machine_rank"] < machines:
         raise ValueError(
@@ -293,7 +293,8 @@ def _validate(values: dict[str, Any], sources: dict[str, str], config_file: str 
     tee = values["tee"]
     if tee is not None and not re.fullmatch(r"[0-3]|\d+:[0-3](,\d+:[0-3])*", tee):
         raise ValueError(
-            f"{where('tee')}: tee={tee!r}; use 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank, e.g. 0:3,1:2."
+            f"{where('tee')}: tee={tee!r}; use 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank, e.g. "
+            "0:3,1:2."
         )
     port = values["main_process_port"]
     if port is not None and not 0 < port < 65536:

@@ -45,7 +45,8 @@ def uses_sdpa(model: nn.Module) -> bool:
 
 
 def check_model(model: nn.Module, cp_size: int) -> None:
-    """Refuses a model whose attention context parallelism would not shard (every process alike, before any communication)."""
+    """Refuses a model whose attention context parallelism would not shard (every process alike, before any
+    communication)."""
     if not uses_sdpa(model):
         raise ValueError(
             f"cp_size={cp_size} splits each sequence over {cp_size} processes, but {type(model).__name__} never calls "

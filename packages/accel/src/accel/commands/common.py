@@ -100,7 +100,8 @@ def check_strategy(plan: LaunchPlan) -> None:
     if name not in installed:
         raise ValueError(
             f"strategy {name!r} (from the {plan.sources['strategy']}) is not installed: "
-            f"{plugins.install_hint('accel.strategies', name)}. Available: {', '.join([*BUILTIN_STRATEGIES, *installed])}."
+            f"{plugins.install_hint('accel.strategies', name)}. Available: "
+            f"{', '.join([*BUILTIN_STRATEGIES, *installed])}."
         )
 
 

@@ -110,7 +110,8 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
     path = Path(save_location).expanduser() if save_location is not None else config_path(None)[0]
     if path.exists():
         print(
-            f"Configuration already exists at {path}, will not override. Run `accel config` manually or pass a different `save_location`."
+            f"Configuration already exists at {path}, will not override. Run `accel config` manually or pass a "
+            "different `save_location`."
         )
         return False
     precision = str(mixed_precision).lower()
