@@ -21,6 +21,7 @@ from .strategies import JointPreparation, PreparesOwnTypes, WrapsBeforeOptimizer
 from .strategies.base import ConvertsOwnTypes
 
 if TYPE_CHECKING:
+    from .configuration import DataLoaderConfiguration
     from .mesh import ParallelDims
     from .precision import Precision
     from .strategies import PreparedObjects, Strategy, StrategyContext
@@ -39,7 +40,7 @@ class Preparation:
     device_placement: bool
     step_scheduler_with_optimizer: bool
     scheduler_stepping: SchedulerStepping
-    split_batches: bool
+    dataloader_config: DataLoaderConfiguration
     parallel_dims: ParallelDims
     _context: StrategyContext
     _parameter_names: ParameterNames
@@ -123,9 +124,9 @@ class Preparation:
     def _rebuild_for_wrapped_model(
         self, optimizer: torch.optim.Optimizer, originals: list[tuple[set[int], torch.nn.Module]]
     ) -> torch.optim.Optimizer:
-        from .optimizer_rebuild import rebuild
+        from .optimizer_rebuild import parameter_ids, rebuild
 
-        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        owned = parameter_ids(optimizer)
         owners = [model for parameter_ids, model in originals if parameter_ids & owned]
         if not owners:
             # Built on a model prepared by an earlier prepare() call: already on the wrapped parameters.
@@ -171,7 +172,7 @@ class Preparation:
             scheduler,
             optimizers or list(self.prepared.optimizers),
             self.step_scheduler_with_optimizer,
-            split_batches=self.split_batches,
+            split_batches=self.dataloader_config.split_batches,
             steps_per_optimizer_step=self.scheduler_steps_per_optimizer_step,
         )
         self.prepared.schedulers.append(prepared)
@@ -181,7 +182,7 @@ class Preparation:
     def scheduler_steps_per_optimizer_step(self) -> int:
         """LR scheduler steps per optimizer step: the data-parallel size (1 with ``split_batches``) with
         ``scheduler_stepping="per_process"``, 1 with ``"per_optimizer_step"``."""
-        if self.scheduler_stepping == SchedulerStepping.PER_OPTIMIZER_STEP or self.split_batches:
+        if self.scheduler_stepping == SchedulerStepping.PER_OPTIMIZER_STEP or self.dataloader_config.split_batches:
             return 1
         return self.parallel_dims.config.data_parallel_size
 

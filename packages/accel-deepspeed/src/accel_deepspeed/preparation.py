@@ -8,7 +8,6 @@ every process instead of leaving some of them waiting in a collective.
 from __future__ import annotations
 
 import copy
-import functools
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
+from accel_core.optimizer import AcceleratedOptimizer
+from accel_core.optimizer_rebuild import track_step_calls
 from accel_core.scheduler import AcceleratedScheduler
 from accel_core.strategies import JointResult
 
@@ -131,7 +132,7 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> JointRes
     # A config optimizer that the script has no handle on: step it from backward, as nobody calls step().
     strategy.steps_in_backward = ds_optimizer is not None and not found.optimizers
     if found.schedulers:
-        optimizers = [wrapper] if wrapper is not None else []
+        optimizers: list[AcceleratedOptimizer] = [wrapper] if wrapper is not None else []
         if ds_scheduler is not None:
             prepared: Any = DeepSpeedSchedulerWrapper(ds_scheduler, optimizers)
         else:
@@ -415,13 +416,5 @@ def _rebind_scheduler(scheduler: LRScheduler, optimizer: torch.optim.Optimizer) 
     The scheduler's constructor wrapped its first optimizer's ``step`` to notice calls; the same
     wrapper goes on the new one, or torch warns that ``optimizer.step()`` was overridden.
     """
-    step = optimizer.step
-
-    @functools.wraps(step)
-    def tracked_step(*args: Any, **kwargs: Any) -> Any:
-        optimizer._opt_called = True  # type: ignore[attr-defined]
-        return step(*args, **kwargs)
-
-    tracked_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    optimizer.step = tracked_step  # type: ignore[method-assign]
+    track_step_calls(optimizer)
     scheduler.optimizer = optimizer

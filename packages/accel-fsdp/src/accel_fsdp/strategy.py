@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -28,6 +28,7 @@ from accel_core.grads import clip_grad_norm_
 from accel_core.mesh import adopt_mesh
 from accel_core.parallelism import SIZE_FIELDS, ParallelismConfig, resolve_parallelism
 from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
+from accel_core.strategies.ddp import data_parallel_no_sync
 from accel_core.strategies.groups import join_group_of_one
 
 from . import checkpointing, fsdp1, fsdp2, policies
@@ -189,20 +190,11 @@ class FSDPStrategy(Strategy):
             optimizer, model, names, flat=flat, announce=self.state.is_main_process, log=logger, who="accel-fsdp"
         )
 
-    @contextlib.contextmanager
-    def no_sync(self, model: nn.Module) -> Iterator[None]:
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Gradients accumulate unsharded on each process; the next synced backward reduce-scatters the sum."""
-        if fsdp2.is_fsdp2(model):
-            model.set_requires_gradient_sync(False)
-            try:
-                yield
-            finally:
-                model.set_requires_gradient_sync(True)
-        elif fsdp1.is_fsdp1(model):
-            with model.no_sync():
-                yield
-        else:
-            yield
+        if fsdp1.is_fsdp1(model):
+            return model.no_sync()
+        return data_parallel_no_sync(model)  # FSDP2's FSDPModule (any other model runs the block as it is)
 
     def clip_grad_norm_(
         self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0

@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -40,7 +40,7 @@ from accel_core.parallelism import (
     resolve_parallelism,
 )
 from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
-from accel_core.strategies.ddp import wrap_in_ddp
+from accel_core.strategies.ddp import data_parallel_no_sync, unwrap_ddp, wrap_in_ddp
 from accel_core.strategies.groups import join_group_of_one
 
 from .plugin import MegatronLMPlugin
@@ -187,9 +187,9 @@ class MegatronStrategy(Strategy):
             )
         if isinstance(model, DistributedDataParallel) or not trainable or self.context.dims.dp.size == 1:
             return model
-        from megatron.core import parallel_state
+        from .groups import data_parallel_group
 
-        return wrap_in_ddp(model, self.ddp_kwargs, self.state.device, parallel_state.get_data_parallel_group())
+        return wrap_in_ddp(model, self.ddp_kwargs, self.state.device, data_parallel_group())
 
     # -- Megatron's own types in prepare (PreparesOwnTypes, ConvertsOwnTypes) -----------------
     def accepts_object(self, obj: Any) -> bool:
@@ -205,13 +205,11 @@ class MegatronStrategy(Strategy):
         return build_scheduler(obj, self.plugin.lr_decay_style, float(self.plugin.min_lr))
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
-        return model.module if isinstance(model, DistributedDataParallel) else model
+        return unwrap_ddp(model)
 
-    @contextlib.contextmanager
-    def no_sync(self, model: nn.Module) -> Iterator[None]:
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Skips the DP all-reduce inside the block (accumulation micro-steps)."""
-        with model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext():
-            yield
+        return data_parallel_no_sync(model)
 
     # -- the training step ------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
