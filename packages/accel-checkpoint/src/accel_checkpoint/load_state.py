@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import access, layout
 from . import constants as C
@@ -24,14 +24,17 @@ from .safe_load import load_torch_file
 from .safetensors_io import read_safetensors
 from .sharded import MODELS, OPTIMIZERS, SCHEDULERS, DCPCheckpointing, find_sharded
 
+if TYPE_CHECKING:
+    from accel_core.protocols import CheckpointAccelerator
+
 # Sharded layouts that are plain DCP folders (model_<i>/, optimizer_<i>/), loadable by DCPCheckpointing.
 _DCP_LAYOUTS = ("dcp", "accel_fsdp.strategy.FSDPStrategy")
 
 logger = logging.getLogger(__name__)
 
 
-def _automatic_base(accelerator: Any) -> str:
-    config = access.project_configuration(accelerator)
+def _automatic_base(accelerator: CheckpointAccelerator) -> str:
+    config = accelerator.project_configuration
     if config is None or not config.automatic_checkpoint_naming or not config.project_dir:
         raise ValueError(
             "load_state() needs input_dir, unless ProjectConfiguration(automatic_checkpoint_naming=True, "
@@ -40,7 +43,9 @@ def _automatic_base(accelerator: Any) -> str:
     return layout.checkpoints_dir(config.project_dir)
 
 
-def resolve_input_dir(accelerator: Any, input_dir: str | None, coord: Coordinator | None = None) -> str:
+def resolve_input_dir(
+    accelerator: CheckpointAccelerator, input_dir: str | None, coord: Coordinator | None = None
+) -> str:
     """This process's checkpoint folder: ``input_dir``, or the newest automatic checkpoint.
 
     Each process reads its own folder (processes may each have their own, on their own disk).
@@ -121,7 +126,7 @@ def _check_count(kind: str, saved: int, prepared: int, folder: str) -> None:
 
 
 def load_state(
-    accelerator: Any,
+    accelerator: CheckpointAccelerator,
     input_dir: str | None,
     coord: Coordinator,
     allow_unsafe_pickle: bool | None = None,
@@ -132,6 +137,7 @@ def load_state(
     """Collective: every process calls it. Returns the folder loaded."""
     error: BaseException | None = None
     folder = metadata = None
+    base: str | None = None
     try:
         # The automatic choice is agreed in a collective: every process must reach it.
         base = _automatic_base(accelerator) if input_dir is None else None
@@ -165,7 +171,7 @@ def load_state(
                 f"{folder} has no accel-checkpoint metadata: reading it as a reference-layout (legacy) checkpoint.",
                 stacklevel=3,
             )
-        for hook in access.hooks(accelerator, "_load_model_state_pre_hook"):
+        for hook in accelerator.load_state_pre_hooks:
             hook(models, folder)  # may remove models it loads itself
     except Exception as caught:  # noqa: BLE001
         error = caught
@@ -187,15 +193,15 @@ def load_state(
             accelerator.prepared, os.path.join(folder, C.SHARDED_DIR), allow_unsafe_pickle=allow_unsafe_pickle
         )
 
-    rank = access.process_index(accelerator)
+    rank = accelerator.process_index
     reader = _Reader(folder, metadata, allow_unsafe_pickle)
     counts = metadata["counts"] if metadata else legacy_counts(folder)
     optimizers = access.listed(accelerator, "_optimizers")
     schedulers = access.listed(accelerator, "_schedulers")
     customs = access.listed(accelerator, "_custom_objects")
     loaders = access.listed(accelerator, "_dataloaders")
-    scaler = getattr(accelerator, "scaler", None)
-    saved_world = (metadata or {}).get("world_size", access.num_processes(accelerator))
+    scaler = accelerator.scaler
+    saved_world = (metadata or {}).get("world_size", accelerator.num_processes)
     loaded: dict[str, Any] = {}
     try:
         if MODELS not in covered:
@@ -236,7 +242,7 @@ def load_state(
             _check_count("dataloaders", counts["dataloaders"], len(loaders), folder)
             source = rank
             saved_dp = (metadata or {}).get("data_parallel_size", saved_world)
-            if saved_world != access.num_processes(accelerator) or saved_dp != access.data_parallel_size(accelerator):
+            if saved_world != accelerator.num_processes or saved_dp != access.data_parallel_size(accelerator):
                 # Positions of a sharded loader are the same on every process; the loader's own
                 # load_state_dict converts them to the new data-parallel size (or says why it cannot).
                 # The first process's whose file this folder holds (a folder of its own holds only one).
@@ -249,7 +255,7 @@ def load_state(
                     folder,
                     saved_world,
                     saved_dp,
-                    access.num_processes(accelerator),
+                    accelerator.num_processes,
                     access.data_parallel_size(accelerator),
                     source,
                 )
@@ -275,7 +281,7 @@ def load_state(
             load_optimizer_state(optimizer, state)
         for scheduler, state in zip(schedulers, loaded.get("schedulers", []), strict=False):
             scheduler.load_state_dict(state)
-        if "scaler" in loaded:
+        if "scaler" in loaded and scaler is not None:  # read above only when there is a scaler
             scaler.load_state_dict(loaded["scaler"])
         for obj, state in zip(customs, loaded.get("customs", []), strict=False):
             obj.load_state_dict(state)
@@ -288,9 +294,9 @@ def load_state(
     coord.agree(error, f"restoring the state of {folder}")
 
     step = (metadata or {}).get("step")
-    if step is not None and hasattr(accelerator, "step"):
+    if step is not None:
         accelerator.step = step
-    config = access.project_configuration(accelerator)
+    config = accelerator.project_configuration
     number = layout.number_of(folder)
     if (
         config is not None

@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import access, layout
 from . import constants as C
@@ -24,6 +24,9 @@ from .rng import capture_rng_state
 from .safetensors_io import dedupe, safetensors_metadata
 from .sharded import MODELS, OPTIMIZERS, SCHEDULERS, find_sharded
 from .snapshot import CopyFn, copy_tree
+
+if TYPE_CHECKING:
+    from accel_core.protocols import CheckpointAccelerator
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +63,9 @@ def _version(dist_name: str) -> str | None:
         return None
 
 
-def resolve_output_dir(accelerator: Any, output_dir: str | None) -> tuple[str, bool, int | None]:
+def resolve_output_dir(accelerator: CheckpointAccelerator, output_dir: str | None) -> tuple[str, bool, int | None]:
     """(final folder, replace an existing one?, automatic number or None). Raises ValueError with the fix."""
-    config = access.project_configuration(accelerator)
+    config = accelerator.project_configuration
     if config is not None and config.automatic_checkpoint_naming:
         if not config.project_dir:
             raise ValueError(
@@ -124,7 +127,7 @@ def create_partial_folders(coord: Coordinator, final: str, temp: str, tag: str, 
 
 
 def plan_save(
-    accelerator: Any,
+    accelerator: CheckpointAccelerator,
     output_dir: str | None,
     coord: Coordinator,
     copy_tensor: CopyFn,
@@ -132,7 +135,7 @@ def plan_save(
     sharded_kwargs: dict[str, Any] | None = None,
 ) -> SaveJob:
     """Collective: every process calls it. Creates the temporary folder and snapshots the state."""
-    config = access.project_configuration(accelerator)
+    config = accelerator.project_configuration
     final, replace, number = None, False, None
     error: BaseException | None = None
     try:
@@ -142,9 +145,9 @@ def plan_save(
     coord.agree(error, "save_state")
     assert final is not None
 
-    rank = access.process_index(accelerator)
-    world = access.num_processes(accelerator)
-    save_on_each_node = bool(getattr(config, "save_on_each_node", False))
+    rank = accelerator.process_index
+    world = accelerator.num_processes
+    save_on_each_node = config.save_on_each_node
 
     tag = coord.broadcast(token() if rank == 0 else None)
     temp = layout.partial_path(final, tag)
@@ -182,15 +185,20 @@ def plan_save(
 
     weights = [] if MODELS in covered else [access.model_state_dict(accelerator, m) for m in models]
     files: list[FileJob] = []
+    optimizers: list[Any] = []
+    schedulers: list[Any] = []
+    customs: list[Any] = []
+    loaders: list[Any] = []
+    scaler: Any = None
     try:
-        for hook in access.hooks(accelerator, "_save_model_state_pre_hook"):
+        for hook in accelerator.save_state_pre_hooks:
             hook(models, weights, temp)  # hooks write extra files into the folder being built
 
         optimizers = [] if OPTIMIZERS in covered else access.listed(accelerator, "_optimizers")
         schedulers = [] if SCHEDULERS in covered else access.listed(accelerator, "_schedulers")
         customs = access.listed(accelerator, "_custom_objects")
         loaders = access.listed(accelerator, "_dataloaders")
-        scaler = getattr(accelerator, "scaler", None)
+        scaler = accelerator.scaler
 
         if is_writer:
             for i, weight in enumerate(weights):
@@ -251,7 +259,7 @@ def plan_save(
         },
         "model_format": "safetensors" if safe_serialization else "torch",
         "sharded": sharded_info,
-        "step": getattr(accelerator, "step", None),
+        "step": accelerator.step,
         "iteration": number,
         "save_on_each_node": save_on_each_node,
     }

@@ -28,7 +28,7 @@ import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -74,6 +74,9 @@ from .strategies import (
 from .strategies.selection import PLUGIN_ARGUMENTS
 from .triggers import Triggers
 
+if TYPE_CHECKING:
+    from .protocols import CheckpointAccelerator, DataAccelerator
+
 
 class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpointing, Triggers, Profiling, SetupQueries):
     """Prepares a model, optimizer, scheduler and dataloaders for the current setup, then stays out of the way.
@@ -116,7 +119,7 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         dynamo_backend: str | None = None,
         dataloader_config: DataLoaderConfiguration | None = None,
         parallelism_config: ParallelismConfig | None = None,
-        strategy: Any = None,
+        strategy: str | Strategy | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
         deepspeed_plugins: Any = None,
         scheduler_stepping: str | SchedulerStepping | None = None,
@@ -548,8 +551,14 @@ def _gather_samples(data: Any, keep: int | None, group: Any = None) -> Any:
         gathered = ops.gather(data, group)
         return gathered if keep is None else gathered[:keep]
     if isinstance(data, Mapping):
-        return type(data)({k: _gather_samples(v, keep, group) for k, v in data.items()})
+        return ops.mapping_like(data, {k: _gather_samples(v, keep, group) for k, v in data.items()})
     if isinstance(data, (list, tuple)) and _contains_tensor(data):
         return ops.honor_type(data, (_gather_samples(v, keep, group) for v in data))
     gathered = ops.gather_object(data, group)  # a list of samples is concatenated; a lone object listed per process
     return gathered if keep is None or not isinstance(data, (list, tuple)) else gathered[:keep]
+
+
+if TYPE_CHECKING:
+    # The Accelerator answers the contracts of the packages it hands itself to (checked by pyright).
+    def _answers_the_package_contracts(accelerator: Accelerator) -> tuple[DataAccelerator, CheckpointAccelerator]:
+        return accelerator, accelerator
