@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 
-def test_a_finished_two_process_job_exits_cleanly_under_warnings_as_errors(cli) -> None:  # type: ignore[no-untyped-def]
+def test_a_finished_two_process_job_exits_cleanly_under_warnings_as_errors(cli) -> None:
     result = cli.run(
         "launch",
         "--cpu",

@@ -129,7 +129,7 @@ def test_accelerate_multi_gpu_config_keeps_what_maps_and_warns_about_the_rest() 
     assert len(warnings) == 2
 
 
-def test_accel_config_import_writes_a_config_that_launch_uses(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_accel_config_import_writes_a_config_that_launch_uses(cli, tmp_path: Path) -> None:
     source = tmp_path / "accelerate.yaml"
     source.write_text(ACCELERATE_MULTI_GPU)
     result = cli.run("config", "import", str(source))
@@ -156,7 +156,7 @@ def test_accel_config_import_writes_a_config_that_launch_uses(cli, tmp_path: Pat
     assert "--nproc-per-node=2 -m accel_core.launch.runner path train.py --lr 1" in dry.stdout  # the flag beats 8
 
 
-def test_accel_config_questions_keep_defaults_and_reask_bad_answers(cli) -> None:  # type: ignore[no-untyped-def]
+def test_accel_config_questions_keep_defaults_and_reask_bad_answers(cli) -> None:
     cli.config_dir.mkdir(parents=True)
     (cli.config_dir / "default_config.yaml").write_text("num_processes: 2\nuse_cpu: true\nenv:\n  KEEP: me\n")
     # machines, cpu only, processes, strategy, precision, accumulation (bad then good), dynamo; then stdin ends.
@@ -170,7 +170,7 @@ def test_accel_config_questions_keep_defaults_and_reask_bad_answers(cli) -> None
     assert written["env"] == {"KEEP": "me"} and "strategy" not in written
 
 
-def test_accel_config_asks_the_chosen_backends_options_and_launch_uses_them(cli) -> None:  # type: ignore[no-untyped-def]
+def test_accel_config_asks_the_chosen_backends_options_and_launch_uses_them(cli) -> None:
     cli.config_dir.mkdir(parents=True)
     (cli.config_dir / "default_config.yaml").write_text("use_cpu: true\nfsdp:\n  offload_params: true\n  version: 1\n")
     # machines, cpu, processes, strategy, "set fsdp options?", then the fsdp table in order:
@@ -200,7 +200,7 @@ def test_accel_config_asks_the_chosen_backends_options_and_launch_uses_them(cli)
         assert pair in dry.stdout, pair
 
 
-def test_accel_config_show_tells_where_each_setting_comes_from(cli) -> None:  # type: ignore[no-untyped-def]
+def test_accel_config_show_tells_where_each_setting_comes_from(cli) -> None:
     missing = cli.run("config", "show")
     assert missing.returncode == 0 and "does not exist" in missing.stdout
     cli.config_dir.mkdir(parents=True)
@@ -214,7 +214,7 @@ def test_accel_config_show_tells_where_each_setting_comes_from(cli) -> None:  # 
     assert typo.returncode == 2 and "Did you mean 'num_processes'" in typo.stderr
 
 
-def test_accel_config_default_writes_this_machines_config(cli) -> None:  # type: ignore[no-untyped-def]
+def test_accel_config_default_writes_this_machines_config(cli) -> None:
     result = cli.run("config", "default", "--config-file", str(cli.home / "mine.yaml"))
     assert result.returncode == 0, cli.describe(result)
     written = read_config(cli.home / "mine.yaml")

@@ -37,7 +37,7 @@ print(json.dumps({"code": code, "torch": "torch" in sys.modules, "out": out.getv
         (["test", "--help"], "usage"),
     ],
 )
-def test_help_config_and_env_do_not_import_torch(cli, argv: list[str], expected: str) -> None:  # type: ignore[no-untyped-def]
+def test_help_config_and_env_do_not_import_torch(cli, argv: list[str], expected: str) -> None:
     result = subprocess.run(
         [sys.executable, "-c", _PROBE, *argv], env=cli.env(), input="", capture_output=True, text=True, timeout=60
     )
@@ -47,7 +47,7 @@ def test_help_config_and_env_do_not_import_torch(cli, argv: list[str], expected:
     assert expected in report["out"]
 
 
-def test_launch_help_lists_every_flag_and_installed_backend_flags(cli) -> None:  # type: ignore[no-untyped-def]
+def test_launch_help_lists_every_flag_and_installed_backend_flags(cli) -> None:
     text = cli.run("launch", "--help").stdout
     for flag in (
         "--cpu",
@@ -74,7 +74,7 @@ def test_launch_help_lists_every_flag_and_installed_backend_flags(cli) -> None: 
         assert f"{backend} options" in text
 
 
-def test_one_process_runs_the_script_directly_with_its_exit_code(cli) -> None:  # type: ignore[no-untyped-def]
+def test_one_process_runs_the_script_directly_with_its_exit_code(cli) -> None:
     script = cli.scripts / "exit_with.py"
     result = cli.run("launch", "--mixed-precision", "bf16", "--env", "EXTRA=1", str(script), "7", "--flag")
     assert result.returncode == 7, cli.describe(result)
@@ -92,7 +92,7 @@ def test_one_process_runs_the_script_directly_with_its_exit_code(cli) -> None:  
     assert ok.returncode == 0 and json.loads(ok.stdout)["env"]["ACCEL_USE_CPU"] == "true"
 
 
-def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:
     missing = cli.run("launch", "-n", "2", "no_such_script.py")
     assert missing.returncode == 2 and "No such script" in missing.stderr
     machines = cli.run("launch", "--num-machines", "2", "-n", "2", "x.py")
@@ -123,7 +123,7 @@ def _runner(*args: str, cwd: Path, error_file: Path) -> subprocess.CompletedProc
     )
 
 
-def test_runner_finishes_what_an_interpreter_exit_would(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_runner_finishes_what_an_interpreter_exit_would(cli, tmp_path: Path) -> None:
     # The runner ends a finished worker with os._exit (see exit_without_finalization); nothing the
     # script left for the exit may be lost.
     done = _runner(
@@ -136,7 +136,7 @@ def test_runner_finishes_what_an_interpreter_exit_would(cli, tmp_path: Path) -> 
     assert (tmp_path / "atexit.txt").read_text() == "atexit ran"
 
 
-def test_runner_runs_like_python_and_records_the_users_traceback(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_runner_runs_like_python_and_records_the_users_traceback(cli, tmp_path: Path) -> None:
     error_file = tmp_path / "error.json"
     ok = _runner("path", str(cli.scripts / "exit_with.py"), "0", "x", cwd=tmp_path, error_file=error_file)
     report = json.loads(ok.stdout)

@@ -81,7 +81,7 @@ def test_yaml_bare_no_and_environment_booleans_are_read() -> None:
         ({}, {}, {"tee": "0:3,x"}, "key 'tee'.*per local rank"),
     ],
 )
-def test_wrong_settings_name_where_they_came_from(flags, environ, config, message) -> None:  # type: ignore[no-untyped-def]
+def test_wrong_settings_name_where_they_came_from(flags, environ, config, message) -> None:
     with pytest.raises(ValueError, match=message):
         resolve_plan(flags, environ, config)
 
@@ -183,7 +183,7 @@ class _Broken(_Precision):
     name = "broken"
 
     def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
-        return {"ACCEL_BROKEN": 3}  # type: ignore[dict-item]
+        return {"ACCEL_BROKEN": 3}  # type: ignore[dict-item]  # the wrong type is what the test checks
 
 
 def test_backend_flags_come_from_extensions() -> None:

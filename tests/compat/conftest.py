@@ -13,7 +13,7 @@ import pytest
 HERE = Path(__file__).parent
 
 
-def _run_torchrun():  # type: ignore[no-untyped-def]
+def _run_torchrun():
     # The root conftest's launcher (a session fixture cannot use its function-scoped `torchrun` fixture).
     spec = importlib.util.spec_from_file_location("_accel_root_conftest", HERE.parent / "conftest.py")
     assert spec is not None and spec.loader is not None

@@ -102,7 +102,7 @@ def test_empty_init_allocates_nothing() -> None:
     assert find_tied_parameters(model) == [["embed.weight", "head.weight"]]
 
 
-def test_model_larger_than_memory_runs_from_cpu_and_disk(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_model_larger_than_memory_runs_from_cpu_and_disk(trained, tmp_path: Path) -> None:
     _, checkpoint, ids, expected = trained
     total = compute_module_sizes(empty_model())[""]
     budget = total // 2  # the model does not fit in the CPU memory it is given
@@ -130,7 +130,7 @@ def test_model_larger_than_memory_runs_from_cpu_and_disk(trained, tmp_path: Path
 
 
 @pytest.mark.parametrize("strategy", ["auto", "balanced", "balanced_low_0", "sequential"])
-def test_device_map_strategies_and_tied_weights(trained, tmp_path: Path, strategy: str) -> None:  # type: ignore[no-untyped-def]
+def test_device_map_strategies_and_tied_weights(trained, tmp_path: Path, strategy: str) -> None:
     _, checkpoint, ids, expected = trained
     budget = {"cpu": compute_module_sizes(empty_model())[""] // 3}
     model = load_checkpoint_and_dispatch(
@@ -143,7 +143,7 @@ def test_device_map_strategies_and_tied_weights(trained, tmp_path: Path, strateg
         torch.testing.assert_close(model(ids), expected, rtol=0, atol=0)
 
 
-def test_everything_on_disk_with_offloaded_buffers(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_everything_on_disk_with_offloaded_buffers(trained, tmp_path: Path) -> None:
     _, checkpoint, ids, expected = trained
     model = empty_model()
     load_checkpoint_in_model(model, checkpoint, device_map={"": "disk"}, offload_folder=tmp_path, offload_buffers=True)
@@ -154,7 +154,7 @@ def test_everything_on_disk_with_offloaded_buffers(trained, tmp_path: Path) -> N
     assert resident_bytes(model) == 0
 
 
-def test_dtype_and_checkpoint_forms(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_dtype_and_checkpoint_forms(trained, tmp_path: Path) -> None:
     source, checkpoint, ids, expected = trained
     single = tmp_path / "model.safetensors"
     save_file(
@@ -180,7 +180,7 @@ def test_dtype_and_checkpoint_forms(trained, tmp_path: Path) -> None:  # type: i
         dispatch_model(empty_model(), {"embed": "cpu", "head": "cpu"})
 
 
-def test_cpu_and_disk_offload_load_weights_just_in_time(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_cpu_and_disk_offload_load_weights_just_in_time(trained, tmp_path: Path) -> None:
     source, _, ids, expected = trained
     for offload in (
         lambda m: cpu_offload(m, execution_device="cpu"),
@@ -195,7 +195,7 @@ def test_cpu_and_disk_offload_load_weights_just_in_time(trained, tmp_path: Path)
         assert all(p.device.type == "meta" for p in model.parameters())
 
 
-def test_preload_module_classes_loads_a_whole_block(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_preload_module_classes_loads_a_whole_block(trained, tmp_path: Path) -> None:
     class UsesChildWeight(nn.Module):  # reads its child's weight without calling the child
         def __init__(self) -> None:
             super().__init__()
@@ -222,7 +222,7 @@ def test_infer_auto_device_map_reserves_room_for_the_largest_layer(caplog: pytes
     assert "No module could be assigned to cpu" in caplog.text
 
 
-def test_align_module_device_loads_an_offloaded_module_for_a_while(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_align_module_device_loads_an_offloaded_module_for_a_while(trained, tmp_path: Path) -> None:
     source, _, _, _ = trained
     model = TinyLM()
     model.load_state_dict(source.state_dict())

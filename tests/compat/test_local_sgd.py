@@ -6,7 +6,7 @@ import pytest
 import torch
 
 
-def test_parameters_average_every_local_sgd_steps_on_two_processes(two_process_run) -> None:  # type: ignore[no-untyped-def]
+def test_parameters_average_every_local_sgd_steps_on_two_processes(two_process_run) -> None:
     """scripts/api_checks.py's LocalSGD section (its docstring says what each check means)."""
     checks = two_process_run.checks(
         "start_equal", "different_between_averaging_steps", "equal_after_averaging_steps", "averaging_is_the_mean",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 
-def test_records_on_two_processes(two_process_run) -> None:  # type: ignore[no-untyped-def]
+def test_records_on_two_processes(two_process_run) -> None:
     """scripts/api_checks.py's get_logger section, run with ACCELERATE_LOG_LEVEL=DEBUG."""
     out = two_process_run.output
     lines = out.splitlines()

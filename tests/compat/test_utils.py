@@ -14,7 +14,7 @@ import torch
 import accel.utils as utils
 
 
-def test_utils_on_two_processes(two_process_run) -> None:  # type: ignore[no-untyped-def]
+def test_utils_on_two_processes(two_process_run) -> None:
     """scripts/api_checks.py's accel.utils section."""
     checks = two_process_run.checks(
         "tqdm_main_only", "tqdm_everywhere", "extract_model_from_parallel", "save_main_process_only", "load_back",
@@ -25,7 +25,7 @@ def test_utils_on_two_processes(two_process_run) -> None:  # type: ignore[no-unt
 
 
 # -- find_executable_batch_size -------------------------------------------------------------------
-def _allocate_above(limit: int):  # type: ignore[no-untyped-def]
+def _allocate_above(limit: int):
     tried: list[int] = []
 
     def train(batch_size: int, scale: float = 1.0) -> tuple[int, float]:

@@ -325,7 +325,7 @@ def test_user_errors() -> None:
     with pytest.raises(ValueError, match="process_index"):
         prepare_data_loader(DataLoader(range(10), batch_size=2), num_processes=2, process_index=2)
     with pytest.raises(TypeError, match="DataLoader"):
-        prepare_data_loader([1, 2, 3])  # type: ignore[arg-type]
+        prepare_data_loader([1, 2, 3])  # type: ignore[arg-type]  # the wrong type is what the test checks
     with pytest.raises(ValueError, match="batch size"):
         prepare_data_loader(
             DataLoader(range(10), batch_size=None), num_processes=2, process_index=0, split_batches=True

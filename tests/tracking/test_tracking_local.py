@@ -92,7 +92,7 @@ def test_local_tracker_tensors_reserved_keys_and_torn_line(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="reserved"):
         tracker.log({"step": 3})
     with pytest.raises(TypeError, match="dict"):
-        tracker.log([1, 2])  # type: ignore[arg-type]
+        tracker.log([1, 2])  # type: ignore[arg-type]  # the wrong type is what the test checks
     tracker.finish()
     # A run killed mid-write leaves a torn last line: the records before it still read.
     with open(tmp_path / "run" / "metrics.jsonl", "a") as handle:
@@ -119,7 +119,7 @@ def test_default_logging_dir_is_runs_under_cwd(tmp_path: Path, monkeypatch: pyte
     tracker.finish()
     assert (tmp_path / "runs" / "r" / "metrics.jsonl").is_file()
     with pytest.raises(TypeError, match="logging_dir"):
-        resolve_logging_dir(3, "local")  # type: ignore[arg-type]
+        resolve_logging_dir(3, "local")  # type: ignore[arg-type]  # the wrong type is what the test checks
     with pytest.raises(ValueError, match="run name"):
         LocalTracker("", tmp_path)
 
