@@ -15,9 +15,12 @@ copied into new memory. Reading stays ``weights_only`` (see ``safe_load``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .safe_load import load_torch_file
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -28,7 +31,7 @@ class SavedOptimizerState:
     mapped: bool
 
 
-def _live_state(optimizer: Any) -> dict[Any, dict[str, Any]]:
+def _live_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
     """The optimizer's current per-parameter state, keyed as in its state_dict (no copies made)."""
     try:
         state = optimizer.state_dict().get("state", {})
@@ -37,7 +40,9 @@ def _live_state(optimizer: Any) -> dict[Any, dict[str, Any]]:
     return state if isinstance(state, dict) else {}
 
 
-def read_optimizer_state(optimizer: Any, path: str, allow_unsafe_pickle: bool | None = None) -> SavedOptimizerState:
+def read_optimizer_state(
+    optimizer: torch.optim.Optimizer, path: str, allow_unsafe_pickle: bool | None = None
+) -> SavedOptimizerState:
     """Reads an optimizer file; memory-mapped when the optimizer has state to copy into."""
     mapped = bool(_live_state(optimizer))
     return SavedOptimizerState(load_torch_file(path, allow_unsafe_pickle, mmap=mapped), mapped)
@@ -99,7 +104,7 @@ def _materialize(obj: Any, placed: set[int], memo: dict[tuple[Any, ...], Any]) -
     return obj
 
 
-def load_optimizer_state(optimizer: Any, saved: SavedOptimizerState) -> None:
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: SavedOptimizerState) -> None:
     """``optimizer.load_state_dict``, reusing the optimizer's own tensors for the saved ones.
 
     Writes into the optimizer's tensors: call it only once every process has read its files.

@@ -160,7 +160,8 @@ def write_safetensors(
         handle.write(raw)
         for tensor in ordered:
             if tensor.numel():
-                handle.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+                # An ndarray is a buffer; numpy's stubs declare __buffer__ only for Python >= 3.12.
+                handle.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))  # pyright: ignore[reportArgumentType]
     return 8 + len(raw) + offset
 
 
@@ -237,7 +238,9 @@ def read_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]
         offset = start + begin
         if end == begin:
             tensors[name] = torch.empty(shape, dtype=dtype)
-        elif offset % _ITEMSIZE[code]:  # misaligned (foreign writer): copy rather than view
+            continue
+        assert mapped is not None  # a tensor with bytes: the file extends past its header
+        if offset % _ITEMSIZE[code]:  # misaligned (foreign writer): copy rather than view
             tensors[name] = torch.frombuffer(bytearray(mapped[offset : start + end]), dtype=dtype).reshape(shape)
         else:
             tensors[name] = torch.frombuffer(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections import OrderedDict, defaultdict
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import torch
 
@@ -73,7 +73,7 @@ def save(
 
     if isinstance(obj, OrderedDict):  # a state_dict(): tied weights share storage
         obj = clean_state_dict_for_safetensors(obj)
-    save_file(obj, os.fspath(f), metadata={"format": "pt"})  # type: ignore[arg-type]
+    save_file(obj, os.fspath(cast("str | os.PathLike[str]", f)), metadata={"format": "pt"})  # a path, not a stream
 
 
 def _numpy_safe_globals() -> list[Any]:
@@ -82,8 +82,8 @@ def _numpy_safe_globals() -> list[Any]:
 
     import numpy as np
 
-    core = getattr(np, "_core", None) or np.core
-    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype, codecs.encode]
+    core = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core to np._core
+    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype, codecs.encode]  # pyright: ignore[reportAttributeAccessIssue]
     allowed += [getattr(np.dtypes, n) for n in ("UInt32DType", "Float64DType", "Int64DType") if hasattr(np, "dtypes")]
     return allowed
 

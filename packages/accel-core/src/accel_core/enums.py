@@ -101,7 +101,8 @@ class DynamoBackend(_StrEnum):
     @classmethod
     def _missing_(cls, value: object) -> DynamoBackend | None:
         if isinstance(value, str) and value.lower() != value:
-            return cls._value2member_map_.get(value.lower())  # type: ignore[return-value]
+            member = cls._value2member_map_.get(value.lower())
+            return member if isinstance(member, cls) else None
         return None
 
 

@@ -17,7 +17,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 _T = TypeVar("_T")
 
@@ -131,11 +131,11 @@ def purge_accelerate_environment(func_or_cls: _T) -> _T:
             with _restore_accel_variables():
                 return function(*args, **kwargs)
 
-        wrapper._accel_purges_environment = True  # type: ignore[attr-defined]
+        wrapper._accel_purges_environment = True  # pyright: ignore[reportAttributeAccessIssue]  # a marker on the function
         return wrapper
 
     if not isinstance(func_or_cls, type):
-        return wrap(func_or_cls)  # type: ignore[arg-type, return-value]
+        return cast(_T, wrap(cast("Callable[..., Any]", func_or_cls)))
 
     def wrap_tests(cls: type) -> type:
         for name in dir(cls):
@@ -145,7 +145,8 @@ def purge_accelerate_environment(func_or_cls: _T) -> _T:
         return cls
 
     wrap_tests(func_or_cls)
-    func_or_cls.__init_subclass__ = classmethod(lambda cls, **kw: wrap_tests(cls))  # type: ignore[assignment, misc]
+    # Subclasses defined later get their test methods wrapped too.
+    func_or_cls.__init_subclass__ = classmethod(lambda cls, **kw: wrap_tests(cls))  # pyright: ignore[reportAttributeAccessIssue]
     return func_or_cls
 
 

@@ -106,7 +106,7 @@ def is_transformer_engine_available() -> bool:
 def is_transformer_engine_mxfp8_available() -> bool:
     if not _is_package_available("transformer_engine", "transformer-engine"):
         return False
-    from transformer_engine.pytorch.fp8 import check_mxfp8_support
+    from transformer_engine.pytorch.fp8 import check_mxfp8_support  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
 
     return bool(check_mxfp8_support()[0])
 
@@ -132,7 +132,7 @@ def is_8bit_bnb_available() -> bool:
 def is_bitsandbytes_multi_backend_available() -> bool:
     if not is_bnb_available():
         return False
-    import bitsandbytes
+    import bitsandbytes  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
 
     return "multi_backend" in getattr(bitsandbytes, "features", set())
 
@@ -314,18 +314,18 @@ def is_hpu_available(init_hccl: bool = False) -> bool:
             return False
     except ImportError:
         return False
-    import habana_frameworks.torch
+    import habana_frameworks.torch  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
     import torch
 
     if init_hccl:
-        import habana_frameworks.torch.distributed.hccl  # noqa: F401
-    return hasattr(torch, "hpu") and torch.hpu.is_available()
+        import habana_frameworks.torch.distributed.hccl  # noqa: F401  # pyright: ignore[reportMissingImports]  # optional
+    return hasattr(torch, "hpu") and torch.hpu.is_available()  # pyright: ignore[reportAttributeAccessIssue]  # habana adds torch.hpu
 
 
 def is_habana_gaudi1() -> bool:
     if not is_hpu_available():
         return False
-    import habana_frameworks.torch.utils.experimental as htexp
+    import habana_frameworks.torch.utils.experimental as htexp  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
 
     return bool(htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi)
 
@@ -354,7 +354,7 @@ def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = Fals
         return False
     if not (check_is_tpu or check_is_gpu):
         return True
-    import torch_xla.runtime
+    import torch_xla.runtime  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
 
     kind = torch_xla.runtime.device_type()
     return kind in ("GPU", "CUDA") if check_is_gpu else kind == "TPU"
@@ -375,7 +375,7 @@ def is_bf16_available(ignore_tpu: bool = False) -> bool:
     if is_cuda_available():
         return bool(torch.cuda.is_bf16_supported())
     if is_mlu_available():
-        return bool(torch.mlu.is_bf16_supported())
+        return bool(torch.mlu.is_bf16_supported())  # pyright: ignore[reportAttributeAccessIssue]  # torch_mlu adds torch.mlu
     if is_xpu_available():
         return bool(torch.xpu.is_bf16_supported())
     if is_mps_available():

@@ -100,10 +100,11 @@ def find_executable_batch_size(
         )
 
     batch_size = starting_batch_size
-    if reduce_batch_size_fn is None:
 
-        def reduce_batch_size_fn() -> int:
-            return int(batch_size * 0.9)
+    def reduce_by_a_tenth() -> int:
+        return int(batch_size * 0.9)
+
+    reduce = reduce_batch_size_fn if reduce_batch_size_fn is not None else reduce_by_a_tenth
 
     @functools.wraps(function)
     def decorator(*args: Any, **kwargs: Any) -> Any:
@@ -126,6 +127,6 @@ def find_executable_batch_size(
                     raise
             # Outside the except block: the error's traceback (and the failed attempt's tensors) is gone.
             clear_device_cache(garbage_collection=True)
-            batch_size = reduce_batch_size_fn()
+            batch_size = reduce()
 
     return decorator

@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,13 @@ def honor_type(obj: Any, generator: Any) -> Any:
     return type(obj)(generator)
 
 
+def mapping_like(mapping: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+    """A mapping of ``mapping``'s own type (dict, OrderedDict, BatchEncoding, ...) holding ``items``."""
+    # Mapping itself declares no constructor arguments; the concrete types take the items.
+    factory = cast("Callable[[dict[Any, Any]], Any]", type(mapping))
+    return factory(items)
+
+
 def recursively_apply(
     func: Callable[..., Any],
     data: Any,
@@ -65,13 +72,14 @@ def recursively_apply(
             ),
         )
     if isinstance(data, Mapping):
-        return type(data)(
+        return mapping_like(
+            data,
             {
                 k: recursively_apply(
                     func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
                 )
                 for k, v in data.items()
-            }
+            },
         )
     if test_type(data):
         return func(data, *args, **kwargs)
@@ -103,8 +111,8 @@ def send_to_device(
     if isinstance(data, (tuple, list)):
         return honor_type(data, (send_to_device(o, device, non_blocking, skip_keys) for o in data))
     if isinstance(data, Mapping):
-        return type(data)(
-            {k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys) for k, v in data.items()}
+        return mapping_like(
+            data, {k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys) for k, v in data.items()}
         )
     if isinstance(data, torch.Tensor):
         return data.to(device, non_blocking=non_blocking)
@@ -288,7 +296,7 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     if isinstance(first, (tuple, list)):
         return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
     if isinstance(first, Mapping):
-        return type(first)({k: concatenate([d[k] for d in data], dim=dim) for k in first})
+        return mapping_like(first, {k: concatenate([d[k] for d in data], dim=dim) for k in first})
     if not isinstance(first, torch.Tensor):
         raise TypeError(f"Can only concatenate tensors, got {type(first).__name__}.")
     return torch.cat(data, dim=dim)

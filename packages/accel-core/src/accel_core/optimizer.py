@@ -35,23 +35,23 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return self.precision.scaler
 
     @property
-    def state(self) -> Any:  # type: ignore[override]
+    def state(self) -> Any:
         return self.optimizer.state
 
     @state.setter
-    def state(self, value: Any) -> None:
+    def state(self, value: Any) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]  # forwards to the wrapped optimizer
         self.optimizer.state = value
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
     @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
+    def param_groups(self, value: list[dict[str, Any]]) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]  # forwards to the wrapped optimizer
         self.optimizer.param_groups = value
 
     @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
         return self.optimizer.defaults
 
     @defaults.setter
@@ -73,7 +73,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if self.gradient_state.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    # Returns None, as the reference's wrapper does, not the closure's loss.
+    def step(self, closure: Any = None) -> None:  # pyright: ignore[reportIncompatibleMethodOverride]
         if not self.gradient_state.sync_gradients:
             return
         kwargs = {} if closure is None else {"closure": closure}
@@ -86,12 +87,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def train(self) -> None:
         """For optimizers with train/eval modes (schedule-free)."""
-        if hasattr(self.optimizer, "train"):
-            self.optimizer.train()
+        train = getattr(self.optimizer, "train", None)
+        if train is not None:
+            train()
 
     def eval(self) -> None:
-        if hasattr(self.optimizer, "eval"):
-            self.optimizer.eval()
+        evaluate = getattr(self.optimizer, "eval", None)
+        if evaluate is not None:
+            evaluate()
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__.copy()

@@ -237,4 +237,5 @@ def config_from_sizes(**sizes: int) -> ParallelismConfig:
     unknown = set(sizes) - set(MESH_DIMS)
     if unknown:
         raise ValueError(f"Unknown mesh dimension(s) {sorted(unknown)}; known: {', '.join(MESH_DIMS)}.")
-    return ParallelismConfig(**{f"{dim}_size": sizes.get(dim, 1) for dim in MESH_DIMS})
+    given: dict[str, Any] = {f"{dim}_size": sizes.get(dim, 1) for dim in MESH_DIMS}
+    return ParallelismConfig(**given)

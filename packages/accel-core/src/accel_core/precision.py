@@ -104,7 +104,7 @@ class AutocastPrecision(Precision):
     def wrap_forward(self, model: torch.nn.Module) -> None:
         if isinstance(model.__dict__.get("forward"), AutocastForward):
             return
-        model.forward = AutocastForward(model, model.forward, self.device_type, self.dtype, self.autocast_kwargs)  # type: ignore[method-assign]
+        model.forward = AutocastForward(model, model.forward, self.device_type, self.dtype, self.autocast_kwargs)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss) if self.scaler is not None else loss
@@ -168,4 +168,4 @@ def unwrap_forward(model: torch.nn.Module) -> None:
     if forward.original is None:
         del model.__dict__["forward"]  # back to the class's bound method
     else:
-        model.forward = forward.original  # type: ignore[method-assign]
+        model.forward = forward.original

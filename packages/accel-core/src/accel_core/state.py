@@ -326,7 +326,7 @@ def _split(inputs: Any, n: int, index: int, apply_padding: bool) -> Any:
         # Short shares repeat the last item of the input (as Accelerate pads).
         last = inputs[length - 1 : length]
         missing = wanted - len(share)
-        if isinstance(share, torch.Tensor):
+        if isinstance(share, torch.Tensor) and isinstance(last, torch.Tensor):
             share = torch.cat([share] + [last] * missing)
         else:
             share = type(share)(list(share) + list(last) * missing)

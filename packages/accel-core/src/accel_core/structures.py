@@ -107,5 +107,5 @@ def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., 
     def forward(*args: Any, **kwargs: Any) -> Any:
         return converted(*args, **kwargs)
 
-    forward.__wrapped__ = converted  # type: ignore[attr-defined]
+    forward.__wrapped__ = converted  # pyright: ignore[reportFunctionMemberAccess]  # what unwrap_forward reads
     return forward

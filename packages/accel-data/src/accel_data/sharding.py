@@ -21,11 +21,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Generic, TypeVar
 
 B = TypeVar("B")
 
-_END = object()
+
+class _End(Enum):
+    END = 0  # an enum member, so `pending is not _END` narrows `pending` to a batch
+
+
+_END = _End.END
 
 
 @dataclass(frozen=True)
@@ -165,10 +171,10 @@ def iter_groups(
     it = iter(batches)
     buf: list[B] = []
     index = 0
-    pending = next(it, _END)
+    pending: B | _End = next(it, _END)
     while pending is not _END:
-        keep.add(pending)  # type: ignore[arg-type]
-        buf.append(pending)  # type: ignore[arg-type]
+        keep.add(pending)
+        buf.append(pending)
         # Look one batch ahead: only the epoch's last group may need padding or dropping.
         pending = next(it, _END)
         final = pending is _END
@@ -215,7 +221,7 @@ def make_group(buf: list[B], final: bool, plan: ShardPlan, ops: BatchOps[B], hea
         flat = ops.concat([*buf, head.samples(missing)])
         return Group([ops.cut(flat, r * size, (r + 1) * size) for r in range(n)], real, final)
     # Variable batch sizes: processes without a batch get whole batches from the start.
-    parts: list[B | None] = list(buf) + [head.whole_batch(i) for i in range(n - len(buf))]
+    parts: list[B | None] = [*buf, *(head.whole_batch(i) for i in range(n - len(buf)))]
     return Group(parts, real, final)
 
 

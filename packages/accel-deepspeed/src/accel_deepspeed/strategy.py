@@ -28,7 +28,7 @@ import socket
 import sys
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 
@@ -42,8 +42,11 @@ from accel_core.strategies import (
     StrategyContext,
 )
 
-from ._deepspeed import import_deepspeed
+from ._deepspeed import ds_accelerator, import_deepspeed
 from .plugin import DeepSpeedPlugin
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +116,7 @@ class DeepSpeedStrategy(Strategy):
         if env.flag(env.USE_CPU) and "deepspeed" not in sys.modules:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read once, when deepspeed picks its accelerator
         deepspeed = import_deepspeed()
-        from deepspeed.accelerator import get_accelerator
-
-        backend = kwargs.get("backend") or get_accelerator().communication_backend_name()
+        backend = kwargs.get("backend") or ds_accelerator().communication_backend_name()
         timeout = kwargs.get("timeout") or timedelta(minutes=30)
         os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine reads it
         if torch.distributed.is_initialized():
@@ -142,9 +143,7 @@ class DeepSpeedStrategy(Strategy):
 
     def setup(self, context: StrategyContext) -> None:
         super().setup(context)
-        from deepspeed.accelerator import get_accelerator
-
-        ds_device = torch.device(get_accelerator().device_name()).type
+        ds_device = torch.device(str(ds_accelerator().device_name(None))).type
         if ds_device != context.device.type:
             raise ValueError(
                 f"DeepSpeed runs on {ds_device} but the Accelerator chose {context.device.type}. Pick one: "
@@ -171,7 +170,9 @@ class DeepSpeedStrategy(Strategy):
 
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         engine_class = _engine_class()
-        return model.module if engine_class is not None and isinstance(model, engine_class) else model
+        if engine_class is not None and isinstance(model, engine_class):
+            return _engine_module(model)
+        return model
 
     # -- the training step ------------------------------------------------------------------
     def owns_optimizer_step(self) -> bool:
@@ -235,7 +236,7 @@ class DeepSpeedStrategy(Strategy):
                 )
             state_dict = model._zero3_consolidated_16bit_state_dict()
             return dict(state_dict) if state_dict is not None else {}
-        return model.module.state_dict()
+        return _engine_module(model).state_dict()
 
     def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> Any:
         """``ShardedCheckpointing``: the engine's ``save_checkpoint`` (frozen models as plain files). Collective."""
@@ -323,7 +324,12 @@ class DeepSpeedStrategy(Strategy):
         return f"DeepSpeedStrategy(zero_stage={self.plugin.zero_stage}, mixed_precision={self.mixed_precision!r})"
 
 
-def _engine_class() -> type | None:
+def _engine_module(engine: DeepSpeedEngine) -> torch.nn.Module:
+    # The engine keeps the user's model in ``module`` (set in its __init__, so typed through nn.Module.__getattr__).
+    return cast(torch.nn.Module, engine.module)
+
+
+def _engine_class() -> type[DeepSpeedEngine] | None:
     module = sys.modules.get("deepspeed")
     return getattr(module, "DeepSpeedEngine", None) if module is not None else None
 

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FullyShardedDataParallel
 
 from . import policies
 from .plugin import FullyShardedDataParallelPlugin
@@ -25,7 +28,7 @@ def fsdp1_class() -> Any:
     return FullyShardedDataParallel
 
 
-def is_fsdp1(model: nn.Module) -> bool:
+def is_fsdp1(model: nn.Module) -> TypeGuard[FullyShardedDataParallel]:
     return isinstance(model, fsdp1_class())
 
 

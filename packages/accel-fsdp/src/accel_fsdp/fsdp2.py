@@ -37,7 +37,7 @@ def _meta_layout(model: nn.Module, group: Any) -> str:
     local = 1 if any(t.is_meta for t in tensors) else 0
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return "meta" if local else "real"
-    flags = [None] * dist.get_world_size(group)
+    flags: list[int | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(flags, local, group=group)
     if not any(flags):
         return "real"
@@ -143,9 +143,7 @@ def shard_model(
     return model
 
 
-def _scatter_from_rank0(
-    model: nn.Module, state: dict[str, torch.Tensor], buffers: list[torch.Tensor], group: Any
-) -> None:
+def _scatter_from_rank0(model: nn.Module, state: dict[str, Any], buffers: list[torch.Tensor], group: Any) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
@@ -161,8 +159,10 @@ def _scatter_from_rank0(
 
 def local_bytes(model: nn.Module) -> int:
     """Bytes of parameters this process holds (its shards; whole tensors for unsharded ones)."""
+    from torch.distributed.tensor import DTensor
+
     total = 0
     for param in model.parameters():
-        local = param.to_local() if hasattr(param, "to_local") else param
+        local = param.to_local() if isinstance(param, DTensor) else param
         total += local.numel() * local.element_size()
     return total

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from megatron.core import parallel_state
@@ -30,6 +30,8 @@ from accel_checkpoint.fsio import write_json
 from . import rng
 
 if TYPE_CHECKING:
+    from accel_core.strategies import PreparedObjects
+
     from .strategy import MegatronStrategy
 
 MODELS, OPTIMIZERS = "models", "optimizers"
@@ -53,13 +55,13 @@ def _on_every_process(what: str, work: Callable[[], None]) -> None:
     coordinator.agree(error, what)
 
 
-def save_sharded(strategy: MegatronStrategy, prepared: Any, folder: str) -> tuple[str, ...]:
+def save_sharded(strategy: MegatronStrategy, prepared: PreparedObjects, folder: str) -> tuple[str, ...]:
     """Collective. Returns the categories covered."""
     _on_every_process(f"saving the Megatron shards in {folder}", lambda: _save_shard(strategy, prepared, folder))
     return (MODELS, OPTIMIZERS)
 
 
-def _save_shard(strategy: MegatronStrategy, prepared: Any, folder: str) -> None:
+def _save_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: str) -> None:
     models, optimizers = list(prepared.models), list(prepared.optimizers)
     if strategy.context.state.process_index == 0:
         os.makedirs(folder, exist_ok=True)
@@ -82,7 +84,7 @@ def _save_shard(strategy: MegatronStrategy, prepared: Any, folder: str) -> None:
 
 
 def load_sharded(
-    strategy: MegatronStrategy, prepared: Any, folder: str, allow_unsafe_pickle: bool | None = None
+    strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None
 ) -> None:
     """Collective: restores this process's TP shard."""
     _on_every_process(
@@ -90,7 +92,9 @@ def load_sharded(
     )
 
 
-def _load_shard(strategy: MegatronStrategy, prepared: Any, folder: str, allow_unsafe_pickle: bool | None) -> None:
+def _load_shard(
+    strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None
+) -> None:
     from accel_checkpoint.errors import CheckpointMismatchError
     from accel_checkpoint.safe_load import load_torch_file
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
     from accel_core.mesh import ParallelDims
 
     from .plugin import MegatronLMPlugin
@@ -17,6 +19,29 @@ def import_megatron() -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
         import megatron.core.tensor_parallel  # noqa: F401
+
+
+# Megatron's group getters are untyped; their inferred type admits "not a member" (-100) and None, which
+# they never return once ``initialize`` built the groups. Callers get the ProcessGroup they use.
+def tensor_parallel_group() -> ProcessGroup:
+    """Megatron's tensor-parallel group of this process."""
+    from megatron.core import parallel_state
+
+    return cast("ProcessGroup", parallel_state.get_tensor_model_parallel_group())
+
+
+def model_parallel_group() -> ProcessGroup:
+    """Megatron's model-parallel group (tensor x pipeline) of this process."""
+    from megatron.core import parallel_state
+
+    return cast("ProcessGroup", parallel_state.get_model_parallel_group())
+
+
+def data_parallel_group() -> ProcessGroup:
+    """Megatron's data-parallel group of this process."""
+    from megatron.core import parallel_state
+
+    return cast("ProcessGroup", parallel_state.get_data_parallel_group())
 
 
 def initialize(plugin: MegatronLMPlugin, world_size: int) -> None:
@@ -54,11 +79,10 @@ def check_same_ranks(dims: ParallelDims) -> None:
     """Megatron's DP and TP groups hold the same ranks as the job mesh's ``dp`` and ``tp`` (data is sharded
     over the mesh's ``dp``, gradients averaged over Megatron's DP group: they must agree)."""
     import torch.distributed as dist
-    from megatron.core import parallel_state
 
     for name, theirs in (
-        ("dp", parallel_state.get_data_parallel_group()),
-        ("tp", parallel_state.get_tensor_model_parallel_group()),
+        ("dp", data_parallel_group()),
+        ("tp", tensor_parallel_group()),
     ):
         ours = dims.dp if name == "dp" else dims.tp
         if ours.size == 1:

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import types
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.optim.lr_scheduler import LRScheduler
+
+if TYPE_CHECKING:
+    import torch
 
 DECAY_STYLES = ("linear", "cosine", "constant", "inverse-square-root")
 
@@ -82,7 +85,7 @@ class MegatronLRScheduler(LRScheduler):
         # Megatron's class computes the formula; given no parameter groups of its own, it changes
         # nothing itself (it would also overwrite every group's weight decay).
         self._formula = OptimizerParamScheduler(
-            types.SimpleNamespace(param_groups=[]),
+            types.SimpleNamespace(param_groups=[]),  # pyright: ignore[reportArgumentType]  # no groups, see above
             init_lr=0.0,
             max_lr=peak,
             min_lr=min_lr,
@@ -96,7 +99,7 @@ class MegatronLRScheduler(LRScheduler):
         )
         super().__init__(optimizer)
 
-    def get_lr(self) -> list[float]:  # type: ignore[override]
+    def get_lr(self) -> list[float | torch.Tensor]:  # LRScheduler's type; the values are floats
         self._formula.num_steps = self.last_epoch
         return [self._formula.get_lr({"max_lr": base_lr}) for base_lr in self.base_lrs]
 

@@ -88,7 +88,8 @@ class WandBTracker(GeneralTracker):
     ) -> None:
         import wandb
 
-        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)
+        # wandb types columns and rows with its own aliases (ColumnKey, InputRow) that lists of str / values satisfy.
+        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)  # pyright: ignore[reportArgumentType]
         self.run.log({table_name: table}, step=step, **kwargs)
 
     def finish(self) -> None:

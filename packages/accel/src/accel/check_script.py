@@ -11,6 +11,7 @@ Run it yourself with ``accel launch -m accel.check_script`` (any settings).
 from __future__ import annotations
 
 import os
+from typing import cast
 
 import torch
 
@@ -72,7 +73,7 @@ def check_training_step(accelerator: Accelerator) -> None:
     full_loss = torch.nn.functional.mse_loss(reference(inputs), targets) / accelerator.gradient_accumulation_steps
     full_loss.backward()
     with torch.no_grad():
-        expected = torch.cat([(p - 0.1 * p.grad).flatten() for p in reference.parameters()])
+        expected = torch.cat([(p - 0.1 * cast(torch.Tensor, p.grad)).flatten() for p in reference.parameters()])
     trained = torch.cat([p.detach().float().cpu().flatten() for p in accelerator.unwrap_model(model).parameters()])
     tolerance = 1e-5 if accelerator.mixed_precision == "no" else 2e-2
     check("training step", torch.allclose(trained, expected, atol=tolerance), f"{trained} != {expected}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -51,7 +52,7 @@ def _inside(name: str, parameter: str) -> bool:
 
 def infer_auto_device_map(
     model: nn.Module,
-    max_memory: dict[Device, int | str] | None = None,
+    max_memory: Mapping[Device, int | str] | None = None,
     no_split_module_classes: list[str] | None = None,
     dtype: str | torch.dtype | None = None,
     special_dtypes: dict[str, str | torch.dtype] | None = None,
@@ -166,7 +167,7 @@ def infer_auto_device_map(
         queue = [(name, module), *queue]
 
     if clean_result:
-        device_map = clean_device_map(device_map)
+        clean_device_map(device_map)  # in place
     if not offload_buffers and gpus:
         _warn_if_offloaded_buffers_do_not_fit(model, device_map, memory, used, dtype, special_dtypes)
     return device_map

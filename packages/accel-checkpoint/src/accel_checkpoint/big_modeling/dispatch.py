@@ -139,20 +139,21 @@ def dispatch_model(
     devices = set(device_map.values())
     if len(devices) == 1 and "disk" not in devices and not force_hooks:
         model.to(next(iter(devices)))
-        model.hf_device_map = dict(device_map)  # type: ignore[assignment]
+        _record_device_map(model, device_map)
         return model
     if main_device is None:
         real = [d for d in device_map.values() if d not in ("cpu", "disk")]
         main_device = real[0] if real else "cpu"
     offloaded: set[Device] = {"disk"} if main_device in ("cpu", "mps") else {"cpu", "disk"}
     disk_modules = [n for n, d in device_map.items() if d == "disk"]
-    if disk_modules and offload_dir is None and offload_index is None:
-        raise ValueError(
-            "We need an `offload_dir` to dispatch this model according to this `device_map`, the following submodules "
-            f"need to be offloaded: {', '.join(disk_modules)}."
-        )
-    if disk_modules and offload_index is None and not os.path.isfile(os.path.join(offload_dir, INDEX_NAME)):  # type: ignore[arg-type]
-        offload_state_dict(offload_dir, extract_submodules_state_dict(model.state_dict(), disk_modules))  # type: ignore[arg-type]
+    if disk_modules and offload_index is None:
+        if offload_dir is None:
+            raise ValueError(
+                "We need an `offload_dir` to dispatch this model according to this `device_map`, the following "
+                f"submodules need to be offloaded: {', '.join(disk_modules)}."
+            )
+        if not os.path.isfile(os.path.join(offload_dir, INDEX_NAME)):
+            offload_state_dict(offload_dir, extract_submodules_state_dict(model.state_dict(), disk_modules))
     cpu_modules = [n for n, d in device_map.items() if d == "cpu"]
     if "cpu" in offloaded and state_dict is None and cpu_modules:
         state_dict = {k: v.to("cpu") for k, v in extract_submodules_state_dict(model.state_dict(), cpu_modules).items()}
@@ -168,8 +169,13 @@ def dispatch_model(
             f"Some parameters are on the meta device because they were offloaded to the {' and '.join(offloaded_here)}."
         )
     guard_moves(model)
-    model.hf_device_map = dict(device_map)  # type: ignore[assignment]
+    _record_device_map(model, device_map)
     return model
+
+
+def _record_device_map(model: nn.Module, device_map: Mapping[str, Device]) -> None:
+    # The reference's (and transformers') attribute; nn.Module's __setattr__ is typed for tensors and modules.
+    model.hf_device_map = dict(device_map)  # pyright: ignore[reportArgumentType]
 
 
 def cpu_offload(
@@ -217,7 +223,7 @@ def load_checkpoint_and_dispatch(
     model: nn.Module,
     checkpoint: str | os.PathLike[str],
     device_map: str | dict[str, Device] | None = None,
-    max_memory: dict[Device, int | str] | None = None,
+    max_memory: Mapping[Device, int | str] | None = None,
     no_split_module_classes: list[str] | None = None,
     offload_folder: str | os.PathLike[str] | None = None,
     offload_buffers: bool = False,
@@ -243,7 +249,7 @@ def load_checkpoint_and_dispatch(
                 "'sequential'."
             )
         if device_map != "sequential":
-            max_memory = get_balanced_memory(  # type: ignore[assignment]
+            max_memory = get_balanced_memory(
                 model,
                 max_memory=max_memory,
                 no_split_module_classes=no_split_module_classes,

@@ -69,11 +69,12 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
             attributes["requires_grad"] = param.requires_grad
             moved = type(current)(current.to(device), **attributes)
             if hf_initialized is not None:
-                moved._is_hf_initialized = hf_initialized  # type: ignore[attr-defined]
+                moved._is_hf_initialized = hf_initialized  # pyright: ignore[reportAttributeAccessIssue]
             module._parameters[name] = moved
 
-    nn.Module.register_parameter = register_on_device  # type: ignore[method-assign]
+    # Patched for the duration of the block only, as the reference's init_on_device does.
+    nn.Module.register_parameter = register_on_device  # pyright: ignore[reportAttributeAccessIssue]
     try:
         yield
     finally:
-        nn.Module.register_parameter = original  # type: ignore[method-assign]
+        nn.Module.register_parameter = original

@@ -74,8 +74,9 @@ def load_state_dict(checkpoint_file: str, device_map: dict[str, Device] | None =
 
     With a ``device_map`` whose only device is not the disk, tensors are read straight onto it.
     """
-    devices = set((device_map or {}).values()) - {"disk"}
-    target = next(iter(devices)) if len(devices) == 1 and len(set(device_map.values())) == 1 else "cpu"  # type: ignore[union-attr]
+    mapped = device_map or {}
+    devices = set(mapped.values()) - {"disk"}
+    target = next(iter(devices)) if len(devices) == 1 and len(set(mapped.values())) == 1 else "cpu"
     if checkpoint_file.endswith(".safetensors"):
         from safetensors import safe_open
 
@@ -155,8 +156,9 @@ def load_checkpoint_in_model(
             if target_dtype is not None and torch.is_floating_point(tensor):
                 tensor = tensor.to(target_dtype)
             if device == "disk" and (offload_buffers or name not in buffers):
+                assert offload_folder is not None  # a "disk" device was refused above without one
                 set_module_tensor_to_device(model, name, "meta", value=tensor, dtype=target_dtype)
-                offload_weight(tensor, name, offload_folder, index=offload_index)  # type: ignore[arg-type]
+                offload_weight(tensor, name, offload_folder, index=offload_index)
             elif device == "cpu" and staging is not None:
                 set_module_tensor_to_device(model, name, "meta", value=tensor, dtype=target_dtype)
                 offload_weight(tensor, name, staging, index=staged)
@@ -173,8 +175,8 @@ def load_checkpoint_in_model(
         if strict and device_map is not None:
             raise ValueError(message)
         logger.warning(message)
-    if offload_index:
-        save_offload_index(offload_index, offload_folder)  # type: ignore[arg-type]
+    if offload_index and offload_folder is not None:  # an index is only written with a folder
+        save_offload_index(offload_index, offload_folder)
     if staging is not None:
         weights = OffloadedWeightsLoader(save_folder=staging, index=staged)
         for name in staged:
@@ -183,9 +185,7 @@ def load_checkpoint_in_model(
     retie_parameters(model, tied)
 
 
-def _load_whole(
-    model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool, full: bool, broadcast: bool
-) -> None:
+def _load_whole(model: nn.Module, state_dict: dict[str, Any], strict: bool, full: bool, broadcast: bool) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     if broadcast and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:

@@ -212,4 +212,5 @@ def set_module_tensor_to_device(
             owner._buffers[name] = new
         else:
             param = owner._parameters[name]
-            owner._parameters[name] = type(param)(new, requires_grad=param.requires_grad)  # type: ignore[call-arg]
+            assert param is not None  # `name` is one of owner's tensors (found above)
+            owner._parameters[name] = type(param)(new, requires_grad=param.requires_grad)

@@ -11,7 +11,7 @@ import logging
 import os
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -109,7 +109,8 @@ def compute_module_sizes(
         size = tensor.numel() * per_element
         parts = name.split(".")
         for depth in range(len(parts) + 1):
-            sizes[".".join(parts[:depth])] += size  # type: ignore[assignment]
+            # A bool element counts 1/8 byte (as the reference's sizes): such a total is a float.
+            sizes[".".join(parts[:depth])] += size  # pyright: ignore[reportArgumentType]
     return sizes
 
 
@@ -136,7 +137,7 @@ def get_max_layer_size(
     return max_size, names
 
 
-def get_max_memory(max_memory: dict[Device, int | str] | None = None) -> dict[Device, int]:
+def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> dict[Device, int]:
     """Memory per device: what is free now when ``max_memory`` is None, else ``max_memory`` in bytes, GPUs first.
 
     Keys are GPU (or XPU) indices, ``"mps"``, ``"cpu"`` and ``"disk"``.
@@ -180,7 +181,7 @@ def _available_ram() -> int:
 
 def get_balanced_memory(
     model: nn.Module,
-    max_memory: dict[Device, int | str] | None = None,
+    max_memory: Mapping[Device, int | str] | None = None,
     no_split_module_classes: list[str] | None = None,
     dtype: str | torch.dtype | None = None,
     special_dtypes: dict[str, str | torch.dtype] | None = None,
@@ -322,9 +323,11 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
     if "PreTrainedModel" not in [c.__name__ for c in inspect.getmro(model.__class__)]:
         return False
     config = getattr(model, "config", None)
-    decoder = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    get_text_config = getattr(config, "get_text_config", None)
+    decoder = get_text_config(decoder=True) if get_text_config is not None else config
+    # A PreTrainedModel (known by class name above, so transformers need not be imported) has get_output_embeddings.
     word_embeddings = bool(
-        decoder is not None and getattr(decoder, "tie_word_embeddings", False) and model.get_output_embeddings()
+        decoder is not None and getattr(decoder, "tie_word_embeddings", False) and model.get_output_embeddings()  # pyright: ignore[reportCallIssue]
     )
     encoder_decoder = bool(
         getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False)

@@ -50,6 +50,7 @@ class LaunchExtension(Protocol):
 
     def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
         """The variables the given flags set for the workers (they win over environment and config)."""
+        ...
 
 
 def load_extensions(names: Iterable[str] | None = None) -> list[LaunchExtension]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from fnmatch import fnmatch
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
 
@@ -107,9 +107,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, config: Paralle
         result = config.parallelize_fn(model, tp_mesh)
         return model if result is None else result
     plan: Mapping[str, Any] | None = config.tp_plan
-    if plan is None and callable(getattr(model, "parallelize", None)):
-        result = model.parallelize(tp_mesh)
-        return model if result is None else result
+    parallelize = getattr(model, "parallelize", None)  # a model that knows how to split itself
+    if plan is None and callable(parallelize):
+        result = parallelize(tp_mesh)
+        return model if result is None else cast(nn.Module, result)
     if plan is None:
         plan = getattr(model, "tp_plan", None)
     if not plan:

@@ -6,6 +6,7 @@ import argparse
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from accel_core.enums import DynamoBackend, SchedulerStepping
@@ -71,7 +72,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan_from_namespace(
     namespace: argparse.Namespace,
-    extensions: list[LaunchExtension] = (),  # type: ignore[assignment]
+    extensions: Sequence[LaunchExtension] = (),
     defaults: dict[str, Any] | None = None,
 ) -> LaunchPlan:
     """Resolves the plan from parsed flags, ``os.environ`` and the config file."""
