@@ -67,7 +67,13 @@ def entries(module_name: str) -> list[Entry]:
             continue
         where, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
         if not where or not qualname:
-            raise ValueError(f"{module_name}.{name} has no __module__/__qualname__: document it by hand")
+            # A constant (a string, a list): the module its _EXPORTS entry names holds it as an attribute,
+            # documented by the string literal under its assignment.
+            where, qualname = module._EXPORTS.get(name), name
+            if not where or not hasattr(importlib.import_module(where), name):
+                raise ValueError(
+                    f"{module_name}.{name}: not an object with __qualname__ nor an attribute of its _EXPORTS module"
+                )
         found.append(Entry(f"{module_name}.{name}", f"{where}.{qualname}", is_module=False))
     return found
 

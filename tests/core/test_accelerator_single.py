@@ -43,8 +43,17 @@ def test_missing_backend_package_names_the_extra(monkeypatch):
     with pytest.raises(ImportError, match=r'pip install "accel\[xla\]"'):
         Accelerator()
     monkeypatch.delenv("ACCEL_STRATEGY")
-    with pytest.raises(MissingPluginError, match=r"accel\[fp8\]"):
-        Accelerator(mixed_precision="fp8")
+    # accel-fp8 is installed in the workspace: hide the precision plugins as if it were not.
+    from accel_core import plugins
+
+    real_group = plugins._group
+    plugins.clear_cache()
+    monkeypatch.setattr(plugins, "_group", lambda group: {} if group == "accel.precisions" else real_group(group))
+    try:
+        with pytest.raises(MissingPluginError, match=r"accel\[fp8\]"):
+            Accelerator(mixed_precision="fp8")
+    finally:
+        plugins.load.cache_clear()  # nothing found was cached; _group itself comes back with monkeypatch
 
 
 def test_gradient_accumulation_steps_together_with_plugin():

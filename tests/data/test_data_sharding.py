@@ -199,3 +199,52 @@ def test_split_needs_a_divisible_batch() -> None:
         BatchSamplerShard(BatchSampler(SequentialSampler(range(10)), 3, False), 2, 0, split_batches=True)
     with pytest.raises(ValueError, match="multiple of the number of processes"):
         list(iter_groups([[1, 2, 3], [4, 5]], ShardPlan(2, split_batches=True), LIST_OPS))
+
+
+class _CountingSampler:
+    """Yields ``range(length)`` and records how far it was read, as a shuffle's draws depend on it."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.read = 0
+        self.exhausted = False
+
+    def __iter__(self):
+        for i in range(self.length):
+            self.read += 1
+            yield i
+        self.exhausted = True  # torch's RandomSampler draws another permutation here
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class _UserBatchSampler(BatchSampler):
+    """A batch sampler class of the user's (read batch by batch, not by the index fast path)."""
+
+
+@pytest.mark.parametrize("user_class", [False, True])
+def test_shard_reads_no_further_than_the_step_handed_out(user_class: bool) -> None:
+    """Accelerate's shard reads its batch sampler only as far as the step it yields: a loop left early
+    (early stopping) must leave the sampler, and so its generator, where Accelerate's leaves it."""
+    cls = _UserBatchSampler if user_class else BatchSampler
+    for length, size, n, split, even, drop_last in itertools.product(
+        [7, 16, 24, 31], [2, 3], [1, 2, 3], [False, True], [True, False], [False, True]
+    ):
+        loader_batch = size * n if split else size
+        chunk = loader_batch if split else loader_batch * n
+        for rank in range(n):
+            sampler = _CountingSampler(length)
+            it = iter(BatchSamplerShard(cls(sampler, loader_batch, drop_last), n, rank, split, even))
+            for step in range(length // chunk):
+                next(it)
+                assert (sampler.read, sampler.exhausted) == ((step + 1) * chunk, False), (
+                    length,
+                    size,
+                    n,
+                    split,
+                    even,
+                    drop_last,
+                    rank,
+                    step,
+                )

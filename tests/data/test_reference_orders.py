@@ -5,7 +5,8 @@ once with Accelerate 1.15.0 on 2 real processes (``reference/record_reference.sh
 committed as ``reference/accelerate_1_15_orders.json``. Here the same script runs with accel under
 torchrun and every case (shuffle on/off, seeds, split_batches, even_batches, drop_last, the
 seedable sampler, a user generator, a SubsetRandomSampler fold, a sampler yielding index batches,
-skip_first_batches, non-divisible lengths) must give the same per-process orders for 3 epochs.
+skip_first_batches, non-divisible lengths, a user's batch sampler class, loops left early as early
+stopping leaves them) must give the same per-process orders for 3 epochs.
 """
 
 from __future__ import annotations

@@ -20,10 +20,6 @@ REPO = Path(__file__).resolve().parents[2]
 ACCEL = Path(sys.executable).parent / "accel"
 
 
-# Until the `api` branch lands, accel has neither name; strict, so the mark goes once it passes.
-@pytest.mark.xfail(
-    reason="needs accel.logging.get_logger and accel.utils.find_executable_batch_size (branch api)", strict=True
-)
 def test_tiny_bert_trains_on_two_processes():
     command = [str(ACCEL), "launch", "--cpu", "-n", "2", "examples/train_transformers.py", "--epochs", "4"]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -30,7 +30,13 @@ def test_training_matches_ddp_on_two_processes(torchrun):
 
 
 def test_sharded_checkpoints_two_processes_then_one(torchrun, tmp_path):
-    env = {"ACCEL_STRATEGY": "fsdp", "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP": "Block"}
+    # The same LR schedule on 2 processes and on 1 (the default steps it once per process per optimizer step):
+    # the continuation on one process is compared with the two-process one.
+    env = {
+        "ACCEL_STRATEGY": "fsdp",
+        "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP": "Block",
+        "ACCEL_SCHEDULER_STEPPING": "per_optimizer_step",
+    }
     result = torchrun(HERE / "checkpoint_checks.py", str(tmp_path), env=env, timeout=300)
     assert "FSDP CHECKPOINT CHECKS PASSED 0" in result.stdout and "FSDP CHECKPOINT CHECKS PASSED 1" in result.stdout
 
@@ -45,6 +51,8 @@ def test_sharded_checkpoints_two_processes_then_one(torchrun, tmp_path):
         "--use-fsdp",
         "--fsdp-transformer-layer-cls-to-wrap",
         "Block",
+        "--scheduler-stepping",
+        "per_optimizer_step",
         str(HERE / "single_process_checks.py"),
         str(tmp_path),
     ]

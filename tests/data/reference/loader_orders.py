@@ -75,7 +75,24 @@ CASES: dict[str, dict[str, Any]] = {
     "dispatch_no_shuffle": dict(seed=17, n=50, bs=4, dispatch_batches=True, shuffle=False),
     "dispatch_split": dict(seed=18, n=50, bs=8, dispatch_batches=True, split_batches=True),
     "dispatch_seedable": dict(seed=19, n=50, bs=4, dispatch_batches=True, seedable=True),
+    # Loops left early (early stopping): `stop[e]` batches of epoch e are read, then the loop breaks.
+    # What the sampler drew before the break decides the next epoch's shuffle.
+    "early_stop": dict(seed=20, n=50, bs=4, stop=[3, 1]),
+    "early_stop_at_last_full_step": dict(seed=21, n=48, bs=4, stop=[5]),
+    "early_stop_before_short_step": dict(seed=22, n=50, bs=4, stop=[6]),
+    "early_stop_split": dict(seed=23, n=50, bs=8, split_batches=True, stop=[2, 2]),
+    "early_stop_no_even": dict(seed=24, n=50, bs=4, even_batches=False, stop=[5]),
+    "early_stop_seedable": dict(seed=25, n=50, bs=4, seedable=True, stop=[3]),
+    "early_stop_generator": dict(seed=26, n=50, bs=4, kind="generator", stop=[3]),
+    "early_stop_batch_sampler": dict(seed=27, n=48, bs=4, kind="batch_sampler", stop=[5]),
+    "early_stop_skip_first_batches": dict(seed=28, n=50, bs=4, skip=3, stop=[None, 1]),
+    "custom_batch_sampler": dict(seed=29, n=50, bs=4, kind="custom_batch_sampler"),
+    "early_stop_custom_batch_sampler": dict(seed=30, n=48, bs=4, kind="custom_batch_sampler", stop=[5]),
 }
+
+
+class UserBatchSampler(BatchSampler):
+    """A user's own batch sampler class (same batches as torch's)."""
 
 
 def seedable_sampler_class(lib_name: str) -> type:
@@ -103,6 +120,10 @@ def build_loader(case: dict[str, Any], lib_name: str) -> DataLoader:
     if kind == "batch_sampler":
         sampler = BatchSampler(RandomSampler(dataset), batch_size=bs, drop_last=drop_last)
         return DataLoader(dataset, sampler=sampler, batch_size=None)
+    if kind == "custom_batch_sampler":
+        return DataLoader(
+            dataset, batch_sampler=UserBatchSampler(RandomSampler(dataset), batch_size=bs, drop_last=drop_last)
+        )
     raise ValueError(kind)
 
 
@@ -129,9 +150,13 @@ def run_case(lib: Any, case: dict[str, Any]) -> list[list[list[int]]] | str:
         if case.get("skip") and epoch == 1:
             active = accelerator.skip_first_batches(loader, case["skip"])
         batches = []
+        stops = case.get("stop", [])
+        stop = stops[epoch] if epoch < len(stops) else None
         for batch in active:
             batches.append(batch.reshape(-1).tolist())
             torch.rand(2)  # the training step draws from the global RNG (dropout) as a real one would
+            if len(batches) == stop:
+                break
         epochs.append(batches)
     return epochs
 

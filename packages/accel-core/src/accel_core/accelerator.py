@@ -47,12 +47,13 @@ from .configuration import (
     TorchDynamoPlugin,
 )
 from .enums import DistributedType, SchedulerStepping
+from .fp8_recipes import fp8_recipe_handler
 from .mesh import ParallelDims, make_dims
 from .optimizer import AcceleratedOptimizer
 from .optimizer_rebuild import ParameterNames
 from .parallel import Parallelism
 from .parallelism import ParallelismConfig
-from .precision import AutocastPrecision, Precision, unwrap_forward
+from .precision import AutocastPrecision, Precision, PrecisionContext, PrecisionFactory, unwrap_forward
 from .preparation import Preparation
 from .process_control import ProcessControl
 from .profiling import Profiling
@@ -184,7 +185,15 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
             dist.is_initialized(),
         )
         self.state.mixed_precision = self.strategy.resolve_precision(plan.mixed_precision)
+        if (
+            self.state.mixed_precision != "fp8"
+            and fp8_recipe_handler(self.handlers) is not None
+            and not self.strategy.owns_precision
+        ):
+            raise ValueError("Passing in an FP8 configuration requires setting `mixed_precision='fp8'`.")
         self.precision = self._make_precision(self.state.mixed_precision)
+        # fp8 on a device that cannot run it falls back (with a warning) to what the precision says.
+        self.state.mixed_precision = self.precision.name
         self.gradient_state = GradientState(plan.gradient_accumulation)
         self.prepared = PreparedObjects()
         self.device_placement = device_placement
@@ -235,8 +244,15 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
                 f"mixed_precision={name!r} is not supported by the {self.strategy.name} strategy; "
                 f"use one of {list(self.strategy.supported_precisions)}."
             )
-        if name == "fp8":
-            return plugins.load("accel.precisions", "fp8")(self)
+        if name == "fp8" and not self.strategy.owns_precision:
+            context = PrecisionContext(
+                device=self.state.device,
+                handlers=self.handlers,
+                is_main_process=self.state.is_main_process,
+                fallback=self._make_precision,
+            )
+            factory: PrecisionFactory = plugins.load("accel.precisions", "fp8")
+            return factory(context)
         if self.strategy.owns_precision:
             # The backend applies it (and settled it from its own config: resolve_precision).
             return Precision(name)
@@ -281,7 +297,7 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
 
     @property
     def mixed_precision(self) -> str:
-        """The precision mode in use: "no", "fp16" or "bf16"."""
+        """The precision mode in use: "no", "fp16", "bf16" or "fp8" (an old GPU asked for fp8 runs fp16)."""
         return self.precision.name
 
     @property

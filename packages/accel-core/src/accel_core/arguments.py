@@ -13,13 +13,13 @@ from typing import Any
 from .configuration import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
-    FP8RecipeKwargs,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
     ProfileKwargs,
     TorchDynamoPlugin,
 )
+from .fp8_recipes import RECIPE_HANDLERS
 
 # The kwargs handler types accel applies.
 APPLIED_HANDLERS: tuple[type[KwargsHandler], ...] = (
@@ -28,7 +28,7 @@ APPLIED_HANDLERS: tuple[type[KwargsHandler], ...] = (
     InitProcessGroupKwargs,
     AutocastKwargs,
     ProfileKwargs,
-    FP8RecipeKwargs,
+    *RECIPE_HANDLERS,
 )
 
 

@@ -217,18 +217,6 @@ class TorchDynamoPlugin(KwargsHandler):
 
 
 @dataclass
-class FP8RecipeKwargs(KwargsHandler):
-    """Recipe for fp8 training; read by the fp8 backend package (Transformer-Engine needs CUDA)."""
-
-    backend: str = "te"
-    margin: int = 0
-    interval: int = 1
-    fp8_format: str = "HYBRID"
-    amax_history_len: int = 1024
-    amax_compute_algo: str = "most_recent"
-
-
-@dataclass
 class GradientAccumulationPlugin(KwargsHandler):
     """How gradient accumulation behaves.
 
@@ -309,3 +297,12 @@ class ProjectConfiguration:
         self.project_dir = None if project_dir is None else os.fspath(project_dir)
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
+
+
+def __getattr__(name: str) -> Any:
+    # FP8RecipeKwargs moved to fp8_recipes (with AORecipeKwargs and TERecipeKwargs); still importable from here.
+    if name == "FP8RecipeKwargs":
+        from .fp8_recipes import FP8RecipeKwargs
+
+        return FP8RecipeKwargs
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -60,6 +60,16 @@ class PrecisionType(_StrEnum):
     BF16 = "bf16"
 
 
+class FP8BackendType(_StrEnum):
+    """The library fp8 training runs on: ``AO`` (torchao), ``TE`` (Transformer-Engine); ``NO`` when none.
+    ``MSAMP`` exists for comparisons in reference scripts; accel does not run MS-AMP."""
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"
+
+
 class RNGType(_StrEnum):
     """The random number generators that can be synchronised across processes (``rng_types=``)."""
 

@@ -49,42 +49,52 @@ def _has_version(distribution: str, operation: str, version: str) -> bool:
 
 # -- libraries -------------------------------------------------------------------------------------
 def is_transformers_available() -> bool:
+    """Whether the ``transformers`` package is installed (found without importing it)."""
     return _is_package_available("transformers")
 
 
 def is_datasets_available() -> bool:
+    """Whether the ``datasets`` package is installed (found without importing it)."""
     return _is_package_available("datasets")
 
 
 def is_peft_available() -> bool:
+    """Whether the ``peft`` package is installed (found without importing it)."""
     return _is_package_available("peft")
 
 
 def is_timm_available() -> bool:
+    """Whether the ``timm`` package is installed (found without importing it)."""
     return _is_package_available("timm")
 
 
 def is_torchvision_available() -> bool:
+    """Whether the ``torchvision`` package is installed (found without importing it)."""
     return _is_package_available("torchvision")
 
 
 def is_torchdata_available() -> bool:
+    """Whether the ``torchdata`` package is installed (found without importing it)."""
     return _is_package_available("torchdata")
 
 
 def is_torchdata_stateful_dataloader_available() -> bool:
+    """Whether the ``torchdata`` package is installed (found without importing it)."""
     return _is_package_available("torchdata") and _has_version("torchdata", ">=", "0.8.0")
 
 
 def is_schedulefree_available() -> bool:
+    """Whether the ``schedulefree`` package is installed (found without importing it)."""
     return _is_package_available("schedulefree")
 
 
 def is_lomo_available() -> bool:
+    """Whether the ``lomo_optim`` package is installed (found without importing it)."""
     return _is_package_available("lomo_optim")
 
 
 def is_deepspeed_available() -> bool:
+    """Whether the ``deepspeed`` package is installed (found without importing it)."""
     return _is_package_available("deepspeed")
 
 
@@ -94,16 +104,19 @@ def is_megatron_lm_available() -> bool:
 
 
 def is_torchao_available() -> bool:
+    """Whether the ``torchao`` package is installed (found without importing it)."""
     return _is_package_available("torchao") and _has_version("torchao", ">=", "0.6.1")
 
 
 def is_transformer_engine_available() -> bool:
+    """Whether transformer engine is available in this environment (the reference's check of the same name)."""
     if is_hpu_available():
         return _is_package_available("intel_transformer_engine", "intel-transformer-engine")
     return _is_package_available("transformer_engine", "transformer-engine")
 
 
 def is_transformer_engine_mxfp8_available() -> bool:
+    """Whether transformer engine mxfp8 is available in this environment (the reference's check of the same name)."""
     if not _is_package_available("transformer_engine", "transformer-engine"):
         return False
     from transformer_engine.pytorch.fp8 import check_mxfp8_support  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
@@ -112,24 +125,29 @@ def is_transformer_engine_mxfp8_available() -> bool:
 
 
 def is_msamp_available() -> bool:
+    """Whether msamp is available in this environment (the reference's check of the same name)."""
     return _is_package_available("msamp", "ms-amp")
 
 
 def is_bnb_available(min_version: str | None = None) -> bool:
+    """Whether bnb is available in this environment (the reference's check of the same name)."""
     if not _is_package_available("bitsandbytes"):
         return False
     return min_version is None or _has_version("bitsandbytes", ">=", min_version)
 
 
 def is_4bit_bnb_available() -> bool:
+    """Whether 4bit bnb is available in this environment (the reference's check of the same name)."""
     return is_bnb_available("0.39.0")
 
 
 def is_8bit_bnb_available() -> bool:
+    """Whether 8bit bnb is available in this environment (the reference's check of the same name)."""
     return is_bnb_available("0.37.2")
 
 
 def is_bitsandbytes_multi_backend_available() -> bool:
+    """Whether bitsandbytes multi backend is available in this environment (the reference's check of the same name)."""
     if not is_bnb_available():
         return False
     import bitsandbytes  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
@@ -138,16 +156,19 @@ def is_bitsandbytes_multi_backend_available() -> bool:
 
 
 def is_triton_available() -> bool:
+    """Whether triton is available in this environment (the reference's check of the same name)."""
     if is_xpu_available():
         return _is_package_available("triton", "triton-xpu")
     return _is_package_available("triton")
 
 
 def is_pippy_available() -> bool:
+    """Whether pippy is available in this environment (the reference's check of the same name)."""
     return is_torch_version(">=", "2.4.0")
 
 
 def is_weights_only_available() -> bool:
+    """Whether weights only is available in this environment (the reference's check of the same name)."""
     return is_torch_version(">=", "2.4.0")
 
 
@@ -160,75 +181,93 @@ def is_rich_available() -> bool:
 
 
 def is_pytest_available() -> bool:
+    """Whether the ``pytest`` package is installed (found without importing it)."""
     return _is_package_available("pytest")
 
 
 def is_import_timer_available() -> bool:
+    """Whether the ``import_timer`` package is installed (found without importing it)."""
     return _is_package_available("import_timer")
 
 
 def is_pynvml_available() -> bool:
+    """Whether the ``pynvml`` package is installed (found without importing it)."""
     return _is_package_available("pynvml") or _is_package_available("pynvml", "nvidia-ml-py")
 
 
 def is_amdsmi_available() -> bool:
+    """Whether the ``amdsmi`` package is installed (found without importing it)."""
     return _is_package_available("amdsmi")
 
 
 def is_boto3_available() -> bool:
+    """Whether the ``boto3`` package is installed (found without importing it)."""
     return _is_package_available("boto3")
 
 
 def is_sagemaker_available() -> bool:
+    """Whether the ``sagemaker`` package is installed (found without importing it)."""
     return _is_package_available("sagemaker")
 
 
 def is_pandas_available() -> bool:
+    """Whether the ``pandas`` package is installed (found without importing it)."""
     return _is_package_available("pandas")
 
 
 def is_matplotlib_available() -> bool:
+    """Whether the ``matplotlib`` package is installed (found without importing it)."""
     return _is_package_available("matplotlib")
 
 
 def is_tqdm_available() -> bool:
+    """Whether the ``tqdm`` package is installed (found without importing it)."""
     return _is_package_available("tqdm")
 
 
 # -- trackers --------------------------------------------------------------------------------------
 def is_tensorboard_available() -> bool:
+    """Whether the ``tensorboard`` package is installed (found without importing it)."""
     return _is_package_available("tensorboard") or _is_package_available("tensorboardX")
 
 
 def is_wandb_available() -> bool:
+    """Whether the ``wandb`` package is installed (found without importing it)."""
     return _is_package_available("wandb")
 
 
 def is_comet_ml_available() -> bool:
+    """Whether the ``comet_ml`` package is installed (found without importing it)."""
     return _is_package_available("comet_ml")
 
 
 def is_mlflow_available() -> bool:
+    """Whether the ``mlflow`` package is installed (found without importing it)."""
     return _is_package_available("mlflow") or _is_package_available("mlflow", "mlflow-skinny")
 
 
 def is_aim_available() -> bool:
+    """Whether the ``aim`` package is installed (found without importing it)."""
     return _is_package_available("aim") and _has_version("aim", "<", "4.0.0")
 
 
 def is_clearml_available() -> bool:
+    """Whether the ``clearml`` package is installed (found without importing it)."""
     return _is_package_available("clearml")
 
 
 def is_dvclive_available() -> bool:
+    """Whether the ``dvclive`` package is installed (found without importing it)."""
     return _is_package_available("dvclive")
 
 
 def is_swanlab_available() -> bool:
+    """Whether the ``swanlab`` package is installed (found without importing it)."""
     return _is_package_available("swanlab")
 
 
 def is_trackio_available() -> bool:
+    """Whether trackio is available in this environment (the reference's check of the same name)."""
     return sys.version_info >= (3, 10) and _is_package_available("trackio")
 
 
@@ -244,12 +283,14 @@ def is_cuda_available() -> bool:
 
 
 def is_rocm_available() -> bool:
+    """Whether rocm is available in this environment (the reference's check of the same name)."""
     import torch
 
     return torch.version.hip is not None and torch.cuda.is_available()
 
 
 def is_mps_available(min_version: str = "1.12") -> bool:
+    """Whether mps is available in this environment (the reference's check of the same name)."""
     import torch
 
     return is_torch_version(">=", min_version) and torch.backends.mps.is_available() and torch.backends.mps.is_built()
@@ -281,31 +322,37 @@ def _extension_device(module: str, attribute: str, check_device: bool) -> bool:
 
 @lru_cache
 def is_npu_available(check_device: bool = False) -> bool:
+    """Whether npu is available in this environment (the reference's check of the same name)."""
     return _extension_device("torch_npu", "npu", check_device)
 
 
 @lru_cache
 def is_mlu_available(check_device: bool = False) -> bool:
+    """Whether mlu is available in this environment (the reference's check of the same name)."""
     return _extension_device("torch_mlu", "mlu", check_device)
 
 
 @lru_cache
 def is_musa_available(check_device: bool = False) -> bool:
+    """Whether musa is available in this environment (the reference's check of the same name)."""
     return _extension_device("torch_musa", "musa", check_device)
 
 
 @lru_cache
 def is_sdaa_available(check_device: bool = False) -> bool:
+    """Whether sdaa is available in this environment (the reference's check of the same name)."""
     return _extension_device("torch_sdaa", "sdaa", check_device)
 
 
 @lru_cache
 def is_neuron_available(check_device: bool = False) -> bool:
+    """Whether neuron is available in this environment (the reference's check of the same name)."""
     return _extension_device("torch_neuronx", "neuron", check_device)
 
 
 @lru_cache
 def is_hpu_available(init_hccl: bool = False) -> bool:
+    """Whether hpu is available in this environment (the reference's check of the same name)."""
     try:
         if (
             importlib.util.find_spec("habana_frameworks") is None
@@ -323,6 +370,7 @@ def is_hpu_available(init_hccl: bool = False) -> bool:
 
 
 def is_habana_gaudi1() -> bool:
+    """Whether the HPU is a first-generation Habana Gaudi (the reference's check of the same name)."""
     if not is_hpu_available():
         return False
     import habana_frameworks.torch.utils.experimental as htexp  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
@@ -361,6 +409,7 @@ def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = Fals
 
 
 def is_xccl_available() -> bool:
+    """Whether xccl is available in this environment (the reference's check of the same name)."""
     import torch.distributed as dist
 
     return is_torch_version(">=", "2.7.0") and bool(dist.distributed_c10d.is_xccl_available())
@@ -384,6 +433,7 @@ def is_bf16_available(ignore_tpu: bool = False) -> bool:
 
 
 def is_fp16_available() -> bool:
+    """Whether fp16 is available in this environment (the reference's check of the same name)."""
     return not is_habana_gaudi1()
 
 

@@ -27,10 +27,12 @@ class DistributedOperationException(RuntimeError):
 
 
 def is_torch_tensor(obj: Any) -> bool:
+    """Whether ``obj`` is a ``torch.Tensor``."""
     return isinstance(obj, torch.Tensor)
 
 
 def is_namedtuple(obj: Any) -> bool:
+    """Whether ``obj`` is a ``collections.namedtuple`` instance."""
     return isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields")
 
 

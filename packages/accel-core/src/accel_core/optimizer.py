@@ -32,10 +32,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def scaler(self) -> Any:
+        """The fp16 GradScaler the optimizer steps through, or None."""
         return self.precision.scaler
 
     @property
     def state(self) -> Any:
+        """The wrapped optimizer's ``state``."""
         return self.optimizer.state
 
     @state.setter
@@ -44,6 +46,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's ``param_groups``."""
         return self.optimizer.param_groups
 
     @param_groups.setter
@@ -52,6 +55,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def defaults(self) -> dict[str, Any]:
+        """The wrapped optimizer's ``defaults``."""
         return self.optimizer.defaults
 
     @defaults.setter
@@ -59,22 +63,28 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.defaults = value
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Adds a parameter group to the wrapped optimizer."""
         self.optimizer.add_param_group(param_group)
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state dict."""
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a state dict into the wrapped optimizer, its tensors moved to the prepared device."""
         if self.device is not None:
             state_dict = send_to_device(state_dict, self.device)
         self.optimizer.load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zeroes the gradients, except on accumulation micro-steps (gradients keep adding up until the boundary)."""
         if self.gradient_state.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     # Returns None, as the reference's wrapper does, not the closure's loss.
     def step(self, closure: Any = None) -> None:  # pyright: ignore[reportIncompatibleMethodOverride]
+        """Steps the wrapped optimizer at accumulation boundaries (through the GradScaler with fp16); nothing on
+        micro-steps."""
         if not self.gradient_state.sync_gradients:
             return
         kwargs = {} if closure is None else {"closure": closure}
@@ -92,6 +102,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             train()
 
     def eval(self) -> None:
+        """Switches a schedule-free optimizer to evaluation mode (the wrapped optimizer's ``eval()``)."""
         evaluate = getattr(self.optimizer, "eval", None)
         if evaluate is not None:
             evaluate()

@@ -46,6 +46,7 @@ class Parallelism:
 
     @property
     def context_parallel_rank(self) -> int:
+        """This process's index along the mesh's ``cp`` dimension (0 without context parallelism)."""
         return self.parallel_dims.local_rank("cp")
 
     @property
@@ -60,6 +61,7 @@ class Parallelism:
 
     @property
     def pipeline_parallel_rank(self) -> int:
+        """This process's pipeline stage; pipeline parallelism is not available yet, so it raises."""
         raise NotImplementedError("Pipeline parallelism is not available in accel yet.")
 
     @contextlib.contextmanager

@@ -94,10 +94,12 @@ class ParallelismConfig:
 
     @property
     def sizes(self) -> dict[str, int]:
+        """Every mesh dimension's size, ``{"dp_replicate": ..., "dp_shard": ..., "cp": ..., "tp": ..., "pp": ...}``."""
         return {dim: self.size(dim) for dim in MESH_DIMS}
 
     @property
     def total_size(self) -> int:
+        """The product of the sizes: the number of processes this layout needs."""
         return math.prod(self.sizes.values())
 
     @property
@@ -107,26 +109,32 @@ class ParallelismConfig:
 
     @property
     def non_data_parallel_size(self) -> int:
+        """``tp x cp x pp``: the processes that share one data-parallel rank (and read the same batch)."""
         return self.size("tp") * self.size("cp") * self.size("pp")
 
     @property
     def dp_replicate_enabled(self) -> bool:
+        """Whether there are several model replicas (``dp_replicate_size > 1``)."""
         return self.size("dp_replicate") > 1
 
     @property
     def dp_shard_enabled(self) -> bool:
+        """Whether parameters are sharded (``dp_shard_size > 1``: FSDP2)."""
         return self.size("dp_shard") > 1
 
     @property
     def tp_enabled(self) -> bool:
+        """Whether tensor parallelism is on (``tp_size > 1``)."""
         return self.size("tp") > 1
 
     @property
     def cp_enabled(self) -> bool:
+        """Whether context parallelism is on (``cp_size > 1``)."""
         return self.size("cp") > 1
 
     @property
     def pp_enabled(self) -> bool:
+        """Whether pipeline parallelism is asked for (``pp_size > 1``)."""
         return self.size("pp") > 1
 
     # -- names of the reference's mesh views ----------------------------------------------------
@@ -152,10 +160,13 @@ class ParallelismConfig:
 
     @property
     def fsdp_dim_names(self) -> list[str]:
+        """The mesh dimensions FSDP2 shards over: ``["dp_replicate", "dp_shard_cp"]`` with replicas (HSDP), else
+        ``["dp_shard_cp"]``."""
         return (["dp_replicate"] if self.dp_replicate_enabled else []) + ["dp_shard_cp"]
 
     @property
     def active_mesh_dims(self) -> list[str]:
+        """The data-parallel, then the other, dimension names of the mesh, in mesh order."""
         return self.dp_dim_names + self.non_dp_dim_names
 
     def describe(self) -> str:

@@ -7,14 +7,16 @@ loss scaling and the optimizer step.
 
 ``no``: full precision. ``bf16``: autocast to bfloat16 (CPU too), no scaler. ``fp16``: autocast to
 float16 with a ``torch.amp.GradScaler`` (on CPU too: slower than bf16 there, but it lets the scaler
-path run on any machine). ``fp8`` lives in a backend package (Transformer-Engine needs CUDA).
+path run on any machine). ``fp8`` lives in a backend package (accel-fp8: torchao, Transformer-Engine),
+registered in the ``accel.precisions`` entry point group as a ``PrecisionFactory``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -39,6 +41,11 @@ class Precision:
         """First model transform, before tensor parallelism or sharding: swaps layers for the precision's
         own (fp8 linear layers); returns the module. Nothing to convert here."""
         return module
+
+    def parallel_style(self, style: Any, modules: list[torch.nn.Module]) -> Any:
+        """The tensor-parallel style to split ``modules`` (converted by ``convert_module``) with: a precision
+        whose layers have their own styles (torchao's float8 ones) swaps ``style`` for it. Unchanged here."""
+        return style
 
     def module_init_context(self, empty_init: bool = False) -> contextlib.AbstractContextManager[Any]:
         """Where and how to build a model: ``empty_init=True`` builds it on the meta device (no memory; the
@@ -81,12 +88,35 @@ class Precision:
         return False
 
 
+@dataclass
+class PrecisionContext:
+    """What a precision plugin is given to build itself: a narrow view of the job, not the Accelerator.
+
+    device: this process's device. handlers: the kwargs handlers by type (the fp8 recipe handlers).
+    is_main_process: whether this process logs (conversion reports). fallback: builds one of core's
+    precisions by name ("bf16", "fp16"), for a device that cannot run the requested one (a GPU below
+    compute capability 8.9 asked for fp8).
+    """
+
+    device: torch.device
+    handlers: Mapping[type, Any] = field(default_factory=dict)
+    is_main_process: bool = True
+    fallback: Callable[[str], Precision] | None = None
+
+
+class PrecisionFactory(Protocol):
+    """What the ``accel.precisions`` entry point names: a callable building the Precision of its mode."""
+
+    def __call__(self, context: PrecisionContext) -> Precision: ...
+
+
 class AutocastPrecision(Precision):
-    """bf16 or fp16 autocast around the forward; fp16 adds dynamic loss scaling."""
+    """bf16 or fp16 autocast around the forward; fp16 adds dynamic loss scaling. Any other name (fp8's
+    precisions subclass it) computes in bfloat16 outside the converted layers."""
 
     def __init__(self, name: str, device_type: str, scaler: Any = None, autocast_kwargs: dict[str, Any] | None = None):
         self.name = name
-        self.dtype = torch.bfloat16 if name == "bf16" else torch.float16
+        self.dtype = torch.float16 if name == "fp16" else torch.bfloat16
         self.param_dtype = self.dtype
         self.device_type = device_type
         self.scaler = scaler

@@ -139,7 +139,9 @@ class Preparation:
             )
         if isinstance(self.strategy, WrapsBeforeOptimizer):
             return self.strategy.rebuild_optimizer(optimizer, owners[0], self._parameter_names)
-        return rebuild(optimizer, owners[0], self._parameter_names, announce=self._context.state.is_main_process)
+        # Names as recorded before wrapping (DDP's "module." prefix is not part of them).
+        model = self.strategy.unwrap_model(owners[0])
+        return rebuild(optimizer, model, self._parameter_names, announce=self._context.state.is_main_process)
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False

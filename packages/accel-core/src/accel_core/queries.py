@@ -12,12 +12,12 @@ from .configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
-    FP8RecipeKwargs,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     ProfileKwargs,
 )
-from .enums import DistributedType
+from .enums import DistributedType, FP8BackendType
+from .fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs, fp8_backend_of, fp8_recipe_handler
 
 if TYPE_CHECKING:
     from .state import AcceleratorState
@@ -67,37 +67,76 @@ class SetupQueries:
 
     @property
     def use_seedable_sampler(self) -> bool:
+        """Whether shuffled loaders use a ``SeedableRandomSampler``
+        (``DataLoaderConfiguration(use_seedable_sampler=)``)."""
         return self.dataloader_config.use_seedable_sampler
 
     @property
     def non_blocking(self) -> bool:
+        """Whether batches move to the device with ``non_blocking=True``
+        (``DataLoaderConfiguration(non_blocking=)``)."""
         return self.dataloader_config.non_blocking
 
     @property
     def use_stateful_dataloader(self) -> bool:
+        """Whether prepared loaders are torchdata ``StatefulDataLoader`` s
+        (``DataLoaderConfiguration(use_stateful_dataloader=)``)."""
         return self.dataloader_config.use_stateful_dataloader
 
     # The kwargs handlers given to the constructor, under the reference's attribute names (None when not given).
     @property
     def ddp_handler(self) -> DistributedDataParallelKwargs | None:
+        """The ``DistributedDataParallelKwargs`` given in ``kwargs_handlers``, or None."""
         return self.handlers.get(DistributedDataParallelKwargs)
 
     @property
     def scaler_handler(self) -> GradScalerKwargs | None:
+        """The ``GradScalerKwargs`` given in ``kwargs_handlers``, or None."""
         return self.handlers.get(GradScalerKwargs)
 
     @property
     def init_handler(self) -> InitProcessGroupKwargs | None:
+        """The ``InitProcessGroupKwargs`` given in ``kwargs_handlers``, or None."""
         return self.handlers.get(InitProcessGroupKwargs)
 
     @property
     def autocast_handler(self) -> AutocastKwargs | None:
+        """The ``AutocastKwargs`` given in ``kwargs_handlers``, or None."""
         return self.handlers.get(AutocastKwargs)
 
     @property
     def profile_handler(self) -> ProfileKwargs | None:
+        """The ``ProfileKwargs`` given in ``kwargs_handlers``, or None."""
         return self.handlers.get(ProfileKwargs)
 
     @property
     def fp8_recipe_handler(self) -> FP8RecipeKwargs | None:
+        """The deprecated ``FP8RecipeKwargs`` given in ``kwargs_handlers``, or None."""
         return self.handlers.get(FP8RecipeKwargs)
+
+    @property
+    def ao_recipe_handler(self) -> AORecipeKwargs | None:
+        """The ``AORecipeKwargs`` given, if any."""
+        return self.handlers.get(AORecipeKwargs)
+
+    @property
+    def te_recipe_handler(self) -> TERecipeKwargs | None:
+        """The ``TERecipeKwargs`` given, if any."""
+        return self.handlers.get(TERecipeKwargs)
+
+    @property
+    def has_fp8_handler(self) -> bool:
+        """Whether an fp8 recipe handler was given."""
+        return fp8_recipe_handler(self.handlers) is not None
+
+    @property
+    def fp8_enabled(self) -> bool:
+        """Whether models train in fp8 (``mixed_precision="fp8"`` on a device that runs it)."""
+        return self.state.mixed_precision == "fp8"
+
+    @property
+    def fp8_backend(self) -> FP8BackendType:
+        """The library fp8 runs on (``AO`` or ``TE``); ``NO`` when fp8 is off."""
+        if not self.fp8_enabled:
+            return FP8BackendType.NO
+        return fp8_backend_of(self.handlers)

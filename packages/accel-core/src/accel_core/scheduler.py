@@ -63,6 +63,8 @@ class AcceleratedScheduler:
         return 1 if self.split_batches else PartialState().num_processes
 
     def step(self, *args: Any, **kwargs: Any) -> None:
+        """Steps the wrapped scheduler after each real optimizer step (``steps_per_optimizer_step`` times); nothing on
+        micro-steps or on fp16-skipped steps."""
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
@@ -78,18 +80,23 @@ class AcceleratedScheduler:
             self.scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> list[float]:
+        """The wrapped scheduler's last learning rates."""
         return self.scheduler.get_last_lr()
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped scheduler's state dict."""
         return self.scheduler.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a state dict into the wrapped scheduler."""
         self.scheduler.load_state_dict(state_dict)
 
     def get_lr(self) -> Any:
+        """The wrapped scheduler's ``get_lr()``."""
         return self.scheduler.get_lr()
 
     def print_lr(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped scheduler's ``print_lr(...)``."""
         return self.scheduler.print_lr(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

@@ -347,6 +347,7 @@ class AcceleratorState(PartialState):
 
     @property
     def distributed_type(self) -> DistributedType:
+        """The distributed type the Accelerator chose (FSDP, DEEPSPEED, ...), else the process state's."""
         chosen = self._shared_state.get("chosen_distributed_type")
         return chosen if chosen is not None else super().distributed_type
 

@@ -31,6 +31,7 @@ class TensorInformation:
 
 
 def is_tensor_information(tensor_info: Any) -> bool:
+    """Whether ``tensor_info`` is a ``TensorInformation`` (shape and dtype of a tensor to receive)."""
     return isinstance(tensor_info, TensorInformation)
 
 

@@ -6,6 +6,7 @@ of indices before any sample is read: a resumed epoch skips batches without load
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator, Sized
 from itertools import chain, islice
 from typing import Any, Protocol
@@ -14,8 +15,6 @@ import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SubsetRandomSampler, WeightedRandomSampler
 
 from .sharding import LIST_OPS, Group, Head, ShardPlan, batches_for_process, iter_groups, make_group
-
-_READ = 32  # steps of indices read from the sampler at a time by the fast path
 
 
 class GroupSink(Protocol):
@@ -179,7 +178,8 @@ class BatchSamplerShard(BatchSampler):
     def _groups(self, plan: ShardPlan, skip: int) -> Iterator[Group[list[Any]]]:
         if type(self.batch_sampler) is BatchSampler:
             return self._index_groups(self.batch_sampler, plan, skip)
-        return iter_groups(self.batch_sampler, plan, LIST_OPS, skip=skip)
+        # Read no further than the step handed out, as Accelerate's shard reads a batch sampler.
+        return iter_groups(self.batch_sampler, plan, LIST_OPS, skip=skip, read_ahead=False)
 
     @staticmethod
     def _index_groups(bs: BatchSampler, plan: ShardPlan, skip: int) -> Iterator[Group[list[Any]]]:
@@ -219,34 +219,32 @@ class BatchSamplerShard(BatchSampler):
     ) -> Iterator[list[Any]]:
         """``_index_groups`` for one process, with the full steps (all but the last) cut in place.
 
-        This runs for every batch of every epoch, so a full step costs one ``islice`` and one slice.
+        Indices are read from the sampler step by step, never further than the step being handed
+        out, as Accelerate's shard reads its batch sampler: what a sampler draws depends on how far
+        it was read (torch's ``RandomSampler`` draws a second permutation once exhausted), so a loop
+        left early (an early stop) must leave the generator where Accelerate's would, or the next
+        epoch's shuffle differs.
         """
         size, n = bs.batch_size, plan.num_processes
         chunk = plan.batches_per_group * size
         part = size // n if plan.split_batches else size
         lo, hi = rank * part, (rank + 1) * part
         indices = iter(bs.sampler)
-        first = list(islice(indices, n * size))
+        # The start of the epoch, kept to pad the last step, whatever is skipped.
+        keep: Head[list[Any]] = Head(LIST_OPS, n * size, n)
         skipped = skip * chunk
-        if skipped <= len(first):
-            buffer, pos = first, skipped
-        else:
-            buffer, pos = list(islice(indices, skipped - len(first), skipped - len(first) + _READ * chunk)), 0
-        real = -1
-        while True:
-            if pos + chunk > len(buffer):
-                # Read many steps' indices at once: one C-level islice instead of one per step.
-                more = list(islice(indices, _READ * chunk))
-                buffer, pos = buffer[pos:] + more, 0
-                if len(buffer) < chunk:
-                    break
-            real = chunk
-            yield buffer[pos + lo : pos + hi]
-            pos += chunk
-        current = buffer[pos:]
-        if current:
-            keep: Head[list[Any]] = Head(LIST_OPS, n * size, n)
+        if skipped:
+            first = list(islice(indices, min(skipped, n * size)))
             keep.add(first)
+            if skipped > len(first):
+                deque(islice(indices, skipped - len(first)), maxlen=0)  # read and dropped in C
+        real = -1
+        while len(current := list(islice(indices, chunk))) == chunk:
+            keep.add(current)
+            real = chunk
+            yield current[lo:hi]
+        if current:
+            keep.add(current)
             batches = [current[i : i + size] for i in range(0, len(current), size)]
             if bs.drop_last and len(batches[-1]) < size:
                 batches.pop()

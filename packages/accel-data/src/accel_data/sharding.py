@@ -155,6 +155,7 @@ def iter_groups(
     skip: int = 0,
     head: Sequence[B] | None = None,
     keep: Head[B] | None = None,
+    read_ahead: bool = True,
 ) -> Iterator[Group[B]]:
     """Groups ``batches`` into global steps following ``plan``.
 
@@ -162,6 +163,10 @@ def iter_groups(
     head: the first batches of the epoch when ``batches`` already starts later (a resume that
         skipped at a lower level); used to pad the last group exactly as an uninterrupted epoch would.
     keep: the ``Head`` to collect them in, when the caller wants to save it (``head_for(plan, ops)``).
+    read_ahead: read the batch after each step before handing the step out (so ``Group.final`` is
+        always exact). With ``False`` a full step that would be the same as a last step is handed
+        out first (its ``final`` is then False), and the next batch is read only when asked for:
+        what a sampler draws can depend on how far it was read, and a loop may stop early.
     """
     if keep is None:
         keep = head_for(plan, ops)
@@ -175,6 +180,15 @@ def iter_groups(
     while pending is not _END:
         keep.add(pending)
         buf.append(pending)
+        if not read_ahead and len(buf) == per_group and _settled(buf, plan, ops):
+            if index >= skip:
+                group = make_group(buf, False, plan, ops, keep)
+                if group is not None:
+                    yield group
+            index += 1
+            buf = []
+            pending = next(it, _END)
+            continue
         # Look one batch ahead: only the epoch's last group may need padding or dropping.
         pending = next(it, _END)
         final = pending is _END
@@ -186,6 +200,17 @@ def iter_groups(
                 yield group
         index += 1
         buf = []
+
+
+def _settled(buf: Sequence[B], plan: ShardPlan, ops: BatchOps[B]) -> bool:
+    """Whether a full step comes out of ``make_group`` the same whether or not it is the epoch's last."""
+    size, n = plan.batch_size, plan.num_processes
+    if plan.split_batches:
+        length = ops.size(buf[0])
+        return length is not None and (length == size or (size is None and length % n == 0))
+    if n == 1 or size is None or _sizes_total(buf, ops) < 0:
+        return True
+    return (ops.size(buf[-1]) or 0) >= size
 
 
 def _sizes_total(buf: Sequence[B], ops: BatchOps[B]) -> int:

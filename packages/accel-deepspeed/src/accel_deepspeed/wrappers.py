@@ -30,11 +30,13 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
         self.engine = engine
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Does nothing: the engine zeroes gradients right after its boundary step."""
         # The engine zeroes gradients right after its boundary step; zeroing here would drop
         # gradients accumulated over micro-steps.
         return None
 
     def step(self, closure: Any = None) -> None:
+        """Runs the engine's step (a real optimizer step only at accumulation boundaries)."""
         if closure is not None:
             raise ValueError("DeepSpeed's optimizer step does not take a closure: call optimizer.step() without one.")
         at_boundary = self.engine.is_gradient_accumulation_boundary()
@@ -42,6 +44,7 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
         self._step_was_skipped = bool(at_boundary and not self.engine.was_step_applied())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a state dict into DeepSpeed's optimizer, which places (partitions, offloads) it itself."""
         # DeepSpeed's optimizers place the state themselves (partitions, offload); no device move here.
         self.optimizer.load_state_dict(state_dict)
 
@@ -57,9 +60,11 @@ class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
         super().__init__(scheduler, optimizers, step_with_optimizer=True)
 
     def step(self, *args: Any, **kwargs: Any) -> None:
+        """Does nothing: the engine steps this scheduler at each accumulation boundary."""
         return None
 
     def get_last_lr(self) -> list[float]:
+        """The engine-stepped scheduler's last learning rates."""
         getter = getattr(self.scheduler, "get_last_lr", None)
         if getter is not None:
             return getter()

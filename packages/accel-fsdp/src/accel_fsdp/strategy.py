@@ -60,7 +60,7 @@ class FSDPStrategy(Strategy):
     """
 
     name: ClassVar[str] = "fsdp"
-    supported_precisions: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16")
+    supported_precisions: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16", "fp8")
     owns_precision: ClassVar[bool] = False
     data_parallel_dim: ClassVar[str] = "dp_shard"
 
@@ -117,6 +117,14 @@ class FSDPStrategy(Strategy):
         config = resolve_parallelism(base, world_size, data_parallel_dim="dp_shard", environ=os.environ)
         self.check_parallelism(config)
         return config, None
+
+    def resolve_precision(self, requested: str) -> str:
+        """fp8 (accel-fp8's layers, gathered in float8) needs FSDP2; FSDP1's flat parameters cannot hold them."""
+        if requested == "fp8" and self.fsdp_version == 1:
+            raise ValueError(
+                "mixed_precision='fp8' with FSDP needs FSDP2: use FullyShardedDataParallelPlugin(fsdp_version=2)."
+            )
+        return requested
 
     def check_parallelism(self, config: ParallelismConfig) -> None:
         """FSDP2 composes with every dimension; FSDP1 only with data parallelism."""

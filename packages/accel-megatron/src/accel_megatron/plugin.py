@@ -73,8 +73,9 @@ class MegatronLMPlugin:
             backward (Megatron clips inside its optimizer step; here the optimizer is yours).
         seed: seed of Megatron's RNG tracker: the ``model-parallel-rng`` stream (dropout inside TP
             regions) differs per TP rank, the default stream is yours (``torch.manual_seed``).
-        lr_decay_style / min_lr: the shape of the schedule a ``MegatronLMDummyScheduler`` becomes
-            (linear, cosine, constant, inverse-square-root) and its final learning rate.
+        lr_decay_style: the shape of the schedule a ``MegatronLMDummyScheduler`` becomes (linear,
+            cosine, constant, inverse-square-root).
+        min_lr: that schedule's final learning rate.
 
     Example::
 

@@ -44,6 +44,7 @@ class MegatronLMDummyScheduler:
         self.kwargs = kwargs
 
     def step(self, *args: Any, **kwargs: Any) -> None:
+        """Raises: the placeholder is replaced by a real scheduler in ``accelerator.prepare``."""
         raise RuntimeError(
             "MegatronLMDummyScheduler is a placeholder: pass it to accelerator.prepare() and use what it returns."
         )

@@ -24,6 +24,8 @@ _EXPORTS = {
     "GradScalerKwargs": "accel_core.configuration",
     "InitProcessGroupKwargs": "accel_core.configuration",
     "AutocastKwargs": "accel_core.configuration",
+    "ProfileKwargs": "accel_core.configuration",
+    "DDPCommunicationHookType": "accel_core.enums",
     "ParallelismConfig": "accel_core.parallelism",
     "notebook_launcher": "accel_core.launch",
     "debug_launcher": "accel_core.launch",

@@ -44,6 +44,13 @@ if TYPE_CHECKING:
     from ..state import AcceleratorState
 
 
+def on_device(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether every parameter and buffer of ``model`` is on ``device`` already (then ``to`` has nothing to do, and
+    is not called: it would swap tensor-subclass parameters, such as fp8 weights, for copies)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return all(t.device == device for t in tensors)
+
+
 class Strategy:
     """Base class with the single-process answers; subclasses override what differs.
 
@@ -149,7 +156,7 @@ class Strategy:
 
         if has_meta_tensors(model):
             materialize(model, self.context.device)
-        elif device_placement:
+        elif device_placement and not on_device(model, self.context.device):
             model = model.to(self.context.device)
         return model
 

@@ -58,7 +58,7 @@ def prepare_model(model: nn.Module, context: StrategyContext, strategy: Strategy
     if config.tp_enabled and not strategy.splits_model_itself:
         from .tensor_parallel import apply_tensor_parallel
 
-        model = apply_tensor_parallel(model, context.dims.submesh("tp"), config)
+        model = apply_tensor_parallel(model, context.dims.submesh("tp"), config, context.precision)
     if config.cp_enabled:
         from .context_parallel import check_model
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from ..parallelism import ParallelismConfig
+    from ..precision import Precision
 
 STYLE_NAMES = ("colwise", "rowwise", "colwise_rep", "sequence_parallel")
 
@@ -76,9 +77,14 @@ def _split_dimension(module: nn.Module, style: Any) -> tuple[str, int] | None:
     return None
 
 
-def check_plan(model: nn.Module, plan: Mapping[str, Any], tp_size: int) -> dict[str, Any]:
+def check_plan(
+    model: nn.Module, plan: Mapping[str, Any], tp_size: int, precision: Precision | None = None
+) -> dict[str, Any]:
     """The plan with styles built; raises ValueError for a pattern that matches nothing, or a layer whose
-    split dimension ``tp_size`` does not divide (torch would shard it unevenly without a word)."""
+    split dimension ``tp_size`` does not divide (torch would shard it unevenly without a word).
+
+    precision: asked for its own style of each entry (``Precision.parallel_style``: torchao's float8
+    styles for float8 layers)."""
     styles: dict[str, Any] = {}
     for key, value in plan.items():
         style = make_style(value, key)
@@ -95,12 +101,17 @@ def check_plan(model: nn.Module, plan: Mapping[str, Any], tp_size: int) -> dict[
                     f"tp_size={tp_size} must divide {name}.{split[0]}={split[1]} ({type(style).__name__} splits it): "
                     f"choose a tp_size that divides it, or leave {name} out of the plan."
                 )
-        styles[key] = style
+        styles[key] = style if precision is None else precision.parallel_style(style, [m for _, m in matches])
     return styles
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, config: ParallelismConfig) -> nn.Module:
-    """Splits ``model`` over ``tp_mesh``; returns the model. Collective over ``tp_mesh``."""
+def apply_tensor_parallel(
+    model: nn.Module, tp_mesh: DeviceMesh, config: ParallelismConfig, precision: Precision | None = None
+) -> nn.Module:
+    """Splits ``model`` over ``tp_mesh``; returns the model. Collective over ``tp_mesh``.
+
+    precision: swaps the plan's styles for its own (``Precision.parallel_style``); a ``parallelize_fn``
+    or the model's own ``parallelize`` chooses its styles itself."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if config.parallelize_fn is not None:
@@ -119,4 +130,4 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, config: Paralle
             "ParallelismConfig(tp_plan={'layers.*.attn.q': 'colwise', 'layers.*.attn.o': 'rowwise', ...}) or "
             "parallelize_fn=fn(model, tp_mesh), or give the model a tp_plan attribute or a parallelize(mesh) method."
         )
-    return parallelize_module(model, tp_mesh, check_plan(model, plan, tp_mesh.size()))
+    return parallelize_module(model, tp_mesh, check_plan(model, plan, tp_mesh.size(), precision))
