@@ -87,7 +87,7 @@ def load_state_dict(checkpoint_file: str, device_map: dict[str, Device] | None =
                 raise ValueError(
                     f"The checkpoint {checkpoint_file} was not saved from PyTorch (format {f.metadata()['format']})."
                 )
-            return {key: f.get_tensor(key) for key in f}
+            return {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - safe_open is not iterable
     from ..safe_load import load_torch_file
 
     state_dict = load_torch_file(checkpoint_file)
