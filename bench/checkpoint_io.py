@@ -24,6 +24,7 @@ Everything is written under a temporary folder that is deleted at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import os
@@ -33,6 +34,7 @@ import tempfile
 import time
 
 import torch
+
 from accel_checkpoint.fsio import fsync_path
 
 
@@ -54,10 +56,8 @@ def median_time(fn, repeats: int, before=None) -> float:
 def release_free_memory() -> None:
     """Returns freed heap pages to the kernel (glibc), so the next allocation pays its page faults."""
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def main() -> None:
@@ -67,9 +67,10 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to write (default: the system temp folder)")
     args = parser.parse_args()
 
+    from safetensors.torch import load_file, save_file
+
     from accel_checkpoint import wait_for_checkpoint
     from accel_core import Accelerator
-    from safetensors.torch import load_file, save_file
 
     width = 2048
     layers = max(1, round(args.mb * 2**20 / (4 * width * width)))
@@ -116,7 +117,7 @@ def main() -> None:
         buffers = [torch.empty_like(t) for t in state]
 
         def memcpy() -> None:
-            for b, t in zip(buffers, state):
+            for b, t in zip(buffers, state, strict=True):
                 b.copy_(t)
 
         def async_save() -> None:
@@ -128,11 +129,15 @@ def main() -> None:
         def without_hashes(fn):  # the same call with the content hashes switched off (bench only)
             def run() -> None:
                 hash_files, verify_file = writing.hash_files, loading.verify_file
-                writing.hash_files, loading.verify_file = (lambda folder, names: {}), (lambda path, expected, algorithm=None: None)
+                writing.hash_files, loading.verify_file = (
+                    (lambda folder, names: {}),
+                    (lambda path, expected, algorithm=None: None),
+                )
                 try:
                     fn()
                 finally:
                     writing.hash_files, loading.verify_file = hash_files, verify_file
+
             return run
 
         def forget_optimizer_state() -> None:
@@ -168,11 +173,34 @@ def main() -> None:
             for name in order:
                 load, before = loads[name]
                 runs[name].append(median_time(load, 1, before))
-        t_raw, t_raw_sync, t_save, t_nosync, t_async, t_copy, t_raw_load, t_load, t_raw_fresh, t_fresh, t_save_nh, t_load_nh = (
+        (
+            t_raw,
+            t_raw_sync,
+            t_save,
+            t_nosync,
+            t_async,
+            t_copy,
+            t_raw_load,
+            t_load,
+            t_raw_fresh,
+            t_fresh,
+            t_save_nh,
+            t_load_nh,
+        ) = (
             statistics.median(runs[k])
             for k in (
-                "raw", "raw_fsync", "save", "save_nosync", "async", "memcpy", "raw_load", "load", "raw_load_fresh", "load_fresh",
-                "save_nohash", "load_nohash",
+                "raw",
+                "raw_fsync",
+                "save",
+                "save_nosync",
+                "async",
+                "memcpy",
+                "raw_load",
+                "load",
+                "raw_load_fresh",
+                "load_fresh",
+                "save_nohash",
+                "load_nohash",
             )
         )
     finally:
@@ -195,8 +223,10 @@ def main() -> None:
     row("save  save_state without hashes", t_save_nh, f"hashing adds {t_save / t_save_nh - 1:+.0%} to save_state")
     row("load  load_state without verifying", t_load_nh, f"verifying adds {t_load / t_load_nh - 1:+.0%} to load_state")
     print(f"{'async save blocks':38s} {t_async:6.2f} s  ratio {t_async / t_save:.2f} of a sync save  (goal <= 0.2)")
-    print(f"  (its floor, a plain copy of the same tensors: {t_copy:.2f} s = {mb / t_copy / 1000:.1f} GB/s memory bandwidth "
-          f"here, {t_copy / t_save:.2f} of a sync save)")
+    print(
+        f"  (its floor, a plain copy of the same tensors: {t_copy:.2f} s = {mb / t_copy / 1000:.1f} GB/s memory "
+        f"bandwidth here, {t_copy / t_save:.2f} of a sync save)"
+    )
 
 
 if __name__ == "__main__":

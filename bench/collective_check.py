@@ -44,8 +44,8 @@ def per_leaf(fn: Callable[[], float]) -> Callable[[], float]:
 
     def run() -> float:
         gather = accelerator_module.Accelerator.gather_for_metrics
-        accelerator_module.Accelerator.gather_for_metrics = lambda self, data, use_gather_object=False: ops.recursively_apply(
-            ops._gather_one, data
+        accelerator_module.Accelerator.gather_for_metrics = lambda self, data, use_gather_object=False: (
+            ops.recursively_apply(ops._gather_one, data)
         )
         try:
             return fn()
@@ -74,7 +74,9 @@ def main() -> None:
         "token logits (fp32[32, 128, 1000])": lambda logits: (token_logits, labels),
     }
 
-    def evaluation(make: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]], batches: int) -> Callable[[], float]:
+    def evaluation(
+        make: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]], batches: int
+    ) -> Callable[[], float]:
         def run() -> float:
             gathering = 0.0
             with torch.no_grad():

@@ -92,7 +92,9 @@ class PickledDispatch:
         import torch
         from torch.utils.data import DataLoader
 
-        self.loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
+        self.loader = DataLoader(
+            dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0)
+        )
 
     def __iter__(self):
         import torch.distributed as dist
@@ -102,7 +104,7 @@ class PickledDispatch:
         while True:
             message = [None]
             if rank == 0:
-                parts = [batch for _, batch in zip(range(n), it)]
+                parts = [batch for _, batch in zip(range(n), it, strict=False)]
                 message = [parts if len(parts) == n else None]
             dist.broadcast_object_list(message, src=0)
             if message[0] is None:
@@ -113,8 +115,9 @@ class PickledDispatch:
 def measure(samples: int, batch_size: int, rounds: int, machinery_only: bool = False) -> dict[str, list[float]]:
     import torch
     import torch.distributed as dist
-    from accel_data import prepare_data_loader
     from torch.utils.data import DataLoader, DistributedSampler
+
+    from accel_data import prepare_data_loader
 
     n = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -122,14 +125,27 @@ def measure(samples: int, batch_size: int, rounds: int, machinery_only: bool = F
     collate = {"collate_fn": _identity} if machinery_only else {}
     device = torch.device("cpu")
     variants = {
-        "raw": DataLoader(dataset, batch_size=batch_size,
-                          sampler=DistributedSampler(dataset, num_replicas=n, rank=rank, shuffle=True, seed=0), **collate),
-        "prepared": prepare_data_loader(DataLoader(dataset, batch_size=batch_size, shuffle=True, **collate),
-                                        num_processes=n, process_index=rank, put_on_device=True, device=device),
+        "raw": DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=DistributedSampler(dataset, num_replicas=n, rank=rank, shuffle=True, seed=0),
+            **collate,
+        ),
+        "prepared": prepare_data_loader(
+            DataLoader(dataset, batch_size=batch_size, shuffle=True, **collate),
+            num_processes=n,
+            process_index=rank,
+            put_on_device=True,
+            device=device,
+        ),
     }
     if n > 1 and not machinery_only:
-        variants["dispatch"] = prepare_data_loader(DataLoader(dataset, batch_size=batch_size, shuffle=True),
-                                                   put_on_device=True, device=device, dispatch_batches=True)
+        variants["dispatch"] = prepare_data_loader(
+            DataLoader(dataset, batch_size=batch_size, shuffle=True),
+            put_on_device=True,
+            device=device,
+            dispatch_batches=True,
+        )
         variants["pickled"] = PickledDispatch(dataset, batch_size)
     per_batch: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in variants}
     names = list(variants)
@@ -146,7 +162,7 @@ def measure(samples: int, batch_size: int, rounds: int, machinery_only: bool = F
 
 def _paired(times: list[float], raw: list[float]) -> float:
     """Median over rounds of the ratio to raw measured in the same round (same machine load)."""
-    return statistics.median(t / r for t, r in zip(times, raw))
+    return statistics.median(t / r for t, r in zip(times, raw, strict=True))
 
 
 def report(title: str, per_batch: dict[str, tuple[list[float], list[float]]]) -> None:
@@ -159,16 +175,20 @@ def report(title: str, per_batch: dict[str, tuple[list[float], list[float]]]) ->
     print(f"\n{title}")
     print(f"{'variant':<10} {'wall ms/batch':>14} {'/ raw':>6} {'cpu ms/batch':>13} {'/ raw':>6}")
     for name, (wall, cpu) in per_batch.items():
-        print(f"{name:<10} {statistics.median(wall) * 1e3:>14.3f} {_paired(wall, raw_wall):>6.2f} "
-              f"{statistics.median(cpu) * 1e3:>13.3f} {_paired(cpu, raw_cpu):>6.2f}")
+        print(
+            f"{name:<10} {statistics.median(wall) * 1e3:>14.3f} {_paired(wall, raw_wall):>6.2f} "
+            f"{statistics.median(cpu) * 1e3:>13.3f} {_paired(cpu, raw_cpu):>6.2f}"
+        )
 
 
 def report_machinery(title: str, per_batch: dict[str, tuple[list[float], list[float]]]) -> None:
     """The loaders' own cost per batch, with a dataset that returns its indices (CPU time)."""
     raw = statistics.median(per_batch["raw"][1])
     prepared = statistics.median(per_batch["prepared"][1])
-    print(f"{title}, loader machinery only (the dataset returns its indices): raw {raw * 1e6:.1f} us/batch, "
-          f"prepared {prepared * 1e6:.1f} us/batch: accel-data adds {(prepared - raw) * 1e6:.1f} us per batch")
+    print(
+        f"{title}, loader machinery only (the dataset returns its indices): raw {raw * 1e6:.1f} us/batch, "
+        f"prepared {prepared * 1e6:.1f} us/batch: accel-data adds {(prepared - raw) * 1e6:.1f} us per batch"
+    )
 
 
 def child(args: argparse.Namespace) -> None:
@@ -198,11 +218,27 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    report(f"1 process, batch {args.batch_size}, {args.samples} samples", measure(args.samples, args.batch_size, args.rounds))
+    report(
+        f"1 process, batch {args.batch_size}, {args.samples} samples",
+        measure(args.samples, args.batch_size, args.rounds),
+    )
     report_machinery("1 process", measure(args.samples, args.batch_size, args.rounds, machinery_only=True))
     # --standalone: torchrun binds a free port itself and keeps it (no pick-and-release race).
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", __file__,
-               "--child", "--samples", str(args.samples), "--batch-size", str(args.batch_size), "--rounds", str(args.rounds)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--standalone",
+        __file__,
+        "--child",
+        "--samples",
+        str(args.samples),
+        "--batch-size",
+        str(args.batch_size),
+        "--rounds",
+        str(args.rounds),
+    ]
     subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 

@@ -82,7 +82,9 @@ def child(setup: str, width: int, depth: int, steps: int, out: str) -> None:
         stage = int(setup[4])
         plugin = DeepSpeedPlugin(
             hf_ds_config={
-                "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                "train_batch_size": "auto",
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_accumulation_steps": "auto",
                 "gradient_clipping": 0.0,
                 # DeepSpeed's bucket defaults are sized for GPUs (a 5e8-element ZeRO-3 reduce bucket is 1.9 GiB
                 # per process); these are the values accel's "auto" rule gives a model with hidden size `width`.
@@ -130,8 +132,15 @@ def child(setup: str, width: int, depth: int, steps: int, out: str) -> None:
         if i < steps - 1:
             times.append(time.perf_counter() - start)
     peak = (_rss_kib("VmHWM") - rss_before) * 1024
-    result = {"setup": setup, "rank": accelerator.process_index, "parameters": parameters, "peak": peak, "peak_prepare": peak_prepare, "live": live,
-              "step_s": sorted(times)[len(times) // 2]}
+    result = {
+        "setup": setup,
+        "rank": accelerator.process_index,
+        "parameters": parameters,
+        "peak": peak,
+        "peak_prepare": peak_prepare,
+        "live": live,
+        "step_s": sorted(times)[len(times) // 2],
+    }
     with open(os.path.join(out, f"{setup}_{result['rank']}.json"), "w") as handle:  # ranks' prints may interleave
         json.dump(result, handle)
 
@@ -158,14 +167,33 @@ def main() -> None:
         return
     out = tempfile.mkdtemp(prefix="deepspeed_memory_")
 
-    env = {**os.environ, "ACCEL_USE_CPU": "true", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {
+        **os.environ,
+        "ACCEL_USE_CPU": "true",
+        "DS_ACCELERATOR": "cpu",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
     rows: dict[str, list[dict]] = {}
     for setup in args.setups.split(","):
         command = [
             # --standalone: torchrun binds a free port itself and keeps it.
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", __file__,
-            "--child", setup,
-            "--width", str(args.width), "--depth", str(args.depth), "--steps", str(args.steps), "--out", out,
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--standalone",
+            __file__,
+            "--child",
+            setup,
+            "--width",
+            str(args.width),
+            "--depth",
+            str(args.depth),
+            "--steps",
+            str(args.steps),
+            "--out",
+            out,
         ]
         started = time.perf_counter()
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
@@ -179,10 +207,15 @@ def main() -> None:
 
     mib = 1024 * 1024
     first = next(iter(rows.values()))[0]
-    print(f"model: {args.depth} x Linear({args.width}, {args.width}) = {first['parameters'] / 1e6:.1f} M parameters "
-          f"({first['parameters'] * 4 / mib:.0f} MiB fp32), AdamW, 2 processes (CPU, gloo)")
+    print(
+        f"model: {args.depth} x Linear({args.width}, {args.width}) = {first['parameters'] / 1e6:.1f} M parameters "
+        f"({first['parameters'] * 4 / mib:.0f} MiB fp32), AdamW, 2 processes (CPU, gloo)"
+    )
     base = rows.get("ddp")
-    print(f"{'setup':<11} {'rank':>4} {'peak MiB':>9} {'vs ddp':>7} {'(prepare)':>9} {'live MiB':>9} {'vs ddp':>7} {'step ms':>8}")
+    print(
+        f"{'setup':<11} {'rank':>4} {'peak MiB':>9} {'vs ddp':>7} {'(prepare)':>9} {'live MiB':>9} {'vs ddp':>7} "
+        f"{'step ms':>8}"
+    )
     for setup, results in rows.items():
         for r in results:
             ref = base[r["rank"]] if base else None

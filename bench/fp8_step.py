@@ -30,7 +30,8 @@ class MLP(nn.Module):
         super().__init__()
         self.inp = nn.Linear(dim, dim)
         self.blocks = nn.ModuleList(
-            nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim)) for _ in range(depth)
+            nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+            for _ in range(depth)
         )
         self.head = nn.Linear(dim, dim)
 
@@ -50,7 +51,10 @@ def run(name: str, precision: str, handlers: list[Any], args: argparse.Namespace
     from accel import Accelerator
 
     accelerator = Accelerator(
-        mixed_precision=precision, cpu=args.cpu, kwargs_handlers=handlers, dynamo_backend="inductor" if args.compile else "no"
+        mixed_precision=precision,
+        cpu=args.cpu,
+        kwargs_handlers=handlers,
+        dynamo_backend="inductor" if args.compile else "no",
     )
     torch.manual_seed(0)
     model = MLP(args.dim, args.depth)
@@ -111,12 +115,15 @@ def main() -> None:
         runs.append(run("fp8 transformer-engine", "fp8", [TERecipeKwargs()], args))
     base = runs[0]
     print(f"dim={args.dim} depth={args.depth} batch={args.batch} steps={args.steps} compile={args.compile}")
-    print(f"{'run':<26} {'mode':<5} {'fp8 layers':>10} {'step ms':>9} {'/ bf16':>7} {'final loss':>11} {'max rel dloss':>14}")
+    print(
+        f"{'run':<26} {'mode':<5} {'fp8 layers':>10} {'step ms':>9} {'/ bf16':>7} {'final loss':>11} "
+        f"{'max rel dloss':>14}"
+    )
     for r in runs:
         worst = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], base["losses"], strict=True))
         print(
-            f"{r['name']:<26} {r['mode']:<5} {r['converted']:>10} {1000 * r['step']:>9.2f} {r['step'] / base['step']:>7.3f} "
-            f"{r['losses'][-1]:>11.5f} {worst:>14.4f}"
+            f"{r['name']:<26} {r['mode']:<5} {r['converted']:>10} {1000 * r['step']:>9.2f} "
+            f"{r['step'] / base['step']:>7.3f} {r['losses'][-1]:>11.5f} {worst:>14.4f}"
         )
         if r["name"].startswith("fp8") and r["mode"] != "fp8":
             print(f"  (this GPU cannot run fp8: it fell back to {r['mode']})")

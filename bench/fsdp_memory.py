@@ -8,7 +8,8 @@
    Accelerator against the same model sharded by hand with ``fully_shard`` (same units, same data),
    rounds interleaved (alternating which goes first) so that a change in machine load hits both alike.
 
-    uv run python -m torch.distributed.run --nproc_per_node 2 bench/fsdp_memory.py [--dim 256 --depth 4 --steps 20 --rounds 3]
+    uv run python -m torch.distributed.run --nproc_per_node 2 bench/fsdp_memory.py \
+        [--dim 256 --depth 4 --steps 20 --rounds 3]
 
 On the CPU (gloo) set ACCEL_USE_CPU=true; on GPUs it uses NCCL and one GPU per process.
 """
@@ -144,11 +145,20 @@ def main() -> None:
     accel_times, manual_times = [], []
     for round_index in range(args.rounds):
         # Alternate which goes first, so that warm caches or a load change do not favour one side.
-        runs = [(accel_times, lambda: step(model, optimizer, x, y, accelerator.backward)), (manual_times, lambda: step(manual, manual_opt, x, y))]
+        runs = [
+            (accel_times, lambda: step(model, optimizer, x, y, accelerator.backward)),
+            (manual_times, lambda: step(manual, manual_opt, x, y)),
+        ]
         for times, run in runs if round_index % 2 == 0 else runs[::-1]:
             times.append(timed(run))
 
-    report = {"ddp": ddp_bytes, "fsdp": fsdp_bytes, "buckets": bucket_bytes, "accel": accel_times, "manual": manual_times}
+    report = {
+        "ddp": ddp_bytes,
+        "fsdp": fsdp_bytes,
+        "buckets": bucket_bytes,
+        "accel": accel_times,
+        "manual": manual_times,
+    }
     reports = [None] * world
     dist.all_gather_object(reports, report)
     if rank == 0:
@@ -166,12 +176,14 @@ def main() -> None:
         accel = statistics.median(t for r in reports for t in r["accel"])
         manual = statistics.median(t for r in reports for t in r["manual"])
         # Paired ratios (same round, same rank): the two sides ran back to back under the same load.
-        paired = [a / m for r in reports for a, m in zip(r["accel"], r["manual"])]
+        paired = [a / m for r in reports for a, m in zip(r["accel"], r["manual"], strict=True)]
         print(f"\nstep time (median over {args.rounds} rounds x {args.steps} steps, all ranks):")
         print(f"  accel fsdp strategy      {accel * 1e3:8.2f} ms")
         print(f"  hand-written fully_shard {manual * 1e3:8.2f} ms")
-        print(f"  ratio accel / hand-written: {accel / manual:.3f} (median of paired rounds {statistics.median(paired):.3f}, "
-              f"range {min(paired):.3f}-{max(paired):.3f})")
+        print(
+            f"  ratio accel / hand-written: {accel / manual:.3f} (median of paired rounds "
+            f"{statistics.median(paired):.3f}, range {min(paired):.3f}-{max(paired):.3f})"
+        )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -7,7 +7,8 @@ The largest count over the processes is compared with the one-process run (every
 that one locally), and TP2 x FSDP2 also with the same model split by hand with torch's
 ``parallelize_module`` + ``fully_shard`` (raw torch).
 
-    ACCEL_USE_CPU=true uv run python -m torch.distributed.run --nproc_per_node 4 bench/parallel_memory.py [--dim 128 --depth 4]
+    ACCEL_USE_CPU=true uv run python -m torch.distributed.run --nproc_per_node 4 bench/parallel_memory.py \
+        [--dim 128 --depth 4]
 """
 
 from __future__ import annotations
@@ -144,7 +145,10 @@ def main() -> None:
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
     model = build()
-    plan = {"tok_embeddings": ColwiseParallel(output_layouts=Replicate()), "output": ColwiseParallel(output_layouts=Replicate())}
+    plan = {
+        "tok_embeddings": ColwiseParallel(output_layouts=Replicate()),
+        "output": ColwiseParallel(output_layouts=Replicate()),
+    }
     for i in range(args.depth):
         plan.update({f"layers.{i}.attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")})
         plan.update({f"layers.{i}.{w}": ColwiseParallel() for w in ("w1", "w3")})

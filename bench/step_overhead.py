@@ -29,8 +29,10 @@ def import_times() -> None:
     torch_s = wall("import torch") - bare
     accel_s = wall("import accel") - bare
     accelerator_s = wall("from accel import Accelerator") - bare
-    print(f"import torch: {torch_s:.3f} s | import accel: {accel_s:.3f} s ({accel_s / torch_s:.2f}x torch) | "
-          f"from accel import Accelerator: {accelerator_s:.3f} s ({accelerator_s / torch_s:.2f}x torch)")
+    print(
+        f"import torch: {torch_s:.3f} s | import accel: {accel_s:.3f} s ({accel_s / torch_s:.2f}x torch) | "
+        f"from accel import Accelerator: {accelerator_s:.3f} s ({accelerator_s / torch_s:.2f}x torch)"
+    )
 
 
 def worker(steps: int, repeats: int) -> None:
@@ -85,8 +87,10 @@ def worker(steps: int, repeats: int) -> None:
         accel_times.append(accel_loop())
     if rank == 0:
         raw_ms, accel_ms = statistics.median(raw_times) * 1e3, statistics.median(accel_times) * 1e3
-        print(f"2 processes (gloo, CPU), {steps} steps x {repeats} repeats: raw DDP {raw_ms:.3f} ms/step | "
-              f"accel {accel_ms:.3f} ms/step | ratio accel/raw {accel_ms / raw_ms:.3f} (goal <= 1.03)")
+        print(
+            f"2 processes (gloo, CPU), {steps} steps x {repeats} repeats: raw DDP {raw_ms:.3f} ms/step | "
+            f"accel {accel_ms:.3f} ms/step | ratio accel/raw {accel_ms / raw_ms:.3f} (goal <= 1.03)"
+        )
     dist.destroy_process_group()
 
 
@@ -101,9 +105,18 @@ def main() -> None:
     import_times()
     env = {**os.environ, "ACCEL_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", __file__,
-         f"--steps={args.steps}", f"--repeats={args.repeats}"],
-        env=env, check=True,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--standalone",
+            __file__,
+            f"--steps={args.steps}",
+            f"--repeats={args.repeats}",
+        ],
+        env=env,
+        check=True,
     )
 
 

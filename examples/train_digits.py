@@ -30,7 +30,9 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     spec = importlib.util.find_spec("sklearn")  # finds the package without running it
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("This example trains on scikit-learn's digits data: pip install scikit-learn")
-    data = np.loadtxt(Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz", delimiter=",")
+    data = np.loadtxt(
+        Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz", delimiter=","
+    )
     images = torch.tensor(data[:, :-1], dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
     return images, torch.tensor(data[:, -1], dtype=torch.long)
 
@@ -49,10 +51,16 @@ def datasets(seed: int) -> tuple[TensorDataset, TensorDataset]:
 
 def make_model() -> torch.nn.Module:
     return torch.nn.Sequential(
-        torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Dropout(0.25),
-        torch.nn.Linear(64 * 4 * 4, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10),
+        torch.nn.Conv2d(1, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Dropout(0.25),
+        torch.nn.Linear(64 * 4 * 4, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 10),
     )
 
 
@@ -116,7 +124,9 @@ def main() -> None:
                 correct += (predictions == labels).sum().item()
                 seen += labels.numel()
         accuracy = correct / seen
-        accelerator.log({"train_loss": train_loss, "test_accuracy": accuracy, "lr": scheduler.get_last_lr()[0]}, step=epoch)
+        accelerator.log(
+            {"train_loss": train_loss, "test_accuracy": accuracy, "lr": scheduler.get_last_lr()[0]}, step=epoch
+        )
         accelerator.print(
             f"epoch {epoch}: train loss {train_loss:.4f} | test accuracy {accuracy:.4f} on {seen} samples "
             f"| {time.perf_counter() - start:.1f} s"

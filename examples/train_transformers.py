@@ -42,13 +42,30 @@ def make_model(kind: str) -> torch.nn.Module:
     if kind == "bert":
         from transformers import BertConfig, BertForSequenceClassification
 
-        config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=64, max_position_embeddings=LENGTH, num_labels=2, pad_token_id=PAD)
+        config = BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=LENGTH,
+            num_labels=2,
+            pad_token_id=PAD,
+        )
         return BertForSequenceClassification(config)
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                         intermediate_size=64, max_position_embeddings=LENGTH, num_labels=2, pad_token_id=PAD)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=LENGTH,
+        num_labels=2,
+        pad_token_id=PAD,
+    )
     return LlamaForSequenceClassification(config)
 
 
@@ -77,12 +94,17 @@ def main() -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         train_loader = DataLoader(train_set, batch_size=batch_size, shuffle=True)
         eval_loader = DataLoader(eval_set, batch_size=64)
-        scheduler = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=10,
-                                                    num_training_steps=len(train_loader) * args.epochs)
+        scheduler = get_linear_schedule_with_warmup(
+            optimizer, num_warmup_steps=10, num_training_steps=len(train_loader) * args.epochs
+        )
         model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
-            model, optimizer, train_loader, eval_loader, scheduler)
-        logger.info(f"batch size {batch_size}: {len(train_loader)} batches per epoch on this process",
-                    main_process_only=False, in_order=True)
+            model, optimizer, train_loader, eval_loader, scheduler
+        )
+        logger.info(
+            f"batch size {batch_size}: {len(train_loader)} batches per epoch on this process",
+            main_process_only=False,
+            in_order=True,
+        )
 
         accuracy = 0.0
         for epoch in range(args.epochs):

@@ -38,17 +38,26 @@ def run_torchrun(
 ) -> subprocess.CompletedProcess[str]:
     """Runs ``script`` on ``nproc`` CPU processes (gloo) with torch.distributed.run; fails on timeout."""
     command = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc_per_node={nproc}", *rendezvous_args(),
-        str(script), *args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        *rendezvous_args(),
+        str(script),
+        *args,
     ]
     full_env = {**os.environ, "ACCEL_USE_CPU": "true", "OMP_NUM_THREADS": "1", **(env or {})}
     try:
         result = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     except subprocess.TimeoutExpired as error:
-        pytest.fail(f"{script} did not finish within {timeout}s (a hang?)\nstdout:\n{error.stdout}\nstderr:\n{error.stderr}")
+        pytest.fail(
+            f"{script} did not finish within {timeout}s (a hang?)\nstdout:\n{error.stdout}\nstderr:\n{error.stderr}"
+        )
     if check and result.returncode != 0:
-        pytest.fail(f"{script} failed with exit code {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}")
+        pytest.fail(
+            f"{script} failed with exit code "
+            f"{result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}"
+        )
     return result
 
 

@@ -71,7 +71,9 @@ def entries(module_name: str) -> list[Entry]:
             # documented by the string literal under its assignment.
             where, qualname = module._EXPORTS.get(name), name
             if not where or not hasattr(importlib.import_module(where), name):
-                raise ValueError(f"{module_name}.{name}: not an object with __qualname__ nor an attribute of its _EXPORTS module")
+                raise ValueError(
+                    f"{module_name}.{name}: not an object with __qualname__ nor an attribute of its _EXPORTS module"
+                )
         found.append(Entry(f"{module_name}.{name}", f"{where}.{qualname}", is_module=False))
     return found
 

@@ -1,12 +1,12 @@
 """Run under ``torchrun --nproc_per_node 2`` by test_multiprocess.py.
 
-  mp_checkpoint.py full <dir>    train 2 epochs of shuffled data (dropout, accumulation), async-save
-                                 the state at step K while DDP training goes on, write the results.
-  mp_checkpoint.py resume <dir>  new processes: load the step-K checkpoint, finish the run, and
-                                 check it is bit-identical to the uninterrupted one; then: a file
-                                 missing on one process fails every process (no hang), and sharded
-                                 (FSDP2 / DTensor) state through the DCP default and a strategy's
-                                 own ShardedCheckpointing, merge and save_model.
+mp_checkpoint.py full <dir>    train 2 epochs of shuffled data (dropout, accumulation), async-save
+                               the state at step K while DDP training goes on, write the results.
+mp_checkpoint.py resume <dir>  new processes: load the step-K checkpoint, finish the run, and
+                               check it is bit-identical to the uninterrupted one; then: a file
+                               missing on one process fails every process (no hang), and sharded
+                               (FSDP2 / DTensor) state through the DCP default and a strategy's
+                               own ShardedCheckpointing, merge and save_model.
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
+from accel_checkpoint import DCPCheckpointing, merge_sharded_checkpoint
+from accel_checkpoint.errors import CheckpointError, CheckpointNotFoundError
 from accel_core import Accelerator, set_seed
 from accel_core.configuration import ProjectConfiguration
 from accel_core.strategies import Strategy
-from accel_checkpoint import DCPCheckpointing, merge_sharded_checkpoint
-from accel_checkpoint.errors import CheckpointError, CheckpointNotFoundError
 
 EPOCHS, K, ACCUMULATION = 2, 6, 2  # 8 micro-steps per epoch per process; K is an optimizer-step boundary
 
@@ -67,7 +68,11 @@ def run(accelerator, model, optimizer, loader, scheduler, start_step: int, save_
 
 
 def results(model, optimizer, losses):
-    return {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optimizer": optimizer.state_dict(), "losses": losses}
+    return {
+        "model": {k: v.clone() for k, v in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "losses": losses,
+    }
 
 
 def full(folder: str) -> None:
@@ -77,8 +82,17 @@ def full(folder: str) -> None:
     torch.save(results(model, optimizer, losses), os.path.join(folder, f"full_{accelerator.process_index}.pt"))
     accelerator.wait_for_everyone()
     assert sorted(os.listdir(os.path.join(folder, "step_k"))) == sorted(
-        ["COMPLETE", "accel_checkpoint.json", "model.safetensors", "optimizer.bin", "scheduler.bin",
-         "random_states_0.pt", "random_states_1.pt", "dataloader_0_rank_0.pt", "dataloader_0_rank_1.pt"]
+        [
+            "COMPLETE",
+            "accel_checkpoint.json",
+            "model.safetensors",
+            "optimizer.bin",
+            "scheduler.bin",
+            "random_states_0.pt",
+            "random_states_1.pt",
+            "dataloader_0_rank_0.pt",
+            "dataloader_0_rank_1.pt",
+        ]
     )
     print(f"rank {accelerator.process_index}: full run OK", flush=True)
 
@@ -92,7 +106,7 @@ def equal(a, b, path="") -> None:
             equal(a[key], b[key], f"{path}/{key}")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             equal(x, y, f"{path}/{i}")
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
@@ -144,7 +158,7 @@ class OwnCheckpointStrategy(FullyShardStrategy):
     """A strategy implementing ShardedCheckpointing (here by delegating to the DCP default, and counting)."""
 
     name = "own_checkpoint_test"
-    calls: list[str] = []
+    calls: ClassVar[list[str]] = []
 
     def save_sharded(self, prepared, folder, **kwargs):
         self.calls.append("save")
@@ -174,8 +188,12 @@ def sharded_checks(folder: str, rank: int) -> None:
         accelerator.save_state(target)
         import json
 
-        meta = json.load(open(os.path.join(target, "accel_checkpoint.json")))
-        assert meta["sharded"]["implementation"].endswith(expected_impl) and meta["sharded"]["covers"] == ["models", "optimizers"]
+        with open(os.path.join(target, "accel_checkpoint.json")) as handle:
+            meta = json.load(handle)
+        assert meta["sharded"]["implementation"].endswith(expected_impl) and meta["sharded"]["covers"] == [
+            "models",
+            "optimizers",
+        ]
         assert not os.path.exists(os.path.join(target, "model.safetensors"))
         shards = {k: v.to_local().clone() for k, v in model.state_dict().items()}
         moments = [v["exp_avg"].to_local().clone() for v in optimizer.optimizer.state.values()]
@@ -188,7 +206,7 @@ def sharded_checks(folder: str, rank: int) -> None:
         accelerator.load_state(target)
         for k, v in model.state_dict().items():
             assert torch.equal(v.to_local(), shards[k]), k
-        for state, moment in zip(optimizer.optimizer.state.values(), moments):
+        for state, moment in zip(optimizer.optimizer.state.values(), moments, strict=True):
             assert torch.equal(state["exp_avg"].to_local(), moment)
         accelerator.save_model(model, os.path.join(folder, f"export_{strategy.name}"))
         if rank == 0:

@@ -66,10 +66,24 @@ def own_folders(accelerator, model, optimizer, loader) -> None:
     expected = steps(accelerator, model, optimizer, it, 4)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     names = set(os.listdir(folder))
-    for name in ("COMPLETE", "model.safetensors", "optimizer.bin", f"random_states_{rank}.pt", f"dataloader_0_rank_{rank}.pt"):
+    for name in (
+        "COMPLETE",
+        "model.safetensors",
+        "optimizer.bin",
+        f"random_states_{rank}.pt",
+        f"dataloader_0_rank_{rank}.pt",
+    ):
         check(f"rank {rank} folder holds {name}", name in names, str(sorted(names)))
-    check(f"rank {rank} folder holds only its own per-process files", f"random_states_{1 - rank}.pt" not in names, str(sorted(names)))
-    check(f"rank {rank} leaves no partial folder", not [n for n in os.listdir(BASE) if n.startswith(".")], str(os.listdir(BASE)))
+    check(
+        f"rank {rank} folder holds only its own per-process files",
+        f"random_states_{1 - rank}.pt" not in names,
+        str(sorted(names)),
+    )
+    check(
+        f"rank {rank} leaves no partial folder",
+        not [n for n in os.listdir(BASE) if n.startswith(".")],
+        str(os.listdir(BASE)),
+    )
 
     steps(accelerator, model, optimizer, it, 2)  # go on, then come back
     torch.manual_seed(999)
@@ -96,7 +110,11 @@ def automatic_naming() -> None:
     check(f"rank {rank} total_limit per folder", found == ["checkpoint_1", "checkpoint_2"], str(found))
     for name in found:
         files = set(os.listdir(os.path.join(project, "checkpoints", name)))
-        check(f"rank {rank} {name} complete with its files", {"COMPLETE", f"random_states_{rank}.pt", "model.safetensors"} <= files, str(files))
+        check(
+            f"rank {rank} {name} complete with its files",
+            {"COMPLETE", f"random_states_{rank}.pt", "model.safetensors"} <= files,
+            str(files),
+        )
 
     torch.manual_seed(5)
     loaded = accelerator.load_state()
@@ -129,8 +147,9 @@ def missing_on_one(accelerator, model) -> None:
 
 def sharded_needs_one_folder() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from accel_checkpoint.errors import CheckpointError
     from mp_checkpoint import FullyShardStrategy
+
+    from accel_checkpoint.errors import CheckpointError
 
     rank = int(os.environ["RANK"])
     accelerator = Accelerator(cpu=True, strategy=FullyShardStrategy())
@@ -152,8 +171,12 @@ def main() -> None:
     faulthandler.dump_traceback_later(200, exit=True)
     accelerator, model, optimizer, loader = build()
     rank = accelerator.process_index
-    for fn in (lambda: own_folders(accelerator, model, optimizer, loader), automatic_naming,
-               lambda: missing_on_one(accelerator, model), sharded_needs_one_folder):
+    for fn in (
+        lambda: own_folders(accelerator, model, optimizer, loader),
+        automatic_naming,
+        lambda: missing_on_one(accelerator, model),
+        sharded_needs_one_folder,
+    ):
         try:
             fn()
         except Exception:  # noqa: BLE001 - reported below; stop rather than hang in a collective

@@ -58,7 +58,10 @@ def test_sigkill_mid_save_then_a_new_process_resumes(tmp_path):
         (partial,) = glob.glob(str(base / ".checkpoint_1.partial-*"))
         written = set(os.listdir(partial))
         # Killed mid-write: earlier files are there, the one being written is open, no marker.
-        assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "custom_checkpoint_0.pt"} <= written, (mode, written)
+        assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "custom_checkpoint_0.pt"} <= written, (
+            mode,
+            written,
+        )
         assert "COMPLETE" not in written and "accel_checkpoint.json" not in written
 
         # A new process (this one) resumes from the newest complete checkpoint and trains on.
@@ -72,13 +75,16 @@ def test_sigkill_mid_save_then_a_new_process_resumes(tmp_path):
         restored = {}
 
         class Tracker:
+            def __init__(self, store):
+                self.store = store
+
             def state_dict(self):
-                return {"value": restored.get("value", 0)}
+                return {"value": self.store.get("value", 0)}
 
             def load_state_dict(self, state):
-                restored.update(state)
+                self.store.update(state)
 
-        accelerator.register_for_checkpointing(Tracker())
+        accelerator.register_for_checkpointing(Tracker(restored))
         accelerator.load_state()
         expected = load_file(str(base / "checkpoint_0" / "model.safetensors"))
         assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items()), mode

@@ -84,6 +84,6 @@ def test_durable_by_default_and_switchable(tmp_path, monkeypatch, fsynced, how, 
 def test_bad_switch_value_names_the_variable_and_writes_nothing(tmp_path, monkeypatch):
     accelerator, _ = prepared()
     monkeypatch.setenv("ACCEL_CHECKPOINT_FSYNC", "maybe")
-    with pytest.raises(ValueError, match="ACCEL_CHECKPOINT_FSYNC='maybe'.*set it to 1"):
+    with pytest.raises(ValueError, match=r"ACCEL_CHECKPOINT_FSYNC='maybe'.*set it to 1"):
         accelerator.save_state(str(tmp_path / "ckpt"))
     assert os.listdir(tmp_path) == []

@@ -15,7 +15,9 @@ from accel_checkpoint.model_files import parse_size
 
 def _model(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Embedding(100, 32), torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 100, bias=False))
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(100, 32), torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 100, bias=False)
+    )
     model[3].weight = torch.nn.Parameter(model[0].weight.data)  # same shape [100, 32]: tie them
     model[3].weight = model[0].weight
     return model
@@ -39,8 +41,12 @@ def test_sharded_save_writes_the_hugging_face_layout(tmp_path):
     stored = {}
     for shard in shards:
         stored.update(load_file(str(tmp_path / shard)))
-        assert os.path.getsize(tmp_path / shard) < 10_000 + 4 * 100 * 32 + 1024  # a shard passes the limit only by one tensor
-    assert "3.weight" not in stored and index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in stored.values())
+        assert (
+            os.path.getsize(tmp_path / shard) < 10_000 + 4 * 100 * 32 + 1024
+        )  # a shard passes the limit only by one tensor
+    assert "3.weight" not in stored and index["metadata"]["total_size"] == sum(
+        t.numel() * t.element_size() for t in stored.values()
+    )
     assert set(index["weight_map"]) == set(stored)
     fresh = _model(seed=1)
     load_model(fresh, str(tmp_path))
@@ -105,6 +111,6 @@ def test_dcp_metadata_with_a_foreign_global_is_refused(tmp_path):
 
     with open(tmp_path / "dcp" / ".metadata", "wb") as handle:
         pickle.dump(Payload(), handle)
-    with pytest.raises(UnsafeCheckpointError, match="io.open"):
+    with pytest.raises(UnsafeCheckpointError, match=r"io\.open"):
         merge_sharded_checkpoint(str(tmp_path / "dcp"), str(tmp_path / "out"))
     assert not victim.exists()

@@ -28,7 +28,7 @@ def test_two_processes_resume_exactly_and_share_failures(tmp_path, torchrun):
         import mp_checkpoint
     finally:
         sys.path.remove(str(HERE))
-    accelerator, model, optimizer, loader, scheduler = mp_checkpoint.build(str(tmp_path))
+    accelerator, model, _optimizer, loader, _scheduler = mp_checkpoint.build(str(tmp_path))
     accelerator.load_state(str(tmp_path / "step_k"))
     expected = load_file(str(tmp_path / "step_k" / "model.safetensors"))
     assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items())  # one process: no DDP wrapper

@@ -10,8 +10,8 @@ import os
 
 import torch
 
-from accel_core import Accelerator
 from accel_checkpoint.optimizer_state import load_optimizer_state, read_optimizer_state
+from accel_core import Accelerator
 
 
 def make(accelerator, seed=0):
@@ -85,7 +85,7 @@ def test_running_optimizer_gets_the_saved_state_in_its_own_tensors(tmp_path):
 def test_fresh_optimizer_reads_into_new_memory(tmp_path):
     *_, folder, expected = trained_checkpoint(tmp_path, 2)
     resumed = Accelerator(cpu=True)
-    model2, optimizer2 = make(resumed, seed=1)
+    _model2, optimizer2 = make(resumed, seed=1)
     assert not optimizer2.state_dict()["state"]
     resumed.load_state(folder)
     zero_file(os.path.join(folder, "optimizer.bin"))

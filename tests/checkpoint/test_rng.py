@@ -11,7 +11,14 @@ from accel_checkpoint.rng import capture_rng_state, restore_rng_state
 
 
 def _draws():
-    return (random.random(), random.gauss(0, 1), np.random.rand(3).tolist(), np.random.randn(), torch.rand(4).tolist(), torch.randn(2).tolist())
+    return (
+        random.random(),
+        random.gauss(0, 1),
+        np.random.rand(3).tolist(),
+        np.random.randn(),
+        torch.rand(4).tolist(),
+        torch.randn(2).tolist(),
+    )
 
 
 def test_restore_replays_python_numpy_and_torch(tmp_path):

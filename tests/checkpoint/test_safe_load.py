@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,8 +84,12 @@ def test_raw_pickle_legacy_file_loads_with_opt_in(tmp_path):
 def test_corrupt_files_name_the_file_and_the_fix(tmp_path, damage):
     path = str(tmp_path / "scheduler.bin")
     torch.save({"t": torch.randn(1000)}, path)
-    data = open(path, "rb").read()
+    data = Path(path).read_bytes()
     with open(path, "wb") as handle:
-        handle.write({"truncate": data[: len(data) // 2], "empty": b"", "garbage": os.urandom(300).replace(b"\x80", b"\x00")}[damage])
+        handle.write(
+            {"truncate": data[: len(data) // 2], "empty": b"", "garbage": os.urandom(300).replace(b"\x80", b"\x00")}[
+                damage
+            ]
+        )
     with pytest.raises(CorruptCheckpointError, match=r"scheduler\.bin is truncated or corrupt.*earlier checkpoint"):
         load_torch_file(path)

@@ -12,7 +12,18 @@ from safetensors.torch import load_file
 from accel_checkpoint.errors import CorruptCheckpointError
 from accel_checkpoint.safetensors_io import dedupe, read_safetensors, safetensors_metadata, write_safetensors
 
-DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
+DTYPES = [
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
 
 
 def test_every_dtype_round_trips_through_the_reference_reader(tmp_path):
@@ -73,14 +84,20 @@ def test_truncated_file_names_the_file(tmp_path):
     write_safetensors({"w": torch.randn(1000)}, path)
     with open(path, "r+b") as handle:
         handle.truncate(os.path.getsize(path) // 2)
-    with pytest.raises(CorruptCheckpointError, match="big.safetensors is truncated or corrupt"):
+    with pytest.raises(CorruptCheckpointError, match=r"big\.safetensors is truncated or corrupt"):
         read_safetensors(path)
 
 
 def test_files_of_the_reference_writer_read_back(tmp_path):
     from safetensors.torch import save_file
 
-    tensors = {"a": torch.randn(3, 3), "h": torch.randn(5).half(), "b": torch.randn(2).bfloat16(), "i": torch.arange(7), "m": torch.rand(3) > 0.5}
+    tensors = {
+        "a": torch.randn(3, 3),
+        "h": torch.randn(5).half(),
+        "b": torch.randn(2).bfloat16(),
+        "i": torch.arange(7),
+        "m": torch.rand(3) > 0.5,
+    }
     path = str(tmp_path / "ref.safetensors")
     save_file(tensors, path, metadata={"format": "pt"})
     loaded, metadata = read_safetensors(path)
@@ -101,7 +118,14 @@ def _craft(path, header: dict, data: bytes) -> None:
 @pytest.mark.parametrize(
     "header, data, why",
     [
-        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, b"\0" * 12, "does not start where"),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+            },
+            b"\0" * 12,
+            "does not start where",
+        ),
         ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, "do not match its shape"),
         ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, "describes"),
         ({"a": {"dtype": "PY_OBJECT", "shape": [1], "data_offsets": [0, 1]}}, b"\0", "bad dtype"),

@@ -56,11 +56,15 @@ class Cli:
                 timeout=timeout,
             )
         except subprocess.TimeoutExpired as error:
-            pytest.fail(f"accel {' '.join(args)} did not finish in {timeout}s (a hang?)\n{error.stdout}\n{error.stderr}")
+            pytest.fail(
+                f"accel {' '.join(args)} did not finish in {timeout}s (a hang?)\n{error.stdout}\n{error.stderr}"
+            )
 
     @staticmethod
     def describe(result: subprocess.CompletedProcess[str]) -> str:
-        return f"exit code {result.returncode}\n--- stdout\n{result.stdout[-5000:]}\n--- stderr\n{result.stderr[-5000:]}"
+        return (
+            f"exit code {result.returncode}\n--- stdout\n{result.stdout[-5000:]}\n--- stderr\n{result.stderr[-5000:]}"
+        )
 
 
 @pytest.fixture

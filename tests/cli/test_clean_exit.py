@@ -11,9 +11,15 @@ from __future__ import annotations
 import re
 
 
-def test_a_finished_two_process_job_exits_cleanly_under_warnings_as_errors(cli) -> None:  # type: ignore[no-untyped-def]
+def test_a_finished_two_process_job_exits_cleanly_under_warnings_as_errors(cli) -> None:
     result = cli.run(
-        "launch", "--cpu", "-n", "2", "--scheduler-stepping", "per_optimizer_step", str(cli.scripts / "clean_finish.py"),
+        "launch",
+        "--cpu",
+        "-n",
+        "2",
+        "--scheduler-stepping",
+        "per_optimizer_step",
+        str(cli.scripts / "clean_finish.py"),
         env_extra={"PYTHONWARNINGS": "error"},
     )
     assert result.returncode == 0, cli.describe(result)

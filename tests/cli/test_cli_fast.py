@@ -37,7 +37,7 @@ print(json.dumps({"code": code, "torch": "torch" in sys.modules, "out": out.getv
         (["test", "--help"], "usage"),
     ],
 )
-def test_help_config_and_env_do_not_import_torch(cli, argv: list[str], expected: str) -> None:  # type: ignore[no-untyped-def]
+def test_help_config_and_env_do_not_import_torch(cli, argv: list[str], expected: str) -> None:
     result = subprocess.run(
         [sys.executable, "-c", _PROBE, *argv], env=cli.env(), input="", capture_output=True, text=True, timeout=60
     )
@@ -47,12 +47,26 @@ def test_help_config_and_env_do_not_import_torch(cli, argv: list[str], expected:
     assert expected in report["out"]
 
 
-def test_launch_help_lists_every_flag_and_installed_backend_flags(cli) -> None:  # type: ignore[no-untyped-def]
+def test_launch_help_lists_every_flag_and_installed_backend_flags(cli) -> None:
     text = cli.run("launch", "--help").stdout
-    for flag in ("--cpu", "--num-processes", "--num-machines", "--machine-rank", "--main-process-ip",
-                 "--main-process-port", "--rdzv-backend", "--max-restarts", "--monitor-interval",
-                 "--mixed-precision", "--gradient-accumulation-steps", "--dynamo-backend", "--debug",
-                 "--config-file", "--env", "--module"):
+    for flag in (
+        "--cpu",
+        "--num-processes",
+        "--num-machines",
+        "--machine-rank",
+        "--main-process-ip",
+        "--main-process-port",
+        "--rdzv-backend",
+        "--max-restarts",
+        "--monitor-interval",
+        "--mixed-precision",
+        "--gradient-accumulation-steps",
+        "--dynamo-backend",
+        "--debug",
+        "--config-file",
+        "--env",
+        "--module",
+    ):
         assert flag in text, flag
     from accel_core import plugins
 
@@ -60,20 +74,25 @@ def test_launch_help_lists_every_flag_and_installed_backend_flags(cli) -> None: 
         assert f"{backend} options" in text
 
 
-def test_one_process_runs_the_script_directly_with_its_exit_code(cli) -> None:  # type: ignore[no-untyped-def]
+def test_one_process_runs_the_script_directly_with_its_exit_code(cli) -> None:
     script = cli.scripts / "exit_with.py"
     result = cli.run("launch", "--mixed-precision", "bf16", "--env", "EXTRA=1", str(script), "7", "--flag")
     assert result.returncode == 7, cli.describe(result)
     report = json.loads(result.stdout)
     assert report["argv"] == ["7", "--flag"] and report["name"] == "__main__"
-    assert report["env"] == {"RANK": None, "WORLD_SIZE": None, "ACCEL_MIXED_PRECISION": "bf16",
-                             "ACCEL_USE_CPU": "false", "EXTRA": "1"}
+    assert report["env"] == {
+        "RANK": None,
+        "WORLD_SIZE": None,
+        "ACCEL_MIXED_PRECISION": "bf16",
+        "ACCEL_USE_CPU": "false",
+        "EXTRA": "1",
+    }
     # Accelerate's underscore spellings work too.
     ok = cli.run("launch", "--num_processes", "1", "--use_cpu", str(script), "0")
     assert ok.returncode == 0 and json.loads(ok.stdout)["env"]["ACCEL_USE_CPU"] == "true"
 
 
-def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:
     missing = cli.run("launch", "-n", "2", "no_such_script.py")
     assert missing.returncode == 2 and "No such script" in missing.stderr
     machines = cli.run("launch", "--num-machines", "2", "-n", "2", "x.py")
@@ -95,15 +114,21 @@ def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:  # type: 
 def _runner(*args: str, cwd: Path, error_file: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
     return subprocess.run(
-        [sys.executable, "-m", "accel_core.launch.runner", *args], cwd=cwd, env=env, capture_output=True, text=True,
+        [sys.executable, "-m", "accel_core.launch.runner", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=60,
     )
 
 
-def test_runner_finishes_what_an_interpreter_exit_would(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_runner_finishes_what_an_interpreter_exit_would(cli, tmp_path: Path) -> None:
     # The runner ends a finished worker with os._exit (see exit_without_finalization); nothing the
     # script left for the exit may be lost.
-    done = _runner("path", str(cli.scripts / "leave_work_for_exit.py"), str(tmp_path), cwd=tmp_path, error_file=tmp_path / "e.json")
+    done = _runner(
+        "path", str(cli.scripts / "leave_work_for_exit.py"), str(tmp_path), cwd=tmp_path, error_file=tmp_path / "e.json"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "no newline, not flushed"
     assert (tmp_path / "left_open.txt").read_text() == "buffered, never closed"
@@ -111,7 +136,7 @@ def test_runner_finishes_what_an_interpreter_exit_would(cli, tmp_path: Path) -> 
     assert (tmp_path / "atexit.txt").read_text() == "atexit ran"
 
 
-def test_runner_runs_like_python_and_records_the_users_traceback(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_runner_runs_like_python_and_records_the_users_traceback(cli, tmp_path: Path) -> None:
     error_file = tmp_path / "error.json"
     ok = _runner("path", str(cli.scripts / "exit_with.py"), "0", "x", cwd=tmp_path, error_file=error_file)
     report = json.loads(ok.stdout)
@@ -120,7 +145,9 @@ def test_runner_runs_like_python_and_records_the_users_traceback(cli, tmp_path: 
     assert _runner("path", str(cli.scripts / "exit_with.py"), "5", cwd=tmp_path, error_file=error_file).returncode == 5
     assert not error_file.exists()  # sys.exit is not an error to record
 
-    failed = _runner("path", str(cli.scripts / "raise_in_function.py"), "bad", "input", cwd=tmp_path, error_file=error_file)
+    failed = _runner(
+        "path", str(cli.scripts / "raise_in_function.py"), "bad", "input", cwd=tmp_path, error_file=error_file
+    )
     assert failed.returncode == 1
     assert "ValueError: bad input" in failed.stderr and "in explode" in failed.stderr
     assert "runner.py" not in failed.stderr and "runpy" not in failed.stderr  # only the user's frames

@@ -20,7 +20,7 @@ import pytest
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_two_processes_with_flags_config_file_environment_module_and_a_restart(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_two_processes_with_flags_config_file_environment_module_and_a_restart(cli, tmp_path: Path) -> None:
     config = tmp_path / "job.yaml"
     config.write_text(
         "num_processes: 1\n"  # the flag says 2
@@ -33,9 +33,25 @@ def test_two_processes_with_flags_config_file_environment_module_and_a_restart(c
     out = tmp_path / "out"
     out.mkdir()
     result = cli.run(
-        "launch", "--config-file", str(config), "--cpu", "-n", "2", "--mixed-precision", "bf16", "--env", "FOO=bar",
-        "--max-restarts", "1", "--env", f"PROBE_FAIL_ONCE={tmp_path / 'marker'}",
-        "-m", "probe_pkg.probe", str(out), "x", "--y",
+        "launch",
+        "--config-file",
+        str(config),
+        "--cpu",
+        "-n",
+        "2",
+        "--mixed-precision",
+        "bf16",
+        "--env",
+        "FOO=bar",
+        "--max-restarts",
+        "1",
+        "--env",
+        f"PROBE_FAIL_ONCE={tmp_path / 'marker'}",
+        "-m",
+        "probe_pkg.probe",
+        str(out),
+        "x",
+        "--y",
         env_extra={"ACCEL_GRADIENT_ACCUMULATION_STEPS": "5"},
         cwd=cli.scripts,  # `-m` finds the package from the working directory, as `python -m` does
     )
@@ -61,14 +77,14 @@ def test_two_processes_with_flags_config_file_environment_module_and_a_restart(c
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_a_failing_rank_stops_the_job_and_is_named_with_its_traceback(cli) -> None:  # type: ignore[no-untyped-def]
+def test_a_failing_rank_stops_the_job_and_is_named_with_its_traceback(cli) -> None:
     logs = cli.home / "logs"
     result = cli.run("launch", "--cpu", "-n", "2", "--log-dir", str(logs), str(cli.scripts / "fail_rank1.py"))
     assert result.returncode == 1, cli.describe(result)
     # --log-dir: each worker's output is also in files (torchrun's layout: <run>/attempt_0/<local rank>/).
     rank1_err = [p for p in logs.rglob("stderr.log") if p.parent.name == "1"]
     assert rank1_err and "ValueError: rank one is broken" in rank1_err[0].read_text(), sorted(logs.rglob("*"))
-    summary = result.stderr[result.stderr.index("accel launch: The job failed"):]
+    summary = result.stderr[result.stderr.index("accel launch: The job failed") :]
     assert summary.startswith("accel launch: The job failed: rank 1 (local rank 1"), summary
     assert "exited with code 1" in summary and "Traceback of rank 1:" in summary
     assert "in explode" in summary and "ValueError: rank one is broken" in summary
@@ -76,13 +92,29 @@ def test_a_failing_rank_stops_the_job_and_is_named_with_its_traceback(cli) -> No
     assert "rank 0 was not stopped" not in result.stdout  # it sleeps a minute and says so if not stopped
 
 
-def _launch_two_machines(cli, port: int) -> tuple[list[int | None], list[tuple[str, str]]]:  # type: ignore[no-untyped-def]
+def _launch_two_machines(cli, port: int) -> tuple[list[int | None], list[tuple[str, str]]]:
     """Machines 0 and 1 of one job on this host; returns their exit codes and (stdout, stderr)."""
-    common = ["launch", "--cpu", "--num-machines", "2", "--main-process-ip", "127.0.0.1",
-              "--main-process-port", str(port), "-n", "4", str(cli.scripts / "report_rank.py")]
+    common = [
+        "launch",
+        "--cpu",
+        "--num-machines",
+        "2",
+        "--main-process-ip",
+        "127.0.0.1",
+        "--main-process-port",
+        str(port),
+        "-n",
+        "4",
+        str(cli.scripts / "report_rank.py"),
+    ]
     machines = {  # machine 1 first: it waits for machine 0's store
-        rank: subprocess.Popen([*cli.command(), *common[:1], "--machine-rank", str(rank), *common[1:]], env=cli.env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        rank: subprocess.Popen(
+            [*cli.command(), *common[:1], "--machine-rank", str(rank), *common[1:]],
+            env=cli.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in (1, 0)
     }
     try:
@@ -98,7 +130,7 @@ def _launch_two_machines(cli, port: int) -> tuple[list[int | None], list[tuple[s
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_two_machines_meet_through_the_static_rendezvous(cli) -> None:  # type: ignore[no-untyped-def]
+def test_two_machines_meet_through_the_static_rendezvous(cli) -> None:
     # The static rendezvous needs a port both machines know before either starts, so it is picked
     # here and released; another process may take it in between: then start again on another.
     for _attempt in range(3):
@@ -122,14 +154,14 @@ def test_two_machines_meet_through_the_static_rendezvous(cli) -> None:  # type: 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_accel_test_passes_on_two_cpu_processes(cli) -> None:  # type: ignore[no-untyped-def]
+def test_accel_test_passes_on_two_cpu_processes(cli) -> None:
     result = cli.run("test")
     assert result.returncode == 0, cli.describe(result)
     assert "accel check: OK on 2 process(es), device cpu" in result.stdout
     assert result.stdout.rstrip().endswith("accel test: PASS")
 
 
-def test_accel_env_reports_versions_backends_devices_and_config(cli) -> None:  # type: ignore[no-untyped-def]
+def test_accel_env_reports_versions_backends_devices_and_config(cli) -> None:
     cli.config_dir.mkdir(parents=True)
     (cli.config_dir / "default_config.yaml").write_text("num_processes: 2\n")
     result = cli.run("env")
@@ -142,7 +174,7 @@ def test_accel_env_reports_versions_backends_devices_and_config(cli) -> None:  #
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_notebook_and_debug_launchers(cli) -> None:  # type: ignore[no-untyped-def]
+def test_notebook_and_debug_launchers(cli) -> None:
     script = cli.scripts / "launchers_check.py"
     result = subprocess.run([sys.executable, str(script)], env=cli.env(), capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, cli.describe(result)

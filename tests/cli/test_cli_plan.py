@@ -6,6 +6,7 @@ import argparse
 import signal
 
 import pytest
+
 from accel_core.launch.extensions import add_extension_arguments, extension_env, load_extensions
 from accel_core.launch.failures import JobFailedError, RankFailure, drop_wrapper_frames
 from accel_core.launch.plan import (
@@ -21,7 +22,12 @@ from accel_core.launch.plan import (
 
 
 def test_each_setting_takes_flag_then_environment_then_config_then_default() -> None:
-    config = {"mixed_precision": "fp16", "gradient_accumulation_steps": 3, "dynamo_backend": "inductor", "num_processes": 4}
+    config = {
+        "mixed_precision": "fp16",
+        "gradient_accumulation_steps": 3,
+        "dynamo_backend": "inductor",
+        "num_processes": 4,
+    }
     environ = {"ACCEL_MIXED_PRECISION": "bf16", "ACCEL_GRADIENT_ACCUMULATION_STEPS": "5"}
     flags = {"mixed_precision": "fp8", "num_processes": None, "use_cpu": None}
     plan = resolve_plan(flags, environ, config)
@@ -54,7 +60,9 @@ def test_false_flags_override_a_true_config_and_defaults_can_be_replaced() -> No
 
 def test_yaml_bare_no_and_environment_booleans_are_read() -> None:
     # YAML 1.1 reads `mixed_precision: no` as False.
-    plan = resolve_plan({}, {"ACCEL_USE_CPU": "1", "ACCEL_DEBUG_MODE": "yes"}, {"mixed_precision": False, "dynamo_backend": False})
+    plan = resolve_plan(
+        {}, {"ACCEL_USE_CPU": "1", "ACCEL_DEBUG_MODE": "yes"}, {"mixed_precision": False, "dynamo_backend": False}
+    )
     assert (plan.mixed_precision, plan.dynamo_backend, plan.use_cpu, plan.debug) == ("no", "no", True, True)
 
 
@@ -73,7 +81,7 @@ def test_yaml_bare_no_and_environment_booleans_are_read() -> None:
         ({}, {}, {"tee": "0:3,x"}, "key 'tee'.*per local rank"),
     ],
 )
-def test_wrong_settings_name_where_they_came_from(flags, environ, config, message) -> None:  # type: ignore[no-untyped-def]
+def test_wrong_settings_name_where_they_came_from(flags, environ, config, message) -> None:
     with pytest.raises(ValueError, match=message):
         resolve_plan(flags, environ, config)
 
@@ -127,10 +135,27 @@ def test_when_torchrun_is_used() -> None:
 def test_torchrun_arguments() -> None:
     target = LaunchTarget("train.py", ("--lr", "1"))
     one = torchrun_argv(resolve_plan({"num_processes": 2}, {}, {}), target)
-    assert one == ["--nnodes=1", "--nproc-per-node=2", "-m", "accel_core.launch.runner", "path", "train.py", "--lr", "1"]
-    port = torchrun_argv(resolve_plan({"num_processes": 2, "main_process_port": 1234, "max_restarts": 2}, {}, {}), target)
+    assert one == [
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "-m",
+        "accel_core.launch.runner",
+        "path",
+        "train.py",
+        "--lr",
+        "1",
+    ]
+    port = torchrun_argv(
+        resolve_plan({"num_processes": 2, "main_process_port": 1234, "max_restarts": 2}, {}, {}), target
+    )
     assert {"--master-port=1234", "--master-addr=127.0.0.1", "--max-restarts=2"} <= set(port)
-    flags = {"num_processes": 16, "num_machines": 2, "machine_rank": 1, "main_process_ip": "10.0.0.1", "monitor_interval": 0.5}
+    flags = {
+        "num_processes": 16,
+        "num_machines": 2,
+        "machine_rank": 1,
+        "main_process_ip": "10.0.0.1",
+        "monitor_interval": 0.5,
+    }
     static = torchrun_argv(resolve_plan(flags, {}, {}), LaunchTarget("pkg.train", module=True))
     assert static[:2] == ["--nnodes=2", "--nproc-per-node=8"]
     assert {"--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29500", "--monitor-interval=0.5"} <= set(static)
@@ -164,7 +189,7 @@ class _Broken(_Precision):
     name = "broken"
 
     def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
-        return {"ACCEL_BROKEN": 3}  # type: ignore[dict-item]
+        return {"ACCEL_BROKEN": 3}  # type: ignore[dict-item]  # the wrong type is what the test checks
 
 
 def test_backend_flags_come_from_extensions() -> None:
@@ -187,7 +212,9 @@ def test_conflicting_or_missing_extensions_are_skipped_with_a_message(capsys: py
 
 
 def _failure(rank: int, exitcode: int, traceback: str | None = None, timestamp: int = 100) -> RankFailure:
-    return RankFailure(rank=rank, local_rank=rank, exitcode=exitcode, pid=1000 + rank, timestamp=timestamp, traceback=traceback)
+    return RankFailure(
+        rank=rank, local_rank=rank, exitcode=exitcode, pid=1000 + rank, timestamp=timestamp, traceback=traceback
+    )
 
 
 def test_the_root_cause_is_the_rank_that_failed_by_itself() -> None:
@@ -214,7 +241,8 @@ def test_torch_wrapper_frames_are_dropped_from_tracebacks() -> None:
         "KeyError: 1\n"
     )
     assert drop_wrapper_frames(text) == (
-        'Traceback (most recent call last):\n  File "/home/me/train.py", line 3, in step\n    raise KeyError(1)\nKeyError: 1\n'
+        'Traceback (most recent call last):\n  File "/home/me/train.py", line 3, in step\n    raise '
+        "KeyError(1)\nKeyError: 1\n"
     )
 
 
@@ -234,7 +262,12 @@ def test_option_table_extension_parses_both_spellings_and_selects_the_backend():
     parser = _argparse.ArgumentParser()
     ToyOptions().add_arguments(parser.add_argument_group("toy options"))
     env = ToyOptions().to_env(parser.parse_args(["--toy_level", "1e3", "--toy-mode", "2", "--toy-flag", "Yes"]))
-    assert env == {"ACCEL_TOY_LEVEL": "1000", "ACCEL_TOY_MODE": "SLOW", "ACCEL_TOY_FLAG": "true", "ACCEL_STRATEGY": "toy"}
+    assert env == {
+        "ACCEL_TOY_LEVEL": "1000",
+        "ACCEL_TOY_MODE": "SLOW",
+        "ACCEL_TOY_FLAG": "true",
+        "ACCEL_STRATEGY": "toy",
+    }
     assert ToyOptions().to_env(parser.parse_args([])) == {}
     assert ToyOptions().to_env(parser.parse_args(["--use-toy"])) == {"ACCEL_STRATEGY": "toy"}
     with pytest.raises(SystemExit):
@@ -248,5 +281,5 @@ def test_scheduler_stepping_travels_from_flag_environment_or_config_file() -> No
     assert (plan.env["ACCEL_SCHEDULER_STEPPING"], plan.sources["scheduler_stepping"]) == ("per_optimizer_step", CONFIG)
     plan = resolve_plan({"scheduler_stepping": "per_process"}, {"ACCEL_SCHEDULER_STEPPING": "per_optimizer_step"}, {})
     assert plan.env["ACCEL_SCHEDULER_STEPPING"] == "per_process"
-    with pytest.raises(ValueError, match="scheduler_stepping.*per_optimizer_step"):
+    with pytest.raises(ValueError, match=r"scheduler_stepping.*per_optimizer_step"):
         resolve_plan({}, {}, {"scheduler_stepping": "per_epoch"})

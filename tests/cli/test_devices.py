@@ -47,10 +47,15 @@ def test_torch_build_matches_torch_version():
 
 def test_nvidia_smi_output_is_parsed(tmp_path, monkeypatch):
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nprintf 'GPU-aaaa-1111, NVIDIA H100 80GB HBM3\\nGPU-bbbb-2222, NVIDIA H100 80GB HBM3\\n'\n")
+    smi.write_text(
+        "#!/bin/sh\nprintf 'GPU-aaaa-1111, NVIDIA H100 80GB HBM3\\nGPU-bbbb-2222, NVIDIA H100 80GB HBM3\\n'\n"
+    )
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    assert devices.nvidia_gpus() == [("GPU-aaaa-1111", "NVIDIA H100 80GB HBM3"), ("GPU-bbbb-2222", "NVIDIA H100 80GB HBM3")]
+    assert devices.nvidia_gpus() == [
+        ("GPU-aaaa-1111", "NVIDIA H100 80GB HBM3"),
+        ("GPU-bbbb-2222", "NVIDIA H100 80GB HBM3"),
+    ]
 
 
 def test_proc_files_are_used_when_nvidia_smi_fails(tmp_path, monkeypatch):
@@ -96,7 +101,12 @@ def test_a_gpu_counts_only_when_torchs_build_can_use_it(monkeypatch):
     assert detect_devices({}).kind == "cpu"
     monkeypatch.setattr(devices, "torch_build", lambda: {"__version__": "2.9.0+cu128", "cuda": "12.8"})
     found = detect_devices({"CUDA_VISIBLE_DEVICES": "0,2"})
-    assert (found.kind, found.count, found.names, found.detail) == ("cuda", 2, ["NVIDIA H100", "NVIDIA A10"], "CUDA 12.8")
+    assert (found.kind, found.count, found.names, found.detail) == (
+        "cuda",
+        2,
+        ["NVIDIA H100", "NVIDIA A10"],
+        "CUDA 12.8",
+    )
     assert detect_devices({"CUDA_VISIBLE_DEVICES": ""}).kind == "cpu"
 
 

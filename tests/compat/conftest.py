@@ -1,4 +1,5 @@
-"""The compatibility suite's 2-process launch: scripts/api_checks.py runs once, and every test that needs it reads its output."""
+"""The compatibility suite's 2-process launch: scripts/api_checks.py runs once, and every test that needs it reads its
+output."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 HERE = Path(__file__).parent
 
 
-def _run_torchrun():  # type: ignore[no-untyped-def]
+def _run_torchrun():
     # The root conftest's launcher (a session fixture cannot use its function-scoped `torchrun` fixture).
     spec = importlib.util.spec_from_file_location("_accel_root_conftest", HERE.parent / "conftest.py")
     assert spec is not None and spec.loader is not None

@@ -15,7 +15,11 @@ HERE = Path(__file__).parent
 PAGE = HERE.parents[1] / "docs" / "coming_from_accelerate.md"
 BEGIN = "<!-- BEGIN GENERATED from tests/compat/surface_allowlist.yaml -->"
 END = "<!-- END GENERATED -->"
-_TITLES = {"planned": "Coming in a later issue", "not planned": "Left out on purpose", "internal": "Internal helpers of the reference"}
+_TITLES = {
+    "planned": "Coming in a later issue",
+    "not planned": "Left out on purpose",
+    "internal": "Internal helpers of the reference",
+}
 
 
 def _short(name: str) -> str:
@@ -39,7 +43,7 @@ def render() -> str:
         for group in pending:
             names = ", ".join(f"`{_short(n)}`" for n in group["names"])
             lines += [f"- In branch `{group['branch']}`: {names}", ""]
-    return "\n".join(lines + [END])
+    return "\n".join([*lines, END])
 
 
 def current_page_section() -> str:

@@ -105,7 +105,9 @@ def main(repo: str, rev: str = "HEAD") -> None:
         "reference": {"repository": "huggingface/accelerate", "commit": commit, "version": version},
         "accelerate": [f"accelerate.{n}" for n in bound_by_imports(init)],
         "accelerate.utils": [f"accelerate.utils.{n}" for n in utils],
-        "accelerate.utils enum members": enum_members(show(repo, commit, "src/accelerate/utils/dataclasses.py"), set(utils)),
+        "accelerate.utils enum members": enum_members(
+            show(repo, commit, "src/accelerate/utils/dataclasses.py"), set(utils)
+        ),
         "accelerate.Accelerator": class_surface(
             find_class(show(repo, commit, "src/accelerate/accelerator.py"), "Accelerator"), "accelerate.Accelerator"
         ),

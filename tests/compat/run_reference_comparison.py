@@ -34,13 +34,20 @@ EXAMPLES_DIR = HERE / "examples"
 RESULTS_JSON = HERE / "reference_comparison.json"
 RESULTS_MD = HERE / "reference_comparison.md"
 REFERENCE_SPEC = "accelerate==1.15.*"
-REFERENCE_EXTRAS = ["numpy", "scikit-learn", "schedulefree", "tensorboard"]  # what the examples import besides accelerate
+REFERENCE_EXTRAS = [
+    "numpy",
+    "scikit-learn",
+    "schedulefree",
+    "tensorboard",
+]  # what the examples import besides accelerate
 DEFAULT_REFERENCE_VENV = Path(tempfile.gettempdir()) / "accel-compat-reference"
 # Same script, same torch, same CPU, same gloo: the same calls give the same bits (the one example that
 # matches today matches exactly). The tolerance only absorbs last-bit noise: a DDP comm hook left out
 # moves the weights by ~1e-7 relative, which must show.
 REL_TOL, ABS_TOL = 1e-9, 1e-12
-TOLERANCE_TEXT = f"numbers equal within rel {REL_TOL:g} / abs {ABS_TOL:g} (math.isclose); strings, booleans, lists' lengths exact"
+TOLERANCE_TEXT = (
+    f"numbers equal within rel {REL_TOL:g} / abs {ABS_TOL:g} (math.isclose); strings, booleans, lists' lengths exact"
+)
 
 
 @dataclass(frozen=True)
@@ -84,47 +91,116 @@ def resume_exact(results: dict[str, dict[str, Any] | None], example: Example, ru
 EXAMPLES: tuple[Example, ...] = (
     Example("nlp_example", "examples/nlp_example.py"),
     Example("cv_example", "examples/cv_example.py"),
-    Example("complete_nlp_example", "examples/complete_nlp_example.py", runs=(
-        Run("epochs", ("--with_tracking", "--checkpointing_steps", "epoch", "--output_dir", "{out}/ckpt", "--project_dir", "{out}/logs")),
-        Run("resume_epoch_0", ("--with_tracking", "--resume_from_checkpoint", "{out}/ckpt/epoch_0", "--output_dir", "{out}/resumed",
-                               "--project_dir", "{out}/logs"), continues="epochs"),
-    )),
-    Example("complete_cv_example", "examples/complete_cv_example.py", runs=(
-        Run("steps", ("--with_tracking", "--checkpointing_steps", "4", "--output_dir", "{out}/ckpt", "--project_dir", "{out}/logs")),
-        Run("resume_step_8", ("--resume_from_checkpoint", "{out}/ckpt/step_8", "--output_dir", "{out}/resumed"), continues="steps"),
-    )),
+    Example(
+        "complete_nlp_example",
+        "examples/complete_nlp_example.py",
+        runs=(
+            Run(
+                "epochs",
+                (
+                    "--with_tracking",
+                    "--checkpointing_steps",
+                    "epoch",
+                    "--output_dir",
+                    "{out}/ckpt",
+                    "--project_dir",
+                    "{out}/logs",
+                ),
+            ),
+            Run(
+                "resume_epoch_0",
+                (
+                    "--with_tracking",
+                    "--resume_from_checkpoint",
+                    "{out}/ckpt/epoch_0",
+                    "--output_dir",
+                    "{out}/resumed",
+                    "--project_dir",
+                    "{out}/logs",
+                ),
+                continues="epochs",
+            ),
+        ),
+    ),
+    Example(
+        "complete_cv_example",
+        "examples/complete_cv_example.py",
+        runs=(
+            Run(
+                "steps",
+                (
+                    "--with_tracking",
+                    "--checkpointing_steps",
+                    "4",
+                    "--output_dir",
+                    "{out}/ckpt",
+                    "--project_dir",
+                    "{out}/logs",
+                ),
+            ),
+            Run(
+                "resume_step_8",
+                ("--resume_from_checkpoint", "{out}/ckpt/step_8", "--output_dir", "{out}/resumed"),
+                continues="steps",
+            ),
+        ),
+    ),
     Example("automatic_gradient_accumulation", "examples/by_feature/automatic_gradient_accumulation.py"),
-    Example("checkpointing", "examples/by_feature/checkpointing.py", runs=(
-        Run("steps", ("--checkpointing_steps", "4", "--output_dir", "{out}/ckpt")),
-        Run("resume_step_12", ("--resume_from_checkpoint", "{out}/ckpt/step_12", "--output_dir", "{out}/resumed"),
-            continues="steps"),
-    )),
-    Example("cross_validation", "examples/by_feature/cross_validation.py", runs=(Run("default", ("--num_folds", "3")),),
-            needs=("sklearn",)),
-    Example("ddp_comm_hook", "examples/by_feature/ddp_comm_hook.py", runs=(
-        Run("power_sgd_fp16", ("--ddp_comm_hook", "power_sgd", "--ddp_comm_wrapper", "fp16")),
-    )),
+    Example(
+        "checkpointing",
+        "examples/by_feature/checkpointing.py",
+        runs=(
+            Run("steps", ("--checkpointing_steps", "4", "--output_dir", "{out}/ckpt")),
+            Run(
+                "resume_step_12",
+                ("--resume_from_checkpoint", "{out}/ckpt/step_12", "--output_dir", "{out}/resumed"),
+                continues="steps",
+            ),
+        ),
+    ),
+    Example(
+        "cross_validation",
+        "examples/by_feature/cross_validation.py",
+        runs=(Run("default", ("--num_folds", "3")),),
+        needs=("sklearn",),
+    ),
+    Example(
+        "ddp_comm_hook",
+        "examples/by_feature/ddp_comm_hook.py",
+        runs=(Run("power_sgd_fp16", ("--ddp_comm_hook", "power_sgd", "--ddp_comm_wrapper", "fp16")),),
+    ),
     Example("early_stopping", "examples/by_feature/early_stopping.py"),
-    Example("gradient_accumulation", "examples/by_feature/gradient_accumulation.py", runs=(
-        Run("default", ("--gradient_accumulation_steps", "2")),
-    )),
-    Example("gradient_accumulation_for_autoregressive_models",
-            "examples/by_feature/gradient_accumulation_for_autoregressive_models.py",
-            runs=(Run("default", ("--gradient_accumulation_steps", "2")),)),
+    Example(
+        "gradient_accumulation",
+        "examples/by_feature/gradient_accumulation.py",
+        runs=(Run("default", ("--gradient_accumulation_steps", "2")),),
+    ),
+    Example(
+        "gradient_accumulation_for_autoregressive_models",
+        "examples/by_feature/gradient_accumulation_for_autoregressive_models.py",
+        runs=(Run("default", ("--gradient_accumulation_steps", "2")),),
+    ),
     Example("local_sgd", "examples/by_feature/local_sgd.py", runs=(Run("default", ("--local_sgd_steps", "4")),)),
     Example("memory", "examples/by_feature/memory.py"),
     Example("multi_process_metrics", "examples/by_feature/multi_process_metrics.py"),
-    Example("profiler", "examples/by_feature/profiler.py", runs=(
-        Run("default", ("--record_shapes", "--output_trace_dir", "{out}/traces")),
-    )),
+    Example(
+        "profiler",
+        "examples/by_feature/profiler.py",
+        runs=(Run("default", ("--record_shapes", "--output_trace_dir", "{out}/traces")),),
+    ),
     Example("schedule_free", "examples/by_feature/schedule_free.py", needs=("schedulefree",)),
-    Example("tracking", "examples/by_feature/tracking.py", runs=(Run("default", ("--with_tracking", "--project_dir", "{out}/logs")),)),
+    Example(
+        "tracking",
+        "examples/by_feature/tracking.py",
+        runs=(Run("default", ("--with_tracking", "--project_dir", "{out}/logs")),),
+    ),
 )
 
 SKIPPED: dict[str, str] = {
-    "examples/by_feature/fsdp_with_peak_mem_tracking.py":
+    "examples/by_feature/fsdp_with_peak_mem_tracking.py": (
         "GPU only: Accelerate turns an fsdp_plugin on only for GPU-type devices (on --cpu it silently runs DDP), "
-        "and the example's memory tracking reads torch.cuda counters",
+        "and the example's memory tracking reads torch.cuda counters"
+    ),
     "examples/by_feature/deepspeed_with_config_support.py": "needs DeepSpeed and a DeepSpeed JSON config on GPUs",
     "examples/by_feature/megatron_lm_gpt_pretraining.py": "needs Megatron-LM on GPUs and a hub GPT-2 checkpoint",
     "examples/finetune_lm_tpu.py": "TPU (torch_xla) only",
@@ -137,6 +213,7 @@ SKIPPED: dict[str, str] = {
 
 # --- launching ---
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -145,10 +222,21 @@ def free_port() -> int:
 
 def clean_env(lib: str, home: Path) -> dict[str, str]:
     """The environment of one launch: no user config for either launcher, 1 thread per process, no online trackers."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_", "WANDB_", "COMET_", "MLFLOW_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ACCEL_", "ACCELERATE_", "WANDB_", "COMET_", "MLFLOW_"))
+    }
     env.pop("VIRTUAL_ENV", None)
-    env.update(ACCEL_COMPAT_LIB=lib, OMP_NUM_THREADS="1", HF_HOME=str(home / "hf"), XDG_CONFIG_HOME=str(home / "config"),
-               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=str(home / "torch_extensions"))
+    env.update(
+        ACCEL_COMPAT_LIB=lib,
+        OMP_NUM_THREADS="1",
+        HF_HOME=str(home / "hf"),
+        XDG_CONFIG_HOME=str(home / "config"),
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        TORCH_EXTENSIONS_DIR=str(home / "torch_extensions"),
+    )
     if lib == "accelerate":
         env["ACCELERATE_USE_CPU"] = "true"  # what `accelerate launch --cpu` sets
     return env
@@ -157,8 +245,20 @@ def clean_env(lib: str, home: Path) -> dict[str, str]:
 def launch_command(lib: str, script: Path, args: list[str], reference_python: Path | None) -> list[str]:
     if lib == "accelerate":
         assert reference_python is not None
-        return [str(reference_python), "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                "--master_port", str(free_port()), str(script), "--cpu", *args]
+        return [
+            str(reference_python),
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            str(script),
+            "--cpu",
+            *args,
+        ]
     return [str(Path(sys.executable).parent / "accel"), "launch", "--cpu", "-n", "2", str(script), "--cpu", *args]
 
 
@@ -175,30 +275,53 @@ _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Interrupt|Warnin
 
 def error_summary(stderr: str) -> str:
     """The last exception line of a failed job (torchrun's own report filtered out), else its last line."""
-    lines = [_RANK_PREFIX.sub("", ln).strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith("Extension modules:")]
-    found = [ln for ln in lines if _ERROR_LINE.match(ln) and "ChildFailedError" not in ln and "FutureWarning" not in ln
-             and "UserWarning" not in ln]
+    lines = [
+        _RANK_PREFIX.sub("", ln).strip()
+        for ln in stderr.splitlines()
+        if ln.strip() and not ln.startswith("Extension modules:")
+    ]
+    found = [
+        ln
+        for ln in lines
+        if _ERROR_LINE.match(ln)
+        and "ChildFailedError" not in ln
+        and "FutureWarning" not in ln
+        and "UserWarning" not in ln
+    ]
     text = (found or lines or ["(no output)"])[-1]
     return text[:400]
 
 
-def run_one(lib: str, example: Example, run: Run, workdir: Path, reference_python: Path | None,
-            timeout: float) -> dict[str, Any]:
-    """Launches one run of `example` on `lib` with `workdir` as its cwd and `{out}`; returns ok, metrics, error, seconds."""
+def run_one(
+    lib: str, example: Example, run: Run, workdir: Path, reference_python: Path | None, timeout: float
+) -> dict[str, Any]:
+    """Launches one run of `example` on `lib` with `workdir` as its cwd and `{out}`; returns ok, metrics, error,
+    seconds."""
     args = [a.replace("{out}", str(workdir)) for a in run.args]
     command = launch_command(lib, EXAMPLES_DIR / f"{example.name}.py", args, reference_python)
     started = time.monotonic()
     try:
-        done = subprocess.run(command, cwd=workdir, env=clean_env(lib, workdir), capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            command, cwd=workdir, env=clean_env(lib, workdir), capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired as expired:
         stderr = expired.stderr.decode() if isinstance(expired.stderr, bytes) else (expired.stderr or "")
-        return {"ok": False, "metrics": None, "error": f"timed out after {timeout:.0f}s: {error_summary(stderr)}",
-                "seconds": round(time.monotonic() - started, 1)}
+        return {
+            "ok": False,
+            "metrics": None,
+            "error": f"timed out after {timeout:.0f}s: {error_summary(stderr)}",
+            "seconds": round(time.monotonic() - started, 1),
+        }
     metrics = parse_final_metrics(done.stdout)
     ok = done.returncode == 0 and metrics is not None
     error = None if ok else error_summary(done.stderr) if done.returncode else "finished without a final_metrics line"
-    return {"ok": ok, "metrics": metrics, "error": error, "seconds": round(time.monotonic() - started, 1),
-            "stderr_tail": None if ok else done.stderr[-1500:]}
+    return {
+        "ok": ok,
+        "metrics": metrics,
+        "error": error,
+        "seconds": round(time.monotonic() - started, 1),
+        "stderr_tail": None if ok else done.stderr[-1500:],
+    }
 
 
 def run_example(lib: str, example: Example, reference_python: Path | None, timeout: float) -> list[dict[str, Any]]:
@@ -211,6 +334,7 @@ def run_example(lib: str, example: Example, reference_python: Path | None, timeo
 
 
 # --- comparing ---
+
 
 def differences(reference: Any, accel: Any, path: str = "", ignore: tuple[str, ...] = ()) -> list[str]:
     """Where two final-metrics values differ beyond the tolerance, as 'key: reference -> accel'."""
@@ -227,32 +351,56 @@ def differences(reference: Any, accel: Any, path: str = "", ignore: tuple[str, .
     if isinstance(reference, list) and isinstance(accel, list):
         if len(reference) != len(accel):
             return [f"{name}: {reference} -> {accel}"]
-        differ = any(differences(r, a) for r, a in zip(reference, accel))
+        differ = any(differences(r, a) for r, a in zip(reference, accel, strict=True))
         return [f"{name}: {reference} -> {accel}"] if differ else []
     numbers = (int, float)
-    if isinstance(reference, numbers) and isinstance(accel, numbers) and not isinstance(reference, bool) and not isinstance(accel, bool):
-        return [] if math.isclose(reference, accel, rel_tol=REL_TOL, abs_tol=ABS_TOL) else [f"{name}: {reference} -> {accel}"]
+    if (
+        isinstance(reference, numbers)
+        and isinstance(accel, numbers)
+        and not isinstance(reference, bool)
+        and not isinstance(accel, bool)
+    ):
+        return (
+            []
+            if math.isclose(reference, accel, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+            else [f"{name}: {reference} -> {accel}"]
+        )
     return [] if reference == accel else [f"{name}: {reference!r} -> {accel!r}"]
 
 
-def make_rows(example: Example, reference_results: list[dict[str, Any] | None],
-              accel_results: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
+def make_rows(
+    example: Example, reference_results: list[dict[str, Any] | None], accel_results: list[dict[str, Any] | None]
+) -> list[dict[str, Any]]:
     """The table rows of one example's runs: both sides' results, their differences, and for a resumed
     run whether each side ended as its uninterrupted run did."""
-    by_lib = {"reference": dict(zip(example.run_ids(), reference_results)), "accel": dict(zip(example.run_ids(), accel_results))}
+    by_lib = {
+        "reference": dict(zip(example.run_ids(), reference_results, strict=True)),
+        "accel": dict(zip(example.run_ids(), accel_results, strict=True)),
+    }
     rows = []
-    for run_id, run, ref, acc in zip(example.run_ids(), example.runs, reference_results, accel_results):
+    for run_id, run, ref, acc in zip(example.run_ids(), example.runs, reference_results, accel_results, strict=True):
         diffs = differences(ref["metrics"], acc["metrics"]) if ref and acc and ref["ok"] and acc["ok"] else []
-        rows.append({
-            "id": run_id, "example": example.name, "reference_example": example.reference, "args": list(run.args),
-            "reference": ref, "accel": acc, "identical": bool(ref and acc and ref["ok"] and acc["ok"] and not diffs),
-            "differences": diffs, "continues": example.run_id(run.continues) if run.continues else None,
-            "resume_exact": {lib: resume_exact(results, example, run) for lib, results in by_lib.items()} if run.continues else None,
-        })
+        rows.append(
+            {
+                "id": run_id,
+                "example": example.name,
+                "reference_example": example.reference,
+                "args": list(run.args),
+                "reference": ref,
+                "accel": acc,
+                "identical": bool(ref and acc and ref["ok"] and acc["ok"] and not diffs),
+                "differences": diffs,
+                "continues": example.run_id(run.continues) if run.continues else None,
+                "resume_exact": {lib: resume_exact(results, example, run) for lib, results in by_lib.items()}
+                if run.continues
+                else None,
+            }
+        )
     return rows
 
 
 # --- the reference environment ---
+
 
 def reference_python(venv: Path) -> Path:
     """Makes (once) the throwaway venv with Accelerate and this process's torch version; returns its python."""
@@ -263,17 +411,33 @@ def reference_python(venv: Path) -> Path:
         uv = shutil.which("uv") or "uv"
         subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
         torch_version = torch.__version__.split("+")[0]
-        subprocess.run([uv, "pip", "install", "-q", "--python", str(python), REFERENCE_SPEC, f"torch=={torch_version}",
-                        *REFERENCE_EXTRAS], check=True)
+        subprocess.run(
+            [
+                uv,
+                "pip",
+                "install",
+                "-q",
+                "--python",
+                str(python),
+                REFERENCE_SPEC,
+                f"torch=={torch_version}",
+                *REFERENCE_EXTRAS,
+            ],
+            check=True,
+        )
     return python
 
 
 def reference_versions(python: Path) -> dict[str, str]:
-    code = "import accelerate, torch, json; print(json.dumps({'accelerate': accelerate.__version__, 'torch': torch.__version__}))"
+    code = (
+        "import accelerate, torch, json; "
+        "print(json.dumps({'accelerate': accelerate.__version__, 'torch': torch.__version__}))"
+    )
     return json.loads(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
 # --- the table ---
+
 
 def cell(result: dict[str, Any] | None) -> str:
     if result is None:
@@ -308,28 +472,46 @@ def write_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         "# Accelerate's examples on Accelerate and on accel (2 CPU processes each)",
         "",
         f"Written by `tests/compat/run_reference_comparison.py` on {meta['date']}: reference Accelerate "
-        f"{meta['reference_versions'].get('accelerate')} (torch {meta['reference_versions'].get('torch')}) under torchrun, "
-        f"accel {meta['accel_version']} (commit {meta['accel_commit']}) under `accel launch --cpu -n 2`. "
+        f"{meta['reference_versions'].get('accelerate')} (torch {meta['reference_versions'].get('torch')}) under "
+        f"torchrun, accel {meta['accel_version']} (commit {meta['accel_commit']}) under `accel launch --cpu -n 2`. "
         f"Identical means {TOLERANCE_TEXT}.",
         "",
-        f"Runs to the end: reference {ref_ok}/{len(rows)}, accel {accel_ok}/{len(rows)}; same final metrics: {same}/{len(rows)}.",
+        f"Runs to the end: reference {ref_ok}/{len(rows)}, accel {accel_ok}/{len(rows)}; same final metrics: "
+        f"{same}/{len(rows)}.",
         "",
         "| example run | reference runs | accel runs | identical | differences (reference -> accel) |",
         "|---|---|---|---|---|",
     ]
     for r in rows:
         diff = "; ".join(r["differences"]) if r["differences"] else ""
-        lines.append(f"| {r['id']} | {cell(r['reference'])} | {cell(r['accel'])} | {'yes' if r['identical'] else '**no**'} | {diff} |")
+        lines.append(
+            f"| {r['id']} | {cell(r['reference'])} | {cell(r['accel'])} | {'yes' if r['identical'] else '**no**'} | "
+            f"{diff} |"
+        )
     resumes = [r for r in rows if r.get("continues")]
     if resumes:
-        lines += ["", "## Resume: does the resumed run end as the uninterrupted one? (overall_step aside)", "",
-                  "| resumed run | continues | reference | accel |", "|---|---|---|---|"]
-        lines += [f"| {r['id']} | {r['continues']} | {_yes_no(r['resume_exact']['reference'])} | {_yes_no(r['resume_exact']['accel'])} |"
-                  for r in resumes]
+        lines += [
+            "",
+            "## Resume: does the resumed run end as the uninterrupted one? (overall_step aside)",
+            "",
+            "| resumed run | continues | reference | accel |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['id']} | {r['continues']} | {_yes_no(r['resume_exact']['reference'])} | "
+            f"{_yes_no(r['resume_exact']['accel'])} |"
+            for r in resumes
+        ]
     lines += ["", "## Final metrics", "", "| example run | reference | accel |", "|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['id']} | {metrics_text(r['reference'])} | {metrics_text(r['accel'])} |")
-    lines += ["", "## Not run (need what this CPU machine does not have)", "", "| reference example | why |", "|---|---|"]
+    lines += [
+        "",
+        "## Not run (need what this CPU machine does not have)",
+        "",
+        "| reference example | why |",
+        "|---|---|",
+    ]
     lines += [f"| {name} | {why} |" for name, why in SKIPPED.items()]
     RESULTS_MD.write_text("\n".join(lines) + "\n")
 
@@ -342,7 +524,9 @@ def git_commit() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", help="example names (default: all)")
-    parser.add_argument("--accel-only", action="store_true", help="rerun accel only; reference results come from the JSON")
+    parser.add_argument(
+        "--accel-only", action="store_true", help="rerun accel only; reference results come from the JSON"
+    )
     parser.add_argument("--retable", action="store_true", help="run nothing: rebuild the table from the JSON's results")
     parser.add_argument("--reference-venv", type=Path, default=DEFAULT_REFERENCE_VENV)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per launch")
@@ -357,10 +541,17 @@ def main() -> int:
 
     import accel
 
-    meta = {"date": time.strftime("%Y-%m-%d"), "reference_versions": versions, "accel_version": accel.__version__,
-            "accel_commit": git_commit(), "tolerance": {"rel": REL_TOL, "abs": ABS_TOL, "text": TOLERANCE_TEXT},
-            "launch": {"reference": "python -m torch.distributed.run --nproc_per_node 2 <script> --cpu (ACCELERATE_USE_CPU=true)",
-                       "accel": "accel launch --cpu -n 2 <script> --cpu"}}
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "reference_versions": versions,
+        "accel_version": accel.__version__,
+        "accel_commit": git_commit(),
+        "tolerance": {"rel": REL_TOL, "abs": ABS_TOL, "text": TOLERANCE_TEXT},
+        "launch": {
+            "reference": "python -m torch.distributed.run --nproc_per_node 2 <script> --cpu (ACCELERATE_USE_CPU=true)",
+            "accel": "accel launch --cpu -n 2 <script> --cpu",
+        },
+    }
     order = [run_id for e in EXAMPLES for run_id in e.run_ids()]
     rows_by_id = dict(previous_rows)
     for example in selected:
@@ -377,9 +568,14 @@ def main() -> int:
         accel_results = run_example("accel", example, None, options.timeout)
         for row in make_rows(example, reference_results, accel_results):
             rows_by_id[row["id"]] = row
-            print(f"   {row['id']}: reference {cell(row['reference'])} | accel {cell(row['accel'])} | "
-                  f"identical {row['identical']} {'; '.join(row['differences'])}", flush=True)
-        write_table([rows_by_id[i] for i in order if i in rows_by_id], meta)  # after each example: a long run keeps its work
+            print(
+                f"   {row['id']}: reference {cell(row['reference'])} | accel {cell(row['accel'])} | "
+                f"identical {row['identical']} {'; '.join(row['differences'])}",
+                flush=True,
+            )
+        write_table(
+            [rows_by_id[i] for i in order if i in rows_by_id], meta
+        )  # after each example: a long run keeps its work
     write_table([rows_by_id[i] for i in order if i in rows_by_id], meta)
 
     print(f"wrote {RESULTS_MD.relative_to(HERE.parents[1])} and {RESULTS_JSON.name}")

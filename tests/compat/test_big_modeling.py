@@ -25,7 +25,13 @@ from accel import (
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
 )
-from accel.utils import align_module_device, compute_module_sizes, find_tied_parameters, get_balanced_memory, has_offloaded_params
+from accel.utils import (
+    align_module_device,
+    compute_module_sizes,
+    find_tied_parameters,
+    get_balanced_memory,
+    has_offloaded_params,
+)
 
 
 class Block(nn.Module):
@@ -96,7 +102,7 @@ def test_empty_init_allocates_nothing() -> None:
     assert find_tied_parameters(model) == [["embed.weight", "head.weight"]]
 
 
-def test_model_larger_than_memory_runs_from_cpu_and_disk(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_model_larger_than_memory_runs_from_cpu_and_disk(trained, tmp_path: Path) -> None:
     _, checkpoint, ids, expected = trained
     total = compute_module_sizes(empty_model())[""]
     budget = total // 2  # the model does not fit in the CPU memory it is given
@@ -115,14 +121,16 @@ def test_model_larger_than_memory_runs_from_cpu_and_disk(trained, tmp_path: Path
         out = model(ids)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
     offloaded = next(n for n, d in model.hf_device_map.items() if d == "disk")
-    assert all(p.device.type == "meta" for p in model.get_submodule(offloaded).parameters()), "weights not freed after use"
+    assert all(p.device.type == "meta" for p in model.get_submodule(offloaded).parameters()), (
+        "weights not freed after use"
+    )
     assert resident_bytes(model) <= budget
     with pytest.raises(RuntimeError, match="can't move a model that has some modules offloaded"):
         model.to("cpu")
 
 
 @pytest.mark.parametrize("strategy", ["auto", "balanced", "balanced_low_0", "sequential"])
-def test_device_map_strategies_and_tied_weights(trained, tmp_path: Path, strategy: str) -> None:  # type: ignore[no-untyped-def]
+def test_device_map_strategies_and_tied_weights(trained, tmp_path: Path, strategy: str) -> None:
     _, checkpoint, ids, expected = trained
     budget = {"cpu": compute_module_sizes(empty_model())[""] // 3}
     model = load_checkpoint_and_dispatch(
@@ -135,7 +143,7 @@ def test_device_map_strategies_and_tied_weights(trained, tmp_path: Path, strateg
         torch.testing.assert_close(model(ids), expected, rtol=0, atol=0)
 
 
-def test_everything_on_disk_with_offloaded_buffers(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_everything_on_disk_with_offloaded_buffers(trained, tmp_path: Path) -> None:
     _, checkpoint, ids, expected = trained
     model = empty_model()
     load_checkpoint_in_model(model, checkpoint, device_map={"": "disk"}, offload_folder=tmp_path, offload_buffers=True)
@@ -146,10 +154,14 @@ def test_everything_on_disk_with_offloaded_buffers(trained, tmp_path: Path) -> N
     assert resident_bytes(model) == 0
 
 
-def test_dtype_and_checkpoint_forms(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_dtype_and_checkpoint_forms(trained, tmp_path: Path) -> None:
     source, checkpoint, ids, expected = trained
     single = tmp_path / "model.safetensors"
-    save_file({k: v.contiguous() for k, v in source.state_dict().items() if k != "head.weight"}, single, metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in source.state_dict().items() if k != "head.weight"},
+        single,
+        metadata={"format": "pt"},
+    )
     torch.save(source.state_dict(), tmp_path / "pytorch_model.bin")
     for where in (single, tmp_path / "pytorch_model.bin", checkpoint / "model.safetensors.index.json", checkpoint):
         model = empty_model()
@@ -160,7 +172,7 @@ def test_dtype_and_checkpoint_forms(trained, tmp_path: Path) -> None:  # type: i
     load_checkpoint_in_model(half, checkpoint, device_map={"": "cpu"}, dtype="float16")
     assert half.blocks[0].up.weight.dtype == torch.float16
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="not a folder containing a `.index.json` file"):
+    with pytest.raises(ValueError, match=r"not a folder containing a `\.index\.json` file"):
         load_checkpoint_in_model(empty_model(), tmp_path / "empty")
     with pytest.raises(ValueError, match="please pass along an `offload_folder`"):
         load_checkpoint_in_model(empty_model(), checkpoint, device_map={"": "disk"})
@@ -168,9 +180,12 @@ def test_dtype_and_checkpoint_forms(trained, tmp_path: Path) -> None:  # type: i
         dispatch_model(empty_model(), {"embed": "cpu", "head": "cpu"})
 
 
-def test_cpu_and_disk_offload_load_weights_just_in_time(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_cpu_and_disk_offload_load_weights_just_in_time(trained, tmp_path: Path) -> None:
     source, _, ids, expected = trained
-    for offload in (lambda m: cpu_offload(m, execution_device="cpu"), lambda m: disk_offload(m, tmp_path, execution_device="cpu")):
+    for offload in (
+        lambda m: cpu_offload(m, execution_device="cpu"),
+        lambda m: disk_offload(m, tmp_path, execution_device="cpu"),
+    ):
         model = TinyLM()
         model.load_state_dict(source.state_dict())
         offload(model)
@@ -180,7 +195,7 @@ def test_cpu_and_disk_offload_load_weights_just_in_time(trained, tmp_path: Path)
         assert all(p.device.type == "meta" for p in model.parameters())
 
 
-def test_preload_module_classes_loads_a_whole_block(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_preload_module_classes_loads_a_whole_block(trained, tmp_path: Path) -> None:
     class UsesChildWeight(nn.Module):  # reads its child's weight without calling the child
         def __init__(self) -> None:
             super().__init__()
@@ -207,7 +222,7 @@ def test_infer_auto_device_map_reserves_room_for_the_largest_layer(caplog: pytes
     assert "No module could be assigned to cpu" in caplog.text
 
 
-def test_align_module_device_loads_an_offloaded_module_for_a_while(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_align_module_device_loads_an_offloaded_module_for_a_while(trained, tmp_path: Path) -> None:
     source, _, _, _ = trained
     model = TinyLM()
     model.load_state_dict(source.state_dict())

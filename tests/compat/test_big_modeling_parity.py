@@ -88,11 +88,15 @@ def results(modeling: ModuleType) -> dict[str, Any]:
                 for split_name, no_split in NO_SPLIT.items():
                     for dtype_name, dtype in DTYPES.items():
                         case = f"{model_name}/budget{b}/{split_name}/{dtype_name}"
-                        device_map = modeling.infer_auto_device_map(model, dict(budget), no_split_module_classes=no_split, dtype=dtype)
+                        device_map = modeling.infer_auto_device_map(
+                            model, dict(budget), no_split_module_classes=no_split, dtype=dtype
+                        )
                         out[f"{case}/device_map"] = _device_map(device_map)
                         # The reference's get_balanced_memory cannot take a "disk" key (torch.device("disk") raises).
                         for low_zero in () if "disk" in budget else (False, True):
-                            balanced = modeling.get_balanced_memory(model, dict(budget), no_split, dtype=dtype, low_zero=low_zero)
+                            balanced = modeling.get_balanced_memory(
+                                model, dict(budget), no_split, dtype=dtype, low_zero=low_zero
+                            )
                             out[f"{case}/balanced_low_zero={low_zero}"] = _pairs(balanced)
                             out[f"{case}/balanced_low_zero={low_zero}/device_map"] = _device_map(
                                 modeling.infer_auto_device_map(model, balanced, no_split)

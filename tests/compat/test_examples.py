@@ -36,10 +36,21 @@ PENDING: dict[str, set[str]] = {}
 # The examples CI runs (one launch each, ~8-10 s on a quiet 2-core machine); the others add the same
 # calls in other combinations and run with ACCEL_COMPAT_EXAMPLES=all.
 CI_RUNS: set[str] = {
-    "nlp_example", "cv_example", "complete_nlp_example[epochs]", "complete_nlp_example[resume_epoch_0]",
-    "automatic_gradient_accumulation", "checkpointing[steps]", "checkpointing[resume_step_12]", "ddp_comm_hook[power_sgd_fp16]",
-    "early_stopping", "gradient_accumulation", "gradient_accumulation_for_autoregressive_models", "local_sgd", "memory",
-    "profiler", "schedule_free",
+    "nlp_example",
+    "cv_example",
+    "complete_nlp_example[epochs]",
+    "complete_nlp_example[resume_epoch_0]",
+    "automatic_gradient_accumulation",
+    "checkpointing[steps]",
+    "checkpointing[resume_step_12]",
+    "ddp_comm_hook[power_sgd_fp16]",
+    "early_stopping",
+    "gradient_accumulation",
+    "gradient_accumulation_for_autoregressive_models",
+    "local_sgd",
+    "memory",
+    "profiler",
+    "schedule_free",
 }
 
 
@@ -60,14 +71,16 @@ def _params() -> list[Any]:
     return params
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _accel_results(example_name: str) -> dict[str, dict[str, Any]]:
     """Every run of one example on accel, in order (a resume run reads the checkpoints of the run before)."""
     example = next(e for e in harness.EXAMPLES if e.name == example_name)
     workdir = Path(tempfile.mkdtemp(prefix=f"compat-{example_name}-"))
     try:
-        return {run_id: harness.run_one("accel", example, run, workdir, None, timeout=600)
-                for run_id, run in zip(example.run_ids(), example.runs)}
+        return {
+            run_id: harness.run_one("accel", example, run, workdir, None, timeout=600)
+            for run_id, run in zip(example.run_ids(), example.runs, strict=True)
+        }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -76,7 +89,7 @@ def test_pending_names_real_runs():
     known = {run_id for example in harness.EXAMPLES for run_id in example.run_ids()}
     listed = set().union(*PENDING.values()) if PENDING else set()
     assert listed <= known, f"PENDING names runs that do not exist: {sorted(listed - known)}"
-    assert CI_RUNS <= known, f"CI_RUNS names runs that do not exist: {sorted(CI_RUNS - known)}"
+    assert known >= CI_RUNS, f"CI_RUNS names runs that do not exist: {sorted(CI_RUNS - known)}"
 
 
 @pytest.mark.parametrize(("example", "run_id"), _params())
@@ -89,9 +102,14 @@ def test_example_matches_reference(example, run_id):
     target_id = example.run_id(run.continues) if run.continues else run_id
     ignore = harness.RESUME_IGNORED if run.continues else ()
     recorded = RECORDED.get(target_id)
-    assert recorded and recorded["reference"] and recorded["reference"]["ok"], \
+    assert recorded and recorded["reference"] and recorded["reference"]["ok"], (
         f"no reference metrics recorded for {target_id}: run tests/compat/run_reference_comparison.py"
+    )
     result = _accel_results(example.name)[run_id]
-    assert result["ok"], f"{run_id} did not run to the end on accel: {result['error']}\n{result.get('stderr_tail') or ''}"
+    assert result["ok"], (
+        f"{run_id} did not run to the end on accel: {result['error']}\n{result.get('stderr_tail') or ''}"
+    )
     differences = harness.differences(recorded["reference"]["metrics"], result["metrics"], ignore=ignore)
-    assert not differences, f"{run_id} final metrics differ from Accelerate's {target_id} ({harness.TOLERANCE_TEXT}): {differences}"
+    assert not differences, (
+        f"{run_id} final metrics differ from Accelerate's {target_id} ({harness.TOLERANCE_TEXT}): {differences}"
+    )

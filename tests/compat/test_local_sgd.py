@@ -6,7 +6,7 @@ import pytest
 import torch
 
 
-def test_parameters_average_every_local_sgd_steps_on_two_processes(two_process_run) -> None:  # type: ignore[no-untyped-def]
+def test_parameters_average_every_local_sgd_steps_on_two_processes(two_process_run) -> None:
     """scripts/api_checks.py's LocalSGD section (its docstring says what each check means)."""
     checks = two_process_run.checks(
         "start_equal", "different_between_averaging_steps", "equal_after_averaging_steps", "averaging_is_the_mean",
@@ -27,6 +27,6 @@ def test_one_process_counts_steps_and_changes_nothing() -> None:
         for _ in range(5):
             local_sgd.step()
     assert local_sgd.num_steps == 5
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     with pytest.raises(ValueError, match="local_sgd_steps must be a positive integer"):
         LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=0)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 
-def test_records_on_two_processes(two_process_run) -> None:  # type: ignore[no-untyped-def]
+def test_records_on_two_processes(two_process_run) -> None:
     """scripts/api_checks.py's get_logger section, run with ACCELERATE_LOG_LEVEL=DEBUG."""
     out = two_process_run.output
     lines = out.splitlines()
@@ -34,18 +34,26 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     import os
 
     full_env = {k: v for k, v in os.environ.items() if not k.endswith("LOG_LEVEL")}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**full_env, **env}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**full_env, **env}, timeout=120
+    )
 
 
 def test_level_from_the_environment_accel_name_first() -> None:
-    code = "import logging; from accel.logging import get_logger; print(logging.getLevelName(get_logger('x').logger.level))"
+    code = (
+        "import logging; from accel.logging import get_logger; "
+        "print(logging.getLevelName(get_logger('x').logger.level))"
+    )
     assert _run(code, ACCELERATE_LOG_LEVEL="debug").stdout.strip() == "DEBUG"
     assert _run(code, ACCEL_LOG_LEVEL="error", ACCELERATE_LOG_LEVEL="debug").stdout.strip() == "ERROR"
     assert _run(code).stdout.strip() == "NOTSET"
 
 
 def test_import_does_not_import_torch() -> None:
-    code = "import sys; from accel.logging import get_logger; get_logger('x', log_level='INFO'); print('torch' in sys.modules)"
+    code = (
+        "import sys; from accel.logging import get_logger; get_logger('x', log_level='INFO'); "
+        "print('torch' in sys.modules)"
+    )
     assert _run(code).stdout.strip() == "False"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # pytest runs with --import-mode=importlib
 
-import surface  # noqa: E402
+import surface
 
 
 def test_allowlist_is_well_formed() -> None:

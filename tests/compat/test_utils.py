@@ -14,7 +14,7 @@ import torch
 import accel.utils as utils
 
 
-def test_utils_on_two_processes(two_process_run) -> None:  # type: ignore[no-untyped-def]
+def test_utils_on_two_processes(two_process_run) -> None:
     """scripts/api_checks.py's accel.utils section."""
     checks = two_process_run.checks(
         "tqdm_main_only", "tqdm_everywhere", "extract_model_from_parallel", "save_main_process_only", "load_back",
@@ -25,7 +25,7 @@ def test_utils_on_two_processes(two_process_run) -> None:  # type: ignore[no-unt
 
 
 # -- find_executable_batch_size -------------------------------------------------------------------
-def _allocate_above(limit: int):  # type: ignore[no-untyped-def]
+def _allocate_above(limit: int):
     tried: list[int] = []
 
     def train(batch_size: int, scale: float = 1.0) -> tuple[int, float]:
@@ -44,14 +44,16 @@ def test_batch_shrinks_by_the_reference_factor_on_a_cpu_allocation_failure() -> 
     # Decorator form with a custom reduction; a later call starts from the last size found.
     train, tried = _allocate_above(10)
     halves = iter([32, 16, 8])
-    decorated = utils.find_executable_batch_size(starting_batch_size=64, reduce_batch_size_fn=lambda: next(halves))(train)
+    decorated = utils.find_executable_batch_size(starting_batch_size=64, reduce_batch_size_fn=lambda: next(halves))(
+        train
+    )
     assert decorated() == (8, 1.0) and tried == [64, 32, 16, 8]
     assert decorated() == (8, 1.0) and tried[-1] == 8
 
 
 def test_batch_size_errors() -> None:
     train, _ = _allocate_above(0)
-    with pytest.raises(RuntimeError, match="No executable batch size found, reached zero."):
+    with pytest.raises(RuntimeError, match=r"No executable batch size found, reached zero\."):
         utils.find_executable_batch_size(train, starting_batch_size=4)()
     with pytest.raises(TypeError, match="Batch size was passed into `train` as the first argument"):
         utils.find_executable_batch_size(_allocate_above(8)[0], starting_batch_size=4)(4, 2.0)
@@ -70,23 +72,30 @@ def test_out_of_memory_errors_of_every_device_are_recognised() -> None:
     assert should_reduce_batch_size(RuntimeError("XPU out of memory. Tried to allocate 1 GiB"))
     assert should_reduce_batch_size(RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear"))
     assert should_reduce_batch_size(RuntimeError("FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed"))
-    assert not should_reduce_batch_size(RuntimeError("shape mismatch")) and not should_reduce_batch_size(ValueError("x"))
+    assert not should_reduce_batch_size(RuntimeError("shape mismatch")) and not should_reduce_batch_size(
+        ValueError("x")
+    )
 
 
 # -- availability checks --------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("check", "module"),
     [
-        ("is_wandb_available", "wandb"), ("is_tensorboard_available", "tensorboard"), ("is_mlflow_available", "mlflow"),
-        ("is_comet_ml_available", "comet_ml"), ("is_deepspeed_available", "deepspeed"), ("is_datasets_available", "datasets"),
+        ("is_wandb_available", "wandb"), ("is_tensorboard_available", "tensorboard"),
+        ("is_mlflow_available", "mlflow"), ("is_comet_ml_available", "comet_ml"),
+        ("is_deepspeed_available", "deepspeed"), ("is_datasets_available", "datasets"),
         ("is_transformers_available", "transformers"), ("is_peft_available", "peft"), ("is_rich_available", None),
         ("is_aim_available", "aim"), ("is_clearml_available", "clearml"), ("is_dvclive_available", "dvclive"),
-        ("is_schedulefree_available", "schedulefree"), ("is_torchao_available", "torchao"), ("is_pytest_available", "pytest"),
+        ("is_schedulefree_available", "schedulefree"), ("is_torchao_available", "torchao"),
+        ("is_pytest_available", "pytest"),
         ("is_transformer_engine_available", "transformer_engine"), ("is_torchvision_available", "torchvision"),
     ],
 )  # fmt: skip
 def test_package_checks_answer_what_is_installed_without_importing_it(check: str, module: str | None) -> None:
-    code = f"import sys; from accel.utils import {check}; print({check}(), {module!r} in sys.modules, 'torch' in sys.modules)"
+    code = (
+        f"import sys; from accel.utils import {check}; "
+        f"print({check}(), {module!r} in sys.modules, 'torch' in sys.modules)"
+    )
     answer, imported, torch_imported = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     ).stdout.split()

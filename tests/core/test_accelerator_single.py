@@ -50,7 +50,7 @@ def test_missing_backend_package_names_the_extra(monkeypatch):
     plugins.clear_cache()
     monkeypatch.setattr(plugins, "_group", lambda group: {} if group == "accel.precisions" else real_group(group))
     try:
-        with pytest.raises(MissingPluginError, match=r'accel\[fp8\]'):
+        with pytest.raises(MissingPluginError, match=r"accel\[fp8\]"):
             Accelerator(mixed_precision="fp8")
     finally:
         plugins.load.cache_clear()  # nothing found was cached; _group itself comes back with monkeypatch
@@ -88,7 +88,7 @@ def test_accumulation_steps_optimizer_and_scheduler_once_per_real_step():
 
 def test_accumulated_gradient_equals_full_batch_gradient():
     accelerator = Accelerator(gradient_accumulation_steps=2)
-    model, optimizer, _ = small_setup(accelerator)
+    model, _optimizer, _ = small_setup(accelerator)
     x = torch.randn(8, 3)
     for half in (x[:4], x[4:]):
         with accelerator.accumulate(model):
@@ -108,7 +108,7 @@ class _LastBatchSignal:
 
 def test_end_of_data_forces_a_sync():
     accelerator = Accelerator(gradient_accumulation_steps=4)
-    model, optimizer, _ = small_setup(accelerator)
+    model, _optimizer, _ = small_setup(accelerator)
     state = GradientState()
     signal = _LastBatchSignal()
     state._add_dataloader(signal)

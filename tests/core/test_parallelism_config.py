@@ -11,21 +11,32 @@ from typing import ClassVar
 
 import pytest
 import torch
+from torch import nn
+
 from accel_core.launch.accelerate_import import convert_accelerate_config
 from accel_core.launch.plan import resolve_plan as resolve_launch_plan
 from accel_core.mesh import mesh_dims
 from accel_core.parallelism import ParallelismConfig, resolve_parallelism
 from accel_core.strategies import DDPStrategy, create_strategy, resolve_plan
-from torch import nn
 
 
 def test_unset_sizes_fill_the_world_with_the_strategys_data_parallel_dimension() -> None:
     config = resolve_parallelism(ParallelismConfig(tp_size=2), 8)
-    assert (config.dp_replicate_size, config.dp_shard_size, config.tp_size, config.cp_size, config.pp_size) == (4, 1, 2, 1, 1)
+    assert (config.dp_replicate_size, config.dp_shard_size, config.tp_size, config.cp_size, config.pp_size) == (
+        4,
+        1,
+        2,
+        1,
+        1,
+    )
     config = resolve_parallelism(ParallelismConfig(tp_size=2), 8, data_parallel_dim="dp_shard")
     assert (config.dp_replicate_size, config.dp_shard_size) == (1, 4)
     config = resolve_parallelism(ParallelismConfig(dp_replicate_size=2, tp_size=2), 8)
-    assert config.dp_shard_size == 2 and config.data_parallel_size == 4 and config.dp_dim_names == ["dp_replicate", "dp_shard"]
+    assert (
+        config.dp_shard_size == 2
+        and config.data_parallel_size == 4
+        and config.dp_dim_names == ["dp_replicate", "dp_shard"]
+    )
     assert resolve_parallelism(None, 1).total_size == 1
     # The given config is not changed: resolution returns a copy.
     given = ParallelismConfig(tp_size=2)
@@ -81,7 +92,7 @@ def test_sharding_or_context_parallelism_selects_fsdp_unless_a_strategy_is_named
 
 def test_core_strategies_refuse_sharding_and_name_the_fix() -> None:
     strategy = create_strategy("ddp")
-    with pytest.raises(ValueError, match="needs FSDP2.*fsdp_plugin"):
+    with pytest.raises(ValueError, match=r"needs FSDP2.*fsdp_plugin"):
         strategy.parallelism(ParallelismConfig(dp_shard_size=2), 4, 4)
     config, mesh = strategy.parallelism(ParallelismConfig(tp_size=2), 4, 4)
     assert (config.dp_replicate_size, config.tp_size, mesh) == (2, 2, None)
@@ -113,7 +124,9 @@ def test_refusing_a_deepspeed_mesh_imports_neither_deepspeed_nor_starts_processe
     )
     # WORLD_SIZE=2 as torchrun would set it: the layout is decided (and refused) before any process group.
     environ = {**os.environ, "WORLD_SIZE": "2"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ, check=False
+    )
     assert done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
@@ -124,15 +137,19 @@ def test_mesh_keeps_both_data_parallel_dimensions_and_skips_unused_ones() -> Non
 
 
 def test_launch_flags_environment_and_config_file_reach_the_workers() -> None:
-    plan = resolve_launch_plan({"num_processes": 8, "tp_size": 2}, {"ACCEL_TP_SIZE": "4", "ACCEL_CP_SIZE": "2"}, {"dp_shard_size": 2})
+    plan = resolve_launch_plan(
+        {"num_processes": 8, "tp_size": 2}, {"ACCEL_TP_SIZE": "4", "ACCEL_CP_SIZE": "2"}, {"dp_shard_size": 2}
+    )
     assert (plan.tp_size, plan.cp_size, plan.dp_shard_size) == (2, 2, 2)
-    assert plan.env["ACCEL_TP_SIZE"] == "2" and plan.env["ACCEL_CP_SIZE"] == "2" and plan.env["ACCEL_DP_SHARD_SIZE"] == "2"
+    assert (
+        plan.env["ACCEL_TP_SIZE"] == "2" and plan.env["ACCEL_CP_SIZE"] == "2" and plan.env["ACCEL_DP_SHARD_SIZE"] == "2"
+    )
     assert "ACCEL_DP_REPLICATE_SIZE" not in plan.env  # unset: the Accelerator fills it
     with pytest.raises(ValueError, match=r"tp_size=3 \(product 3\) must divide 4"):
         resolve_launch_plan({"num_processes": 4, "tp_size": 3}, {}, {})
     with pytest.raises(ValueError, match="must equal 4"):
         resolve_launch_plan({"num_processes": 4, "dp_replicate_size": 1, "dp_shard_size": 2}, {}, {})
-    with pytest.raises(ValueError, match="config file .* key 'tp_size'"):
+    with pytest.raises(ValueError, match=r"config file .* key 'tp_size'"):
         resolve_launch_plan({}, {}, {"tp_size": "x"}, config_file="c.yaml")
 
 
@@ -144,7 +161,13 @@ def test_accel_launch_flags_and_accelerates_spellings() -> None:
     assert (namespace.tp_size, namespace.dp_shard_size, namespace.num_processes) == (2, 2, 4)
     assert isinstance(parser, argparse.ArgumentParser)
     config, warnings = convert_accelerate_config(
-        {"parallelism_config": {"parallelism_config_tp_size": 2, "parallelism_config_dp_shard_size": 4, "parallelism_config_sp_size": 2}}
+        {
+            "parallelism_config": {
+                "parallelism_config_tp_size": 2,
+                "parallelism_config_dp_shard_size": 4,
+                "parallelism_config_sp_size": 2,
+            }
+        }
     )
     assert config == {"tp_size": 2, "dp_shard_size": 4} and len(warnings) == 1 and "sp_size" in warnings[0]
 
@@ -165,7 +188,11 @@ def test_one_process_has_a_trivial_layout_and_no_mesh() -> None:
 
     accelerator = Accelerator(cpu=True)
     assert accelerator.device_mesh is None and accelerator.parallelism_config.total_size == 1
-    assert (accelerator.parallel_dims.dp.size, accelerator.tensor_parallel_rank, accelerator.data_parallel_rank) == (1, 0, 0)
+    assert (accelerator.parallel_dims.dp.size, accelerator.tensor_parallel_rank, accelerator.data_parallel_rank) == (
+        1,
+        0,
+        0,
+    )
     with accelerator.maybe_context_parallel(buffers=[torch.zeros(2, 4)], buffer_seq_dims=[1]):
         pass  # context parallelism off: the block just runs
 
@@ -175,9 +202,9 @@ def test_tensor_parallel_plans_are_checked_before_anything_is_split() -> None:
 
     model = nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 8))
     assert [name for name, _ in matching_modules(nn.ModuleDict({"a": model}), "a.*")] == ["a.0", "a.1", "a.2"]
-    with pytest.raises(ValueError, match="tp_size=4 must divide 0.out_features=6"):
+    with pytest.raises(ValueError, match=r"tp_size=4 must divide 0\.out_features=6"):
         check_plan(model, {"0": "colwise"}, 4)
-    with pytest.raises(ValueError, match="must divide 2.in_features=6"):
+    with pytest.raises(ValueError, match=r"must divide 2\.in_features=6"):
         check_plan(model, {"2": "rowwise"}, 4)
     with pytest.raises(ValueError, match="matches no submodule"):
         check_plan(model, {"layers.*.q": "colwise"}, 2)
@@ -194,7 +221,7 @@ def test_context_parallelism_needs_scaled_dot_product_attention() -> None:
             return torch.nn.functional.scaled_dot_product_attention(q, q, q)
 
     assert uses_sdpa(nn.Sequential(Attention()))
-    with pytest.raises(ValueError, match="never calls torch.nn.functional.scaled_dot_product_attention"):
+    with pytest.raises(ValueError, match=r"never calls torch\.nn\.functional\.scaled_dot_product_attention"):
         check_model(nn.Sequential(nn.Linear(2, 2)), 2)
 
 
@@ -262,7 +289,9 @@ def test_blocks_are_checkpointed_then_compiled_in_place() -> None:
     plain = Net(Block(), Block())
     reference = Net(Block(), Block())
     reference.load_state_dict(plain.state_dict())
-    accelerator = Accelerator(cpu=True, dynamo_backend="eager", parallelism_config=ParallelismConfig(activation_checkpointing=True))
+    accelerator = Accelerator(
+        cpu=True, dynamo_backend="eager", parallelism_config=ParallelismConfig(activation_checkpointing=True)
+    )
     model = accelerator.prepare(plain)
     assert model is plain and not hasattr(model, "_orig_mod")  # the blocks are compiled, not the whole model
     assert all(block._compiled_call_impl is not None for block in model)
@@ -274,4 +303,6 @@ def test_blocks_are_checkpointed_then_compiled_in_place() -> None:
     reference(x).sum().backward()
     assert torch.allclose(model[0].fc.weight.grad, reference[0].fc.weight.grad, atol=1e-6)
     with pytest.raises(ValueError, match="needs the blocks"):
-        Accelerator(cpu=True, parallelism_config=ParallelismConfig(activation_checkpointing=True)).prepare(nn.Linear(2, 2))
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(activation_checkpointing=True)).prepare(
+            nn.Linear(2, 2)
+        )

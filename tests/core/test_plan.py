@@ -11,7 +11,12 @@ from accel_core.strategies import resolve_plan
 def test_defaults_single_and_multi_process():
     assert resolve_plan(world_size=1).strategy == "single_device"
     plan = resolve_plan(world_size=2)
-    assert (plan.strategy, plan.mixed_precision, plan.gradient_accumulation.num_steps, plan.cpu) == ("ddp", "no", 1, False)
+    assert (plan.strategy, plan.mixed_precision, plan.gradient_accumulation.num_steps, plan.cpu) == (
+        "ddp",
+        "no",
+        1,
+        False,
+    )
 
 
 def test_argument_beats_environment_beats_default():
@@ -56,13 +61,21 @@ def test_contradictions_are_clear_errors(kwargs, error, fragment):
 
 def test_plugin_with_matching_steps_is_accepted():
     plugin = GradientAccumulationPlugin(num_steps=3)
-    assert resolve_plan(world_size=1, gradient_accumulation_steps=3, gradient_accumulation_plugin=plugin).gradient_accumulation is plugin
+    assert (
+        resolve_plan(
+            world_size=1, gradient_accumulation_steps=3, gradient_accumulation_plugin=plugin
+        ).gradient_accumulation
+        is plugin
+    )
 
 
 def test_scheduler_stepping_argument_environment_default():
     assert resolve_plan(world_size=2).scheduler_stepping == "per_process"  # Accelerate's stepping
     environ = {"ACCEL_SCHEDULER_STEPPING": "per_optimizer_step"}
     assert resolve_plan(world_size=2, environ=environ).scheduler_stepping == "per_optimizer_step"
-    assert resolve_plan(world_size=2, scheduler_stepping="per_process", environ=environ).scheduler_stepping == "per_process"
-    with pytest.raises(ValueError, match="ACCEL_SCHEDULER_STEPPING 'twice'.*per_optimizer_step"):
+    assert (
+        resolve_plan(world_size=2, scheduler_stepping="per_process", environ=environ).scheduler_stepping
+        == "per_process"
+    )
+    with pytest.raises(ValueError, match=r"ACCEL_SCHEDULER_STEPPING 'twice'.*per_optimizer_step"):
         resolve_plan(world_size=2, environ={"ACCEL_SCHEDULER_STEPPING": "twice"})

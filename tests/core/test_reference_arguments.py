@@ -32,13 +32,17 @@ def test_kwargs_handlers_apply_known_types_and_warn_about_others():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         accelerator = Accelerator(kwargs_handlers=[UnknownKwargs(3), ProfileKwargs(with_flops=True)])
-    assert [str(w.message) for w in caught if "UnknownKwargs" in str(w.message)], "an unknown handler type is warned about"
+    assert [str(w.message) for w in caught if "UnknownKwargs" in str(w.message)], (
+        "an unknown handler type is warned about"
+    )
     assert UnknownKwargs not in accelerator.handlers and accelerator.profile_handler.with_flops
     assert accelerator.ddp_handler is None and accelerator.scaler_handler is None
 
 
 def test_ddp_kwargs_hook_settings():
-    handler = DistributedDataParallelKwargs(comm_hook="power_sgd", comm_wrapper="bf16", comm_state_option={"matrix_approximation_rank": 2})
+    handler = DistributedDataParallelKwargs(
+        comm_hook="power_sgd", comm_wrapper="bf16", comm_state_option={"matrix_approximation_rank": 2}
+    )
     assert handler.comm_hook is DDPCommunicationHookType.POWER_SGD and handler.comm_wrapper == "bf16"
     assert handler.to_kwargs() == {}  # the hook settings are not DistributedDataParallel arguments
     assert DistributedDataParallelKwargs(static_graph=True, comm_hook="fp16").to_kwargs() == {"static_graph": True}

@@ -43,7 +43,9 @@ def test_split_a_datasets_dataset_gives_its_rows(processes):
         assert [i for share in shares for i in share["idx"]] == list(range(length))
         assert [t for share in shares for t in share["text"]] == [f"t{i}" for i in range(length)]
         padded = [_split(table, processes, i, apply_padding=True) for i in range(processes)]
-        assert [share["idx"] for share in padded] == [_split(list(range(length)), processes, i, True) for i in range(processes)]
+        assert [share["idx"] for share in padded] == [
+            _split(list(range(length)), processes, i, True) for i in range(processes)
+        ]
     nested = _split({"rows": datasets.Dataset.from_dict({"idx": [0, 1, 2]}), "ids": [0, 1, 2]}, 2, 1, False)
     assert nested["rows"]["idx"] == nested["ids"] == [2]
 
@@ -73,5 +75,7 @@ def test_backend_names_resolve_and_a_missing_provider_names_the_extra():
     assert accel.FullyShardedDataParallelPlugin.__module__.startswith("accel_fsdp")
     assert accel.utils.DummyOptim is not None and accel.utils.DummyScheduler is not None
     getattr_, _ = lazy_exports({"__name__": "demo"}, {"XLAPlugin": "accel_xla"})  # accel-xla is not installed here
-    with pytest.raises(ImportError, match=r'XLAPlugin comes from accel-xla, which is not installed: pip install "accel\[xla\]"'):
+    with pytest.raises(
+        ImportError, match=r'XLAPlugin comes from accel-xla, which is not installed: pip install "accel\[xla\]"'
+    ):
         getattr_("XLAPlugin")

@@ -16,8 +16,9 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from accel_data import prepare_data_loader
 from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from accel_data import prepare_data_loader
 
 RANK = int(os.environ["RANK"])
 failures: list[str] = []
@@ -102,8 +103,11 @@ def check_stateful_dataloader() -> None:
         rest = [b["idx"].tolist() for b in resumed]
         check(f"stateful iterable resume at {stop}", head + rest == reference, f"{head + rest} vs {reference}")
         consumed = stop * dist.get_world_size() * 4  # samples of the steps before the checkpoint
-        check(f"stateful resume reads only the rest at {stop}", dataset.reads <= 45 - consumed,
-              f"read {dataset.reads}, {45 - consumed} left")
+        check(
+            f"stateful resume reads only the rest at {stop}",
+            dataset.reads <= 45 - consumed,
+            f"read {dataset.reads}, {45 - consumed} left",
+        )
     plain = prepare_data_loader(DataLoader(Items(), batch_size=4), use_stateful_dataloader=True)
     check("use_stateful_dataloader=True", isinstance(plain, StatefulDataLoader))
     check("use_stateful_dataloader loop", sorted(gathered_epoch(plain)) == list(range(53)))
@@ -111,8 +115,10 @@ def check_stateful_dataloader() -> None:
 
 def main() -> None:
     dist.init_process_group("gloo")
-    check("only accel-core and accel-data", importlib.util.find_spec("accel") is None
-          and importlib.util.find_spec("accel_checkpoint") is None)
+    check(
+        "only accel-core and accel-data",
+        importlib.util.find_spec("accel") is None and importlib.util.find_spec("accel_checkpoint") is None,
+    )
     for fn in (check_hand_written_loops, check_stateful_dataloader):
         try:
             fn()

@@ -3,9 +3,10 @@
 Checks: gather_for_metrics sees every sample exactly once (lengths 99 and 512, batch sizes that do
 not divide, split on/off, dispatch on/off, map-style and iterable, tensors and strings), through the
 Accelerator and through the standalone API; RNG synchronisation of shuffled loaders seeded
-differently on each process; mid-epoch resume after load_state_dict (with worker processes drawing random transforms, too); dispatch of variable-length
-sequences; a reading error on process 0 failing every process instead of hanging; a loader whose
-sampler yields index batches (``sampler=BatchSampler(...), batch_size=None``) sharded like any other;
+differently on each process; mid-epoch resume after load_state_dict (with worker processes
+drawing random transforms, too); dispatch of variable-length sequences; a reading error on
+process 0 failing every process instead of hanging; a loader whose sampler yields index batches
+(``sampler=BatchSampler(...), batch_size=None``) sharded like any other;
 ``split_between_processes`` on a ``datasets.Dataset``.
 """
 
@@ -20,11 +21,12 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
+
 from accel_core import ops
 from accel_core.accelerator import Accelerator
 from accel_core.state import GradientState
 from accel_data import DispatchError, prepare_data_loader, skip_first_batches
-from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
 
 
 class Items(Dataset):
@@ -119,10 +121,18 @@ def check_gather_for_metrics(accelerator: Accelerator) -> None:
             whole_ids += whole["idx"].tolist()
             whole_names += whole["name"]
         label = f"gather_for_metrics {kind} len={length} bs={size} split={split} dispatch={dispatch}"
-        check(label, ids == list(range(length)), f"got {len(ids)} ids, first wrong at "
-              f"{next((i for i, (a, b) in enumerate(zip(ids, range(length))) if a != b), len(ids))}")
+        check(
+            label,
+            ids == list(range(length)),
+            f"got {len(ids)} ids, first wrong at "
+            f"{next((i for i, (a, b) in enumerate(zip(ids, range(length), strict=False)) if a != b), len(ids))}",
+        )
         check(label + " names", names == [f"s{i}" for i in ids], f"{names[:5]}...")
-        check(label + " dict", whole_ids == ids and whole_names == names, f"{len(whole_ids)} ids, {len(whole_names)} names")
+        check(
+            label + " dict",
+            whole_ids == ids and whole_names == names,
+            f"{len(whole_ids)} ids, {len(whole_names)} names",
+        )
     config.split_batches, config.dispatch_batches = False, None
 
 
@@ -161,7 +171,9 @@ def check_index_batch_sampler(accelerator: Accelerator) -> None:
         config.even_batches = even
         torch.manual_seed(3000 + RANK)  # each process its own seed: the inner sampler must be synchronised
         rows = Rows()
-        loader = accelerator.prepare(DataLoader(rows, sampler=BatchSampler(RandomSampler(rows), 4, drop_last), batch_size=None))
+        loader = accelerator.prepare(
+            DataLoader(rows, sampler=BatchSampler(RandomSampler(rows), 4, drop_last), batch_size=None)
+        )
         real = 48 if drop_last else 50  # drop_last leaves out the 2 samples of the short last batch
         label = f"index batches even={even} drop_last={drop_last}"
         for epoch in range(2):
@@ -178,10 +190,18 @@ def check_index_batch_sampler(accelerator: Accelerator) -> None:
             counts = ops.gather_object([count])
             check(f"{label} epoch {epoch} len", count == len(loader), f"{count} batches, len {len(loader)}")
             distinct = set(i for ids in everyone for i in ids)
-            check(f"{label} epoch {epoch} every sample", len(distinct) == real and distinct <= set(range(50)), str(sorted(distinct)))
+            check(
+                f"{label} epoch {epoch} every sample",
+                len(distinct) == real and distinct <= set(range(50)),
+                str(sorted(distinct)),
+            )
             if even:
                 check(f"{label} epoch {epoch} same steps", counts[0] == counts[1], str(counts))
-                check(f"{label} epoch {epoch} gather_for_metrics once each", sorted(gathered) == sorted(distinct), f"{len(gathered)} ids")
+                check(
+                    f"{label} epoch {epoch} gather_for_metrics once each",
+                    sorted(gathered) == sorted(distinct),
+                    f"{len(gathered)} ids",
+                )
             else:
                 check(f"{label} epoch {epoch} no repeat", sum(map(len, everyone)) == real, str(everyone))
     config.even_batches = True
@@ -209,8 +229,9 @@ def make_resume_loader(case: str):
     seedable = case == "seedable"
     torch.manual_seed(77 + RANK)
     dl = DataLoader(Items(45), batch_size=4, shuffle=True)
-    return prepare_data_loader(dl, use_seedable_sampler=seedable, data_seed=11 if seedable else None,
-                               dispatch_batches=case == "dispatch")
+    return prepare_data_loader(
+        dl, use_seedable_sampler=seedable, data_seed=11 if seedable else None, dispatch_batches=case == "dispatch"
+    )
 
 
 def check_resume() -> None:
@@ -236,6 +257,7 @@ def check_resume_with_workers() -> None:
     """Workers draw augmentation from their own RNG: a resumed epoch (load_state_dict, and then also
     skip_first_batches as Accelerate's scripts do) must give the remaining batches the same random
     values as the uninterrupted epoch, at odd and even stops (which worker loads the next batch)."""
+
     def make():
         torch.manual_seed(5 + RANK)
         return prepare_data_loader(DataLoader(Augmented(), batch_size=4, shuffle=True, num_workers=2))
@@ -257,17 +279,29 @@ def check_resume_with_workers() -> None:
                 resumed = skip_first_batches(resumed, stop)
             rest = epoch_batches(resumed)
             got = [{k: v.tolist() for k, v in b.items()} for b in head] + rest
-            check(f"resume with workers at {stop} ({how}): same samples", [b["idx"] for b in got] == [b["idx"] for b in expected])
-            check(f"resume with workers at {stop} ({how}): same worker draws", got == expected,
-                  f"{[b['x'] for b in got[stop:]]} vs {[b['x'] for b in expected[stop:]]}")
+            check(
+                f"resume with workers at {stop} ({how}): same samples",
+                [b["idx"] for b in got] == [b["idx"] for b in expected],
+            )
+            check(
+                f"resume with workers at {stop} ({how}): same worker draws",
+                got == expected,
+                f"{[b['x'] for b in got[stop:]]} vs {[b['x'] for b in expected[stop:]]}",
+            )
 
 
 def check_dispatch_variable_lengths() -> None:
     for split in (False, True):
-        sharded = epoch_batches(prepare_data_loader(DataLoader(Sequences(), batch_size=6, collate_fn=pad_collate),
-                                                    split_batches=split))
-        dispatched = epoch_batches(prepare_data_loader(DataLoader(Sequences(), batch_size=6, collate_fn=pad_collate),
-                                                       split_batches=split, dispatch_batches=True))
+        sharded = epoch_batches(
+            prepare_data_loader(DataLoader(Sequences(), batch_size=6, collate_fn=pad_collate), split_batches=split)
+        )
+        dispatched = epoch_batches(
+            prepare_data_loader(
+                DataLoader(Sequences(), batch_size=6, collate_fn=pad_collate),
+                split_batches=split,
+                dispatch_batches=True,
+            )
+        )
         check(f"dispatch variable lengths split={split}", dispatched == sharded, "dispatched batches differ")
         widths = {len(b["ids"][0]) for b in dispatched}
         check(f"dispatch shapes vary split={split}", len(widths) > 1, str(widths))
@@ -275,6 +309,7 @@ def check_dispatch_variable_lengths() -> None:
 
 def check_dispatch_large_batches_grow_the_slot() -> None:
     """Shares larger than the dispatcher's slot (64 KiB at first) make it grow, sizes up and down."""
+
     def collate(samples: list[int]) -> dict:
         width = 3000 * (1 + samples[0] % 5)  # 4 x 3000..15000 floats: 48..240 KB per share
         return {"x": torch.stack([torch.full((width,), float(i)) for i in samples]), "i": samples}
@@ -328,7 +363,11 @@ def main() -> None:
     for fn in checks:
         start = time.perf_counter()
         try:
-            fn(accelerator) if fn in (check_gather_for_metrics, check_index_batch_sampler, check_split_a_datasets_dataset) else fn()
+            fn(accelerator) if fn in (
+                check_gather_for_metrics,
+                check_index_batch_sampler,
+                check_split_a_datasets_dataset,
+            ) else fn()
         except Exception:  # noqa: BLE001 - reported below, then the run stops
             failures.append(f"{fn.__name__} raised:\n{traceback.format_exc()}")
             break  # the other process may now wait in a collective: stop rather than hang

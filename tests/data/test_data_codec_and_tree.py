@@ -7,6 +7,7 @@ from collections import namedtuple
 import numpy as np
 import pytest
 import torch
+
 from accel_data._tree import BatchTypeError, batch_size, concat_batches, slice_batch, to_device
 from accel_data.dispatch import decode, encode
 
@@ -15,6 +16,7 @@ def round_trip(obj, offset: int = 0):
     buf, end = encode(obj, offset, size_at_least=1024)
     assert buf.numel() >= max(end, 1024)
     return decode(buf[:end], offset)
+
 
 Pair = namedtuple("Pair", ["inputs", "labels"])
 
@@ -29,7 +31,7 @@ def _same(a, b) -> None:
             _same(a[k], b[k])
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             _same(x, y)
     else:
         assert a == b
@@ -70,7 +72,12 @@ def test_variable_shapes_between_batches() -> None:
 
 
 def test_tree_size_slice_concat() -> None:
-    batch = {"x": torch.arange(6).reshape(3, 2), "names": ["a", "b", "c"], "pair": (torch.arange(3), np.arange(3)), "k": 1}
+    batch = {
+        "x": torch.arange(6).reshape(3, 2),
+        "names": ["a", "b", "c"],
+        "pair": (torch.arange(3), np.arange(3)),
+        "k": 1,
+    }
     assert batch_size(batch) == 3
     part = slice_batch(batch, 1, 3)
     assert part["x"].tolist() == [[2, 3], [4, 5]] and part["names"] == ["b", "c"] and part["k"] == 1

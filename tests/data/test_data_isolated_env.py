@@ -39,23 +39,51 @@ def test_accel_data_alone_in_a_fresh_environment(tmp_path: Path) -> None:
     subprocess.run([uv, "venv", "-q", str(venv), "--python", sys.executable], check=True, env=env)
     torch_version = importlib.metadata.version("torch")
     install = subprocess.run(
-        [uv, "pip", "install", "-q", "--python", str(python),
-         # Built from the working tree every time, never an older build from uv's cache.
-         "--reinstall-package", "accel-core", "--reinstall-package", "accel-data",
-         str(REPO / "packages" / "accel-core"), f"{REPO / 'packages' / 'accel-data'}[stateful]",
-         f"torch=={torch_version}"],
-        capture_output=True, text=True, env=env, timeout=900, check=False,
+        [
+            uv,
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            str(python),
+            # Built from the working tree every time, never an older build from uv's cache.
+            "--reinstall-package",
+            "accel-core",
+            "--reinstall-package",
+            "accel-data",
+            str(REPO / "packages" / "accel-core"),
+            f"{REPO / 'packages' / 'accel-data'}[stateful]",
+            f"torch=={torch_version}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
     )
-    assert install.returncode == 0, f"installing accel-data[stateful] with torch=={torch_version} failed:\n{install.stderr}"
-    installed = subprocess.run([uv, "pip", "list", "--python", str(python)], capture_output=True, text=True, env=env, check=True)
+    assert install.returncode == 0, (
+        f"installing accel-data[stateful] with torch=={torch_version} failed:\n{install.stderr}"
+    )
+    installed = subprocess.run(
+        [uv, "pip", "list", "--python", str(python)], capture_output=True, text=True, env=env, check=True
+    )
     names = {line.split()[0].lower() for line in installed.stdout.splitlines()[2:] if line.strip()}
     assert {"accel-core", "accel-data", "torch", "torchdata"} <= names
     assert not names & {"accel", "accel-checkpoint", "accel-tracking"}, names
     env.update(OMP_NUM_THREADS="1")
-    command = [str(python), "-m", "torch.distributed.run", "--nproc_per_node=2", *RENDEZVOUS,
-               f"--rdzv-id={uuid.uuid4()}", str(SCRIPT)]
+    command = [
+        str(python),
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        *RENDEZVOUS,
+        f"--rdzv-id={uuid.uuid4()}",
+        str(SCRIPT),
+    ]
     try:
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
+        result = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False
+        )
     except subprocess.TimeoutExpired as error:
         pytest.fail(f"isolated run did not finish (a hang?)\nstdout:\n{error.stdout}\nstderr:\n{error.stderr}")
     output = result.stdout + result.stderr[-6000:]

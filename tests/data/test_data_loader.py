@@ -7,9 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+
 from accel_core.state import GradientState
 from accel_data import SeedableRandomSampler, prepare_data_loader, skip_first_batches
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 
 class Counting(Dataset):
@@ -67,6 +68,7 @@ def test_prepared_loader_shards_exactly(kind: str) -> None:
     ):
         loader_batch = size * n if split else size
         dataset = Counting(length) if kind == "map" else Stream(length)
+
         def make(dataset=dataset, loader_batch=loader_batch, drop_last=drop_last):
             return DataLoader(dataset, batch_size=loader_batch, drop_last=drop_last)
 
@@ -115,7 +117,9 @@ def test_nested_loaders_report_the_innermost() -> None:
 
 def test_remainder_with_padding() -> None:
     """Spec example: 9 samples, batch 5, two processes: the gathered last step keeps 9 - 0 real."""
-    loaders = [prepare_data_loader(DataLoader(range(9), batch_size=5), num_processes=2, process_index=r) for r in range(2)]
+    loaders = [
+        prepare_data_loader(DataLoader(range(9), batch_size=5), num_processes=2, process_index=r) for r in range(2)
+    ]
     batches = [list(loader) for loader in loaders]
     assert [b.tolist() for b in batches[0]] == [[0, 1, 2, 3, 4]]
     assert [b.tolist() for b in batches[1]] == [[5, 6, 7, 8, 0]]
@@ -133,8 +137,9 @@ def test_resume_mid_epoch_yields_exactly_the_rest_without_loading_skipped_sample
 
     def make(rank: int, dataset: Counting):
         dl = DataLoader(dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7))
-        return prepare_data_loader(dl, num_processes=n, process_index=rank, split_batches=split,
-                                   use_seedable_sampler=seedable, data_seed=3)
+        return prepare_data_loader(
+            dl, num_processes=n, process_index=rank, split_batches=split, use_seedable_sampler=seedable, data_seed=3
+        )
 
     for rank in range(n):
         reference = make(rank, Counting(length))
@@ -191,6 +196,7 @@ def test_skip_first_batches_prepared_and_raw() -> None:
 
 def test_skip_after_load_state_dict_does_not_skip_twice() -> None:
     """Accelerate scripts call load_state, then skip_first_batches(loader, consumed) themselves."""
+
     def make():
         dl = DataLoader(Counting(30), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(3))
         return prepare_data_loader(dl, num_processes=2, process_index=0)
@@ -255,7 +261,9 @@ def test_set_epoch_is_forwarded() -> None:
             return 6
 
     sampler = EpochSampler()
-    loader = prepare_data_loader(DataLoader(Counting(6), batch_size=2, sampler=sampler), num_processes=2, process_index=0)
+    loader = prepare_data_loader(
+        DataLoader(Counting(6), batch_size=2, sampler=sampler), num_processes=2, process_index=0
+    )
     loader.set_epoch(3)
     assert sampler.epoch == 3 and loader.epoch == 3
     assert loader.sampler is sampler, "the user's sampler is kept"
@@ -271,7 +279,10 @@ def test_custom_batch_sampler_and_unbatched_loader() -> None:
 
     loader = prepare_data_loader(DataLoader(Counting(6), batch_sampler=Pairs()), num_processes=2, process_index=1)
     assert _epoch(loader) == [[3, 2], [5, 4]]
-    unbatched = [prepare_data_loader(DataLoader(Counting(5), batch_size=None), num_processes=2, process_index=r) for r in range(2)]
+    unbatched = [
+        prepare_data_loader(DataLoader(Counting(5), batch_size=None), num_processes=2, process_index=r)
+        for r in range(2)
+    ]
     assert [[b["idx"] for b in u] for u in unbatched] == [[0, 2, 4], [1, 3, 0]]
     assert unbatched[0].remainder == 1  # the last step holds sample 4 and the padding 0
 
@@ -279,7 +290,9 @@ def test_custom_batch_sampler_and_unbatched_loader() -> None:
 def test_workers_keep_the_partition() -> None:
     per_rank = []
     for rank in range(2):
-        dl = DataLoader(Counting(23), batch_size=4, num_workers=2, shuffle=True, generator=torch.Generator().manual_seed(1))
+        dl = DataLoader(
+            Counting(23), batch_size=4, num_workers=2, shuffle=True, generator=torch.Generator().manual_seed(1)
+        )
         per_rank.append(_epoch(prepare_data_loader(dl, num_processes=2, process_index=rank)))
     flat = [i for t in range(len(per_rank[0])) for r in range(2) for i in per_rank[r][t]]
     assert sorted(flat[:23]) == list(range(23))
@@ -293,8 +306,9 @@ def test_random_sampler_gets_a_generator_for_sync_and_resume() -> None:
 
 
 def test_device_placement_and_preparing_twice() -> None:
-    loader = prepare_data_loader(DataLoader(Counting(4), batch_size=2), num_processes=1, process_index=0,
-                                 put_on_device=True, device="cpu")
+    loader = prepare_data_loader(
+        DataLoader(Counting(4), batch_size=2), num_processes=1, process_index=0, put_on_device=True, device="cpu"
+    )
     assert all(b["x"].device.type == "cpu" for b in loader)
     assert prepare_data_loader(loader) is loader
 
@@ -303,15 +317,19 @@ def test_user_errors() -> None:
     with pytest.raises(ValueError, match="multiple of the number of processes"):
         prepare_data_loader(DataLoader(range(10), batch_size=3), num_processes=2, process_index=0, split_batches=True)
     with pytest.raises(ValueError, match="process group"):
-        prepare_data_loader(DataLoader(range(10), batch_size=2), num_processes=2, process_index=0, dispatch_batches=True)
+        prepare_data_loader(
+            DataLoader(range(10), batch_size=2), num_processes=2, process_index=0, dispatch_batches=True
+        )
     with pytest.raises(ValueError, match="Unknown rng_types"):
         prepare_data_loader(DataLoader(range(10), batch_size=2), num_processes=1, process_index=0, rng_types=["numpy"])
     with pytest.raises(ValueError, match="process_index"):
         prepare_data_loader(DataLoader(range(10), batch_size=2), num_processes=2, process_index=2)
     with pytest.raises(TypeError, match="DataLoader"):
-        prepare_data_loader([1, 2, 3])  # type: ignore[arg-type]
+        prepare_data_loader([1, 2, 3])  # type: ignore[arg-type]  # the wrong type is what the test checks
     with pytest.raises(ValueError, match="batch size"):
-        prepare_data_loader(DataLoader(range(10), batch_size=None), num_processes=2, process_index=0, split_batches=True)
+        prepare_data_loader(
+            DataLoader(range(10), batch_size=None), num_processes=2, process_index=0, split_batches=True
+        )
 
 
 def test_integration_preparer_is_discoverable() -> None:
@@ -324,6 +342,7 @@ def test_integration_preparer_is_discoverable() -> None:
 
 def test_even_batches_can_be_switched_between_epochs() -> None:
     """Accelerator.join_uneven_inputs sets ``loader.even_batches`` for the length of a block."""
+
     class SizedStream(Stream):
         def __len__(self) -> int:
             return self.length
@@ -357,6 +376,7 @@ def test_resume_replays_worker_seeds_and_leaves_the_global_rng_alone(user_genera
     (as Accelerate's loader does). The resumed run restores the global RNG to the checkpoint's
     point (load_state) and must not draw from it again, or the dropout stream after resume shifts.
     """
+
     def make():
         generator = torch.Generator().manual_seed(5) if user_generator else None
         dl = DataLoader(WorkerSeeds(), batch_size=2, shuffle=True, num_workers=2, generator=generator)

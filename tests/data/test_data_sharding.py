@@ -12,10 +12,11 @@ import itertools
 
 import pytest
 import torch
+from torch.utils.data import BatchSampler, SequentialSampler
+
 from accel_data.loader import TREE_OPS
 from accel_data.samplers import BatchSamplerShard, LastGroup
 from accel_data.sharding import LIST_OPS, ShardPlan, batches_for_process, iter_groups
-from torch.utils.data import BatchSampler, SequentialSampler
 
 LENGTHS = [1, 2, 5, 7, 10, 13, 16, 31, 99]
 SIZES = [1, 2, 3, 4, 5, 8]
@@ -70,7 +71,9 @@ def test_batch_sampler_shard_partitions_exactly(split: bool, even: bool, drop_la
         expected = _expected_flat(ref, n, split, drop_last)
         per_rank, real = [], -1
         for rank in range(n):
-            shard = BatchSamplerShard(BatchSampler(SequentialSampler(range(length)), loader_batch, drop_last), n, rank, split, even)
+            shard = BatchSamplerShard(
+                BatchSampler(SequentialSampler(range(length)), loader_batch, drop_last), n, rank, split, even
+            )
             sink = LastGroup()
             shard.sink = sink
             batches = list(shard)
@@ -94,8 +97,11 @@ def test_dispatch_order_yields_every_process_batches(split: bool, even: bool) ->
     """``process_index=None`` (what the dispatching process loads) = the processes' batches, step by step."""
     for length, size, n in itertools.product([5, 13, 31], [2, 3], [2, 3]):
         loader_batch = size * n if split else size
+
         def make(rank, length=length, loader_batch=loader_batch, n=n):
-            return BatchSamplerShard(BatchSampler(SequentialSampler(range(length)), loader_batch, False), n, rank, split, even)
+            return BatchSamplerShard(
+                BatchSampler(SequentialSampler(range(length)), loader_batch, False), n, rank, split, even
+            )
 
         per_rank = [list(make(r)) for r in range(n)]
         interleaved = [per_rank[r][t] for t in range(max(map(len, per_rank))) for r in range(n) if t < len(per_rank[r])]
@@ -119,9 +125,9 @@ def test_tree_ops_match_list_ops() -> None:
         by_list = list(iter_groups(ref, plan, LIST_OPS))
         by_tree = list(iter_groups(tensors, plan, TREE_OPS))
         assert len(by_list) == len(by_tree)
-        for a, b in zip(by_list, by_tree):
+        for a, b in zip(by_list, by_tree, strict=True):
             assert a.real == b.real and a.final == b.final
-            for pa, pb in zip(a.parts, b.parts):
+            for pa, pb in zip(a.parts, b.parts, strict=True):
                 if pa is None:
                     assert pb is None
                     continue
@@ -166,11 +172,19 @@ def test_skip_equals_dropping_steps() -> None:
     for length, size, n, split, even in itertools.product([7, 16, 31], [2, 3], [1, 2, 3], [False, True], [True, False]):
         loader_batch = size * n if split else size
         for rank in range(n):
-            full = list(BatchSamplerShard(BatchSampler(SequentialSampler(range(length)), loader_batch, False), n, rank, split, even))
+            full = list(
+                BatchSamplerShard(
+                    BatchSampler(SequentialSampler(range(length)), loader_batch, False), n, rank, split, even
+                )
+            )
             for skip in range(len(full) + 2):
-                fast = BatchSamplerShard(BatchSampler(SequentialSampler(range(length)), loader_batch, False), n, rank, split, even)
+                fast = BatchSamplerShard(
+                    BatchSampler(SequentialSampler(range(length)), loader_batch, False), n, rank, split, even
+                )
                 fast.skip = skip
-                generic = BatchSamplerShard(_Buckets([len(b) for b in _reference(length, loader_batch, False)]), n, rank, split, even)
+                generic = BatchSamplerShard(
+                    _Buckets([len(b) for b in _reference(length, loader_batch, False)]), n, rank, split, even
+                )
                 generic.skip = skip
                 assert list(fast) == full[skip:], (length, size, n, split, even, rank, skip)
                 if not split or loader_batch % n == 0:
@@ -225,4 +239,12 @@ def test_shard_reads_no_further_than_the_step_handed_out(user_class: bool) -> No
             for step in range(length // chunk):
                 next(it)
                 assert (sampler.read, sampler.exhausted) == ((step + 1) * chunk, False), (
-                    length, size, n, split, even, drop_last, rank, step)
+                    length,
+                    size,
+                    n,
+                    split,
+                    even,
+                    drop_last,
+                    rank,
+                    step,
+                )

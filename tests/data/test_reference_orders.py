@@ -52,6 +52,7 @@ def _still_matching(name: str, got: list, want: list) -> bool:
         return all(got[r][e] == want[r][e] for r in range(2) for e in (0, 1))
     if kind == "all but the last step":
         return all(got[r][e][:-1] == want[r][e][:-1] for r in range(2) for e in range(3))
+
     def samples(orders: list, epoch: int) -> set[int]:
         return {i for rank in orders for batch in rank[epoch] for i in batch}
 
@@ -77,4 +78,3 @@ def test_orders_match_accelerate_1_15(torchrun, tmp_path) -> None:
             if got[rank] != want[rank]:
                 mismatches.append(f"{name} rank {rank}:\n  accel      {got[rank]}\n  accelerate {want[rank]}")
     assert not mismatches, "\n".join(mismatches)
-

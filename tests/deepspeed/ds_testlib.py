@@ -31,7 +31,7 @@ def check(condition: bool, message: str) -> None:
 
 
 def close(a: list[float], b: list[float], rtol: float, atol: float) -> bool:
-    return len(a) == len(b) and all(abs(x - y) <= atol + rtol * abs(y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(abs(x - y) <= atol + rtol * abs(y) for x, y in zip(a, b, strict=True))
 
 
 def regression_data(seed: int = 0) -> torch.utils.data.TensorDataset:
@@ -44,7 +44,11 @@ def regression_data(seed: int = 0) -> torch.utils.data.TensorDataset:
 def mlp(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1)
+        torch.nn.Linear(FEATURES, HIDDEN),
+        torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, 1),
     )
 
 
@@ -144,7 +148,9 @@ def train_ddp(
 
 
 def train_single_process(
-    make_model: Callable[[], torch.nn.Module], batches: list[Any], loss_fn: Callable[[Any, Any], torch.Tensor] = regression_loss
+    make_model: Callable[[], torch.nn.Module],
+    batches: list[Any],
+    loss_fn: Callable[[Any, Any], torch.Tensor] = regression_loss,
 ) -> torch.nn.Module:
     """One process on the global batch of every step (all ranks' batches, gathered): the weights to expect."""
     everyone: list[Any] = [None] * dist.get_world_size()

@@ -15,16 +15,15 @@ import shutil
 import sys
 from pathlib import Path
 
+import ds_testlib as T
 import torch
 import torch.distributed as dist
+from ds_testlib import check
 
-from accel_core import Accelerator
 from accel_checkpoint.errors import UnsafeCheckpointError
+from accel_core import Accelerator
 from accel_deepspeed import DeepSpeedStrategy
 from accel_deepspeed.checkpointing import DEEPSPEED_CHECKPOINT_GLOBALS
-
-import ds_testlib as T
-from ds_testlib import check
 
 TMP = Path(sys.argv[1])
 FIGURES: dict[str, object] = {}
@@ -49,7 +48,10 @@ def check_offload_from_launcher() -> tuple:
     strategy = accelerator.strategy
     check(isinstance(strategy, DeepSpeedStrategy), f"the launcher's --use-deepspeed selects DeepSpeed, got {strategy}")
     plugin = strategy.plugin
-    check(plugin.zero_stage == 2 and plugin.offload_optimizer_device == "cpu" and plugin.gradient_clipping == 1.0, f"{plugin}")
+    check(
+        plugin.zero_stage == 2 and plugin.offload_optimizer_device == "cpu" and plugin.gradient_clipping == 1.0,
+        f"{plugin}",
+    )
     check(engine.zero_cpu_offload(), "the engine offloads the optimizer")
     base = type(engine.optimizer.optimizer).__name__
     check(base == "DeepSpeedCPUAdam", f"torch AdamW becomes DeepSpeedCPUAdam for offload, got {base}")
@@ -59,7 +61,7 @@ def check_offload_from_launcher() -> tuple:
     check(T.close(losses, reference, 1e-4, 1e-5), f"offload losses {losses} vs DDP {reference}")
     expected_lr = 1.0 / (1.0 + 0.5 * len(batches)) * T.LR
     check(abs(scheduler.get_last_lr()[0] - expected_lr) < 1e-12, f"lr {scheduler.get_last_lr()} vs {expected_lr}")
-    FIGURES["offload_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    FIGURES["offload_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
     return accelerator, engine, optimizer, loader, scheduler
 
 
@@ -78,8 +80,13 @@ def check_round_trip(accelerator, engine, optimizer, loader, scheduler) -> None:
             accelerator.save_state(folder)
             saved_step = engine.global_steps
     sharded = folder / "sharded" / "model_0"
-    check(sharded.is_dir() and any(sharded.glob("*optim_states.pt")), f"DeepSpeed files inside accel's layout: {list(sharded.glob('*'))}")
-    found = sorted({name for f in sharded.glob("*.pt") for name in torch.serialization.get_unsafe_globals_in_checkpoint(str(f))})
+    check(
+        sharded.is_dir() and any(sharded.glob("*optim_states.pt")),
+        f"DeepSpeed files inside accel's layout: {list(sharded.glob('*'))}",
+    )
+    found = sorted(
+        {name for f in sharded.glob("*.pt") for name in torch.serialization.get_unsafe_globals_in_checkpoint(str(f))}
+    )
     FIGURES["checkpoint_globals"] = found
     check(set(found) <= DEEPSPEED_CHECKPOINT_GLOBALS, f"DeepSpeed checkpoint globals outside the allowlist: {found}")
 

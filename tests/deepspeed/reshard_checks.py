@@ -26,15 +26,14 @@ import sys
 import time
 from pathlib import Path
 
+import ds_testlib as T
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from ds_testlib import check
 
 from accel_core import Accelerator
 from accel_deepspeed import DeepSpeedPlugin
-
-import ds_testlib as T
-from ds_testlib import check
 
 TMP = Path(sys.argv[1])
 GLOBAL_BATCH, SAVE_AFTER, CONTINUE = 8, 3, 3
@@ -121,9 +120,14 @@ def load_and_compare(case: str, saved_world: int) -> None:
     final = FIGURES[f"{name}_final_weights"] = max_diff(full_weights(engine), record["final"])
     FIGURES[f"{name}_losses"] = losses
     check(after_load < 1e-6, f"{name}: weights after load_state differ by {after_load}")
-    check(T.close(losses, record["losses"], 1e-5, 1e-6), f"{name}: losses after load_state {losses} vs {record['losses']}")
+    check(
+        T.close(losses, record["losses"], 1e-5, 1e-6), f"{name}: losses after load_state {losses} vs {record['losses']}"
+    )
     check(final < 1e-5, f"{name}: weights after continuing differ by {final}")
-    check(not T.close(fresh_adam_losses(record["saved"]), record["losses"], 1e-3, 1e-4), "losses must depend on Adam's state")
+    check(
+        not T.close(fresh_adam_losses(record["saved"]), record["losses"], 1e-3, 1e-4),
+        "losses must depend on Adam's state",
+    )
 
 
 def fresh_adam_losses(weights: dict[str, torch.Tensor]) -> list[float]:

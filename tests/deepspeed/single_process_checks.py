@@ -13,16 +13,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import ds_testlib as T
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from ds_testlib import check
 
 from accel_core import Accelerator, DistributedType
 from accel_deepspeed import DeepSpeedPlugin, DummyOptim, DummyScheduler
 from accel_deepspeed.wrappers import DeepSpeedSchedulerWrapper
-
-import ds_testlib as T
-from ds_testlib import check
 
 TMP = Path(sys.argv[1])
 FIGURES: dict[str, object] = {}
@@ -93,21 +92,35 @@ def check_errors() -> None:
         def action(accelerator: Accelerator) -> object:
             model = T.mlp()
             return accelerator.prepare(model, *extra(model), loader())
+
         return action
 
     adam = lambda m: torch.optim.AdamW(m.parameters(), lr=T.LR)  # noqa: E731
-    expect_error(acc(hf_ds_config=config(optimizer=ADAMW)), with_model(lambda m: [adam(m)]),
-                 "You cannot specify an optimizer in the config file and in the code at the same time")
-    expect_error(acc(), with_model(lambda m: [DummyOptim(m.parameters())]),
-                 "You cannot create a `DummyOptim` without specifying an optimizer in the config file")
-    expect_error(acc(hf_ds_config=config(scheduler=WARMUP)),
-                 with_model(lambda m: [o := adam(m), torch.optim.lr_scheduler.StepLR(o, 1)]),
-                 "You cannot specify a scheduler in the config file and in the code at the same time")
-    expect_error(acc(), with_model(lambda m: [o := adam(m), DummyScheduler(o)]),
-                 "You cannot create a `DummyScheduler` without specifying a scheduler in the config file")
-    expect_error(acc(hf_ds_config=config(optimizer=ADAMW)),
-                 with_model(lambda m: [DummyOptim(m.parameters()), torch.optim.lr_scheduler.StepLR(adam(m), 1)]),
-                 "You can only specify `accel_deepspeed.DummyScheduler` in the code when using `accel_deepspeed.DummyOptim`")
+    expect_error(
+        acc(hf_ds_config=config(optimizer=ADAMW)),
+        with_model(lambda m: [adam(m)]),
+        "You cannot specify an optimizer in the config file and in the code at the same time",
+    )
+    expect_error(
+        acc(),
+        with_model(lambda m: [DummyOptim(m.parameters())]),
+        "You cannot create a `DummyOptim` without specifying an optimizer in the config file",
+    )
+    expect_error(
+        acc(hf_ds_config=config(scheduler=WARMUP)),
+        with_model(lambda m: [o := adam(m), torch.optim.lr_scheduler.StepLR(o, 1)]),
+        "You cannot specify a scheduler in the config file and in the code at the same time",
+    )
+    expect_error(
+        acc(),
+        with_model(lambda m: [o := adam(m), DummyScheduler(o)]),
+        "You cannot create a `DummyScheduler` without specifying a scheduler in the config file",
+    )
+    expect_error(
+        acc(hf_ds_config=config(optimizer=ADAMW)),
+        with_model(lambda m: [DummyOptim(m.parameters()), torch.optim.lr_scheduler.StepLR(adam(m), 1)]),
+        "You can only specify `accel_deepspeed.DummyScheduler` in the code when using `accel_deepspeed.DummyOptim`",
+    )
 
     def gan(accelerator: Accelerator) -> object:
         generator, discriminator = T.mlp(1), T.mlp(2)
@@ -121,13 +134,24 @@ def check_errors() -> None:
 
     expect_error(acc(), two_trainable, "with multiple models when using DeepSpeed")
     expect_error(acc(), lambda a: a.prepare(T.mlp(), adam(T.mlp())), "belong to none of the models")
-    expect_error(acc(), lambda a: a.prepare(adam(T.mlp())), "pass the model, optimizer and scheduler to the same prepare() call")
-    expect_error(acc(), lambda a: a.prepare((m := T.mlp()), adam(m)), "requires you to pass at least one of training or evaluation dataloaders")
+    expect_error(
+        acc(), lambda a: a.prepare(adam(T.mlp())), "pass the model, optimizer and scheduler to the same prepare() call"
+    )
+    expect_error(
+        acc(),
+        lambda a: a.prepare((m := T.mlp()), adam(m)),
+        "requires you to pass at least one of training or evaluation dataloaders",
+    )
     expect_error(acc(), lambda a: a.prepare_model(T.mlp()), "pass the model to accelerator.prepare()")
     settled = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config(bf16={"enabled": True})))
-    check(settled.mixed_precision == "bf16", f"the DeepSpeed config's bf16 is reported before prepare: {settled.mixed_precision}")
+    check(
+        settled.mixed_precision == "bf16",
+        f"the DeepSpeed config's bf16 is reported before prepare: {settled.mixed_precision}",
+    )
     try:
-        Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config(bf16={"enabled": True})), mixed_precision="fp16")
+        Accelerator(
+            deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config(bf16={"enabled": True})), mixed_precision="fp16"
+        )
     except ValueError as error:
         check("cannot be set to `fp16` when `bf16` is set in the DeepSpeed config" in str(error), str(error))
     else:
@@ -148,9 +172,17 @@ def check_dummy_objects_and_accumulation() -> None:
     scheduler = DummyScheduler(optimizer, warmup_num_steps=10)
     engine, optimizer, data, scheduler = accelerator.prepare(model, optimizer, loader(), scheduler)
     filled = accelerator.strategy.deepspeed_config
-    check(filled["optimizer"]["params"]["lr"] == 0.05 and filled["scheduler"]["params"]["warmup_max_lr"] == 0.05, f"{filled}")
-    check(filled["scheduler"]["params"]["warmup_num_steps"] == 10 and filled["gradient_accumulation_steps"] == 2, f"{filled}")
-    check(isinstance(scheduler, DeepSpeedSchedulerWrapper) and accelerator.strategy.engine_owns_scheduler, f"{scheduler}")
+    check(
+        filled["optimizer"]["params"]["lr"] == 0.05 and filled["scheduler"]["params"]["warmup_max_lr"] == 0.05,
+        f"{filled}",
+    )
+    check(
+        filled["scheduler"]["params"]["warmup_num_steps"] == 10 and filled["gradient_accumulation_steps"] == 2,
+        f"{filled}",
+    )
+    check(
+        isinstance(scheduler, DeepSpeedSchedulerWrapper) and accelerator.strategy.engine_owns_scheduler, f"{scheduler}"
+    )
     lrs = []
     for i, batch in enumerate(data):
         if i == 6:
@@ -161,7 +193,9 @@ def check_dummy_objects_and_accumulation() -> None:
             scheduler.step()  # a no-op: the engine steps DeepSpeed's scheduler at each boundary
             optimizer.zero_grad()
         lrs.append(scheduler.get_last_lr()[0])
-    check(engine.global_steps == 3, f"6 micro-steps with accumulation 2 are 3 optimizer steps, got {engine.global_steps}")
+    check(
+        engine.global_steps == 3, f"6 micro-steps with accumulation 2 are 3 optimizer steps, got {engine.global_steps}"
+    )
     # WarmupLR (log warm-up from 0) moves once per optimizer step, i.e. only at every second micro-step.
     check(lrs[0] == lrs[1] == lrs[2] == 0 < lrs[3] == lrs[4] < lrs[5], f"lr per micro-step {lrs}")
     FIGURES["warmup_lrs"] = [round(v, 6) for v in lrs]
@@ -176,10 +210,15 @@ def check_deepspeed_scheduler_object() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=T.LR)
     warmup = WarmupLR(optimizer, warmup_min_lr=0.0, warmup_max_lr=0.04, warmup_num_steps=10, warmup_type="linear")
     engine, optimizer, data, scheduler = accelerator.prepare(model, optimizer, loader(), warmup)
-    check(isinstance(scheduler, DeepSpeedSchedulerWrapper) and engine.lr_scheduler is warmup, "the engine owns WarmupLR")
+    check(
+        isinstance(scheduler, DeepSpeedSchedulerWrapper) and engine.lr_scheduler is warmup, "the engine owns WarmupLR"
+    )
     T.train_accel(accelerator, engine, optimizer, data, scheduler=scheduler, max_batches=3)
     # DeepSpeed's schedules number the first step 0: after 3 optimizer steps, lr = 0.04 * 2 / 10.
-    check(abs(scheduler.get_last_lr()[0] - 0.04 * 2 / 10) < 1e-9, f"linear warm-up after 3 steps: {scheduler.get_last_lr()}")
+    check(
+        abs(scheduler.get_last_lr()[0] - 0.04 * 2 / 10) < 1e-9,
+        f"linear warm-up after 3 steps: {scheduler.get_last_lr()}",
+    )
 
 
 def check_frozen_teacher_and_zero3_round_trip() -> None:
@@ -211,11 +250,21 @@ def check_frozen_teacher_and_zero3_round_trip() -> None:
 
     accelerator2, engine2, optimizer2, _, teacher2 = build(seed=10)  # other weights for both models
     accelerator2.load_state(TMP / "distill", load_dataloader_state=False)
-    check(all(torch.equal(a, b) for a, b in zip(teacher.state_dict().values(), teacher2.state_dict().values())), "teacher restored")
+    check(
+        all(
+            torch.equal(a, b)
+            for a, b in zip(teacher.state_dict().values(), teacher2.state_dict().values(), strict=True)
+        ),
+        "teacher restored",
+    )
     resumed = [step(accelerator2, engine2, optimizer2, teacher2, x) for x in batches[3:6]]
     check(resumed == after, f"ZeRO-3 continuation after load_state {resumed} vs {after}")
     globals_found = sorted(
-        {g for f in (TMP / "distill" / "sharded" / "model_0").glob("*.pt") for g in torch.serialization.get_unsafe_globals_in_checkpoint(str(f))}
+        {
+            g
+            for f in (TMP / "distill" / "sharded" / "model_0").glob("*.pt")
+            for g in torch.serialization.get_unsafe_globals_in_checkpoint(str(f))
+        }
     )
     FIGURES["zero3_checkpoint_globals"] = globals_found
 

@@ -41,7 +41,9 @@ def _env() -> dict[str, str]:
 def deepspeed_ops() -> None:
     """Compiles (or finds in TORCH_EXTENSIONS_DIR) DeepSpeed's CPU ops before any timed run."""
     try:
-        result = subprocess.run([sys.executable, "-c", _BUILD_OPS], env=_env(), capture_output=True, text=True, timeout=1200, cwd=REPO)
+        result = subprocess.run(
+            [sys.executable, "-c", _BUILD_OPS], env=_env(), capture_output=True, text=True, timeout=1200, cwd=REPO
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("Compiling DeepSpeed's CPU ops took over 20 minutes")
     assert "OPS READY" in result.stdout, result.stderr[-4000:]
@@ -52,7 +54,7 @@ def _figures(output: str) -> dict:
     if start < 0:
         return {}
     # Only the JSON object: the other rank may print on the same line.
-    return json.JSONDecoder().raw_decode(output[start + len("FIGURES "):])[0]
+    return json.JSONDecoder().raw_decode(output[start + len("FIGURES ") :])[0]
 
 
 def test_zero_stages_follow_ddp(deepspeed_ops, torchrun, tmp_path) -> None:
@@ -68,13 +70,28 @@ def test_zero_stages_follow_ddp(deepspeed_ops, torchrun, tmp_path) -> None:
 
 @pytest.mark.multiprocess
 def test_offload_and_checkpoint_through_accel_launch(deepspeed_ops, tmp_path) -> None:
-    """`accel launch --use-deepspeed ...`: optimizer offload vs DDP, save_state/load_state continuation, unsafe files refused."""
+    """`accel launch --use-deepspeed ...`: optimizer offload vs DDP, save_state/load_state continuation, unsafe files
+    refused."""
     command = [
-        sys.executable, "-c", "import sys; from accel.cli import main; sys.exit(main())", "launch",
-        "--cpu", "-n", "2", "--use-deepspeed", "--zero-stage", "2", "--offload-optimizer-device", "cpu", "--gradient-clipping", "1.0",
+        sys.executable,
+        "-c",
+        "import sys; from accel.cli import main; sys.exit(main())",
+        "launch",
+        "--cpu",
+        "-n",
+        "2",
+        "--use-deepspeed",
+        "--zero-stage",
+        "2",
+        "--offload-optimizer-device",
+        "cpu",
+        "--gradient-clipping",
+        "1.0",
         # The DDP reference steps its scheduler once per optimizer step: accel's option does the same.
-        "--scheduler-stepping", "per_optimizer_step",
-        str(HERE / "offload_checkpoint_checks.py"), str(tmp_path),
+        "--scheduler-stepping",
+        "per_optimizer_step",
+        str(HERE / "offload_checkpoint_checks.py"),
+        str(tmp_path),
     ]
     try:
         result = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=REPO)
@@ -87,15 +104,22 @@ def test_offload_and_checkpoint_through_accel_launch(deepspeed_ops, tmp_path) ->
 
 
 def test_single_process_errors_dummies_teacher(deepspeed_ops, tmp_path) -> None:
-    """Plain `python train.py`: contradictory-config errors, DummyOptim/DummyScheduler, frozen teacher + ZeRO-3 resume."""
+    """Plain `python train.py`: contradictory-config errors, DummyOptim/DummyScheduler, frozen teacher + ZeRO-3
+    resume."""
     try:
         result = subprocess.run(
             [sys.executable, str(HERE / "single_process_checks.py"), str(tmp_path)],
-            env=_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=REPO,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT,
+            cwd=REPO,
         )
     except subprocess.TimeoutExpired as error:
         pytest.fail(f"single_process_checks.py did not finish within {RUN_TIMEOUT}s\n{error.stdout}\n{error.stderr}")
-    assert result.returncode == 0 and "SINGLE PROCESS CHECKS PASSED" in result.stdout, result.stdout + result.stderr[-6000:]
+    assert result.returncode == 0 and "SINGLE PROCESS CHECKS PASSED" in result.stdout, (
+        result.stdout + result.stderr[-6000:]
+    )
 
 
 @pytest.mark.multiprocess
@@ -109,7 +133,10 @@ def test_checkpoints_load_with_another_process_count(deepspeed_ops, tmp_path) ->
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script, str(tmp_path)],
         [sys.executable, script, str(tmp_path)],
     ]
-    launches = [subprocess.Popen(c, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO) for c in commands]
+    launches = [
+        subprocess.Popen(c, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        for c in commands
+    ]
     outputs = []
     for launch in launches:
         try:
@@ -117,8 +144,11 @@ def test_checkpoints_load_with_another_process_count(deepspeed_ops, tmp_path) ->
         except subprocess.TimeoutExpired:
             for other in launches:
                 other.kill()
-            pytest.fail(f"reshard_checks.py did not finish within {RUN_TIMEOUT}s (a hang?)\n" + "\n".join(o for pair in outputs for o in pair))
-    for launch, (stdout, stderr), passed in zip(launches, outputs, (("0", "1"), ("0",))):
+            pytest.fail(
+                f"reshard_checks.py did not finish within {RUN_TIMEOUT}s (a hang?)\n"
+                + "\n".join(o for pair in outputs for o in pair)
+            )
+    for launch, (stdout, stderr), passed in zip(launches, outputs, (("0", "1"), ("0",)), strict=True):
         assert launch.returncode == 0, stdout + stderr[-6000:]
         for rank in passed:
             assert f"RESHARD CHECKS PASSED {rank}" in stdout, stdout + stderr[-4000:]

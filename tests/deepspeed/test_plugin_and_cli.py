@@ -18,7 +18,12 @@ from accel_deepspeed.plugin import DeepSpeedPlugin
 def test_default_config_has_autos_and_no_silent_clipping() -> None:
     plugin = DeepSpeedPlugin()
     config = plugin.deepspeed_config
-    assert config["train_batch_size"] == config["train_micro_batch_size_per_gpu"] == config["gradient_accumulation_steps"] == "auto"
+    assert (
+        config["train_batch_size"]
+        == config["train_micro_batch_size_per_gpu"]
+        == config["gradient_accumulation_steps"]
+        == "auto"
+    )
     assert config["zero_optimization"]["stage"] == 2 and plugin.zero_stage == 2
     assert config["zero_optimization"]["offload_optimizer"] == {"device": "none"}
     # DeepSpeed >= 0.17 would clip at 1.0 when the key is absent: accel writes 0 (off) unless asked.
@@ -29,7 +34,9 @@ def test_default_config_has_autos_and_no_silent_clipping() -> None:
 
 def test_fields_fill_a_config_or_must_agree_with_it() -> None:
     given = {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": "auto"}}
-    plugin = DeepSpeedPlugin(hf_ds_config=given, zero_stage=3, zero3_save_16bit_model=True, offload_optimizer_device="cpu")
+    plugin = DeepSpeedPlugin(
+        hf_ds_config=given, zero_stage=3, zero3_save_16bit_model=True, offload_optimizer_device="cpu"
+    )
     assert plugin.deepspeed_config["zero_optimization"]["stage"] == 3 and plugin.zero_stage == 3
     assert plugin.deepspeed_config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
     assert plugin.offload_optimizer_device == "cpu"
@@ -141,7 +148,16 @@ def parse(*flags: str) -> dict[str, str]:
 def test_launch_flags() -> None:
     assert parse() == {}
     assert parse("--use-deepspeed") == {"ACCEL_STRATEGY": "deepspeed"}
-    assert parse("--zero_stage", "3", "--offload-optimizer-device", "CPU", "--zero3-init-flag", "yes", "--gradient-clipping", "1.0") == {
+    assert parse(
+        "--zero_stage",
+        "3",
+        "--offload-optimizer-device",
+        "CPU",
+        "--zero3-init-flag",
+        "yes",
+        "--gradient-clipping",
+        "1.0",
+    ) == {
         "ACCEL_STRATEGY": "deepspeed",  # any DeepSpeed flag selects the strategy
         "ACCEL_DEEPSPEED_ZERO_STAGE": "3",
         "ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu",
@@ -160,10 +176,15 @@ def test_accel_launch_dry_run_and_light_imports(tmp_path) -> None:
     command = [sys.executable, "-c", "import sys; from accel.cli import main; sys.exit(main())"]
     result = subprocess.run(
         [*command, "launch", "--dry-run", "--cpu", "-n", "2", "--use-deepspeed", "--zero-stage", "3", str(script)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert "ACCEL_STRATEGY=deepspeed" in result.stdout and "ACCEL_DEEPSPEED_ZERO_STAGE=3" in result.stdout
-    probe = "import sys, accel_deepspeed, accel_deepspeed.cli, accel_deepspeed.plugin; print('torch' in sys.modules, 'deepspeed' in sys.modules)"
+    probe = (
+        "import sys, accel_deepspeed, accel_deepspeed.cli, accel_deepspeed.plugin; "
+        "print('torch' in sys.modules, 'deepspeed' in sys.modules)"
+    )
     light = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert light.stdout.split() == ["False", "False"], light.stderr

@@ -7,21 +7,20 @@ Every check raises on failure; the last line printed on each rank is "ZERO CHECK
 from __future__ import annotations
 
 import json
-import math
 import logging
+import math
 import sys
 import time
 from pathlib import Path
 
+import ds_testlib as T
 import torch
 import torch.distributed as dist
+from ds_testlib import check
 
 from accel_core import Accelerator, DistributedType
 from accel_deepspeed import DeepSpeedPlugin
 from accel_deepspeed.wrappers import DeepSpeedOptimizerWrapper
-
-import ds_testlib as T
-from ds_testlib import check
 
 TMP = Path(sys.argv[1])
 FIGURES: dict[str, object] = {}
@@ -31,7 +30,9 @@ def loader(dataset: torch.utils.data.Dataset) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(dataset, batch_size=T.BATCH, shuffle=False)
 
 
-def run(plugin: DeepSpeedPlugin, make_model=T.mlp, dataset=None, loss_fn=T.regression_loss, clip=None, **accelerator_kwargs):
+def run(
+    plugin: DeepSpeedPlugin, make_model=T.mlp, dataset=None, loss_fn=T.regression_loss, clip=None, **accelerator_kwargs
+):
     accelerator = Accelerator(deepspeed_plugin=plugin, **accelerator_kwargs)
     with accelerator.strategy.zero3_init_context():
         model = make_model()
@@ -52,7 +53,10 @@ def check_setup_and_zero1() -> None:
     check(isinstance(optimizer, DeepSpeedOptimizerWrapper), f"optimizer wrapper: {type(optimizer)}")
     check(accelerator.unwrap_model(engine) is engine.module, "unwrap_model gives the user's module")
     config = accelerator.strategy.deepspeed_config
-    check(config["train_micro_batch_size_per_gpu"] == T.BATCH and config["train_batch_size"] == 2 * T.BATCH, f"batch autos: {config}")
+    check(
+        config["train_micro_batch_size_per_gpu"] == T.BATCH and config["train_batch_size"] == 2 * T.BATCH,
+        f"batch autos: {config}",
+    )
     # ZeRO-1 keeps half of the fp32 master weights / Adam state on each rank.
     total = sum(p.numel() for p in engine.module.parameters())
     mine = sum(p.numel() for p in engine.optimizer.single_partition_of_fp32_groups)
@@ -60,20 +64,28 @@ def check_setup_and_zero1() -> None:
     reference, _, _ = T.train_ddp(T.mlp, batches)
     check(T.close(losses, reference, 1e-4, 1e-5), f"ZeRO-1 losses {losses} vs DDP {reference}")
     check(losses[-1] < losses[0], "ZeRO-1 loss decreases")
-    FIGURES["zero1_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    FIGURES["zero1_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
 
 
 def check_zero2_accumulation_clipping() -> None:
     plugin = DeepSpeedPlugin(zero_stage=2, gradient_clipping=1.0)
-    accelerator, engine, optimizer, losses, batches = run(plugin, clip=1.0, gradient_accumulation_steps=2)
-    check(engine.zero_optimization_stage() == 2 and engine.gradient_accumulation_steps() == 2, "ZeRO-2 with 2 accumulation steps")
-    check(engine.global_steps == len(batches) // 2, f"engine stepped {engine.global_steps} times over {len(batches)} micro-steps")
+    _accelerator, engine, _optimizer, losses, batches = run(plugin, clip=1.0, gradient_accumulation_steps=2)
+    check(
+        engine.zero_optimization_stage() == 2 and engine.gradient_accumulation_steps() == 2,
+        "ZeRO-2 with 2 accumulation steps",
+    )
+    check(
+        engine.global_steps == len(batches) // 2,
+        f"engine stepped {engine.global_steps} times over {len(batches)} micro-steps",
+    )
     clipped, norms, _ = T.train_ddp(T.mlp, batches, accumulation=2, clip=1.0)
     unclipped, _, _ = T.train_ddp(T.mlp, batches, accumulation=2)
-    check(max(norms) > 1.5, f"gradient norms {norms} should exceed the clipping threshold for this check to mean anything")
+    check(
+        max(norms) > 1.5, f"gradient norms {norms} should exceed the clipping threshold for this check to mean anything"
+    )
     check(T.close(losses, clipped, 1e-4, 1e-5), f"ZeRO-2 (accumulate 2, clip 1.0) losses {losses} vs DDP {clipped}")
     check(not T.close(losses, unclipped, 1e-3, 1e-4), "ZeRO-2 should differ from unclipped DDP: clipping not applied?")
-    FIGURES["zero2_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, clipped))
+    FIGURES["zero2_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, clipped, strict=True))
 
 
 def zero3_config() -> dict:
@@ -88,13 +100,16 @@ def zero3_config() -> dict:
 
 
 def check_zero3() -> None:
-    accelerator, engine, optimizer, losses, batches = run(DeepSpeedPlugin(hf_ds_config=zero3_config()))
+    accelerator, engine, _optimizer, losses, batches = run(DeepSpeedPlugin(hf_ds_config=zero3_config()))
     check(engine.zero_optimization_stage() == 3, "a ZeRO-3 engine")
     weight = engine.module[2].weight
-    check(weight.numel() == 0 and weight.ds_tensor.numel() == math.ceil(weight.ds_numel / 2), "ZeRO-3 parameters are partitioned")
+    check(
+        weight.numel() == 0 and weight.ds_tensor.numel() == math.ceil(weight.ds_numel / 2),
+        "ZeRO-3 parameters are partitioned",
+    )
     reference, _, _ = T.train_ddp(T.mlp, batches)
     check(T.close(losses, reference, 1e-4, 1e-5), f"ZeRO-3 losses {losses} vs DDP {reference}")
-    FIGURES["zero3_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    FIGURES["zero3_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
     try:
         accelerator.get_state_dict(engine)
     except ValueError as error:
@@ -108,7 +123,10 @@ def check_zero3_init_and_consolidated_state_dict() -> None:
     accelerator = Accelerator(deepspeed_plugin=plugin)
     with accelerator.strategy.zero3_init_context():
         model = T.mlp()
-    check(all(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters()), "zero.Init builds the model partitioned")
+    check(
+        all(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters()),
+        "zero.Init builds the model partitioned",
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=T.LR)
     engine, optimizer, train_loader = accelerator.prepare(model, optimizer, loader(T.regression_data()))
     losses, batches = T.train_accel(accelerator, engine, optimizer, train_loader)
@@ -118,7 +136,10 @@ def check_zero3_init_and_consolidated_state_dict() -> None:
     state = accelerator.get_state_dict(engine)
     from_module = accelerator.get_state_dict(accelerator.unwrap_model(engine))  # the user's module works too
     if accelerator.is_main_process:
-        check(all(torch.equal(from_module[k], state[k]) for k in state), "get_state_dict of the unwrapped module gathers too")
+        check(
+            all(torch.equal(from_module[k], state[k]) for k in state),
+            "get_state_dict of the unwrapped module gathers too",
+        )
         check(sorted(state) == sorted(single), f"consolidated keys {sorted(state)}")
         worst = max(float((state[k] - single[k]).abs().max()) for k in single)
         check(worst < 1e-4, f"consolidated ZeRO-3 weights differ from one process's by {worst}")
@@ -136,7 +157,7 @@ def check_zero3_init_and_consolidated_state_dict() -> None:
 
 def check_bf16() -> None:
     plugin = DeepSpeedPlugin(zero_stage=2)
-    accelerator, engine, optimizer, losses, batches = run(
+    accelerator, engine, _optimizer, losses, batches = run(
         plugin, make_model=T.TokenClassifier, dataset=T.token_data(), loss_fn=T.token_loss, mixed_precision="bf16"
     )
     check(accelerator.mixed_precision == "bf16" and accelerator.state.mixed_precision == "bf16", "bf16 reported")
@@ -146,13 +167,19 @@ def check_bf16() -> None:
     reference, _, _ = T.train_ddp(T.TokenClassifier, batches, loss_fn=T.token_loss)
     check(T.close(losses, reference, 5e-2, 1e-2), f"bf16 losses {losses} vs fp32 DDP {reference}")
     check(losses[-1] < losses[0], "bf16 loss decreases")
-    FIGURES["bf16_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    FIGURES["bf16_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
     check(FIGURES["bf16_max_rel_diff"] > 0, "bf16 must not give exactly the fp32 trajectory")
 
 
 if __name__ == "__main__":
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    for check_fn in (check_setup_and_zero1, check_zero2_accumulation_clipping, check_zero3, check_zero3_init_and_consolidated_state_dict, check_bf16):
+    for check_fn in (
+        check_setup_and_zero1,
+        check_zero2_accumulation_clipping,
+        check_zero3,
+        check_zero3_init_and_consolidated_state_dict,
+        check_bf16,
+    ):
         start = time.perf_counter()
         check_fn()
         FIGURES[f"seconds_{check_fn.__name__}"] = round(time.perf_counter() - start, 1)

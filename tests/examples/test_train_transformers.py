@@ -26,7 +26,9 @@ def test_tiny_bert_trains_on_two_processes():
     assert result.returncode == 0, result.stderr[-6000:]
     log = result.stderr + result.stdout
     assert len(re.findall(r"2 process\(es\), model bert", log)) == 1, "main-process-only records print once"
-    assert len(re.findall(r"batch size 32: 32 batches per epoch on this process", log)) == 2, "in_order records print on each rank"
+    assert len(re.findall(r"batch size 32: 32 batches per epoch on this process", log)) == 2, (
+        "in_order records print on each rank"
+    )
     epochs = re.findall(r"epoch (\d): train loss [\d.]+ \| eval accuracy ([\d.]+) on (\d+) samples", log)
     assert [e[0] for e in epochs] == ["0", "1", "2", "3"], log[-3000:]
     assert {int(e[2]) for e in epochs} == {301}, "gather_for_metrics must count each evaluation sample once"

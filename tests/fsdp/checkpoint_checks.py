@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from fsdp_testlib import LR, Net, data, local, make_net, param_groups
 from torch import nn
 
 from accel_core import Accelerator
 from accel_fsdp import FSDPStrategy, FullyShardedDataParallelPlugin
-from fsdp_testlib import LR, Net, data, local, make_net, param_groups
 
 TMP = Path(sys.argv[1])
 PROBE = torch.randn(6, 8, generator=torch.Generator().manual_seed(5))
@@ -28,7 +28,9 @@ PROBE = torch.randn(6, 8, generator=torch.Generator().manual_seed(5))
 def new_accelerator(**plugin_kwargs) -> Accelerator:
     if not plugin_kwargs:
         return Accelerator()  # strategy and plugin from ACCEL_STRATEGY / ACCEL_FSDP_*
-    return Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"], **plugin_kwargs))
+    return Accelerator(
+        fsdp_plugin=FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"], **plugin_kwargs)
+    )
 
 
 acc = new_accelerator()
@@ -91,12 +93,20 @@ def round_trip(accelerator_factory, folder: Path, what: str, first: range, then:
     resumed = train(resumed_acc, model2, optimizer2, scheduler2, then)
     check(resumed == straight, f"{what}: continued losses {resumed} != uninterrupted {straight}")
     check(torch.equal(probe(model2), straight_out), f"{what}: weights after continued training differ")
-    return {"model": model, "accelerator": accelerator, "saved_out": saved_out, "straight": straight, "straight_out": straight_out}
+    return {
+        "model": model,
+        "accelerator": accelerator,
+        "saved_out": saved_out,
+        "straight": straight,
+        "straight_out": straight_out,
+    }
 
 
 # 1. The strategy chosen and configured by the environment alone.
 check(isinstance(acc.strategy, FSDPStrategy), f"ACCEL_STRATEGY=fsdp gave {type(acc.strategy).__name__}")
-check(acc.strategy.plugin.transformer_cls_names_to_wrap == ["Block"], "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP not read")
+check(
+    acc.strategy.plugin.transformer_cls_names_to_wrap == ["Block"], "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP not read"
+)
 check(acc.strategy.plugin.state_dict_type == "SHARDED_STATE_DICT", "default state_dict_type")
 
 # 2. Sharded (DCP) save -> load -> identical outputs and identical continued training.
@@ -107,7 +117,10 @@ shards = sorted(os.listdir(ckpt / "sharded" / "model_0"))
 check(".metadata" in shards and "__0_0.distcp" in shards and "__1_0.distcp" in shards, f"DCP files: {shards}")
 sizes = [os.path.getsize(ckpt / "sharded" / "model_0" / f"__{r}_0.distcp") for r in range(2)]
 check(abs(sizes[0] - sizes[1]) < 0.2 * max(sizes), f"each process should write half the weights: {sizes}")
-check(not any(name.startswith("model") and name.endswith(".safetensors") for name in os.listdir(ckpt)), "a full model file was written")
+check(
+    not any(name.startswith("model") and name.endswith(".safetensors") for name in os.listdir(ckpt)),
+    "a full model file was written",
+)
 
 # 3. save_model: consolidated weights for a plain nn.Module (checked in the single-process script too).
 model, accelerator = result["model"], result["accelerator"]
@@ -118,7 +131,9 @@ if rank == 0:
 
     plain = Net()
     load_model(plain, str(TMP / "export"))
-    check(all(torch.equal(plain.state_dict()[k], full[k]) for k in full), "save_model: weights differ from get_state_dict")
+    check(
+        all(torch.equal(plain.state_dict()[k], full[k]) for k in full), "save_model: weights differ from get_state_dict"
+    )
     check(torch.equal(probe(plain), result["straight_out"]), "save_model: a plain module gives other outputs")
 
 expected = {
@@ -130,11 +145,19 @@ expected = {
 
 # 4. FULL_STATE_DICT: model files gathered on process 0, optimizer gathered too; loads the same way.
 # (with SHARD_GRAD_OP, whose units keep their parameters gathered after a forward without backward)
-full_result = round_trip(lambda: new_accelerator(state_dict_type="FULL_STATE_DICT", sharding_strategy="SHARD_GRAD_OP"),
-                         TMP / "full", "full state dict", range(0, 2), range(2, 4))
+full_result = round_trip(
+    lambda: new_accelerator(state_dict_type="FULL_STATE_DICT", sharding_strategy="SHARD_GRAD_OP"),
+    TMP / "full",
+    "full state dict",
+    range(0, 2),
+    range(2, 4),
+)
 names = os.listdir(TMP / "full")
 check("model.safetensors" in names, f"FULL_STATE_DICT: no model.safetensors in {names}")
-check(os.listdir(TMP / "full" / "sharded") == ["optimizer_0.bin"], f"FULL_STATE_DICT sharded/: {os.listdir(TMP / 'full' / 'sharded')}")
+check(
+    os.listdir(TMP / "full" / "sharded") == ["optimizer_0.bin"],
+    f"FULL_STATE_DICT sharded/: {os.listdir(TMP / 'full' / 'sharded')}",
+)
 
 # 5. FSDP1 sharded checkpoints round-trip too.
 round_trip(lambda: new_accelerator(fsdp_version=1), TMP / "fsdp1", "FSDP1 sharded", range(0, 2), range(2, 4))

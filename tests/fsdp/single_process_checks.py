@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from fsdp_testlib import LR, Net, data, make_net, param_groups
 from torch import nn
 
 from accel_checkpoint import load_model, merge_sharded_checkpoint
 from accel_core import Accelerator
 from accel_fsdp import FSDPStrategy
-from fsdp_testlib import LR, Net, data, make_net, param_groups
 
 TMP = Path(sys.argv[1])
 TOL = 1e-5
@@ -50,7 +50,9 @@ check(torch.equal(probe(plain), expected["saved_out"]), "merged sharded checkpoi
 # The same checkpoint loaded by the fsdp strategy on one process (DCP reshards 2 -> 1).
 accelerator = Accelerator()
 check(isinstance(accelerator.strategy, FSDPStrategy), f"--use-fsdp gave {type(accelerator.strategy).__name__}")
-check(accelerator.num_processes == 1 and dist.is_initialized() and dist.get_world_size() == 1, "expected a group of one")
+check(
+    accelerator.num_processes == 1 and dist.is_initialized() and dist.get_world_size() == 1, "expected a group of one"
+)
 model = make_net(seed=99)
 optimizer = torch.optim.AdamW(param_groups(model), lr=LR)
 scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
@@ -69,8 +71,11 @@ for step in range(3, 6):
     scheduler.step()
     optimizer.zero_grad()
     losses.append(loss.item())
-for got, want in zip(losses, expected["continued_global_losses"]):
-    check(abs(got - want) <= TOL * max(1.0, abs(want)), f"continued losses {losses} != {expected['continued_global_losses']}")
+for got, want in zip(losses, expected["continued_global_losses"], strict=True):
+    check(
+        abs(got - want) <= TOL * max(1.0, abs(want)),
+        f"continued losses {losses} != {expected['continued_global_losses']}",
+    )
 worst = (probe(model) - expected["final_out"]).abs().max().item()
 check(worst <= 1e-4, f"weights after continued training differ from the 2-process run by {worst}")
 print("FSDP SINGLE PROCESS CHECKS PASSED", flush=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from typing import ClassVar
 
 import pytest
 import torch
@@ -19,17 +20,27 @@ from accel_fsdp.policies import fsdp1_mixed_precision, fsdp2_mixed_precision, ig
 def test_defaults_and_normalisation():
     plugin = FullyShardedDataParallelPlugin()
     assert (plugin.fsdp_version, plugin.sharding_strategy, plugin.auto_wrap_policy, plugin.state_dict_type) == (
-        2, "FULL_SHARD", "NO_WRAP", "SHARDED_STATE_DICT"
+        2,
+        "FULL_SHARD",
+        "NO_WRAP",
+        "SHARDED_STATE_DICT",
     )
-    plugin = FullyShardedDataParallelPlugin(sharding_strategy=2, transformer_cls_names_to_wrap="Block, Attention",
-                                            state_dict_type="full_state_dict", backward_prefetch="backward_post")
+    plugin = FullyShardedDataParallelPlugin(
+        sharding_strategy=2,
+        transformer_cls_names_to_wrap="Block, Attention",
+        state_dict_type="full_state_dict",
+        backward_prefetch="backward_post",
+    )
     assert plugin.sharding_strategy == "SHARD_GRAD_OP"
     assert plugin.transformer_cls_names_to_wrap == ["Block", "Attention"]
     assert plugin.auto_wrap_policy == "TRANSFORMER_BASED_WRAP"  # implied by the class names
     assert (plugin.state_dict_type, plugin.backward_prefetch) == ("FULL_STATE_DICT", "BACKWARD_POST")
     from torch.distributed.fsdp import ShardingStrategy
 
-    assert FullyShardedDataParallelPlugin(sharding_strategy=ShardingStrategy.HYBRID_SHARD).sharding_strategy == "HYBRID_SHARD"
+    assert (
+        FullyShardedDataParallelPlugin(sharding_strategy=ShardingStrategy.HYBRID_SHARD).sharding_strategy
+        == "HYBRID_SHARD"
+    )
     assert FullyShardedDataParallelPlugin(fsdp_version=1, cpu_ram_efficient_loading=True).sync_module_states
     plugin.set_state_dict_type("sharded_state_dict")  # Accelerate's method, used by existing scripts
     assert plugin.state_dict_type == "SHARDED_STATE_DICT"
@@ -81,16 +92,21 @@ def test_from_env_reads_accelerate_style_options():
 def test_from_env_errors_name_the_variable():
     with pytest.raises(ValueError, match="ACCEL_FSDP_OFFLOAD_PARAMS"):
         FullyShardedDataParallelPlugin.from_env({"ACCEL_FSDP_OFFLOAD_PARAMS": "maybe"})
-    with pytest.raises(ValueError, match="ACCEL_FSDP_SHARDNG_STRATEGY.*Known:.*ACCEL_FSDP_SHARDING_STRATEGY"):
+    with pytest.raises(ValueError, match=r"ACCEL_FSDP_SHARDNG_STRATEGY.*Known:.*ACCEL_FSDP_SHARDING_STRATEGY"):
         FullyShardedDataParallelPlugin.from_env({"ACCEL_FSDP_SHARDNG_STRATEGY": "FULL_SHARD"})
-    with pytest.raises(ValueError, match="invalid FSDP setup.*NO_SHARD"):
+    with pytest.raises(ValueError, match=r"invalid FSDP setup.*NO_SHARD"):
         FullyShardedDataParallelPlugin.from_env({"ACCEL_FSDP_SHARDING_STRATEGY": "NO_SHARD"})
 
 
 def test_to_env_round_trip():
     plugin = FullyShardedDataParallelPlugin(
-        fsdp_version=1, sharding_strategy="HYBRID_SHARD", cpu_offload=True, transformer_cls_names_to_wrap=["Block"],
-        activation_checkpointing=True, reshard_after_forward=False, forward_methods=("generate", "sample"),
+        fsdp_version=1,
+        sharding_strategy="HYBRID_SHARD",
+        cpu_offload=True,
+        transformer_cls_names_to_wrap=["Block"],
+        activation_checkpointing=True,
+        reshard_after_forward=False,
+        forward_methods=("generate", "sample"),
     )
     assert FullyShardedDataParallelPlugin.from_env(plugin.to_env()) == plugin
     assert FullyShardedDataParallelPlugin().to_env() == {}
@@ -101,26 +117,43 @@ def test_config_file_and_launch_flags_reach_the_plugin():
     ACCEL_FSDP_* variables, from which the workers build the same plugin."""
     from accel_core.launch import convert_accelerate_config, resolve_plan
 
-    accelerate = {"distributed_type": "FSDP", "num_processes": 2, "fsdp_config": {
-        "fsdp_version": 2, "fsdp_sharding_strategy": "SHARD_GRAD_OP", "fsdp_transformer_layer_cls_to_wrap": "Block",
-        "fsdp_state_dict_type": "FULL_STATE_DICT", "fsdp_offload_params": False, "fsdp_reshard_after_forward": False}}
+    accelerate = {
+        "distributed_type": "FSDP",
+        "num_processes": 2,
+        "fsdp_config": {
+            "fsdp_version": 2,
+            "fsdp_sharding_strategy": "SHARD_GRAD_OP",
+            "fsdp_transformer_layer_cls_to_wrap": "Block",
+            "fsdp_state_dict_type": "FULL_STATE_DICT",
+            "fsdp_offload_params": False,
+            "fsdp_reshard_after_forward": False,
+        },
+    }
     config, warnings = convert_accelerate_config(accelerate)
     assert warnings == []
     plan = resolve_plan({}, {}, config)
     assert plan.env["ACCEL_STRATEGY"] == "fsdp"
     plugin = FullyShardedDataParallelPlugin.from_env(plan.env)
     assert (plugin.sharding_strategy, plugin.transformer_cls_names_to_wrap, plugin.state_dict_type) == (
-        "SHARD_GRAD_OP", ["Block"], "FULL_STATE_DICT"
+        "SHARD_GRAD_OP",
+        ["Block"],
+        "FULL_STATE_DICT",
     )
     assert plugin.reshard_after_forward is False and not plugin.offload_params
 
     options = FSDPLaunchOptions()
     parser = argparse.ArgumentParser()
     options.add_arguments(parser.add_argument_group("fsdp options"))
-    namespace = parser.parse_args(["--fsdp-version", "1", "--fsdp-offload-params", "YES", "--fsdp-sharding-strategy", "hybrid_shard"])
+    namespace = parser.parse_args(
+        ["--fsdp-version", "1", "--fsdp-offload-params", "YES", "--fsdp-sharding-strategy", "hybrid_shard"]
+    )
     flag_env = options.to_env(namespace)
-    assert flag_env == {"ACCEL_FSDP_VERSION": "1", "ACCEL_FSDP_OFFLOAD_PARAMS": "true",
-                        "ACCEL_FSDP_SHARDING_STRATEGY": "HYBRID_SHARD", "ACCEL_STRATEGY": "fsdp"}
+    assert flag_env == {
+        "ACCEL_FSDP_VERSION": "1",
+        "ACCEL_FSDP_OFFLOAD_PARAMS": "true",
+        "ACCEL_FSDP_SHARDING_STRATEGY": "HYBRID_SHARD",
+        "ACCEL_STRATEGY": "fsdp",
+    }
     plan = resolve_plan({}, {}, config, flag_env=flag_env)  # flags win over the config file
     plugin = FullyShardedDataParallelPlugin.from_env(plan.env)
     assert (plugin.fsdp_version, plugin.sharding_strategy, plugin.offload_params) == (1, "HYBRID_SHARD", True)
@@ -131,7 +164,9 @@ def test_config_file_and_launch_flags_reach_the_plugin():
 
 
 def test_cli_and_plugin_do_not_import_torch():
-    code = "import sys, accel_fsdp, accel_fsdp.cli, accel_fsdp.plugin; assert 'torch' not in sys.modules, 'torch imported'"
+    code = (
+        "import sys, accel_fsdp, accel_fsdp.cli, accel_fsdp.plugin; assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -157,7 +192,7 @@ class Block(nn.Module):
 
 
 class Net(nn.Module):
-    _no_split_modules = ["Block"]
+    _no_split_modules: ClassVar[list[str]] = ["Block"]
 
     def __init__(self) -> None:
         super().__init__()
@@ -180,14 +215,17 @@ def test_units_to_wrap():
     assert chosen(auto_wrap_policy="transformer_based_wrap") == blocks  # the model's _no_split_modules
     # Size: a block holds 1104 parameters; below that its linears go first (children before parents).
     assert chosen(auto_wrap_policy="size_based_wrap", min_num_params=1000) == blocks
-    assert chosen(auto_wrap_policy="size_based_wrap", min_num_params=500) == [f"blocks.{i}.{f}" for i in range(3) for f in ("fc1", "fc2")]
-    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+    assert chosen(auto_wrap_policy="size_based_wrap", min_num_params=500) == [
+        f"blocks.{i}.{f}" for i in range(3) for f in ("fc1", "fc2")
+    ]
     import functools
+
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
     policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, nn.LayerNorm))
     assert chosen(auto_wrap_policy=policy) == [f"blocks.{i}.norm" for i in range(3)]
     assert chosen(transformer_cls_names_to_wrap=["Block"], ignored_modules=r"blocks\.1") == ["blocks.0", "blocks.2"]
-    with pytest.raises(ValueError, match="Could not find the transformer layer class.*Missing"):
+    with pytest.raises(ValueError, match=r"Could not find the transformer layer class.*Missing"):
         chosen(transformer_cls_names_to_wrap=["Missing"])
     with pytest.raises(ValueError, match="matches no module"):
         chosen(ignored_modules="nothing_like_this")
@@ -196,7 +234,10 @@ def test_units_to_wrap():
 def test_mixed_precision_policies():
     assert fsdp2_mixed_precision(None, "no").param_dtype is None
     policy = fsdp2_mixed_precision(None, "bf16")
-    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)  # fp32 master shards and reductions
+    assert (policy.param_dtype, policy.reduce_dtype) == (
+        torch.bfloat16,
+        torch.float32,
+    )  # fp32 master shards and reductions
     policy = fsdp2_mixed_precision({"param_dtype": "fp16", "output_dtype": "float32"}, "no")
     assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (torch.float16, None, torch.float32)
     assert fsdp2_mixed_precision("bfloat16", "no").param_dtype == torch.bfloat16
@@ -219,7 +260,9 @@ def test_state_dict_configs_as_accelerate_takes_them():
     )
     assert plugin.state_dict_config.rank0_only and plugin.optim_state_dict_config.offload_to_cpu
     assert FullyShardedDataParallelPlugin().state_dict_config is None  # implied by state_dict_type
-    assert FullyShardedDataParallelPlugin(state_dict_config={"offload_to_cpu": False}).state_dict_config == {"offload_to_cpu": False}
+    assert FullyShardedDataParallelPlugin(state_dict_config={"offload_to_cpu": False}).state_dict_config == {
+        "offload_to_cpu": False
+    }
     with pytest.raises(ValueError, match="does not match state_dict_type=SHARDED_STATE_DICT"):
         FullyShardedDataParallelPlugin(state_dict_config=FullStateDictConfig())
     with pytest.raises(ValueError, match="unknown keys"):

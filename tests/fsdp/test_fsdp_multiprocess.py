@@ -32,17 +32,35 @@ def test_training_matches_ddp_on_two_processes(torchrun):
 def test_sharded_checkpoints_two_processes_then_one(torchrun, tmp_path):
     # The same LR schedule on 2 processes and on 1 (the default steps it once per process per optimizer step):
     # the continuation on one process is compared with the two-process one.
-    env = {"ACCEL_STRATEGY": "fsdp", "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP": "Block", "ACCEL_SCHEDULER_STEPPING": "per_optimizer_step"}
+    env = {
+        "ACCEL_STRATEGY": "fsdp",
+        "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP": "Block",
+        "ACCEL_SCHEDULER_STEPPING": "per_optimizer_step",
+    }
     result = torchrun(HERE / "checkpoint_checks.py", str(tmp_path), env=env, timeout=300)
     assert "FSDP CHECKPOINT CHECKS PASSED 0" in result.stdout and "FSDP CHECKPOINT CHECKS PASSED 1" in result.stdout
 
     # One process, through the real launcher and its --use-fsdp flags (no torchrun, no RANK/WORLD_SIZE).
     accel = Path(sys.executable).with_name("accel")
-    command = [str(accel), "launch", "--cpu", "-n", "1", "--use-fsdp", "--fsdp-transformer-layer-cls-to-wrap", "Block",
-               "--scheduler-stepping", "per_optimizer_step", str(HERE / "single_process_checks.py"), str(tmp_path)]
+    command = [
+        str(accel),
+        "launch",
+        "--cpu",
+        "-n",
+        "1",
+        "--use-fsdp",
+        "--fsdp-transformer-layer-cls-to-wrap",
+        "Block",
+        "--scheduler-stepping",
+        "per_optimizer_step",
+        str(HERE / "single_process_checks.py"),
+        str(tmp_path),
+    ]
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
     try:
-        single = subprocess.run(command, env={**environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=180)
+        single = subprocess.run(
+            command, env={**environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=180
+        )
     except subprocess.TimeoutExpired as error:
         pytest.fail(f"single-process run did not finish within 180s\n{error.stdout}\n{error.stderr}")
     assert single.returncode == 0, f"{single.stdout}\n{single.stderr[-6000:]}"

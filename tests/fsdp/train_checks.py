@@ -11,17 +11,13 @@ import math
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
-from accel_core import Accelerator, DistributedType
-from accel_fsdp import FullyShardedDataParallelPlugin
 from fsdp_testlib import (
     LR,
     MAX_NORM,
     STEPS,
     Net,
-    ddp_reference,
     data,
+    ddp_reference,
     full_nbytes,
     local,
     local_nbytes,
@@ -29,6 +25,10 @@ from fsdp_testlib import (
     optimizer_state_nbytes,
     param_groups,
 )
+from torch import nn
+
+from accel_core import Accelerator, DistributedType
+from accel_fsdp import FullyShardedDataParallelPlugin
 
 TOL = 1e-5
 logging.basicConfig(level=logging.WARNING)
@@ -80,7 +80,9 @@ def compare_state(accelerator: Accelerator, model: nn.Module, what: str, tol: fl
         check(state == {}, f"{what}: get_state_dict should gather on process 0 only")
 
 
-def train(accelerator: Accelerator, model, optimizer, scheduler=None, micro: int = 1, unreduced: bool = False) -> tuple[list[float], list[float]]:
+def train(
+    accelerator: Accelerator, model, optimizer, scheduler=None, micro: int = 1, unreduced: bool = False
+) -> tuple[list[float], list[float]]:
     """The DDP reference's loop through the Accelerator; ``micro`` micro-batches per step.
 
     unreduced: check that on micro-steps FSDP2 kept the gradients unreduced (no_sync took effect).
@@ -119,7 +121,9 @@ def run_version(version: int) -> None:
     name = f"FSDP{version}"
     records.messages.clear()
     accelerator = first if version == 2 else Accelerator(fsdp_plugin=plugin(fsdp_version=1))
-    check(accelerator.distributed_type == DistributedType.FSDP, f"{name}: distributed_type {accelerator.distributed_type}")
+    check(
+        accelerator.distributed_type == DistributedType.FSDP, f"{name}: distributed_type {accelerator.distributed_type}"
+    )
     model = make_net()
     optimizer = torch.optim.AdamW(param_groups(model), lr=LR)  # before prepare: must be rebuilt
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
@@ -127,12 +131,17 @@ def run_version(version: int) -> None:
 
     raw = optimizer.optimizer
     live = {id(p) for p in model.parameters()}
-    check(all(id(p) in live for g in raw.param_groups for p in g["params"]), f"{name}: optimizer not on the sharded parameters")
+    check(
+        all(id(p) in live for g in raw.param_groups for p in g["params"]),
+        f"{name}: optimizer not on the sharded parameters",
+    )
     check([g["weight_decay"] for g in raw.param_groups] == [0.1, 0.0], f"{name}: param groups lost")
     check([g["lr"] for g in raw.param_groups] == [LR, LR / 2], f"{name}: per-group lr lost")
     check(scheduler.scheduler.optimizer is raw, f"{name}: scheduler still points at the old optimizer")
     if rank == 0 and version == 2:  # FSDP1 with use_orig_params keeps the Parameter objects: nothing to rebuild
-        check(any("rebuilt" in m for m in records.messages), f"{name}: the rebuild was not announced: {records.messages}")
+        check(
+            any("rebuilt" in m for m in records.messages), f"{name}: the rebuild was not announced: {records.messages}"
+        )
 
     full = full_nbytes(make_net())
     held = local_nbytes(model.parameters())
@@ -141,10 +150,16 @@ def run_version(version: int) -> None:
         from torch.distributed.fsdp import FSDPModule
 
         unwrapped = accelerator.unwrap_model(model)
-        check(isinstance(unwrapped, Net) and isinstance(unwrapped, FSDPModule), f"{name}: unwrap_model gave {type(unwrapped)}")
+        check(
+            isinstance(unwrapped, Net) and isinstance(unwrapped, FSDPModule),
+            f"{name}: unwrap_model gave {type(unwrapped)}",
+        )
         check(all(isinstance(b, FSDPModule) for b in model.blocks), f"{name}: blocks not wrapped")
     else:
-        check(type(accelerator.unwrap_model(model)) is Net, f"{name}: unwrap_model gave {type(accelerator.unwrap_model(model))}")
+        check(
+            type(accelerator.unwrap_model(model)) is Net,
+            f"{name}: unwrap_model gave {type(accelerator.unwrap_model(model))}",
+        )
 
     losses, norms = train(accelerator, model, optimizer, scheduler)
     compare_run(name, losses, norms)
@@ -157,7 +172,10 @@ def run_version(version: int) -> None:
         grad_bytes = local_nbytes(p.grad for p in model.parameters())
         check(grad_bytes == full // world, f"{name}: gradients take {grad_bytes} bytes, expected {full // world}")
         state_bytes = optimizer_state_nbytes(raw)
-        check(state_bytes == 2 * full // world, f"{name}: AdamW state takes {state_bytes} bytes, expected {2 * full // world}")
+        check(
+            state_bytes == 2 * full // world,
+            f"{name}: AdamW state takes {state_bytes} bytes, expected {2 * full // world}",
+        )
         inf_norm = float(accelerator.clip_grad_norm_(model.parameters(), 1e9, norm_type=math.inf))
         local_max = max(p.grad.to_local().abs().max().item() for p in model.parameters())
         gathered = [None, None]
@@ -196,7 +214,9 @@ def check_meta_init() -> None:
     check(torch.equal(model.blocks[0].norm.weight.full_tensor(), torch.ones(16)), "meta init: LayerNorm not reset")
     bound = 1 / math.sqrt(16)
     w = model.blocks[0].fc1.weight.full_tensor()
-    check(w.abs().max() <= bound and w.std() > bound / 4, f"meta init: fc1 weights look uninitialised ({w.abs().max()})")
+    check(
+        w.abs().max() <= bound and w.std() > bound / 4, f"meta init: fc1 weights look uninitialised ({w.abs().max()})"
+    )
     x, y = data(0)
     out = model(x)
     gathered = [None, None]
@@ -215,7 +235,10 @@ def check_meta_init() -> None:
     state = accelerator.get_state_dict(model)
     if rank == 0:
         expected = make_net(seed=7).state_dict()
-        check(all(torch.equal(state[k], expected[k]) for k in expected), "cpu_ram_efficient_loading: weights differ from process 0's")
+        check(
+            all(torch.equal(state[k], expected[k]) for k in expected),
+            "cpu_ram_efficient_loading: weights differ from process 0's",
+        )
 
 
 VARIANTS = [
@@ -251,7 +274,10 @@ def check_variants() -> None:
             close(next_loss, REF["losses"][1], f"{variant}: loss after one step")
         else:  # flat parameters: the two param groups became one (and the user was told)
             check(len(optimizer.param_groups) == 1, f"{variant}: {len(optimizer.param_groups)} param groups")
-            check(rank != 0 or any("one group" in m for m in records.messages), f"{variant}: conflated groups not announced")
+            check(
+                rank != 0 or any("one group" in m for m in records.messages),
+                f"{variant}: conflated groups not announced",
+            )
         state = accelerator.get_state_dict(model)
         check(rank != 0 or set(state) == set(REF["state"]), f"{variant}: parameter names changed: {sorted(state)[:3]}")
 
@@ -267,7 +293,10 @@ def check_variants() -> None:
     state = accelerator.get_state_dict(model)
     if rank == 0:
         expected = make_net(seed=0).state_dict()
-        check(all(torch.equal(state[k], expected[k]) for k in expected), "sync_module_states: weights differ from process 0's")
+        check(
+            all(torch.equal(state[k], expected[k]) for k in expected),
+            "sync_module_states: weights differ from process 0's",
+        )
 
 
 def check_precision() -> None:
@@ -281,7 +310,10 @@ def check_precision() -> None:
     loss = nn.functional.mse_loss(out, yl)
     close(loss.item(), REF["losses"][0], "bf16 loss vs fp32", tol=5e-2)
     accelerator.backward(loss)
-    check(all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters()), "bf16: master shards not fp32")
+    check(
+        all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters()),
+        "bf16: master shards not fp32",
+    )
 
     # fp16: a sharded grad scaler that agrees across processes.
     accelerator = Accelerator(fsdp_plugin=plugin(), mixed_precision="fp16")

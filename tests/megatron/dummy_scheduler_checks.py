@@ -12,10 +12,11 @@ import os
 import types
 
 import torch
-from accel import Accelerator
-from accel.utils import MegatronLMDummyScheduler, MegatronLMPlugin
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Accelerator
+from accel.utils import MegatronLMDummyScheduler, MegatronLMPlugin
 
 rank = int(os.environ["RANK"])
 TOTAL, WARMUP, LR = 16, 4, 0.5
@@ -38,9 +39,17 @@ model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, load
 check(type(scheduler).__name__ == "AcceleratedScheduler", f"a prepared scheduler comes back, got {type(scheduler)}")
 
 reference = OptimizerParamScheduler(
-    types.SimpleNamespace(param_groups=[{"lr": LR}]), init_lr=0.0, max_lr=LR, min_lr=0.01,
-    lr_warmup_steps=WARMUP // dp, lr_decay_steps=TOTAL // dp, lr_decay_style="cosine",
-    start_wd=0.0, end_wd=0.0, wd_incr_steps=1, wd_incr_style="constant",
+    types.SimpleNamespace(param_groups=[{"lr": LR}]),
+    init_lr=0.0,
+    max_lr=LR,
+    min_lr=0.01,
+    lr_warmup_steps=WARMUP // dp,
+    lr_decay_steps=TOTAL // dp,
+    lr_decay_style="cosine",
+    start_wd=0.0,
+    end_wd=0.0,
+    wd_incr_steps=1,
+    wd_incr_style="constant",
 )
 check(abs(scheduler.get_last_lr()[0] - 0.0) < 1e-12, f"warm-up starts at 0, got {scheduler.get_last_lr()}")
 for step, (x, y) in enumerate(loader):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from accel_megatron.cli import MegatronLaunchOptions
 from accel_megatron.plugin import MegatronLMPlugin
 
@@ -52,7 +53,7 @@ def test_world_size_must_be_a_multiple_of_tp_degree() -> None:
 def test_bad_and_unknown_environment_values() -> None:
     with pytest.raises(ValueError, match="ACCEL_MEGATRON_TP_DEGREE='two'"):
         MegatronLMPlugin.from_env({"ACCEL_MEGATRON_TP_DEGREE": "two"})
-    with pytest.raises(ValueError, match="Unknown Megatron option.*ACCEL_MEGATRON_TP_SIZE"):
+    with pytest.raises(ValueError, match=r"Unknown Megatron option.*ACCEL_MEGATRON_TP_SIZE"):
         MegatronLMPlugin.from_env({"ACCEL_MEGATRON_TP_SIZE": "2"})
     with pytest.raises(ValueError, match="pipeline parallelism"):
         MegatronLMPlugin.from_env({"ACCEL_MEGATRON_PP_DEGREE": "2"})
@@ -66,14 +67,24 @@ def _parse(*argv: str) -> dict[str, str]:
 
 
 def test_launch_flags_become_the_plugin() -> None:
-    environ = _parse("--use-megatron", "--megatron-tp-degree", "2", "--megatron_sequence_parallelism", "yes", "--megatron-gradient-clipping", "1.0")
+    environ = _parse(
+        "--use-megatron",
+        "--megatron-tp-degree",
+        "2",
+        "--megatron_sequence_parallelism",
+        "yes",
+        "--megatron-gradient-clipping",
+        "1.0",
+    )
     assert environ == {
         "ACCEL_STRATEGY": "megatron",
         "ACCEL_MEGATRON_TP_DEGREE": "2",
         "ACCEL_MEGATRON_SEQUENCE_PARALLELISM": "true",
         "ACCEL_MEGATRON_GRADIENT_CLIPPING": "1.0",
     }
-    assert MegatronLMPlugin.from_env(environ) == MegatronLMPlugin(tp_degree=2, sequence_parallelism=True, gradient_clipping=1.0)
+    assert MegatronLMPlugin.from_env(environ) == MegatronLMPlugin(
+        tp_degree=2, sequence_parallelism=True, gradient_clipping=1.0
+    )
     assert _parse("--megatron-tp-degree", "4")["ACCEL_STRATEGY"] == "megatron"  # any flag selects the strategy
     assert _parse() == {}
     with pytest.raises(SystemExit):

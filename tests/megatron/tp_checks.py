@@ -19,11 +19,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
 from accel_checkpoint.errors import CheckpointMismatchError
 from accel_core import Accelerator, DistributedType
 from accel_megatron import MegatronLMPlugin
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 TMP = Path(sys.argv[1])
 FEATURES, HIDDEN, OUT, SAMPLES, BATCH, LR, CLIP = 8, 16, 4, 48, 4, 1e-2, 0.3
@@ -53,15 +54,20 @@ def raises(kind: type[BaseException], text: str):
 
 
 class TPMLP(nn.Module):
-    """col (split by output) -> tanh -> dropout on the split hidden (Megatron's TP RNG stream) -> row (split by input)."""
+    """col (split by output) -> tanh -> dropout on the split hidden (Megatron's TP RNG stream) -> row (split by
+    input)."""
 
     def __init__(self, config) -> None:
         super().__init__()
         from megatron.core import tensor_parallel
 
         init = nn.init.xavier_normal_
-        self.col = tensor_parallel.ColumnParallelLinear(FEATURES, HIDDEN, config=config, init_method=init, bias=True, gather_output=False)
-        self.row = tensor_parallel.RowParallelLinear(HIDDEN, OUT, config=config, init_method=init, bias=True, input_is_parallel=True, skip_bias_add=False)
+        self.col = tensor_parallel.ColumnParallelLinear(
+            FEATURES, HIDDEN, config=config, init_method=init, bias=True, gather_output=False
+        )
+        self.row = tensor_parallel.RowParallelLinear(
+            HIDDEN, OUT, config=config, init_method=init, bias=True, input_is_parallel=True, skip_bias_add=False
+        )
         self.dropout = 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -99,7 +105,11 @@ def step(accelerator, model, optimizer, batch, clip: float | None = None):
     with accelerator.accumulate(model):
         loss = F.mse_loss(model(x), y)
         accelerator.backward(loss)
-        norm = accelerator.clip_grad_norm_(model.parameters(), clip) if clip is not None and accelerator.sync_gradients else None
+        norm = (
+            accelerator.clip_grad_norm_(model.parameters(), clip)
+            if clip is not None and accelerator.sync_gradients
+            else None
+        )
         optimizer.step()
         optimizer.zero_grad()
     return loss.detach(), norm
@@ -124,13 +134,19 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
 
     accelerator = Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=2))
     strategy = accelerator.strategy
-    check(accelerator.distributed_type == DistributedType.MEGATRON_LM, f"distributed_type {accelerator.distributed_type}")
-    check(parallel_state.get_tensor_model_parallel_rank() == rank(), "TP rank = process index with tp_degree=2 on 2 processes")
+    check(
+        accelerator.distributed_type == DistributedType.MEGATRON_LM, f"distributed_type {accelerator.distributed_type}"
+    )
+    check(
+        parallel_state.get_tensor_model_parallel_rank() == rank(),
+        "TP rank = process index with tp_degree=2 on 2 processes",
+    )
     dims = accelerator.parallel_dims
     check((dims.dp.size, dims.dp.rank, dims.tp.size) == (1, 0, 2), "TP peers form one DP replica on the job's mesh")
     check(accelerator.state.megatron_lm_plugin is strategy.plugin, "state.megatron_lm_plugin is the plugin")
 
-    # Megatron's RNG streams: inside fork() TP ranks draw differently, outside they agree, and fork leaves the default stream alone.
+    # Megatron's RNG streams: inside fork() TP ranks draw differently, outside they agree, and fork leaves the default
+    # stream alone.
     torch.manual_seed(7)
     with get_cuda_rng_tracker().fork():
         inside = torch.rand(4)
@@ -139,13 +155,19 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
     check(torch.equal(outside, torch.rand(4)), "fork() must not consume the default stream")
     draws = [torch.empty(8) for _ in range(2)]
     dist.all_gather(draws, torch.cat([inside, outside]))
-    check(not torch.equal(draws[0][:4], draws[1][:4]) and torch.equal(draws[0][4:], draws[1][4:]), f"RNG streams per TP rank: {draws}")
+    check(
+        not torch.equal(draws[0][:4], draws[1][:4]) and torch.equal(draws[0][4:], draws[1][4:]),
+        f"RNG streams per TP rank: {draws}",
+    )
 
     torch.manual_seed(0)
     reference = FullMLP()
     torch.manual_seed(1)  # other weights on purpose: load_model_state_dict must give each rank its block
     model = TPMLP(strategy.model_parallel_config())
-    check(model.col.weight.shape == (HIDDEN // 2, FEATURES) and model.row.weight.shape == (OUT, HIDDEN // 2), "weights split in two")
+    check(
+        model.col.weight.shape == (HIDDEN // 2, FEATURES) and model.row.weight.shape == (OUT, HIDDEN // 2),
+        "weights split in two",
+    )
     strategy.load_model_state_dict(model, reference.state_dict())
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, loader())
@@ -158,9 +180,14 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
     check(seen[0] == seen[1] and len(batches) == SAMPLES // BATCH, "TP peers read the same batches, all of them")
     # gather_for_metrics gathers over the DP group: TP peers hold the same samples, so the world would repeat them.
     eval_x = dataset().tensors[0][:10]
-    eval_loader = accelerator.prepare(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(eval_x), batch_size=BATCH))
+    eval_loader = accelerator.prepare(
+        torch.utils.data.DataLoader(torch.utils.data.TensorDataset(eval_x), batch_size=BATCH)
+    )
     gathered = torch.cat([accelerator.gather_for_metrics(b[0]) for b in eval_loader])
-    check(torch.equal(gathered, eval_x), f"gather_for_metrics under TP=2: {tuple(gathered.shape)} rows, expected the 10 samples once")
+    check(
+        torch.equal(gathered, eval_x),
+        f"gather_for_metrics under TP=2: {tuple(gathered.shape)} rows, expected the 10 samples once",
+    )
     clipped = 0
     for i, batch in enumerate(batches[:6]):
         loss, norm = step(accelerator, model, optimizer, batch, clip=CLIP)
@@ -176,7 +203,10 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
     full = accelerator.get_state_dict(model)
     check(sorted(full) == sorted(reference.state_dict()), f"gathered keys {sorted(full)}")
     for key, value in reference.state_dict().items():
-        check(full[key].shape == value.shape and close(full[key], value), f"gathered {key} differs from the unsplit model's")
+        check(
+            full[key].shape == value.shape and close(full[key], value),
+            f"gathered {key} differs from the unsplit model's",
+        )
 
     # Full-weight export: one safetensors file with the unsplit weights.
     accelerator.save_model(model, TMP / "export")
@@ -184,7 +214,10 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
         from safetensors.torch import load_file
 
         exported = load_file(TMP / "export" / "model.safetensors")
-        check(all(torch.equal(exported[k], full[k]) for k in full) and sorted(exported) == sorted(full), "save_model wrote the gathered weights")
+        check(
+            all(torch.equal(exported[k], full[k]) for k in full) and sorted(exported) == sorted(full),
+            "save_model wrote the gathered weights",
+        )
     return accelerator, model, optimizer
 
 
@@ -204,7 +237,12 @@ def check_checkpoint_replay(accelerator: Accelerator, model: nn.Module, optimize
     check(first_losses == second_losses, f"replayed losses {second_losses} vs {first_losses}")
     check(all(torch.equal(first_weights[k], second_weights[k]) for k in first_weights), "replayed weights differ")
     files = sorted(p.relative_to(TMP / "ckpt").as_posix() for p in (TMP / "ckpt" / "sharded").rglob("*") if p.is_file())
-    check(files == ["sharded/megatron.json"] + [f"sharded/tp_rank_0{r}/{n}" for r in (0, 1) for n in ("model_0.pt", "optimizer_0.pt", "rng_tracker.pt")], f"{files}")
+    check(
+        files
+        == ["sharded/megatron.json"]
+        + [f"sharded/tp_rank_0{r}/{n}" for r in (0, 1) for n in ("model_0.pt", "optimizer_0.pt", "rng_tracker.pt")],
+        f"{files}",
+    )
 
 
 def check_data_parallel() -> None:
@@ -213,9 +251,14 @@ def check_data_parallel() -> None:
     from megatron.core import parallel_state
 
     parallel_state.destroy_model_parallel()  # the TP=2 groups; a new plugin with other degrees needs new ones
-    accelerator = Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=1, gradient_clipping=CLIP), gradient_accumulation_steps=2)
+    accelerator = Accelerator(
+        megatron_lm_plugin=MegatronLMPlugin(tp_degree=1, gradient_clipping=CLIP), gradient_accumulation_steps=2
+    )
     strategy = accelerator.strategy
-    check((accelerator.parallel_dims.dp.size, accelerator.parallel_dims.dp.rank) == (2, rank()), "TP=1 on 2 processes is DP=2")
+    check(
+        (accelerator.parallel_dims.dp.size, accelerator.parallel_dims.dp.rank) == (2, rank()),
+        "TP=1 on 2 processes is DP=2",
+    )
     torch.manual_seed(0)
     model = FullMLP()
     torch.manual_seed(0)
@@ -236,7 +279,10 @@ def check_data_parallel() -> None:
         check(close(loss, ref_loss), f"step {i}: loss {loss.item()} vs DDP {ref_loss.item()}")
         if boundary:
             ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP)
-            check(close(strategy.last_grad_norm, ref_norm), f"step {i}: plugin clip norm {strategy.last_grad_norm} vs DDP {ref_norm}")
+            check(
+                close(strategy.last_grad_norm, ref_norm),
+                f"step {i}: plugin clip norm {strategy.last_grad_norm} vs DDP {ref_norm}",
+            )
             ref_optimizer.step()
             ref_optimizer.zero_grad()
     for key, value in reference.module.state_dict().items():

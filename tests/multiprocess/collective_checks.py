@@ -16,8 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from accel_core import Accelerator, InitProcessGroupKwargs, PartialState
-from accel_core import ops
+from accel_core import Accelerator, InitProcessGroupKwargs, PartialState, ops
 from accel_core.ops import DistributedOperationException
 
 MODE = sys.argv[1]
@@ -32,7 +31,8 @@ def check(condition: bool, message: str) -> None:
 
 
 def raises_everywhere(name: str, call: Callable[[], Any], *expected: str) -> None:
-    """``call`` raises DistributedOperationException (a ValueError) on this rank, naming ``expected``; and on the other."""
+    """``call`` raises DistributedOperationException (a ValueError) on this rank, naming ``expected``;
+    and on the other."""
     message = None
     try:
         result = call()
@@ -53,49 +53,72 @@ def raises_everywhere(name: str, call: Callable[[], Any], *expected: str) -> Non
 def check_mismatches() -> None:
     # The issue's cases, as a new user would write them.
     raises_everywhere(
-        "gather, sizes differ", lambda: acc.gather(torch.ones(2 + rank, 3)),
-        "Cannot apply gather", "process 0: tensor: float32 (2, 3)", "process 1: tensor: float32 (3, 3)", "pad_across_processes",
+        "gather, sizes differ",
+        lambda: acc.gather(torch.ones(2 + rank, 3)),
+        "Cannot apply gather",
+        "process 0: tensor: float32 (2, 3)",
+        "process 1: tensor: float32 (3, 3)",
+        "pad_across_processes",
     )
     raises_everywhere(
-        "gather, dtypes differ", lambda: acc.gather(torch.ones(4, dtype=torch.float32 if rank == 0 else torch.int32)),
-        "process 0: tensor: float32 (4,)", "process 1: tensor: int32 (4,)",
+        "gather, dtypes differ",
+        lambda: acc.gather(torch.ones(4, dtype=torch.float32 if rank == 0 else torch.int32)),
+        "process 0: tensor: float32 (4,)",
+        "process 1: tensor: int32 (4,)",
     )
     raises_everywhere(
-        "broadcast into another shape", lambda: ops.broadcast(torch.ones(4 if rank == 0 else 3)),
-        "Cannot apply broadcast", "(4,)", "(3,)",
+        "broadcast into another shape",
+        lambda: ops.broadcast(torch.ones(4 if rank == 0 else 3)),
+        "Cannot apply broadcast",
+        "(4,)",
+        "(3,)",
     )
     raises_everywhere(
         "pad_across_processes, numbers of dimensions differ",
         lambda: acc.pad_across_processes(torch.ones(2, 3) if rank == 0 else torch.ones(2, 3, 1), dim=1),
-        "Cannot apply pad_across_processes", "process 0: tensor: 2-d", "process 1: tensor: 3-d",
+        "Cannot apply pad_across_processes",
+        "process 0: tensor: 2-d",
+        "process 1: tensor: 3-d",
     )
     raises_everywhere(
         "gather, sizes of a large tensor differ (the check, then the data)",
-        lambda: acc.gather(torch.ones(5000 + rank, 2)), "process 0: tensor: float32 (5000, 2)", "process 1: tensor: float32 (5001, 2)",
+        lambda: acc.gather(torch.ones(5000 + rank, 2)),
+        "process 0: tensor: float32 (5000, 2)",
+        "process 1: tensor: float32 (5001, 2)",
     )
     raises_everywhere("reduce, shapes differ", lambda: acc.reduce(torch.ones(2 + rank)), "Cannot apply reduce")
     raises_everywhere(
-        "gather, nested keys differ", lambda: acc.gather({"a": torch.ones(2)} if rank == 0 else {"b": torch.ones(2)}),
-        "process 0: input: dict of 1; ['a']", "process 1: input: dict of 1; ['b']",
+        "gather, nested keys differ",
+        lambda: acc.gather({"a": torch.ones(2)} if rank == 0 else {"b": torch.ones(2)}),
+        "process 0: input: dict of 1; ['a']",
+        "process 1: input: dict of 1; ['b']",
     )
     raises_everywhere(
-        "gather, a tensor on one rank only", lambda: acc.gather(torch.ones(2) if rank == 0 else [torch.ones(1), torch.ones(1)]),
+        "gather, a tensor on one rank only",
+        lambda: acc.gather(torch.ones(2) if rank == 0 else [torch.ones(1), torch.ones(1)]),
         "process 1: input: list of 2",
     )
     raises_everywhere(
         "gather_for_metrics, labels differ",
         lambda: acc.gather_for_metrics((torch.ones(4, 2), torch.ones(4 if rank == 0 else 3, dtype=torch.int64))),
-        "Cannot apply gather_for_metrics", "[1]: int64 (4,)", "[1]: int64 (3,)",
+        "Cannot apply gather_for_metrics",
+        "[1]: int64 (4,)",
+        "[1]: int64 (3,)",
     )
     # What the operations allow still works, and the group is usable after every failure above.
     check(acc.gather(torch.full((2, 3), float(rank))).sum().item() == 6.0, "gather after the failures")
     padded = acc.pad_across_processes({"x": torch.ones(2, 1 + rank), "y": [torch.ones(1 + 2 * rank)]}, dim=-1)
     check(padded["x"].shape == (2, 2) and padded["y"][0].shape == (3,), f"pad of several leaves: {padded}")
-    both = acc.gather_for_metrics((torch.ones(2, 2), torch.ones(2, dtype=torch.int64), ["a", "b"] if rank == 0 else ["c"]))
+    both = acc.gather_for_metrics(
+        (torch.ones(2, 2), torch.ones(2, dtype=torch.int64), ["a", "b"] if rank == 0 else ["c"])
+    )
     check(both[0].shape == (4, 2) and both[2] == ["a", "b", "c"], "gather_for_metrics with lists of differing lengths")
     check(acc.gather_object([rank] * (rank + 1)) == [0, 1, 1], "gather_object of differing lengths is allowed")
     large = acc.gather({"a": torch.full((3000, 2), float(rank)), "b": torch.arange(10)})  # over SMALL_GATHER_BYTES
-    check(large["a"].shape == (6000, 2) and bool(large["a"][3000:].eq(1).all()) and bool(large["a"][:3000].eq(0).all()), "large gather")
+    check(
+        large["a"].shape == (6000, 2) and bool(large["a"][3000:].eq(1).all()) and bool(large["a"][:3000].eq(0).all()),
+        "large gather",
+    )
     check(large["b"].tolist() == list(range(10)) * 2, "large gather, second tensor")
     # Several tensors travel packed in one all_gather: every dtype and shape comes back intact.
     mixed = {
@@ -104,9 +127,18 @@ def check_mismatches() -> None:
         "h": torch.full((1, 1, 3), rank + 0.5, dtype=torch.bfloat16),
     }
     for name, gathered in (("gather", acc.gather(mixed)), ("gather_for_metrics", acc.gather_for_metrics(mixed))):
-        check(torch.equal(gathered["f"], torch.cat([torch.arange(6.0).view(3, 2), torch.arange(6.0).view(3, 2) + 10])), f"{name} f")
-        check(gathered["i"][0].tolist() == [0, 0, 1, -1] and gathered["i"][1].tolist() == [False, True], f"{name} i: {gathered['i']}")
-        check(gathered["h"].dtype == torch.bfloat16 and gathered["h"].view(-1).tolist() == [0.5] * 3 + [1.5] * 3, f"{name} h")
+        check(
+            torch.equal(gathered["f"], torch.cat([torch.arange(6.0).view(3, 2), torch.arange(6.0).view(3, 2) + 10])),
+            f"{name} f",
+        )
+        check(
+            gathered["i"][0].tolist() == [0, 0, 1, -1] and gathered["i"][1].tolist() == [False, True],
+            f"{name} i: {gathered['i']}",
+        )
+        check(
+            gathered["h"].dtype == torch.bfloat16 and gathered["h"].view(-1).tolist() == [0.5] * 3 + [1.5] * 3,
+            f"{name} h",
+        )
 
 
 def check_collective_on_one_rank() -> None:

@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from accel_core import Accelerator, DistributedDataParallelKwargs, DistributedType, PartialState
-from accel_core import ops
+from accel_core import Accelerator, DistributedDataParallelKwargs, DistributedType, PartialState, ops
 from accel_core.random import synchronize_rng_states
 
 TMP = Path(sys.argv[1])
@@ -123,7 +122,9 @@ def check_training_parity() -> None:
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     for step in range(3):
         ref_opt.zero_grad()
-        torch.nn.functional.mse_loss(reference(x[step * 16 : (step + 1) * 16]), y[step * 16 : (step + 1) * 16]).backward()
+        torch.nn.functional.mse_loss(
+            reference(x[step * 16 : (step + 1) * 16]), y[step * 16 : (step + 1) * 16]
+        ).backward()
         ref_opt.step()
 
     accelerator = Accelerator(gradient_accumulation_steps=2, kwargs_handlers=[DistributedDataParallelKwargs()])
@@ -152,12 +153,16 @@ def check_training_parity() -> None:
                 optimizer.zero_grad()
             if step == 0 and micro == 0:
                 after_micro = accelerator.unwrap_model(model).state_dict()
-                check(all(torch.equal(before[k], after_micro[k]) for k in before), "no optimizer step while accumulating")
+                check(
+                    all(torch.equal(before[k], after_micro[k]) for k in before), "no optimizer step while accumulating"
+                )
     # 3 optimizer steps, each one scheduler step per process (Accelerate's stepping, the default).
     check(scheduler.scheduler.last_epoch == 6, f"scheduler stepped {scheduler.scheduler.last_epoch} times, want 3 x 2")
     got = accelerator.unwrap_model(model).state_dict()
     for name, value in reference.state_dict().items():
-        check(torch.allclose(got[name], value, atol=1e-6), f"parity: {name} differs by {(got[name] - value).abs().max()}")
+        check(
+            torch.allclose(got[name], value, atol=1e-6), f"parity: {name} differs by {(got[name] - value).abs().max()}"
+        )
 
 
 def check_mixed_precision() -> None:
@@ -230,7 +235,13 @@ class StateReader(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> list:
         s = self.state
-        return [s.process_index, s.num_processes, str(s.distributed_type), s.mixed_precision, self.gradient_state.num_steps]
+        return [
+            s.process_index,
+            s.num_processes,
+            str(s.distributed_type),
+            s.mixed_precision,
+            self.gradient_state.num_steps,
+        ]
 
 
 def check_copies_behave_as_the_original() -> None:
@@ -239,18 +250,25 @@ def check_copies_behave_as_the_original() -> None:
 
     accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=3)
     model = accelerator.prepare(torch.nn.Linear(2, 2))  # a DDP model: it cannot travel to a process without a group
-    check(copy.deepcopy(accelerator) is accelerator and copy.deepcopy(accelerator.state) is accelerator.state, "deepcopy")
+    check(
+        copy.deepcopy(accelerator) is accelerator and copy.deepcopy(accelerator.state) is accelerator.state, "deepcopy"
+    )
     clone = pickle.loads(pickle.dumps(accelerator))
     check(isinstance(clone.unwrap_model(clone.prepared.models[0]), torch.nn.Linear), "the copy's prepared model")
     accelerator.gradient_state._set_sync_gradients(False)
     check(clone.sync_gradients is False, "a copy must see the process's accumulation state, not a snapshot")
     accelerator.gradient_state._set_sync_gradients(True)
-    check((clone.process_index, clone.num_processes, clone.parallel_dims.dp.size) == (rank, 2, 2), "copy's place in the job")
+    check(
+        (clone.process_index, clone.num_processes, clone.parallel_dims.dp.size) == (rank, 2, 2),
+        "copy's place in the job",
+    )
     gathered = clone.gather_for_metrics(torch.tensor([rank]))
     check(gathered.tolist() == [0, 1], f"gather_for_metrics through the copy: {gathered}")
     # A worker started with spawn unpickles the state in a process with no process group of its own.
     loader = torch.utils.data.DataLoader(
-        StateReader(accelerator.state, accelerator.gradient_state), num_workers=1, multiprocessing_context="spawn",
+        StateReader(accelerator.state, accelerator.gradient_state),
+        num_workers=1,
+        multiprocessing_context="spawn",
         batch_size=None,
     )
     seen = next(iter(loader))

@@ -79,7 +79,10 @@ def check_kwargs_handlers_and_reset_state() -> None:
         warnings.simplefilter("always")
         accelerator = fresh(kwargs_handlers=[ProfileKwargs(record_shapes=True), SomeOtherKwargs(level=2)])
     messages = [str(w.message) for w in caught]
-    check(any("SomeOtherKwargs" in m and "ignored" in m for m in messages), f"an unknown handler is warned about: {messages}")
+    check(
+        any("SomeOtherKwargs" in m and "ignored" in m for m in messages),
+        f"an unknown handler is warned about: {messages}",
+    )
     check(not any("ProfileKwargs" in m.split(" (")[0] for m in messages), f"ProfileKwargs is known: {messages}")
     check(accelerator.profile_handler.record_shapes, "ProfileKwargs is applied (profile_handler)")
 
@@ -139,10 +142,15 @@ def check_trigger_sync_in_backward() -> None:
     # Expected: the mean over ranks of each rank's local grad(a) + grad(b).
     reference, _, _ = model_and_data()
     reference.load_state_dict(accelerator.unwrap_model(model).state_dict())
-    (torch.nn.functional.mse_loss(reference(x[:8]), y[:8]) + torch.nn.functional.mse_loss(reference(x[8:]), y[8:])).backward()
-    for p, q in zip(model.parameters(), reference.parameters()):
+    (
+        torch.nn.functional.mse_loss(reference(x[:8]), y[:8]) + torch.nn.functional.mse_loss(reference(x[8:]), y[8:])
+    ).backward()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         mean = accelerator.reduce(q.grad.clone(), reduction="mean")
-        check(torch.allclose(p.grad, mean, atol=1e-6), f"synced gradients are the mean of local sums ({(p.grad - mean).abs().max()})")
+        check(
+            torch.allclose(p.grad, mean, atol=1e-6),
+            f"synced gradients are the mean of local sums ({(p.grad - mean).abs().max()})",
+        )
     check(model.require_backward_grad_sync, "the block restores DDP's flags")
 
 
@@ -160,7 +168,9 @@ def check_profile() -> None:
             with open(path) as handle:
                 check("traceEvents" in json.load(handle), f"{path} is a Chrome trace")
     scheduled = []
-    handler = ProfileKwargs(schedule_option={"wait": 1, "warmup": 1, "active": 1}, on_trace_ready=lambda p: scheduled.append(1))
+    handler = ProfileKwargs(
+        schedule_option={"wait": 1, "warmup": 1, "active": 1}, on_trace_ready=lambda p: scheduled.append(1)
+    )
     with accelerator.profile(handler) as prof:
         for _ in range(4):
             model(x).sum()
@@ -184,11 +194,19 @@ def check_properties_and_unwrap() -> None:
     prepared = accelerator.prepare(model)
     compiled = torch.compile(prepared, backend="eager")
     kept = accelerator.unwrap_model(compiled)
-    check(isinstance(kept, torch._dynamo.eval_frame.OptimizedModule), f"keep_torch_compile=True keeps it compiled: {type(kept)}")
-    check(kept._orig_mod is model and kept.dynamo_ctx is compiled.dynamo_ctx, "...around the user's module, same backend")
+    check(
+        isinstance(kept, torch._dynamo.eval_frame.OptimizedModule),
+        f"keep_torch_compile=True keeps it compiled: {type(kept)}",
+    )
+    check(
+        kept._orig_mod is model and kept.dynamo_ctx is compiled.dynamo_ctx, "...around the user's module, same backend"
+    )
     plain = accelerator.unwrap_model(compiled, keep_torch_compile=False)
     check(plain is model, "keep_torch_compile=False gives the user's module")
-    check(isinstance(compiled._orig_mod, torch.nn.parallel.DistributedDataParallel), "unwrapping leaves the prepared model alone")
+    check(
+        isinstance(compiled._orig_mod, torch.nn.parallel.DistributedDataParallel),
+        "unwrapping leaves the prepared model alone",
+    )
     check(torch.allclose(kept(x), model(x)), "the kept compiled module computes the model")
 
 
@@ -211,21 +229,30 @@ def check_ddp_comm_hooks() -> None:
     exact, _ = train_with_hook(None)
     for kind, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
         compressed, _ = train_with_hook(DistributedDataParallelKwargs(comm_hook=kind))
-        for e, c in zip(exact, compressed):
+        for e, c in zip(exact, compressed, strict=True):
             # The hook sends each rank's gradient / world size in `dtype`: the result is the exact mean
             # up to that dtype's rounding of the two halves, and not bit-identical to it.
             tolerance = 4 * float(torch.finfo(dtype).eps) * float(e.abs().max())
-            check(torch.allclose(e, c, atol=tolerance, rtol=0), f"{kind}: within rounding ({(e - c).abs().max()} > {tolerance})")
-        check(any(not torch.equal(e, c) for e, c in zip(exact, compressed)), f"{kind}: the gradients went through {kind}")
+            check(
+                torch.allclose(e, c, atol=tolerance, rtol=0),
+                f"{kind}: within rounding ({(e - c).abs().max()} > {tolerance})",
+            )
+        check(
+            any(not torch.equal(e, c) for e, c in zip(exact, compressed, strict=True)),
+            f"{kind}: the gradients went through {kind}",
+        )
     power = DistributedDataParallelKwargs(
         comm_hook=DDPCommunicationHookType.POWER_SGD,
         comm_wrapper=DDPCommunicationHookType.FP16,
         comm_state_option={"matrix_approximation_rank": 1, "start_powerSGD_iter": 2},
     )
     grads, losses = train_with_hook(power, steps=30, lr=0.2)
-    exact_grads, exact_losses = train_with_hook(None, steps=30, lr=0.2)
+    exact_grads, _exact_losses = train_with_hook(None, steps=30, lr=0.2)
     check(losses[-1] < 0.7 * losses[0], f"power-SGD trains: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-    check(any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, exact_grads)), "power-SGD approximates (rank 1)")
+    check(
+        any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, exact_grads, strict=True)),
+        "power-SGD approximates (rank 1)",
+    )
     everyone = PartialState()
     same = torch.cat([g.flatten() for g in grads])
     gathered = [torch.zeros_like(same) for _ in range(everyone.num_processes)]
@@ -256,7 +283,9 @@ def check_join_with_iterable_loader() -> None:
             check(iterable.even_batches == iterable_before, "an iterable loader's even_batches is not overridden")
             check(mapped.even_batches is False, "a map-style loader's even_batches is overridden")
     messages = [str(w.message) for w in caught]
-    check(any("only supported for map-style datasets" in m for m in messages), f"the override is warned about: {messages}")
+    check(
+        any("only supported for map-style datasets" in m for m in messages), f"the override is warned about: {messages}"
+    )
     check(mapped.even_batches == mapped_before, "restored after the block")
 
 
@@ -275,7 +304,7 @@ if __name__ == "__main__":
     for run in checks:
         try:
             run()
-        except Exception as error:  # noqa: BLE001 - report and go on: the other checks still tell something
+        except Exception as error:  # report and go on: the other checks still tell something
             check(False, f"{run.__name__} raised {type(error).__name__}: {error}")
             raise
     if failures:

@@ -81,31 +81,44 @@ def check_default_per_process() -> None:
     total, warmup = len(loader), 2
     accelerator = fresh()
     check(accelerator.scheduler_stepping == "per_process", f"default stepping {accelerator.scheduler_stepping}")
-    lrs, scheduler = train(accelerator, loader, lambda o: torch.optim.lr_scheduler.LambdaLR(o, warmup_then_linear(total, warmup)))
+    lrs, scheduler = train(
+        accelerator, loader, lambda o: torch.optim.lr_scheduler.LambdaLR(o, warmup_then_linear(total, warmup))
+    )
     check(len(lrs) == 4, f"4 batches per process, got {len(lrs)}")
     factor = warmup_then_linear(total, warmup)
     expected = [BASE_LR * factor(2 * (i + 1)) for i in range(4)]  # 2 scheduler steps per optimizer step
-    check(all(close(a, b) for a, b in zip(lrs, expected)), f"per-process trajectory {lrs} vs {expected}")
-    check(scheduler.scheduler.last_epoch == total, f"the schedule ends with training: {scheduler.scheduler.last_epoch} vs {total}")
+    check(all(close(a, b) for a, b in zip(lrs, expected, strict=True)), f"per-process trajectory {lrs} vs {expected}")
+    check(
+        scheduler.scheduler.last_epoch == total,
+        f"the schedule ends with training: {scheduler.scheduler.last_epoch} vs {total}",
+    )
     check(lrs[-1] == 0.0, "linear decay reaches 0 at the last batch, as on one process")
 
 
 def check_accumulation_and_adjust_scheduler() -> None:
-    for plugin in (None, GradientAccumulationPlugin(num_steps=2, adjust_scheduler=True),
-                   GradientAccumulationPlugin(num_steps=2, adjust_scheduler=False)):
+    for plugin in (
+        None,
+        GradientAccumulationPlugin(num_steps=2, adjust_scheduler=True),
+        GradientAccumulationPlugin(num_steps=2, adjust_scheduler=False),
+    ):
         accelerator = fresh(gradient_accumulation_plugin=plugin) if plugin else fresh(gradient_accumulation_steps=2)
         loader = DataLoader(data(), batch_size=8)
-        lrs, scheduler = train(accelerator, loader, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
+        lrs, scheduler = train(
+            accelerator, loader, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5)
+        )
         # 4 micro-batches per process = 2 optimizer steps, each 2 scheduler steps: factors 1, 4, 4, 16 (x 1/..)
         expected = [BASE_LR, BASE_LR * 0.5**2, BASE_LR * 0.5**2, BASE_LR * 0.5**4]
-        check(all(close(a, b) for a, b in zip(lrs, expected)), f"accumulation ({plugin}): {lrs} vs {expected}")
+        check(
+            all(close(a, b) for a, b in zip(lrs, expected, strict=True)),
+            f"accumulation ({plugin}): {lrs} vs {expected}",
+        )
         check(scheduler.scheduler.last_epoch == 4, f"accumulation: last_epoch {scheduler.scheduler.last_epoch}")
 
 
 def check_split_batches_once() -> None:
     accelerator = fresh(split_batches=True)
     loader = DataLoader(data(), batch_size=16)  # split: each process gets 8 of each 16
-    lrs, scheduler = train(accelerator, loader, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
+    lrs, _scheduler = train(accelerator, loader, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
     check(lrs == [BASE_LR * 0.5 ** (i + 1) for i in range(4)], f"split_batches steps once: {lrs}")
 
 
@@ -121,7 +134,7 @@ def check_fp16_skipped_step() -> None:
     # fp16 gradients at once and skips the first steps too: that is GradScaler finding its scale).
     accelerator = fresh(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=256.0)])
     loader = DataLoader(data(), batch_size=8)
-    lrs, scheduler = train(
+    lrs, _scheduler = train(
         accelerator, loader, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5), poison_step=1
     )
     # Step 1 was skipped on both processes (the scaler's inf check is all-reduced by DDP's gradients).
@@ -142,13 +155,13 @@ def check_one_cycle_total_steps() -> None:
     reference_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=BASE_LR)
     reference = torch.optim.lr_scheduler.OneCycleLR(reference_opt, max_lr=1.0, total_steps=total)
     expected = []
-    for i in range(len(lrs)):
+    for _step in range(len(lrs)):
         for _ in range(2):
             if reference.last_epoch < total:
                 reference.step()
         expected.append(reference.get_last_lr()[0])
     check(len(lrs) == 8, f"8 optimizer steps per process over two epochs, got {len(lrs)}")
-    check(all(close(a, b) for a, b in zip(lrs, expected)), f"OneCycleLR trajectory {lrs} vs {expected}")
+    check(all(close(a, b) for a, b in zip(lrs, expected, strict=True)), f"OneCycleLR trajectory {lrs} vs {expected}")
     check(scheduler.scheduler.last_epoch == total, f"OneCycleLR stops at total_steps: {scheduler.scheduler.last_epoch}")
 
 
@@ -160,7 +173,10 @@ def check_per_optimizer_step_option() -> None:
     os.environ["ACCEL_SCHEDULER_STEPPING"] = "per_optimizer_step"  # what `accel launch --scheduler-stepping` writes
     try:
         check(fresh().scheduler_steps_per_optimizer_step == 1, "ACCEL_SCHEDULER_STEPPING is read")
-        check(fresh(scheduler_stepping="per_process").scheduler_steps_per_optimizer_step == 2, "the argument beats the variable")
+        check(
+            fresh(scheduler_stepping="per_process").scheduler_steps_per_optimizer_step == 2,
+            "the argument beats the variable",
+        )
     finally:
         del os.environ["ACCEL_SCHEDULER_STEPPING"]
     try:

@@ -23,11 +23,12 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from accel import Accelerator, DataLoaderConfiguration, ParallelismConfig
-from accel_fsdp import FullyShardedDataParallelPlugin
 from tinyllama import SEQ, loss_of, make_model, token_data
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Accelerator, DataLoaderConfiguration, ParallelismConfig
+from accel_fsdp import FullyShardedDataParallelPlugin
 
 # torch's own notices, not failures: FSDP2 seeing the replicated logits view, DTensor's CPU random ops.
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
@@ -55,8 +56,13 @@ def global_batch(accelerator: Accelerator, batch: torch.Tensor) -> torch.Tensor:
     dist.all_gather_object(everyone, (accelerator.parallel_dims.dp.rank, batch.tolist()))
     by_dp: dict[int, list] = {}
     for dp_rank, rows in everyone:
-        check(by_dp.setdefault(dp_rank, rows) == rows, f"processes of data-parallel rank {dp_rank} got different batches")
-    check(len(by_dp) == accelerator.parallel_dims.dp.size, f"{len(by_dp)} distinct dp ranks, expected {accelerator.parallel_dims.dp.size}")
+        check(
+            by_dp.setdefault(dp_rank, rows) == rows, f"processes of data-parallel rank {dp_rank} got different batches"
+        )
+    check(
+        len(by_dp) == accelerator.parallel_dims.dp.size,
+        f"{len(by_dp)} distinct dp ranks, expected {accelerator.parallel_dims.dp.size}",
+    )
     rows = [row for dp_rank in sorted(by_dp) for row in by_dp[dp_rank]]
     return torch.tensor(rows)
 
@@ -68,7 +74,9 @@ def mean_over_world(value: torch.Tensor) -> float:
 
 
 def local_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    tensors = list(model.parameters()) + [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]
+    tensors = list(model.parameters()) + [
+        v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()
+    ]
     return sum((t.to_local() if hasattr(t, "to_local") else t).numel() * t.element_size() for t in tensors)
 
 
@@ -82,7 +90,7 @@ def run_layout(name: str, steps: int = STEPS, **accelerator_kwargs) -> None:
     torch.manual_seed(1000 + RANK)  # every process differently: the prepared loader must still agree
     model, optimizer, loader, evaluation = accelerator.prepare(model, optimizer, loader, evaluation)
     worst_loss = worst_norm = 0.0
-    for batch, in loader:
+    for (batch,) in loader:
         reference_batch = global_batch(accelerator, batch)
         loss = loss_of(model, batch)
         accelerator.backward(loss)
@@ -99,14 +107,14 @@ def run_layout(name: str, steps: int = STEPS, **accelerator_kwargs) -> None:
     check(worst_loss <= TOL, f"{name}: loss differs from one process by {worst_loss:.2e}")
     check(worst_norm <= TOL, f"{name}: global grad norm differs from one process by {worst_norm:.2e}")
     seen: list[int] = []
-    for ids, in evaluation:
+    for (ids,) in evaluation:
         seen += accelerator.gather_for_metrics(ids).tolist()
     check(seen == list(range(10)), f"{name}: gather_for_metrics gave {seen}")
     nbytes = torch.tensor([float(local_bytes(model, optimizer))])
     dist.all_reduce(nbytes, op=dist.ReduceOp.MAX)
     say(
-        f"LAYOUT {name}: {accelerator.parallelism_config.describe()} strategy={accelerator.strategy.name} steps={steps} "
-        f"max|dloss|={worst_loss:.2e} max|dnorm|={worst_norm:.2e} max bytes/rank={int(nbytes.item())}"
+        f"LAYOUT {name}: {accelerator.parallelism_config.describe()} strategy={accelerator.strategy.name} "
+        f"steps={steps} max|dloss|={worst_loss:.2e} max|dnorm|={worst_norm:.2e} max bytes/rank={int(nbytes.item())}"
     )
     accelerator.free_memory()
 
@@ -130,18 +138,31 @@ def layout_from_launcher_variables() -> None:
     finally:
         del os.environ["ACCEL_DP_SHARD_SIZE"], os.environ["ACCEL_TP_SIZE"]
     dims = accelerator.parallel_dims
-    check(accelerator.strategy.name == "fsdp" and (dims.dp.size, dims.tp.size) == (2, 2), f"layout from ACCEL_*: {dims}")
-    check(accelerator.device_mesh.mesh_dim_names == ("dp_replicate", "dp_shard", "tp"), f"mesh {accelerator.device_mesh}")
+    check(
+        accelerator.strategy.name == "fsdp" and (dims.dp.size, dims.tp.size) == (2, 2), f"layout from ACCEL_*: {dims}"
+    )
+    check(
+        accelerator.device_mesh.mesh_dim_names == ("dp_replicate", "dp_shard", "tp"), f"mesh {accelerator.device_mesh}"
+    )
     say("LAYOUT FROM ACCEL_* VARIABLES: fsdp, dp_shard=2 x tp=2")
 
 
 def bad_layouts() -> None:
-    expect_error("product != world", "but the job has 4", lambda: Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=3)))
     expect_error(
-        "sizes over the world", "need a multiple of 8 processes",
+        "product != world",
+        "but the job has 4",
+        lambda: Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=3)),
+    )
+    expect_error(
+        "sizes over the world",
+        "need a multiple of 8 processes",
         lambda: Accelerator(parallelism_config=ParallelismConfig(dp_replicate_size=2, tp_size=4)),
     )
-    expect_error("pipeline", "pipeline parallelism is not available", lambda: Accelerator(parallelism_config=ParallelismConfig(pp_size=2)))
+    expect_error(
+        "pipeline",
+        "pipeline parallelism is not available",
+        lambda: Accelerator(parallelism_config=ParallelismConfig(pp_size=2)),
+    )
 
     def tp_not_dividing() -> None:
         accelerator = Accelerator(parallelism_config=ParallelismConfig(tp_size=4, tp_plan={"0": "colwise"}))
@@ -153,7 +174,9 @@ def bad_layouts() -> None:
         accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, cp_size=2))
         accelerator.prepare(nn.Sequential(nn.Linear(8, 8)))
 
-    expect_error("cp on a model without SDPA", "never calls torch.nn.functional.scaled_dot_product_attention", cp_without_sdpa)
+    expect_error(
+        "cp on a model without SDPA", "never calls torch.nn.functional.scaled_dot_product_attention", cp_without_sdpa
+    )
 
     def deepspeed_with_mesh() -> None:
         from accel_deepspeed import DeepSpeedPlugin
@@ -162,11 +185,15 @@ def bad_layouts() -> None:
 
     expect_error("a mesh with DeepSpeed", "DeepSpeed strategy cannot honour tp_size=2", deepspeed_with_mesh)
     expect_error(
-        "FSDP1 with tensor parallelism", "cannot compose",
-        lambda: Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1), parallelism_config=ParallelismConfig(tp_size=2)),
+        "FSDP1 with tensor parallelism",
+        "cannot compose",
+        lambda: Accelerator(
+            fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1), parallelism_config=ParallelismConfig(tp_size=2)
+        ),
     )
     expect_error(
-        "DDP asked to shard", "needs FSDP2",
+        "DDP asked to shard",
+        "needs FSDP2",
         lambda: Accelerator(strategy="ddp", parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2)),
     )
 
@@ -188,7 +215,7 @@ def context_parallel() -> None:
         dist.all_gather_object(pieces, tokens.tolist(), group=dims.cp.group)
         # torch's load balancing: of 4 chunks, cp rank 0 holds chunks 0 and 3, cp rank 1 chunks 1 and 2.
         q = SEQ // 4
-        rebuilt = [a[:q] + b[:q] + b[q:] + a[q:] for a, b in zip(*pieces)]
+        rebuilt = [a[:q] + b[:q] + b[q:] + a[q:] for a, b in zip(*pieces, strict=True)]
         check(rebuilt == original.tolist(), "the cp shards do not make up the sequence")
         try:
             model(tokens)
@@ -242,7 +269,7 @@ def checkpoint_round_trip() -> None:
     accelerator.load_state(folder)
     other = train(accelerator, model, optimizer, iter(loader), 5)
     # Relative: fp32 losses near 4 are 4.8e-7 apart at the last bit; other reduction orders move a bit or two.
-    worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(other, expected))
+    worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(other, expected, strict=True))
     check(worst <= 1e-6, f"TP2xFSDP2 -> FSDP4 continuation differs by {worst:.2e} (relative)")
     accelerator.free_memory()
     if RANK == 0:
@@ -255,13 +282,19 @@ if __name__ == "__main__":
     run_layout("TP2xFSDP2", parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2))
     run_layout("HSDP2x2", parallelism_config=ParallelismConfig(dp_replicate_size=2, dp_shard_size=2))
     # With activation checkpointing of each block (after tensor parallelism, before the replicas).
-    run_layout("TP2xDDP2", parallelism_config=ParallelismConfig(dp_replicate_size=2, tp_size=2, activation_checkpointing=True))
+    run_layout(
+        "TP2xDDP2", parallelism_config=ParallelismConfig(dp_replicate_size=2, tp_size=2, activation_checkpointing=True)
+    )
     run_layout("TP4", parallelism_config=ParallelismConfig(tp_size=4))
     # The latent bug: a 2-D mesh in the FSDP plugin used to shard data over the whole world.
     from torch.distributed.device_mesh import init_device_mesh
 
     plugin_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
-    run_layout("FSDP2-plugin-mesh(dp_shard=2,tp=2)", steps=5, fsdp_plugin=FullyShardedDataParallelPlugin(device_mesh=plugin_mesh))
+    run_layout(
+        "FSDP2-plugin-mesh(dp_shard=2,tp=2)",
+        steps=5,
+        fsdp_plugin=FullyShardedDataParallelPlugin(device_mesh=plugin_mesh),
+    )
     layout_from_launcher_variables()
     bad_layouts()
     context_parallel()

@@ -13,10 +13,11 @@ import sys
 
 import torch
 import torch.distributed as dist
-from accel import Accelerator, DataLoaderConfiguration
 from safetensors.torch import load_file
 from tinyllama import loss_of, make_model, token_data
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Accelerator, DataLoaderConfiguration
 
 FOLDER = sys.argv[1]
 
@@ -46,7 +47,7 @@ for _ in range(5):
     optimizer.step()
     optimizer.zero_grad()
     losses.append(loss.item())
-worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, expected))
+worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, expected, strict=True))
 assert worst <= 1e-6, f"one-process continuation {losses} vs {expected}: {worst:.2e}"
 print(f"ONE PROCESS: full weights equal the export; continuation max relative |dloss|={worst:.2e}")
 print("SINGLE PROCESS LOAD PASSED")

@@ -26,11 +26,20 @@ def test_layouts_checkpoints_and_errors_on_four_processes_then_one(torchrun, tmp
         assert f"LAYOUT {layout}" in result.stdout
     assert result.stdout.count("ERROR ON EVERY RANK") == 8
 
-    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     command = [sys.executable, str(HERE / "single_process_load.py"), str(tmp_path)]
     try:
         single = subprocess.run(
-            command, env={**environ, "ACCEL_USE_CPU": "true", "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300, check=False
+            command,
+            env={**environ, "ACCEL_USE_CPU": "true", "OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
         )
     except subprocess.TimeoutExpired as error:
         pytest.fail(f"single-process load did not finish within 300s\n{error.stdout}\n{error.stderr}")

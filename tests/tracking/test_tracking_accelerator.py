@@ -14,7 +14,7 @@ from accel_core.configuration import ProjectConfiguration
 from accel_tracking import GeneralTracker, LocalTracker, LoggerType, TensorBoardTracker, read_config, read_metrics
 
 sys.path.insert(0, str(Path(__file__).parent))  # pytest runs with --import-mode=importlib
-import tracking_wandb_reader as wandb_reader  # noqa: E402
+import tracking_wandb_reader as wandb_reader
 
 
 class RecordingTracker(GeneralTracker):
@@ -64,8 +64,10 @@ def _accelerator(**kwargs: Any) -> Any:
 
 def test_names_instances_and_kwargs(tmp_path: Path) -> None:
     custom = RecordingTracker()
-    accelerator = _accelerator(log_with=[LoggerType.LOCAL, "tensorboard", custom],
-                               project_config=ProjectConfiguration(project_dir=tmp_path / "proj", logging_dir=tmp_path / "logs"))
+    accelerator = _accelerator(
+        log_with=[LoggerType.LOCAL, "tensorboard", custom],
+        project_config=ProjectConfiguration(project_dir=tmp_path / "proj", logging_dir=tmp_path / "logs"),
+    )
     accelerator.init_trackers("exp", config={"lr": 0.5, "nested": {"a": 1}}, init_kwargs={"local": {"flush_every": 2}})
     assert [t.name for t in accelerator.trackers] == ["local", "tensorboard", "recording"]
     local = accelerator.get_tracker("local")
@@ -79,8 +81,11 @@ def test_names_instances_and_kwargs(tmp_path: Path) -> None:
     accelerator.end_training()
 
     assert custom.finished and custom.config == {"lr": 0.5, "nested": {"a": 1}}
-    assert [(s, v["loss"], kw) for s, v, kw in custom.calls] == [(0, 1.0, {"commit": False}), (1, 0.75, {"commit": False}),
-                                                                 (2, 0.5, {"commit": True})]
+    assert [(s, v["loss"], kw) for s, v, kw in custom.calls] == [
+        (0, 1.0, {"commit": False}),
+        (1, 0.75, {"commit": False}),
+        (2, 0.5, {"commit": True}),
+    ]
     # The trackers wrote under the ProjectConfiguration's logging_dir, not its project_dir.
     assert [r["loss"] for r in read_metrics(tmp_path / "logs" / "exp")] == [1.0, 0.75, 0.5]
     assert read_config(tmp_path / "logs" / "exp") == {"lr": 0.5, "nested": {"a": 1}}
@@ -102,11 +107,18 @@ def test_log_with_all_starts_every_installed_tracker(offline: Path, tmp_path: Pa
 
     custom = RecordingTracker()
     accelerator = _accelerator(log_with=["all", custom], project_dir=tmp_path)
-    accelerator.init_trackers("everything", config={"lr": 0.25}, init_kwargs={
-        "wandb": {"name": "all-run"},
-        "comet_ml": {"online": False},
-        "mlflow": {"run_name": "all-run", "backend": "file"},  # the SQLite default is tested in test_tracking_backends
-    })
+    accelerator.init_trackers(
+        "everything",
+        config={"lr": 0.25},
+        init_kwargs={
+            "wandb": {"name": "all-run"},
+            "comet_ml": {"online": False},
+            "mlflow": {
+                "run_name": "all-run",
+                "backend": "file",
+            },  # the SQLite default is tested in test_tracking_backends
+        },
+    )
     names = [t.name for t in accelerator.trackers]
     assert sorted(names) == ["comet_ml", "local", "mlflow", "recording", "tensorboard", "wandb"]
     for step in range(3):
@@ -119,7 +131,11 @@ def test_log_with_all_starts_every_installed_tracker(offline: Path, tmp_path: Pa
     rows = [r for r in wandb_reader.history(next(wandb_dir.glob("run-*.wandb"))) if "loss" in r]
     assert [(r["_step"], r["loss"]) for r in rows] == [(0, 3.0), (1, 2.0), (2, 1.0)]
     client = MlflowClient((tmp_path / "mlruns").resolve().as_uri())
-    assert [(m.step, m.value) for m in client.get_metric_history(mlflow_run_id, "loss")] == [(0, 3.0), (1, 2.0), (2, 1.0)]
+    assert [(m.step, m.value) for m in client.get_metric_history(mlflow_run_id, "loss")] == [
+        (0, 3.0),
+        (1, 2.0),
+        (2, 1.0),
+    ]
     assert client.get_run(mlflow_run_id).data.params == {"lr": "0.25"}
     archives = list((tmp_path / "comet").glob("*.zip"))
     assert len(archives) == 1

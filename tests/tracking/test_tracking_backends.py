@@ -15,15 +15,19 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # pytest runs with --import-mode=importlib
-import tracking_wandb_reader as wandb_reader  # noqa: E402
+import tracking_wandb_reader as wandb_reader
 
 
 @pytest.fixture
 def offline_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """W&B and Comet offline, their caches and settings inside tmp_path."""
     home = tmp_path / "home"
-    for key, sub in (("WANDB_DIR", "wandb"), ("WANDB_CONFIG_DIR", "wandb_config"), ("WANDB_CACHE_DIR", "wandb_cache"),
-                     ("WANDB_DATA_DIR", "wandb_data")):
+    for key, sub in (
+        ("WANDB_DIR", "wandb"),
+        ("WANDB_CONFIG_DIR", "wandb_config"),
+        ("WANDB_CACHE_DIR", "wandb_cache"),
+        ("WANDB_DATA_DIR", "wandb_data"),
+    ):
         (home / sub).mkdir(parents=True)
         monkeypatch.setenv(key, str(home / sub))
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -74,7 +78,9 @@ def test_tensorboard_event_files_read_back(tmp_path: Path) -> None:
     # The hyperparameters, read through the HParams plugin's own protobuf.
     content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     data = plugin_data_pb2.HParamsPluginData.FromString(content)
-    hparams = {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind")) for k, v in data.session_start_info.hparams.items()}
+    hparams = {
+        k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind")) for k, v in data.session_start_info.hparams.items()
+    }
     assert hparams == {"lr": 0.01, "optim/name": "adam", "optim/betas": "[0.9, 0.99]", "epochs": 3.0}
 
 
@@ -115,7 +121,9 @@ def test_wandb_offline_history_read_back(offline_env: Path, tmp_path: Path) -> N
     assert wandb_reader.run_info(logs[0])["project"] == "accel-test"
 
 
-def test_wandb_uses_logging_dir_when_no_wandb_dir(offline_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_uses_logging_dir_when_no_wandb_dir(
+    offline_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from accel_tracking import WandBTracker
 
     monkeypatch.delenv("WANDB_DIR")
@@ -145,7 +153,6 @@ def test_mlflow_local_store_read_back(offline_env: Path, tmp_path: Path) -> None
         results[backend] = (tracker.tracking_uri, run_id)
 
     sqlite_uri, _ = results["sqlite"]
-    file_uri, _ = results["file"]
     assert sqlite_uri == f"sqlite:///{(tmp_path / 'sqlite' / 'mlflow.db').resolve()}"
     assert (tmp_path / "sqlite" / "mlflow.db").is_file() and (tmp_path / "file" / "mlruns").is_dir()
     for backend, (uri, run_id) in results.items():
@@ -173,8 +180,15 @@ def test_comet_offline_archive_read_back(offline_env: Path, tmp_path: Path) -> N
 
     assert CometMLTracker.is_available()
     quiet = comet_ml.ExperimentConfig(
-        offline_directory=str(tmp_path / "comet"), name="run-c", auto_metric_logging=False, auto_param_logging=False,
-        auto_output_logging=False, log_code=False, log_graph=False, log_git_metadata=False, log_env_details=False,
+        offline_directory=str(tmp_path / "comet"),
+        name="run-c",
+        auto_metric_logging=False,
+        auto_param_logging=False,
+        auto_output_logging=False,
+        log_code=False,
+        log_graph=False,
+        log_git_metadata=False,
+        log_env_details=False,
         display_summary_level=0,
     )
     tracker = CometMLTracker("accel-proj", tmp_path, experiment_config=quiet)
@@ -192,8 +206,11 @@ def test_comet_offline_archive_read_back(offline_env: Path, tmp_path: Path) -> N
     metrics = [m["payload"]["metric"] for m in messages if m["type"] == "metric_msg"]
     loss = [(m["step"], m["metricValue"]) for m in metrics if m["metricName"] == "loss"]
     assert loss == [(0, 3.0), (1, 2.0), (2, 1.0)]
-    params = {m["payload"]["param"]["paramName"]: m["payload"]["param"]["paramValue"]
-              for m in messages if m["type"] == "parameter_msg"}
+    params = {
+        m["payload"]["param"]["paramName"]: m["payload"]["param"]["paramValue"]
+        for m in messages
+        if m["type"] == "parameter_msg"
+    }
     assert params["lr"] == 0.2
     others = {m["payload"]["key"]: m["payload"]["value"] for m in messages if m["type"] == "log_other"}
     assert others["stage"] == "train" and others["Name"] == "run-c"

@@ -30,12 +30,26 @@ def two_process_run(
     tmp = tmp_path_factory.mktemp("two_process")
     wandb_dir = tmp / "wandb_home"
     wandb_dir.mkdir()
-    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true",
-           "WANDB_CONFIG_DIR": str(wandb_dir / "config"), "WANDB_CACHE_DIR": str(wandb_dir / "cache")}
+    env = {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(wandb_dir),
+        "WANDB_SILENT": "true",
+        "WANDB_CONFIG_DIR": str(wandb_dir / "config"),
+        "WANDB_CACHE_DIR": str(wandb_dir / "cache"),
+    }
     project = tmp / "project"
     # One launch shared by the module's tests (the `torchrun` fixture is session-scoped for this).
-    result = torchrun(HERE / "tracking_two_process.py", str(tmp / "out"), "--project-dir", str(project),
-                      "--epochs", "3", "--tensorboard", env=env, timeout=240)
+    result = torchrun(
+        HERE / "tracking_two_process.py",
+        str(tmp / "out"),
+        "--project-dir",
+        str(project),
+        "--epochs",
+        "3",
+        "--tensorboard",
+        env=env,
+        timeout=240,
+    )
     assert "RANK0 OK" in result.stdout and "RANK1 OK" in result.stdout, result.stdout
     return tmp, project, result.stdout
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from accel_core.state import PartialState
-
 from accel_tracking import GeneralTracker, LocalTracker, TensorBoardTracker, WandBTracker, is_main_process, progress_bar
 
 
@@ -98,8 +97,11 @@ def main() -> None:
 
     custom = MainOnlyCustom("acc_custom", str(out / "acc"))
     accelerator = Accelerator(cpu=True, log_with=["local", "tensorboard", custom], project_dir=out / "acc")
-    accelerator.init_trackers("acc_run", config={"lr": 0.1, "world": accelerator.num_processes},
-                              init_kwargs={"tensorboard": {"flush_secs": 1}})
+    accelerator.init_trackers(
+        "acc_run",
+        config={"lr": 0.1, "world": accelerator.num_processes},
+        init_kwargs={"tensorboard": {"flush_secs": 1}},
+    )
     for step in range(4):
         accelerator.log({"loss": 2.0 / (step + 1), "rank": rank}, step=step, log_kwargs={"local": {}})
     local = accelerator.get_tracker("local")
@@ -124,8 +126,10 @@ def main() -> None:
     example = runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "tracking_local.py"))
     example["main"](sys.argv[2:])
     done = time.perf_counter()
-    print(f"RANK{rank} OK (direct {part1 - started:.1f}s, accelerator {part2 - part1:.1f}s, example {done - part2:.1f}s)",
-          flush=True)
+    print(
+        f"RANK{rank} OK (direct {part1 - started:.1f}s, accelerator {part2 - part1:.1f}s, example {done - part2:.1f}s)",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -15,5 +15,8 @@ optimizer.step()
 scheduler.step()
 total = accelerator.reduce(torch.ones(1)).item()
 accelerator.wait_for_everyone()
-print(f"finished rank {accelerator.process_index} sum {total} stepping {accelerator.scheduler_stepping} "
-      f"lr {scheduler.get_last_lr()[0]}", flush=True)
+print(
+    f"finished rank {accelerator.process_index} sum {total} stepping {accelerator.scheduler_stepping} "
+    f"lr {scheduler.get_last_lr()[0]}",
+    flush=True,
+)

@@ -4,13 +4,15 @@ import json
 import os
 import time
 
-from accel_core.launch import JobFailedError, debug_launcher, notebook_launcher
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from accel_core.launch import JobFailedError, debug_launcher, notebook_launcher
 
 
 def work(scale: int) -> dict:
     import torch
     import torch.distributed as dist
+
     from accel_core.state import PartialState
 
     state = PartialState()
@@ -49,8 +51,11 @@ if __name__ == "__main__":
         notebook_launcher(failing, num_processes=2, use_cpu=True)
     except ChildFailedError as error:  # what scripts written for Accelerate catch
         report["failure"] = {
-            "rank": error.root.rank, "exit_code": error.exit_code, "text": str(error),
-            "job_failed_error": isinstance(error, JobFailedError), "torch_failures": sorted(error.failures),
+            "rank": error.root.rank,
+            "exit_code": error.exit_code,
+            "text": str(error),
+            "job_failed_error": isinstance(error, JobFailedError),
+            "torch_failures": sorted(error.failures),
             "first_failure": error.get_first_failure()[0],
         }
     report["failure_seconds"] = time.monotonic() - start

@@ -18,5 +18,5 @@ def late_writer() -> None:
 
 
 threading.Thread(target=late_writer).start()
-atexit.register(lambda: open(f"{out}/atexit.txt", "w").write("atexit ran"))
+atexit.register(lambda: open(f"{out}/atexit.txt", "w").write("atexit ran"))  # noqa: SIM115 - closed at exit too
 sys.stdout.write("no newline, not flushed")

@@ -12,10 +12,16 @@ import argparse
 import os
 
 import torch
+from synthetic import (
+    GlueMrpcMetric,
+    MemoryBudget,
+    PairClassifier,
+    final_metrics_line,
+    get_dataloaders,
+    get_linear_schedule_with_warmup,
+    weight_norm,
+)
 from torch.optim import AdamW
-
-from synthetic import GlueMrpcMetric, MemoryBudget, PairClassifier, final_metrics_line, get_dataloaders
-from synthetic import get_linear_schedule_with_warmup, weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator
@@ -45,7 +51,9 @@ def training_function(config, args):
         optimizer = AdamW(params=model.parameters(), lr=lr)
         train_dataloader, eval_dataloader = get_dataloaders(accelerator, batch_size)
         lr_scheduler = get_linear_schedule_with_warmup(
-            optimizer=optimizer, num_warmup_steps=config["warmup"], num_training_steps=(len(train_dataloader) * num_epochs)
+            optimizer=optimizer,
+            num_warmup_steps=config["warmup"],
+            num_training_steps=(len(train_dataloader) * num_epochs),
         )
         model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
             model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
@@ -73,9 +81,16 @@ def training_function(config, args):
                 metric.add_batch(predictions=predictions, references=references)
             eval_metric = metric.compute()
             accelerator.print(f"epoch {epoch}:", eval_metric)
-        accelerator.print(final_metrics_line(**eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0],
-                                             weight_norm=weight_norm(model), batch_sizes_tried=tried,
-                                             gradient_accumulation_steps=accelerator.gradient_accumulation_steps))
+        accelerator.print(
+            final_metrics_line(
+                **eval_metric,
+                last_loss=loss.item(),
+                lr=lr_scheduler.get_last_lr()[0],
+                weight_norm=weight_norm(model),
+                batch_sizes_tried=tried,
+                gradient_accumulation_steps=accelerator.gradient_accumulation_steps,
+            )
+        )
 
     inner_training_loop()
     accelerator.end_training()

@@ -9,10 +9,15 @@ import argparse
 import os
 
 import torch
+from synthetic import (
+    GlueMrpcMetric,
+    PairClassifier,
+    final_metrics_line,
+    get_dataloaders,
+    get_linear_schedule_with_warmup,
+    weight_norm,
+)
 from torch.optim import AdamW
-
-from synthetic import GlueMrpcMetric, PairClassifier, final_metrics_line, get_dataloaders, get_linear_schedule_with_warmup
-from synthetic import weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator, DataLoaderConfiguration, DistributedType
@@ -27,7 +32,12 @@ MAX_GPU_BATCH_SIZE = 16
 def training_function(config, args):
     dataloader_config = DataLoaderConfiguration(use_stateful_dataloader=args.use_stateful_dataloader)
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision, dataloader_config=dataloader_config)
-    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+    lr, num_epochs, seed, batch_size = (
+        config["lr"],
+        int(config["num_epochs"]),
+        int(config["seed"]),
+        int(config["batch_size"]),
+    )
     metric = GlueMrpcMetric()
 
     if hasattr(args.checkpointing_steps, "isdigit"):
@@ -117,8 +127,15 @@ def training_function(config, args):
                 output_dir = os.path.join(args.output_dir, output_dir)
             accelerator.save_state(output_dir)
 
-    accelerator.print(final_metrics_line(**eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0],
-                                         weight_norm=weight_norm(model), overall_step=overall_step))
+    accelerator.print(
+        final_metrics_line(
+            **eval_metric,
+            last_loss=loss.item(),
+            lr=lr_scheduler.get_last_lr()[0],
+            weight_norm=weight_norm(model),
+            overall_step=overall_step,
+        )
+    )
     accelerator.end_training()
 
 

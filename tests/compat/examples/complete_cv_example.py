@@ -12,10 +12,17 @@ import re
 
 import numpy as np
 import torch
+from synthetic import (
+    TinyConvNet,
+    final_metrics_line,
+    make_pet_images,
+    random_resized_crop,
+    resize,
+    to_tensor,
+    weight_norm,
+)
 from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import DataLoader, Dataset
-
-from synthetic import TinyConvNet, final_metrics_line, make_pet_images, random_resized_crop, resize, to_tensor, weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator, DataLoaderConfiguration
@@ -52,11 +59,23 @@ class PetsDataset(Dataset):
 def training_function(config, args):
     dataloader_config = DataLoaderConfiguration(use_stateful_dataloader=args.use_stateful_dataloader)
     if args.with_tracking:
-        accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision, log_with="all",
-                                  project_dir=args.project_dir, dataloader_config=dataloader_config)
+        accelerator = Accelerator(
+            cpu=args.cpu,
+            mixed_precision=args.mixed_precision,
+            log_with="all",
+            project_dir=args.project_dir,
+            dataloader_config=dataloader_config,
+        )
     else:
-        accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision, dataloader_config=dataloader_config)
-    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+        accelerator = Accelerator(
+            cpu=args.cpu, mixed_precision=args.mixed_precision, dataloader_config=dataloader_config
+        )
+    lr, num_epochs, seed, batch_size = (
+        config["lr"],
+        int(config["num_epochs"]),
+        int(config["seed"]),
+        int(config["batch_size"]),
+    )
     image_size = config["image_size"]
     if not isinstance(image_size, (list, tuple)):
         image_size = (image_size, image_size)
@@ -87,11 +106,18 @@ def training_function(config, args):
     random_perm = np.random.permutation(len(file_names))
     cut = int(0.8 * len(file_names))
     train_split, eval_split = random_perm[:cut], random_perm[cut:]
-    train_dataset = PetsDataset([file_names[i] for i in train_split], images[train_split],
-                                image_transform=lambda image: random_resized_crop(image, image_size, scale=(0.5, 1.0)),
-                                label_to_id=label_to_id)
-    eval_dataset = PetsDataset([file_names[i] for i in eval_split], images[eval_split],
-                               image_transform=lambda image: resize(image, image_size), label_to_id=label_to_id)
+    train_dataset = PetsDataset(
+        [file_names[i] for i in train_split],
+        images[train_split],
+        image_transform=lambda image: random_resized_crop(image, image_size, scale=(0.5, 1.0)),
+        label_to_id=label_to_id,
+    )
+    eval_dataset = PetsDataset(
+        [file_names[i] for i in eval_split],
+        images[eval_split],
+        image_transform=lambda image: resize(image, image_size),
+        label_to_id=label_to_id,
+    )
 
     # The reference uses 4 workers; 2 fit this 2-core machine and still draw the augmentation in workers.
     train_dataloader = DataLoader(train_dataset, shuffle=True, batch_size=batch_size, num_workers=2)
@@ -171,7 +197,11 @@ def training_function(config, args):
         accelerator.print(f"epoch {epoch}: {100 * eval_metric:.2f}")
         if args.with_tracking:
             accelerator.log(
-                {"accuracy": 100 * eval_metric, "train_loss": total_loss.item() / len(train_dataloader), "epoch": epoch},
+                {
+                    "accuracy": 100 * eval_metric,
+                    "train_loss": total_loss.item() / len(train_dataloader),
+                    "epoch": epoch,
+                },
                 step=overall_step,
             )
         if checkpointing_steps == "epoch":
@@ -179,9 +209,16 @@ def training_function(config, args):
             if args.output_dir is not None:
                 output_dir = os.path.join(args.output_dir, output_dir)
             accelerator.save_state(output_dir)
-    accelerator.print(final_metrics_line(accuracy=eval_metric, eval_samples=num_elems, last_loss=loss.item(),
-                                         lr=lr_scheduler.get_last_lr()[0], weight_norm=weight_norm(model),
-                                         overall_step=overall_step))
+    accelerator.print(
+        final_metrics_line(
+            accuracy=eval_metric,
+            eval_samples=num_elems,
+            last_loss=loss.item(),
+            lr=lr_scheduler.get_last_lr()[0],
+            weight_norm=weight_norm(model),
+            overall_step=overall_step,
+        )
+    )
     accelerator.end_training()
 
 

@@ -9,10 +9,15 @@ import argparse
 import os
 
 import torch
+from synthetic import (
+    GlueMrpcMetric,
+    PairClassifier,
+    final_metrics_line,
+    get_dataloaders,
+    get_linear_schedule_with_warmup,
+    weight_norm,
+)
 from torch.optim import AdamW
-
-from synthetic import GlueMrpcMetric, PairClassifier, final_metrics_line, get_dataloaders, get_linear_schedule_with_warmup
-from synthetic import weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator, DataLoaderConfiguration, DistributedType
@@ -35,7 +40,9 @@ def training_function(config, args):
             project_dir=args.project_dir,
         )
     else:
-        accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision, dataloader_config=dataloader_config)
+        accelerator = Accelerator(
+            cpu=args.cpu, mixed_precision=args.mixed_precision, dataloader_config=dataloader_config
+        )
 
     if hasattr(args.checkpointing_steps, "isdigit"):
         if args.checkpointing_steps == "epoch":
@@ -46,7 +53,12 @@ def training_function(config, args):
             raise ValueError(f"`checkpointing_steps` must be a number or `epoch`, got `{args.checkpointing_steps}`.")
     else:
         checkpointing_steps = None
-    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+    lr, num_epochs, seed, batch_size = (
+        config["lr"],
+        int(config["num_epochs"]),
+        int(config["seed"]),
+        int(config["batch_size"]),
+    )
 
     if args.with_tracking:
         run = os.path.split(__file__)[-1].split(".")[0]
@@ -130,8 +142,12 @@ def training_function(config, args):
         accelerator.print(f"epoch {epoch}:", eval_metric)
         if args.with_tracking:
             accelerator.log(
-                {"accuracy": eval_metric["accuracy"], "f1": eval_metric["f1"],
-                 "train_loss": total_loss.item() / len(train_dataloader), "epoch": epoch},
+                {
+                    "accuracy": eval_metric["accuracy"],
+                    "f1": eval_metric["f1"],
+                    "train_loss": total_loss.item() / len(train_dataloader),
+                    "epoch": epoch,
+                },
                 step=epoch,
             )
         if checkpointing_steps == "epoch":
@@ -140,8 +156,15 @@ def training_function(config, args):
                 output_dir = os.path.join(args.output_dir, output_dir)
             accelerator.save_state(output_dir)
 
-    accelerator.print(final_metrics_line(**eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0],
-                                         weight_norm=weight_norm(model), overall_step=overall_step))
+    accelerator.print(
+        final_metrics_line(
+            **eval_metric,
+            last_loss=loss.item(),
+            lr=lr_scheduler.get_last_lr()[0],
+            weight_norm=weight_norm(model),
+            overall_step=overall_step,
+        )
+    )
     accelerator.end_training()
 
 

@@ -11,11 +11,17 @@ import os
 import numpy as np
 import torch
 from sklearn.model_selection import StratifiedKFold
+from synthetic import (
+    GlueMrpcMetric,
+    PairClassifier,
+    final_metrics_line,
+    get_dataloaders,
+    get_linear_schedule_with_warmup,
+    load_pair_datasets,
+    pad_batch,
+)
 from torch.optim import AdamW
 from torch.utils.data import DataLoader
-
-from synthetic import GlueMrpcMetric, PairClassifier, final_metrics_line, get_dataloaders, get_linear_schedule_with_warmup
-from synthetic import load_pair_datasets, pad_batch
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator, DistributedType
@@ -41,7 +47,12 @@ def training_function(config, args):
     datasets = load_pair_datasets()
     kfold = StratifiedKFold(n_splits=int(args.num_folds))
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
-    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+    lr, num_epochs, seed, batch_size = (
+        config["lr"],
+        int(config["num_epochs"]),
+        int(config["seed"]),
+        int(config["batch_size"]),
+    )
     metric = GlueMrpcMetric()
     gradient_accumulation_steps = 1
     if batch_size > MAX_GPU_BATCH_SIZE and accelerator.distributed_type != DistributedType.XLA:
@@ -53,7 +64,9 @@ def training_function(config, args):
     test_references = []
     fold_accuracies = []
     for i, (train_idxs, valid_idxs) in enumerate(folds):
-        train_dataloader, eval_dataloader, test_dataloader = get_fold_dataloaders(accelerator, datasets, train_idxs, valid_idxs)
+        train_dataloader, eval_dataloader, test_dataloader = get_fold_dataloaders(
+            accelerator, datasets, train_idxs, valid_idxs
+        )
         model = PairClassifier()
         model = model.to(accelerator.device)
         optimizer = AdamW(params=model.parameters(), lr=lr)
@@ -109,8 +122,14 @@ def training_function(config, args):
     preds = torch.stack(test_predictions, dim=0).sum(dim=0).div(int(args.num_folds)).argmax(dim=-1)
     test_metric = metric.compute(predictions=preds, references=test_references)
     accelerator.print("Average test metrics from all folds:", test_metric)
-    accelerator.print(final_metrics_line(**test_metric, fold_accuracies=fold_accuracies, test_rows=len(test_references),
-                                         mean_test_logit=float(torch.stack(test_predictions).mean())))
+    accelerator.print(
+        final_metrics_line(
+            **test_metric,
+            fold_accuracies=fold_accuracies,
+            test_rows=len(test_references),
+            mean_test_logit=float(torch.stack(test_predictions).mean()),
+        )
+    )
 
 
 def main():

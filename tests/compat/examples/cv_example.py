@@ -11,10 +11,17 @@ import re
 
 import numpy as np
 import torch
+from synthetic import (
+    TinyConvNet,
+    final_metrics_line,
+    make_pet_images,
+    random_resized_crop,
+    resize,
+    to_tensor,
+    weight_norm,
+)
 from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import DataLoader, Dataset
-
-from synthetic import TinyConvNet, final_metrics_line, make_pet_images, random_resized_crop, resize, to_tensor, weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator
@@ -50,7 +57,12 @@ class PetsDataset(Dataset):
 
 def training_function(config, args):
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
-    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+    lr, num_epochs, seed, batch_size = (
+        config["lr"],
+        int(config["num_epochs"]),
+        int(config["seed"]),
+        int(config["batch_size"]),
+    )
     image_size = config["image_size"]
     if not isinstance(image_size, (list, tuple)):
         image_size = (image_size, image_size)
@@ -63,11 +75,18 @@ def training_function(config, args):
     random_perm = np.random.permutation(len(file_names))
     cut = int(0.8 * len(file_names))
     train_split, eval_split = random_perm[:cut], random_perm[cut:]
-    train_dataset = PetsDataset([file_names[i] for i in train_split], images[train_split],
-                                image_transform=lambda image: random_resized_crop(image, image_size, scale=(0.5, 1.0)),
-                                label_to_id=label_to_id)
-    eval_dataset = PetsDataset([file_names[i] for i in eval_split], images[eval_split],
-                               image_transform=lambda image: resize(image, image_size), label_to_id=label_to_id)
+    train_dataset = PetsDataset(
+        [file_names[i] for i in train_split],
+        images[train_split],
+        image_transform=lambda image: random_resized_crop(image, image_size, scale=(0.5, 1.0)),
+        label_to_id=label_to_id,
+    )
+    eval_dataset = PetsDataset(
+        [file_names[i] for i in eval_split],
+        images[eval_split],
+        image_transform=lambda image: resize(image, image_size),
+        label_to_id=label_to_id,
+    )
 
     # The reference uses 4 workers; 2 fit this 2-core machine and still draw the augmentation in workers.
     train_dataloader = DataLoader(train_dataset, shuffle=True, batch_size=batch_size, num_workers=2)
@@ -115,8 +134,15 @@ def training_function(config, args):
             accurate += accurate_preds.long().sum()
         eval_metric = accurate.item() / num_elems
         accelerator.print(f"epoch {epoch}: {100 * eval_metric:.2f}")
-    accelerator.print(final_metrics_line(accuracy=eval_metric, eval_samples=num_elems, last_loss=loss.item(),
-                                         lr=lr_scheduler.get_last_lr()[0], weight_norm=weight_norm(model)))
+    accelerator.print(
+        final_metrics_line(
+            accuracy=eval_metric,
+            eval_samples=num_elems,
+            last_loss=loss.item(),
+            lr=lr_scheduler.get_last_lr()[0],
+            weight_norm=weight_norm(model),
+        )
+    )
     accelerator.end_training()
 
 

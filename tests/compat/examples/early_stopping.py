@@ -8,10 +8,15 @@ import argparse
 import os
 
 import torch
+from synthetic import (
+    GlueMrpcMetric,
+    PairClassifier,
+    final_metrics_line,
+    get_dataloaders,
+    get_linear_schedule_with_warmup,
+    weight_norm,
+)
 from torch.optim import AdamW
-
-from synthetic import GlueMrpcMetric, PairClassifier, final_metrics_line, get_dataloaders, get_linear_schedule_with_warmup
-from synthetic import weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator, DistributedType
@@ -46,7 +51,12 @@ callback = EarlyStoppingCallback()
 
 def training_function(config, args):
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
-    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+    lr, num_epochs, seed, batch_size = (
+        config["lr"],
+        int(config["num_epochs"]),
+        int(config["seed"]),
+        int(config["batch_size"]),
+    )
     metric = GlueMrpcMetric()
     gradient_accumulation_steps = 1
     if batch_size > MAX_GPU_BATCH_SIZE and accelerator.distributed_type != DistributedType.XLA:
@@ -98,8 +108,15 @@ def training_function(config, args):
             metric.add_batch(predictions=predictions, references=references)
         eval_metric = metric.compute()
         accelerator.print(f"epoch {epoch}:", eval_metric)
-    accelerator.print(final_metrics_line(**eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0],
-                                         weight_norm=weight_norm(model), steps_per_epoch=steps_run))
+    accelerator.print(
+        final_metrics_line(
+            **eval_metric,
+            last_loss=loss.item(),
+            lr=lr_scheduler.get_last_lr()[0],
+            weight_norm=weight_norm(model),
+            steps_per_epoch=steps_run,
+        )
+    )
     accelerator.end_training()
 
 

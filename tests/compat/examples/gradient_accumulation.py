@@ -8,10 +8,15 @@ import argparse
 import os
 
 import torch
+from synthetic import (
+    GlueMrpcMetric,
+    PairClassifier,
+    final_metrics_line,
+    get_dataloaders,
+    get_linear_schedule_with_warmup,
+    weight_norm,
+)
 from torch.optim import AdamW
-
-from synthetic import GlueMrpcMetric, PairClassifier, final_metrics_line, get_dataloaders, get_linear_schedule_with_warmup
-from synthetic import weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator, DistributedType
@@ -27,8 +32,15 @@ def training_function(config, args):
         cpu=args.cpu, mixed_precision=args.mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps
     )
     if accelerator.distributed_type == DistributedType.XLA and gradient_accumulation_steps > 1:
-        raise NotImplementedError("Gradient accumulation on TPUs is not supported; pass `gradient_accumulation_steps=1`.")
-    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+        raise NotImplementedError(
+            "Gradient accumulation on TPUs is not supported; pass `gradient_accumulation_steps=1`."
+        )
+    lr, num_epochs, seed, batch_size = (
+        config["lr"],
+        int(config["num_epochs"]),
+        int(config["seed"]),
+        int(config["batch_size"]),
+    )
     metric = GlueMrpcMetric()
     set_seed(seed)
     train_dataloader, eval_dataloader = get_dataloaders(accelerator, batch_size)
@@ -65,8 +77,11 @@ def training_function(config, args):
             metric.add_batch(predictions=predictions, references=references)
         eval_metric = metric.compute()
         accelerator.print(f"epoch {epoch}:", eval_metric)
-    accelerator.print(final_metrics_line(**eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0],
-                                         weight_norm=weight_norm(model)))
+    accelerator.print(
+        final_metrics_line(
+            **eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0], weight_norm=weight_norm(model)
+        )
+    )
     accelerator.end_training()
 
 

@@ -12,11 +12,18 @@ import math
 import os
 
 import torch
+from synthetic import (
+    IGNORE_INDEX,
+    PAD,
+    TinyCausalLM,
+    final_metrics_line,
+    get_constant_schedule,
+    load_text_datasets,
+    pad_for_causal_lm,
+    weight_norm,
+)
 from torch.optim import AdamW
 from torch.utils.data import DataLoader
-
-from synthetic import IGNORE_INDEX, PAD, TinyCausalLM, final_metrics_line, get_constant_schedule, load_text_datasets
-from synthetic import pad_for_causal_lm, weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator, DistributedType
@@ -32,11 +39,15 @@ def get_dataloaders(accelerator, batch_size=16):
     with accelerator.local_main_process_first():
         datasets = load_text_datasets()
     with accelerator.main_process_first():
-        datasets = {name: split.select([i for i, row in enumerate(split) if len(row["input_ids"]) > 0])
-                    for name, split in datasets.items()}
+        datasets = {
+            name: split.select([i for i, row in enumerate(split) if len(row["input_ids"]) > 0])
+            for name, split in datasets.items()
+        }
 
     def collate_fn(examples):
-        max_length = 128 if accelerator.distributed_type == DistributedType.XLA else max(len(e["input_ids"]) for e in examples)
+        max_length = (
+            128 if accelerator.distributed_type == DistributedType.XLA else max(len(e["input_ids"]) for e in examples)
+        )
         if accelerator.mixed_precision == "fp8":
             pad_to_multiple_of = 16
         elif accelerator.mixed_precision != "no":
@@ -50,7 +61,9 @@ def get_dataloaders(accelerator, batch_size=16):
         return batch
 
     train_dataloader = DataLoader(datasets["train"], shuffle=False, collate_fn=collate_fn, batch_size=batch_size)
-    eval_dataloader = DataLoader(datasets["validation"], shuffle=False, collate_fn=collate_fn, batch_size=EVAL_BATCH_SIZE)
+    eval_dataloader = DataLoader(
+        datasets["validation"], shuffle=False, collate_fn=collate_fn, batch_size=EVAL_BATCH_SIZE
+    )
     return train_dataloader, eval_dataloader
 
 
@@ -60,8 +73,15 @@ def training_function(config, args):
         cpu=args.cpu, mixed_precision=args.mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps
     )
     if accelerator.distributed_type == DistributedType.XLA and gradient_accumulation_steps > 1:
-        raise NotImplementedError("Gradient accumulation on TPUs is not supported; pass `gradient_accumulation_steps=1`.")
-    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+        raise NotImplementedError(
+            "Gradient accumulation on TPUs is not supported; pass `gradient_accumulation_steps=1`."
+        )
+    lr, num_epochs, seed, batch_size = (
+        config["lr"],
+        int(config["num_epochs"]),
+        int(config["seed"]),
+        int(config["batch_size"]),
+    )
     max_grad_norm = config["max_grad_norm"]
 
     set_seed(seed)
@@ -86,19 +106,26 @@ def training_function(config, args):
         for update_step in range(total_gradient_updates):
             # Load the whole accumulated step first, to count the tokens the loss is averaged over.
             batch_samples = []
-            num_batches_in_step = gradient_accumulation_steps if update_step != (total_gradient_updates - 1) else remainder
+            num_batches_in_step = (
+                gradient_accumulation_steps if update_step != (total_gradient_updates - 1) else remainder
+            )
             for _ in range(num_batches_in_step):
                 batch_samples += [next(training_iterator)]
             local_num_items_in_batch = sum([(batch["labels"].ne(IGNORE_INDEX)).sum() for batch in batch_samples])
             num_items_in_batch = accelerator.gather(local_num_items_in_batch).sum().item()
             losses = []
             for i, batch in enumerate(batch_samples):
-                ctx = model.no_sync if (i < len(batch_samples) - 1 and accelerator.num_processes > 1) else contextlib.nullcontext
+                ctx = (
+                    model.no_sync
+                    if (i < len(batch_samples) - 1 and accelerator.num_processes > 1)
+                    else contextlib.nullcontext
+                )
                 with ctx():
                     total_batched_samples += 1
                     outputs = model(**batch, use_cache=False, num_items_in_batch=num_items_in_batch)
                     loss = outputs.loss
-                    # DDP averages over ranks and accelerate over micro-steps; the loss is already a mean over all of them.
+                    # DDP averages over ranks and accelerate over micro-steps; the loss is already a mean over all of
+                    # them.
                     loss = loss * gradient_accumulation_steps * accelerator.num_processes
                     accelerator.backward(loss)
                     losses.append(loss.detach())
@@ -107,9 +134,13 @@ def training_function(config, args):
             optimizer.step()
             lr_scheduler.step()
             optimizer.zero_grad()
-            losses = accelerator.gather(sum(losses)).sum().item() / (accelerator.num_processes * gradient_accumulation_steps)
+            losses = accelerator.gather(sum(losses)).sum().item() / (
+                accelerator.num_processes * gradient_accumulation_steps
+            )
             grad_norm = grad_norm.detach().item() if isinstance(grad_norm, torch.Tensor) else grad_norm
-            accelerator.print(f"epoch {epoch} - update step {update_step}:: grad norm: {grad_norm} ::train loss: {losses}")
+            accelerator.print(
+                f"epoch {epoch} - update step {update_step}:: grad norm: {grad_norm} ::train loss: {losses}"
+            )
 
         model.eval()
         eval_losses = []
@@ -125,9 +156,17 @@ def training_function(config, args):
         except OverflowError:
             perplexity = float("inf")
         accelerator.print(f"epoch {epoch}:: eval perplexity: {perplexity} eval_loss: {eval_loss}")
-    accelerator.print(final_metrics_line(perplexity=perplexity, eval_loss=eval_loss, train_loss=losses, grad_norm=grad_norm,
-                                         weight_norm=weight_norm(model), micro_batches=total_batched_samples,
-                                         gathered_eval_values=len(eval_losses)))
+    accelerator.print(
+        final_metrics_line(
+            perplexity=perplexity,
+            eval_loss=eval_loss,
+            train_loss=losses,
+            grad_norm=grad_norm,
+            weight_norm=weight_norm(model),
+            micro_batches=total_batched_samples,
+            gathered_eval_values=len(eval_losses),
+        )
+    )
     accelerator.end_training()
 
 

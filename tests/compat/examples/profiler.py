@@ -9,10 +9,15 @@ import argparse
 import os
 
 import torch
+from synthetic import (
+    GlueMrpcMetric,
+    PairClassifier,
+    final_metrics_line,
+    get_dataloaders,
+    get_linear_schedule_with_warmup,
+    weight_norm,
+)
 from torch.optim import AdamW
-
-from synthetic import GlueMrpcMetric, PairClassifier, final_metrics_line, get_dataloaders, get_linear_schedule_with_warmup
-from synthetic import weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator
@@ -30,7 +35,12 @@ def training_function(config, args):
         output_trace_dir=args.output_trace_dir,
     )
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision, kwargs_handlers=[profile_kwargs])
-    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+    lr, num_epochs, seed, batch_size = (
+        config["lr"],
+        int(config["num_epochs"]),
+        int(config["seed"]),
+        int(config["batch_size"]),
+    )
     metric = GlueMrpcMetric()
     set_seed(seed)
     train_dataloader, eval_dataloader = get_dataloaders(accelerator, batch_size)
@@ -72,9 +82,16 @@ def training_function(config, args):
         eval_metric = metric.compute()
         accelerator.print(f"epoch {epoch}:", eval_metric)
     traces = sorted(os.listdir(args.output_trace_dir)) if args.output_trace_dir else []
-    accelerator.print(final_metrics_line(**eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0],
-                                         weight_norm=weight_norm(model), trace_files=traces,
-                                         profiled_addmm="aten::addmm" in table))
+    accelerator.print(
+        final_metrics_line(
+            **eval_metric,
+            last_loss=loss.item(),
+            lr=lr_scheduler.get_last_lr()[0],
+            weight_norm=weight_norm(model),
+            trace_files=traces,
+            profiled_addmm="aten::addmm" in table,
+        )
+    )
     accelerator.end_training()
 
 

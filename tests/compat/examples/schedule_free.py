@@ -9,7 +9,6 @@ import argparse
 import os
 
 import torch
-
 from synthetic import GlueMrpcMetric, PairClassifier, final_metrics_line, get_dataloaders, weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
@@ -29,7 +28,12 @@ MAX_GPU_BATCH_SIZE = 16
 
 def training_function(config, args):
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
-    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+    lr, num_epochs, seed, batch_size = (
+        config["lr"],
+        int(config["num_epochs"]),
+        int(config["seed"]),
+        int(config["batch_size"]),
+    )
     metric = GlueMrpcMetric()
     gradient_accumulation_steps = 1
     if batch_size > MAX_GPU_BATCH_SIZE and accelerator.distributed_type != DistributedType.XLA:

@@ -17,7 +17,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -95,7 +95,9 @@ class Batch(dict):
         return self
 
 
-def pad_batch(examples: list[dict[str, Any]], pad_to_multiple_of: int | None = None, max_length: int | None = None) -> Batch:
+def pad_batch(
+    examples: list[dict[str, Any]], pad_to_multiple_of: int | None = None, max_length: int | None = None
+) -> Batch:
     """Pads token lists to the longest (or `max_length`), as a tokenizer's `pad(padding="longest")` does."""
     longest = max_length or max(len(e["input_ids"]) for e in examples)
     if pad_to_multiple_of:
@@ -122,8 +124,13 @@ class PairClassifier(nn.Module):
         self.hidden = nn.Linear(3 * dim, dim)
         self.classifier = nn.Linear(dim, num_labels)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor,
-                labels: torch.Tensor | None = None) -> ModelOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+    ) -> ModelOutput:
         tokens = self.embed(input_ids)
         mask = attention_mask.unsqueeze(-1).float()
         second = token_type_ids.unsqueeze(-1).float() * mask
@@ -165,7 +172,9 @@ class GlueMrpcMetric:
         self._predictions.append(predictions.detach().cpu().reshape(-1))
         self._references.append(references.detach().cpu().reshape(-1))
 
-    def compute(self, predictions: torch.Tensor | None = None, references: torch.Tensor | None = None) -> dict[str, float]:
+    def compute(
+        self, predictions: torch.Tensor | None = None, references: torch.Tensor | None = None
+    ) -> dict[str, float]:
         if predictions is None:
             predictions, references = torch.cat(self._predictions), torch.cat(self._references)
             self._predictions, self._references = [], []
@@ -175,7 +184,9 @@ class GlueMrpcMetric:
         return {"accuracy": float((predictions == references).float().mean()), "f1": f1}
 
 
-def get_linear_schedule_with_warmup(optimizer: torch.optim.Optimizer, num_warmup_steps: int, num_training_steps: int) -> LambdaLR:
+def get_linear_schedule_with_warmup(
+    optimizer: torch.optim.Optimizer, num_warmup_steps: int, num_training_steps: int
+) -> LambdaLR:
     """`transformers`' linear warmup then linear decay to 0."""
 
     def factor(step: int) -> float:
@@ -190,8 +201,14 @@ def get_constant_schedule(optimizer: torch.optim.Optimizer) -> LambdaLR:
     return LambdaLR(optimizer, lambda _: 1.0)
 
 
-def get_dataloaders(accelerator: Any, batch_size: int = 16, eval_batch_size: int = 32, datasets: dict[str, Table] | None = None,
-                    train_drop_last: bool = False, eval_drop_last: bool = False) -> tuple[DataLoader, DataLoader]:
+def get_dataloaders(
+    accelerator: Any,
+    batch_size: int = 16,
+    eval_batch_size: int = 32,
+    datasets: dict[str, Table] | None = None,
+    train_drop_last: bool = False,
+    eval_drop_last: bool = False,
+) -> tuple[DataLoader, DataLoader]:
     """The reference examples' `get_dataloaders`, with the same library calls: the data is made under
     `accelerator.main_process_first()`, and the collate function pads by `distributed_type` (XLA) and
     `mixed_precision`. `datasets` replaces the made data (cross-validation passes its folds)."""
@@ -209,10 +226,16 @@ def get_dataloaders(accelerator: Any, batch_size: int = 16, eval_batch_size: int
             pad_to_multiple_of = None
         return pad_batch(examples, pad_to_multiple_of=pad_to_multiple_of, max_length=max_length)
 
-    train_dataloader = DataLoader(datasets["train"], shuffle=True, collate_fn=collate_fn, batch_size=batch_size,
-                                  drop_last=train_drop_last)
-    eval_dataloader = DataLoader(datasets["validation"], shuffle=False, collate_fn=collate_fn, batch_size=eval_batch_size,
-                                 drop_last=eval_drop_last)
+    train_dataloader = DataLoader(
+        datasets["train"], shuffle=True, collate_fn=collate_fn, batch_size=batch_size, drop_last=train_drop_last
+    )
+    eval_dataloader = DataLoader(
+        datasets["validation"],
+        shuffle=False,
+        collate_fn=collate_fn,
+        batch_size=eval_batch_size,
+        drop_last=eval_drop_last,
+    )
     return train_dataloader, eval_dataloader
 
 
@@ -241,20 +264,22 @@ def resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(image[None], size=size, mode="bilinear", align_corners=False)[0]
 
 
-def random_resized_crop(image: torch.Tensor, size: tuple[int, int], scale: tuple[float, float] = (0.5, 1.0)) -> torch.Tensor:
+def random_resized_crop(
+    image: torch.Tensor, size: tuple[int, int], scale: tuple[float, float] = (0.5, 1.0)
+) -> torch.Tensor:
     """A square crop of a random share of the area, resized; draws from torch's global RNG as torchvision does."""
     height, width = image.shape[-2:]
     area = scale[0] + (scale[1] - scale[0]) * float(torch.rand(()))
     side = max(1, round(math.sqrt(area * height * width)))
     top = int(torch.randint(0, height - side + 1, ()))
     left = int(torch.randint(0, width - side + 1, ()))
-    return resize(image[:, top:top + side, left:left + side], size)
+    return resize(image[:, top : top + side, left : left + side], size)
 
 
 class TinyConvNet(nn.Module):
     """A small CNN with the timm model surface the CV examples use: `get_classifier()` and `default_cfg`."""
 
-    default_cfg = {"mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)}
+    default_cfg: ClassVar[dict[str, Any]] = {"mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)}
 
     def __init__(self, num_classes: int) -> None:
         super().__init__()
@@ -269,6 +294,7 @@ class TinyConvNet(nn.Module):
 
 
 # --- causal language model (gradient_accumulation_for_autoregressive_models) ---
+
 
 def load_text_datasets(train_rows: int = 120, validation_rows: int = 40, seed: int = 99) -> dict[str, Table]:
     """Token sequences of varying length (some empty, to be filtered out) from a small Markov chain."""
@@ -305,19 +331,27 @@ class TinyCausalLM(nn.Module):
         self.mix = nn.Linear(2 * dim, dim)
         self.head = nn.Linear(dim, VOCAB)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, use_cache: bool = False,
-                num_items_in_batch: int | None = None) -> ModelOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        use_cache: bool = False,
+        num_items_in_batch: int | None = None,
+    ) -> ModelOutput:
         tokens = self.embed(input_ids)
         previous = torch.cat([torch.zeros_like(tokens[:, :1]), tokens[:, :-1]], dim=1)
         logits = self.head(torch.tanh(self.mix(torch.cat([tokens, previous], dim=-1))))
         loss = None
         if labels is not None:
-            flat = F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+            flat = F.cross_entropy(
+                logits.reshape(-1, VOCAB), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+            )
             loss = flat / (num_items_in_batch if num_items_in_batch is not None else labels.ne(IGNORE_INDEX).sum())
         return ModelOutput(loss=loss, logits=logits)
 
 
 # --- what every script prints last ---
+
 
 def weight_norm(model: nn.Module) -> float:
     """The L2 norm of all parameters in float64: any difference in the updates shows here."""

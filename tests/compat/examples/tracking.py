@@ -8,10 +8,15 @@ import argparse
 import os
 
 import torch
+from synthetic import (
+    GlueMrpcMetric,
+    PairClassifier,
+    final_metrics_line,
+    get_dataloaders,
+    get_linear_schedule_with_warmup,
+    weight_norm,
+)
 from torch.optim import AdamW
-
-from synthetic import GlueMrpcMetric, PairClassifier, final_metrics_line, get_dataloaders, get_linear_schedule_with_warmup
-from synthetic import weight_norm
 
 if os.environ.get("ACCEL_COMPAT_LIB", "accel") == "accelerate":
     from accelerate import Accelerator, DistributedType
@@ -25,10 +30,17 @@ MAX_GPU_BATCH_SIZE = 16
 
 def training_function(config, args):
     if args.with_tracking:
-        accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision, log_with="all", project_dir=args.project_dir)
+        accelerator = Accelerator(
+            cpu=args.cpu, mixed_precision=args.mixed_precision, log_with="all", project_dir=args.project_dir
+        )
     else:
         accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
-    lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
+    lr, num_epochs, seed, batch_size = (
+        config["lr"],
+        int(config["num_epochs"]),
+        int(config["seed"]),
+        int(config["batch_size"]),
+    )
     set_seed(seed)
     train_dataloader, eval_dataloader = get_dataloaders(accelerator, batch_size)
     metric = GlueMrpcMetric()
@@ -83,13 +95,20 @@ def training_function(config, args):
         accelerator.print(f"epoch {epoch}:", eval_metric)
         if args.with_tracking:
             accelerator.log(
-                {"accuracy": eval_metric["accuracy"], "f1": eval_metric["f1"],
-                 "train_loss": total_loss.item() / len(train_dataloader), "epoch": epoch},
+                {
+                    "accuracy": eval_metric["accuracy"],
+                    "f1": eval_metric["f1"],
+                    "train_loss": total_loss.item() / len(train_dataloader),
+                    "epoch": epoch,
+                },
                 step=epoch,
             )
 
-    accelerator.print(final_metrics_line(**eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0],
-                                         weight_norm=weight_norm(model)))
+    accelerator.print(
+        final_metrics_line(
+            **eval_metric, last_loss=loss.item(), lr=lr_scheduler.get_last_lr()[0], weight_norm=weight_norm(model)
+        )
+    )
     accelerator.end_training()
 
 

@@ -97,7 +97,9 @@ class UserBatchSampler(BatchSampler):
 
 def seedable_sampler_class(lib_name: str) -> type:
     # Accelerate has it in accelerate.data_loader; accel in accel.utils.
-    return importlib.import_module("accelerate.data_loader" if lib_name == "accelerate" else "accel.utils").SeedableRandomSampler
+    return importlib.import_module(
+        "accelerate.data_loader" if lib_name == "accelerate" else "accel.utils"
+    ).SeedableRandomSampler
 
 
 def build_loader(case: dict[str, Any], lib_name: str) -> DataLoader:
@@ -119,7 +121,9 @@ def build_loader(case: dict[str, Any], lib_name: str) -> DataLoader:
         sampler = BatchSampler(RandomSampler(dataset), batch_size=bs, drop_last=drop_last)
         return DataLoader(dataset, sampler=sampler, batch_size=None)
     if kind == "custom_batch_sampler":
-        return DataLoader(dataset, batch_sampler=UserBatchSampler(RandomSampler(dataset), batch_size=bs, drop_last=drop_last))
+        return DataLoader(
+            dataset, batch_sampler=UserBatchSampler(RandomSampler(dataset), batch_size=bs, drop_last=drop_last)
+        )
     raise ValueError(kind)
 
 

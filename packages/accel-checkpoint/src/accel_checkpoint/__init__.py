@@ -12,7 +12,10 @@ Example::
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from accel_core.protocols import CheckpointAccelerator
 
 _EXPORTS = {
     "HANDLER": "integration",
@@ -33,10 +36,10 @@ _EXPORTS = {
     "UNSAFE_PICKLE_ENV": "constants",
 }
 
-__all__ = sorted(_EXPORTS) + ["wait_for_checkpoint"]
+__all__ = [*sorted(_EXPORTS), "wait_for_checkpoint"]
 
 
-def wait_for_checkpoint(accelerator: Any) -> str | None:
+def wait_for_checkpoint(accelerator: CheckpointAccelerator) -> str | None:
     """Blocks until ``accelerator``'s pending async ``save_state`` is complete on disk; returns its folder."""
     from .integration import HANDLER
 

@@ -25,9 +25,9 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .errors import CorruptCheckpointError
-
 import xxhash
+
+from .errors import CorruptCheckpointError
 
 ALGORITHM = "xxh3_128"
 """The digest new checkpoints record (``hash_algorithm`` in the manifest)."""
@@ -62,7 +62,7 @@ def hash_files(folder: str, names: Iterable[str]) -> dict[str, str]:
     workers = max(1, min(4, os.cpu_count() or 1, len(names)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="accel-hash") as pool:
         digests = pool.map(lambda name: hash_file(os.path.join(folder, name)), names)
-        return dict(zip(names, digests))
+        return dict(zip(names, digests, strict=True))
 
 
 class BackgroundVerifier:

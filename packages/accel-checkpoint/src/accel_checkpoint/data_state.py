@@ -41,9 +41,9 @@ def dataloader_state(loader: Any) -> dict[str, Any]:
     if callable(getattr(loader, "state_dict", None)):
         return {"kind": "state_dict", "state": loader.state_dict()}
     state: dict[str, Any] = {"kind": "fallback", "generators": {name: g.get_state() for name, g in _generators(loader)}}
-    sampler = getattr(loader, "sampler", None)
-    if isinstance(getattr(sampler, "epoch", None), int):
-        state["epoch"] = sampler.epoch
+    epoch = getattr(getattr(loader, "sampler", None), "epoch", None)
+    if isinstance(epoch, int):
+        state["epoch"] = epoch
     return state
 
 
@@ -60,6 +60,6 @@ def restore_dataloader_state(loader: Any, saved: dict[str, Any], where: str) -> 
     for name, value in saved.get("generators", {}).items():
         if name in generators:
             generators[name].set_state(value)
-    sampler = getattr(loader, "sampler", None)
-    if "epoch" in saved and callable(getattr(sampler, "set_epoch", None)):
-        sampler.set_epoch(saved["epoch"])
+    set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
+    if "epoch" in saved and callable(set_epoch):
+        set_epoch(saved["epoch"])

@@ -52,7 +52,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """``FileSystemReader`` whose metadata is unpickled with an allow-list, and whose file references stay inside the folder."""
+    """``FileSystemReader`` whose metadata is unpickled with an allow-list, and whose file references stay inside the
+    folder."""
 
     def __init__(self, path: str | os.PathLike[str], allow_unsafe_pickle: bool | None = None) -> None:
         super().__init__(path)
@@ -70,7 +71,9 @@ class SafeFileSystemReader(FileSystemReader):
         except FileNotFoundError as error:
             raise CorruptCheckpointError(f"{path} is missing: {self.path} is not a complete DCP checkpoint.") from error
         except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as error:
-            raise CorruptCheckpointError(f"{path} is truncated or corrupt ({error}). Load an earlier checkpoint.") from error
+            raise CorruptCheckpointError(
+                f"{path} is truncated or corrupt ({error}). Load an earlier checkpoint."
+            ) from error
         for info in (getattr(metadata, "storage_data", None) or {}).values():
             rel = str(getattr(info, "relative_path", ""))
             if os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
@@ -107,7 +110,9 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         loaded = _load_value(value, self._allow_unsafe)
         fqn = read_item.dest_index.fqn
         if self.flatten_state_dict:
-            from torch.distributed.checkpoint._traverse import set_element  # DCP's own helper, as DefaultLoadPlanner uses it
+            from torch.distributed.checkpoint._traverse import (
+                set_element,
+            )  # DCP's own helper, as DefaultLoadPlanner uses it
 
             set_element(self.original_state_dict, self.mappings[fqn], loaded)
         else:
@@ -128,5 +133,10 @@ def read_dcp_tensors(folder: str, prefix: str = "", allow_unsafe_pickle: bool | 
     for key, item in metadata.state_dict_metadata.items():
         if isinstance(item, TensorStorageMetadata) and key.startswith(prefix):
             wanted[key] = torch.empty(item.size, dtype=item.properties.dtype)
-    dcp.load(wanted, storage_reader=SafeFileSystemReader(folder, allow_unsafe_pickle), planner=SafeLoadPlanner(allow_unsafe_pickle), no_dist=True)
-    return {key[len(prefix):]: value for key, value in wanted.items()}
+    dcp.load(
+        wanted,
+        storage_reader=SafeFileSystemReader(folder, allow_unsafe_pickle),
+        planner=SafeLoadPlanner(allow_unsafe_pickle),
+        no_dist=True,
+    )
+    return {key[len(prefix) :]: value for key, value in wanted.items()}

@@ -33,7 +33,9 @@ def fsync_wanted(explicit: bool | None = None) -> bool:
     try:
         return parse_flag(value) if value else True  # empty counts as unset here, not as "off"
     except ValueError:
-        raise ValueError(f"{FSYNC_ENV}={os.environ[FSYNC_ENV]!r} is not a switch; set it to 1 (fsync, the default) or 0.") from None
+        raise ValueError(
+            f"{FSYNC_ENV}={os.environ[FSYNC_ENV]!r} is not a switch; set it to 1 (fsync, the default) or 0."
+        ) from None
 
 
 def fsync_dir(path: str) -> None:

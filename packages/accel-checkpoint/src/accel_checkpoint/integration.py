@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import access
 from .coordination import Coordinator
@@ -19,6 +19,9 @@ from .fsio import fsync_wanted
 from .load_state import load_state as _load_state
 from .save_plan import plan_save
 from .writer import PendingSave, run_job
+
+if TYPE_CHECKING:
+    from accel_core.protocols import CheckpointAccelerator
 
 
 class _PerAccelerator(dict):
@@ -28,19 +31,19 @@ class _PerAccelerator(dict):
         super().__init__()
         self._weak: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
-    def get_for(self, accelerator: Any) -> Any:
+    def get_for(self, accelerator: object) -> Any:
         try:
             return self._weak.get(accelerator)
         except TypeError:
             return self.get(id(accelerator))
 
-    def set_for(self, accelerator: Any, value: Any) -> None:
+    def set_for(self, accelerator: object, value: Any) -> None:
         try:
             self._weak[accelerator] = value
         except TypeError:
             self[id(accelerator)] = value
 
-    def pop_for(self, accelerator: Any) -> Any:
+    def pop_for(self, accelerator: object) -> Any:
         try:
             return self._weak.pop(accelerator, None)
         except TypeError:
@@ -56,7 +59,7 @@ class StateCheckpointer:
 
     def save_state(
         self,
-        accelerator: Any,
+        accelerator: CheckpointAccelerator,
         output_dir: str | None = None,
         async_save: bool = False,
         safe_serialization: bool = True,
@@ -89,7 +92,7 @@ class StateCheckpointer:
         copy_tensor = buffers.copy if buffers is not None else to_cpu_without_copy
         job = plan_save(accelerator, output_dir, coord, copy_tensor, safe_serialization, sharded_kwargs=kwargs)
         job.durable = durable
-        config = access.project_configuration(accelerator)
+        config = accelerator.project_configuration
         automatic = job.metadata["iteration"] is not None
         if buffers is not None:
             buffers.synchronize()
@@ -102,7 +105,7 @@ class StateCheckpointer:
             config.iteration += 1
         return folder
 
-    def wait(self, accelerator: Any) -> str | None:
+    def wait(self, accelerator: CheckpointAccelerator) -> str | None:
         """Blocks until the accelerator's async save (if any) is on disk; returns its folder.
 
         Raises ``CheckpointError`` if that save failed.
@@ -115,7 +118,7 @@ class StateCheckpointer:
 
     def load_state(
         self,
-        accelerator: Any,
+        accelerator: CheckpointAccelerator,
         input_dir: str | None = None,
         allow_unsafe_pickle: bool | None = None,
         load_dataloader_state: bool = True,
@@ -142,7 +145,7 @@ class StateCheckpointer:
 
     def save_model(
         self,
-        accelerator: Any,
+        accelerator: CheckpointAccelerator,
         model: Any,
         save_directory: str,
         max_shard_size: int | str = "10GB",
@@ -156,9 +159,9 @@ class StateCheckpointer:
         self.wait(accelerator)
         coord = Coordinator()
         state_dict = full_model_state_dict(accelerator, model)  # every process: it may gather
-        config = access.project_configuration(accelerator)
-        rank = access.process_index(accelerator)
-        writes = rank == 0 or (bool(getattr(config, "save_on_each_node", False)) and access.is_local_main(accelerator))
+        config = accelerator.project_configuration
+        rank = accelerator.process_index
+        writes = rank == 0 or (config.save_on_each_node and accelerator.is_local_main_process)
         error: BaseException | None = None
         if writes:
             try:
@@ -168,7 +171,7 @@ class StateCheckpointer:
         coord.agree(error, f"save_model to {save_directory}")
 
 
-def full_model_state_dict(accelerator: Any, model: Any) -> dict[str, Any]:
+def full_model_state_dict(accelerator: CheckpointAccelerator, model: Any) -> dict[str, Any]:
     """The whole model's state dict; a DTensor-sharded model is gathered (onto the CPU) with DCP's helper."""
     state = access.model_state_dict(accelerator, model)
     try:

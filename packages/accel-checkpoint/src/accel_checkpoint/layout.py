@@ -66,7 +66,9 @@ def latest_complete(base: str) -> Found | None:
     newest = complete[-1].number if complete else -1
     skipped = [f.path for f in found if not f.complete and f.number > newest]
     if skipped:
-        logger.warning("Skipping checkpoint folders without a %s marker (interrupted saves): %s", COMPLETE_NAME, skipped)
+        logger.warning(
+            "Skipping checkpoint folders without a %s marker (interrupted saves): %s", COMPLETE_NAME, skipped
+        )
     return complete[-1] if complete else None
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import access, constants as C, layout
+from . import access, layout
+from . import constants as C
 from .content_hash import BackgroundVerifier
 from .coordination import Coordinator
 from .data_state import restore_dataloader_state
@@ -24,14 +25,17 @@ from .safe_load import load_torch_file
 from .safetensors_io import read_safetensors
 from .sharded import MODELS, OPTIMIZERS, SCHEDULERS, DCPCheckpointing, find_sharded
 
+if TYPE_CHECKING:
+    from accel_core.protocols import CheckpointAccelerator
+
 # Sharded layouts that are plain DCP folders (model_<i>/, optimizer_<i>/), loadable by DCPCheckpointing.
 _DCP_LAYOUTS = ("dcp", "accel_fsdp.strategy.FSDPStrategy")
 
 logger = logging.getLogger(__name__)
 
 
-def _automatic_base(accelerator: Any) -> str:
-    config = access.project_configuration(accelerator)
+def _automatic_base(accelerator: CheckpointAccelerator) -> str:
+    config = accelerator.project_configuration
     if config is None or not config.automatic_checkpoint_naming or not config.project_dir:
         raise ValueError(
             "load_state() needs input_dir, unless ProjectConfiguration(automatic_checkpoint_naming=True, "
@@ -40,7 +44,9 @@ def _automatic_base(accelerator: Any) -> str:
     return layout.checkpoints_dir(config.project_dir)
 
 
-def resolve_input_dir(accelerator: Any, input_dir: str | None, coord: Coordinator | None = None) -> str:
+def resolve_input_dir(
+    accelerator: CheckpointAccelerator, input_dir: str | None, coord: Coordinator | None = None
+) -> str:
     """This process's checkpoint folder: ``input_dir``, or the newest automatic checkpoint.
 
     Each process reads its own folder (processes may each have their own, on their own disk).
@@ -57,11 +63,16 @@ def resolve_input_dir(accelerator: Any, input_dir: str | None, coord: Coordinato
                 everywhere &= set(other)
         if not everywhere:
             hint = " on every process" if complete else ""
-            raise CheckpointNotFoundError(f"No complete checkpoint in {base}{hint}: nothing to resume from (save_state() first).")
+            raise CheckpointNotFoundError(
+                f"No complete checkpoint in {base}{hint}: nothing to resume from (save_state() first)."
+            )
         number = max(everywhere)
         if complete and number < max(complete):
             logger.warning(
-                "Loading checkpoint_%d: the newer checkpoint_%d in %s is not complete on every process.", number, max(complete), base
+                "Loading checkpoint_%d: the newer checkpoint_%d in %s is not complete on every process.",
+                number,
+                max(complete),
+                base,
             )
         layout.latest_complete(base)  # reports unfinished folders
         return os.path.abspath(layout.numbered_path(os.path.dirname(base), number))
@@ -72,7 +83,8 @@ def resolve_input_dir(accelerator: Any, input_dir: str | None, coord: Coordinato
         if os.path.isdir(parent):
             aside = [n for n in os.listdir(parent) if n.startswith(f".{name}{C.OLD_TAG}")]
             if aside:
-                hint = f" A previous version was being replaced when the process stopped: {os.path.join(parent, aside[0])}."
+                old = os.path.join(parent, aside[0])
+                hint = f" A previous version was being replaced when the process stopped: {old}."
         raise CheckpointNotFoundError(f"Tried to find {input_dir} but folder does not exist.{hint}")
     return folder
 
@@ -127,7 +139,7 @@ def _check_count(kind: str, saved: int, prepared: int, folder: str) -> None:
 
 
 def load_state(
-    accelerator: Any,
+    accelerator: CheckpointAccelerator,
     input_dir: str | None,
     coord: Coordinator,
     allow_unsafe_pickle: bool | None = None,
@@ -138,6 +150,7 @@ def load_state(
     """Collective: every process calls it. Returns the folder loaded."""
     error: BaseException | None = None
     folder = metadata = None
+    base: str | None = None
     try:
         # The automatic choice is agreed in a collective: every process must reach it.
         base = _automatic_base(accelerator) if input_dir is None else None
@@ -153,7 +166,9 @@ def load_state(
     models = access.listed(accelerator, "_models")
     try:
         if not os.path.isdir(folder):
-            raise CheckpointNotFoundError(f"{folder} is not visible on this machine; use a shared file system or save_on_each_node=True.")
+            raise CheckpointNotFoundError(
+                f"{folder} is not visible on this machine; use a shared file system or save_on_each_node=True."
+            )
         metadata = layout.read_metadata(folder)
         if not layout.is_complete(folder):
             if metadata is not None:
@@ -162,11 +177,18 @@ def load_state(
                     "Load an earlier checkpoint."
                 )
             if os.path.basename(folder).startswith("."):
-                raise IncompleteCheckpointError(f"{folder} is a checkpoint that was still being written; load a finished one.")
-            warnings.warn(f"{folder} has no accel-checkpoint metadata: reading it as a reference-layout (legacy) checkpoint.", stacklevel=3)
+                raise IncompleteCheckpointError(
+                    f"{folder} is a checkpoint that was still being written; load a finished one."
+                )
+            warnings.warn(
+                f"{folder} has no accel-checkpoint metadata: reading it as a reference-layout (legacy) checkpoint.",
+                stacklevel=3,
+            )
         if (metadata or {}).get("sharded"):
-            _Reader(folder, metadata, allow_unsafe_pickle).verify_sharded(access.process_index(accelerator), access.num_processes(accelerator))
-        for hook in access.hooks(accelerator, "_load_model_state_pre_hook"):
+            _Reader(folder, metadata, allow_unsafe_pickle).verify_sharded(
+                accelerator.process_index, accelerator.num_processes
+            )
+        for hook in accelerator.load_state_pre_hooks:
             hook(models, folder)  # may remove models it loads itself
     except Exception as caught:  # noqa: BLE001
         error = caught
@@ -184,17 +206,19 @@ def load_state(
                 )
             # A DCP checkpoint loads into plain (unsharded) models too: DCP reshards to any layout.
             found = (DCPCheckpointing(), "dcp")
-        found[0].load_sharded(accelerator.prepared, os.path.join(folder, C.SHARDED_DIR), allow_unsafe_pickle=allow_unsafe_pickle)
+        found[0].load_sharded(
+            accelerator.prepared, os.path.join(folder, C.SHARDED_DIR), allow_unsafe_pickle=allow_unsafe_pickle
+        )
 
-    rank = access.process_index(accelerator)
+    rank = accelerator.process_index
     reader = _Reader(folder, metadata, allow_unsafe_pickle)
     counts = metadata["counts"] if metadata else legacy_counts(folder)
     optimizers = access.listed(accelerator, "_optimizers")
     schedulers = access.listed(accelerator, "_schedulers")
     customs = access.listed(accelerator, "_custom_objects")
     loaders = access.listed(accelerator, "_dataloaders")
-    scaler = getattr(accelerator, "scaler", None)
-    saved_world = (metadata or {}).get("world_size", access.num_processes(accelerator))
+    scaler = accelerator.scaler
+    saved_world = (metadata or {}).get("world_size", accelerator.num_processes)
     loaded: dict[str, Any] = {}
     try:
         if MODELS not in covered:
@@ -204,21 +228,27 @@ def load_state(
             _check_count("optimizers", counts["optimizers"], len(optimizers), folder)
             classes = (metadata or {}).get("optimizer_classes") or [None] * len(optimizers)
             loaded["optimizers"] = []
-            for i, (optimizer, saved_class) in enumerate(zip(optimizers, classes)):
+            for i, (optimizer, saved_class) in enumerate(zip(optimizers, classes, strict=False)):
                 path = reader.path(C.indexed(C.OPTIMIZER_NAME, i, ".bin"))
                 check_optimizer_class(optimizer, saved_class, path)
                 loaded["optimizers"].append(read_optimizer_state(optimizer, path, allow_unsafe_pickle))
         if SCHEDULERS not in covered:
             _check_count("schedulers", counts["schedulers"], len(schedulers), folder)
-            loaded["schedulers"] = [reader.torch(C.indexed(C.SCHEDULER_NAME, i, ".bin")) for i in range(len(schedulers))]
+            loaded["schedulers"] = [
+                reader.torch(C.indexed(C.SCHEDULER_NAME, i, ".bin")) for i in range(len(schedulers))
+            ]
         if scaler is not None and counts["scaler"]:
             loaded["scaler"] = reader.torch(C.SCALER_NAME)
         elif scaler is not None or counts["scaler"]:
-            logger.warning("GradScaler state %s: the scaler starts fresh.", "missing from the checkpoint" if scaler else "not used now")
+            logger.warning(
+                "GradScaler state %s: the scaler starts fresh.",
+                "missing from the checkpoint" if scaler else "not used now",
+            )
         if counts["custom_objects"] != len(customs):
             # The reference implementation warns and skips here; kept for compatibility.
             logger.warning(
-                "Number of found checkpoints does not match the number of registered objects: found %d, registered %d. Skipping.",
+                "Number of found checkpoints does not match the number of registered objects: found %d, registered %d. "
+                "Skipping.",
                 counts["custom_objects"],
                 len(customs),
             )
@@ -229,15 +259,21 @@ def load_state(
             _check_count("dataloaders", counts["dataloaders"], len(loaders), folder)
             source = rank
             saved_dp = (metadata or {}).get("data_parallel_size", saved_world)
-            if saved_world != access.num_processes(accelerator) or saved_dp != access.data_parallel_size(accelerator):
+            if saved_world != accelerator.num_processes or saved_dp != access.data_parallel_size(accelerator):
                 # Positions of a sharded loader are the same on every process; the loader's own
                 # load_state_dict converts them to the new data-parallel size (or says why it cannot).
                 # The first process's whose file this folder holds (a folder of its own holds only one).
-                source = next((r for r in range(saved_world) if os.path.exists(os.path.join(folder, C.dataloader_file(0, r)))), 0)
+                source = next(
+                    (r for r in range(saved_world) if os.path.exists(os.path.join(folder, C.dataloader_file(0, r)))), 0
+                )
                 logger.warning(
                     "%s was saved by %d processes (%d data-parallel), %d (%d) run now: every dataloader resumes from "
                     "process %d's position.",
-                    folder, saved_world, saved_dp, access.num_processes(accelerator), access.data_parallel_size(accelerator),
+                    folder,
+                    saved_world,
+                    saved_dp,
+                    accelerator.num_processes,
+                    access.data_parallel_size(accelerator),
                     source,
                 )
             loaded["loaders"] = [reader.torch(C.dataloader_file(i, source)) for i in range(len(loaders))]
@@ -245,7 +281,12 @@ def load_state(
         if os.path.exists(os.path.join(folder, rng_name)):
             loaded["rng"] = reader.torch(rng_name)
         else:
-            logger.warning("%s has no RNG state for process %d (saved with %d processes): RNGs are not restored.", folder, rank, saved_world)
+            logger.warning(
+                "%s has no RNG state for process %d (saved with %d processes): RNGs are not restored.",
+                folder,
+                rank,
+                saved_world,
+            )
     except Exception as caught:  # noqa: BLE001
         error = caught
     try:
@@ -255,17 +296,17 @@ def load_state(
     coord.agree(error, f"reading {folder}")
 
     try:
-        for model, state in zip(models, loaded.get("models", [])):
+        for model, state in zip(models, loaded.get("models", []), strict=False):
             access.load_model_state_dict(accelerator, model, state, strict=strict)
-        for optimizer, state in zip(optimizers, loaded.get("optimizers", [])):
+        for optimizer, state in zip(optimizers, loaded.get("optimizers", []), strict=False):
             load_optimizer_state(optimizer, state)
-        for scheduler, state in zip(schedulers, loaded.get("schedulers", [])):
+        for scheduler, state in zip(schedulers, loaded.get("schedulers", []), strict=False):
             scheduler.load_state_dict(state)
-        if "scaler" in loaded:
+        if "scaler" in loaded and scaler is not None:  # read above only when there is a scaler
             scaler.load_state_dict(loaded["scaler"])
-        for obj, state in zip(customs, loaded.get("customs", [])):
+        for obj, state in zip(customs, loaded.get("customs", []), strict=False):
             obj.load_state_dict(state)
-        for i, (loader, state) in enumerate(zip(loaders, loaded.get("loaders", []))):
+        for i, (loader, state) in enumerate(zip(loaders, loaded.get("loaders", []), strict=False)):
             restore_dataloader_state(loader, state, os.path.join(folder, C.dataloader_file(i, rank)))
         if "rng" in loaded:
             (restore_rng_state if metadata else restore_legacy_rng_state)(loaded["rng"])
@@ -274,12 +315,17 @@ def load_state(
     coord.agree(error, f"restoring the state of {folder}")
 
     step = (metadata or {}).get("step")
-    if step is not None and hasattr(accelerator, "step"):
+    if step is not None:
         accelerator.step = step
-    config = access.project_configuration(accelerator)
+    config = accelerator.project_configuration
     number = layout.number_of(folder)
-    if config is not None and config.automatic_checkpoint_naming and config.project_dir and number is not None:
-        if os.path.abspath(os.path.dirname(folder)) == os.path.abspath(layout.checkpoints_dir(config.project_dir)):
-            config.iteration = number + 1  # the next automatic save continues the numbering
+    if (
+        config is not None
+        and config.automatic_checkpoint_naming
+        and config.project_dir
+        and number is not None
+        and os.path.abspath(os.path.dirname(folder)) == os.path.abspath(layout.checkpoints_dir(config.project_dir))
+    ):
+        config.iteration = number + 1  # the next automatic save continues the numbering
     logger.info("Loaded state from %s", folder)
     return folder

@@ -26,7 +26,7 @@ def _read_any(source: str, model_index: int, allow_unsafe_pickle: bool | None) -
         tensors = read_dcp_tensors(source, allow_unsafe_pickle=allow_unsafe_pickle)
         # accel's DCP layout stores {"model": state_dict}: drop that top-level key from the names.
         if tensors and all(k.startswith("model.") for k in tensors):
-            tensors = {k[len("model."):]: v for k, v in tensors.items()}
+            tensors = {k[len("model.") :]: v for k, v in tensors.items()}
         return tensors
     sharded_model = os.path.join(source, C.SHARDED_DIR, f"model_{model_index}")
     if os.path.isdir(sharded_model) and _is_dcp(sharded_model):  # a whole accel checkpoint folder
@@ -80,7 +80,10 @@ def merge_fsdp_weights(
     from accel_core.state import PartialState
 
     if not os.path.isdir(checkpoint_dir):
-        raise ValueError(f"Tried to load from {checkpoint_dir} but couldn't find a valid metadata file: pass the sharded model folder.")
+        raise ValueError(
+            f"Tried to load from {checkpoint_dir} but couldn't find a valid metadata file: pass the sharded model "
+            "folder."
+        )
     state = PartialState()
     if state.is_main_process:
         if safe_serialization:

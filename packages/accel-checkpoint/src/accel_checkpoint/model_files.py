@@ -22,7 +22,17 @@ from .fsio import replace_file_atomically, torch_save, write_json
 from .safe_load import load_torch_file
 from .safetensors_io import dedupe, read_safetensors, safetensors_metadata, tensor_nbytes, write_safetensors
 
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_size(size: int | str) -> int:
@@ -59,11 +69,17 @@ def split_into_shards(tensors: Mapping[str, torch.Tensor], max_bytes: int) -> li
 
 
 def _stale_weight_file(name: str, prefix: str, ext: str) -> bool:
-    return bool(re.fullmatch(rf"{re.escape(prefix)}(-\d{{5}}-of-\d{{5}})?{re.escape(ext)}", name)) or name == f"{prefix}{ext}.index.json"
+    return (
+        bool(re.fullmatch(rf"{re.escape(prefix)}(-\d{{5}}-of-\d{{5}})?{re.escape(ext)}", name))
+        or name == f"{prefix}{ext}.index.json"
+    )
 
 
 def write_model_files(
-    state_dict: Mapping[str, Any], save_directory: str, max_shard_size: int | str = "10GB", safe_serialization: bool = True
+    state_dict: Mapping[str, Any],
+    save_directory: str,
+    max_shard_size: int | str = "10GB",
+    safe_serialization: bool = True,
 ) -> list[str]:
     """Writes a full state dict as model weight files (each file replaced atomically); returns their names.
 
@@ -88,7 +104,7 @@ def write_model_files(
         shards[0].update({k: unique[k] for k in bad})
     total = len(shards)
     names = [f"{prefix}{ext}"] if total == 1 else [f"{prefix}-{i + 1:05d}-of-{total:05d}{ext}" for i in range(total)]
-    for name, shard in zip(names, shards):
+    for name, shard in zip(names, shards, strict=True):
         path = os.path.join(save_directory, name)
         if safe_serialization:
             meta = safetensors_metadata(aliases if total == 1 else {})
@@ -99,7 +115,7 @@ def write_model_files(
     if total > 1:
         index: dict[str, Any] = {
             "metadata": {"total_size": sum(tensor_nbytes(t) for t in tensors_only.values())},
-            "weight_map": {key: name for name, shard in zip(names, shards) for key in shard},
+            "weight_map": {key: name for name, shard in zip(names, shards, strict=True) for key in shard},
         }
         if aliases:
             index["metadata"]["accel_aliases"] = dict(aliases)
@@ -117,7 +133,10 @@ def read_model_files(path: str, allow_unsafe_pickle: bool | None = None) -> dict
         if path.endswith(C.SAFE_MODEL_EXT):
             return read_safetensors(path)[0]
         return load_torch_file(path, allow_unsafe_pickle)
-    for index_name, single in ((C.SAFE_INDEX_NAME, f"{C.MODEL_NAME}{C.SAFE_MODEL_EXT}"), (C.PICKLE_INDEX_NAME, f"{C.PICKLE_MODEL_NAME}.bin")):
+    for index_name, single in (
+        (C.SAFE_INDEX_NAME, f"{C.MODEL_NAME}{C.SAFE_MODEL_EXT}"),
+        (C.PICKLE_INDEX_NAME, f"{C.PICKLE_MODEL_NAME}.bin"),
+    ):
         index_path = os.path.join(path, index_name)
         if os.path.isfile(index_path):
             try:
@@ -125,7 +144,9 @@ def read_model_files(path: str, allow_unsafe_pickle: bool | None = None) -> dict
                     index = json.load(handle)
                 weight_map = index["weight_map"]
             except (ValueError, KeyError) as error:
-                raise CorruptCheckpointError(f"{index_path} is not a valid index ({error}); save the model again.") from error
+                raise CorruptCheckpointError(
+                    f"{index_path} is not a valid index ({error}); save the model again."
+                ) from error
             state: dict[str, torch.Tensor] = {}
             for shard in sorted(set(weight_map.values())):
                 state.update(read_model_files(os.path.join(path, shard), allow_unsafe_pickle))
@@ -137,7 +158,9 @@ def read_model_files(path: str, allow_unsafe_pickle: bool | None = None) -> dict
             return state
         if os.path.isfile(os.path.join(path, single)):
             return read_model_files(os.path.join(path, single), allow_unsafe_pickle)
-    raise CheckpointNotFoundError(f"No model weights in {path}: expected model.safetensors, an index file, or pytorch_model.bin.")
+    raise CheckpointNotFoundError(
+        f"No model weights in {path}: expected model.safetensors, an index file, or pytorch_model.bin."
+    )
 
 
 def load_model(model: torch.nn.Module, path: str, strict: bool = True, allow_unsafe_pickle: bool | None = None) -> Any:

@@ -15,11 +15,14 @@ copied into new memory. Reading stays ``weights_only`` (see ``safe_load``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import access
 from .errors import CheckpointMismatchError
 from .safe_load import load_torch_file
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -30,7 +33,7 @@ class SavedOptimizerState:
     mapped: bool
 
 
-def _live_state(optimizer: Any) -> dict[Any, dict[str, Any]]:
+def _live_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
     """The optimizer's current per-parameter state, keyed as in its state_dict (no copies made)."""
     try:
         state = optimizer.state_dict().get("state", {})
@@ -59,7 +62,9 @@ def check_optimizer_class(optimizer: Any, saved_class: str | None, path: str) ->
         )
 
 
-def read_optimizer_state(optimizer: Any, path: str, allow_unsafe_pickle: bool | None = None) -> SavedOptimizerState:
+def read_optimizer_state(
+    optimizer: torch.optim.Optimizer, path: str, allow_unsafe_pickle: bool | None = None
+) -> SavedOptimizerState:
     """Reads an optimizer file; memory-mapped when the optimizer has state to copy into."""
     mapped = bool(_live_state(optimizer))
     return SavedOptimizerState(load_torch_file(path, allow_unsafe_pickle, mmap=mapped), mapped)
@@ -70,7 +75,9 @@ def _same_layout(saved: dict[str, Any], live: dict[str, Any]) -> bool:
     saved_groups, live_groups = saved.get("param_groups"), live.get("param_groups")
     if not isinstance(saved_groups, list) or not isinstance(live_groups, list) or len(saved_groups) != len(live_groups):
         return False
-    return all(len(a.get("params", ())) == len(b.get("params", ())) for a, b in zip(saved_groups, live_groups))
+    return all(
+        len(a.get("params", ())) == len(b.get("params", ())) for a, b in zip(saved_groups, live_groups, strict=True)
+    )
 
 
 def _copy_into_live(saved: dict[str, Any], live: dict[Any, dict[str, Any]]) -> tuple[dict[str, Any], set[int]]:
@@ -84,7 +91,12 @@ def _copy_into_live(saved: dict[str, Any], live: dict[Any, dict[str, Any]]) -> t
         merged = dict(entries)
         for name, value in entries.items():
             target = current.get(name)
-            if isinstance(value, torch.Tensor) and isinstance(target, torch.Tensor) and target.shape == value.shape and target.dtype == value.dtype:
+            if (
+                isinstance(value, torch.Tensor)
+                and isinstance(target, torch.Tensor)
+                and target.shape == value.shape
+                and target.dtype == value.dtype
+            ):
                 with torch.no_grad():
                     target.copy_(value)
                 merged[name] = target
@@ -114,7 +126,7 @@ def _materialize(obj: Any, placed: set[int], memo: dict[tuple[Any, ...], Any]) -
     return obj
 
 
-def load_optimizer_state(optimizer: Any, saved: SavedOptimizerState) -> None:
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: SavedOptimizerState) -> None:
     """``optimizer.load_state_dict``, reusing the optimizer's own tensors for the saved ones.
 
     Writes into the optimizer's tensors: call it only once every process has read its files.

@@ -20,7 +20,11 @@ def capture_rng_state() -> dict[str, Any]:
     py_version, py_internal, py_gauss = random.getstate()
     state: dict[str, Any] = {
         "format": _FORMAT,
-        "python": {"version": py_version, "state": torch.tensor(py_internal, dtype=torch.int64), "gauss_next": py_gauss},
+        "python": {
+            "version": py_version,
+            "state": torch.tensor(py_internal, dtype=torch.int64),
+            "gauss_next": py_gauss,
+        },
         "torch": torch.get_rng_state(),
     }
     try:
@@ -51,7 +55,9 @@ def capture_rng_state() -> dict[str, Any]:
 def restore_rng_state(state: dict[str, Any]) -> None:
     """Puts back what ``capture_rng_state`` returned (devices absent now are skipped)."""
     if state.get("format") != _FORMAT:
-        raise ValueError(f"Unknown RNG state format {state.get('format')!r}; it was written by a newer accel-checkpoint.")
+        raise ValueError(
+            f"Unknown RNG state format {state.get('format')!r}; it was written by a newer accel-checkpoint."
+        )
     python = state["python"]
     random.setstate((python["version"], tuple(int(x) for x in python["state"].tolist()), python["gauss_next"]))
     torch.set_rng_state(state["torch"])
@@ -60,7 +66,13 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
         saved = state["numpy"]
         np.random.set_state(
-            (saved["kind"], saved["keys"].numpy().astype(np.uint32), saved["pos"], saved["has_gauss"], saved["cached_gaussian"])
+            (
+                saved["kind"],
+                saved["keys"].numpy().astype(np.uint32),
+                saved["pos"],
+                saved["has_gauss"],
+                saved["cached_gaussian"],
+            )
         )
     if "cuda" in state and torch.cuda.is_available():
         cuda_states = state["cuda"]

@@ -29,8 +29,9 @@ def unsafe_pickle_allowed(explicit: bool | None = None) -> bool:
 
 def _corrupt(path: str, error: BaseException) -> CorruptCheckpointError:
     return CorruptCheckpointError(
-        f"{path} is truncated or corrupt ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'empty'}). "
-        "Restore the file from a copy, or load an earlier checkpoint."
+        f"{path} is truncated or corrupt ({type(error).__name__}: "
+        f"{str(error).splitlines()[0] if str(error) else 'empty'}). Restore the file from a copy, or load an earlier "
+        "checkpoint."
     )
 
 
@@ -43,7 +44,7 @@ def _unsafe_globals(path: str) -> list[str] | None:
         return None
     try:
         return list(finder(path))
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure of the scan means "unknown", never an error
         return None
 
 
@@ -98,11 +99,13 @@ def _looks_like_pickle(path: str) -> bool:
 def _load_unsafe(path: str, is_zip: bool) -> Any:
     import torch
 
-    warnings.warn(f"Loading {path} with full unpickling (allow_unsafe_pickle): only do this for trusted files.", stacklevel=3)
+    warnings.warn(
+        f"Loading {path} with full unpickling (allow_unsafe_pickle): only do this for trusted files.", stacklevel=3
+    )
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except RuntimeError:
         if is_zip:
             raise
     with open(path, "rb") as handle:  # a raw pickle.dump file, not torch's format
-        return pickle.load(handle)  # noqa: S301 - explicit opt-in above
+        return pickle.load(handle)  # explicit opt-in above

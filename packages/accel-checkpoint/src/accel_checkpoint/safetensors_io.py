@@ -46,8 +46,23 @@ _DTYPES: dict[str, str] = {
 
 
 _CODES = {code: name for name, code in _DTYPES.items()}
-_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-             "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+_ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+}
 
 
 def _dtype_code(tensor: torch.Tensor, name: str) -> str:
@@ -131,7 +146,11 @@ def write_safetensors(
         if not tensor.is_contiguous():
             tensor = tensor.contiguous()
         size = tensor_nbytes(tensor)
-        header[name] = {"dtype": _dtype_code(tensor, name), "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        header[name] = {
+            "dtype": _dtype_code(tensor, name),
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
         ordered.append(tensor)
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -141,7 +160,8 @@ def write_safetensors(
         handle.write(raw)
         for tensor in ordered:
             if tensor.numel():
-                handle.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+                # An ndarray is a buffer; numpy's stubs declare __buffer__ only for Python >= 3.12.
+                handle.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))  # pyright: ignore[reportArgumentType]
     return 8 + len(raw) + offset
 
 
@@ -149,10 +169,14 @@ _MAX_HEADER = 100 * 2**20  # the reference reader's limit
 
 
 def _corrupt(path: str, why: str) -> CorruptCheckpointError:
-    return CorruptCheckpointError(f"{path} is truncated or corrupt ({why}). Restore the file from a copy, or load an earlier checkpoint.")
+    return CorruptCheckpointError(
+        f"{path} is truncated or corrupt ({why}). Restore the file from a copy, or load an earlier checkpoint."
+    )
 
 
-def _parse_header(path: str, handle: Any, file_size: int) -> tuple[int, list[tuple[int, int, str, str, list[int]]], dict[str, str]]:
+def _parse_header(
+    path: str, handle: Any, file_size: int
+) -> tuple[int, list[tuple[int, int, str, str, list[int]]], dict[str, str]]:
     """Validates a safetensors header like the reference reader: known dtypes, sizes matching
     shapes, tensors tiling the data section exactly, and the file holding all of it."""
     raw = handle.read(8)
@@ -172,7 +196,10 @@ def _parse_header(path: str, handle: Any, file_size: int) -> tuple[int, list[tup
             numel = 1
             for d in shape:
                 numel *= d
-            if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end) or end - begin != numel * _ITEMSIZE[dtype]:
+            if (
+                not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end)
+                or end - begin != numel * _ITEMSIZE[dtype]
+            ):
                 raise ValueError(f"offsets of {name!r} do not match its shape")
             entries.append((begin, end, str(name), dtype, list(shape)))
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
@@ -211,10 +238,14 @@ def read_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]
         offset = start + begin
         if end == begin:
             tensors[name] = torch.empty(shape, dtype=dtype)
-        elif offset % _ITEMSIZE[code]:  # misaligned (foreign writer): copy rather than view
+            continue
+        assert mapped is not None  # a tensor with bytes: the file extends past its header
+        if offset % _ITEMSIZE[code]:  # misaligned (foreign writer): copy rather than view
             tensors[name] = torch.frombuffer(bytearray(mapped[offset : start + end]), dtype=dtype).reshape(shape)
         else:
-            tensors[name] = torch.frombuffer(mapped, dtype=dtype, count=(end - begin) // _ITEMSIZE[code], offset=offset).reshape(shape)
+            tensors[name] = torch.frombuffer(
+                mapped, dtype=dtype, count=(end - begin) // _ITEMSIZE[code], offset=offset
+            ).reshape(shape)
     aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
     for alias, kept in aliases.items():
         if kept not in tensors:

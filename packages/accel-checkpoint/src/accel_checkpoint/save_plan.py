@@ -12,18 +12,22 @@ import os
 import time
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import access, constants as C, layout
+from . import access, layout
+from . import constants as C
 from .coordination import Coordinator
 from .data_state import dataloader_state
 from .errors import CheckpointError
 from .fsio import remove_tree, token
+from .optimizer_state import optimizer_class
 from .rng import capture_rng_state
 from .safetensors_io import dedupe, safetensors_metadata
-from .optimizer_state import optimizer_class
 from .sharded import MODELS, OPTIMIZERS, SCHEDULERS, find_sharded
 from .snapshot import CopyFn, copy_tree
+
+if TYPE_CHECKING:
+    from accel_core.protocols import CheckpointAccelerator
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +56,7 @@ class SaveJob:
     written: dict[str, int] = field(default_factory=dict)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _version(dist_name: str) -> str | None:
     try:
         return importlib_metadata.version(dist_name)
@@ -60,14 +64,15 @@ def _version(dist_name: str) -> str | None:
         return None
 
 
-def resolve_output_dir(accelerator: Any, output_dir: str | None) -> tuple[str, bool, int | None]:
+def resolve_output_dir(accelerator: CheckpointAccelerator, output_dir: str | None) -> tuple[str, bool, int | None]:
     """(final folder, replace an existing one?, automatic number or None). Raises ValueError with the fix."""
-    config = access.project_configuration(accelerator)
+    config = accelerator.project_configuration
     if config is not None and config.automatic_checkpoint_naming:
         if not config.project_dir:
             raise ValueError(
                 "automatic_checkpoint_naming=True needs a project directory: "
-                "Accelerator(project_config=ProjectConfiguration(project_dir='runs/exp', automatic_checkpoint_naming=True))."
+                "Accelerator(project_config=ProjectConfiguration(project_dir='runs/exp', "
+                "automatic_checkpoint_naming=True))."
             )
         if output_dir is not None:
             logger.warning("save_state: automatic_checkpoint_naming is on, so output_dir=%r is ignored.", output_dir)
@@ -123,7 +128,7 @@ def create_partial_folders(coord: Coordinator, final: str, temp: str, tag: str, 
 
 
 def plan_save(
-    accelerator: Any,
+    accelerator: CheckpointAccelerator,
     output_dir: str | None,
     coord: Coordinator,
     copy_tensor: CopyFn,
@@ -131,7 +136,7 @@ def plan_save(
     sharded_kwargs: dict[str, Any] | None = None,
 ) -> SaveJob:
     """Collective: every process calls it. Creates the temporary folder and snapshots the state."""
-    config = access.project_configuration(accelerator)
+    config = accelerator.project_configuration
     final, replace, number = None, False, None
     error: BaseException | None = None
     try:
@@ -141,9 +146,9 @@ def plan_save(
     coord.agree(error, "save_state")
     assert final is not None
 
-    rank = access.process_index(accelerator)
-    world = access.num_processes(accelerator)
-    save_on_each_node = bool(getattr(config, "save_on_each_node", False))
+    rank = accelerator.process_index
+    world = accelerator.num_processes
+    save_on_each_node = config.save_on_each_node
 
     tag = coord.broadcast(token() if rank == 0 else None)
     temp = layout.partial_path(final, tag)
@@ -168,7 +173,12 @@ def plan_save(
         )
     if sharded is not None:
         implementation, name = sharded
-        covered = set(implementation.save_sharded(accelerator.prepared, os.path.join(temp, C.SHARDED_DIR), **(sharded_kwargs or {})) or ())
+        covered = set(
+            implementation.save_sharded(
+                accelerator.prepared, os.path.join(temp, C.SHARDED_DIR), **(sharded_kwargs or {})
+            )
+            or ()
+        )
         unknown = covered - {MODELS, OPTIMIZERS, SCHEDULERS}
         if unknown:
             raise CheckpointError(f"{name}.save_sharded returned unknown categories {sorted(unknown)}.")
@@ -176,15 +186,20 @@ def plan_save(
 
     weights = [] if MODELS in covered else [access.model_state_dict(accelerator, m) for m in models]
     files: list[FileJob] = []
+    optimizers: list[Any] = []
+    schedulers: list[Any] = []
+    customs: list[Any] = []
+    loaders: list[Any] = []
+    scaler: Any = None
     try:
-        for hook in access.hooks(accelerator, "_save_model_state_pre_hook"):
+        for hook in accelerator.save_state_pre_hooks:
             hook(models, weights, temp)  # hooks write extra files into the folder being built
 
         optimizers = [] if OPTIMIZERS in covered else access.listed(accelerator, "_optimizers")
         schedulers = [] if SCHEDULERS in covered else access.listed(accelerator, "_schedulers")
         customs = access.listed(accelerator, "_custom_objects")
         loaders = access.listed(accelerator, "_dataloaders")
-        scaler = getattr(accelerator, "scaler", None)
+        scaler = accelerator.scaler
 
         if is_writer:
             for i, weight in enumerate(weights):
@@ -203,7 +218,9 @@ def plan_save(
                 name = C.indexed(C.SCHEDULER_NAME, i, ".bin")
                 files.append(FileJob(name, "torch", copy_tree(scheduler.state_dict(), copy_tensor, name)))
             if scaler is not None:
-                files.append(FileJob(C.SCALER_NAME, "torch", copy_tree(scaler.state_dict(), copy_tensor, C.SCALER_NAME)))
+                files.append(
+                    FileJob(C.SCALER_NAME, "torch", copy_tree(scaler.state_dict(), copy_tensor, C.SCALER_NAME))
+                )
             for i, obj in enumerate(customs):
                 name = C.custom_file(i)
                 files.append(FileJob(name, "torch", copy_tree(obj.state_dict(), copy_tensor, name)))
@@ -213,7 +230,7 @@ def plan_save(
             name = C.dataloader_file(i, rank)
             files.append(FileJob(name, "torch", copy_tree(dataloader_state(loader), copy_tensor, name)))
 
-    except Exception as caught:  # a failing hook or state_dict on one process must fail all of them
+    except Exception as caught:  # noqa: BLE001 - a failing hook or state_dict on one process must fail all of them
         error = caught
     try:
         coord.agree(error, "taking the checkpoint snapshot")
@@ -225,7 +242,11 @@ def plan_save(
     metadata = {
         "format": C.FORMAT_NAME,
         "format_version": C.FORMAT_VERSION,
-        "versions": {"accel-checkpoint": _version("accel-checkpoint"), "accel-core": _version("accel-core"), "torch": _version("torch")},
+        "versions": {
+            "accel-checkpoint": _version("accel-checkpoint"),
+            "accel-core": _version("accel-core"),
+            "torch": _version("torch"),
+        },
         "world_size": world,
         "data_parallel_size": access.data_parallel_size(accelerator),
         "created_unix": time.time(),
@@ -241,7 +262,7 @@ def plan_save(
         # The classes, so that loading into another optimizer class names both (not torch's KeyError: 'betas').
         "optimizer_classes": [optimizer_class(o) for o in access.listed(accelerator, "_optimizers")],
         "sharded": sharded_info,
-        "step": getattr(accelerator, "step", None),
+        "step": accelerator.step,
         "iteration": number,
         "save_on_each_node": save_on_each_node,
     }

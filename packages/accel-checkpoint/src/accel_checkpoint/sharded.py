@@ -18,11 +18,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from accel_core.optimizer_rebuild import optimizer_owner
 from accel_core.strategies.base import ShardedCheckpointing
 
-from .access import listed, optimizer_owner, raw_optimizer
+from .access import listed, raw_optimizer
+
+if TYPE_CHECKING:
+    from accel_core.protocols import CheckpointAccelerator
+    from accel_core.strategies import PreparedObjects
 
 MODELS = "models"
 OPTIMIZERS = "optimizers"
@@ -40,7 +45,7 @@ def _has_dtensor(model: Any) -> bool:
 __all__ = ["MODELS", "OPTIMIZERS", "SCHEDULERS", "DCPCheckpointing", "ShardedCheckpointing", "find_sharded"]
 
 
-def find_sharded(accelerator: Any) -> tuple[Any, str] | None:
+def find_sharded(accelerator: CheckpointAccelerator) -> tuple[Any, str] | None:
     """The implementation to use and its name, or None for a plain (full state dict) checkpoint."""
     strategy = accelerator.strategy
     if isinstance(strategy, ShardedCheckpointing):
@@ -58,7 +63,7 @@ class DCPCheckpointing:
     (DCP reshards). ``merge_sharded_checkpoint`` turns ``model_<i>`` into one safetensors file.
     """
 
-    def save_sharded(self, prepared: Any, folder: str, **kwargs: Any) -> Collection[str]:
+    def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> Collection[str]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             get_model_state_dict,
@@ -74,7 +79,9 @@ class DCPCheckpointing:
             dcp.save({"optimizer": state}, checkpoint_id=os.path.join(folder, f"optimizer_{i}"))
         return (MODELS, OPTIMIZERS)
 
-    def load_sharded(self, prepared: Any, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any) -> None:
+    def load_sharded(
+        self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any
+    ) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             get_model_state_dict,
@@ -89,8 +96,14 @@ class DCPCheckpointing:
             if not os.path.isdir(path):
                 from .errors import CheckpointMismatchError
 
-                raise CheckpointMismatchError(f"{path} is missing: the checkpoint holds fewer sharded objects than were prepared.")
-            dcp.load(state, storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle), planner=SafeLoadPlanner(allow_unsafe_pickle))
+                raise CheckpointMismatchError(
+                    f"{path} is missing: the checkpoint holds fewer sharded objects than were prepared."
+                )
+            dcp.load(
+                state,
+                storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle),
+                planner=SafeLoadPlanner(allow_unsafe_pickle),
+            )
 
         models = list(prepared.models)
         for i, model in enumerate(models):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections import OrderedDict, defaultdict
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import torch
 
@@ -31,7 +31,8 @@ def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
 
 
 def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Keeps one name per shared storage (safetensors refuses aliases; warns about the names dropped) and makes tensors contiguous.
+    """Keeps one name per shared storage (safetensors refuses aliases; warns about the names dropped) and makes tensors
+    contiguous.
 
     The first name (in the state dict's order) of each storage stays; ``state_dict`` is modified.
     """
@@ -51,7 +52,9 @@ def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, An
     return {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in state_dict.items()}
 
 
-def save(obj: Any, f: str | os.PathLike[str] | IO[bytes], save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+def save(
+    obj: Any, f: str | os.PathLike[str] | IO[bytes], save_on_each_node: bool = False, safe_serialization: bool = False
+) -> None:
     """Writes ``obj`` on the main process only (the first process of each machine with ``save_on_each_node``).
 
     safe_serialization: write a safetensors file (``obj`` must be a dict of tensors; shared tensors
@@ -70,7 +73,7 @@ def save(obj: Any, f: str | os.PathLike[str] | IO[bytes], save_on_each_node: boo
 
     if isinstance(obj, OrderedDict):  # a state_dict(): tied weights share storage
         obj = clean_state_dict_for_safetensors(obj)
-    save_file(obj, os.fspath(f), metadata={"format": "pt"})  # type: ignore[arg-type]
+    save_file(obj, os.fspath(cast("str | os.PathLike[str]", f)), metadata={"format": "pt"})  # a path, not a stream
 
 
 def _numpy_safe_globals() -> list[Any]:
@@ -79,8 +82,8 @@ def _numpy_safe_globals() -> list[Any]:
 
     import numpy as np
 
-    core = getattr(np, "_core", None) or np.core
-    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype, codecs.encode]
+    core = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core to np._core
+    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype, codecs.encode]  # pyright: ignore[reportAttributeAccessIssue]
     allowed += [getattr(np.dtypes, n) for n in ("UInt32DType", "Float64DType", "Int64DType") if hasattr(np, "dtypes")]
     return allowed
 

@@ -22,10 +22,11 @@ import os
 import threading
 from typing import Any
 
-from . import constants as C, layout
+from . import constants as C
+from . import layout
+from .content_hash import ALGORITHM, hash_files
 from .coordination import Coordinator
 from .errors import CheckpointError
-from .content_hash import ALGORITHM, hash_files
 from .fsio import BackgroundSync, file_sizes, fsync_dir, remove_tree, token, torch_save, write_json
 from .safetensors_io import write_safetensors
 from .save_plan import FileJob, SaveJob
@@ -135,7 +136,9 @@ class PendingSave:
         self._on_done = on_done
         # Not a daemon: at interpreter exit Python waits for it, so a finished script's last
         # checkpoint is completed rather than abandoned half-written.
-        self._thread = threading.Thread(target=self._run, args=(job, coord), name="accel-checkpoint-writer", daemon=False)
+        self._thread = threading.Thread(
+            target=self._run, args=(job, coord), name="accel-checkpoint-writer", daemon=False
+        )
         self._thread.start()
 
     def _run(self, job: SaveJob, coord: Coordinator) -> None:

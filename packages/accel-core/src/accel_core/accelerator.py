@@ -28,15 +28,15 @@ import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from . import environment as env
 from . import ops, plugins
-from .collective_check import check_agreement, checked_small_gather
 from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
+from .collective_check import check_agreement, checked_small_gather
 from .configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -75,6 +75,9 @@ from .strategies import (
 )
 from .strategies.selection import PLUGIN_ARGUMENTS
 from .triggers import Triggers
+
+if TYPE_CHECKING:
+    from .protocols import CheckpointAccelerator, DataAccelerator
 
 
 class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpointing, Triggers, Profiling, SetupQueries):
@@ -118,7 +121,7 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         dynamo_backend: str | None = None,
         dataloader_config: DataLoaderConfiguration | None = None,
         parallelism_config: ParallelismConfig | None = None,
-        strategy: Any = None,
+        strategy: str | Strategy | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
         deepspeed_plugins: Any = None,
         scheduler_stepping: str | SchedulerStepping | None = None,
@@ -131,10 +134,12 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         deepspeed_plugin = one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
         dynamo = dynamo_settings(dynamo_backend, dynamo_plugin)
         if parallelism_config is not None and not isinstance(parallelism_config, ParallelismConfig):
-            raise TypeError(f"parallelism_config must be an accel ParallelismConfig, got {type(parallelism_config).__name__}.")
+            raise TypeError(
+                f"parallelism_config must be an accel ParallelismConfig, got {type(parallelism_config).__name__}."
+            )
         if strategy is not None and not isinstance(strategy, (str, Strategy)):
             raise TypeError(
-                f"strategy must be a strategy name (\"ddp\", \"fsdp\", ...) or an accel_core Strategy instance, got "
+                f'strategy must be a strategy name ("ddp", "fsdp", ...) or an accel_core Strategy instance, got '
                 f"{type(strategy).__name__}: subclass accel_core.strategies.Strategy."
             )
         strategy_name = strategy.name if isinstance(strategy, Strategy) else strategy
@@ -145,7 +150,11 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
             gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_accumulation_plugin=gradient_accumulation_plugin,
             cpu=cpu,
-            plugins={"deepspeed_plugin": deepspeed_plugin, "fsdp_plugin": fsdp_plugin, "megatron_lm_plugin": megatron_lm_plugin},
+            plugins={
+                "deepspeed_plugin": deepspeed_plugin,
+                "fsdp_plugin": fsdp_plugin,
+                "megatron_lm_plugin": megatron_lm_plugin,
+            },
             strategy=strategy_name,
             dynamo_backend=None if dynamo is None else dynamo.backend.value,
             scheduler_stepping=None if scheduler_stepping is None else str(scheduler_stepping),
@@ -155,20 +164,33 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         self.plan = plan
         self.dynamo_plugin = dynamo if dynamo is not None else TorchDynamoPlugin(backend=plan.dynamo_backend)
         self.strategy: Strategy = (
-            strategy if isinstance(strategy, Strategy) else create_strategy(plan.strategy, plan.strategy_plugin, self.handlers)
+            strategy
+            if isinstance(strategy, Strategy)
+            else create_strategy(plan.strategy, plan.strategy_plugin, self.handlers)
         )
         # Decided before any communication: a layout the strategy refuses fails on every process alike.
         local_world = env.get_int(env.LOCAL_WORLD_SIZE, world_size) or world_size
         layout, given_mesh = self.strategy.parallelism(parallelism_config, world_size, local_world)
-        init_kwargs = self.handlers[InitProcessGroupKwargs].to_kwargs() if InitProcessGroupKwargs in self.handlers else {}
+        init_kwargs = (
+            self.handlers[InitProcessGroupKwargs].to_kwargs() if InitProcessGroupKwargs in self.handlers else {}
+        )
         if isinstance(self.strategy, ProcessGroupSetup):
             self.strategy.init_process_group(**init_kwargs)
         self.state = AcceleratorState(mixed_precision=plan.mixed_precision, cpu=plan.cpu, **init_kwargs)
         self.parallel_dims: ParallelDims = make_dims(
-            layout, self.state.device.type, self.state.num_processes, self.state.process_index, given_mesh, dist.is_initialized()
+            layout,
+            self.state.device.type,
+            self.state.num_processes,
+            self.state.process_index,
+            given_mesh,
+            dist.is_initialized(),
         )
         self.state.mixed_precision = self.strategy.resolve_precision(plan.mixed_precision)
-        if self.state.mixed_precision != "fp8" and fp8_recipe_handler(self.handlers) is not None and not self.strategy.owns_precision:
+        if (
+            self.state.mixed_precision != "fp8"
+            and fp8_recipe_handler(self.handlers) is not None
+            and not self.strategy.owns_precision
+        ):
             raise ValueError("Passing in an FP8 configuration requires setting `mixed_precision='fp8'`.")
         self.precision = self._make_precision(self.state.mixed_precision)
         # fp8 on a device that cannot run it falls back (with a warning) to what the precision says.
@@ -182,7 +204,8 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
             )
         elif (split_batches, dispatch_batches, even_batches) != (False, None, True):
             raise ValueError(
-                "Pass split_batches / dispatch_batches / even_batches either directly or inside dataloader_config, not both."
+                "Pass split_batches / dispatch_batches / even_batches either directly or inside dataloader_config, not "
+                "both."
             )
         self.dataloader_config = dataloader_config
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -203,7 +226,9 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
             dynamo_plugin=self.dynamo_plugin,
         )
         self.strategy.setup(self._context)
-        plugin_of = {arg: self.strategy.plugin if name == self.strategy.name else None for arg, name in PLUGIN_ARGUMENTS.items()}
+        plugin_of = {
+            arg: self.strategy.plugin if name == self.strategy.name else None for arg, name in PLUGIN_ARGUMENTS.items()
+        }
         self.state.record_choice(self.strategy.distributed_type, plugin_of)
 
         self.rng_types = [str(r) for r in rng_types] if rng_types is not None else ["generator"]
@@ -370,13 +395,21 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divides gradients by the fp16 loss scale (done for you by ``clip_grad_norm_``)."""
-        optimizers = self._optimizers if optimizer is None else optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+        optimizers = (
+            self._optimizers
+            if optimizer is None
+            else optimizer
+            if isinstance(optimizer, (list, tuple))
+            else [optimizer]
+        )
         for opt in optimizers:
             while isinstance(opt, AcceleratedOptimizer):
                 opt = opt.optimizer
             self.precision.unscale_(opt)
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor | None:
         """Use instead of ``torch.nn.utils.clip_grad_norm_``; returns the total (global) gradient norm."""
         parameters = list(parameters)
         if self.sync_gradients:
@@ -448,7 +481,10 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The full state dict of a prepared model (gathered where the strategy shards it), fp16 cast to fp32."""
         state_dict = self.strategy.model_state_dict(model) if unwrap else model.state_dict()
-        return {k: v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v for k, v in state_dict.items()}
+        return {
+            k: v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v
+            for k, v in state_dict.items()
+        }
 
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
@@ -463,17 +499,20 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
             return
         if not all(isinstance(j, Joinable) for j in joinables):
             warnings.warn(
-                f"join_uneven_inputs needs Joinable objects (a DDP model); the {self.strategy.name} strategy's are not, "
-                "so it has no effect.",
+                f"join_uneven_inputs needs Joinable objects (a DDP model); the {self.strategy.name} strategy's are "
+                "not, so it has no effect.",
                 stacklevel=3,
             )
             yield
             return
         even = self.even_batches if even_batches is None else even_batches
-        saved = [(dl, dl.even_batches) for dl in self._dataloaders if hasattr(dl, "even_batches") and not _is_iterable(dl)]
+        saved = [
+            (dl, dl.even_batches) for dl in self._dataloaders if hasattr(dl, "even_batches") and not _is_iterable(dl)
+        ]
         if even_batches is not None and any(_is_iterable(dl) for dl in self._dataloaders):
             warnings.warn(
-                "Overriding even_batches is only supported for map-style datasets, yet some dataloaders given were iterable",
+                "Overriding even_batches is only supported for map-style datasets, yet some dataloaders given were "
+                "iterable",
                 stacklevel=3,
             )
         try:
@@ -510,8 +549,8 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
 
     def __repr__(self) -> str:
         return (
-            f"Accelerator(strategy={self.strategy.name}, processes={self.num_processes}, layout=({self.parallel_dims.config.describe()}), "
-            f"device={self.device}, "
+            f"Accelerator(strategy={self.strategy.name}, processes={self.num_processes}, "
+            f"layout=({self.parallel_dims.config.describe()}), device={self.device}, "
             f"mixed_precision={self.mixed_precision}, gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
 
@@ -545,8 +584,14 @@ def _gather_samples(data: Any, keep: int | None, group: Any = None) -> Any:
         gathered = ops.gather_unchecked(data, group)
         return gathered if keep is None else gathered[:keep]
     if isinstance(data, Mapping):
-        return type(data)({k: _gather_samples(v, keep, group) for k, v in data.items()})
+        return ops.mapping_like(data, {k: _gather_samples(v, keep, group) for k, v in data.items()})
     if isinstance(data, (list, tuple)) and _contains_tensor(data):
         return ops.honor_type(data, (_gather_samples(v, keep, group) for v in data))
     gathered = ops.gather_object(data, group)  # a list of samples is concatenated; a lone object listed per process
     return gathered if keep is None or not isinstance(data, (list, tuple)) else gathered[:keep]
+
+
+if TYPE_CHECKING:
+    # The Accelerator answers the contracts of the packages it hands itself to (checked by pyright).
+    def _answers_the_package_contracts(accelerator: Accelerator) -> tuple[DataAccelerator, CheckpointAccelerator]:
+        return accelerator, accelerator

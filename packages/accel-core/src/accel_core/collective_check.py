@@ -142,7 +142,9 @@ def checked_small_gather(operation: str, data: Any, group: Any = None, hint: str
     buffer = torch.zeros(_HEADER * 8 + SMALL_GATHER_BYTES, dtype=torch.uint8, device=device)
     buffer[: _HEADER * 8] = header.view(torch.uint8).to(device)
     if fits and leaves:
-        buffer[_HEADER * 8 : _HEADER * 8 + size] = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in leaves])
+        buffer[_HEADER * 8 : _HEADER * 8 + size] = torch.cat(
+            [t.contiguous().reshape(-1).view(torch.uint8) for t in leaves]
+        )
     world = dist.get_world_size(group)
     everyone = torch.empty(world * buffer.numel(), dtype=torch.uint8, device=device)
     dist.all_gather(list(everyone.view(world, -1).unbind(0)), buffer, group=group)
@@ -164,9 +166,11 @@ def checked_small_gather(operation: str, data: Any, group: Any = None, hint: str
         if isinstance(value, torch.Tensor):
             return next(results)
         if isinstance(value, Mapping):
-            return type(value)({k: rebuild(v) for k, v in value.items()})
+            # A Mapping subclass built from a dict (dict, OrderedDict, BatchEncoding).
+            return type(value)({k: rebuild(v) for k, v in value.items()})  # pyright: ignore[reportCallIssue]
         if isinstance(value, (list, tuple)):
             items = [rebuild(v) for v in value]
+            # A namedtuple takes its fields as arguments; list and tuple take one iterable.
             return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
         raise TypeError(
             f"Unsupported type {type(value).__name__} passed to {operation}: only nested lists, tuples and dicts of "

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
 from .configuration import TorchDynamoPlugin
 
 
-def _is_repeated_blocks(module: torch.nn.Module) -> bool:
+def _compile(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    # torch.compile is typed as returning a callable; given a Module it returns an OptimizedModule.
+    compiled: Any = torch.compile(module, **compile_kwargs)
+    return compiled
+
+
+def _is_repeated_blocks(module: torch.nn.Module) -> TypeGuard[torch.nn.ModuleList]:
     return isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1
 
 
@@ -25,12 +31,12 @@ def compile_regions(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.
     Returns a shallow copy of the containers; parameters are the same objects.
     """
     if _is_repeated_blocks(module):
-        return torch.nn.ModuleList(torch.compile(block, **compile_kwargs) for block in module)
+        return torch.nn.ModuleList(_compile(block, **compile_kwargs) for block in module)
     if _has_repeated_blocks(module):
         copied = copy.copy(module)
         copied._modules = {name: compile_regions(child, **compile_kwargs) for name, child in module.named_children()}
         return copied
-    return torch.compile(module, **compile_kwargs)
+    return _compile(module, **compile_kwargs)
 
 
 def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin) -> torch.nn.Module:
@@ -40,4 +46,4 @@ def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin) -> torch.nn
     kwargs = plugin.to_kwargs()
     if plugin.use_regional_compilation:
         return compile_regions(model, **kwargs)
-    return torch.compile(model, **kwargs)
+    return _compile(model, **kwargs)

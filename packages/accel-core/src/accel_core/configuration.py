@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 class KwargsHandler:
@@ -18,7 +21,10 @@ class KwargsHandler:
     def to_kwargs(self) -> dict[str, Any]:
         """The fields that differ from their default, as keyword arguments."""
         default = self.__class__()
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
+        handler = cast("DataclassInstance", self)  # every handler is a dataclass subclass
+        return {
+            f.name: getattr(self, f.name) for f in fields(handler) if getattr(self, f.name) != getattr(default, f.name)
+        }
 
 
 @dataclass
@@ -57,12 +63,16 @@ class DistributedDataParallelKwargs(KwargsHandler):
                 raise ValueError(
                     f"{name}={value!r} is not a DDPCommunicationHookType: use one of {DDPCommunicationHookType.list()}."
                 ) from None
-        if self.comm_wrapper not in ("no", "fp16", "bf16"):
-            raise ValueError(f"comm_wrapper={self.comm_wrapper.value!r}: a wrapper compresses to 'fp16' or 'bf16' (or 'no').")
-        if self.comm_wrapper != "no" and self.comm_hook == "no":
-            raise ValueError(f"comm_wrapper={self.comm_wrapper.value!r} wraps a comm_hook: set comm_hook too (e.g. 'power_sgd').")
-        if self.comm_state_option and self.comm_hook not in ("power_sgd", "batched_power_sgd"):
-            raise ValueError("comm_state_option configures power-SGD: set comm_hook='power_sgd' or 'batched_power_sgd'.")
+        hook: DDPCommunicationHookType = self.comm_hook
+        wrapper: DDPCommunicationHookType = self.comm_wrapper
+        if wrapper not in ("no", "fp16", "bf16"):
+            raise ValueError(f"comm_wrapper={wrapper.value!r}: a wrapper compresses to 'fp16' or 'bf16' (or 'no').")
+        if wrapper != "no" and hook == "no":
+            raise ValueError(f"comm_wrapper={wrapper.value!r} wraps a comm_hook: set comm_hook too (e.g. 'power_sgd').")
+        if self.comm_state_option and hook not in ("power_sgd", "batched_power_sgd"):
+            raise ValueError(
+                "comm_state_option configures power-SGD: set comm_hook='power_sgd' or 'batched_power_sgd'."
+            )
 
     def to_kwargs(self) -> dict[str, Any]:
         """The ``DistributedDataParallel`` arguments (the hook settings are applied after wrapping)."""

@@ -1,4 +1,5 @@
-"""The reference's public constants that are not file names (those are in ``accel_checkpoint.file_names``). No torch import."""
+"""The reference's public constants that are not file names (those are in ``accel_checkpoint.file_names``). No torch
+import."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""String enums of the public API, with every member of the reference's (so comparisons never raise). No torch import."""
+"""String enums of the public API, with every member of the reference's (so comparisons never raise). No torch
+import."""
 
 from __future__ import annotations
 
@@ -110,7 +111,8 @@ class DynamoBackend(_StrEnum):
     @classmethod
     def _missing_(cls, value: object) -> DynamoBackend | None:
         if isinstance(value, str) and value.lower() != value:
-            return cls._value2member_map_.get(value.lower())  # type: ignore[return-value]
+            member = cls._value2member_map_.get(value.lower())
+            return member if isinstance(member, cls) else None
         return None
 
 

@@ -17,7 +17,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 _T = TypeVar("_T")
 
@@ -26,7 +26,8 @@ _ACCEL_PREFIXES = ("ACCEL_", "ACCELERATE_")
 
 
 def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
-    """``1`` / ``0`` for a truth string (``y yes t true on 1`` / ``n no f false off 0``); ``True`` / ``False`` with ``to_bool``."""
+    """``1`` / ``0`` for a truth string (``y yes t true on 1`` / ``n no f false off 0``); ``True`` / ``False`` with
+    ``to_bool``."""
     lowered = value.lower()
     if lowered in ("y", "yes", "t", "true", "on", "1"):
         return True if to_bool else 1
@@ -60,7 +61,8 @@ def are_libraries_initialized(*library_names: str) -> list[str]:
 
 
 def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
-    """``["KEY=value\\n", ...]`` for the items safe to write into an environment file; warns about and skips the others."""
+    """``["KEY=value\\n", ...]`` for the items safe to write into an environment file; warns about and skips the
+    others."""
     forbidden = (";", "\n", "<", ">", " ")
     lines = []
     for key, value in current_env.items():
@@ -117,7 +119,8 @@ def _restore_accel_variables() -> Iterator[None]:
 
 
 def purge_accelerate_environment(func_or_cls: _T) -> _T:
-    """Decorator for a function or test class: ``ACCEL_*`` / ``ACCELERATE_*`` variables it sets are undone after each call.
+    """Decorator for a function or test class: ``ACCEL_*`` / ``ACCELERATE_*`` variables it sets are undone after each
+    call.
 
     On a class, every ``test*`` method (of the class and of its subclasses) is wrapped.
     """
@@ -128,11 +131,11 @@ def purge_accelerate_environment(func_or_cls: _T) -> _T:
             with _restore_accel_variables():
                 return function(*args, **kwargs)
 
-        wrapper._accel_purges_environment = True  # type: ignore[attr-defined]
+        wrapper._accel_purges_environment = True  # pyright: ignore[reportAttributeAccessIssue]  # a marker on the function
         return wrapper
 
     if not isinstance(func_or_cls, type):
-        return wrap(func_or_cls)  # type: ignore[arg-type, return-value]
+        return cast(_T, wrap(cast("Callable[..., Any]", func_or_cls)))
 
     def wrap_tests(cls: type) -> type:
         for name in dir(cls):
@@ -142,12 +145,15 @@ def purge_accelerate_environment(func_or_cls: _T) -> _T:
         return cls
 
     wrap_tests(func_or_cls)
-    func_or_cls.__init_subclass__ = classmethod(lambda cls, **kw: wrap_tests(cls))  # type: ignore[assignment, misc]
+    # Subclasses defined later get their test methods wrapped too.
+    func_or_cls.__init_subclass__ = classmethod(lambda cls, **kw: wrap_tests(cls))  # pyright: ignore[reportAttributeAccessIssue]
     return func_or_cls
 
 
 def get_current_device_type() -> tuple[str, str]:
-    """``(device type, distributed type)`` of this machine's accelerator, without initialising it: ``("cuda", "MULTI_GPU")``.
+    """``(device type, distributed type)`` of this machine's accelerator, without initialising it.
+
+    For example ``("cuda", "MULTI_GPU")``.
 
     The order of preference is the reference's: MLU, SDAA, MUSA, NPU, HPU, XPU, Neuron, then CUDA.
     """

@@ -14,12 +14,16 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
-def _copies(grad: torch.Tensor, world: int) -> int:
+
+def _copies(grad: DTensor, world: int) -> int:
     """How many processes hold the same piece as this one: replicated mesh dimensions, and copies of the mesh."""
     mesh = grad.device_mesh
     replicated = math.prod(mesh.size(i) for i, placement in enumerate(grad.placements) if placement.is_replicate())
@@ -43,7 +47,9 @@ def total_norm(parameters: Sequence[torch.nn.Parameter], norm_type: float = 2.0)
     plain = [g for g in grads if not isinstance(g, DTensor)]
     pieces = [g for g in grads if isinstance(g, DTensor)]
     distributed = dist.is_available() and dist.is_initialized() and any(isinstance(p, DTensor) for p in parameters)
-    device = (grads[0].to_local() if isinstance(grads[0], DTensor) else grads[0]).device if grads else torch.device("cpu")
+    device = (
+        (grads[0].to_local() if isinstance(grads[0], DTensor) else grads[0]).device if grads else torch.device("cpu")
+    )
     norms: list[torch.Tensor] = []
     if distributed:
         world = dist.get_world_size()
@@ -57,13 +63,18 @@ def total_norm(parameters: Sequence[torch.nn.Parameter], norm_type: float = 2.0)
         if math.isinf(norm_type):
             value = torch.zeros((), dtype=torch.float32, device=reduce_device)
             for locals_ in by_weight.values():
-                for n in torch._foreach_norm(locals_, norm_type):
+                for n in torch._foreach_norm(locals_, norm_type):  # as torch's clip_grad_norm_
                     value = torch.maximum(value, n.to(reduce_device, torch.float32))
             dist.all_reduce(value, op=dist.ReduceOp.MAX)
         else:
             value = torch.zeros((), dtype=torch.float32, device=reduce_device)
             for (copies, _, _), locals_ in by_weight.items():
-                local_norms = torch.stack([n.to(reduce_device, torch.float32) for n in torch._foreach_norm(locals_, norm_type)])
+                local_norms = torch.stack(
+                    [
+                        n.to(reduce_device, torch.float32)
+                        for n in torch._foreach_norm(locals_, norm_type)  # as torch's clip_grad_norm_
+                    ]
+                )
                 value = value + local_norms.pow(norm_type).sum() / copies
             dist.all_reduce(value, op=dist.ReduceOp.SUM)
             value = value.pow(1.0 / norm_type)
@@ -81,16 +92,28 @@ def clip_grad_norm_(parameters: Sequence[torch.nn.Parameter], max_norm: float, n
     """Scales the gradients so that their global norm is at most ``max_norm``; returns the norm before clipping."""
     parameters = list(parameters)
     norm = total_norm(parameters, norm_type)
+    clip_to_norm_(parameters, norm, max_norm)
+    return norm
+
+
+def clip_to_norm_(parameters: Sequence[torch.nn.Parameter], norm: torch.Tensor, max_norm: float) -> None:
+    """Scales the gradients of ``parameters`` in place by ``min(1, max_norm / norm)``.
+
+    ``norm``: the gradients' global norm, computed as the layout needs (``total_norm`` here, the
+    tensor-parallel group's in accel-megatron). One foreach call per device and dtype, on the local
+    pieces of DTensor gradients (no DTensor dispatch).
+    """
+    from torch.distributed.tensor import DTensor
+
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
-        return norm
+        return
     coefficient = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
-    # Scale the local pieces in place: one foreach call per device and dtype, no DTensor dispatch.
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
     for grad in grads:
-        local = grad.to_local() if hasattr(grad, "to_local") else grad
+        local = grad.to_local() if isinstance(grad, DTensor) else grad
         groups[(local.device, local.dtype)].append(local)
     with torch.no_grad():
         for (device, dtype), tensors in groups.items():
+            # torch's own clip_grad_norm_ scales with it; there is no public in-place foreach multiply.
             torch._foreach_mul_(tensors, coefficient.to(device=device, dtype=dtype))
-    return norm

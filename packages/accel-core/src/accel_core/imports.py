@@ -119,7 +119,7 @@ def is_transformer_engine_mxfp8_available() -> bool:
     """Whether transformer engine mxfp8 is available in this environment (the reference's check of the same name)."""
     if not _is_package_available("transformer_engine", "transformer-engine"):
         return False
-    from transformer_engine.pytorch.fp8 import check_mxfp8_support
+    from transformer_engine.pytorch.fp8 import check_mxfp8_support  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
 
     return bool(check_mxfp8_support()[0])
 
@@ -150,7 +150,7 @@ def is_bitsandbytes_multi_backend_available() -> bool:
     """Whether bitsandbytes multi backend is available in this environment (the reference's check of the same name)."""
     if not is_bnb_available():
         return False
-    import bitsandbytes
+    import bitsandbytes  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
 
     return "multi_backend" in getattr(bitsandbytes, "features", set())
 
@@ -354,23 +354,26 @@ def is_neuron_available(check_device: bool = False) -> bool:
 def is_hpu_available(init_hccl: bool = False) -> bool:
     """Whether hpu is available in this environment (the reference's check of the same name)."""
     try:
-        if importlib.util.find_spec("habana_frameworks") is None or importlib.util.find_spec("habana_frameworks.torch") is None:
+        if (
+            importlib.util.find_spec("habana_frameworks") is None
+            or importlib.util.find_spec("habana_frameworks.torch") is None
+        ):
             return False
     except ImportError:
         return False
-    import habana_frameworks.torch  # noqa: F401
+    import habana_frameworks.torch  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
     import torch
 
     if init_hccl:
-        import habana_frameworks.torch.distributed.hccl  # noqa: F401
-    return hasattr(torch, "hpu") and torch.hpu.is_available()
+        import habana_frameworks.torch.distributed.hccl  # noqa: F401  # pyright: ignore[reportMissingImports]  # optional
+    return hasattr(torch, "hpu") and torch.hpu.is_available()  # pyright: ignore[reportAttributeAccessIssue]  # habana adds torch.hpu
 
 
 def is_habana_gaudi1() -> bool:
     """Whether the HPU is a first-generation Habana Gaudi (the reference's check of the same name)."""
     if not is_hpu_available():
         return False
-    import habana_frameworks.torch.utils.experimental as htexp
+    import habana_frameworks.torch.utils.experimental as htexp  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
 
     return bool(htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi)
 
@@ -399,7 +402,7 @@ def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = Fals
         return False
     if not (check_is_tpu or check_is_gpu):
         return True
-    import torch_xla.runtime
+    import torch_xla.runtime  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
 
     kind = torch_xla.runtime.device_type()
     return kind in ("GPU", "CUDA") if check_is_gpu else kind == "TPU"
@@ -421,7 +424,7 @@ def is_bf16_available(ignore_tpu: bool = False) -> bool:
     if is_cuda_available():
         return bool(torch.cuda.is_bf16_supported())
     if is_mlu_available():
-        return bool(torch.mlu.is_bf16_supported())
+        return bool(torch.mlu.is_bf16_supported())  # pyright: ignore[reportAttributeAccessIssue]  # torch_mlu adds torch.mlu
     if is_xpu_available():
         return bool(torch.xpu.is_bf16_supported())
     if is_mps_available():

@@ -10,7 +10,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_exports(namespace: dict[str, Any], exports: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    namespace: dict[str, Any], exports: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """Returns ``(__getattr__, __dir__)`` for the module whose ``globals()`` is ``namespace``.
 
     exports: public name -> module defining it; a module starting with "." is relative to the package.
@@ -34,7 +36,8 @@ def lazy_exports(namespace: dict[str, Any], exports: Mapping[str, str]) -> tuple
                 raise
             distribution, extra = provider.replace("_", "-"), provider[len("accel_") :]
             raise ImportError(
-                f"{name} comes from {distribution}, which is not installed: pip install \"accel[{extra}]\" (or {distribution})."
+                f'{name} comes from {distribution}, which is not installed: pip install "accel[{extra}]" (or '
+                f"{distribution})."
             ) from None
         # A submodule exported under its own name ("utils": ".utils") is the module itself.
         value = imported if imported.__name__ == f"{package}.{name}" else getattr(imported, name)

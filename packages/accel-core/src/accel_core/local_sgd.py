@@ -51,7 +51,9 @@ class LocalSGD:
     ``enabled=False``. Raises NotImplementedError under FSDP, DeepSpeed or Megatron.
     """
 
-    def __init__(self, accelerator: Accelerator, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True) -> None:
+    def __init__(
+        self, accelerator: Accelerator, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True
+    ) -> None:
         if accelerator.distributed_type not in _SUPPORTED:
             raise NotImplementedError("LocalSGD is supported only for CPUs and GPUs (no DeepSpeed or MegatronLM)")
         if enabled and (not isinstance(local_sgd_steps, int) or local_sgd_steps < 1):

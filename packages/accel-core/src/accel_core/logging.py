@@ -37,7 +37,7 @@ def _initialised_state() -> Any:
     return state_module.PartialState()
 
 
-class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
+class MultiProcessAdapter(logging.LoggerAdapter):
     """A ``LoggerAdapter`` that logs on the main process only, unless told otherwise.
 
     Every logging call accepts two extra keywords: ``main_process_only`` (default True) and
@@ -58,14 +58,14 @@ class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
         in_order = kwargs.pop("in_order", False)
         if not self.isEnabledFor(level):
             return
-        msg, kwargs = self.process(msg, kwargs)
+        msg, processed = self.process(msg, kwargs)
         if in_order:
             for rank in range(state.num_processes):
                 if rank == state.process_index:
-                    self.logger.log(level, msg, *args, **kwargs)
+                    self.logger.log(level, msg, *args, **processed)
                 state.wait_for_everyone()
         elif not main_process_only or state.is_main_process:
-            self.logger.log(level, msg, *args, **kwargs)
+            self.logger.log(level, msg, *args, **processed)
 
     def warning_once(self, *args: Any, **kwargs: Any) -> None:
         """``warning(...)``, but a second call with the same arguments prints nothing."""

@@ -94,14 +94,17 @@ def find_executable_batch_size(
     """
     if function is None:
         return functools.partial(
-            find_executable_batch_size, starting_batch_size=starting_batch_size, reduce_batch_size_fn=reduce_batch_size_fn
+            find_executable_batch_size,
+            starting_batch_size=starting_batch_size,
+            reduce_batch_size_fn=reduce_batch_size_fn,
         )
 
     batch_size = starting_batch_size
-    if reduce_batch_size_fn is None:
 
-        def reduce_batch_size_fn() -> int:
-            return int(batch_size * 0.9)
+    def reduce_by_a_tenth() -> int:
+        return int(batch_size * 0.9)
+
+    reduce = reduce_batch_size_fn if reduce_batch_size_fn is not None else reduce_by_a_tenth
 
     @functools.wraps(function)
     def decorator(*args: Any, **kwargs: Any) -> Any:
@@ -109,7 +112,7 @@ def find_executable_batch_size(
         clear_device_cache(garbage_collection=True)
         parameters = list(inspect.signature(function).parameters)
         if len(parameters) < len(args) + 1:
-            passed = ", ".join(f"{name}={value}" for name, value in zip(parameters[1:], args[1:]))
+            passed = ", ".join(f"{name}={value}" for name, value in zip(parameters[1:], args[1:], strict=False))
             raise TypeError(
                 f"Batch size was passed into `{function.__name__}` as the first argument when called. "
                 f"Remove this as the decorator already does so: `{function.__name__}({passed})`"
@@ -124,6 +127,6 @@ def find_executable_batch_size(
                     raise
             # Outside the except block: the error's traceback (and the failed attempt's tensors) is gone.
             clear_device_cache(garbage_collection=True)
-            batch_size = reduce_batch_size_fn()
+            batch_size = reduce()
 
     return decorator

@@ -166,7 +166,8 @@ def flattened_views(mesh: DeviceMesh) -> dict[str, DeviceMesh]:
 
 
 def adopt_mesh(mesh: DeviceMesh, world_size: int) -> tuple[ParallelismConfig, DeviceMesh]:
-    """The config a mesh the user built describes (and the mesh, named); raises ValueError when it cannot be the job's mesh.
+    """The config a mesh the user built describes (and the mesh, named); raises ValueError when it cannot be the job's
+    mesh.
 
     Unnamed meshes follow FSDP's convention: 1-D shards (``dp_shard``), 2-D is HSDP
     (``dp_replicate``, ``dp_shard``). Named ones must use the names of ``MESH_DIMS``.
@@ -181,7 +182,9 @@ def adopt_mesh(mesh: DeviceMesh, world_size: int) -> tuple[ParallelismConfig, De
     if not names:
         names = {1: ("dp_shard",), 2: ("dp_replicate", "dp_shard")}.get(mesh.ndim, ())
         if not names:
-            raise ValueError(f"An unnamed {mesh.ndim}-D device_mesh is ambiguous: name its dimensions ({', '.join(MESH_DIMS)}).")
+            raise ValueError(
+                f"An unnamed {mesh.ndim}-D device_mesh is ambiguous: name its dimensions ({', '.join(MESH_DIMS)})."
+            )
         from torch.distributed.device_mesh import DeviceMesh
 
         mesh = DeviceMesh(mesh.device_type, mesh.mesh, mesh_dim_names=names)  # same ranks, now named
@@ -195,7 +198,12 @@ def adopt_mesh(mesh: DeviceMesh, world_size: int) -> tuple[ParallelismConfig, De
 
 
 def make_dims(
-    config: ParallelismConfig, device_type: str, world_size: int, rank: int, provided: Any = None, has_group: bool = True
+    config: ParallelismConfig,
+    device_type: str,
+    world_size: int,
+    rank: int,
+    provided: Any = None,
+    has_group: bool = True,
 ) -> ParallelDims:
     """``ParallelDims`` for a resolved ``config``: the mesh given (``provided``) or a new one."""
     if provided is None and not has_group:

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import sys
 from functools import reduce
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import torch
 from torch import nn
 
+if TYPE_CHECKING:
+    from torch._dynamo.eval_frame import OptimizedModule
+
 from .precision import unwrap_forward
 
 
-def is_compiled_module(module: nn.Module) -> bool:
+def is_compiled_module(module: nn.Module) -> TypeGuard[OptimizedModule]:
     """Whether ``module`` is what ``torch.compile(model)`` returned."""
     return hasattr(torch, "_dynamo") and isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
 
@@ -69,13 +72,13 @@ def extract_model_from_parallel(
     """
     compiled: nn.Module | None = None
     if is_compiled_module(model):
-        compiled, model = model, model._orig_mod  # type: ignore[assignment]
+        compiled, model = model, model._orig_mod
     elif has_compiled_regions(model) and "_orig_mod" in model.__dict__:
-        compiled, model = model, model.__dict__["_orig_mod"]
+        compiled, model = model, cast(nn.Module, model.__dict__["_orig_mod"])
 
     wrappers = _wrapper_types()
     while isinstance(model, wrappers):
-        model = model.module
+        model = cast(nn.Module, model.module)  # each wrapper type holds the user's module in .module
 
     if recursive:
         model = _unwrap_children(model)
@@ -91,7 +94,8 @@ def extract_model_from_parallel(
 
 
 def _unwrap_children(module: nn.Module) -> nn.Module:
-    inner = _unwrap_children(module.module) if isinstance(getattr(module, "module", None), nn.Module) else module
+    wrapped = getattr(module, "module", None)  # any container of a module, not only the known wrappers
+    inner = _unwrap_children(wrapped) if isinstance(wrapped, nn.Module) else module
     for name, child in list(inner.named_children()):
         setattr(inner, name, _unwrap_children(child))
     return inner
@@ -106,7 +110,9 @@ def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -
     stack: list[tuple[str, nn.Module]] = [("", model)]
     while stack:
         name, module = stack.pop()
-        stack += [(f"{name}.{child_name}" if name else child_name, child) for child_name, child in module.named_children()]
+        stack += [
+            (f"{name}.{child_name}" if name else child_name, child) for child_name, child in module.named_children()
+        ]
         ordered.append((name, module))
     ordered.reverse()
     return ordered if return_fqns else [module for _, module in ordered]
@@ -123,6 +129,6 @@ def is_peft_model(model: nn.Module) -> bool:
 
     if not is_peft_available():
         return False
-    from peft import PeftModel
+    from peft import PeftModel  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
 
     return isinstance(model, PeftModel)

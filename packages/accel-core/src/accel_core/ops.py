@@ -16,7 +16,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -44,6 +44,13 @@ def honor_type(obj: Any, generator: Any) -> Any:
     return type(obj)(generator)
 
 
+def mapping_like(mapping: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+    """A mapping of ``mapping``'s own type (dict, OrderedDict, BatchEncoding, ...) holding ``items``."""
+    # Mapping itself declares no constructor arguments; the concrete types take the items.
+    factory = cast("Callable[[dict[Any, Any]], Any]", type(mapping))
+    return factory(items)
+
+
 def recursively_apply(
     func: Callable[..., Any],
     data: Any,
@@ -61,16 +68,21 @@ def recursively_apply(
         return honor_type(
             data,
             (
-                recursively_apply(func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+                recursively_apply(
+                    func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
                 for o in data
             ),
         )
     if isinstance(data, Mapping):
-        return type(data)(
+        return mapping_like(
+            data,
             {
-                k: recursively_apply(func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+                k: recursively_apply(
+                    func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
                 for k, v in data.items()
-            }
+            },
         )
     if test_type(data):
         return func(data, *args, **kwargs)
@@ -88,7 +100,9 @@ def _leaves(data: Any) -> list[torch.Tensor]:
     return found
 
 
-def send_to_device(tensor: Any, device: torch.device | str | int, non_blocking: bool = False, skip_keys: Any = None) -> Any:
+def send_to_device(
+    tensor: Any, device: torch.device | str | int, non_blocking: bool = False, skip_keys: Any = None
+) -> Any:
     """Moves every tensor (and every object with a ``.to`` method) in ``tensor``, a nested structure, to ``device``.
 
     ``skip_keys``: dict keys whose values stay where they are.
@@ -100,8 +114,8 @@ def send_to_device(tensor: Any, device: torch.device | str | int, non_blocking: 
     if isinstance(data, (tuple, list)):
         return honor_type(data, (send_to_device(o, device, non_blocking, skip_keys) for o in data))
     if isinstance(data, Mapping):
-        return type(data)(
-            {k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys) for k, v in data.items()}
+        return mapping_like(
+            data, {k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys) for k, v in data.items()}
         )
     if isinstance(data, torch.Tensor):
         return data.to(device, non_blocking=non_blocking)
@@ -172,7 +186,7 @@ def gather_unchecked(tensor: Any, group: Any = None) -> Any:
     return recursively_apply(lambda t: next(results), tensor, error_on_other_type=True)
 
 
-def gather_object(object: Any, group: Any = None) -> Any:  # noqa: A002 - the reference's argument name
+def gather_object(object: Any, group: Any = None) -> Any:  # the reference's argument name
     """Gathers any picklable objects (from ``group``, default all processes); lists and tuples are
     concatenated, other objects listed per rank. On one process ``object`` comes back as it is."""
     obj = object
@@ -190,7 +204,9 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """Copies the tensors of ``from_process`` into every process's tensors (same shapes needed)."""
     if not PartialState().use_distributed:
         return tensor
-    check_agreement("broadcast", tensor, hint="Every process must pass a tensor of the sender's shape and dtype to receive into.")
+    check_agreement(
+        "broadcast", tensor, hint="Every process must pass a tensor of the sender's shape and dtype to receive into."
+    )
 
     def _broadcast_one(t: torch.Tensor) -> torch.Tensor:
         dist.broadcast(t, src=from_process)
@@ -247,7 +263,9 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     if not state.use_distributed:
         return tensor
     check_agreement(
-        "pad_across_processes", tensor, ndim_only=True,
+        "pad_across_processes",
+        tensor,
+        ndim_only=True,
         hint="Only the size along `dim` may differ: pass tensors with the same number of dimensions on every process.",
     )
 
@@ -285,7 +303,9 @@ def find_batch_size(data: Any) -> int | None:
     return None
 
 
-def slice_tensors(data: Any, tensor_slice: slice, process_index: int | None = None, num_processes: int | None = None) -> Any:
+def slice_tensors(
+    data: Any, tensor_slice: slice, process_index: int | None = None, num_processes: int | None = None
+) -> Any:
     """Applies ``tensor_slice`` to every tensor in ``data``.
 
     ``process_index`` / ``num_processes`` are accepted for the reference's signature and not used.
@@ -299,7 +319,7 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     if isinstance(first, (tuple, list)):
         return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
     if isinstance(first, Mapping):
-        return type(first)({k: concatenate([d[k] for d in data], dim=dim) for k in first})
+        return mapping_like(first, {k: concatenate([d[k] for d in data], dim=dim) for k in first})
     if not isinstance(first, torch.Tensor):
         raise TypeError(f"Can only concatenate tensors, got {type(first).__name__}.")
     return torch.cat(data, dim=dim)
@@ -310,5 +330,7 @@ def convert_to_fp32(tensor: Any) -> Any:
     return recursively_apply(
         lambda t: t.float(),
         tensor,
-        test_type=lambda t: (isinstance(t, torch.Tensor) or hasattr(t, "dtype")) and t.dtype in (torch.float16, torch.bfloat16),
+        test_type=lambda t: (
+            (isinstance(t, torch.Tensor) or hasattr(t, "dtype")) and t.dtype in (torch.float16, torch.bfloat16)
+        ),
     )

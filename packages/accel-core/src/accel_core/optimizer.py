@@ -21,7 +21,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     # Deliberately no super().__init__: this object shares the wrapped optimizer's state instead of
     # owning parameters. Subclassing keeps ``isinstance(opt, torch.optim.Optimizer)`` true for LR schedulers.
-    def __init__(self, optimizer: torch.optim.Optimizer, precision: Precision | None = None, device: torch.device | None = None):
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, precision: Precision | None = None, device: torch.device | None = None
+    ):
         self.optimizer = optimizer
         self.precision = precision or Precision()
         self.device = device
@@ -34,25 +36,25 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return self.precision.scaler
 
     @property
-    def state(self) -> Any:  # type: ignore[override]
+    def state(self) -> Any:
         """The wrapped optimizer's ``state``."""
         return self.optimizer.state
 
     @state.setter
-    def state(self, value: Any) -> None:
+    def state(self, value: Any) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]  # forwards to the wrapped optimizer
         self.optimizer.state = value
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
         """The wrapped optimizer's ``param_groups``."""
         return self.optimizer.param_groups
 
     @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
+    def param_groups(self, value: list[dict[str, Any]]) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]  # forwards to the wrapped optimizer
         self.optimizer.param_groups = value
 
     @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
         """The wrapped optimizer's ``defaults``."""
         return self.optimizer.defaults
 
@@ -79,8 +81,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if self.gradient_state.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        """Steps the wrapped optimizer at accumulation boundaries (through the GradScaler with fp16); nothing on micro-steps."""
+    # Returns None, as the reference's wrapper does, not the closure's loss.
+    def step(self, closure: Any = None) -> None:  # pyright: ignore[reportIncompatibleMethodOverride]
+        """Steps the wrapped optimizer at accumulation boundaries (through the GradScaler with fp16); nothing on
+        micro-steps."""
         if not self.gradient_state.sync_gradients:
             return
         kwargs = {} if closure is None else {"closure": closure}
@@ -93,13 +97,15 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def train(self) -> None:
         """For optimizers with train/eval modes (schedule-free)."""
-        if hasattr(self.optimizer, "train"):
-            self.optimizer.train()
+        train = getattr(self.optimizer, "train", None)
+        if train is not None:
+            train()
 
     def eval(self) -> None:
         """Switches a schedule-free optimizer to evaluation mode (the wrapped optimizer's ``eval()``)."""
-        if hasattr(self.optimizer, "eval"):
-            self.optimizer.eval()
+        evaluate = getattr(self.optimizer, "eval", None)
+        if evaluate is not None:
+            evaluate()
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__.copy()

@@ -12,7 +12,8 @@ import functools
 import inspect
 import logging
 import weakref
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -47,7 +48,9 @@ class ParameterNames:
         return (ParameterNames, ())
 
 
-def _construct(cls: type[torch.optim.Optimizer], groups: list[dict[str, Any]], defaults: dict[str, Any]) -> torch.optim.Optimizer:
+def _construct(
+    cls: type[torch.optim.Optimizer], groups: list[dict[str, Any]], defaults: dict[str, Any]
+) -> torch.optim.Optimizer:
     try:
         return cls(groups, **defaults)
     except TypeError:
@@ -59,22 +62,45 @@ def _construct(cls: type[torch.optim.Optimizer], groups: list[dict[str, Any]], d
         return cls(groups, **{k: v for k, v in defaults.items() if k in accepted})
 
 
-def _keep_scheduler_tracking(old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> None:
-    """An LR scheduler built before ``prepare`` marked the old optimizer's ``step`` to check call order;
-    mark the new one the same way, or the scheduler warns that ``step`` was overridden."""
-    if not hasattr(old.step, "_wrapped_by_lr_sched") or hasattr(new.step, "_wrapped_by_lr_sched"):
-        return
-    owner = weakref.ref(new)
-    function = type(new).step
+def track_step_calls(optimizer: torch.optim.Optimizer) -> None:
+    """Wraps ``optimizer.step`` as a torch LR scheduler's constructor does, unless it is wrapped already.
 
+    The scheduler checks through that wrapper that ``optimizer.step()`` ran before ``scheduler.step()``;
+    an optimizer put in place of the one a scheduler was built on (rebuilt on new parameters, or
+    converted by a backend) needs it too, or the scheduler warns that ``step`` was overridden.
+    """
+    if hasattr(optimizer.step, "_wrapped_by_lr_sched"):
+        return
+    owner = weakref.ref(optimizer)  # the wrapper lives on the optimizer: no reference cycle
+    function = cast("Callable[..., Any]", type(optimizer).step)
+
+    # The marker attributes are torch's (LRScheduler.__init__ and its step-order check).
     @functools.wraps(function)
     def step(*args: Any, **kwargs: Any) -> Any:
-        optimizer = owner()
-        optimizer._opt_called = True  # type: ignore[union-attr]
-        return function(optimizer, *args, **kwargs)
+        bound = cast(torch.optim.Optimizer, owner())  # alive: its own step is running
+        bound._opt_called = True  # pyright: ignore[reportAttributeAccessIssue]
+        return function(bound, *args, **kwargs)
 
-    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    new.step = step  # type: ignore[method-assign]
+    step._wrapped_by_lr_sched = True  # pyright: ignore[reportAttributeAccessIssue]
+    optimizer.step = step
+
+
+def parameter_ids(optimizer: torch.optim.Optimizer) -> set[int]:
+    """The ids of the parameters ``optimizer`` updates (in any of its groups)."""
+    return {id(p) for group in optimizer.param_groups for p in group["params"]}
+
+
+def optimizer_owner(optimizer: torch.optim.Optimizer, models: Iterable[nn.Module]) -> nn.Module:
+    """The model among ``models`` whose parameters ``optimizer`` updates (sharded optimizer state is keyed by
+    its parameter names)."""
+    ids = parameter_ids(optimizer)
+    for model in models:
+        if any(id(p) in ids for p in model.parameters()):
+            return model
+    raise ValueError(
+        f"{type(optimizer).__name__} updates none of the prepared models' parameters, so its sharded state cannot be "
+        "saved: prepare the model and its optimizer together (accelerator.prepare(model, optimizer))."
+    )
 
 
 def rebuild(
@@ -95,8 +121,7 @@ def rebuild(
     """
     cls = type(optimizer)
     new_params = {clean_name(n): p for n, p in model.named_parameters()}
-    already = {id(p) for p in new_params.values()}
-    if all(id(p) in already for g in optimizer.param_groups for p in g["params"]):
+    if parameter_ids(optimizer) <= {id(p) for p in new_params.values()}:
         return optimizer  # built on the sharded parameters already
     if flat:
         if len(optimizer.param_groups) > 1 and announce:
@@ -124,7 +149,11 @@ def rebuild(
                 params.append(new_params[name])
             groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
     if optimizer.state and announce:
-        log.warning("%s: %s already has state (it stepped before prepare); the rebuilt optimizer starts fresh.", who, cls.__name__)
+        log.warning(
+            "%s: %s already has state (it stepped before prepare); the rebuilt optimizer starts fresh.",
+            who,
+            cls.__name__,
+        )
     try:
         rebuilt = _construct(cls, groups, dict(optimizer.defaults))
     except TypeError as error:
@@ -132,11 +161,12 @@ def rebuild(
             f"{who} could not rebuild {cls.__name__} on the model's new parameters ({error}). Create it after "
             "model = accelerator.prepare(model), from model.parameters(), then prepare it."
         ) from error
-    _keep_scheduler_tracking(optimizer, rebuilt)
+    if hasattr(optimizer.step, "_wrapped_by_lr_sched"):  # an LR scheduler was built on the old one
+        track_step_calls(rebuilt)
     if announce:
         log.warning(
-            "%s: %s was created before the model's parameters were replaced (sharded or split); it was rebuilt on "
-            "the new parameters (%d parameter group(s), hyper-parameters kept). Use the optimizer that prepare() returns.",
+            "%s: %s was created before the model's parameters were replaced (sharded or split); it was rebuilt on the "
+            "new parameters (%d parameter group(s), hyper-parameters kept). Use the optimizer that prepare() returns.",
             who,
             cls.__name__,
             len(groups),

@@ -89,7 +89,9 @@ class Parallelism:
         if not config.cp_enabled:
             if not getattr(self, "_warned_no_cp", False):
                 self._warned_no_cp = True
-                logger.warning("maybe_context_parallel: context parallelism is off (cp_size=1); the block runs as it is.")
+                logger.warning(
+                    "maybe_context_parallel: context parallelism is off (cp_size=1); the block runs as it is."
+                )
             yield
             return
         from .transforms.context_parallel import context_parallel_block
@@ -98,4 +100,3 @@ class Parallelism:
             self.parallel_dims.submesh("cp"), buffers, buffer_seq_dims, no_restore_buffers, config.cp_comm_strategy
         ):
             yield
-

@@ -82,7 +82,9 @@ class ParallelismConfig:
         if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
             raise ValueError(f"cp_comm_strategy must be one of {CP_COMM_STRATEGIES}, got {self.cp_comm_strategy!r}.")
         if self.tp_plan is not None and self.parallelize_fn is not None:
-            raise ValueError("Pass either tp_plan or parallelize_fn, not both: parallelize_fn applies tensor parallelism itself.")
+            raise ValueError(
+                "Pass either tp_plan or parallelize_fn, not both: parallelize_fn applies tensor parallelism itself."
+            )
 
     # -- sizes (None counts as 1 until resolved) ------------------------------------------------
     def size(self, dim: str) -> int:
@@ -158,7 +160,8 @@ class ParallelismConfig:
 
     @property
     def fsdp_dim_names(self) -> list[str]:
-        """The mesh dimensions FSDP2 shards over: ``["dp_replicate", "dp_shard_cp"]`` with replicas (HSDP), else ``["dp_shard_cp"]``."""
+        """The mesh dimensions FSDP2 shards over: ``["dp_replicate", "dp_shard_cp"]`` with replicas (HSDP), else
+        ``["dp_shard_cp"]``."""
         return (["dp_replicate"] if self.dp_replicate_enabled else []) + ["dp_shard_cp"]
 
     @property
@@ -212,7 +215,9 @@ def resolve_parallelism(
             "(use tensor parallelism, FSDP or Megatron's tensor parallelism meanwhile)."
         )
     claimed = math.prod(v for v in given.values() if v is not None)
-    open_dims = [name for name, value in given.items() if value is None and name in ("dp_replicate_size", "dp_shard_size")]
+    open_dims = [
+        name for name, value in given.items() if value is None and name in ("dp_replicate_size", "dp_shard_size")
+    ]
     sizes = {name: value for name, value in given.items()}
     described = ", ".join(f"{n}={v}" for n, v in given.items() if v is not None) or "no sizes"
     if world_size % claimed:
@@ -243,5 +248,5 @@ def config_from_sizes(**sizes: int) -> ParallelismConfig:
     unknown = set(sizes) - set(MESH_DIMS)
     if unknown:
         raise ValueError(f"Unknown mesh dimension(s) {sorted(unknown)}; known: {', '.join(MESH_DIMS)}.")
-    return ParallelismConfig(**{f"{dim}_size": sizes.get(dim, 1) for dim in MESH_DIMS})
-
+    given: dict[str, Any] = {f"{dim}_size": sizes.get(dim, 1) for dim in MESH_DIMS}
+    return ParallelismConfig(**given)

@@ -13,7 +13,7 @@ This module must not import torch.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -53,7 +53,7 @@ class MissingPluginError(ImportError):
     """A feature was asked for whose package is not installed."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def _group(group: str) -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=group)}
 
@@ -76,7 +76,7 @@ def install_hint(group: str, name: str) -> str:
 _loaded: set[tuple[str, str]] = set()
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(group: str, name: str) -> Any:
     """The object registered as ``name`` in ``group``; imports its package on first use.
 

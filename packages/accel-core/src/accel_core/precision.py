@@ -68,7 +68,9 @@ class Precision:
         # weights, and summing gradients in bf16 loses bits that fp32 keeps.
         return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32)
 
-    def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+    def autocast(
+        self, enabled: bool = True, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
@@ -91,8 +93,9 @@ class PrecisionContext:
     """What a precision plugin is given to build itself: a narrow view of the job, not the Accelerator.
 
     device: this process's device. handlers: the kwargs handlers by type (the fp8 recipe handlers).
-    is_main_process: whether this process logs (conversion reports). fallback: builds one of core's precisions by name ("bf16", "fp16"), for
-    a device that cannot run the requested one (a GPU below compute capability 8.9 asked for fp8).
+    is_main_process: whether this process logs (conversion reports). fallback: builds one of core's
+    precisions by name ("bf16", "fp16"), for a device that cannot run the requested one (a GPU below
+    compute capability 8.9 asked for fp8).
     """
 
     device: torch.device
@@ -120,7 +123,9 @@ class AutocastPrecision(Precision):
         self.autocast_kwargs = autocast_kwargs or {}
         self._unscaled: set[int] = set()
 
-    def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+    def autocast(
+        self, enabled: bool = True, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
         kwargs = {**self.autocast_kwargs, "enabled": enabled}
         if cache_enabled is not None:
             kwargs["cache_enabled"] = cache_enabled
@@ -129,7 +134,7 @@ class AutocastPrecision(Precision):
     def wrap_forward(self, model: torch.nn.Module) -> None:
         if isinstance(model.__dict__.get("forward"), AutocastForward):
             return
-        model.forward = AutocastForward(model, model.forward, self.device_type, self.dtype, self.autocast_kwargs)  # type: ignore[method-assign]
+        model.forward = AutocastForward(model, model.forward, self.device_type, self.dtype, self.autocast_kwargs)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss) if self.scaler is not None else loss
@@ -160,9 +165,16 @@ class AutocastForward:
     """
 
     def __init__(
-        self, module: torch.nn.Module, original: Callable[..., Any], device_type: str, dtype: torch.dtype, kwargs: dict[str, Any]
+        self,
+        module: torch.nn.Module,
+        original: Callable[..., Any],
+        device_type: str,
+        dtype: torch.dtype,
+        kwargs: dict[str, Any],
     ) -> None:
-        own = getattr(original, "__self__", None) is module and getattr(original, "__func__", None) is getattr(type(module), "forward", None)
+        own = getattr(original, "__self__", None) is module and getattr(original, "__func__", None) is getattr(
+            type(module), "forward", None
+        )
         self.module = module
         self.original: Callable[..., Any] | None = None if own else original
         self.device_type, self.dtype, self.kwargs = device_type, dtype, dict(kwargs)
@@ -186,4 +198,4 @@ def unwrap_forward(model: torch.nn.Module) -> None:
     if forward.original is None:
         del model.__dict__["forward"]  # back to the class's bound method
     else:
-        model.forward = forward.original  # type: ignore[method-assign]
+        model.forward = forward.original

@@ -21,11 +21,14 @@ from .strategies import JointPreparation, PreparesOwnTypes, WrapsBeforeOptimizer
 from .strategies.base import ConvertsOwnTypes
 
 if TYPE_CHECKING:
+    from .configuration import DataLoaderConfiguration
     from .mesh import ParallelDims
     from .precision import Precision
     from .strategies import PreparedObjects, Strategy, StrategyContext
 
-_SUPPORTED = "torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler and torch.utils.data.DataLoader"
+_SUPPORTED = (
+    "torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler and torch.utils.data.DataLoader"
+)
 
 
 class Preparation:
@@ -37,7 +40,7 @@ class Preparation:
     device_placement: bool
     step_scheduler_with_optimizer: bool
     scheduler_stepping: SchedulerStepping
-    split_batches: bool
+    dataloader_config: DataLoaderConfiguration
     parallel_dims: ParallelDims
     _context: StrategyContext
     _parameter_names: ParameterNames
@@ -56,9 +59,9 @@ class Preparation:
             )
         own_types = self.strategy.accepts_object if isinstance(self.strategy, PreparesOwnTypes) else None
         for obj in args:
-            if not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, LRScheduler, torch.utils.data.DataLoader)) and not (
-                own_types is not None and own_types(obj)
-            ):
+            if not isinstance(
+                obj, (torch.nn.Module, torch.optim.Optimizer, LRScheduler, torch.utils.data.DataLoader)
+            ) and not (own_types is not None and own_types(obj)):
                 raise TypeError(
                     f"Cannot prepare an object of type {type(obj).__name__}: prepare accepts {_SUPPORTED}. "
                     "Leave other objects out of prepare()."
@@ -80,7 +83,7 @@ class Preparation:
     def _register_joint(self, given: Sequence[Any], joint: Any) -> list[Any]:
         objects = list(joint.objects)
         self.prepared.optimizers.extend(joint.extra_optimizers)
-        for original, prepared in zip(given, objects):
+        for original, prepared in zip(given, objects, strict=False):
             if isinstance(original, torch.nn.Module):
                 self.prepared.models.append(prepared)
             elif isinstance(original, torch.optim.Optimizer):
@@ -121,17 +124,18 @@ class Preparation:
     def _rebuild_for_wrapped_model(
         self, optimizer: torch.optim.Optimizer, originals: list[tuple[set[int], torch.nn.Module]]
     ) -> torch.optim.Optimizer:
-        from .optimizer_rebuild import rebuild
+        from .optimizer_rebuild import parameter_ids, rebuild
 
-        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        owned = parameter_ids(optimizer)
         owners = [model for parameter_ids, model in originals if parameter_ids & owned]
         if not owners:
             # Built on a model prepared by an earlier prepare() call: already on the wrapped parameters.
             if owned <= {id(p) for model in self.prepared.models for p in model.parameters()}:
                 return optimizer
             raise ValueError(
-                f"Preparing the model replaced its parameters ({self.strategy.name}, tensor parallelism): pass the model "
-                "to the same prepare() call as its optimizer, or prepare the model first and build the optimizer on it."
+                f"Preparing the model replaced its parameters ({self.strategy.name}, tensor parallelism): pass the "
+                "model to the same prepare() call as its optimizer, or prepare the model first and build the "
+                "optimizer on it."
             )
         if isinstance(self.strategy, WrapsBeforeOptimizer):
             return self.strategy.rebuild_optimizer(optimizer, owners[0], self._parameter_names)
@@ -139,8 +143,11 @@ class Preparation:
         model = self.strategy.unwrap_model(owners[0])
         return rebuild(optimizer, model, self._parameter_names, announce=self._context.state.is_main_process)
 
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
-        """Runs ``model`` through the transform chain (``accel_core.transforms``), with autocast when mixed precision is on."""
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        """Runs ``model`` through the transform chain (``accel_core.transforms``), with autocast when mixed precision is
+        on."""
         if device_placement is None:
             device_placement = self.device_placement
         self._parameter_names.record(model)
@@ -149,7 +156,9 @@ class Preparation:
         self.prepared.models.append(prepared)
         return prepared
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
         """Wraps an optimizer so it only steps at accumulation boundaries, through the scaler if any."""
         if device_placement is None:
             device_placement = self.device_placement
@@ -165,7 +174,7 @@ class Preparation:
             scheduler,
             optimizers or list(self.prepared.optimizers),
             self.step_scheduler_with_optimizer,
-            split_batches=self.split_batches,
+            split_batches=self.dataloader_config.split_batches,
             steps_per_optimizer_step=self.scheduler_steps_per_optimizer_step,
         )
         self.prepared.schedulers.append(prepared)
@@ -175,7 +184,7 @@ class Preparation:
     def scheduler_steps_per_optimizer_step(self) -> int:
         """LR scheduler steps per optimizer step: the data-parallel size (1 with ``split_batches``) with
         ``scheduler_stepping="per_process"``, 1 with ``"per_optimizer_step"``."""
-        if self.scheduler_stepping == SchedulerStepping.PER_OPTIMIZER_STEP or self.split_batches:
+        if self.scheduler_stepping == SchedulerStepping.PER_OPTIMIZER_STEP or self.dataloader_config.split_batches:
             return 1
         return self.parallel_dims.config.data_parallel_size
 

@@ -71,8 +71,11 @@ class ProcessControl:
         """Like ``main_process_first`` but per machine."""
         return self.state.local_main_process_first()
 
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> contextlib.AbstractContextManager[Any]:
-        """``with accelerator.split_between_processes(items) as mine: ...`` — see ``PartialState.split_between_processes``."""
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager[Any]:
+        """``with accelerator.split_between_processes(items) as mine: ...`` — see
+        ``PartialState.split_between_processes``."""
         return self.state.split_between_processes(inputs, apply_padding=apply_padding)
 
     def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -91,7 +94,9 @@ class ProcessControl:
         """Decorator: run only on process ``process_index``."""
         return self.state.on_process(function, process_index=process_index)
 
-    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int | None = None) -> Any:
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
         """Decorator: run only on the process with local index ``local_process_index``."""
         return self.state.on_local_process(function, local_process_index=local_process_index)
 

@@ -1,27 +1,110 @@
-"""What accel-core expects from the packages it discovers (see ``plugins``), as typing protocols.
+"""The contracts between accel-core and the packages it discovers (see ``plugins``), as typing protocols.
 
-Core calls these and nothing else, so a package can be replaced by any object that answers them.
-This module must not import torch at run time.
+Both directions are declared here: what core calls on a package (``DataLoaderPreparer``,
+``CheckpointHandler``, ``Tracker``), and what such a package may read of the Accelerator it is
+given (``DataAccelerator``, ``CheckpointAccelerator``). Core calls these and nothing else, so a
+package can be replaced by any object that answers them; a package reads the Accelerator through
+these and nothing else. Packages import them under ``TYPE_CHECKING``: this module must not import
+torch at run time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from .accelerator import Accelerator
+    import torch
+
+    from .configuration import DataLoaderConfiguration, ProjectConfiguration
+    from .mesh import ParallelDims
+    from .strategies import PreparedObjects, Strategy
+
+
+class DataAccelerator(Protocol):
+    """What accel-data reads of the Accelerator (``DataLoaderPreparer.prepare``)."""
+
+    @property
+    def parallel_dims(self) -> ParallelDims:
+        """The mesh; loaders shard over ``dp`` (``size``, ``rank``, ``group``)."""
+        ...
+
+    @property
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        """``split_batches``, ``dispatch_batches``, ``even_batches`` and the other loader settings."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where batches go when device placement is on."""
+        ...
+
+    @property
+    def rng_types(self) -> Sequence[str] | None:
+        """The RNGs synchronised at the start of each epoch."""
+        ...
+
+
+class CheckpointAccelerator(Protocol):
+    """What accel-checkpoint reads (and, for ``step``, writes) of the Accelerator (``CheckpointHandler``)."""
+
+    step: int
+    """The micro-step counter, saved with the state and restored by ``load_state``."""
+
+    @property
+    def strategy(self) -> Strategy:
+        """Asked for full and sharded state dicts (``model_state_dict``, ``ShardedCheckpointing``)."""
+        ...
+
+    @property
+    def prepared(self) -> PreparedObjects:
+        """The prepared and registered objects, in ``prepare`` order: what a checkpoint holds."""
+        ...
+
+    @property
+    def parallel_dims(self) -> ParallelDims:
+        """Dataloader positions are saved per data-parallel rank (``dp.size`` of them)."""
+        ...
+
+    @property
+    def project_configuration(self) -> ProjectConfiguration:
+        """Automatic checkpoint naming, ``total_limit`` and ``save_on_each_node``."""
+        ...
+
+    @property
+    def process_index(self) -> int: ...
+
+    @property
+    def num_processes(self) -> int: ...
+
+    @property
+    def is_local_main_process(self) -> bool: ...
+
+    @property
+    def scaler(self) -> Any:
+        """The fp16 ``GradScaler`` (None without one): its state is saved too."""
+        ...
+
+    @property
+    def save_state_pre_hooks(self) -> Sequence[Callable[..., None]]:
+        """``hook(models, weights, output_dir)`` for each ``register_save_state_pre_hook``, in order."""
+        ...
+
+    @property
+    def load_state_pre_hooks(self) -> Sequence[Callable[..., None]]:
+        """``hook(models, input_dir)`` for each ``register_load_state_pre_hook``, in order."""
+        ...
 
 
 @runtime_checkable
 class DataLoaderPreparer(Protocol):
     """Registered as ``accel.preparers: dataloader`` (accel-data)."""
 
-    def prepare(self, dataloader: Any, accelerator: Accelerator, device_placement: bool) -> Any:
+    def prepare(self, dataloader: Any, accelerator: DataAccelerator, device_placement: bool) -> Any:
         """Returns the loader sharded over the mesh's data parallelism.
 
-        Reads of the Accelerator: ``parallel_dims.dp`` (a ``MeshGroup``: ``size``, ``rank``,
-        ``group``; tensor- and context-parallel peers have the same ``dp.rank`` and must get the
-        same batches), ``dataloader_config``, ``device`` and ``rng_types``.
+        Reads of the Accelerator: ``DataAccelerator``. Tensor- and context-parallel peers have the
+        same ``parallel_dims.dp.rank`` and must get the same batches.
 
         The prepared loader registers itself with ``GradientState`` while it iterates
         (``_add_dataloader`` / ``_remove_dataloader``) and exposes ``end_of_dataloader`` (bool) and
@@ -36,17 +119,21 @@ class DataLoaderPreparer(Protocol):
 class CheckpointHandler(Protocol):
     """Registered as ``accel.checkpoint: state`` (accel-checkpoint)."""
 
-    def save_state(self, accelerator: Accelerator, output_dir: str | None, **kwargs: Any) -> str:
+    def save_state(self, accelerator: CheckpointAccelerator, output_dir: str | None, **kwargs: Any) -> str:
         """Writes everything the accelerator prepared or registered; returns the folder written."""
+        ...
 
-    def load_state(self, accelerator: Accelerator, input_dir: str | None, **kwargs: Any) -> str:
+    def load_state(self, accelerator: CheckpointAccelerator, input_dir: str | None, **kwargs: Any) -> str:
         """Restores what ``save_state`` wrote into the prepared objects; returns the folder loaded."""
+        ...
 
-    def save_model(self, accelerator: Accelerator, model: Any, save_directory: str, **kwargs: Any) -> None:
+    def save_model(self, accelerator: CheckpointAccelerator, model: Any, save_directory: str, **kwargs: Any) -> None:
         """Writes the model's weights (safetensors by default) for use outside accel."""
+        ...
 
-    def wait(self, accelerator: Accelerator) -> str | None:
+    def wait(self, accelerator: CheckpointAccelerator) -> str | None:
         """Blocks until the accelerator's asynchronous save is written; returns its folder."""
+        ...
 
 
 @runtime_checkable

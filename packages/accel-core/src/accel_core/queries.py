@@ -24,7 +24,16 @@ if TYPE_CHECKING:
 
 # Distributed types with one accelerator device per process (the reference's `multi_device` list;
 # names accel has no backend for count too, so a comparison never depends on what is installed).
-_MULTI_DEVICE = {"MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_HPU", "MULTI_NEURON"}
+_MULTI_DEVICE = {
+    "MULTI_GPU",
+    "MULTI_XPU",
+    "MULTI_NPU",
+    "MULTI_MLU",
+    "MULTI_SDAA",
+    "MULTI_MUSA",
+    "MULTI_HPU",
+    "MULTI_NEURON",
+}
 
 
 class SetupQueries:
@@ -58,17 +67,20 @@ class SetupQueries:
 
     @property
     def use_seedable_sampler(self) -> bool:
-        """Whether shuffled loaders use a ``SeedableRandomSampler`` (``DataLoaderConfiguration(use_seedable_sampler=)``)."""
+        """Whether shuffled loaders use a ``SeedableRandomSampler``
+        (``DataLoaderConfiguration(use_seedable_sampler=)``)."""
         return self.dataloader_config.use_seedable_sampler
 
     @property
     def non_blocking(self) -> bool:
-        """Whether batches move to the device with ``non_blocking=True`` (``DataLoaderConfiguration(non_blocking=)``)."""
+        """Whether batches move to the device with ``non_blocking=True``
+        (``DataLoaderConfiguration(non_blocking=)``)."""
         return self.dataloader_config.non_blocking
 
     @property
     def use_stateful_dataloader(self) -> bool:
-        """Whether prepared loaders are torchdata ``StatefulDataLoader`` s (``DataLoaderConfiguration(use_stateful_dataloader=)``)."""
+        """Whether prepared loaders are torchdata ``StatefulDataLoader`` s
+        (``DataLoaderConfiguration(use_stateful_dataloader=)``)."""
         return self.dataloader_config.use_stateful_dataloader
 
     # The kwargs handlers given to the constructor, under the reference's attribute names (None when not given).

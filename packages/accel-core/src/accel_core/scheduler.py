@@ -63,7 +63,8 @@ class AcceleratedScheduler:
         return 1 if self.split_batches else PartialState().num_processes
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        """Steps the wrapped scheduler after each real optimizer step (``steps_per_optimizer_step`` times); nothing on micro-steps or on fp16-skipped steps."""
+        """Steps the wrapped scheduler after each real optimizer step (``steps_per_optimizer_step`` times); nothing on
+        micro-steps or on fp16-skipped steps."""
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return

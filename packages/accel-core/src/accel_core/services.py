@@ -19,6 +19,7 @@ from .configuration import ProjectConfiguration
 
 if TYPE_CHECKING:
     from .state import AcceleratorState
+    from .strategies import PreparedObjects
 
 
 class _InactiveTracker:
@@ -61,13 +62,16 @@ class Tracking:
     project_configuration: ProjectConfiguration
     log_with: list[Any]
     trackers: list[Any]
+    wait_for_checkpoint: Callable[[], str | None]  # Checkpointing's, on the same Accelerator
 
     @property
     def logging_dir(self) -> str | None:
         """``ProjectConfiguration.logging_dir``: where file-writing trackers write."""
         return self.project_configuration.logging_dir
 
-    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None) -> None:
+    def init_trackers(
+        self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None
+    ) -> None:
         """Starts the trackers of ``log_with`` (the local tracker when none was named), main process only.
 
         init_kwargs: per-tracker constructor arguments, ``{"wandb": {"tags": [...]}}``.
@@ -128,7 +132,7 @@ class Tracking:
 
     def end_training(self) -> None:
         """Waits for a pending asynchronous checkpoint and closes the trackers; call at the end of the script."""
-        self.wait_for_checkpoint()  # type: ignore[attr-defined]
+        self.wait_for_checkpoint()
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
@@ -143,7 +147,7 @@ class Checkpointing:
 
     state: AcceleratorState
     project_configuration: ProjectConfiguration
-    _custom_objects: list[Any]
+    prepared: PreparedObjects
     _save_model_state_pre_hook: OrderedDict[int, Callable[..., None]]
     _load_model_state_pre_hook: OrderedDict[int, Callable[..., None]]
 
@@ -184,6 +188,16 @@ class Checkpointing:
         handler = plugins.load("accel.checkpoint", "state")
         handler.save_model(self, model, os.fspath(save_directory), **kwargs)
 
+    @property
+    def save_state_pre_hooks(self) -> list[Callable[..., None]]:
+        """The hooks ``register_save_state_pre_hook`` added and not removed, in registration order."""
+        return list(self._save_model_state_pre_hook.values())
+
+    @property
+    def load_state_pre_hooks(self) -> list[Callable[..., None]]:
+        """The hooks ``register_load_state_pre_hook`` added and not removed, in registration order."""
+        return list(self._load_model_state_pre_hook.values())
+
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """``hook(models, weights, output_dir)`` runs before ``save_state`` writes the models."""
         handle = RemovableHandle(self._save_model_state_pre_hook)
@@ -202,14 +216,17 @@ class Checkpointing:
         if invalid:
             listed = "\n".join(f"\t- item {i}: {type(o).__name__}" for i, o in enumerate(invalid))
             raise ValueError(
-                "All objects must have `state_dict` and `load_state_dict` methods to be checkpointed. Invalid:\n" + listed
+                "All objects must have `state_dict` and `load_state_dict` methods to be checkpointed. Invalid:\n"
+                + listed
             )
-        self._custom_objects.extend(objects)
+        self.prepared.custom_objects.extend(objects)
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
         """``torch.save`` once per machine (or on the main process only, unless ``save_on_each_node``)."""
         should_write = (
-            self.state.is_local_main_process if self.project_configuration.save_on_each_node else self.state.is_main_process
+            self.state.is_local_main_process
+            if self.project_configuration.save_on_each_node
+            else self.state.is_main_process
         )
         if not should_write:
             return

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from functools import partial, wraps
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -50,10 +50,8 @@ def _destroy_gloo_groups_before_finalization() -> None:
     # alive by torch.distributed's own module state (the default group and every subgroup, the
     # mesh's included), not by anything accel holds, so nothing accel drops can free them earlier.
     if dist.is_initialized():
-        try:
+        with contextlib.suppress(Exception):  # exiting anyway; never turn a clean exit into an error
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - exiting anyway; never turn a clean exit into an error
-            pass
 
 
 def default_backend(device: torch.device) -> str:
@@ -75,7 +73,7 @@ class PartialState:
             download_data()
     """
 
-    _shared_state: dict[str, Any] = {}
+    _shared_state: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, cpu: bool = False, **init_process_group_kwargs: Any) -> None:
         self.__dict__ = self._shared_state
@@ -235,7 +233,9 @@ class PartialState:
             raise ValueError("on_process needs process_index=<global rank>.")
         return self._only_if(lambda: self.process_index == process_index, function)
 
-    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int | None = None) -> Any:
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
         """Decorator: run ``function`` on the process with local index ``local_process_index`` only."""
         if function is None:
             return partial(self.on_local_process, local_process_index=local_process_index)
@@ -281,10 +281,21 @@ class PartialState:
 
 
 # What an unpickled state carries over: plain values, never process groups, plugins or objects.
-_PORTABLE = frozenset({
-    "world_size", "rank", "local_rank", "local_world_size", "cpu", "debug", "device", "backend",
-    "fork_launched", "mixed_precision", "chosen_distributed_type",
-})
+_PORTABLE = frozenset(
+    {
+        "world_size",
+        "rank",
+        "local_rank",
+        "local_world_size",
+        "cpu",
+        "debug",
+        "device",
+        "backend",
+        "fork_launched",
+        "mixed_precision",
+        "chosen_distributed_type",
+    }
+)
 
 
 def _restore_state(cls: type[PartialState], values: dict[str, Any]) -> PartialState:
@@ -321,7 +332,7 @@ def _split(inputs: Any, n: int, index: int, apply_padding: bool) -> Any:
         # Short shares repeat the last item of the input (as Accelerate pads).
         last = inputs[length - 1 : length]
         missing = wanted - len(share)
-        if isinstance(share, torch.Tensor):
+        if isinstance(share, torch.Tensor) and isinstance(last, torch.Tensor):
             share = torch.cat([share] + [last] * missing)
         else:
             share = type(share)(list(share) + list(last) * missing)
@@ -393,7 +404,7 @@ class GradientState:
     ``end_of_dataloader`` and ``remainder``.
     """
 
-    _shared_state: dict[str, Any] = {}
+    _shared_state: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, gradient_accumulation_plugin: Any | None = None) -> None:
         self.__dict__ = self._shared_state

@@ -46,8 +46,11 @@ def get_shape(data: Any) -> Any:
 
 
 def initialize_tensors(data_structure: Any) -> Any:
-    """Empty tensors in place of each ``TensorInformation`` of ``data_structure`` (the inverse of ``get_data_structure``)."""
-    return recursively_apply(lambda i: torch.empty(*i.shape, dtype=i.dtype), data_structure, test_type=is_tensor_information)
+    """Empty tensors in place of each ``TensorInformation`` of ``data_structure`` (the inverse of
+    ``get_data_structure``)."""
+    return recursively_apply(
+        lambda i: torch.empty(*i.shape, dtype=i.dtype), data_structure, test_type=is_tensor_information
+    )
 
 
 def listify(data: Any) -> Any:
@@ -81,7 +84,8 @@ def find_device(data: Any) -> torch.device | None:
 
 
 class ConvertOutputsToFp32:
-    """A forward function whose fp16 / bf16 outputs come back in fp32. Refuses to be pickled (unwrap the model first)."""
+    """A forward function whose fp16 / bf16 outputs come back in fp32. Refuses to be pickled (unwrap the model
+    first)."""
 
     def __init__(self, model_forward: Callable[..., Any]) -> None:
         self.model_forward = model_forward
@@ -104,5 +108,5 @@ def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., 
     def forward(*args: Any, **kwargs: Any) -> Any:
         return converted(*args, **kwargs)
 
-    forward.__wrapped__ = converted  # type: ignore[attr-defined]
+    forward.__wrapped__ = converted  # pyright: ignore[reportFunctionMemberAccess]  # what unwrap_forward reads
     return forward

@@ -34,7 +34,8 @@ def get_pretty_name(obj: Any) -> str:
 
 
 def merge_dicts(source: dict[Any, Any], destination: dict[Any, Any]) -> dict[Any, Any]:
-    """Copies ``source`` into ``destination`` recursively (nested dicts are merged, other values replaced); returns it."""
+    """Copies ``source`` into ``destination`` recursively (nested dicts are merged, other values replaced); returns
+    it."""
     for key, value in source.items():
         if isinstance(value, dict):
             merge_dicts(value, destination.setdefault(key, {}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import operator
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from packaging.version import Version, parse
@@ -21,7 +21,8 @@ STR_OPERATION_TO_FUNC: dict[str, Callable[[Any, Any], bool]] = {
 
 
 def compare_versions(library_or_version: str | Version, operation: str, requirement_version: str) -> bool:
-    """Compares an installed library's version (given its distribution name) or a ``Version`` with ``requirement_version``.
+    """Compares an installed library's version (given its distribution name) or a ``Version`` with
+    ``requirement_version``.
 
     Example::
 
@@ -35,7 +36,7 @@ def compare_versions(library_or_version: str | Version, operation: str, requirem
     return STR_OPERATION_TO_FUNC[operation](library_or_version, parse(requirement_version))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _torch_version() -> Version:
     # Read from the installed distribution, so asking does not import torch.
     return parse(importlib.metadata.version("torch"))

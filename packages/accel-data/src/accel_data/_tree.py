@@ -9,7 +9,7 @@ strings or ints is a list). Anything else is a scalar of the whole batch (kept a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -29,8 +29,9 @@ def _rebuild(obj: Any, values: Sequence[Any]) -> Any:
 
 
 def _rebuild_mapping(obj: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+    factory = cast("Callable[[dict[Any, Any]], Any]", type(obj))  # Mapping declares no constructor arguments
     try:
-        return type(obj)(items)
+        return factory(items)
     except TypeError:  # a Mapping whose constructor wants something else (e.g. BatchEncoding-like)
         return items
 
@@ -122,8 +123,8 @@ def concat_batches(batches: Sequence[Any]) -> Any:
     if isinstance(first, (str, bytes, int, float, bool)) or first is None:
         return first
     raise BatchTypeError(
-        f"accel-data cannot join batches of type {type(first).__name__} (needed to pad the last batch "
-        "with even_batches=True). Return tensors, lists, tuples or dicts from your collate_fn, or set even_batches=False."
+        f"accel-data cannot join batches of type {type(first).__name__} (needed to pad the last batch with "
+        "even_batches=True). Return tensors, lists, tuples or dicts from your collate_fn, or set even_batches=False."
     )
 
 
@@ -165,11 +166,12 @@ def to_device(data: Any, device: torch.device, non_blocking: bool = False) -> An
             return x
         if isinstance(x, tuple) and hasattr(x, "_fields"):
             return cls(*[move(v) for v in x])
-        if hasattr(x, "to") and callable(x.to) and not isinstance(x, type):
+        to = getattr(x, "to", None)  # BatchEncoding and other batch objects that move themselves
+        if callable(to) and not isinstance(x, type):
             try:
-                return x.to(device, non_blocking=non_blocking)
+                return to(device, non_blocking=non_blocking)
             except TypeError:
-                return x.to(device)
+                return to(device)
         if isinstance(x, Mapping):
             return _rebuild_mapping(x, {k: move(v) for k, v in x.items()})
         if isinstance(x, (list, tuple)):

@@ -61,7 +61,9 @@ class _Pickler(pickle.Pickler):
 class _Unpickler(pickle.Unpickler):
     """Rebuilds the tensors as views of the received buffer."""
 
-    def __init__(self, file: io.BytesIO, buf: torch.Tensor, start: int, metas: list[tuple[str, tuple[int, ...], int]]) -> None:
+    def __init__(
+        self, file: io.BytesIO, buf: torch.Tensor, start: int, metas: list[tuple[str, tuple[int, ...], int]]
+    ) -> None:
         super().__init__(file)
         self.buf, self.metas = buf, metas
         self.storage, self.base = buf.untyped_storage(), buf.storage_offset()
@@ -247,5 +249,7 @@ class Dispatcher:
         if kind == _END:
             return "end", None, -1
         if kind == _ERROR:
-            raise DispatchError(f"Process 0 of the data group failed while reading the data: {decode(out, _HEADER.size)}")
+            raise DispatchError(
+                f"Process 0 of the data group failed while reading the data: {decode(out, _HEADER.size)}"
+            )
         return "data", (decode(out, _HEADER.size) if end else None), real

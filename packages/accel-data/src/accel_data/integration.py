@@ -1,21 +1,24 @@
 """The ``accel.preparers: dataloader`` entry point: maps an ``Accelerator`` onto ``prepare_data_loader``.
 
-What it reads of the Accelerator is declared by ``accel_core.protocols.DataLoaderPreparer``: the
+What it reads of the Accelerator is declared by ``accel_core.protocols.DataAccelerator``: the
 mesh's data parallelism (``parallel_dims.dp``: size, rank, group), ``dataloader_config``,
 ``device`` and ``rng_types``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .prepare import prepare_data_loader, skip_first_batches
+
+if TYPE_CHECKING:
+    from accel_core.protocols import DataAccelerator
 
 
 class DataLoaderPreparer:
     """Implements ``accel_core.protocols.DataLoaderPreparer`` with accel-data's loaders."""
 
-    def prepare(self, dataloader: Any, accelerator: Any, device_placement: bool) -> Any:
+    def prepare(self, dataloader: Any, accelerator: DataAccelerator, device_placement: bool) -> Any:
         config = accelerator.dataloader_config
         dp = accelerator.parallel_dims.dp
         return prepare_data_loader(

@@ -170,7 +170,7 @@ class ShardedLoaderMixin(ResumableMixin):
 
     @property
     def total_dataset_length(self) -> int:
-        return len(self.dataset)  # type: ignore[attr-defined, arg-type]
+        return len(self.dataset)  # pyright: ignore[reportAttributeAccessIssue]  # a DataLoader mixin: its dataset
 
     @property
     def epoch(self) -> int:
@@ -180,7 +180,7 @@ class ShardedLoaderMixin(ResumableMixin):
         """Sets the epoch and forwards it to the sampler, batch sampler and dataset that have ``set_epoch``."""
         self._progress.epoch = int(epoch)
         targets = [self._shard.batch_sampler, self._shard.sampler] if self._shard is not None else []
-        targets.append(self.dataset)  # type: ignore[attr-defined]
+        targets.append(self.dataset)  # pyright: ignore[reportAttributeAccessIssue]  # a DataLoader mixin: its dataset
         for target in targets:
             if hasattr(target, "set_epoch") and not isinstance(target, SeedableRandomSampler):
                 target.set_epoch(epoch)
@@ -194,24 +194,24 @@ class ShardedLoaderMixin(ResumableMixin):
         # interrupted epoch drew from (saved in `state_dict`), and the global RNG is left alone.
         p = self._progress
         restore, p.resume_seed_state = p.resume_seed_state, None
-        source: torch.Generator | None = self.generator  # type: ignore[attr-defined]
+        source: torch.Generator | None = self.generator
         if restore is None:
             p.seed_state = source.get_state() if source is not None else torch.get_rng_state()
-            return super().__iter__()  # type: ignore[misc]
+            return super().__iter__()  # pyright: ignore[reportAttributeAccessIssue]  # the DataLoader after this mixin
         if source is not None:
             source.set_state(restore)
-            return super().__iter__()  # type: ignore[misc]
+            return super().__iter__()  # pyright: ignore[reportAttributeAccessIssue]  # the DataLoader after this mixin
         replay = torch.Generator()
         replay.set_state(restore)
         self.generator = replay
         try:
-            return super().__iter__()  # type: ignore[misc]
+            return super().__iter__()  # pyright: ignore[reportAttributeAccessIssue]  # the DataLoader after this mixin
         finally:
             self.generator = None
 
     def _inner_state_dict(self) -> dict[str, Any]:
         # The DataLoader class after the mixins (StatefulDataLoader), not ResumableMixin's own.
-        return super(ResumableMixin, self).state_dict()  # type: ignore[misc]
+        return super(ResumableMixin, self).state_dict()  # pyright: ignore[reportAttributeAccessIssue]  # the DataLoader after the mixins
 
     def _begin(self) -> tuple[int, dict[str, Any] | None]:
         p = self._progress
@@ -226,7 +226,7 @@ class ShardedLoaderMixin(ResumableMixin):
         if resume_inner is not None:
             # torchdata restores the position itself: only the persistent skip was already applied.
             skip = 0
-            super(ResumableMixin, self).load_state_dict(resume_inner)  # type: ignore[misc]
+            super(ResumableMixin, self).load_state_dict(resume_inner)  # pyright: ignore[reportAttributeAccessIssue]  # the DataLoader after the mixins
         p.resume_skip = 0
         p.in_epoch = True
         p.inner_state = resume_inner
@@ -344,14 +344,15 @@ class ShardedLoaderMixin(ResumableMixin):
         self.end_of_dataloader, self.remainder = False, -1
         gradient_state._add_dataloader(self)
         completed = False
+
         def placed(item: Any) -> Any:
             # Placed as soon as read, so a non_blocking copy overlaps the step on the previous batch.
             if item is _END or not place:
                 return item
             if type(item) is _WithState:
-                item.batch = to_device(item.batch, device, non_blocking)  # type: ignore[arg-type]
+                item.batch = to_device(item.batch, device, non_blocking)  # pyright: ignore[reportArgumentType]  # placed only with a device
                 return item
-            return to_device(item, device, non_blocking)  # type: ignore[arg-type]
+            return to_device(item, device, non_blocking)  # pyright: ignore[reportArgumentType]  # placed only with a device
 
         try:
             pending = placed(next(source, _END))
@@ -378,7 +379,7 @@ class ShardedLoaderMixin(ResumableMixin):
     def __len__(self) -> int:
         plan = self._current_plan()
         if self._shard is not None:
-            underlying = len(self._shard.batch_sampler)  # type: ignore[arg-type]
+            underlying = len(self._shard.batch_sampler)
             last = _last_batch_size(self._shard.batch_sampler)
         else:
             underlying = len(self.base_dataloader)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,7 @@ from .sharding import ShardPlan
 @lru_cache(maxsize=1)
 def _stateful_base() -> type | None:
     try:
-        from torchdata.stateful_dataloader import StatefulDataLoader
+        from torchdata.stateful_dataloader import StatefulDataLoader  # pyright: ignore[reportMissingImports]  # optional
     except ImportError:
         return None
     return StatefulDataLoader
@@ -39,7 +39,7 @@ def stateful_loader_class() -> type:
     base = _stateful_base()
     if base is None:
         raise ImportError(
-            "use_stateful_dataloader=True needs torchdata's StatefulDataLoader: pip install \"accel-data[stateful]\"."
+            'use_stateful_dataloader=True needs torchdata\'s StatefulDataLoader: pip install "accel-data[stateful]".'
         )
     return type("StatefulDataLoaderShard", (ShardedLoaderMixin, base), {"__module__": __name__})
 
@@ -58,10 +58,9 @@ def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:
         "persistent_workers": loader.persistent_workers,
         "pin_memory_device": loader.pin_memory_device,
     }
-    if hasattr(loader, "in_order"):
-        kwargs["in_order"] = loader.in_order
-    if hasattr(loader, "snapshot_every_n_steps"):
-        kwargs["snapshot_every_n_steps"] = loader.snapshot_every_n_steps
+    for name in ("in_order", "snapshot_every_n_steps"):  # newer torch; torchdata's StatefulDataLoader
+        if hasattr(loader, name):
+            kwargs[name] = getattr(loader, name)
     return kwargs
 
 
@@ -207,9 +206,12 @@ def prepare_data_loader(
         if batch_sampler is None:
             if split_batches and n > 1:
                 raise ValueError(
-                    "split_batches=True needs a batch size: give the DataLoader batch_size=..., or use split_batches=False."
+                    "split_batches=True needs a batch size: give the DataLoader batch_size=..., or use "
+                    "split_batches=False."
                 )
-            shard = BatchSamplerShard(_SingletonBatches(sampler), n, shard_rank, False, even_batches)
+            # Without a batch sampler, `sampler` is the loader's sampler (or its seedable copy).
+            indices = cast("Iterable[Any]", sampler)
+            shard = BatchSamplerShard(_SingletonBatches(indices), n, shard_rank, False, even_batches)
             loader = cls(dataset, batch_size=None, sampler=UnbatchedShard(shard), **kwargs)
         else:
             shard = BatchSamplerShard(batch_sampler, n, shard_rank, split_batches, even_batches)
@@ -259,4 +261,5 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
         raise ValueError(f"num_batches must be >= 0, got {num_batches}.")
     if not isinstance(dataloader, ShardedLoaderMixin):
         dataloader = prepare_data_loader(dataloader, num_processes=1, process_index=0, rng_types=[])
-    return dataloader._with_skip(num_batches)  # type: ignore[return-value]
+    # Every prepared loader is a DataLoader subclass with the ShardedLoaderMixin.
+    return cast(DataLoader, cast(ShardedLoaderMixin, dataloader)._with_skip(num_batches))

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
 from accel_core.random import get_rng_state, set_rng_state
 
 from .comm import Comm
@@ -52,7 +53,7 @@ def synchronize_rng_states(
         return seed
     buf = comm.broadcast(torch.cat(pieces)).cpu()
     offset = 0
-    for kind, state in zip(kinds, states):
+    for kind, state in zip(kinds, states, strict=True):
         assert state is not None
         n = state.numel()
         set_rng_state(kind, buf[offset : offset + n].clone(), generator)

@@ -17,7 +17,6 @@ from torch.utils.data import BatchSampler, RandomSampler, Sampler, SubsetRandomS
 from .sharding import LIST_OPS, Group, Head, ShardPlan, batches_for_process, iter_groups, make_group
 
 
-
 class GroupSink(Protocol):
     """Told about every batch a shard hands out, in order (``rank``, parts in its step, real, final)."""
 
@@ -73,7 +72,7 @@ class SeedableRandomSampler(RandomSampler):
         if self.generator is None:
             self.generator = torch.Generator()
         self.generator.manual_seed(self.initial_seed + self.epoch)
-        if not self.replacement and self.num_samples == len(self.data_source):  # type: ignore[arg-type]
+        if not self.replacement and self.num_samples == len(self.data_source):
             # RandomSampler's first permutation, as a list iterator: sharding reads every index,
             # and a generator costs more per index.
             order: Iterator[int] = iter(torch.randperm(self.num_samples, generator=self.generator).tolist())
@@ -100,7 +99,7 @@ class _SingletonBatches:
             yield [index]
 
     def __len__(self) -> int:
-        return len(self.sampler)  # type: ignore[arg-type]
+        return len(self.sampler)  # pyright: ignore[reportArgumentType]  # torch's samplers are sized
 
 
 class UnbatchedShard(Sampler[Any]):
@@ -172,8 +171,9 @@ class BatchSamplerShard(BatchSampler):
 
     def set_epoch(self, epoch: int) -> None:
         for target in (self.batch_sampler, self.sampler):
-            if hasattr(target, "set_epoch"):
-                target.set_epoch(epoch)
+            set_epoch = getattr(target, "set_epoch", None)
+            if set_epoch is not None:
+                set_epoch(epoch)
 
     def _groups(self, plan: ShardPlan, skip: int) -> Iterator[Group[list[Any]]]:
         if type(self.batch_sampler) is BatchSampler:
@@ -249,9 +249,10 @@ class BatchSamplerShard(BatchSampler):
             if bs.drop_last and len(batches[-1]) < size:
                 batches.pop()
             group = make_group(batches, True, plan, LIST_OPS, keep) if batches else None
-            if group is not None and group.parts[rank] is not None:
+            part = group.parts[rank] if group is not None else None
+            if group is not None and part is not None:
                 real = group.real
-                yield group.parts[rank]  # type: ignore[misc]
+                yield part
         if sink is not None and real >= 0:
             sink.push(rank, 1, real, True)
 
@@ -278,13 +279,11 @@ class BatchSamplerShard(BatchSampler):
 
     def __len__(self) -> int:
         plan = self.plan()
-        total = len(self.batch_sampler)  # type: ignore[arg-type]
+        total = len(self.batch_sampler)  # pyright: ignore[reportArgumentType]  # torch's batch samplers are sized
         last = _last_batch_size(self.batch_sampler)
         if self.process_index is not None:
             return max(batches_for_process(total, plan, self.process_index, last) - self.skip, 0)
-        return sum(
-            max(batches_for_process(total, plan, r, last) - self.skip, 0) for r in range(plan.num_processes)
-        )
+        return sum(max(batches_for_process(total, plan, r, last) - self.skip, 0) for r in range(plan.num_processes))
 
 
 def _last_batch_size(batch_sampler: Any) -> int | None:

@@ -21,11 +21,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Generic, TypeVar
 
 B = TypeVar("B")
 
-_END = object()
+
+class _End(Enum):
+    END = 0  # an enum member, so `pending is not _END` narrows `pending` to a batch
+
+
+_END = _End.END
 
 
 @dataclass(frozen=True)
@@ -170,10 +176,10 @@ def iter_groups(
     it = iter(batches)
     buf: list[B] = []
     index = 0
-    pending = next(it, _END)
+    pending: B | _End = next(it, _END)
     while pending is not _END:
-        keep.add(pending)  # type: ignore[arg-type]
-        buf.append(pending)  # type: ignore[arg-type]
+        keep.add(pending)
+        buf.append(pending)
         if not read_ahead and len(buf) == per_group and _settled(buf, plan, ops):
             if index >= skip:
                 group = make_group(buf, False, plan, ops, keep)
@@ -218,7 +224,8 @@ def _sizes_total(buf: Sequence[B], ops: BatchOps[B]) -> int:
 
 
 def make_group(buf: list[B], final: bool, plan: ShardPlan, ops: BatchOps[B], head: Head[B]) -> Group[B] | None:
-    """The step made of ``buf`` (one batch with ``split_batches``, else up to ``num_processes``); ``None`` to drop it."""
+    """The step made of ``buf`` (one batch with ``split_batches``, else up to ``num_processes``); ``None`` to drop
+    it."""
     if plan.split_batches:
         return _split_group(buf[0], final, plan, ops, head)
     n, size = plan.num_processes, plan.batch_size
@@ -236,10 +243,10 @@ def make_group(buf: list[B], final: bool, plan: ShardPlan, ops: BatchOps[B], hea
         if missing <= 0:
             return Group(list(buf) + [None] * (n - len(buf)), real, final)
         # Refill to n full batches: real samples first, then samples from the start of the epoch.
-        flat = ops.concat(list(buf) + [head.samples(missing)])
+        flat = ops.concat([*buf, head.samples(missing)])
         return Group([ops.cut(flat, r * size, (r + 1) * size) for r in range(n)], real, final)
     # Variable batch sizes: processes without a batch get whole batches from the start.
-    parts: list[B | None] = list(buf) + [head.whole_batch(i) for i in range(n - len(buf))]
+    parts: list[B | None] = [*buf, *(head.whole_batch(i) for i in range(n - len(buf)))]
     return Group(parts, real, final)
 
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import sys
 from types import ModuleType
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
 
 _INSTALL_HINT = 'DeepSpeed is not installed: pip install "accel[deepspeed]" (or pip install accel-deepspeed deepspeed).'
 
@@ -19,7 +23,7 @@ def import_deepspeed() -> ModuleType:
         return sys.modules["deepspeed"]
     hide_mlflow = "mlflow" not in sys.modules
     if hide_mlflow:
-        sys.modules["mlflow"] = None  # type: ignore[assignment]  # makes `import mlflow` raise ImportError
+        sys.modules["mlflow"] = None  # pyright: ignore[reportArgumentType]  # makes `import mlflow` raise ImportError
     try:
         import deepspeed
     except ImportError as error:
@@ -30,3 +34,10 @@ def import_deepspeed() -> ModuleType:
         if hide_mlflow and sys.modules.get("mlflow", 0) is None:
             del sys.modules["mlflow"]
     return deepspeed
+
+
+def ds_accelerator() -> DeepSpeedAccelerator:
+    """DeepSpeed's accelerator object (``deepspeed.accelerator.get_accelerator()``, untyped: inferred as optional)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return cast("DeepSpeedAccelerator", get_accelerator())

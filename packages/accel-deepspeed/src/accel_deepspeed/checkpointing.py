@@ -72,7 +72,11 @@ def save_sharded(strategy: DeepSpeedStrategy, prepared: PreparedObjects, folder:
 
 
 def load_sharded(
-    strategy: DeepSpeedStrategy, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any
+    strategy: DeepSpeedStrategy,
+    prepared: PreparedObjects,
+    folder: str,
+    allow_unsafe_pickle: bool | None = None,
+    **kwargs: Any,
 ) -> None:
     """Collective. Restores what ``save_sharded`` wrote into the prepared engine and frozen models."""
     from accel_checkpoint.errors import CheckpointMismatchError
@@ -86,17 +90,23 @@ def load_sharded(
                     "models, in the same order, as in the run that saved it."
                 )
             check_pickles(path, allow_unsafe_pickle)
-            loaded = _load_engine(strategy.context.state.is_local_main_process, model, folder, _tag(index), allow_unsafe_pickle)
+            loaded = _load_engine(
+                strategy.context.state.is_local_main_process, model, folder, _tag(index), allow_unsafe_pickle
+            )
             if loaded is None:
                 raise CheckpointMismatchError(f"DeepSpeed could not load its checkpoint from {path}.")
         else:
             path = os.path.join(folder, f"{_tag(index)}.pt")
             if not os.path.isfile(path):
-                raise CheckpointMismatchError(f"{path} is missing: prepare the same models, in the same order, as when saving.")
+                raise CheckpointMismatchError(
+                    f"{path} is missing: prepare the same models, in the same order, as when saving."
+                )
             model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
-def _load_engine(is_local_main_process: bool, engine: Any, folder: str, tag: str, allow_unsafe_pickle: bool | None) -> Any:
+def _load_engine(
+    is_local_main_process: bool, engine: Any, folder: str, tag: str, allow_unsafe_pickle: bool | None
+) -> Any:
     """engine.load_checkpoint; through a universal checkpoint when another number of processes saved it."""
     from .resharding import current_process_count, loading_universal, saved_process_count, universal_checkpoint
 

@@ -36,13 +36,55 @@ class DeepSpeedLaunchOptions(OptionTable):
     name = "deepspeed"
     # (flag, ACCEL_DEEPSPEED_<OPTION>, parser, metavar, help)
     options = (
-        ("deepspeed-config-file", "CONFIG_FILE", str, "PATH", "DeepSpeed JSON config; its \"auto\" values are filled by accel"),
+        (
+            "deepspeed-config-file",
+            "CONFIG_FILE",
+            str,
+            "PATH",
+            'DeepSpeed JSON config; its "auto" values are filled by accel',
+        ),
         ("zero-stage", "ZERO_STAGE", _stage_text, "{0,1,2,3}", "ZeRO stage (default 2 without a config file)"),
-        ("gradient-clipping", "GRADIENT_CLIPPING", nonnegative_number_text, "NORM", "max gradient norm, applied inside DeepSpeed's step"),
-        ("offload-optimizer-device", "OFFLOAD_OPTIMIZER_DEVICE", _device_text, "{none,cpu,nvme}", "where optimizer states live"),
-        ("offload-param-device", "OFFLOAD_PARAM_DEVICE", _device_text, "{none,cpu,nvme}", "where parameters live (stage 3)"),
-        ("offload-optimizer-nvme-path", "OFFLOAD_OPTIMIZER_NVME_PATH", str, "PATH", "folder for --offload-optimizer-device nvme"),
+        (
+            "gradient-clipping",
+            "GRADIENT_CLIPPING",
+            nonnegative_number_text,
+            "NORM",
+            "max gradient norm, applied inside DeepSpeed's step",
+        ),
+        (
+            "offload-optimizer-device",
+            "OFFLOAD_OPTIMIZER_DEVICE",
+            _device_text,
+            "{none,cpu,nvme}",
+            "where optimizer states live",
+        ),
+        (
+            "offload-param-device",
+            "OFFLOAD_PARAM_DEVICE",
+            _device_text,
+            "{none,cpu,nvme}",
+            "where parameters live (stage 3)",
+        ),
+        (
+            "offload-optimizer-nvme-path",
+            "OFFLOAD_OPTIMIZER_NVME_PATH",
+            str,
+            "PATH",
+            "folder for --offload-optimizer-device nvme",
+        ),
         ("offload-param-nvme-path", "OFFLOAD_PARAM_NVME_PATH", str, "PATH", "folder for --offload-param-device nvme"),
-        ("zero3-init-flag", "ZERO3_INIT_FLAG", bool_text, "BOOL", "build models partitioned (strategy.zero3_init_context())"),
-        ("zero3-save-16bit-model", "ZERO3_SAVE_16BIT_MODEL", bool_text, "BOOL", "stage 3: gather full weights for save_model"),
+        (
+            "zero3-init-flag",
+            "ZERO3_INIT_FLAG",
+            bool_text,
+            "BOOL",
+            "build models partitioned (strategy.zero3_init_context())",
+        ),
+        (
+            "zero3-save-16bit-model",
+            "ZERO3_SAVE_16BIT_MODEL",
+            bool_text,
+            "BOOL",
+            "stage 3: gather full weights for save_model",
+        ),
     )

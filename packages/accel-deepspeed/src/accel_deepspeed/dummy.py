@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
@@ -34,17 +34,21 @@ class DummyOptim(torch.optim.Optimizer):
         self.weight_decay = weight_decay
         self.kwargs = kwargs
         self.defaults = {"lr": lr, "weight_decay": weight_decay, **kwargs}
-        self.state = {}
+        self.state = {}  # pyright: ignore[reportAttributeAccessIssue]  # a placeholder: no per-parameter state
         groups = self.params if self.params and isinstance(self.params[0], dict) else [{"params": self.params}]
         self.param_groups = [{**self.defaults, **group} for group in groups]
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: Any = None) -> NoReturn:
         """Always raises ``RuntimeError``: a placeholder cannot step; use what ``prepare`` returns."""
-        raise RuntimeError("DummyOptim is a placeholder: pass it to accelerator.prepare() with its model and use what it returns.")
+        raise RuntimeError(
+            "DummyOptim is a placeholder: pass it to accelerator.prepare() with its model and use what it returns."
+        )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Always raises ``RuntimeError``: a placeholder holds no gradients; use what ``prepare`` returns."""
-        raise RuntimeError("DummyOptim is a placeholder: pass it to accelerator.prepare() with its model and use what it returns.")
+        raise RuntimeError(
+            "DummyOptim is a placeholder: pass it to accelerator.prepare() with its model and use what it returns."
+        )
 
     def __repr__(self) -> str:
         return f"DummyOptim(lr={self.lr}, weight_decay={self.weight_decay})"

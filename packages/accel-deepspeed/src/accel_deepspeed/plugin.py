@@ -109,7 +109,9 @@ class DeepSpeedPlugin:
             self._merge_fields_into_config()
         self._read_fields_from_config()
         if self.zero3_init_flag and self.zero_stage != 3:
-            logger.warning("zero3_init_flag only applies to ZeRO stage 3 (this config uses stage %s): ignored.", self.zero_stage)
+            logger.warning(
+                "zero3_init_flag only applies to ZeRO stage 3 (this config uses stage %s): ignored.", self.zero_stage
+            )
             self.zero3_init_flag = False
 
     # -- building ---------------------------------------------------------------------------
@@ -121,12 +123,20 @@ class DeepSpeedPlugin:
             if value is not None:
                 value = str(value).lower()
                 if value not in OFFLOAD_DEVICES:
-                    raise ValueError(f"{name} must be one of {', '.join(OFFLOAD_DEVICES)}, got {getattr(self, name)!r}.")
+                    raise ValueError(
+                        f"{name} must be one of {', '.join(OFFLOAD_DEVICES)}, got {getattr(self, name)!r}."
+                    )
                 setattr(self, name, value)
-        if self.gradient_accumulation_steps is not None and not is_auto(self.gradient_accumulation_steps):
-            if not isinstance(self.gradient_accumulation_steps, int) or self.gradient_accumulation_steps < 1:
-                raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {self.gradient_accumulation_steps!r}.")
-        if self.gradient_clipping is not None and not is_auto(self.gradient_clipping) and float(self.gradient_clipping) < 0:
+        steps = self.gradient_accumulation_steps
+        if steps is not None and not is_auto(steps) and (not isinstance(steps, int) or steps < 1):
+            raise ValueError(
+                f"gradient_accumulation_steps must be an integer >= 1, got {self.gradient_accumulation_steps!r}."
+            )
+        if (
+            self.gradient_clipping is not None
+            and not is_auto(self.gradient_clipping)
+            and float(self.gradient_clipping) < 0
+        ):
             raise ValueError(f"gradient_clipping must be >= 0 (0 turns clipping off), got {self.gradient_clipping!r}.")
 
     def _config_from_fields(self) -> dict[str, Any]:
@@ -144,7 +154,9 @@ class DeepSpeedPlugin:
         config: dict[str, Any] = {
             "train_batch_size": "auto",
             "train_micro_batch_size_per_gpu": "auto",
-            "gradient_accumulation_steps": "auto" if self.gradient_accumulation_steps is None else self.gradient_accumulation_steps,
+            "gradient_accumulation_steps": "auto"
+            if self.gradient_accumulation_steps is None
+            else self.gradient_accumulation_steps,
             "zero_optimization": zero,
             "steps_per_print": _QUIET_STEPS,
             # Recent DeepSpeed clips at 1.0 when the key is absent; like plain PyTorch, accel clips only when asked.
@@ -165,7 +177,7 @@ class DeepSpeedPlugin:
             elif _normalized(current) != _normalized(value):
                 raise ValueError(
                     f"DeepSpeedPlugin({name}={value!r}) contradicts `{dotted}`: {current!r} in the DeepSpeed config "
-                    f"({source}). Set it in one place: drop the argument, or change (or make \"auto\") the config entry."
+                    f'({source}). Set it in one place: drop the argument, or change (or make "auto") the config entry.'
                 )
 
     def _read_fields_from_config(self) -> None:
@@ -202,7 +214,8 @@ class DeepSpeedPlugin:
             if option not in ENV_OPTIONS:
                 logger.warning(
                     "ACCEL_DEEPSPEED_%s is not a DeepSpeed option accel knows (known: %s): ignored.",
-                    option.upper(), ", ".join(sorted(ENV_OPTIONS)),
+                    option.upper(),
+                    ", ".join(sorted(ENV_OPTIONS)),
                 )
                 continue
             name, kind = ENV_OPTIONS[option]
@@ -220,12 +233,15 @@ class DeepSpeedPlugin:
         """
         config = self.deepspeed_config
         if mixed_precision not in ("no", "fp16", "bf16"):
-            raise ValueError(f"mixed_precision={mixed_precision!r} is not supported with DeepSpeed: use no, fp16 or bf16.")
+            raise ValueError(
+                f"mixed_precision={mixed_precision!r} is not supported with DeepSpeed: use no, fp16 or bf16."
+            )
         if mixed_precision != "no":
             other = "bf16" if mixed_precision == "fp16" else "fp16"
             if is_enabled(get_value(config, f"{other}.enabled")):
                 raise ValueError(
-                    f"`--mixed_precision` arg cannot be set to `{mixed_precision}` when `{other}` is set in the DeepSpeed config file."
+                    f"`--mixed_precision` arg cannot be set to `{mixed_precision}` when `{other}` is set in the "
+                    "DeepSpeed config file."
                 )
         if mixed_precision == "fp16" and "fp16" not in config:
             # auto_cast: DeepSpeed casts floating inputs to fp16, so the training loop stays unchanged.
@@ -261,7 +277,7 @@ class DeepSpeedPlugin:
                 raise ValueError(
                     "Please correct the following DeepSpeed config values that mismatch the values accel computed:\n"
                     + "\n".join(mismatches)
-                    + "\nThe easiest fix is to set them to \"auto\" in the DeepSpeed config."
+                    + '\nThe easiest fix is to set them to "auto" in the DeepSpeed config.'
                 )
         fill_auto(self.deepspeed_config, kwargs)
 
@@ -316,4 +332,6 @@ def _parse_env(name: str, raw: str, kind: str) -> Any:
     try:
         return int(text) if kind == "int" else float(text)
     except ValueError:
-        raise ValueError(f"Environment variable {name}={raw!r} must be {'an integer' if kind == 'int' else 'a number'}.") from None
+        raise ValueError(
+            f"Environment variable {name}={raw!r} must be {'an integer' if kind == 'int' else 'a number'}."
+        ) from None

@@ -8,7 +8,6 @@ every process instead of leaving some of them waiting in a collective.
 from __future__ import annotations
 
 import copy
-import functools
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
+from accel_core.optimizer import AcceleratedOptimizer
+from accel_core.optimizer_rebuild import track_step_calls
 from accel_core.scheduler import AcceleratedScheduler
 from accel_core.strategies import JointResult
 
@@ -98,8 +99,8 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> JointRes
             )
     if len(found.optimizers) > 1 or len(found.schedulers) > 1:
         raise ValueError(
-            f"Got {len(found.optimizers)} optimizers and {len(found.schedulers)} schedulers: a DeepSpeed engine has one "
-            f"of each. {_SEVERAL_MODELS}"
+            f"Got {len(found.optimizers)} optimizers and {len(found.schedulers)} schedulers: a DeepSpeed engine has "
+            f"one of each. {_SEVERAL_MODELS}"
         )
     trainable = [i for i in found.models if _trainable(result[i])]
     engine_index = _pick_engine_model(strategy, result, found, trainable)
@@ -111,7 +112,9 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> JointRes
     optimizer = result[found.optimizers[0]] if found.optimizers else None
     scheduler = result[found.schedulers[0]] if found.schedulers else None
     config = build_config(strategy, result, found, result[engine_index], optimizer, scheduler)
-    engine, ds_optimizer, ds_scheduler, optimizer = _initialize(strategy, config, result[engine_index], optimizer, scheduler)
+    engine, ds_optimizer, ds_scheduler, optimizer = _initialize(
+        strategy, config, result[engine_index], optimizer, scheduler
+    )
 
     strategy.engine = engine
     strategy.release_at_exit()
@@ -129,7 +132,7 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> JointRes
     # A config optimizer that the script has no handle on: step it from backward, as nobody calls step().
     strategy.steps_in_backward = ds_optimizer is not None and not found.optimizers
     if found.schedulers:
-        optimizers = [wrapper] if wrapper is not None else []
+        optimizers: list[AcceleratedOptimizer] = [wrapper] if wrapper is not None else []
         if ds_scheduler is not None:
             prepared: Any = DeepSpeedSchedulerWrapper(ds_scheduler, optimizers)
         else:
@@ -159,7 +162,9 @@ def _place_frozen(strategy: DeepSpeedStrategy, objects: list[Any], model_indices
             strategy.frozen_models.append(model)
 
 
-def _pick_engine_model(strategy: DeepSpeedStrategy, objects: list[Any], found: Sorted, trainable: list[int]) -> int | None:
+def _pick_engine_model(
+    strategy: DeepSpeedStrategy, objects: list[Any], found: Sorted, trainable: list[int]
+) -> int | None:
     """Which model becomes the engine (None: only frozen models here); raises before anything is built."""
     if strategy.engine is not None and trainable:
         raise ValueError(_SEVERAL_MODELS)
@@ -194,7 +199,12 @@ def _optimizer_params(optimizer: Any) -> list[Any]:
 
 
 def build_config(
-    strategy: DeepSpeedStrategy, objects: list[Any], found: Sorted, model: torch.nn.Module, optimizer: Any, scheduler: Any
+    strategy: DeepSpeedStrategy,
+    objects: list[Any],
+    found: Sorted,
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
 ) -> dict[str, Any]:
     """The engine's config: the plugin's, checked against the objects, with its "auto" values filled."""
     context = strategy.context
@@ -207,9 +217,11 @@ def build_config(
     configured_steps = config.get("gradient_accumulation_steps")
     if not is_auto(configured_steps) and configured_steps is not None and int(configured_steps) != steps:
         logger.warning(
-            "Updating DeepSpeed's gradient accumulation steps to %d (the Accelerator's) from %s (the DeepSpeed config). "
-            "Pass Accelerator(gradient_accumulation_steps=%s) to keep the config's value.",
-            steps, configured_steps, configured_steps,
+            "Updating DeepSpeed's gradient accumulation steps to %d (the Accelerator's) from %s (the DeepSpeed "
+            "config). Pass Accelerator(gradient_accumulation_steps=%s) to keep the config's value.",
+            steps,
+            configured_steps,
+            configured_steps,
         )
     config["gradient_accumulation_steps"] = steps
     values: dict[str, Any] = {
@@ -249,7 +261,7 @@ def build_config(
     left = remaining_auto(config)
     if left:
         raise ValueError(
-            f"These DeepSpeed config values are \"auto\" but accel has nothing to fill them with: {', '.join(left)}. "
+            f'These DeepSpeed config values are "auto" but accel has nothing to fill them with: {", ".join(left)}. '
             "Give them values in the DeepSpeed config (or the matching DummyOptim / DummyScheduler arguments)."
         )
     expected = micro * steps * strategy.context.dims.dp.size
@@ -257,7 +269,7 @@ def build_config(
     if config.get("train_batch_size") is not None and int(config["train_batch_size"]) != expected:
         raise ValueError(
             f"DeepSpeed config train_batch_size={config['train_batch_size']} but micro batch {micro} x accumulation "
-            f"{steps} x {strategy.context.dims.dp.size} processes = {expected}. Set train_batch_size to \"auto\"."
+            f'{steps} x {strategy.context.dims.dp.size} processes = {expected}. Set train_batch_size to "auto".'
         )
     return copy.deepcopy(config)
 
@@ -275,10 +287,14 @@ def _check_optimizer_and_scheduler(config: dict[str, Any], optimizer: Any, sched
     if scheduler is not None:
         if "scheduler" in config and not isinstance(scheduler, DummyScheduler):
             raise ValueError(
-                "You cannot specify a scheduler in the config file and in the code at the same time. "
-                "Please remove the scheduler from the config file or create `accel_deepspeed.DummyScheduler` in the code."
+                "You cannot specify a scheduler in the config file and in the code at the same time. Please remove the "
+                "scheduler from the config file or create `accel_deepspeed.DummyScheduler` in the code."
             )
-        if "scheduler" not in config and isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is None:
+        if (
+            "scheduler" not in config
+            and isinstance(scheduler, DummyScheduler)
+            and scheduler.lr_scheduler_callable is None
+        ):
             raise ValueError(
                 "You cannot create a `DummyScheduler` without specifying a scheduler in the config file "
                 "(or pass `lr_scheduler_callable=` to DummyScheduler)."
@@ -296,18 +312,25 @@ def _micro_batch_size(strategy: DeepSpeedStrategy, objects: list[Any], found: So
     if not sizes:
         if configured is None or is_auto(configured):
             raise ValueError(
-                "When using DeepSpeed `accelerator.prepare()` requires you to pass at least one of training or evaluation "
-                "dataloaders or alternatively set an integer value in `train_micro_batch_size_per_gpu` in the deepspeed "
-                "config file (DeepSpeedPlugin(hf_ds_config=...)) or in `plugin.deepspeed_config['train_micro_batch_size_per_gpu']`."
+                "When using DeepSpeed `accelerator.prepare()` requires you to pass at least one of training or "
+                "evaluation dataloaders or alternatively set an integer value in `train_micro_batch_size_per_gpu` in "
+                "the deepspeed config file (DeepSpeedPlugin(hf_ds_config=...)) or in "
+                "`plugin.deepspeed_config['train_micro_batch_size_per_gpu']`."
             )
         return int(configured)
     micro = min(sizes) if strategy.plugin.is_train_batch_min else max(sizes)
     if len(sizes) > 1:
-        logger.info("Several dataloaders: is_train_batch_min=%s picks micro batch size %d.", strategy.plugin.is_train_batch_min, micro)
+        logger.info(
+            "Several dataloaders: is_train_batch_min=%s picks micro batch size %d.",
+            strategy.plugin.is_train_batch_min,
+            micro,
+        )
     if configured is not None and not is_auto(configured) and int(configured) != micro:
         logger.warning(
             "The DeepSpeed config says train_micro_batch_size_per_gpu=%s but the dataloaders give %d per process; "
-            "DeepSpeed keeps the config's value (set it to \"auto\" to follow the dataloaders).", configured, micro,
+            'DeepSpeed keeps the config\'s value (set it to "auto" to follow the dataloaders).',
+            configured,
+            micro,
         )
         return int(configured)
     return micro
@@ -368,7 +391,9 @@ def _offload_ready(config: dict[str, Any], optimizer: torch.optim.Optimizer, sch
             '"zero_force_ds_cpu_optimizer": false in the DeepSpeed config to keep the torch optimizer (slower).'
         )
     if optimizer.state:
-        logger.warning("The optimizer already has state (it stepped before prepare); offload restarts it with DeepSpeedCPUAdam.")
+        logger.warning(
+            "The optimizer already has state (it stepped before prepare); offload restarts it with DeepSpeedCPUAdam."
+        )
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     adamw_mode = isinstance(optimizer, torch.optim.AdamW) or bool(defaults.get("decoupled_weight_decay", False))
@@ -391,13 +416,5 @@ def _rebind_scheduler(scheduler: LRScheduler, optimizer: torch.optim.Optimizer) 
     The scheduler's constructor wrapped its first optimizer's ``step`` to notice calls; the same
     wrapper goes on the new one, or torch warns that ``optimizer.step()`` was overridden.
     """
-    step = optimizer.step
-
-    @functools.wraps(step)
-    def tracked_step(*args: Any, **kwargs: Any) -> Any:
-        optimizer._opt_called = True  # type: ignore[attr-defined]
-        return step(*args, **kwargs)
-
-    tracked_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    optimizer.step = tracked_step  # type: ignore[method-assign]
+    track_step_calls(optimizer)
     scheduler.optimizer = optimizer

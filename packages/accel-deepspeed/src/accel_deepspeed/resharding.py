@@ -79,9 +79,9 @@ def _convert_guarded(source: str, root: str, tag: str, saved: int, now: int) -> 
     except Exception as caught:  # noqa: BLE001 - reported on every process by agree()
         error = CheckpointMismatchError(
             f"{source} was saved by {saved} processes and {now} run now; converting it to a DeepSpeed universal "
-            f"checkpoint in {root} failed: {type(caught).__name__}: {caught}. Load it with {saved} processes, or convert "
-            f"it yourself: python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state --input_folder "
-            f"{source} --output_folder {os.path.join(root, tag)}"
+            f"checkpoint in {root} failed: {type(caught).__name__}: {caught}. Load it with {saved} processes, or "
+            "convert it yourself: python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state "
+            f"--input_folder {source} --output_folder {os.path.join(root, tag)}"
         )
         error.__cause__ = caught
         return error
@@ -90,9 +90,10 @@ def _convert_guarded(source: str, root: str, tag: str, saved: int, now: int) -> 
 
 def _convert(source: str, root: str, tag: str) -> None:
     """ds_to_universal into a hidden folder, then renamed to ``root/tag`` (a concurrent conversion may win)."""
+    from deepspeed.checkpoint import ds_to_universal
+
     from accel_checkpoint.fsio import remove_tree, token
     from accel_checkpoint.layout import partial_path
-    from deepspeed.checkpoint import ds_to_universal
 
     os.makedirs(root, exist_ok=True)
     partial = partial_path(os.path.join(root, tag), token())

@@ -28,9 +28,10 @@ import socket
 import sys
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
+
 from accel_core import environment as env
 from accel_core.enums import DistributedType
 from accel_core.parallelism import ParallelismConfig
@@ -41,8 +42,11 @@ from accel_core.strategies import (
     StrategyContext,
 )
 
-from ._deepspeed import import_deepspeed
+from ._deepspeed import ds_accelerator, import_deepspeed
 from .plugin import DeepSpeedPlugin
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 logger = logging.getLogger(__name__)
 
@@ -90,12 +94,14 @@ class DeepSpeedStrategy(Strategy):
         """DeepSpeed partitions over all processes itself: only a purely data-parallel layout fits."""
         refused = [f"{dim}_size={config.size(dim)}" for dim in ("tp", "cp", "pp") if config.size(dim) > 1]
         if config.dp_replicate_enabled and config.dp_shard_enabled:
-            refused.append(f"dp_replicate_size={config.size('dp_replicate')} with dp_shard_size={config.size('dp_shard')}")
+            refused.append(
+                f"dp_replicate_size={config.size('dp_replicate')} with dp_shard_size={config.size('dp_shard')}"
+            )
         if refused:
             raise ValueError(
-                f"The DeepSpeed strategy cannot honour {', '.join(refused)}: DeepSpeed ZeRO partitions over all processes "
-                "with its own groups. Drop parallelism_config (or the --tp-size/--cp-size/... flags) with DeepSpeed, or "
-                "use FSDP2 (fsdp_plugin) for tensor / context parallelism and HSDP on the mesh."
+                f"The DeepSpeed strategy cannot honour {', '.join(refused)}: DeepSpeed ZeRO partitions over all "
+                "processes with its own groups. Drop parallelism_config (or the --tp-size/--cp-size/... flags) with "
+                "DeepSpeed, or use FSDP2 (fsdp_plugin) for tensor / context parallelism and HSDP on the mesh."
             )
 
     def resolve_precision(self, requested: str) -> str:
@@ -105,13 +111,12 @@ class DeepSpeedStrategy(Strategy):
 
     # -- processes --------------------------------------------------------------------------
     def init_process_group(self, **kwargs: Any) -> None:
-        """Joins (or adopts) the process group through deepspeed.comm; a lone ``python train.py`` gets a group of one."""
+        """Joins (or adopts) the process group through deepspeed.comm; a lone ``python train.py`` gets a group of
+        one."""
         if env.flag(env.USE_CPU) and "deepspeed" not in sys.modules:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read once, when deepspeed picks its accelerator
         deepspeed = import_deepspeed()
-        from deepspeed.accelerator import get_accelerator
-
-        backend = kwargs.get("backend") or get_accelerator().communication_backend_name()
+        backend = kwargs.get("backend") or ds_accelerator().communication_backend_name()
         timeout = kwargs.get("timeout") or timedelta(minutes=30)
         os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine reads it
         if torch.distributed.is_initialized():
@@ -119,19 +124,26 @@ class DeepSpeedStrategy(Strategy):
             return
         if all(name in os.environ for name in (env.RANK, env.WORLD_SIZE, env.MASTER_ADDR, env.MASTER_PORT)):
             deepspeed.init_distributed(
-                dist_backend=backend, auto_mpi_discovery=False, timeout=timeout, init_method=kwargs.get("init_method"), verbose=False
+                dist_backend=backend,
+                auto_mpi_discovery=False,
+                timeout=timeout,
+                init_method=kwargs.get("init_method"),
+                verbose=False,
             )
         else:
             deepspeed.init_distributed(
-                dist_backend=backend, auto_mpi_discovery=False, timeout=timeout, verbose=False,
-                init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                dist_backend=backend,
+                auto_mpi_discovery=False,
+                timeout=timeout,
+                verbose=False,
+                init_method=f"tcp://127.0.0.1:{_free_port()}",
+                rank=0,
+                world_size=1,
             )
 
     def setup(self, context: StrategyContext) -> None:
         super().setup(context)
-        from deepspeed.accelerator import get_accelerator
-
-        ds_device = torch.device(get_accelerator().device_name()).type
+        ds_device = torch.device(str(ds_accelerator().device_name(None))).type
         if ds_device != context.device.type:
             raise ValueError(
                 f"DeepSpeed runs on {ds_device} but the Accelerator chose {context.device.type}. Pick one: "
@@ -158,7 +170,9 @@ class DeepSpeedStrategy(Strategy):
 
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         engine_class = _engine_class()
-        return model.module if engine_class is not None and isinstance(model, engine_class) else model
+        if engine_class is not None and isinstance(model, engine_class):
+            return _engine_module(model)
+        return model
 
     # -- the training step ------------------------------------------------------------------
     def owns_optimizer_step(self) -> bool:
@@ -176,7 +190,8 @@ class DeepSpeedStrategy(Strategy):
     def clip_grad_norm_(
         self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor | None:
-        """DeepSpeed clips inside its step, to the config's ``gradient_clipping``; returns None (the norm is not known yet).
+        """DeepSpeed clips inside its step, to the config's ``gradient_clipping``; returns None (the norm is not known
+        yet).
 
         Warns once when ``max_norm`` differs from the configured value, since it cannot be changed here.
         """
@@ -185,14 +200,20 @@ class DeepSpeedStrategy(Strategy):
             self._warned_clipping = True
             logger.warning(
                 "DeepSpeed clips gradients inside its step to its config's gradient_clipping (%s, L2 norm); "
-                "clip_grad_norm_(max_norm=%s, norm_type=%s) cannot change that. Set DeepSpeedPlugin(gradient_clipping=%s) "
-                "or \"gradient_clipping\" in the DeepSpeed config.",
-                configured, max_norm, norm_type, max_norm,
+                "clip_grad_norm_(max_norm=%s, norm_type=%s) cannot change that. Set "
+                "DeepSpeedPlugin(gradient_clipping=%s) "
+                'or "gradient_clipping" in the DeepSpeed config.',
+                configured,
+                max_norm,
+                norm_type,
+                max_norm,
             )
         return None
 
     def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
-        raise ValueError("DeepSpeed does not support `clip_grad_value_`. Use `clip_grad_norm_` instead (set gradient_clipping).")
+        raise ValueError(
+            "DeepSpeed does not support `clip_grad_value_`. Use `clip_grad_norm_` instead (set gradient_clipping)."
+        )
 
     # -- state ------------------------------------------------------------------------------
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
@@ -206,15 +227,16 @@ class DeepSpeedStrategy(Strategy):
         if model.zero_optimization_partition_weights():
             if not model.zero_gather_16bit_weights_on_model_save():
                 raise ValueError(
-                    "Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save` in DeepSpeed config "
-                    "is False. To save the model weights in 16bit, set `stage3_gather_16bit_weights_on_model_save` to True "
-                    "in DeepSpeed config file or set `zero3_save_16bit_model=True` in DeepSpeedPlugin (ACCEL_DEEPSPEED_ZERO3_"
-                    "SAVE_16BIT_MODEL=true). To save the full checkpoint, use accelerator.save_state() and recover the "
-                    "weights with DeepSpeed's zero_to_fp32.py."
+                    "Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save` in DeepSpeed "
+                    "config is False. To save the model weights in 16bit, set "
+                    "`stage3_gather_16bit_weights_on_model_save` to True in DeepSpeed config file or set "
+                    "`zero3_save_16bit_model=True` in DeepSpeedPlugin (ACCEL_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL=true). "
+                    "To save the full checkpoint, use accelerator.save_state() and recover the weights with "
+                    "DeepSpeed's zero_to_fp32.py."
                 )
             state_dict = model._zero3_consolidated_16bit_state_dict()
             return dict(state_dict) if state_dict is not None else {}
-        return model.module.state_dict()
+        return _engine_module(model).state_dict()
 
     def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> Any:
         """``ShardedCheckpointing``: the engine's ``save_checkpoint`` (frozen models as plain files). Collective."""
@@ -223,7 +245,8 @@ class DeepSpeedStrategy(Strategy):
         return save_sharded(self, prepared, folder, **kwargs)
 
     def load_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> None:
-        """Restores what ``save_sharded`` wrote (through a universal checkpoint for another process count). Collective."""
+        """Restores what ``save_sharded`` wrote (through a universal checkpoint for another process count).
+        Collective."""
         from .checkpointing import load_sharded
 
         load_sharded(self, prepared, folder, **kwargs)
@@ -239,7 +262,10 @@ class DeepSpeedStrategy(Strategy):
         enabled = self.plugin.zero3_init_flag if enable is None else enable
         if not enabled or not self.plugin.is_zero3:
             if enable and not self.plugin.is_zero3:
-                logger.warning("zero3_init_context(enable=True) needs ZeRO stage 3 (this config: %s): not partitioning.", self.plugin.zero_stage)
+                logger.warning(
+                    "zero3_init_context(enable=True) needs ZeRO stage 3 (this config: %s): not partitioning.",
+                    self.plugin.zero_stage,
+                )
             yield
             return
         deepspeed = import_deepspeed()
@@ -289,8 +315,8 @@ class DeepSpeedStrategy(Strategy):
     def _require_engine(self) -> Any:
         if self.engine is None:
             raise ValueError(
-                "No DeepSpeed engine yet: accelerator.prepare() the model (with trainable parameters) and its optimizer "
-                "before accelerator.backward()."
+                "No DeepSpeed engine yet: accelerator.prepare() the model (with trainable parameters) and its "
+                "optimizer before accelerator.backward()."
             )
         return self.engine
 
@@ -298,7 +324,12 @@ class DeepSpeedStrategy(Strategy):
         return f"DeepSpeedStrategy(zero_stage={self.plugin.zero_stage}, mixed_precision={self.mixed_precision!r})"
 
 
-def _engine_class() -> type | None:
+def _engine_module(engine: DeepSpeedEngine) -> torch.nn.Module:
+    # The engine keeps the user's model in ``module`` (set in its __init__, so typed through nn.Module.__getattr__).
+    return cast(torch.nn.Module, engine.module)
+
+
+def _engine_class() -> type[DeepSpeedEngine] | None:
     module = sys.modules.get("deepspeed")
     return getattr(module, "DeepSpeedEngine", None) if module is not None else None
 

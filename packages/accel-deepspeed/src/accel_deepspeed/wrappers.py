@@ -9,10 +9,14 @@ the scheduler itself.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accel_core.optimizer import AcceleratedOptimizer
 from accel_core.scheduler import AcceleratedScheduler
+
+if TYPE_CHECKING:
+    import torch
+    from deepspeed import DeepSpeedEngine
 
 
 class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
@@ -21,7 +25,7 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
     ``step_was_skipped`` is True after a boundary step that DeepSpeed skipped (fp16 overflow).
     """
 
-    def __init__(self, optimizer: Any, engine: Any) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, engine: DeepSpeedEngine) -> None:
         super().__init__(optimizer)
         self.engine = engine
 
@@ -31,7 +35,7 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
         # gradients accumulated over micro-steps.
         return None
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: Any = None) -> None:
         """Runs the engine's step (a real optimizer step only at accumulation boundaries)."""
         if closure is not None:
             raise ValueError("DeepSpeed's optimizer step does not take a closure: call optimizer.step() without one.")

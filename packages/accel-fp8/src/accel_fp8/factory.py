@@ -45,7 +45,10 @@ def check_cuda_fp8_capability() -> bool:
 
 def device_capability(device: torch.device) -> tuple[int, int] | None:
     """The CUDA compute capability of ``device`` (None for other devices)."""
-    return tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None  # type: ignore[return-value]
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return major, minor
 
 
 def make_precision(context: PrecisionContext) -> Precision:

@@ -158,7 +158,7 @@ def contextual_fp8_autocast(model_forward: Any, fp8_recipe: Any, use_during_eval
         with te_autocast(te, use_during_eval or self.training, fp8_recipe):
             return model_forward(*args, **kwargs)
 
-    forward.__wrapped__ = model_forward  # type: ignore[attr-defined]
+    forward.__wrapped__ = model_forward  # pyright: ignore[reportFunctionMemberAccess]  # unwrap_forward reads it
     return forward
 
 
@@ -169,7 +169,7 @@ def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: TERecipeKwargs | No
     device_type = next((p.device.type for p in model.parameters()), "cuda")
     model.forward = FP8AutocastForward(
         model, model.forward, device_type, {}, recipe_from(fp8_recipe_handler), use_during_eval
-    )  # type: ignore[method-assign]
+    )
     return model
 
 
@@ -230,6 +230,6 @@ class TEFloat8Precision(AutocastPrecision):
     def wrap_forward(self, model: nn.Module) -> None:
         if isinstance(model.__dict__.get("forward"), AutocastForward):
             return
-        model.forward = FP8AutocastForward(  # type: ignore[method-assign]
+        model.forward = FP8AutocastForward(
             model, model.forward, self.device_type, self.autocast_kwargs, self.recipe, self.use_during_eval
         )

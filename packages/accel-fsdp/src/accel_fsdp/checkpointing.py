@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from accel_checkpoint.access import optimizer_owner, raw_optimizer
 from torch import nn
+
+from accel_checkpoint.access import raw_optimizer
+from accel_core.optimizer_rebuild import optimizer_owner
+
+if TYPE_CHECKING:
+    from accel_core.strategies import PreparedObjects
 
 MODELS = "models"
 OPTIMIZERS = "optimizers"
@@ -63,7 +68,7 @@ def _resharded(models: Sequence[nn.Module]) -> list[nn.Module]:
     return list(models)
 
 
-def save(prepared: Any, folder: str, state_dict_type: str, is_main_process: bool) -> tuple[str, ...]:
+def save(prepared: PreparedObjects, folder: str, state_dict_type: str, is_main_process: bool) -> tuple[str, ...]:
     """Writes the models' and optimizers' state into ``folder``; returns the categories covered. Collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
@@ -94,11 +99,9 @@ def _missing(path: str) -> Exception:
     )
 
 
-def load(prepared: Any, folder: str, allow_unsafe_pickle: bool | None = None) -> None:
+def load(prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None) -> None:
     """Restores what ``save`` wrote, on any number of processes (DCP reshards). Collective."""
     import torch.distributed.checkpoint as dcp
-    from accel_checkpoint.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
-    from accel_checkpoint.safe_load import load_torch_file
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -106,8 +109,15 @@ def load(prepared: Any, folder: str, allow_unsafe_pickle: bool | None = None) ->
         set_optimizer_state_dict,
     )
 
+    from accel_checkpoint.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
+    from accel_checkpoint.safe_load import load_torch_file
+
     def read_dcp(state: dict[str, Any], path: str) -> None:
-        dcp.load(state, storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle), planner=SafeLoadPlanner(allow_unsafe_pickle))
+        dcp.load(
+            state,
+            storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle),
+            planner=SafeLoadPlanner(allow_unsafe_pickle),
+        )
 
     models = _resharded(prepared.models)
     # FULL_STATE_DICT checkpoints have no model folders: accel-checkpoint loads their model files.

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FullyShardedDataParallel
 
 from . import policies
 from .plugin import FullyShardedDataParallelPlugin
@@ -25,7 +28,7 @@ def fsdp1_class() -> Any:
     return FullyShardedDataParallel
 
 
-def is_fsdp1(model: nn.Module) -> bool:
+def is_fsdp1(model: nn.Module) -> TypeGuard[FullyShardedDataParallel]:
     return isinstance(model, fsdp1_class())
 
 
@@ -62,13 +65,17 @@ def wrap_model(
         "use_orig_params": plugin.use_orig_params,
     }
     if plugin.backward_prefetch is not None:
-        kwargs["backward_prefetch"] = None if plugin.backward_prefetch == "NO_PREFETCH" else BackwardPrefetch[plugin.backward_prefetch]
+        kwargs["backward_prefetch"] = (
+            None if plugin.backward_prefetch == "NO_PREFETCH" else BackwardPrefetch[plugin.backward_prefetch]
+        )
     if plugin.offload_params:
         if device.type == "cpu":
             if is_main_process:
                 logger.info("accel-fsdp: cpu_offload is ignored on the CPU (the parameters are in CPU memory already).")
         else:
-            kwargs["cpu_offload"] = plugin.cpu_offload if isinstance(plugin.cpu_offload, CPUOffload) else CPUOffload(offload_params=True)
+            kwargs["cpu_offload"] = (
+                plugin.cpu_offload if isinstance(plugin.cpu_offload, CPUOffload) else CPUOffload(offload_params=True)
+            )
     if plugin.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
         kwargs["device_mesh"] = mesh
     if plugin.param_init_fn is not None:

@@ -29,7 +29,7 @@ def is_fsdp2(model: nn.Module) -> bool:
 
 
 def _meta_layout(model: nn.Module, group: Any) -> str:
-    """"real", "meta" (every process built it on the meta device) or "rank0" (only process 0 has weights).
+    """ "real", "meta" (every process built it on the meta device) or "rank0" (only process 0 has weights).
 
     Collective, so that an inconsistent layout fails on every process instead of hanging one.
     """
@@ -37,7 +37,7 @@ def _meta_layout(model: nn.Module, group: Any) -> str:
     local = 1 if any(t.is_meta for t in tensors) else 0
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return "meta" if local else "real"
-    flags = [None] * dist.get_world_size(group)
+    flags: list[int | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(flags, local, group=group)
     if not any(flags):
         return "real"
@@ -89,8 +89,9 @@ def shard_model(
     mesh: the data-parallel sub-mesh (1-D ``dp_shard_cp``, or 2-D ``(dp_replicate, dp_shard_cp)`` for HSDP).
     precision: the Accelerator's Precision (its ``mixed_precision_policy`` unless the plugin has one).
     """
-    from accel_core.transforms.meta_init import check_initialisable, initialise
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard, register_fsdp_forward_method
+
+    from accel_core.transforms.meta_init import check_initialisable, initialise
 
     if is_fsdp2(model):  # the user sharded it already ("manual wrapping")
         return model
@@ -142,7 +143,7 @@ def shard_model(
     return model
 
 
-def _scatter_from_rank0(model: nn.Module, state: dict[str, torch.Tensor], buffers: list[torch.Tensor], group: Any) -> None:
+def _scatter_from_rank0(model: nn.Module, state: dict[str, Any], buffers: list[torch.Tensor], group: Any) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
@@ -158,8 +159,10 @@ def _scatter_from_rank0(model: nn.Module, state: dict[str, torch.Tensor], buffer
 
 def local_bytes(model: nn.Module) -> int:
     """Bytes of parameters this process holds (its shards; whole tensors for unsharded ones)."""
+    from torch.distributed.tensor import DTensor
+
     total = 0
     for param in model.parameters():
-        local = param.to_local() if hasattr(param, "to_local") else param
+        local = param.to_local() if isinstance(param, DTensor) else param
         total += local.numel() * local.element_size()
     return total

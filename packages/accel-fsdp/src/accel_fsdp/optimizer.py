@@ -1,4 +1,5 @@
-"""Rebuilding an optimizer created before ``prepare`` on the sharded parameters: accel-core's, announced as accel-fsdp."""
+"""Rebuilding an optimizer created before ``prepare`` on the sharded parameters: accel-core's, announced as
+accel-fsdp."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ DEFAULT_MIN_NUM_PARAMS = 100_000_000
 def _choice(value: Any, choices: tuple[str, ...], what: str) -> str:
     """Upper-cased name from a string, an enum member (``ShardingStrategy.FULL_SHARD``) or a 1-based index."""
     name = getattr(value, "name", value)
-    if isinstance(name, int) and not isinstance(name, bool) or (isinstance(name, str) and name.strip().isdigit()):
+    if (isinstance(name, int) and not isinstance(name, bool)) or (isinstance(name, str) and name.strip().isdigit()):
         index = int(name)
         if not 1 <= index <= len(choices):
             raise ValueError(f"{what}={value!r}: a number must be between 1 and {len(choices)} ({', '.join(choices)}).")
@@ -130,7 +130,9 @@ class FullyShardedDataParallelPlugin:
                 "strategy for pure data parallelism, or fsdp_version=1."
             )
         if self.reshard_after_forward is not None and not isinstance(self.reshard_after_forward, (bool, int)):
-            raise TypeError(f"reshard_after_forward must be a bool, an int or None, got {self.reshard_after_forward!r}.")
+            raise TypeError(
+                f"reshard_after_forward must be a bool, an int or None, got {self.reshard_after_forward!r}."
+            )
         self.transformer_cls_names_to_wrap = _names(self.transformer_cls_names_to_wrap)
         if self.auto_wrap_policy is None:
             self.auto_wrap_policy = "TRANSFORMER_BASED_WRAP" if self.transformer_cls_names_to_wrap else "NO_WRAP"
@@ -146,7 +148,9 @@ class FullyShardedDataParallelPlugin:
             try:
                 re.compile(self.ignored_modules)
             except re.error as error:
-                raise ValueError(f"ignored_modules={self.ignored_modules!r} is not a valid regular expression: {error}.") from None
+                raise ValueError(
+                    f"ignored_modules={self.ignored_modules!r} is not a valid regular expression: {error}."
+                ) from None
         if isinstance(self.forward_methods, str):
             self.forward_methods = (self.forward_methods,)
         self.forward_methods = tuple(self.forward_methods or ())
@@ -166,7 +170,11 @@ class FullyShardedDataParallelPlugin:
         kind = self.state_dict_type.split("_")[0].lower()
         for name in ("state_dict_config", "optim_state_dict_config"):
             config = getattr(self, name)
-            if config is not None and not isinstance(config, Mapping) and not type(config).__name__.lower().startswith(kind):
+            if (
+                config is not None
+                and not isinstance(config, Mapping)
+                and not type(config).__name__.lower().startswith(kind)
+            ):
                 setattr(self, name, None)
 
     def _check_state_dict_configs(self) -> None:
@@ -186,7 +194,8 @@ class FullyShardedDataParallelPlugin:
             if not type(config).__name__.lower().startswith(kind):
                 raise ValueError(
                     f"{name}={type(config).__name__} does not match state_dict_type={self.state_dict_type}: pass a "
-                    f"{'Full' if kind == 'full' else 'Sharded'}{'Optim' if name.startswith('optim') else ''}StateDictConfig, or None."
+                    f"{'Full' if kind == 'full' else 'Sharded'}{'Optim' if name.startswith('optim') else ''}"
+                    "StateDictConfig, or None."
                 )
 
     @property
@@ -225,7 +234,7 @@ class FullyShardedDataParallelPlugin:
         for f in fields(self):
             value = getattr(self, f.name)
             option = _ENV_NAME.get(f.name)
-            if option is None or value == getattr(defaults, f.name) or callable(value) and not isinstance(value, str):
+            if option is None or value == getattr(defaults, f.name) or (callable(value) and not isinstance(value, str)):
                 continue
             if isinstance(value, bool):
                 text = "true" if value else "false"
@@ -277,7 +286,7 @@ def _mixed_precision(raw: str) -> Any:
         except json.JSONDecodeError as error:
             raise ValueError(f"not valid JSON ({error})") from None
         if not isinstance(value, dict):
-            raise ValueError("expected a JSON object such as {\"param_dtype\": \"bf16\"}")
+            raise ValueError('expected a JSON object such as {"param_dtype": "bf16"}')
         return value
     return stripped or None
 

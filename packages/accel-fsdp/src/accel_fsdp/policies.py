@@ -27,7 +27,14 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 _ACCELERATOR_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _FSDP2_MP_FIELDS = {"param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs"}
-_FSDP1_MP_FIELDS = {"param_dtype", "reduce_dtype", "buffer_dtype", "keep_low_precision_grads", "cast_forward_inputs", "cast_root_forward_inputs"}
+_FSDP1_MP_FIELDS = {
+    "param_dtype",
+    "reduce_dtype",
+    "buffer_dtype",
+    "keep_low_precision_grads",
+    "cast_forward_inputs",
+    "cast_root_forward_inputs",
+}
 
 
 def to_dtype(value: Any, what: str) -> Any:
@@ -60,7 +67,10 @@ def _mixed_precision_fields(spec: Any, precision: Any) -> dict[str, Any]:
         items = dict(spec)
     else:  # a MixedPrecisionPolicy / MixedPrecision dataclass of either FSDP version
         items = {name: getattr(spec, name) for name in _FSDP1_MP_FIELDS | _FSDP2_MP_FIELDS if hasattr(spec, name)}
-    return {key: to_dtype(value, f"mixed_precision_policy[{key!r}]") if key.endswith("dtype") else value for key, value in items.items()}
+    return {
+        key: to_dtype(value, f"mixed_precision_policy[{key!r}]") if key.endswith("dtype") else value
+        for key, value in items.items()
+    }
 
 
 def fsdp2_mixed_precision(spec: Any, precision: Any) -> Any:
@@ -98,7 +108,10 @@ def fsdp1_mixed_precision(spec: Any, precision: Any) -> Any:
     if isinstance(spec, dict):
         unknown = set(fields) - _FSDP1_MP_FIELDS
         if unknown:
-            raise ValueError(f"mixed_precision_policy keys {sorted(unknown)} do not exist in FSDP1's MixedPrecision; use {sorted(_FSDP1_MP_FIELDS)}.")
+            raise ValueError(
+                f"mixed_precision_policy keys {sorted(unknown)} do not exist in FSDP1's MixedPrecision; use "
+                f"{sorted(_FSDP1_MP_FIELDS)}."
+            )
     kept = {k: v for k, v in fields.items() if k in _FSDP1_MP_FIELDS}
     return MixedPrecision(**kept) if kept else None
 
@@ -123,7 +136,9 @@ def ignored_modules(model: nn.Module, spec: Any) -> list[nn.Module]:
         pattern = re.compile(spec)
         found = [module for name, module in model.named_modules() if name and pattern.fullmatch(name)]
         if not found:
-            raise ValueError(f"ignored_modules={spec!r} matches no module name of {type(model).__name__}; check the pattern.")
+            raise ValueError(
+                f"ignored_modules={spec!r} matches no module name of {type(model).__name__}; check the pattern."
+            )
         return found
     modules = list(spec)
     inside = {id(m) for m in model.modules()}
@@ -144,13 +159,15 @@ def transformer_class_names(model: nn.Module, plugin: FullyShardedDataParallelPl
     missing = [n for n in names if n not in present]
     if missing:
         raise ValueError(
-            f"Could not find the transformer layer class(es) {missing} in {type(model).__name__}; its module classes are "
-            f"{sorted(present)}."
+            f"Could not find the transformer layer class(es) {missing} in {type(model).__name__}; its module classes "
+            f"are {sorted(present)}."
         )
     return set(names)
 
 
-def units_to_wrap(model: nn.Module, plugin: FullyShardedDataParallelPlugin, ignored: list[nn.Module]) -> list[nn.Module]:
+def units_to_wrap(
+    model: nn.Module, plugin: FullyShardedDataParallelPlugin, ignored: list[nn.Module]
+) -> list[nn.Module]:
     """Submodules that become their own FSDP unit, children before parents (the root is not listed)."""
     policy = plugin.auto_wrap_policy
     if policy == "NO_WRAP":

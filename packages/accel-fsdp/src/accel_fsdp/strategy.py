@@ -17,17 +17,19 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
+
 from accel_core.enums import DistributedType
 from accel_core.grads import clip_grad_norm_
 from accel_core.mesh import adopt_mesh
 from accel_core.parallelism import SIZE_FIELDS, ParallelismConfig, resolve_parallelism
 from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
+from accel_core.strategies.ddp import data_parallel_no_sync
 from accel_core.strategies.groups import join_group_of_one
-from torch import nn
 
 from . import checkpointing, fsdp1, fsdp2, policies
 from .optimizer import ParameterNames, rebuild
@@ -109,7 +111,9 @@ class FSDPStrategy(Strategy):
                     f"machine ({world_size} processes, {local_world_size} on this one); pass "
                     "parallelism_config=ParallelismConfig(dp_replicate_size=..., dp_shard_size=...) to choose."
                 )
-            base = dataclasses.replace(base, dp_replicate_size=world_size // local_world_size, dp_shard_size=local_world_size)
+            base = dataclasses.replace(
+                base, dp_replicate_size=world_size // local_world_size, dp_shard_size=local_world_size
+            )
         config = resolve_parallelism(base, world_size, data_parallel_dim="dp_shard", environ=os.environ)
         self.check_parallelism(config)
         return config, None
@@ -117,7 +121,9 @@ class FSDPStrategy(Strategy):
     def resolve_precision(self, requested: str) -> str:
         """fp8 (accel-fp8's layers, gathered in float8) needs FSDP2; FSDP1's flat parameters cannot hold them."""
         if requested == "fp8" and self.fsdp_version == 1:
-            raise ValueError("mixed_precision='fp8' with FSDP needs FSDP2: use FullyShardedDataParallelPlugin(fsdp_version=2).")
+            raise ValueError(
+                "mixed_precision='fp8' with FSDP needs FSDP2: use FullyShardedDataParallelPlugin(fsdp_version=2)."
+            )
         return requested
 
     def check_parallelism(self, config: ParallelismConfig) -> None:
@@ -139,7 +145,9 @@ class FSDPStrategy(Strategy):
         if self.fsdp_version == 2 and context.state.is_main_process:
             changed = [k for k, default in _FSDP1_ONLY.items() if getattr(self.plugin, k) != default]
             if changed:
-                logger.warning("accel-fsdp: %s only apply to FSDP1 (fsdp_version=1); FSDP2 ignores them.", ", ".join(changed))
+                logger.warning(
+                    "accel-fsdp: %s only apply to FSDP1 (fsdp_version=1); FSDP2 ignores them.", ", ".join(changed)
+                )
 
     @property
     def device_mesh(self) -> Any:
@@ -154,7 +162,9 @@ class FSDPStrategy(Strategy):
         """Shards ``model`` (placement is FSDP's job: parameters go to the mesh's device)."""
         context = self.context
         if self.fsdp_version == 2:
-            return fsdp2.shard_model(model, self.plugin, mesh=self.device_mesh, device=context.device, precision=context.precision)
+            return fsdp2.shard_model(
+                model, self.plugin, mesh=self.device_mesh, device=context.device, precision=context.precision
+            )
         hybrid = self.plugin.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
         return fsdp1.wrap_model(
             model,
@@ -180,26 +190,23 @@ class FSDPStrategy(Strategy):
         # FSDP2 keeps the user's object (its class gains FSDPModule); FSDP1 wraps it.
         return model.module if fsdp1.is_fsdp1(model) else model
 
-    def rebuild_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module, names: ParameterNames) -> torch.optim.Optimizer:
+    def rebuild_optimizer(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, names: ParameterNames
+    ) -> torch.optim.Optimizer:
         flat = self.fsdp_version == 1 and not self.plugin.use_orig_params
-        return rebuild(optimizer, model, names, flat=flat, announce=self.state.is_main_process, log=logger, who="accel-fsdp")
+        return rebuild(
+            optimizer, model, names, flat=flat, announce=self.state.is_main_process, log=logger, who="accel-fsdp"
+        )
 
-    @contextlib.contextmanager
-    def no_sync(self, model: nn.Module) -> Iterator[None]:
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Gradients accumulate unsharded on each process; the next synced backward reduce-scatters the sum."""
-        if fsdp2.is_fsdp2(model):
-            model.set_requires_gradient_sync(False)
-            try:
-                yield
-            finally:
-                model.set_requires_gradient_sync(True)
-        elif fsdp1.is_fsdp1(model):
-            with model.no_sync():
-                yield
-        else:
-            yield
+        if fsdp1.is_fsdp1(model):
+            return model.no_sync()
+        return data_parallel_no_sync(model)  # FSDP2's FSDPModule (any other model runs the block as it is)
 
-    def clip_grad_norm_(self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(
+        self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
         """Clips and returns the global norm of the (sharded) gradients, equal to the unsharded model's norm."""
         params = list(parameters)
         if self.fsdp_version == 1:
@@ -232,7 +239,9 @@ class FSDPStrategy(Strategy):
         """Writes models and optimizers (DCP shards, or gathered for FULL_STATE_DICT). Collective."""
         return checkpointing.save(prepared, folder, self.plugin.state_dict_type, self.context.state.is_main_process)
 
-    def load_sharded(self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any) -> None:
+    def load_sharded(
+        self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any
+    ) -> None:
         """Restores what ``save_sharded`` wrote, resharding to the current layout (DCP). Collective."""
         checkpointing.load(prepared, folder, allow_unsafe_pickle)
 

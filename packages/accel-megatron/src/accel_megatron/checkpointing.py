@@ -19,16 +19,19 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
+from megatron.core import parallel_state
+
 from accel_checkpoint.access import raw_optimizer
 from accel_checkpoint.fsio import write_json
-from megatron.core import parallel_state
 
 from . import rng
 
 if TYPE_CHECKING:
+    from accel_core.strategies import PreparedObjects
+
     from .strategy import MegatronStrategy
 
 MODELS, OPTIMIZERS = "models", "optimizers"
@@ -52,13 +55,13 @@ def _on_every_process(what: str, work: Callable[[], None]) -> None:
     coordinator.agree(error, what)
 
 
-def save_sharded(strategy: MegatronStrategy, prepared: Any, folder: str) -> tuple[str, ...]:
+def save_sharded(strategy: MegatronStrategy, prepared: PreparedObjects, folder: str) -> tuple[str, ...]:
     """Collective. Returns the categories covered."""
     _on_every_process(f"saving the Megatron shards in {folder}", lambda: _save_shard(strategy, prepared, folder))
     return (MODELS, OPTIMIZERS)
 
 
-def _save_shard(strategy: MegatronStrategy, prepared: Any, folder: str) -> None:
+def _save_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: str) -> None:
     models, optimizers = list(prepared.models), list(prepared.optimizers)
     if strategy.context.state.process_index == 0:
         os.makedirs(folder, exist_ok=True)
@@ -80,12 +83,18 @@ def _save_shard(strategy: MegatronStrategy, prepared: Any, folder: str) -> None:
         torch.save(rng.tracker_states(), os.path.join(shard, "rng_tracker.pt"))
 
 
-def load_sharded(strategy: MegatronStrategy, prepared: Any, folder: str, allow_unsafe_pickle: bool | None = None) -> None:
+def load_sharded(
+    strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None
+) -> None:
     """Collective: restores this process's TP shard."""
-    _on_every_process(f"loading the Megatron shards in {folder}", lambda: _load_shard(strategy, prepared, folder, allow_unsafe_pickle))
+    _on_every_process(
+        f"loading the Megatron shards in {folder}", lambda: _load_shard(strategy, prepared, folder, allow_unsafe_pickle)
+    )
 
 
-def _load_shard(strategy: MegatronStrategy, prepared: Any, folder: str, allow_unsafe_pickle: bool | None) -> None:
+def _load_shard(
+    strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None
+) -> None:
     from accel_checkpoint.errors import CheckpointMismatchError
     from accel_checkpoint.safe_load import load_torch_file
 
@@ -98,19 +107,25 @@ def _load_shard(strategy: MegatronStrategy, prepared: Any, folder: str, allow_un
     if saved["tp_degree"] != tp_degree or saved.get("pp_degree", 1) != strategy.plugin.pp_degree:
         raise CheckpointMismatchError(
             f"The checkpoint in {os.path.dirname(folder)} was saved with tp_degree={saved['tp_degree']}, this run uses "
-            f"tp_degree={tp_degree}: its weight shards do not fit. Load it with MegatronLMPlugin(tp_degree={saved['tp_degree']}) "
-            "(--megatron-tp-degree); to change the degree, export full weights with accelerator.save_model(model, dir) "
-            "in a run with the old degree and load them with accelerator.strategy.load_model_state_dict(model, state_dict)."
+            f"tp_degree={tp_degree}: its weight shards do not fit. Load it with "
+            f"MegatronLMPlugin(tp_degree={saved['tp_degree']}) (--megatron-tp-degree); to change the degree, export "
+            "full weights with accelerator.save_model(model, dir) in a run with the old degree and load them with "
+            "accelerator.strategy.load_model_state_dict(model, state_dict)."
         )
     models, optimizers = list(prepared.models), list(prepared.optimizers)
     if (saved["models"], saved["optimizers"]) != (len(models), len(optimizers)):
         raise CheckpointMismatchError(
-            f"The checkpoint holds {saved['models']} model(s) and {saved['optimizers']} optimizer(s), this run prepared "
-            f"{len(models)} and {len(optimizers)}: prepare the same objects, in the same order, as the run that saved it."
+            f"The checkpoint holds {saved['models']} model(s) and {saved['optimizers']} optimizer(s), this run "
+            f"prepared {len(models)} and {len(optimizers)}: prepare the same objects, in the same order, as the run "
+            "that saved it."
         )
     shard = _shard_folder(folder, parallel_state.get_tensor_model_parallel_rank())
     for i, model in enumerate(models):
-        strategy.unwrap_model(model).load_state_dict(load_torch_file(os.path.join(shard, f"model_{i}.pt"), allow_unsafe_pickle))
+        strategy.unwrap_model(model).load_state_dict(
+            load_torch_file(os.path.join(shard, f"model_{i}.pt"), allow_unsafe_pickle)
+        )
     for i, optimizer in enumerate(optimizers):
-        raw_optimizer(optimizer).load_state_dict(load_torch_file(os.path.join(shard, f"optimizer_{i}.pt"), allow_unsafe_pickle))
+        raw_optimizer(optimizer).load_state_dict(
+            load_torch_file(os.path.join(shard, f"optimizer_{i}.pt"), allow_unsafe_pickle)
+        )
     rng.set_tracker_states(load_torch_file(os.path.join(shard, "rng_tracker.pt"), allow_unsafe_pickle))

@@ -21,10 +21,34 @@ class MegatronLaunchOptions(OptionTable):
     name = "megatron"
     # (flag, ACCEL_MEGATRON_<OPTION>, parser, metavar, help)
     options = (
-        ("megatron-tp-degree", "TP_DEGREE", nonnegative_int_text, "N", "tensor-parallel size; must divide the number of processes"),
+        (
+            "megatron-tp-degree",
+            "TP_DEGREE",
+            nonnegative_int_text,
+            "N",
+            "tensor-parallel size; must divide the number of processes",
+        ),
         ("megatron-pp-degree", "PP_DEGREE", nonnegative_int_text, "N", "pipeline stages (only 1 in this version)"),
-        ("megatron-num-micro-batches", "NUM_MICRO_BATCHES", nonnegative_int_text, "N", "pipeline micro-batches (only 1 in this version)"),
-        ("megatron-sequence-parallelism", "SEQUENCE_PARALLELISM", bool_text, "BOOL", "split activations along the sequence over the TP group"),
-        ("megatron-gradient-clipping", "GRADIENT_CLIPPING", nonnegative_number_text, "NORM", "clip the global gradient norm after each synced backward"),
+        (
+            "megatron-num-micro-batches",
+            "NUM_MICRO_BATCHES",
+            nonnegative_int_text,
+            "N",
+            "pipeline micro-batches (only 1 in this version)",
+        ),
+        (
+            "megatron-sequence-parallelism",
+            "SEQUENCE_PARALLELISM",
+            bool_text,
+            "BOOL",
+            "split activations along the sequence over the TP group",
+        ),
+        (
+            "megatron-gradient-clipping",
+            "GRADIENT_CLIPPING",
+            nonnegative_number_text,
+            "NORM",
+            "clip the global gradient norm after each synced backward",
+        ),
         ("megatron-seed", "SEED", nonnegative_int_text, "N", "seed of Megatron's model-parallel RNG streams"),
     )

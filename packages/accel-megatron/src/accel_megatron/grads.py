@@ -9,13 +9,15 @@ all-reduce their gradients are the same.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+from accel_core.grads import clip_to_norm_
+
+from .groups import model_parallel_group, tensor_parallel_group
 
 
 def total_norm(params: Sequence[torch.nn.Parameter], norm_type: float = 2.0) -> torch.Tensor:
@@ -23,12 +25,16 @@ def total_norm(params: Sequence[torch.nn.Parameter], norm_type: float = 2.0) -> 
     norm_type = float(norm_type)
     counted = [p.grad.detach() for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
     device = counted[0].device if counted else torch.device("cpu")
-    group = parallel_state.get_model_parallel_group()
+    group = model_parallel_group()
     if norm_type == float("inf"):
-        local = torch.stack([g.abs().max().float() for g in counted]).max() if counted else torch.zeros((), device=device)
+        local = (
+            torch.stack([g.abs().max().float() for g in counted]).max() if counted else torch.zeros((), device=device)
+        )
         dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
         return local
-    local = sum((torch.linalg.vector_norm(g.float(), norm_type) ** norm_type for g in counted), torch.zeros((), device=device))
+    local = sum(
+        (torch.linalg.vector_norm(g.float(), norm_type) ** norm_type for g in counted), torch.zeros((), device=device)
+    )
     dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
     return local ** (1.0 / norm_type)
 
@@ -37,14 +43,7 @@ def clip_grad_norm_(params: Sequence[torch.nn.Parameter], max_norm: float, norm_
     """Scales every gradient so the global norm is at most ``max_norm``; returns the norm before clipping."""
     params = list(params)
     norm = total_norm(params, norm_type)
-    coefficient = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
-    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-    for p in params:
-        if p.grad is not None:
-            by_kind[(p.grad.device, p.grad.dtype)].append(p.grad)
-    with torch.no_grad():
-        for (device, dtype), grads in by_kind.items():
-            torch._foreach_mul_(grads, coefficient.to(device=device, dtype=dtype))
+    clip_to_norm_(params, norm, max_norm)
     return norm
 
 
@@ -54,7 +53,7 @@ def allreduce_sequence_parallel_grads(params: Sequence[torch.nn.Parameter]) -> N
     grads = [p.grad for p in params if p.grad is not None and getattr(p, "sequence_parallel", False)]
     if not grads:
         return
-    group = parallel_state.get_tensor_model_parallel_group()
+    group = tensor_parallel_group()
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=group)
     offset = 0

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
     from accel_core.mesh import ParallelDims
 
     from .plugin import MegatronLMPlugin
@@ -19,6 +21,29 @@ def import_megatron() -> None:
         import megatron.core.tensor_parallel  # noqa: F401
 
 
+# Megatron's group getters are untyped; their inferred type admits "not a member" (-100) and None, which
+# they never return once ``initialize`` built the groups. Callers get the ProcessGroup they use.
+def tensor_parallel_group() -> ProcessGroup:
+    """Megatron's tensor-parallel group of this process."""
+    from megatron.core import parallel_state
+
+    return cast("ProcessGroup", parallel_state.get_tensor_model_parallel_group())
+
+
+def model_parallel_group() -> ProcessGroup:
+    """Megatron's model-parallel group (tensor x pipeline) of this process."""
+    from megatron.core import parallel_state
+
+    return cast("ProcessGroup", parallel_state.get_model_parallel_group())
+
+
+def data_parallel_group() -> ProcessGroup:
+    """Megatron's data-parallel group of this process."""
+    from megatron.core import parallel_state
+
+    return cast("ProcessGroup", parallel_state.get_data_parallel_group())
+
+
 def initialize(plugin: MegatronLMPlugin, world_size: int) -> None:
     """Builds the TP / DP groups over the ``world_size`` processes, or adopts matching ones. Collective.
 
@@ -30,17 +55,23 @@ def initialize(plugin: MegatronLMPlugin, world_size: int) -> None:
 
     plugin.check_world_size(world_size)
     if parallel_state.model_parallel_is_initialized():
-        current = (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size())
+        current = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        )
         if current != (plugin.tp_degree, plugin.pp_degree):
             raise ValueError(
-                f"Megatron's parallel groups already exist with tp={current[0]}, pp={current[1]}, but MegatronLMPlugin asks for "
-                f"tp_degree={plugin.tp_degree}, pp_degree={plugin.pp_degree}. Call "
-                "megatron.core.parallel_state.destroy_model_parallel() first (and rebuild the model), or use the same degrees."
+                f"Megatron's parallel groups already exist with tp={current[0]}, pp={current[1]}, but MegatronLMPlugin "
+                f"asks for tp_degree={plugin.tp_degree}, pp_degree={plugin.pp_degree}. Call "
+                "megatron.core.parallel_state.destroy_model_parallel() first (and rebuild the model), or use the same "
+                "degrees."
             )
         return
     # No extra gloo copies of the DP groups: only Megatron's distributed optimizer uses them.
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=plugin.tp_degree, pipeline_model_parallel_size=plugin.pp_degree, create_gloo_process_groups=False
+        tensor_model_parallel_size=plugin.tp_degree,
+        pipeline_model_parallel_size=plugin.pp_degree,
+        create_gloo_process_groups=False,
     )
 
 
@@ -48,9 +79,11 @@ def check_same_ranks(dims: ParallelDims) -> None:
     """Megatron's DP and TP groups hold the same ranks as the job mesh's ``dp`` and ``tp`` (data is sharded
     over the mesh's ``dp``, gradients averaged over Megatron's DP group: they must agree)."""
     import torch.distributed as dist
-    from megatron.core import parallel_state
 
-    for name, theirs in (("dp", parallel_state.get_data_parallel_group()), ("tp", parallel_state.get_tensor_model_parallel_group())):
+    for name, theirs in (
+        ("dp", data_parallel_group()),
+        ("tp", tensor_parallel_group()),
+    ):
         ours = dims.dp if name == "dp" else dims.tp
         if ours.size == 1:
             mine = [dims.rank]

@@ -100,31 +100,44 @@ class MegatronLMPlugin:
                 raise ValueError(f"MegatronLMPlugin({name}={value!r}): expected an integer >= 1.")
         if self.pp_degree != 1:
             raise ValueError(
-                f"MegatronLMPlugin(pp_degree={self.pp_degree}): pipeline parallelism {_NOT_YET}. Use pp_degree=1 "
-                "(and tp_degree to split the model), or the deepspeed / fsdp strategies to shard a model too big for one device."
+                f"MegatronLMPlugin(pp_degree={self.pp_degree}): pipeline parallelism {_NOT_YET}. Use pp_degree=1 (and "
+                "tp_degree to split the model), or the deepspeed / fsdp strategies to shard a model too big for one "
+                "device."
             )
         if self.num_micro_batches != 1:
             raise ValueError(
-                f"MegatronLMPlugin(num_micro_batches={self.num_micro_batches}): micro-batches belong to pipeline schedules, "
-                "which this version of accel-megatron does not run (tensor + data parallelism only). Use gradient_accumulation_steps on the Accelerator instead."
+                f"MegatronLMPlugin(num_micro_batches={self.num_micro_batches}): micro-batches belong to pipeline "
+                "schedules, which this version of accel-megatron does not run (tensor + data parallelism only). Use "
+                "gradient_accumulation_steps on the Accelerator instead."
             )
         if self.use_distributed_optimizer:
-            raise ValueError(f"MegatronLMPlugin(use_distributed_optimizer=True): Megatron's distributed optimizer {_NOT_YET}. Set it to False.")
+            raise ValueError(
+                f"MegatronLMPlugin(use_distributed_optimizer=True): Megatron's distributed optimizer {_NOT_YET}. Set "
+                "it to False."
+            )
         if self.recompute_activations:
             raise ValueError(
-                f"MegatronLMPlugin(recompute_activations=True) {_NOT_YET}. Set it to False; recompute inside your model "
-                "(torch.utils.checkpoint) if you need to."
+                f"MegatronLMPlugin(recompute_activations=True) {_NOT_YET}. Set it to False; recompute inside your "
+                "model (torch.utils.checkpoint) if you need to."
             )
         if self.sequence_parallelism and self.tp_degree == 1:
-            raise ValueError("MegatronLMPlugin(sequence_parallelism=True) needs tp_degree > 1: it splits activations over the TP group.")
+            raise ValueError(
+                "MegatronLMPlugin(sequence_parallelism=True) needs tp_degree > 1: it splits activations over the TP "
+                "group."
+            )
         if self.lr_decay_style not in ("linear", "cosine", "constant", "inverse-square-root"):
             raise ValueError(
-                f"MegatronLMPlugin(lr_decay_style={self.lr_decay_style!r}): use linear, cosine, constant or inverse-square-root."
+                f"MegatronLMPlugin(lr_decay_style={self.lr_decay_style!r}): use linear, cosine, constant or "
+                "inverse-square-root."
             )
         if isinstance(self.min_lr, bool) or not isinstance(self.min_lr, (int, float)) or self.min_lr < 0:
             raise ValueError(f"MegatronLMPlugin(min_lr={self.min_lr!r}): expected a number >= 0.")
-        if self.gradient_clipping is not None and (isinstance(self.gradient_clipping, bool) or float(self.gradient_clipping) < 0):
-            raise ValueError(f"MegatronLMPlugin(gradient_clipping={self.gradient_clipping!r}): expected a number >= 0, or None.")
+        if self.gradient_clipping is not None and (
+            isinstance(self.gradient_clipping, bool) or float(self.gradient_clipping) < 0
+        ):
+            raise ValueError(
+                f"MegatronLMPlugin(gradient_clipping={self.gradient_clipping!r}): expected a number >= 0, or None."
+            )
 
     def check_world_size(self, world_size: int) -> int:
         """The data-parallel size for ``world_size`` processes; a clear error when ``tp_degree`` does not divide it."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import cast
 
 import torch
 from megatron.core import parallel_state
@@ -58,14 +59,25 @@ def seed_streams(seed: int, device_type: str) -> None:
     megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     # The same seeds as model_parallel_cuda_manual_seed.
     tracker.add(megatron_random._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
-    tracker.add(megatron_random._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + parallel_state.get_tensor_model_parallel_rank())
-    expert_seed = seed + 1024 + 100 * parallel_state.get_expert_model_parallel_rank() + parallel_state.get_expert_tensor_parallel_rank()
+    tracker.add(
+        megatron_random._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + parallel_state.get_tensor_model_parallel_rank()
+    )
+    # Untyped getters whose inferred type admits None; with the groups built they return ranks.
+    expert_rank = cast(int, parallel_state.get_expert_model_parallel_rank())
+    expert_tp_rank = cast(int, parallel_state.get_expert_tensor_parallel_rank())
+    expert_seed = seed + 1024 + 100 * expert_rank + expert_tp_rank
     tracker.add(megatron_random._EXPERT_PARALLEL_RNG_TRACKER_NAME, expert_seed)
 
 
+def _tracker() -> megatron_random.CudaRNGStatesTracker:
+    tracker = megatron_random.get_cuda_rng_tracker()
+    assert tracker is not None, "Megatron always returns a tracker (its own, or the one seed_streams installs)"
+    return tracker
+
+
 def tracker_states() -> dict[str, torch.Tensor]:
-    return dict(megatron_random.get_cuda_rng_tracker().get_states())
+    return dict(_tracker().get_states())
 
 
 def set_tracker_states(states: dict[str, torch.Tensor]) -> None:
-    megatron_random.get_cuda_rng_tracker().set_states(dict(states))
+    _tracker().set_states(dict(states))

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import types
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.optim.lr_scheduler import LRScheduler
+
+if TYPE_CHECKING:
+    import torch
 
 DECAY_STYLES = ("linear", "cosine", "constant", "inverse-square-root")
 
@@ -32,7 +35,9 @@ class MegatronLMDummyScheduler:
     warmup_num_steps: scheduler steps of linear warm-up from 0.
     """
 
-    def __init__(self, optimizer: Any, total_num_steps: int | None = None, warmup_num_steps: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self, optimizer: Any, total_num_steps: int | None = None, warmup_num_steps: int = 0, **kwargs: Any
+    ) -> None:
         self.optimizer = optimizer
         self.total_num_steps = total_num_steps
         self.warmup_num_steps = warmup_num_steps
@@ -40,17 +45,27 @@ class MegatronLMDummyScheduler:
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Raises: the placeholder is replaced by a real scheduler in ``accelerator.prepare``."""
-        raise RuntimeError("MegatronLMDummyScheduler is a placeholder: pass it to accelerator.prepare() and use what it returns.")
+        raise RuntimeError(
+            "MegatronLMDummyScheduler is a placeholder: pass it to accelerator.prepare() and use what it returns."
+        )
 
     def __repr__(self) -> str:
-        return f"MegatronLMDummyScheduler(total_num_steps={self.total_num_steps}, warmup_num_steps={self.warmup_num_steps})"
+        return (
+            f"MegatronLMDummyScheduler(total_num_steps={self.total_num_steps}, "
+            f"warmup_num_steps={self.warmup_num_steps})"
+        )
 
 
 class MegatronLRScheduler(LRScheduler):
     """Megatron-core's warm-up + decay schedule as a torch ``LRScheduler`` (state dict, ``get_last_lr``, ...)."""
 
     def __init__(
-        self, optimizer: Any, total_num_steps: int, warmup_num_steps: int = 0, decay_style: str = "linear", min_lr: float = 0.0
+        self,
+        optimizer: Any,
+        total_num_steps: int,
+        warmup_num_steps: int = 0,
+        decay_style: str = "linear",
+        min_lr: float = 0.0,
     ) -> None:
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
@@ -58,23 +73,34 @@ class MegatronLRScheduler(LRScheduler):
             raise ValueError(f"lr_decay_style={decay_style!r} is not one of {', '.join(DECAY_STYLES)}.")
         if not isinstance(total_num_steps, int) or total_num_steps < 1:
             raise ValueError(
-                f"MegatronLMDummyScheduler(total_num_steps={total_num_steps!r}): give the number of scheduler steps, an integer >= 1."
+                f"MegatronLMDummyScheduler(total_num_steps={total_num_steps!r}): give the number of scheduler steps, "
+                "an integer >= 1."
             )
         if not 0 <= warmup_num_steps < total_num_steps:
-            raise ValueError(f"warmup_num_steps={warmup_num_steps} must be >= 0 and below total_num_steps={total_num_steps}.")
+            raise ValueError(
+                f"warmup_num_steps={warmup_num_steps} must be >= 0 and below total_num_steps={total_num_steps}."
+            )
         peak = max(group["lr"] for group in optimizer.param_groups)
         if min_lr > min(group["lr"] for group in optimizer.param_groups):
             raise ValueError(f"min_lr={min_lr} is above a parameter group's learning rate: lower the plugin's min_lr.")
         # Megatron's class computes the formula; given no parameter groups of its own, it changes
         # nothing itself (it would also overwrite every group's weight decay).
         self._formula = OptimizerParamScheduler(
-            types.SimpleNamespace(param_groups=[]), init_lr=0.0, max_lr=peak, min_lr=min_lr,
-            lr_warmup_steps=warmup_num_steps, lr_decay_steps=total_num_steps, lr_decay_style=decay_style,
-            start_wd=0.0, end_wd=0.0, wd_incr_steps=1, wd_incr_style="constant",
+            types.SimpleNamespace(param_groups=[]),  # pyright: ignore[reportArgumentType]  # no groups, see above
+            init_lr=0.0,
+            max_lr=peak,
+            min_lr=min_lr,
+            lr_warmup_steps=warmup_num_steps,
+            lr_decay_steps=total_num_steps,
+            lr_decay_style=decay_style,
+            start_wd=0.0,
+            end_wd=0.0,
+            wd_incr_steps=1,
+            wd_incr_style="constant",
         )
         super().__init__(optimizer)
 
-    def get_lr(self) -> list[float]:  # type: ignore[override]
+    def get_lr(self) -> list[float | torch.Tensor]:  # LRScheduler's type; the values are floats
         self._formula.num_steps = self.last_epoch
         return [self._formula.get_lr({"max_lr": base_lr}) for base_lr in self.base_lrs]
 

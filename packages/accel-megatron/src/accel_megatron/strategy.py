@@ -1,4 +1,5 @@
-"""``MegatronStrategy``: Megatron-core tensor parallelism (TP) + data parallelism (DP) behind the Accelerator's questions.
+"""``MegatronStrategy``: Megatron-core tensor parallelism (TP) + data parallelism (DP) behind the Accelerator's
+questions.
 
 Capabilities it implements (see ``accel_core.strategies.base``): ``ProcessGroupSetup`` (checks the
 plugin against the number of processes before any communication, and gives a lone ``python
@@ -24,10 +25,13 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
 from accel_core.configuration import DistributedDataParallelKwargs
 from accel_core.enums import DistributedType
 from accel_core.parallelism import (
@@ -36,10 +40,8 @@ from accel_core.parallelism import (
     resolve_parallelism,
 )
 from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
-from accel_core.strategies.ddp import wrap_in_ddp
+from accel_core.strategies.ddp import data_parallel_no_sync, unwrap_ddp, wrap_in_ddp
 from accel_core.strategies.groups import join_group_of_one
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from .plugin import MegatronLMPlugin
 
@@ -61,7 +63,9 @@ class MegatronStrategy(Strategy):
     owns_precision: ClassVar[bool] = False
     splits_model_itself: ClassVar[bool] = True  # Megatron's tensor_parallel layers, built by the user
 
-    def __init__(self, plugin: MegatronLMPlugin | None = None, ddp_kwargs: DistributedDataParallelKwargs | None = None) -> None:
+    def __init__(
+        self, plugin: MegatronLMPlugin | None = None, ddp_kwargs: DistributedDataParallelKwargs | None = None
+    ) -> None:
         super().__init__()
         if plugin is not None and not isinstance(plugin, MegatronLMPlugin):
             raise TypeError(
@@ -96,7 +100,9 @@ class MegatronStrategy(Strategy):
                 "parallelism is the plugin's; set one of them (or the same value in both)."
             )
         base = requested if requested is not None else ParallelismConfig()
-        config = resolve_parallelism(dataclasses.replace(base, tp_size=self.plugin.tp_degree), world_size, environ=os.environ)
+        config = resolve_parallelism(
+            dataclasses.replace(base, tp_size=self.plugin.tp_degree), world_size, environ=os.environ
+        )
         self.check_parallelism(config)
         return config, None
 
@@ -119,16 +125,16 @@ class MegatronStrategy(Strategy):
         # Checked before any communication, so every process raises.
         if context.plan.mixed_precision == "bf16" and self.state.device.type != "cuda":
             raise ValueError(
-                "mixed_precision='bf16' with the megatron strategy needs GPUs: Megatron's tensor-parallel layers re-enter "
-                "autocast in their backward only on CUDA (torch.amp.custom_bwd(device_type='cuda')), so on "
-                f"{self.state.device.type} their bf16 gradients meet fp32 weights. Use mixed_precision='no' here, or build "
-                "the model in bf16: accelerator.strategy.model_parallel_config(params_dtype=torch.bfloat16)."
+                "mixed_precision='bf16' with the megatron strategy needs GPUs: Megatron's tensor-parallel layers "
+                "re-enter autocast in their backward only on CUDA (torch.amp.custom_bwd(device_type='cuda')), so on "
+                f"{self.state.device.type} their bf16 gradients meet fp32 weights. Use mixed_precision='no' here, or "
+                "build the model in bf16: accelerator.strategy.model_parallel_config(params_dtype=torch.bfloat16)."
             )
         if self.plugin.sequence_parallelism and self.state.device.type != "cuda":
             raise ValueError(
-                "MegatronLMPlugin(sequence_parallelism=True) needs GPUs: Megatron-core's sequence-parallel layers gather "
-                "into a buffer it allocates on CUDA (megatron.core.utils.GlobalMemoryBuffer). Set sequence_parallelism=False "
-                f"on {self.state.device.type} runs."
+                "MegatronLMPlugin(sequence_parallelism=True) needs GPUs: Megatron-core's sequence-parallel layers "
+                "gather into a buffer it allocates on CUDA (megatron.core.utils.GlobalMemoryBuffer). Set "
+                f"sequence_parallelism=False on {self.state.device.type} runs."
             )
         from . import groups
 
@@ -166,19 +172,24 @@ class MegatronStrategy(Strategy):
 
         model = super().prepare_model(model, device_placement)
         trainable = [p for p in model.parameters() if p.requires_grad]
-        if self.plugin.tp_degree > 1 and trainable and not any(is_tp_sharded(p) for p in trainable) and not self._warned_replicated:
+        if (
+            self.plugin.tp_degree > 1
+            and trainable
+            and not any(is_tp_sharded(p) for p in trainable)
+            and not self._warned_replicated
+        ):
             self._warned_replicated = True
             logger.warning(
-                "accel-megatron: %s has no tensor-parallel layer, so every TP rank holds and computes all of it. Build it from "
-                "megatron.core.tensor_parallel layers (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding) "
-                "after creating the Accelerator.",
+                "accel-megatron: %s has no tensor-parallel layer, so every TP rank holds and computes all of it. Build "
+                "it from megatron.core.tensor_parallel layers (ColumnParallelLinear, RowParallelLinear, "
+                "VocabParallelEmbedding) after creating the Accelerator.",
                 type(model).__name__,
             )
         if isinstance(model, DistributedDataParallel) or not trainable or self.context.dims.dp.size == 1:
             return model
-        from megatron.core import parallel_state
+        from .groups import data_parallel_group
 
-        return wrap_in_ddp(model, self.ddp_kwargs, self.state.device, parallel_state.get_data_parallel_group())
+        return wrap_in_ddp(model, self.ddp_kwargs, self.state.device, data_parallel_group())
 
     # -- Megatron's own types in prepare (PreparesOwnTypes, ConvertsOwnTypes) -----------------
     def accepts_object(self, obj: Any) -> bool:
@@ -194,13 +205,11 @@ class MegatronStrategy(Strategy):
         return build_scheduler(obj, self.plugin.lr_decay_style, float(self.plugin.min_lr))
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
-        return model.module if isinstance(model, DistributedDataParallel) else model
+        return unwrap_ddp(model)
 
-    @contextlib.contextmanager
-    def no_sync(self, model: nn.Module) -> Iterator[None]:
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Skips the DP all-reduce inside the block (accumulation micro-steps)."""
-        with model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext():
-            yield
+        return data_parallel_no_sync(model)
 
     # -- the training step ------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -219,7 +228,9 @@ class MegatronStrategy(Strategy):
         if self.plugin.gradient_clipping is not None:
             self.last_grad_norm = grads.clip_grad_norm_(params, self.plugin.gradient_clipping)
 
-    def clip_grad_norm_(self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(
+        self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
         """Clips to ``max_norm`` and returns the norm of the whole (unsplit) model's gradients. Collective."""
         from . import grads
 
@@ -244,11 +255,14 @@ class MegatronStrategy(Strategy):
 
         return save_sharded(self, prepared, folder)
 
-    def load_sharded(self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any) -> None:
+    def load_sharded(
+        self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any
+    ) -> None:
         """Restores what ``save_sharded`` wrote; another ``tp_degree`` is a ``CheckpointMismatchError``. Collective."""
         from .checkpointing import load_sharded
 
         load_sharded(self, prepared, folder, allow_unsafe_pickle)
 
     def __repr__(self) -> str:
-        return f"MegatronStrategy(tp_degree={self.plugin.tp_degree}, sequence_parallelism={self.plugin.sequence_parallelism})"
+        plugin = self.plugin
+        return f"MegatronStrategy(tp_degree={plugin.tp_degree}, sequence_parallelism={plugin.sequence_parallelism})"

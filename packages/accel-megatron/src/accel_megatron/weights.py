@@ -15,9 +15,16 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from torch import nn
 
+from .groups import tensor_parallel_group
+
 
 def is_tp_sharded(param: torch.Tensor) -> bool:
     return bool(getattr(param, "tensor_model_parallel", False))
+
+
+def _partition_dim(param: nn.Parameter) -> int:
+    """The dimension along which megatron's tensor-parallel layers split ``param`` (an attribute they set on it)."""
+    return param.partition_dim  # pyright: ignore[reportAttributeAccessIssue]  # set by megatron.core.tensor_parallel
 
 
 def _sharded_params_by_key(module: nn.Module) -> dict[str, nn.Parameter]:
@@ -41,19 +48,20 @@ def _without_empty_extra_state(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def full_state_dict(module: nn.Module) -> dict[str, Any]:
-    """The whole model's weights, TP shards concatenated along their ``partition_dim``, on every process. Collective over TP."""
+    """The whole model's weights, TP shards concatenated along their ``partition_dim``, on every process. Collective
+    over TP."""
     state = _without_empty_extra_state(module.state_dict())
     tp_size = parallel_state.get_tensor_model_parallel_world_size()
     if tp_size == 1:
         return state
-    group = parallel_state.get_tensor_model_parallel_group()
+    group = tensor_parallel_group()
     for key, param in _sharded_params_by_key(module).items():
         if key not in state:
             continue
         local = state[key].contiguous()
         parts = [torch.empty_like(local) for _ in range(tp_size)]
         dist.all_gather(parts, local, group=group)
-        state[key] = torch.cat(parts, dim=param.partition_dim)
+        state[key] = torch.cat(parts, dim=_partition_dim(param))
     return state
 
 
@@ -66,7 +74,7 @@ def load_full_state_dict(module: nn.Module, state_dict: dict[str, Any], strict: 
         if key not in local_state:
             continue
         full = local_state[key]
-        dim = param.partition_dim
+        dim = _partition_dim(param)
         expected = list(param.shape)
         expected[dim] *= tp_size
         if list(full.shape) != expected:

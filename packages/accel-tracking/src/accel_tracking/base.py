@@ -11,10 +11,11 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeGuard, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -92,8 +93,8 @@ def _guarded(method: F) -> F:
             return None
         return method(self, *args, **kwargs)
 
-    wrapper._accel_guarded = True  # type: ignore[attr-defined]
-    return wrapper  # type: ignore[return-value]
+    wrapper._accel_guarded = True  # pyright: ignore[reportAttributeAccessIssue]  # a marker on the function
+    return cast(F, wrapper)
 
 
 def _runs_here(tracker: GeneralTracker) -> bool:
@@ -153,7 +154,8 @@ class GeneralTracker:
         # Where the constructor did not run, the raw object is None rather than an AttributeError.
         raw = cls.__dict__.get("tracker")
         if isinstance(raw, property) and raw.fget is not None:
-            cls.tracker = property(_guarded(raw.fget), raw.fset, raw.fdel, raw.__doc__)  # type: ignore[assignment]
+            guarded = property(_guarded(raw.fget), raw.fset, raw.fdel, raw.__doc__)
+            cls.tracker = guarded  # pyright: ignore[reportAttributeAccessIssue]  # replaces the subclass's property
 
     @classmethod
     def is_available(cls) -> bool:
@@ -200,15 +202,16 @@ class GeneralTracker:
         return f"{type(self).__name__}(name={getattr(self, 'name', '?')!r}, active={self.is_active})"
 
 
-def require(library: str, extra: str) -> ModuleType:
+def require(library: str, extra: str | None) -> ModuleType:
     """Imports ``library`` or raises an ImportError naming the accel-tracking extra that installs it."""
     try:
         return importlib.import_module(library)
     except ImportError as error:
-        raise ImportError(
-            f"This tracker needs `{library}`, which is not installed: "
-            f'pip install "accel-tracking[{extra}]"  (or pip install {library.replace("_", "-")}).'
-        ) from error
+        package = library.replace("_", "-")
+        hint = (
+            f'pip install "accel-tracking[{extra}]"  (or pip install {package})' if extra else f"pip install {package}"
+        )
+        raise ImportError(f"This tracker needs `{library}`, which is not installed: {hint}.") from error
 
 
 def resolve_logging_dir(logging_dir: str | os.PathLike[str] | None, tracker_name: str) -> Path:
@@ -252,6 +255,6 @@ def to_python_scalar(value: Any) -> Any:
     return value
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     """Whether ``value`` is a real number a metric backend accepts (bools excluded)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -80,7 +80,9 @@ class CometMLTracker(GeneralTracker):
             elif isinstance(value, dict):
                 self.experiment.log_metrics(value, prefix=key, step=step, **kwargs)
             else:
-                raise TypeError(f"Comet cannot log {key!r} of type {type(value).__name__}: log numbers, strings or dicts.")
+                raise TypeError(
+                    f"Comet cannot log {key!r} of type {type(value).__name__}: log numbers, strings or dicts."
+                )
 
     def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """``{name: image or list of images}``; each image anything ``Experiment.log_image`` takes."""

@@ -71,7 +71,8 @@ class LocalTracker(GeneralTracker):
         # Flushing each line costs little at logging rates and means a crashed run keeps its curve.
         self.flush_every = max(1, int(flush_every))
         self._pending = 0
-        self._file: IO[str] | None = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
+        # Open for the run's life, closed by finish().
+        self._file: IO[str] | None = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
 
     @property
     def tracker(self) -> IO[str] | None:

@@ -120,7 +120,9 @@ class MLflowTracker(GeneralTracker):
         for key, value in flatten_dict(dict(values)).items():
             text = str(to_python_scalar(value))
             if len(text) > _MAX_PARAM_LENGTH:
-                logger.warning("MLflow: param %r is longer than %d characters; it is truncated.", key, _MAX_PARAM_LENGTH)
+                logger.warning(
+                    "MLflow: param %r is longer than %d characters; it is truncated.", key, _MAX_PARAM_LENGTH
+                )
                 text = text[:_MAX_PARAM_LENGTH]
             params[key] = text
         items = list(params.items())

@@ -63,8 +63,10 @@ def plot_metrics(
     series = {key: _series(records, key) for key in keys}
     missing = [key for key, (xs, _) in series.items() if not xs]
     if missing:
-        raise ValueError(f"No numeric values of {missing} in {run_dir / METRICS_FILE}; logged keys: "
-                         f"{sorted({k for r in records for k in r} - set(_RESERVED))}.")
+        raise ValueError(
+            f"No numeric values of {missing} in {run_dir / METRICS_FILE}; logged keys: "
+            f"{sorted({k for r in records for k in r} - set(_RESERVED))}."
+        )
 
     # A Figure with its own Agg canvas (not pyplot): no global state, no display, thread-safe.
     figure = Figure(figsize=(7, 2.6 * len(keys)), dpi=100, layout="constrained")

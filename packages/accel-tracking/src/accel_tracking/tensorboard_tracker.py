@@ -65,7 +65,9 @@ class TensorBoardTracker(GeneralTracker):
             elif isinstance(value, str):
                 self.writer.add_text(key, value, global_step=step, **kwargs)
             elif isinstance(value, dict):
-                self.writer.add_scalars(key, {k: to_python_scalar(v) for k, v in value.items()}, global_step=step, **kwargs)
+                self.writer.add_scalars(
+                    key, {k: to_python_scalar(v) for k, v in value.items()}, global_step=step, **kwargs
+                )
             else:
                 raise TypeError(
                     f"TensorBoard cannot log {key!r} of type {type(value).__name__}: log numbers, strings, "

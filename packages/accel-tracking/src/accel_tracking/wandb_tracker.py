@@ -49,7 +49,9 @@ class WandBTracker(GeneralTracker):
         """
         if not super().is_available():
             return False
-        if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled") or os.environ.get("WANDB_API_KEY"):
+        if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled") or os.environ.get(
+            "WANDB_API_KEY"
+        ):
             return True
         return _netrc_has("api.wandb.ai")
 
@@ -86,7 +88,8 @@ class WandBTracker(GeneralTracker):
     ) -> None:
         import wandb
 
-        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)
+        # wandb types columns and rows with its own aliases (ColumnKey, InputRow) that lists of str / values satisfy.
+        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)  # pyright: ignore[reportArgumentType]
         self.run.log({table_name: table}, step=step, **kwargs)
 
     def finish(self) -> None:

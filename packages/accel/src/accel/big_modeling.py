@@ -1,4 +1,5 @@
-"""``accel.big_modeling``: big-model loading under the reference's module name (see ``accel_checkpoint.big_modeling``)."""
+"""``accel.big_modeling``: big-model loading under the reference's module name (see
+``accel_checkpoint.big_modeling``)."""
 
 from __future__ import annotations
 

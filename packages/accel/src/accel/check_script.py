@@ -11,6 +11,7 @@ Run it yourself with ``accel launch -m accel.check_script`` (any settings).
 from __future__ import annotations
 
 import os
+from typing import cast
 
 import torch
 
@@ -24,7 +25,9 @@ def check(name: str, condition: bool, detail: str = "") -> None:
 
 def check_layout(accelerator: Accelerator) -> None:
     expected = int(os.environ.get("WORLD_SIZE", "1"))
-    check("num_processes", accelerator.num_processes == expected, f"{accelerator.num_processes} != WORLD_SIZE {expected}")
+    check(
+        "num_processes", accelerator.num_processes == expected, f"{accelerator.num_processes} != WORLD_SIZE {expected}"
+    )
     check("process_index", 0 <= accelerator.process_index < expected, str(accelerator.process_index))
     check("is_main_process", accelerator.is_main_process == (accelerator.process_index == 0))
     if os.environ.get("ACCEL_USE_CPU", "").lower() in ("1", "true", "yes"):
@@ -70,7 +73,7 @@ def check_training_step(accelerator: Accelerator) -> None:
     full_loss = torch.nn.functional.mse_loss(reference(inputs), targets) / accelerator.gradient_accumulation_steps
     full_loss.backward()
     with torch.no_grad():
-        expected = torch.cat([(p - 0.1 * p.grad).flatten() for p in reference.parameters()])
+        expected = torch.cat([(p - 0.1 * cast(torch.Tensor, p.grad)).flatten() for p in reference.parameters()])
     trained = torch.cat([p.detach().float().cpu().flatten() for p in accelerator.unwrap_model(model).parameters()])
     tolerance = 1e-5 if accelerator.mixed_precision == "no" else 2e-2
     check("training step", torch.allclose(trained, expected, atol=tolerance), f"{trained} != {expected}")

@@ -18,17 +18,29 @@ if fail_once and not os.path.exists(f"{fail_once}.rank{os.environ['RANK']}"):
         raise RuntimeError(f"attempt {attempt} fails on purpose")
     time.sleep(60)
 
+# Imported only now: rank 1 of the failing attempt must fail before importing torch.
 import torch  # noqa: E402
-import torch.distributed as dist
-from accel_core.state import PartialState
+import torch.distributed as dist  # noqa: E402
+
+from accel_core.state import PartialState  # noqa: E402
 
 state = PartialState()
 total = torch.tensor([float(state.process_index + 1)])
 dist.all_reduce(total)
 names = [
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMP_NUM_THREADS", "FOO", "FROM_CONFIG", "ACCEL_MIXED_PRECISION",
-    "ACCEL_GRADIENT_ACCUMULATION_STEPS", "ACCEL_USE_CPU", "ACCEL_DYNAMO_BACKEND", "ACCEL_DEBUG_MODE",
-    "ACCEL_TOYBACKEND_LEVEL", "ACCEL_TOYBACKEND_FAST",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "OMP_NUM_THREADS",
+    "FOO",
+    "FROM_CONFIG",
+    "ACCEL_MIXED_PRECISION",
+    "ACCEL_GRADIENT_ACCUMULATION_STEPS",
+    "ACCEL_USE_CPU",
+    "ACCEL_DYNAMO_BACKEND",
+    "ACCEL_DEBUG_MODE",
+    "ACCEL_TOYBACKEND_LEVEL",
+    "ACCEL_TOYBACKEND_FAST",
 ]
 report = {
     "rank": state.process_index,

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from .device_map import check_device_map, clean_device_map, infer_auto_device_map
 from .dispatch import cpu_offload, disk_offload, dispatch_model, load_checkpoint_and_dispatch
-from .loading import load_checkpoint_in_model, load_state_dict
 from .hooks import align_module_device, has_offloaded_params, remove_hook_from_submodules
 from .init import init_empty_weights, init_on_device
+from .loading import load_checkpoint_in_model, load_state_dict
 from .offload import (
     OffloadedWeightsLoader,
     PrefixedDataset,
@@ -53,8 +53,8 @@ from .sizes import (
 
 __all__ = [
     "OffloadedWeightsLoader",
-    "align_module_device",
     "PrefixedDataset",
+    "align_module_device",
     "calculate_maximum_sizes",
     "check_device_map",
     "check_tied_parameters_in_config",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -37,7 +38,11 @@ def _children(module: Any) -> list[tuple[str, Any]]:
 
 
 def _can_split(module: Any, no_split: list[str]) -> bool:
-    return isinstance(module, nn.Module) and bool(list(module.named_children())) and module.__class__.__name__ not in no_split
+    return (
+        isinstance(module, nn.Module)
+        and bool(list(module.named_children()))
+        and module.__class__.__name__ not in no_split
+    )
 
 
 def _inside(name: str, parameter: str) -> bool:
@@ -47,7 +52,7 @@ def _inside(name: str, parameter: str) -> bool:
 
 def infer_auto_device_map(
     model: nn.Module,
-    max_memory: dict[Device, int | str] | None = None,
+    max_memory: Mapping[Device, int | str] | None = None,
     no_split_module_classes: list[str] | None = None,
     dtype: str | torch.dtype | None = None,
     special_dtypes: dict[str, str | torch.dtype] | None = None,
@@ -70,7 +75,9 @@ def infer_auto_device_map(
         device_map = infer_auto_device_map(model, max_memory={"cpu": "2GB"}, no_split_module_classes=["Block"])
     """
     if fallback_allocation:
-        raise NotImplementedError("infer_auto_device_map(fallback_allocation=True) is not available in accel; leave it False.")
+        raise NotImplementedError(
+            "infer_auto_device_map(fallback_allocation=True) is not available in accel; leave it False."
+        )
     memory = get_max_memory(max_memory)
     no_split = _as_list(no_split_module_classes)
     devices: list[Device] = list(memory) + ([] if "disk" in memory else ["disk"])
@@ -80,7 +87,9 @@ def infer_auto_device_map(
     tied_groups = find_tied_parameters(model)
 
     queue: list[tuple[str, Any]] = (
-        list(model.named_parameters(recurse=False)) + list(model.named_children()) + list(model.named_buffers(recurse=False))
+        list(model.named_parameters(recurse=False))
+        + list(model.named_children())
+        + list(model.named_buffers(recurse=False))
     )
     device_map: OrderedDict[str, Device] = OrderedDict()
     used = {d: 0 for d in devices}
@@ -100,12 +109,16 @@ def infer_auto_device_map(
         size = sizes[name]
         # Parameters tied to one inside this part but living outside it must go along.
         tied_outside = [
-            p for group in tied_groups if any(_inside(name, p) for p in group) and not all(_inside(name, p) for p in group)
+            p
+            for group in tied_groups
+            if any(_inside(name, p) for p in group) and not all(_inside(name, p) for p in group)
             for p in group if not _inside(name, p)
         ]  # fmt: skip
         # Each such parameter's part still waiting in the queue (one already placed stays where it is).
         pending = dict(queue)
-        tied_pairs = [(p, n) for p in tied_outside for n in [next((n for n in pending if p.startswith(n + ".")), None)] if n]
+        tied_pairs = [
+            (p, n) for p in tied_outside for n in [next((n for n in pending if p.startswith(n + ".")), None)] if n
+        ]
         tied_names = [n for _, n in tied_pairs]
         tied_modules = [pending[n] for n in tied_names]
         size_with_ties = size + sum(sizes[n] - sizes[p] for p, n in tied_pairs)
@@ -128,12 +141,14 @@ def infer_auto_device_map(
 
         if tied_names and used[device] + size <= limit:
             # The part fits alone: split one of the tied parts it drags along, if one can be split.
-            splittable = next(((n, m) for n, m in zip(tied_names, tied_modules) if _can_split(m, no_split)), None)
+            splittable = next(
+                ((n, m) for n, m in zip(tied_names, tied_modules, strict=True) if _can_split(m, no_split)), None
+            )
             if splittable is not None:
                 tied_name, tied_module = splittable
                 index = next(i for i, (n, _) in enumerate(queue) if n == tied_name)
                 pieces = [(f"{tied_name}.{n}", v) for n, v in _children(tied_module)]
-                queue = [(name, module)] + queue[:index] + pieces + queue[index + 1 :]
+                queue = [(name, module), *queue[:index], *pieces, *queue[index + 1 :]]
                 max_layer, max_layer_names = largest_layer()
                 continue
 
@@ -149,18 +164,22 @@ def infer_auto_device_map(
         # Nothing more goes on this device: the reserve for the largest layer counts as used.
         used[device] += reserved
         current += 1
-        queue = [(name, module)] + queue
+        queue = [(name, module), *queue]
 
     if clean_result:
-        device_map = clean_device_map(device_map)
+        clean_device_map(device_map)  # in place
     if not offload_buffers and gpus:
         _warn_if_offloaded_buffers_do_not_fit(model, device_map, memory, used, dtype, special_dtypes)
     return device_map
 
 
 def _warn_if_offloaded_buffers_do_not_fit(
-    model: nn.Module, device_map: dict[str, Device], memory: dict[Device, int], used: dict[Device, int],
-    dtype: Any, special_dtypes: Any,
+    model: nn.Module,
+    device_map: dict[str, Device],
+    memory: dict[Device, int],
+    used: dict[Device, int],
+    dtype: Any,
+    special_dtypes: Any,
 ) -> None:
     # Buffers of offloaded parts stay on the execution device (offload_buffers=False): they need room there.
     buffer_sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True)
@@ -182,7 +201,9 @@ def clean_device_map(device_map: dict[str, Device], module_name: str = "") -> di
             del device_map[key]
         device_map[module_name] = values[0]
     depth = len(module_name.split(".")) + 1 if module_name else 1
-    children = {".".join(k.split(".")[:depth]) for k in device_map if k.startswith(prefix) and len(k) > len(module_name)}
+    children = {
+        ".".join(k.split(".")[:depth]) for k in device_map if k.startswith(prefix) and len(k) > len(module_name)
+    }
     for child in children:
         clean_device_map(device_map, module_name=child)
     return device_map
@@ -193,12 +214,18 @@ def check_device_map(model: nn.Module, device_map: dict[str, Device]) -> None:
     modules = dict(model.named_modules())
     unknown = [k for k in device_map if k != "" and k not in modules and not _is_tensor_name(model, k)]
     if unknown:
-        warnings.warn(f"The following device_map keys do not match any submodules in the model: {unknown}", UserWarning, stacklevel=2)
+        warnings.warn(
+            f"The following device_map keys do not match any submodules in the model: {unknown}",
+            UserWarning,
+            stacklevel=2,
+        )
     if "" in device_map:
         return
     uncovered = [n for n in model.state_dict() if not any(n == k or n.startswith(k + ".") for k in device_map)]
     if uncovered:
-        raise ValueError(f"The device_map provided does not give any device for the following parameters: {', '.join(uncovered)}")
+        raise ValueError(
+            f"The device_map provided does not give any device for the following parameters: {', '.join(uncovered)}"
+        )
 
 
 def _is_tensor_name(model: nn.Module, name: str) -> bool:

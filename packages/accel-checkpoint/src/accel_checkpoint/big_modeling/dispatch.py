@@ -95,7 +95,9 @@ def _attach(
         target = main_device if device in offloaded else device
         if tensor.device.type == "meta":
             if weights is None:
-                raise ValueError(f"{name} is on the meta device and no weights were given for it: load a checkpoint first.")
+                raise ValueError(
+                    f"{name} is on the meta device and no weights were given for it: load a checkpoint first."
+                )
             set_module_tensor_to_device(model, name, target, value=_TiedWeights(weights, tied)[name])
         elif tensor.device != torch.device(target):
             set_module_tensor_to_device(model, name, target)
@@ -137,20 +139,21 @@ def dispatch_model(
     devices = set(device_map.values())
     if len(devices) == 1 and "disk" not in devices and not force_hooks:
         model.to(next(iter(devices)))
-        model.hf_device_map = dict(device_map)  # type: ignore[assignment]
+        _record_device_map(model, device_map)
         return model
     if main_device is None:
         real = [d for d in device_map.values() if d not in ("cpu", "disk")]
         main_device = real[0] if real else "cpu"
     offloaded: set[Device] = {"disk"} if main_device in ("cpu", "mps") else {"cpu", "disk"}
     disk_modules = [n for n, d in device_map.items() if d == "disk"]
-    if disk_modules and offload_dir is None and offload_index is None:
-        raise ValueError(
-            "We need an `offload_dir` to dispatch this model according to this `device_map`, the following submodules "
-            f"need to be offloaded: {', '.join(disk_modules)}."
-        )
-    if disk_modules and offload_index is None and not os.path.isfile(os.path.join(offload_dir, INDEX_NAME)):  # type: ignore[arg-type]
-        offload_state_dict(offload_dir, extract_submodules_state_dict(model.state_dict(), disk_modules))  # type: ignore[arg-type]
+    if disk_modules and offload_index is None:
+        if offload_dir is None:
+            raise ValueError(
+                "We need an `offload_dir` to dispatch this model according to this `device_map`, the following "
+                f"submodules need to be offloaded: {', '.join(disk_modules)}."
+            )
+        if not os.path.isfile(os.path.join(offload_dir, INDEX_NAME)):
+            offload_state_dict(offload_dir, extract_submodules_state_dict(model.state_dict(), disk_modules))
     cpu_modules = [n for n, d in device_map.items() if d == "cpu"]
     if "cpu" in offloaded and state_dict is None and cpu_modules:
         state_dict = {k: v.to("cpu") for k, v in extract_submodules_state_dict(model.state_dict(), cpu_modules).items()}
@@ -162,10 +165,17 @@ def dispatch_model(
     _attach(model, device_map, main_device, offloaded, weights, offload_buffers, skip_keys, preload_module_classes)
     offloaded_here = sorted(str(d) for d in devices & offloaded)
     if offloaded_here:
-        logger.warning(f"Some parameters are on the meta device because they were offloaded to the {' and '.join(offloaded_here)}.")
+        logger.warning(
+            f"Some parameters are on the meta device because they were offloaded to the {' and '.join(offloaded_here)}."
+        )
     guard_moves(model)
-    model.hf_device_map = dict(device_map)  # type: ignore[assignment]
+    _record_device_map(model, device_map)
     return model
+
+
+def _record_device_map(model: nn.Module, device_map: Mapping[str, Device]) -> None:
+    # The reference's (and transformers') attribute; nn.Module's __setattr__ is typed for tensors and modules.
+    model.hf_device_map = dict(device_map)  # pyright: ignore[reportArgumentType]
 
 
 def cpu_offload(
@@ -213,7 +223,7 @@ def load_checkpoint_and_dispatch(
     model: nn.Module,
     checkpoint: str | os.PathLike[str],
     device_map: str | dict[str, Device] | None = None,
-    max_memory: dict[Device, int | str] | None = None,
+    max_memory: Mapping[Device, int | str] | None = None,
     no_split_module_classes: list[str] | None = None,
     offload_folder: str | os.PathLike[str] | None = None,
     offload_buffers: bool = False,
@@ -234,26 +244,47 @@ def load_checkpoint_and_dispatch(
     """
     if isinstance(device_map, str):
         if device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
-            raise ValueError("If passing a string for `device_map`, please choose 'auto', 'balanced', 'balanced_low_0' or 'sequential'.")
+            raise ValueError(
+                "If passing a string for `device_map`, please choose 'auto', 'balanced', 'balanced_low_0' or "
+                "'sequential'."
+            )
         if device_map != "sequential":
-            max_memory = get_balanced_memory(  # type: ignore[assignment]
-                model, max_memory=max_memory, no_split_module_classes=no_split_module_classes, dtype=dtype,
+            max_memory = get_balanced_memory(
+                model,
+                max_memory=max_memory,
+                no_split_module_classes=no_split_module_classes,
+                dtype=dtype,
                 low_zero=device_map == "balanced_low_0",
             )
         device_map = infer_auto_device_map(
-            model, max_memory=max_memory, no_split_module_classes=no_split_module_classes, dtype=dtype,
+            model,
+            max_memory=max_memory,
+            no_split_module_classes=no_split_module_classes,
+            dtype=dtype,
             offload_buffers=offload_buffers,
         )
     if offload_state_dict is None:
         offload_state_dict = device_map is not None and "disk" in device_map.values()
     load_checkpoint_in_model(
-        model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype,
-        offload_state_dict=offload_state_dict, offload_buffers=offload_buffers, strict=strict,
-        full_state_dict=full_state_dict, broadcast_from_rank0=broadcast_from_rank0,
+        model,
+        checkpoint,
+        device_map=device_map,
+        offload_folder=offload_folder,
+        dtype=dtype,
+        offload_state_dict=offload_state_dict,
+        offload_buffers=offload_buffers,
+        strict=strict,
+        full_state_dict=full_state_dict,
+        broadcast_from_rank0=broadcast_from_rank0,
     )
     if device_map is None:
         return model
     return dispatch_model(
-        model, device_map=device_map, offload_dir=offload_folder, offload_buffers=offload_buffers,
-        skip_keys=skip_keys, preload_module_classes=preload_module_classes, force_hooks=force_hooks,
+        model,
+        device_map=device_map,
+        offload_dir=offload_folder,
+        offload_buffers=offload_buffers,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        force_hooks=force_hooks,
     )

@@ -30,8 +30,11 @@ def _keep(module: nn.Module, handle: Any) -> None:
     module.__dict__[_HANDLES].append(handle)
 
 
-def attach_io_hook(module: nn.Module, device: Any, skip_keys: str | list[str] | None = None, io_same_device: bool = False) -> None:
-    """Before ``module`` runs, its inputs go to ``device``; with ``io_same_device`` its outputs come back to the inputs' device."""
+def attach_io_hook(
+    module: nn.Module, device: Any, skip_keys: str | list[str] | None = None, io_same_device: bool = False
+) -> None:
+    """Before ``module`` runs, its inputs go to ``device``; with ``io_same_device`` its outputs come back to the inputs'
+    device."""
     input_devices: list[Any] = []
 
     def pre(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
@@ -52,7 +55,8 @@ def attach_io_hook(module: nn.Module, device: Any, skip_keys: str | list[str] | 
 def attach_offload_hook(
     module: nn.Module, names: list[str], weights: Mapping[str, torch.Tensor], prefix: str, device: Any
 ) -> None:
-    """Loads ``module``'s tensors ``names`` (relative, dotted) from ``weights[prefix + name]`` onto ``device`` for each call."""
+    """Loads ``module``'s tensors ``names`` (relative, dotted) from ``weights[prefix + name]`` onto ``device`` for each
+    call."""
     loaded: list[str] = []
 
     def load(mod: nn.Module, target: Any = None) -> None:
@@ -77,7 +81,8 @@ def attach_offload_hook(
 
 
 def remove_hook_from_submodules(module: nn.Module) -> None:
-    """Removes the hooks ``dispatch_model`` / ``cpu_offload`` / ``disk_offload`` attached (offloaded tensors stay on meta)."""
+    """Removes the hooks ``dispatch_model`` / ``cpu_offload`` / ``disk_offload`` attached (offloaded tensors stay on
+    meta)."""
     for sub in module.modules():
         for handle in sub.__dict__.pop(_HANDLES, []):
             handle.remove()

@@ -15,7 +15,10 @@ from accel_core.environment import parse_flag
 
 def _include_buffers_default() -> bool:
     # accel's name wins over the reference's when both are set.
-    value = next((os.environ[n] for n in ("ACCEL_INIT_INCLUDE_BUFFERS", "ACCELERATE_INIT_INCLUDE_BUFFERS") if n in os.environ), None)
+    value = next(
+        (os.environ[n] for n in ("ACCEL_INIT_INCLUDE_BUFFERS", "ACCELERATE_INIT_INCLUDE_BUFFERS") if n in os.environ),
+        None,
+    )
     return parse_flag(value, False)
 
 
@@ -66,11 +69,12 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
             attributes["requires_grad"] = param.requires_grad
             moved = type(current)(current.to(device), **attributes)
             if hf_initialized is not None:
-                moved._is_hf_initialized = hf_initialized  # type: ignore[attr-defined]
+                moved._is_hf_initialized = hf_initialized  # pyright: ignore[reportAttributeAccessIssue]
             module._parameters[name] = moved
 
-    nn.Module.register_parameter = register_on_device  # type: ignore[method-assign]
+    # Patched for the duration of the block only, as the reference's init_on_device does.
+    nn.Module.register_parameter = register_on_device  # pyright: ignore[reportAttributeAccessIssue]
     try:
         yield
     finally:
-        nn.Module.register_parameter = original  # type: ignore[method-assign]
+        nn.Module.register_parameter = original

@@ -1,4 +1,5 @@
-"""Load a checkpoint (one file, an index, or a folder of shards) into a model, tensor by tensor, onto its device-map devices.
+"""Load a checkpoint (one file, an index, or a folder of shards) into a model, tensor by tensor, onto its device-map
+devices.
 
 Tensors mapped to ``"disk"`` go to the offload folder instead and stay on the meta device in the model.
 
@@ -23,7 +24,14 @@ from torch import nn
 
 from ..file_names import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from .offload import OffloadedWeightsLoader, offload_weight, save_offload_index, set_module_tensor_to_device
-from .sizes import Device, _as_dtype, check_tied_parameters_on_same_device, device_of, find_tied_parameters, retie_parameters
+from .sizes import (
+    Device,
+    _as_dtype,
+    check_tied_parameters_on_same_device,
+    device_of,
+    find_tied_parameters,
+    retie_parameters,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +51,8 @@ def _checkpoint_files(checkpoint: str | os.PathLike[str]) -> list[str]:
         indexes = [f for f in os.listdir(checkpoint) if f.endswith(".index.json")]
         if len(indexes) != 1:
             raise ValueError(
-                f"{checkpoint} is not a folder containing a `.index.json` file or a {WEIGHTS_NAME} or a {SAFE_WEIGHTS_NAME} file"
+                f"{checkpoint} is not a folder containing a `.index.json` file or a {WEIGHTS_NAME} or a "
+                f"{SAFE_WEIGHTS_NAME} file"
                 if not indexes
                 else f"{checkpoint} containing more than one `.index.json` file, delete the irrelevant ones."
             )
@@ -65,15 +74,20 @@ def load_state_dict(checkpoint_file: str, device_map: dict[str, Device] | None =
 
     With a ``device_map`` whose only device is not the disk, tensors are read straight onto it.
     """
-    devices = set((device_map or {}).values()) - {"disk"}
-    target = next(iter(devices)) if len(devices) == 1 and len(set(device_map.values())) == 1 else "cpu"  # type: ignore[union-attr]
+    mapped = device_map or {}
+    devices = set(mapped.values()) - {"disk"}
+    target = next(iter(devices)) if len(devices) == 1 and len(set(mapped.values())) == 1 else "cpu"
     if checkpoint_file.endswith(".safetensors"):
         from safetensors import safe_open
 
-        with safe_open(checkpoint_file, framework="pt", device=str(target) if not isinstance(target, int) else target) as f:
+        with safe_open(
+            checkpoint_file, framework="pt", device=str(target) if not isinstance(target, int) else target
+        ) as f:
             if (f.metadata() or {"format": "pt"}).get("format", "pt") != "pt":
-                raise ValueError(f"The checkpoint {checkpoint_file} was not saved from PyTorch (format {f.metadata()['format']}).")
-            return {key: f.get_tensor(key) for key in f.keys()}
+                raise ValueError(
+                    f"The checkpoint {checkpoint_file} was not saved from PyTorch (format {f.metadata()['format']})."
+                )
+            return {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - safe_open is not iterable
     from ..safe_load import load_torch_file
 
     state_dict = load_torch_file(checkpoint_file)
@@ -109,7 +123,10 @@ def load_checkpoint_in_model(
         check_tied_parameters_on_same_device(tied, device_map)
         if "disk" in device_map.values():
             if offload_folder is None:
-                raise ValueError("At least one of the model submodule will be offloaded to disk, please pass along an `offload_folder`.")
+                raise ValueError(
+                    "At least one of the model submodule will be offloaded to disk, please pass along an "
+                    "`offload_folder`."
+                )
             os.makedirs(offload_folder, exist_ok=True)
     dtype = None if dtype is None else _as_dtype(dtype)
     model_keys = set(model.state_dict())
@@ -129,27 +146,37 @@ def load_checkpoint_in_model(
                 continue
             device = device_of(name, device_map)
             target_dtype = dtype
-            if dtype is not None and torch.is_floating_point(tensor) and dtype == torch.float16 and keep_in_fp32_modules:
-                if any(k == name or f"{k}." in name for k in keep_in_fp32_modules):
-                    target_dtype = torch.float32
+            if (
+                dtype == torch.float16
+                and torch.is_floating_point(tensor)
+                and keep_in_fp32_modules
+                and any(k == name or f"{k}." in name for k in keep_in_fp32_modules)
+            ):
+                target_dtype = torch.float32
             if target_dtype is not None and torch.is_floating_point(tensor):
                 tensor = tensor.to(target_dtype)
             if device == "disk" and (offload_buffers or name not in buffers):
+                assert offload_folder is not None  # a "disk" device was refused above without one
                 set_module_tensor_to_device(model, name, "meta", value=tensor, dtype=target_dtype)
-                offload_weight(tensor, name, offload_folder, index=offload_index)  # type: ignore[arg-type]
+                offload_weight(tensor, name, offload_folder, index=offload_index)
             elif device == "cpu" and staging is not None:
                 set_module_tensor_to_device(model, name, "meta", value=tensor, dtype=target_dtype)
                 offload_weight(tensor, name, staging, index=staged)
             else:  # a buffer of a disk part stays in CPU memory unless offload_buffers
-                set_module_tensor_to_device(model, name, "cpu" if device == "disk" else device, value=tensor, dtype=target_dtype)
+                set_module_tensor_to_device(
+                    model, name, "cpu" if device == "disk" else device, value=tensor, dtype=target_dtype
+                )
         del loaded
     if unexpected:
-        message = f"Some weights of the model checkpoint at {checkpoint} were not used when initializing {model.__class__.__name__}: {unexpected}."
+        message = (
+            f"Some weights of the model checkpoint at {checkpoint} were not used when initializing "
+            f"{model.__class__.__name__}: {unexpected}."
+        )
         if strict and device_map is not None:
             raise ValueError(message)
         logger.warning(message)
-    if offload_index:
-        save_offload_index(offload_index, offload_folder)  # type: ignore[arg-type]
+    if offload_index and offload_folder is not None:  # an index is only written with a folder
+        save_offload_index(offload_index, offload_folder)
     if staging is not None:
         weights = OffloadedWeightsLoader(save_folder=staging, index=staged)
         for name in staged:
@@ -158,7 +185,7 @@ def load_checkpoint_in_model(
     retie_parameters(model, tied)
 
 
-def _load_whole(model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool, full: bool, broadcast: bool) -> None:
+def _load_whole(model: nn.Module, state_dict: dict[str, Any], strict: bool, full: bool, broadcast: bool) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     if broadcast and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,10 +28,17 @@ INDEX_NAME = "index.json"
 
 
 def _entry(file: str, key: str, tensor: torch.Tensor) -> dict[str, Any]:
-    return {"safetensors_file": file, "weight_name": key, "dtype": str(tensor.dtype).replace("torch.", ""), "shape": list(tensor.shape)}
+    return {
+        "safetensors_file": file,
+        "weight_name": key,
+        "dtype": str(tensor.dtype).replace("torch.", ""),
+        "shape": list(tensor.shape),
+    }
 
 
-def offload_weight(weight: torch.Tensor, weight_name: str, offload_folder: str | os.PathLike[str], index: dict[str, Any] | None = None) -> dict[str, Any]:
+def offload_weight(
+    weight: torch.Tensor, weight_name: str, offload_folder: str | os.PathLike[str], index: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Writes ``weight`` to ``<offload_folder>/<weight_name>.safetensors`` and records it in ``index`` (returned)."""
     from safetensors.torch import save_file
 
@@ -46,7 +54,7 @@ def save_offload_index(index: dict[str, Any], offload_folder: str | os.PathLike[
     if not index:
         return
     path = os.path.join(offload_folder, INDEX_NAME)
-    current = json.loads(open(path).read()) if os.path.isfile(path) else {}
+    current = json.loads(Path(path).read_text()) if os.path.isfile(path) else {}
     current.update(index)
     with open(path, "w") as f:
         json.dump(current, f, indent=2)
@@ -68,7 +76,9 @@ def offload_state_dict(save_dir: str | os.PathLike[str], state_dict: dict[str, t
     save_offload_index(index, save_dir)
 
 
-def extract_submodules_state_dict(state_dict: dict[str, torch.Tensor], submodule_names: list[str]) -> dict[str, torch.Tensor]:
+def extract_submodules_state_dict(
+    state_dict: dict[str, torch.Tensor], submodule_names: list[str]
+) -> dict[str, torch.Tensor]:
     """The entries of ``state_dict`` that belong to one of ``submodule_names`` (or are one of them)."""
     return {
         key: value
@@ -96,8 +106,12 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
             raise ValueError("OffloadedWeightsLoader needs a state_dict, a save_folder or an index.")
         self.state_dict = {} if state_dict is None else state_dict
         self.save_folder = None if save_folder is None else os.fspath(save_folder)
-        if index is None and self.save_folder is not None and os.path.isfile(os.path.join(self.save_folder, INDEX_NAME)):
-            index = json.loads(open(os.path.join(self.save_folder, INDEX_NAME)).read())
+        if (
+            index is None
+            and self.save_folder is not None
+            and os.path.isfile(os.path.join(self.save_folder, INDEX_NAME))
+        ):
+            index = json.loads(Path(self.save_folder, INDEX_NAME).read_text())
         self.index = {} if index is None else dict(index)
         self.all_keys = list(self.state_dict) + [k for k in self.index if k not in self.state_dict]
         self.device = device
@@ -118,7 +132,11 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         file = entry["safetensors_file"]
         if not os.path.isabs(file) and self.save_folder is not None:
             file = os.path.join(self.save_folder, file)
-        device = "cpu" if self.device is None else str(torch.device(self.device) if isinstance(self.device, int) else self.device)
+        device = (
+            "cpu"
+            if self.device is None
+            else str(torch.device(self.device) if isinstance(self.device, int) else self.device)
+        )
         with safe_open(file, framework="pt", device=device) as f:
             return f.get_tensor(entry.get("weight_name", key))
 
@@ -165,7 +183,10 @@ def set_module_tensor_to_device(
     supported; ``tied_params_map`` and ``clear_cache`` are accepted for the reference's signature.
     """
     if fp16_statistics is not None:
-        raise ValueError("set_module_tensor_to_device(fp16_statistics=...) is for bitsandbytes 8-bit weights, which accel does not load.")
+        raise ValueError(
+            "set_module_tensor_to_device(fp16_statistics=...) is for bitsandbytes 8-bit weights, which accel does not "
+            "load."
+        )
     owner_name, _, name = tensor_name.rpartition(".")
     owner = module.get_submodule(owner_name)
     if name not in owner._parameters and name not in owner._buffers:
@@ -176,16 +197,20 @@ def set_module_tensor_to_device(
     if value is not None:
         if old.shape != value.shape:
             raise ValueError(
-                f'Trying to set a tensor of shape {value.shape} in "{tensor_name}" (which has shape {old.shape}), this looks incorrect.'
+                f'Trying to set a tensor of shape {value.shape} in "{tensor_name}" (which has shape {old.shape}), this '
+                "looks incorrect."
             )
         if dtype is None:
             value = value.to(old.dtype)
         elif not str(value.dtype).startswith(("torch.uint", "torch.int", "torch.bool")):
-            value = value.to(dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype).replace("torch.", "")))
+            value = value.to(
+                dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype).replace("torch.", ""))
+            )
     with torch.no_grad():
         new = (old if value is None else value).to(device, non_blocking=non_blocking)
         if name in owner._buffers:
             owner._buffers[name] = new
         else:
             param = owner._parameters[name]
-            owner._parameters[name] = type(param)(new, requires_grad=param.requires_grad)  # type: ignore[call-arg]
+            assert param is not None  # `name` is one of owner's tensors (found above)
+            owner._parameters[name] = type(param)(new, requires_grad=param.requires_grad)

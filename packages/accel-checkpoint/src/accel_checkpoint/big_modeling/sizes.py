@@ -11,7 +11,7 @@ import logging
 import os
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -30,7 +30,9 @@ def convert_file_size_to_int(size: int | str) -> int:
         convert_file_size_to_int("1MiB")  # 1048576
     """
     units = {"GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "GB": 10**9, "MB": 10**6, "KB": 10**3}
-    error = ValueError(f"`size` {size} is not in a valid format. Use an integer for bytes, or a string with an unit (like '5.0GB').")
+    error = ValueError(
+        f"`size` {size} is not in a valid format. Use an integer for bytes, or a string with an unit (like '5.0GB')."
+    )
     if isinstance(size, int):
         if size < 0:
             raise error
@@ -107,7 +109,8 @@ def compute_module_sizes(
         size = tensor.numel() * per_element
         parts = name.split(".")
         for depth in range(len(parts) + 1):
-            sizes[".".join(parts[:depth])] += size  # type: ignore[assignment]
+            # A bool element counts 1/8 byte (as the reference's sizes): such a total is a float.
+            sizes[".".join(parts[:depth])] += size  # pyright: ignore[reportArgumentType]
     return sizes
 
 
@@ -134,7 +137,7 @@ def get_max_layer_size(
     return max_size, names
 
 
-def get_max_memory(max_memory: dict[Device, int | str] | None = None) -> dict[Device, int]:
+def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> dict[Device, int]:
     """Memory per device: what is free now when ``max_memory`` is None, else ``max_memory`` in bytes, GPUs first.
 
     Keys are GPU (or XPU) indices, ``"mps"``, ``"cpu"`` and ``"disk"``.
@@ -152,7 +155,10 @@ def get_max_memory(max_memory: dict[Device, int | str] | None = None) -> dict[De
     order = gpus + [k for k in ("mps", "cpu", "disk") if k in converted]
     unknown = [k for k in converted if k not in order]
     if unknown:
-        raise ValueError(f"Device {unknown[0]} is not recognized, available devices are integers(for GPU/XPU), 'mps', 'cpu' and 'disk'")
+        raise ValueError(
+            f"Device {unknown[0]} is not recognized, available devices are integers(for GPU/XPU), 'mps', 'cpu' and "
+            "'disk'"
+        )
     return {k: converted[k] for k in order}
 
 
@@ -175,7 +181,7 @@ def _available_ram() -> int:
 
 def get_balanced_memory(
     model: nn.Module,
-    max_memory: dict[Device, int | str] | None = None,
+    max_memory: Mapping[Device, int | str] | None = None,
     no_split_module_classes: list[str] | None = None,
     dtype: str | torch.dtype | None = None,
     special_dtypes: dict[str, str | torch.dtype] | None = None,
@@ -249,7 +255,11 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
     """``(total size, (largest layer size, its names))``, using the model's ``_no_split_modules`` if it has them."""
     sizes = compute_module_sizes(model)
     no_split = getattr(model, "_no_split_modules", None) or []
-    top = list(model.named_parameters(recurse=False)) + list(model.named_children()) + list(model.named_buffers(recurse=False))
+    top = (
+        list(model.named_parameters(recurse=False))
+        + list(model.named_children())
+        + list(model.named_buffers(recurse=False))
+    )
     return sizes[""], get_max_layer_size(top, sizes, no_split)
 
 
@@ -313,7 +323,13 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
     if "PreTrainedModel" not in [c.__name__ for c in inspect.getmro(model.__class__)]:
         return False
     config = getattr(model, "config", None)
-    decoder = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    word_embeddings = bool(decoder is not None and getattr(decoder, "tie_word_embeddings", False) and model.get_output_embeddings())
-    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False))
+    get_text_config = getattr(config, "get_text_config", None)
+    decoder = get_text_config(decoder=True) if get_text_config is not None else config
+    # A PreTrainedModel (known by class name above, so transformers need not be imported) has get_output_embeddings.
+    word_embeddings = bool(
+        decoder is not None and getattr(decoder, "tie_word_embeddings", False) and model.get_output_embeddings()  # pyright: ignore[reportCallIssue]
+    )
+    encoder_decoder = bool(
+        getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False)
+    )
     return word_embeddings or encoder_decoder or any(hasattr(m, "_tie_weights") for m in model.modules())

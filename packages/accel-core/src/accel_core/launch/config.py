@@ -93,7 +93,9 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     return validate_config(data, f"config file {path}")
 
 
-def load_config(flag: str | None = None, environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], Path | None]:
+def load_config(
+    flag: str | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any], Path | None]:
     """The config to launch with and its path; ``({}, None)`` when the default file does not exist.
 
     A file named explicitly (flag or ``ACCEL_CONFIG_FILE``) must exist.

@@ -53,7 +53,11 @@ def torch_build() -> dict[str, str | None]:
     for node in tree.body:
         target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
         value = getattr(node, "value", None)
-        if isinstance(target, ast.Name) and isinstance(value, ast.Constant) and isinstance(value.value, (str, type(None))):
+        if (
+            isinstance(target, ast.Name)
+            and isinstance(value, ast.Constant)
+            and isinstance(value.value, (str, type(None)))
+        ):
             fields[target.id] = value.value
     return fields
 
@@ -150,7 +154,11 @@ def detect_devices(environ: dict[str, str] | None = None) -> Devices:
         if gpus:
             return Devices("cuda", len(gpus), [name for _, name in gpus], f"CUDA {build['cuda']}")
     if build.get("hip"):
-        gpus = visible(amd_gpus(), _first_set(environ, "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"), environ)
+        gpus = visible(
+            amd_gpus(),
+            _first_set(environ, "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+            environ,
+        )
         if gpus:
             return Devices("cuda", len(gpus), [name for _, name in gpus], f"ROCm {build['hip']}")
     if build.get("xpu"):

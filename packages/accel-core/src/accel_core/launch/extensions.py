@@ -50,6 +50,7 @@ class LaunchExtension(Protocol):
 
     def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
         """The variables the given flags set for the workers (they win over environment and config)."""
+        ...
 
 
 def load_extensions(names: Iterable[str] | None = None) -> list[LaunchExtension]:
@@ -173,10 +174,18 @@ class OptionTable:
 
     def add_arguments(self, group: argparse._ArgumentGroup) -> None:
         use = f"use_{self.name}"
-        group.add_argument(f"--use-{self.name}", dest=use, action="store_true", default=None, help=f"train with the {self.name} strategy")
+        group.add_argument(
+            f"--use-{self.name}",
+            dest=use,
+            action="store_true",
+            default=None,
+            help=f"train with the {self.name} strategy",
+        )
         group.add_argument(f"--use_{self.name}", dest=use, action="store_true", default=None, help=argparse.SUPPRESS)
         for flag, option, parse, metavar, text in self.options:
-            group.add_argument(f"--{flag}", dest=self._dest(option), type=parse, default=None, metavar=metavar, help=text)
+            group.add_argument(
+                f"--{flag}", dest=self._dest(option), type=parse, default=None, metavar=metavar, help=text
+            )
             if "-" in flag:
                 alias = "--" + flag.replace("-", "_")
                 group.add_argument(alias, dest=self._dest(option), type=parse, default=None, help=argparse.SUPPRESS)

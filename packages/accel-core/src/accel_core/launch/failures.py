@@ -58,7 +58,9 @@ class JobFailedError(RuntimeError):
             raise ValueError("JobFailedError needs at least one failure.")
         # Root cause: a worker that failed by itself before one the launcher stopped; one with a
         # traceback before one without; then the earliest; then the lowest rank.
-        self.rank_failures = sorted(failures, key=lambda f: (f.stopped_by_launcher, f.traceback is None, f.timestamp, f.rank))
+        self.rank_failures = sorted(
+            failures, key=lambda f: (f.stopped_by_launcher, f.traceback is None, f.timestamp, f.rank)
+        )
         self.root = self.rank_failures[0]
         self.world_size = world_size
         self.restarts = restarts
@@ -81,7 +83,10 @@ class JobFailedError(RuntimeError):
             lines.append(f"Traceback of rank {root.rank}:")
             lines.append("  " + root.traceback.rstrip().replace("\n", "\n  "))
         elif root.signal_name:
-            lines.append("No Python traceback (killed by a signal: out of memory, a crash in native code, ...); see its output above.")
+            lines.append(
+                "No Python traceback (killed by a signal: out of memory, a crash in native code, ...); see its output "
+                "above."
+            )
         else:
             lines.append("No Python traceback (it exited without raising, e.g. sys.exit); see its output above.")
         if self.world_size is None or self.world_size > 1:

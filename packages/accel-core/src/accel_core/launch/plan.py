@@ -47,15 +47,32 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_restarts", int, 0, help="times the whole job restarts after a failure"),
     Setting("monitor_interval", float, None, help="seconds between torchrun's checks of the workers"),
     Setting("log_dir", str, None, help="keep each worker's stdout/stderr in files under this folder (torchrun)"),
-    Setting("tee", str, None, help="streams also written to the log files: 1 stdout, 2 stderr, 3 both (default with --log-dir: 3)"),
+    Setting(
+        "tee",
+        str,
+        None,
+        help="streams also written to the log files: 1 stdout, 2 stderr, 3 both (default with --log-dir: 3)",
+    ),
     Setting("use_cpu", bool, False, env.USE_CPU, help="run on the CPU even where an accelerator exists"),
     Setting("mixed_precision", str, "no", env.MIXED_PRECISION, tuple(PrecisionType.list()), "no, fp16, bf16, fp8"),
     Setting("gradient_accumulation_steps", int, 1, env.GRADIENT_ACCUMULATION_STEPS, help="micro-steps per step"),
-    Setting("dynamo_backend", str, "no", env.DYNAMO_BACKEND, tuple(DynamoBackend.list()), "torch.compile backend, or no"),
-    Setting("debug", bool, False, env.DEBUG_MODE, help="torch's checks that every rank calls the same collective (TORCH_DISTRIBUTED_DEBUG=DETAIL)"),
+    Setting(
+        "dynamo_backend", str, "no", env.DYNAMO_BACKEND, tuple(DynamoBackend.list()), "torch.compile backend, or no"
+    ),
+    Setting(
+        "debug",
+        bool,
+        False,
+        env.DEBUG_MODE,
+        help="torch's checks that every rank calls the same collective (TORCH_DISTRIBUTED_DEBUG=DETAIL)",
+    ),
     Setting("strategy", str, None, env.STRATEGY, help="an accel.strategies name (ddp, fsdp, ...); default: automatic"),
     Setting(
-        "scheduler_stepping", str, None, env.SCHEDULER_STEPPING, tuple(SchedulerStepping.list()),
+        "scheduler_stepping",
+        str,
+        None,
+        env.SCHEDULER_STEPPING,
+        tuple(SchedulerStepping.list()),
         "LR scheduler steps per optimizer step: per_process (as Accelerate, the default) or per_optimizer_step (one)",
     ),
     # The job's mesh (accel_core.parallelism): unset sizes are 1, except the data-parallel one, which fills the rest.
@@ -269,8 +286,8 @@ def _validate(values: dict[str, Any], sources: dict[str, str], config_file: str 
     machines, processes = values["num_machines"], values["num_processes"]
     if processes % machines:
         raise ValueError(
-            f"num_processes ({processes}, {where('num_processes')}) counts the processes of all machines and must "
-            f"be a multiple of num_machines ({machines}); e.g. --num-processes {machines * max(1, processes // machines)}."
+            f"num_processes ({processes}, {where('num_processes')}) counts the processes of all machines and must be a "
+            f"multiple of num_machines ({machines}); e.g. --num-processes {machines * max(1, processes // machines)}."
         )
     if not 0 <= values["machine_rank"] < machines:
         raise ValueError(
@@ -285,7 +302,8 @@ def _validate(values: dict[str, Any], sources: dict[str, str], config_file: str 
     tee = values["tee"]
     if tee is not None and not re.fullmatch(r"[0-3]|\d+:[0-3](,\d+:[0-3])*", tee):
         raise ValueError(
-            f"{where('tee')}: tee={tee!r}; use 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank, e.g. 0:3,1:2."
+            f"{where('tee')}: tee={tee!r}; use 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank, e.g. "
+            "0:3,1:2."
         )
     port = values["main_process_port"]
     if port is not None and not 0 < port < 65536:

@@ -11,6 +11,7 @@ Imports neither torch nor anything heavy: a script that does not need torch star
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import gc
 import io
@@ -96,10 +97,8 @@ def exit_without_finalization(code: int = 0) -> NoReturn:
                 pass
     gc.collect()  # finalizers of what the script left in cycles
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         if exit.code in (None, 0):
             exit_without_finalization(0)
         raise
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - recorded for `accel launch`, then exit status 1
         tb = _user_frames(error.__traceback__)
         record_error(error, tb)
         sys.excepthook(type(error), error.with_traceback(tb), tb)

@@ -92,7 +92,9 @@ class Strategy:
 
         Pure (no communication), so a layout the strategy refuses fails on every process alike.
         """
-        config = resolve_parallelism(requested, world_size, data_parallel_dim=self.data_parallel_dim, environ=os.environ)
+        config = resolve_parallelism(
+            requested, world_size, data_parallel_dim=self.data_parallel_dim, environ=os.environ
+        )
         self.check_parallelism(config)
         return config, None
 

@@ -37,7 +37,9 @@ def wrap_in_ddp(
     return wrapped
 
 
-def register_comm_hook(model: DistributedDataParallel, ddp_kwargs: DistributedDataParallelKwargs, process_group: Any = None) -> None:
+def register_comm_hook(
+    model: DistributedDataParallel, ddp_kwargs: DistributedDataParallelKwargs, process_group: Any = None
+) -> None:
     """Registers the communication hook ``ddp_kwargs.comm_hook`` names (wrapped by ``comm_wrapper``) on ``model``.
 
     Power-SGD keeps its state (error feedback, warm-started factors) in a ``PowerSGDState`` over
@@ -62,6 +64,33 @@ def register_comm_hook(model: DistributedDataParallel, ddp_kwargs: DistributedDa
     if str(ddp_kwargs.comm_hook) in ("power_sgd", "batched_power_sgd"):
         state = powerSGD_hook.PowerSGDState(process_group, **ddp_kwargs.comm_state_option)
     model.register_comm_hook(state=state, hook=hook)
+
+
+def unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a ``DistributedDataParallel`` wrapper (any other model as it is)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+@contextlib.contextmanager
+def data_parallel_no_sync(model: torch.nn.Module) -> Iterator[None]:
+    """Skips the gradient all-reduce inside the block (for accumulation micro-steps).
+
+    Knows torch's ``DistributedDataParallel`` and the FSDP2-based replicas of ``transforms.data_parallel``;
+    any other model runs the block as it is. DDPStrategy's ``no_sync``, and accel-megatron's.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif isinstance(model, FSDPModule):  # transforms.data_parallel.is_replicated
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
 
 
 class SingleDeviceStrategy(Strategy):
@@ -111,21 +140,8 @@ class DDPStrategy(Strategy):
         return wrap_in_ddp(model, self.ddp_kwargs, self.context.device, dims.dp.group)
 
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model.module if isinstance(model, DistributedDataParallel) else model
+        return unwrap_ddp(model)
 
-    @contextlib.contextmanager
-    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Skips the gradient all-reduce inside the block (for accumulation micro-steps)."""
-        from ..transforms.data_parallel import is_replicated
-
-        if isinstance(model, DistributedDataParallel):
-            with model.no_sync():
-                yield
-        elif is_replicated(model):
-            model.set_requires_gradient_sync(False)  # type: ignore[operator]
-            try:
-                yield
-            finally:
-                model.set_requires_gradient_sync(True)  # type: ignore[operator]
-        else:
-            yield
+        return data_parallel_no_sync(model)

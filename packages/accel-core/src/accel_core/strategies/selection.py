@@ -60,7 +60,10 @@ def resolve_plan(
         raise ValueError(f"Unknown mixed_precision mode: {precision!r}. Choose between {PrecisionType.list()}.")
 
     if gradient_accumulation_plugin is not None:
-        if gradient_accumulation_steps is not None and gradient_accumulation_steps != gradient_accumulation_plugin.num_steps:
+        if (
+            gradient_accumulation_steps is not None
+            and gradient_accumulation_steps != gradient_accumulation_plugin.num_steps
+        ):
             raise ValueError(
                 "You can only pass one of `gradient_accumulation_steps` and `gradient_accumulation_plugin`: put "
                 "the number of steps in the plugin (GradientAccumulationPlugin(num_steps=...)) and drop the other."
@@ -95,11 +98,15 @@ def resolve_plan(
     if name == "ddp" and world_size == 1:
         name = "single_device"  # DDP over one process only adds overhead
 
-    dynamo = str(dynamo_backend if dynamo_backend is not None else env.get_str(env.DYNAMO_BACKEND, "no", environ)).lower()
+    dynamo = str(
+        dynamo_backend if dynamo_backend is not None else env.get_str(env.DYNAMO_BACKEND, "no", environ)
+    ).lower()
     if dynamo not in DynamoBackend.list():
         raise ValueError(f"Unknown dynamo_backend {dynamo!r}. Choose between {DynamoBackend.list()}.")
 
-    stepping = scheduler_stepping if scheduler_stepping is not None else env.get_str(env.SCHEDULER_STEPPING, None, environ)
+    stepping = (
+        scheduler_stepping if scheduler_stepping is not None else env.get_str(env.SCHEDULER_STEPPING, None, environ)
+    )
     stepping = str(stepping if stepping is not None else SchedulerStepping.PER_PROCESS).lower()
     if stepping not in SchedulerStepping.list():
         origin = "scheduler_stepping" if scheduler_stepping is not None else env.SCHEDULER_STEPPING

@@ -45,7 +45,8 @@ def uses_sdpa(model: nn.Module) -> bool:
 
 
 def check_model(model: nn.Module, cp_size: int) -> None:
-    """Refuses a model whose attention context parallelism would not shard (every process alike, before any communication)."""
+    """Refuses a model whose attention context parallelism would not shard (every process alike, before any
+    communication)."""
     if not uses_sdpa(model):
         raise ValueError(
             f"cp_size={cp_size} splits each sequence over {cp_size} processes, but {type(model).__name__} never calls "
@@ -70,8 +71,10 @@ def context_parallel_block(
     buffers = list(buffers or [])
     dims = list(buffer_seq_dims or [])
     if len(dims) != len(buffers):
-        raise ValueError(f"maybe_context_parallel: {len(buffers)} buffers but {len(dims)} buffer_seq_dims; give one dim per buffer.")
-    for tensor, dim in zip(buffers, dims):
+        raise ValueError(
+            f"maybe_context_parallel: {len(buffers)} buffers but {len(dims)} buffer_seq_dims; give one dim per buffer."
+        )
+    for tensor, dim in zip(buffers, dims, strict=True):
         if tensor.shape[dim] % (2 * cp_mesh.size()):
             raise ValueError(
                 f"maybe_context_parallel: a sequence of length {tensor.shape[dim]} (dim {dim}) must divide by "

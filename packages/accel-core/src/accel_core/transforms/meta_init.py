@@ -44,16 +44,18 @@ def check_initialisable(model: nn.Module, init_fn: Callable[[nn.Module], None] |
 
 def initialise(model: nn.Module, init_fn: Callable[[nn.Module], None] | None = None) -> None:
     """Fills a freshly allocated (``to_empty``) model; see the module docstring for the order."""
+    init_weights = getattr(model, "init_weights", None)
     with torch.no_grad():
         if init_fn is not None:
             for module in model.modules():
                 init_fn(module)
-        elif callable(getattr(model, "init_weights", None)):
-            model.init_weights()
+        elif callable(init_weights):
+            init_weights()
         else:
             for module in model.modules():
-                if callable(getattr(module, "reset_parameters", None)):
-                    module.reset_parameters()
+                reset_parameters = getattr(module, "reset_parameters", None)
+                if callable(reset_parameters):
+                    reset_parameters()
 
 
 def materialize(model: nn.Module, device: torch.device, init_fn: Callable[[nn.Module], None] | None = None) -> None:

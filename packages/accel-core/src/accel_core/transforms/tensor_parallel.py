@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from fnmatch import fnmatch
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
 
@@ -55,7 +55,7 @@ def matching_modules(model: nn.Module, pattern: str) -> list[tuple[str, nn.Modul
     found = []
     for name, module in model.named_modules():
         parts = name.split(".") if name else []
-        if len(parts) == len(tokens) and all(fnmatch(p, t) for p, t in zip(parts, tokens)):
+        if len(parts) == len(tokens) and all(fnmatch(p, t) for p, t in zip(parts, tokens, strict=True)):
             found.append((name, module))
     return found
 
@@ -77,7 +77,9 @@ def _split_dimension(module: nn.Module, style: Any) -> tuple[str, int] | None:
     return None
 
 
-def check_plan(model: nn.Module, plan: Mapping[str, Any], tp_size: int, precision: Precision | None = None) -> dict[str, Any]:
+def check_plan(
+    model: nn.Module, plan: Mapping[str, Any], tp_size: int, precision: Precision | None = None
+) -> dict[str, Any]:
     """The plan with styles built; raises ValueError for a pattern that matches nothing, or a layer whose
     split dimension ``tp_size`` does not divide (torch would shard it unevenly without a word).
 
@@ -116,9 +118,10 @@ def apply_tensor_parallel(
         result = config.parallelize_fn(model, tp_mesh)
         return model if result is None else result
     plan: Mapping[str, Any] | None = config.tp_plan
-    if plan is None and callable(getattr(model, "parallelize", None)):
-        result = model.parallelize(tp_mesh)
-        return model if result is None else result
+    parallelize = getattr(model, "parallelize", None)  # a model that knows how to split itself
+    if plan is None and callable(parallelize):
+        result = parallelize(tp_mesh)
+        return model if result is None else cast(nn.Module, result)
     if plan is None:
         plan = getattr(model, "tp_plan", None)
     if not plan:

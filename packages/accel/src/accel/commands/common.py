@@ -6,6 +6,7 @@ import argparse
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from accel_core.enums import DynamoBackend, SchedulerStepping
@@ -46,7 +47,12 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     training = parser.add_argument_group("training settings (reach the Accelerator as ACCEL_* variables)")
     _add(training, dest="mixed_precision", choices=["no", "fp16", "bf16", "fp8"], help="mixed precision")
     _add(training, dest="gradient_accumulation_steps", type=int, metavar="N", help=helps["gradient_accumulation_steps"])
-    _add(training, dest="dynamo_backend", metavar="NAME", help="torch.compile backend: " + ", ".join(DynamoBackend.list()))
+    _add(
+        training,
+        dest="dynamo_backend",
+        metavar="NAME",
+        help="torch.compile backend: " + ", ".join(DynamoBackend.list()),
+    )
     training.add_argument("--strategy", metavar="NAME", help=helps["strategy"])
     _add(training, dest="scheduler_stepping", choices=SchedulerStepping.list(), help=helps["scheduler_stepping"])
     training.add_argument("--debug", action=argparse.BooleanOptionalAction, default=None, help=helps["debug"])
@@ -66,7 +72,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan_from_namespace(
     namespace: argparse.Namespace,
-    extensions: list[LaunchExtension] = (),  # type: ignore[assignment]
+    extensions: Sequence[LaunchExtension] = (),
     defaults: dict[str, Any] | None = None,
 ) -> LaunchPlan:
     """Resolves the plan from parsed flags, ``os.environ`` and the config file."""
@@ -95,7 +101,8 @@ def check_strategy(plan: LaunchPlan) -> None:
     if name not in installed:
         raise ValueError(
             f"strategy {name!r} (from the {plan.sources['strategy']}) is not installed: "
-            f"{plugins.install_hint('accel.strategies', name)}. Available: {', '.join([*BUILTIN_STRATEGIES, *installed])}."
+            f"{plugins.install_hint('accel.strategies', name)}. Available: "
+            f"{', '.join([*BUILTIN_STRATEGIES, *installed])}."
         )
 
 

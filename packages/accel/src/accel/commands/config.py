@@ -27,11 +27,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accel config", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("action", nargs="?", choices=["ask", "default", "show", "import"], default="ask",
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "action", nargs="?", choices=["ask", "default", "show", "import"], default="ask", help=argparse.SUPPRESS
+    )
     parser.add_argument("source", nargs="?", help=argparse.SUPPRESS)
-    parser.add_argument("--config-file", "--config_file", dest="config_file", metavar="PATH",
-                        help="the file to write or show (default: $ACCEL_CONFIG_FILE, else ~/.config/accel/...)")
+    parser.add_argument(
+        "--config-file",
+        "--config_file",
+        dest="config_file",
+        metavar="PATH",
+        help="the file to write or show (default: $ACCEL_CONFIG_FILE, else ~/.config/accel/...)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite an existing file (default, import)")
     return parser
 
@@ -41,7 +47,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     path, _ = config_path(args.config_file)
     if args.action == "import" and not args.source:
-        parser.error("accel config import needs the Accelerate file, e.g. ~/.cache/huggingface/accelerate/default_config.yaml")
+        parser.error(
+            "accel config import needs the Accelerate file, e.g. ~/.cache/huggingface/accelerate/default_config.yaml"
+        )
     if args.action != "import" and args.source:
         parser.error(f"unexpected argument {args.source!r}")
     if args.action == "show":
@@ -101,11 +109,16 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
     """
     path = Path(save_location).expanduser() if save_location is not None else config_path(None)[0]
     if path.exists():
-        print(f"Configuration already exists at {path}, will not override. Run `accel config` manually or pass a different `save_location`.")
+        print(
+            f"Configuration already exists at {path}, will not override. Run `accel config` manually or pass a "
+            "different `save_location`."
+        )
         return False
     precision = str(mixed_precision).lower()
     if precision not in ("no", "fp16", "bf16", "fp8"):
-        raise ValueError(f"`mixed_precision` should be one of 'no', 'fp16', 'bf16', or 'fp8'. Received {mixed_precision}")
+        raise ValueError(
+            f"`mixed_precision` should be one of 'no', 'fp16', 'bf16', or 'fp8'. Received {mixed_precision}"
+        )
     config = {**default_config(), "mixed_precision": precision}
     resolve_plan({}, {}, validate_config(config, "the new config"), config_file=str(path))
     return write_config(path, config)
@@ -113,6 +126,7 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
 
 def import_accelerate(source: Path) -> dict[str, Any]:
     import yaml
+
     from accel_core.launch.accelerate_import import convert_accelerate_config
 
     try:
@@ -139,11 +153,17 @@ def ask_config(existing: dict[str, Any] | None, asker: Asker | None = None) -> d
     if machines > 1:
         config["machine_rank"] = asker.integer("Rank of this machine (0 for the main one)?", current("machine_rank"))
         config["main_process_ip"] = asker.text("Address of the main machine?", current("main_process_ip"))
-        config["main_process_port"] = asker.integer("Port on the main machine?", current("main_process_port") or 29500, 1)
-        config["rdzv_backend"] = asker.choice("Rendezvous backend?", current("rdzv_backend"), ["static", "c10d", "etcd"])
+        config["main_process_port"] = asker.integer(
+            "Port on the main machine?", current("main_process_port") or 29500, 1
+        )
+        config["rdzv_backend"] = asker.choice(
+            "Rendezvous backend?", current("rdzv_backend"), ["static", "c10d", "etcd"]
+        )
     config["use_cpu"] = asker.yes_no("Run on the CPU only?", current("use_cpu"))
     per_machine = max(1, current("num_processes") // max(1, current("num_machines")))
-    config["num_processes"] = asker.integer("How many processes in total, over all machines?", per_machine * machines, 1)
+    config["num_processes"] = asker.integer(
+        "How many processes in total, over all machines?", per_machine * machines, 1
+    )
     from accel_core import plugins  # entry-point scan: only when asking
 
     strategies = plugins.available("accel.strategies")
@@ -152,12 +172,16 @@ def ask_config(existing: dict[str, Any] | None, asker: Asker | None = None) -> d
         section = ask_backend_options(asker, config["strategy"], base.get(config["strategy"]))
         if section:
             config[config["strategy"]] = section
-    config["mixed_precision"] = asker.choice("Mixed precision?", current("mixed_precision"), ["no", "fp16", "bf16", "fp8"])
+    config["mixed_precision"] = asker.choice(
+        "Mixed precision?", current("mixed_precision"), ["no", "fp16", "bf16", "fp8"]
+    )
     config["gradient_accumulation_steps"] = asker.integer(
         "Gradient accumulation steps?", current("gradient_accumulation_steps"), minimum=1
     )
     config["dynamo_backend"] = asker.choice("torch.compile backend?", current("dynamo_backend"), DynamoBackend.list())
-    config["debug"] = asker.yes_no("Debug mode (torch checks that every rank calls the same collective)?", current("debug"))
+    config["debug"] = asker.yes_no(
+        "Debug mode (torch checks that every rank calls the same collective)?", current("debug")
+    )
     for name in ("max_restarts", "monitor_interval", "log_dir", "tee", "scheduler_stepping"):
         if base.get(name) is not None:
             config[name] = base[name]

@@ -39,13 +39,14 @@ class Asker:
     def ask(self, question: str, default: T, parse: Callable[[str], T], hint: str = "", required: bool = True) -> T:
         """Asks until the answer parses; an empty answer (or end of input) keeps ``default``
         (which may be None only when the question is not ``required``)."""
+        fallback = default  # returned as given (the checks below narrow `default`)
         shown = "" if default is None else ("yes" if default is True else "no" if default is False else str(default))
         prompt = f"{question}{f' ({hint})' if hint else ''}{f' [{shown}]' if shown else ''}: "
         for _ in range(5):
             answer = self._answer(prompt)
             if not answer:
                 if default is not None or self.exhausted or not required:
-                    return default
+                    return fallback
                 self._write("  an answer is needed")
                 continue
             try:

@@ -27,7 +27,8 @@ def main(argv: list[str]) -> int:
     add_settings_arguments(parser)
     add_extension_arguments(parser, extensions)
     plan = plan_from_namespace(parser.parse_args(argv), extensions, defaults=DEFAULTS)
-    where = f"{plan.num_processes} process(es) on {plan.num_machines} machine(s), {'cpu' if plan.use_cpu else 'default device'}"
+    device = "cpu" if plan.use_cpu else "default device"
+    where = f"{plan.num_processes} process(es) on {plan.num_machines} machine(s), {device}"
     print(f"accel test: running accel.check_script on {where}, mixed precision {plan.mixed_precision}", flush=True)
     try:
         code = launch(plan, TARGET)
