@@ -248,7 +248,7 @@ class ShardedLoaderMixin(ResumableMixin):
             # epoch: skipped batches they never loaded would leave each worker's stream where the
             # epoch began, so a resumed epoch would augment its remaining batches differently.
             # With workers, the skipped batches are loaded (in the workers) and dropped here.
-            replay = skip if self.num_workers > 0 else 0  # type: ignore[attr-defined]
+            replay = skip if self.num_workers > 0 else 0  # pyright: ignore[reportAttributeAccessIssue]  # a DataLoader mixin: its num_workers
             self._shard.skip, self._shard.sink = skip - replay, tail
             # Straight from the DataLoader: no generator of ours in between on the hot path.
             it = self._base_iter()
