@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import struct
 import warnings
 import zipfile
 from typing import Any
@@ -87,7 +88,17 @@ def load_torch_file(path: str, allow_unsafe_pickle: bool | None = None, mmap: bo
                 f"arbitrary code. If it is a trusted legacy file: {_OPT_IN}."
             ) from None
         raise _corrupt(path, error) from error
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as error:
+    except (
+        RuntimeError,
+        EOFError,
+        zipfile.BadZipFile,
+        OSError,
+        ValueError,
+        IndexError,
+        KeyError,
+        struct.error,
+    ) as error:
+        # Random bytes make torch's legacy reader fail in many ways (UnicodeDecodeError is a ValueError).
         raise _corrupt(path, error) from error
 
 
