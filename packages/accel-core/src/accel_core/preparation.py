@@ -16,6 +16,7 @@ from . import plugins, transforms
 from .enums import SchedulerStepping
 from .optimizer import AcceleratedOptimizer
 from .optimizer_rebuild import ParameterNames
+from .pipelining import PipelinedModel
 from .scheduler import AcceleratedScheduler
 from .strategies import JointPreparation, PreparesOwnTypes, WrapsBeforeOptimizer
 from .strategies.base import ConvertsOwnTypes
@@ -137,6 +138,10 @@ class Preparation:
                 "model to the same prepare() call as its optimizer, or prepare the model first and build the "
                 "optimizer on it."
             )
+        if isinstance(owners[0], PipelinedModel):
+            from .pipelining.optimizer import rebuild_for_stages
+
+            return rebuild_for_stages(optimizer, owners[0], self._parameter_names)
         if isinstance(self.strategy, WrapsBeforeOptimizer):
             return self.strategy.rebuild_optimizer(optimizer, owners[0], self._parameter_names)
         # Names as recorded before wrapping (DDP's "module." prefix is not part of them).
@@ -152,7 +157,11 @@ class Preparation:
             device_placement = self.device_placement
         self._parameter_names.record(model)
         prepared = transforms.prepare_model(model, self._context, self.strategy, device_placement)
-        self.precision.wrap_forward(self.strategy.unwrap_model(getattr(prepared, "_orig_mod", prepared)))
+        if isinstance(prepared, PipelinedModel):
+            for stage in prepared.stage_modules:  # autocast inside each stage, not around the schedule
+                self.precision.wrap_forward(stage)
+        else:
+            self.precision.wrap_forward(self.strategy.unwrap_model(getattr(prepared, "_orig_mod", prepared)))
         self.prepared.models.append(prepared)
         return prepared
 

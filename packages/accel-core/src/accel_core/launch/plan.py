@@ -80,7 +80,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("dp_shard_size", int, None, "ACCEL_DP_SHARD_SIZE", help="FSDP2 shards of each replica"),
     Setting("tp_size", int, None, "ACCEL_TP_SIZE", help="tensor-parallel degree"),
     Setting("cp_size", int, None, "ACCEL_CP_SIZE", help="context-parallel degree (GPU)"),
-    Setting("pp_size", int, None, "ACCEL_PP_SIZE", help="pipeline stages (not available yet: 1)"),
+    Setting("pp_size", int, None, "ACCEL_PP_SIZE", help="pipeline stages (torch.distributed.pipelining)"),
+    Setting(
+        "pp_schedule",
+        str,
+        None,
+        "ACCEL_PP_SCHEDULE",
+        ("gpipe", "1f1b", "interleaved_1f1b"),
+        "pipeline schedule (default 1f1b)",
+    ),
+    Setting("pp_microbatches", int, None, "ACCEL_PP_MICROBATCHES", help="micro-batches per pipeline step"),
 )
 MESH_SETTINGS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "pp_size")
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -126,6 +135,8 @@ class LaunchPlan:
     tp_size: int | None = None
     cp_size: int | None = None
     pp_size: int | None = None
+    pp_schedule: str | None = None
+    pp_microbatches: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     config_file: str | None = None
