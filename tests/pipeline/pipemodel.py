@@ -18,7 +18,9 @@ class Block(nn.Module):
         super().__init__()
         self.heads = HEADS
         self.norm1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, dim, bias=False)
+        self.wv = nn.Linear(dim, dim, bias=False)
         self.proj = nn.Linear(dim, dim, bias=False)
         self.norm2 = nn.LayerNorm(dim)
         self.up = nn.Linear(dim, 2 * dim)
@@ -26,7 +28,9 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, -1, d // self.heads).permute(2, 0, 3, 1, 4)
+        h = self.norm1(x)
+        # -1 heads: under tensor parallelism each process holds HEADS / tp of them.
+        q, k, v = (w(h).view(b, s, -1, d // self.heads).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(attn.transpose(1, 2).reshape(b, s, -1))
         return x + self.down(F.gelu(self.up(self.norm2(x))))
@@ -35,7 +39,9 @@ class Block(nn.Module):
 class PipeLM(nn.Module):
     _no_split_modules: ClassVar[list[str]] = ["Block"]
     tp_plan: ClassVar[dict[str, str]] = {
-        "layers.*.qkv": "colwise",
+        "layers.*.wq": "colwise",
+        "layers.*.wk": "colwise",
+        "layers.*.wv": "colwise",
         "layers.*.proj": "rowwise",
         "layers.*.up": "colwise",
         "layers.*.down": "rowwise",

@@ -479,8 +479,14 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         return model
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """The full state dict of a prepared model (gathered where the strategy shards it), fp16 cast to fp32."""
-        state_dict = self.strategy.model_state_dict(model) if unwrap else model.state_dict()
+        """The full state dict of a prepared model (gathered where the strategy shards it, and over the pipeline
+        stages: valid on the main process), fp16 cast to fp32."""
+        from .pipelining import PipelinedModel
+
+        if isinstance(model, PipelinedModel):
+            state_dict = model.full_state_dict() if unwrap else model.state_dict()
+        else:
+            state_dict = self.strategy.model_state_dict(model) if unwrap else model.state_dict()
         return {
             k: v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v
             for k, v in state_dict.items()

@@ -121,6 +121,41 @@ class PipelinedModel(nn.Module):
             raise RuntimeError(f"Missing key(s) for this pipeline stage: {missing}.")
         return nn.modules.module._IncompatibleKeys(missing, [])
 
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's state dict on CPU, gathered over the stages onto the first pipeline rank of each
+        data-parallel replica (so on the main process); ``{}`` on the other ranks. Collective over the mesh."""
+        from torch.distributed.tensor import DTensor
+
+        local: dict[str, torch.Tensor] = {}
+        for module in self._stage_modules:
+            for key, value in module.state_dict().items():
+                full = value.full_tensor() if isinstance(value, DTensor) else value  # collective over the stage's mesh
+                local[key] = full.detach().cpu()
+        group = self._group.group
+        first = 0 if group is None else dist.get_global_rank(group, 0)
+        gathered: list[Any] | None = [None] * self.layout.pp if dist.get_rank() == first else None
+        dist.gather_object(local, gathered, dst=first, group=group)
+        merged: dict[str, torch.Tensor] = {}
+        for part in gathered or []:
+            merged.update(part)
+        return merged
+
+    def load_full_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+        """Loads a whole-model state dict (the same on every process) into this rank's stages; sharded
+        (DTensor) parameters keep their pieces."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        missing: list[str] = []
+        for module in self._stage_modules:
+            own = module.state_dict().keys()
+            absent = [k for k in own if k not in state_dict]
+            missing.extend(absent)
+            part = {k: state_dict[k] for k in own if k in state_dict}
+            set_model_state_dict(module, part, options=StateDictOptions(full_state_dict=True, strict=False))
+        if strict and missing:
+            raise RuntimeError(f"Missing key(s) for this pipeline stage: {missing}.")
+        return nn.modules.module._IncompatibleKeys(missing, [])
+
     # -- running the schedule ------------------------------------------------------------------------
     def _micro_loss(self, output: Any, target: Any) -> torch.Tensor:
         if self._loss_fn is None:  # forward-only (evaluation): nothing to backpropagate
