@@ -72,6 +72,7 @@ def run_layout(name: str, config: ParallelismConfig, accumulation: int = 1, **kw
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)  # built before prepare: rebuilt on this rank's stages
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=LR)
     loader = DataLoader(TensorDataset(token_data(8 * STEPS)), batch_size=8, shuffle=True)
+    # 12 samples in batches of 4: 2 per dp rank, fewer than the interleaved schedule's 4 micro-batches (padded).
     evaluation = DataLoader(TensorDataset(token_data(12, seed=7)), batch_size=4)
     torch.manual_seed(1000 + RANK)  # every process differently: the prepared loader must still agree
     model, optimizer, loader, evaluation = accelerator.prepare(model, optimizer, loader, evaluation)

@@ -47,6 +47,18 @@ def _batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     raise ValueError("A pipelined model needs at least one tensor input with a batch dimension to split.")
 
 
+def _pad_batch(tree: Any, size: int, padded: int) -> Any:
+    """Every tensor of ``tree`` with ``size`` rows, lengthened to ``padded`` rows by repeating its last row."""
+    leaves, spec = tree_flatten(tree)
+    grown = [
+        torch.cat([t, t[-1:].expand(padded - size, *t.shape[1:])])
+        if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == size
+        else t
+        for t in leaves
+    ]
+    return tree_unflatten(grown, spec)
+
+
 class PipelinedModel(nn.Module):
     """This rank's pipeline stage(s) and their schedule (built by ``prepare`` when ``pp_size > 1``).
 
@@ -163,14 +175,25 @@ class PipelinedModel(nn.Module):
         return self._loss_fn(output, target)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Forward-only pass through the pipeline (evaluation mode); refused in training mode."""
+        """Forward-only pass through the pipeline (evaluation mode); refused in training mode.
+
+        A batch that does not split into ``pp_microbatches`` equal micro-batches (the last one of a
+        dataset, say) is padded by repeating its last sample, and the outputs cut back to its size."""
         if self.training:
             raise RuntimeError(_TRAINING_FORWARD.format(pp=self.layout.pp))
-        self._check_batch(args, kwargs)
-        dummy_target = torch.zeros(_batch_size(args, kwargs), device=self._device)
+        size = _batch_size(args, kwargs)
+        padded = -(-size // self.layout.microbatches) * self.layout.microbatches
+        if padded != size:
+            args, kwargs = _pad_batch((args, kwargs), size, padded)
+        dummy_target = torch.zeros(padded, device=self._device)
         first = self.is_first_stage
         output = self.schedule.eval(*(args if first else ()), target=dummy_target, **(kwargs if first else {}))
-        return self._broadcast_output(output)
+        output = self._broadcast_output(output)
+        if padded != size:
+            leaves, spec = tree_flatten(output)
+            leaves = [t[:size] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == padded else t for t in leaves]
+            output = tree_unflatten(leaves, spec)
+        return output
 
     def train_step(
         self,
