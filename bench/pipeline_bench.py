@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "pipeline"))
-from pipemodel import SEQ, lm_loss, make_model, token_data  # noqa: E402
+from pipemodel import SEQ, lm_loss, make_model, token_data
 
-from accel import Accelerator, ParallelismConfig  # noqa: E402
-from accel_core.pipelining import parameter_bytes  # noqa: E402
+from accel import Accelerator, ParallelismConfig
+from accel_core.pipelining import parameter_bytes
 
 
 def whole_bytes(model: torch.nn.Module) -> int:
@@ -91,7 +91,10 @@ def main() -> None:
         print(f"parameter bytes per rank (max) / whole model: {share:.3f}")
         print(f"one process, whole model: {one_process * 1e3:.1f} ms/step")
         for name, seconds in results.items():
-            print(f"pp=2 {name:>9} micro-batches: {seconds * 1e3:7.1f} ms/step ({seconds / one_process:.2f} of one process)")
+            print(
+                f"pp=2 {name:>9} micro-batches: {seconds * 1e3:7.1f} ms/step "
+                f"({seconds / one_process:.2f} of one process)"
+            )
     dist.destroy_process_group()
 
 

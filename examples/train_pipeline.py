@@ -14,6 +14,7 @@ the next-token accuracy on held-out sequences, gathered with `gather_for_metrics
 from __future__ import annotations
 
 import argparse
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +41,7 @@ class Block(nn.Module):
 
 
 class CountingLM(nn.Module):
-    _no_split_modules = ["Block"]
+    _no_split_modules: ClassVar[list[str]] = ["Block"]
 
     def __init__(self, depth: int = 4) -> None:
         super().__init__()
@@ -98,7 +99,9 @@ def main() -> None:
             correct += int((predictions == targets).sum())
             total += targets.numel()
     accuracy = correct / total
-    accelerator.print(f"accuracy {accuracy:.3f} on {total // SEQ} sequences ({accelerator.parallelism_config.describe()})")
+    accelerator.print(
+        f"accuracy {accuracy:.3f} on {total // SEQ} sequences ({accelerator.parallelism_config.describe()})"
+    )
     if accuracy < args.min_accuracy:
         raise SystemExit(f"accuracy {accuracy:.3f} < {args.min_accuracy}")
     accelerator.end_training()

@@ -149,7 +149,7 @@ def training_forward_refused(accelerator: Accelerator, model) -> None:
 
 
 def checkpoint_round_trip(folder: str) -> None:
-    """save_state on PP2 x DP2 (1F1B) after 6 steps; loads continue exactly on the same layout and within 1e-5 on PP4."""
+    """save_state on PP2 x DP2 (1F1B) after 6 steps; loads continue exactly on the same layout, within 1e-5 on PP4."""
     data = token_data(8 * 10, seed=99)
 
     def setup(config: ParallelismConfig, seed: int):

@@ -16,12 +16,17 @@ from accel_core.parallelism import ParallelismConfig, resolve_parallelism
 from accel_core.pipelining import chain_units, resolve_layout, split_model, stage_boundaries
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pipemodel import SEQ, lm_loss, make_model, token_data  # noqa: E402
+from pipemodel import SEQ, lm_loss, make_model, token_data
 
 
 def test_layout_settings_resolve_from_arguments_and_environment() -> None:
     config = resolve_parallelism(ParallelismConfig(pp_size=2), 4, environ={"ACCEL_PP_SCHEDULE": "GPipe"})
-    assert (config.pp_size, config.dp_replicate_size, config.pp_schedule, config.pp_microbatches) == (2, 2, "gpipe", None)
+    assert (config.pp_size, config.dp_replicate_size, config.pp_schedule, config.pp_microbatches) == (
+        2,
+        2,
+        "gpipe",
+        None,
+    )
     config = resolve_parallelism(None, 4, environ={"ACCEL_PP_SIZE": "4", "ACCEL_PP_MICROBATCHES": "8"})
     assert (config.pp_size, config.dp_replicate_size, config.pp_microbatches) == (4, 1, 8)
     layout = resolve_layout(ParallelismConfig(pp_size=2, pp_schedule="interleaved_1f1b"), rank=1)

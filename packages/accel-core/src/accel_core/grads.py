@@ -97,7 +97,7 @@ def total_norm(
             if plain
             else torch.zeros((), dtype=torch.float32, device=device)
         )
-        if pipelined:
+        if pipeline is not None and pipelined:
             value = _across_stages(value, norm_type, pipeline, device)
         norms.append(value)
     if not norms:

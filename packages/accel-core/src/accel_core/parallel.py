@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .mesh import ParallelDims
     from .parallelism import ParallelismConfig
     from .precision import Precision
+    from .state import GradientState
     from .strategies import Strategy
 
 logger = logging.getLogger("accel")
@@ -29,7 +30,7 @@ class Parallelism:
     parallel_dims: ParallelDims
     strategy: Strategy
     precision: Precision
-    gradient_accumulation_steps: int
+    gradient_state: GradientState
     backward: Callable[..., None]
 
     @property
@@ -105,7 +106,7 @@ class Parallelism:
 
         if isinstance(model, PipelinedModel):
             owns_step = isinstance(self.strategy, OwnsOptimizerStep) and self.strategy.owns_optimizer_step()
-            divisor = 1 if owns_step else self.gradient_accumulation_steps
+            divisor = 1 if owns_step else int(self.gradient_state.num_steps)
             return model.train_step(inputs, targets, loss_fn, divisor=divisor, scale=self.precision.scale_loss)
         args, kwargs = as_call_arguments(inputs)
         loss = loss_fn(model(*args, **kwargs), targets)

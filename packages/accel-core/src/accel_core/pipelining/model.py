@@ -113,7 +113,7 @@ class PipelinedModel(nn.Module):
         return last if group is None else dist.get_global_rank(group, last)
 
     # -- state dicts under the whole model's names --------------------------------------------------
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """This rank's stage(s) state, under the whole model's names (other stages' keys are absent)."""
         merged: dict[str, Any] = {}
         for module in self._stage_modules:
@@ -191,7 +191,9 @@ class PipelinedModel(nn.Module):
         output = self._broadcast_output(output)
         if padded != size:
             leaves, spec = tree_flatten(output)
-            leaves = [t[:size] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == padded else t for t in leaves]
+            leaves = [
+                t[:size] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == padded else t for t in leaves
+            ]
             output = tree_unflatten(leaves, spec)
         return output
 

@@ -71,14 +71,15 @@ def build_schedule(
     device: torch.device,
     loss_fn: Callable[[Any, Any], torch.Tensor],
 ) -> tuple[Any, list[Any]]:
-    """The schedule, and the ``PipelineStage`` s for ``parts`` (this rank's stages, in ``layout.local_stages`` order) and their schedule.
+    """The schedule and its ``PipelineStage`` s, one per part of ``parts`` (this rank's stages, in
+    ``layout.local_stages`` order).
 
     Gradients are not scaled by the schedule (``scale_grads=False``): ``loss_fn`` divides each
     micro-batch's loss instead, which keeps gradients accumulated over several steps intact.
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-    stages = [
+    stages: list[Any] = [
         PipelineStage(part, index, layout.num_stages, device, group=group.group)
         for part, index in zip(parts, layout.local_stages, strict=True)
     ]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from itertools import pairwise
 
 from torch import nn
 
@@ -72,9 +73,9 @@ def stage_boundaries(model: nn.Module, num_stages: int, split_points: Sequence[s
                 f"pp_split_points {unknown} are not units of {type(model).__name__}'s chain; name one of {units}."
             )
         starts = [0] + [units.index(p) for p in points] + [len(units)]
-        if any(a >= b for a, b in zip(starts, starts[1:], strict=False)):
+        if any(a >= b for a, b in pairwise(starts)):
             raise ValueError(f"pp_split_points {points} must be in chain order with each stage non-empty: {units}.")
-        return [units[a:b] for a, b in zip(starts, starts[1:], strict=False)]
+        return [units[a:b] for a, b in pairwise(starts)]
     start, stop = _block_span(model, units)
     blocks = stop - start
     if blocks < num_stages:
@@ -155,6 +156,8 @@ def split_model(
 
 def parameter_bytes(modules: Sequence[nn.Module]) -> int:
     """Bytes of the distinct parameters of ``modules`` (local pieces of DTensors; meta tensors count as 0)."""
+    from torch.distributed.tensor import DTensor
+
     seen: set[int] = set()
     total = 0
     for module in modules:
@@ -162,7 +165,7 @@ def parameter_bytes(modules: Sequence[nn.Module]) -> int:
             if id(param) in seen:
                 continue
             seen.add(id(param))
-            local = param.to_local() if hasattr(param, "to_local") else param
+            local = param.to_local() if isinstance(param, DTensor) else param
             if not local.is_meta:
                 total += local.numel() * local.element_size()
     return total

@@ -59,7 +59,9 @@ def prepare_model(model: nn.Module, context: StrategyContext, strategy: Strategy
     if context.dims.config.pp_enabled:
         from ..pipelining import prepare_pipeline
 
-        return prepare_pipeline(model, context, strategy, lambda stage: _chain(stage, context, strategy, device_placement))
+        return prepare_pipeline(
+            model, context, strategy, lambda stage: _chain(stage, context, strategy, device_placement)
+        )
     return _chain(model, context, strategy, device_placement)
 
 
