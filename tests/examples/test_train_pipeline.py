@@ -1,5 +1,5 @@
-"""examples/train_pipeline.py, unchanged, on every layout (`accel launch --cpu -n 2`): DDP, FSDP2, DeepSpeed
-ZeRO-2 and two pipeline stages (1F1B; GPipe with 4 micro-batches). Each run trains the counting task to a
+"""examples/train_pipeline.py, unchanged, on every layout (`accel launch --cpu -n 2`): DDP, FSDP2 and two
+pipeline stages (1F1B; GPipe with 4 micro-batches). Each run trains the counting task to a
 next-token accuracy >= 0.9 through `accelerator.forward_backward` and evaluates with `gather_for_metrics`
 (64 held-out sequences, each counted once)."""
 
@@ -18,7 +18,6 @@ ACCEL = Path(sys.executable).parent / "accel"
 LAYOUTS = {
     "ddp": [],
     "fsdp2": ["--use-fsdp"],
-    "deepspeed": ["--use-deepspeed", "--zero-stage", "2"],
     "pp2-1f1b": ["--pp-size", "2"],
     "pp2-gpipe-x4": ["--pp-size", "2", "--pp-schedule", "gpipe", "--pp-microbatches", "4"],
 }
@@ -28,8 +27,6 @@ LAYOUTS = {
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_the_same_forward_backward_script_trains_on_every_layout(layout: str) -> None:
-    if layout == "deepspeed":
-        pytest.importorskip("deepspeed")
     command = [
         str(ACCEL),
         "launch",
