@@ -8,7 +8,7 @@ process over the same batch (measured here on rank 0, while the other rank waits
 micro-batch the stages run one after the other (the whole bubble); more micro-batches overlap them.
 
     ACCEL_USE_CPU=true OMP_NUM_THREADS=1 uv run python -m torch.distributed.run --nproc_per_node 2 \
-        bench/pipeline_bench.py [--dim 256 --depth 8 --batch 16 --steps 6]
+        bench/pipeline_bench.py [--dim 128 --depth 8 --batch 16 --steps 4]
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ def timed_steps(step, steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args()
     data = token_data(args.batch)
     inputs, targets = data[:, :SEQ], data[:, 1:]
