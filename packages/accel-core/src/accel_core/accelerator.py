@@ -66,6 +66,7 @@ from .state import AcceleratorState, GradientState
 from .strategies import (
     BackwardSyncControl,
     OwnsOptimizerStep,
+    PlacesProcess,
     PreparedObjects,
     ProcessGroupSetup,
     Strategy,
@@ -176,7 +177,16 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         )
         if isinstance(self.strategy, ProcessGroupSetup):
             self.strategy.init_process_group(**init_kwargs)
-        self.state = AcceleratorState(mixed_precision=plan.mixed_precision, cpu=plan.cpu, **init_kwargs)
+        placement = self.strategy.process_placement() if isinstance(self.strategy, PlacesProcess) else None
+        self.state = AcceleratorState(
+            mixed_precision=plan.mixed_precision, cpu=plan.cpu, placement=placement, **init_kwargs
+        )
+        if placement is not None and self.state.device != placement.device:
+            raise ValueError(
+                f"The process state already exists on {self.state.device} (a PartialState made before this "
+                f"Accelerator), but the {self.strategy.name} strategy places this process on {placement.device}: "
+                "create the Accelerator first."
+            )
         self.parallel_dims: ParallelDims = make_dims(
             layout,
             self.state.device.type,
@@ -448,6 +458,8 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         if use_gather_object:
             data = ops.gather_object(input_data, group)
             return data[:keep] if keep is not None and isinstance(input_data, (list, tuple)) else data
+        if self.state.collectives is not None:  # the backend's collectives (XLA): no torch.distributed group
+            return _gather_samples(input_data, keep, group)
         # One agreement check for the whole structure, then the leaves move unchecked.
         if _only_tensors(input_data):
             # Small tensors travel with the check in one collective; larger ones after it.

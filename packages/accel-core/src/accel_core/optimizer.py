@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,11 +23,17 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     # Deliberately no super().__init__: this object shares the wrapped optimizer's state instead of
     # owning parameters. Subclassing keeps ``isinstance(opt, torch.optim.Optimizer)`` true for LR schedulers.
     def __init__(
-        self, optimizer: torch.optim.Optimizer, precision: Precision | None = None, device: torch.device | None = None
+        self,
+        optimizer: torch.optim.Optimizer,
+        precision: Precision | None = None,
+        device: torch.device | None = None,
+        reduce_gradients: Callable[[torch.optim.Optimizer], None] | None = None,
     ):
         self.optimizer = optimizer
         self.precision = precision or Precision()
         self.device = device
+        # The strategy's cross-process gradient reduction (``strategies.ReducesGradients``), run before a real step.
+        self.reduce_gradients = reduce_gradients
         self.gradient_state = GradientState()
         self._step_was_skipped = False
 
@@ -87,6 +94,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         micro-steps."""
         if not self.gradient_state.sync_gradients:
             return
+        if self.reduce_gradients is not None:
+            self.reduce_gradients(self.optimizer)
         kwargs = {} if closure is None else {"closure": closure}
         self._step_was_skipped = self.precision.optimizer_step(self.optimizer, **kwargs)
 

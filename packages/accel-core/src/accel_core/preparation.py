@@ -16,8 +16,9 @@ from . import plugins, transforms
 from .enums import SchedulerStepping
 from .optimizer import AcceleratedOptimizer
 from .optimizer_rebuild import ParameterNames
+from .optimizer_rebuild import parameter_ids as optimizer_parameter_ids
 from .scheduler import AcceleratedScheduler
-from .strategies import JointPreparation, PreparesOwnTypes, WrapsBeforeOptimizer
+from .strategies import BatchTransfer, JointPreparation, PreparesOwnTypes, ReducesGradients, WrapsBeforeOptimizer
 from .strategies.base import ConvertsOwnTypes
 
 if TYPE_CHECKING:
@@ -103,6 +104,8 @@ class Preparation:
         rebuilt: dict[int, torch.optim.Optimizer] = {}
         for i, obj in enumerate(objects):
             if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
+                if originals and not any(ids & optimizer_parameter_ids(obj) for ids, _ in originals):
+                    _check_same_device(obj, [model for _, model in originals])
                 if self._replaces_parameters(originals):
                     new = self._rebuild_for_wrapped_model(obj, originals)
                     rebuilt[id(obj)] = new
@@ -124,9 +127,9 @@ class Preparation:
     def _rebuild_for_wrapped_model(
         self, optimizer: torch.optim.Optimizer, originals: list[tuple[set[int], torch.nn.Module]]
     ) -> torch.optim.Optimizer:
-        from .optimizer_rebuild import parameter_ids, rebuild
+        from .optimizer_rebuild import rebuild
 
-        owned = parameter_ids(optimizer)
+        owned = optimizer_parameter_ids(optimizer)
         owners = [model for parameter_ids, model in originals if parameter_ids & owned]
         if not owners:
             # Built on a model prepared by an earlier prepare() call: already on the wrapped parameters.
@@ -162,7 +165,10 @@ class Preparation:
         """Wraps an optimizer so it only steps at accumulation boundaries, through the scaler if any."""
         if device_placement is None:
             device_placement = self.device_placement
-        prepared = AcceleratedOptimizer(optimizer, self.precision, self._context.device if device_placement else None)
+        reduce = self.strategy.reduce_gradients if isinstance(self.strategy, ReducesGradients) else None
+        prepared = AcceleratedOptimizer(
+            optimizer, self.precision, self._context.device if device_placement else None, reduce_gradients=reduce
+        )
         self.prepared.optimizers.append(prepared)
         return prepared
 
@@ -193,10 +199,30 @@ class Preparation:
         context-parallel peers read the same batches."""
         if device_placement is None:
             device_placement = self.device_placement
-        prepared = plugins.load("accel.preparers", "dataloader").prepare(data_loader, self, device_placement)
+        transfer = self.strategy if isinstance(self.strategy, BatchTransfer) else None
+        # A strategy with its own device loader moves the batches itself: the loader leaves them on the CPU.
+        preparer = plugins.load("accel.preparers", "dataloader")
+        prepared = preparer.prepare(data_loader, self, device_placement and transfer is None)
+        if transfer is not None and device_placement:
+            prepared = transfer.wrap_dataloader(prepared)
         self.prepared.dataloaders.append(prepared)
         return prepared
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader that starts ``num_batches`` in, without reading the skipped samples (for resuming)."""
         return plugins.load("accel.preparers", "dataloader").skip_first_batches(dataloader, num_batches)
+
+
+def _check_same_device(optimizer: torch.optim.Optimizer, models: list[torch.nn.Module]) -> None:
+    """The reference's error for an optimizer built on the model's parameters before the script moved the model to
+    another device (on XLA, moving creates new parameters: the optimizer would train nothing)."""
+    optimizer_device = next((p.device for group in optimizer.param_groups for p in group["params"]), None)
+    model_device = next((p.device for model in models for p in model.parameters()), None)
+    if optimizer_device is not None and model_device is not None and optimizer_device != model_device:
+        raise ValueError(
+            "The model and the optimizer parameters are not on the same device, which probably means you "
+            "created an optimizer around your model **before** putting on the device. Make sure the line "
+            "model.to(device) is before the optimizer creation in your script or remove it entirely and use "
+            "the flag default value for `device_placement` in your `Accelerator` to let it handle that "
+            "part for you."
+        )

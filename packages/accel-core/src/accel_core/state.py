@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from . import environment as env
 from .enums import DistributedType
+from .placement import Collectives, ProcessPlacement
 
 
 def _pick_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
@@ -75,9 +76,14 @@ class PartialState:
 
     _shared_state: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, cpu: bool = False, **init_process_group_kwargs: Any) -> None:
+    def __init__(
+        self, cpu: bool = False, placement: ProcessPlacement | None = None, **init_process_group_kwargs: Any
+    ) -> None:
         self.__dict__ = self._shared_state
         if self.initialized:
+            return
+        if placement is not None:
+            self._take_placement(placement, cpu)
             return
         self.world_size = env.get_int(env.WORLD_SIZE, 1) or 1
         self.rank = env.get_int(env.RANK, 0) or 0
@@ -94,6 +100,19 @@ class PartialState:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.fork_launched = False
+
+    def _take_placement(self, placement: ProcessPlacement, cpu: bool) -> None:
+        # The backend's runtime joined the processes already (its strategy's init_process_group).
+        self.world_size = placement.world_size
+        self.rank = placement.rank
+        self.local_rank = placement.local_rank
+        self.local_world_size = placement.local_world_size
+        self.cpu = bool(cpu)
+        self.debug = env.flag(env.DEBUG_MODE)
+        self.backend = placement.backend
+        self._shared_state["collectives"] = placement.collectives
+        self.fork_launched = False
+        self.device = placement.device  # last: `initialized` means complete
 
     def _init_process_group(self, kwargs: dict[str, Any]) -> None:
         if dist.is_initialized():
@@ -116,6 +135,12 @@ class PartialState:
         self.backend = backend
 
     # -- identity ---------------------------------------------------------------------------
+    @property
+    def collectives(self) -> Collectives | None:
+        """The backend's collectives when its runtime placed the process (``accel_core.placement``), else None:
+        ``accel_core.ops`` then uses torch.distributed."""
+        return self._shared_state.get("collectives")
+
     @property
     def initialized(self) -> bool:
         """Whether the process state has been set up in this process."""
@@ -168,7 +193,9 @@ class PartialState:
     # -- synchronisation --------------------------------------------------------------------
     def wait_for_everyone(self) -> None:
         """Blocks until every process reaches this line (a no-op on one process)."""
-        if self.use_distributed:
+        if self.collectives is not None:
+            self.collectives.barrier("accel.wait_for_everyone")
+        elif self.use_distributed:
             dist.barrier()
 
     @contextlib.contextmanager
@@ -346,8 +373,14 @@ class AcceleratorState(PartialState):
     Only plain values are shared: the strategy lives in its Accelerator, not in process state.
     """
 
-    def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **init_process_group_kwargs: Any) -> None:
-        super().__init__(cpu=cpu, **init_process_group_kwargs)
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        placement: ProcessPlacement | None = None,
+        **init_process_group_kwargs: Any,
+    ) -> None:
+        super().__init__(cpu=cpu, placement=placement, **init_process_group_kwargs)
         if "mixed_precision" not in self._shared_state or mixed_precision is not None:
             self.mixed_precision = mixed_precision or env.get_str(env.MIXED_PRECISION, "no")
 
