@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from accel_core.launch.extensions import OptionTable, bool_text, choice_text
+from accel_core.launch.extensions import OptionTable, choice_text
 
 PJRT_DEVICES = ("TPU", "CPU", "CUDA")
 
@@ -32,16 +32,14 @@ class XlaLaunchOptions(OptionTable):
         super().add_arguments(group)
         # Accelerate's spelling of --use-xla.
         group.add_argument("--tpu", dest="use_xla", action="store_true", default=None, help="same as --use-xla")
-        # A switch, as Accelerate's --downcast_bf16; an explicit value is accepted too.
+        # A switch, as Accelerate's --downcast_bf16 (the config file's `xla: downcast_bf16:` takes true / false).
         group.add_argument(
             "--downcast-bf16",
             "--downcast_bf16",
             dest="xla_downcast_bf16",
-            nargs="?",
+            action="store_const",
             const="true",
-            type=bool_text,
             default=None,
-            metavar="BOOL",
             help="with --mixed-precision bf16: store float32 tensors as bfloat16 on the device too",
         )
 
