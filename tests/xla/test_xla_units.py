@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from accel.commands import env as env_command
 from accel.commands.common import plan_from_namespace
 from accel.commands.launch import build_parser
