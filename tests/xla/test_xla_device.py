@@ -217,3 +217,20 @@ def test_precision_and_layout_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_selected_automatically_when_an_xla_device_is_configured() -> None:
     assert os.environ.get("PJRT_DEVICE")
     assert Accelerator().strategy.name == "xla"
+
+
+def test_torchrun_processes_join_the_xla_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Several replicas need a TPU (XLA's CPU device hangs in the first collective across processes), so this checks
+    # only what the strategy asks of torch.distributed when torchrun started several processes.
+    import torch.distributed as dist
+
+    joined: list[tuple[Any, ...]] = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    monkeypatch.setenv("ACCEL_XLA_DEVICE", "cpu")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda *args, **kwargs: joined.append((args, kwargs)))
+    XlaStrategy(downcast_bf16=False).init_process_group(timeout=None)
+    assert joined == [(("xla",), {"init_method": "xla://", "timeout": None})]
+    assert "xla" in dist.Backend.backend_list  # torch_xla.distributed.xla_backend registered it
+    assert os.environ["PJRT_DEVICE"] == "CPU"  # the config file's `xla: device:`
