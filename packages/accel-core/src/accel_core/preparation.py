@@ -144,7 +144,9 @@ class Preparation:
             return self.strategy.rebuild_optimizer(optimizer, owners[0], self._parameter_names)
         # Names as recorded before wrapping (DDP's "module." prefix is not part of them).
         model = self.strategy.unwrap_model(owners[0])
-        return rebuild(optimizer, model, self._parameter_names, announce=self._context.state.is_main_process)
+        # Moving to a device that makes new parameters (XLA) is the usual flow there, as in the reference: no warning.
+        announce = self._context.state.is_main_process and not _only_moved(optimizer, model)
+        return rebuild(optimizer, model, self._parameter_names, announce=announce)
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
@@ -211,6 +213,20 @@ class Preparation:
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader that starts ``num_batches`` in, without reading the skipped samples (for resuming)."""
         return plugins.load("accel.preparers", "dataloader").skip_first_batches(dataloader, num_batches)
+
+
+def _only_moved(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> bool:
+    """Whether the model's new parameters are plain tensors of the same sizes on another device (nothing sharded)."""
+    from .transforms.state_dict import has_dtensors
+
+    old = [p for group in optimizer.param_groups for p in group["params"]]
+    new = list(model.parameters())
+    return (
+        bool(old)
+        and not has_dtensors(model)
+        and sorted(p.numel() for p in old) == sorted(p.numel() for p in new)
+        and {p.device for p in old}.isdisjoint({p.device for p in new})
+    )
 
 
 def _check_same_device(optimizer: torch.optim.Optimizer, models: list[torch.nn.Module]) -> None:
