@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,6 +30,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.device = device
         self.gradient_state = GradientState()
         self._step_was_skipped = False
+        # Told of each real step (the Accelerator counts completed steps and takes periodic checkpoints).
+        self.on_step: Callable[[], None] | None = None
 
     @property
     def scaler(self) -> Any:
@@ -89,6 +92,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             return
         kwargs = {} if closure is None else {"closure": closure}
         self._step_was_skipped = self.precision.optimizer_step(self.optimizer, **kwargs)
+        if self.on_step is not None:
+            self.on_step()
 
     @property
     def step_was_skipped(self) -> bool:
@@ -108,7 +113,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             evaluate()
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        state = self.__dict__.copy()
+        state["on_step"] = None  # the Accelerator's, not part of the optimizer
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
