@@ -90,6 +90,8 @@ class Preparation:
             if isinstance(original, torch.nn.Module):
                 self.prepared.models.append(prepared)
             elif isinstance(original, torch.optim.Optimizer):
+                if isinstance(prepared, AcceleratedOptimizer):
+                    prepared.on_step = self._optimizer_stepped
                 self.prepared.optimizers.append(prepared)
             elif not isinstance(original, torch.utils.data.DataLoader):
                 self.prepared.schedulers.append(prepared)

@@ -58,14 +58,15 @@ class Resumption:
     load_state: Callable[..., str | None]
 
     def _setup_resumption(self, resume: str | None) -> None:
-        if resume is None and env.flag(env.AUTO_RESUME):
+        from_env = resume is None and env.flag(env.AUTO_RESUME)
+        if from_env:
             resume = "auto"
         if resume is not None and resume not in RESUME_MODES:
             raise ValueError(f"resume must be None or 'auto', got {resume!r}.")
         config = self.project_configuration
         wanted = "resume='auto'" if resume else "save_every_n_steps" if config.save_every_n_steps else None
         if wanted and not (config.automatic_checkpoint_naming and config.project_dir):
-            source = " (ACCEL_AUTO_RESUME / accel launch --auto-resume)" if resume else ""
+            source = f" ({env.AUTO_RESUME}=1, from accel launch --auto-resume)" if from_env else ""
             raise ValueError(
                 f"{wanted}{source} works with automatic checkpoints: pass Accelerator(project_config="
                 "ProjectConfiguration(project_dir='runs/exp', automatic_checkpoint_naming=True))."
