@@ -83,7 +83,8 @@ for epoch in range(loader.epoch, EPOCHS):
         if accelerator.sync_gradients:
             die_here("step")
             accelerator.log(
-                {"loss": loss.item(), "lr": scheduler.get_last_lr()[0], "epoch": epoch}, step=accelerator.completed_steps
+                {"loss": loss.item(), "lr": scheduler.get_last_lr()[0], "epoch": epoch},
+                step=accelerator.completed_steps,
             )
 
 accelerator.wait_for_everyone()

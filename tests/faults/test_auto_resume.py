@@ -38,7 +38,7 @@ def _launch(project: Path, plan: dict[str, list[object]] | None, restarts: int) 
     project.mkdir()
     # SIGKILL loses a process, not the page cache: fsync would only slow the 9 saves down.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCEL_CHECKPOINT_FSYNC": "0", "FAULT_PLAN": json.dumps(plan or {})}
-    command = _accel() + ["launch", "--cpu", "-n", "2", "--max-restarts", str(restarts), "--auto-resume"]
+    command = [*_accel(), "launch", "--cpu", "-n", "2", "--max-restarts", str(restarts), "--auto-resume"]
     return subprocess.run(
         [*command, str(SCRIPT), str(project)], env=env, capture_output=True, text=True, timeout=900, check=False
     )

@@ -26,7 +26,9 @@ def _config(project, every=None):
 
 def _run(project, *, stop_after=None, every=2, resume=None):
     """Trains (prepared in two calls, as some scripts do); ``stop_after`` steps abandon the run like a crash."""
-    accelerator = Accelerator(cpu=True, project_config=_config(project, every), gradient_accumulation_steps=2, resume=resume)
+    accelerator = Accelerator(
+        cpu=True, project_config=_config(project, every), gradient_accumulation_steps=2, resume=resume
+    )
     torch.manual_seed(0)
     data = torch.randn(16, 4, generator=torch.Generator().manual_seed(1))
     loader = DataLoader(TensorDataset(data, data.sum(1)), batch_size=2, shuffle=True)
@@ -123,7 +125,11 @@ def test_local_tracker_rewind_keeps_the_steps_up_to_the_checkpoint(tmp_path):
     resumed.log({"loss": 40.0}, step=4)
     resumed.finish()
     assert [(r["step"], r.get("loss")) for r in read_metrics(tmp_path / "run")] == [
-        (1, 1.0), (2, 2.0), (3, 3.0), (None, None), (4, 40.0)
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (None, None),
+        (4, 40.0),
     ]
     again = LocalTracker("run", tmp_path)
     again.rewind(None)  # a restart before any checkpoint: the stepped records start over
@@ -149,5 +155,9 @@ def test_tensorboard_rewind_purges_the_steps_after_the_checkpoint(tmp_path):
     accumulator = EventAccumulator(str(tmp_path / "run"))
     accumulator.Reload()
     assert [(e.step, e.value) for e in accumulator.Scalars("loss")] == [
-        (1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0)
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 40.0),
+        (5, 50.0),
     ]

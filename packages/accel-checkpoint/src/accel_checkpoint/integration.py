@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import access
 from .coordination import Coordinator
-from .fsio import fsync_wanted
 from .errors import CheckpointNotFoundError
+from .fsio import fsync_wanted
 from .layout import read_metadata
 from .legacy import legacy_counts
 from .load_state import load_state as _load_state

@@ -59,8 +59,8 @@ from .preparation import Preparation
 from .process_control import ProcessControl
 from .profiling import Profiling
 from .queries import SetupQueries
-from .resumption import Resumption
 from .random import synchronize_rng_states
+from .resumption import Resumption
 from .scheduler import AcceleratedScheduler
 from .services import Checkpointing, Tracking, normalize_log_with
 from .state import AcceleratorState, GradientState

@@ -447,7 +447,7 @@ class GradientState:
         if listener is None:
             self.__dict__["boundary_listener"] = None
         else:
-            self.__dict__["boundary_listener"] = weakref.WeakMethod(listener)  # pyright: ignore[reportArgumentType]  # a bound method
+            self.__dict__["boundary_listener"] = weakref.WeakMethod(listener)
 
     def batch_boundary(self, dataloader: Any) -> None:
         """Called by a prepared dataloader when the training loop asks it for the next batch.
