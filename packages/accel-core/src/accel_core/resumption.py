@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 RESUME_MODES = ("auto",)
 _NO_STEP = object()  # no optimizer step since the last boundary
 _UNKNOWN = object()  # the resume point was not looked up yet
-_COUNTED = ("models", "optimizers", "schedulers", "dataloaders", "custom_objects")
 
 
 class Resumption:
@@ -132,7 +131,15 @@ class Resumption:
         if not self._resume_pending:
             return
         point = self._find_resume_point()
-        if point is None or all(len(getattr(self.prepared, kind)) >= point.counts.get(kind, 0) for kind in _COUNTED):
+        prepared = self.prepared
+        have = {
+            "models": len(prepared.models),
+            "optimizers": len(prepared.optimizers),
+            "schedulers": len(prepared.schedulers),
+            "dataloaders": len(prepared.dataloaders),
+            "custom_objects": len(prepared.custom_objects),
+        }
+        if point is None or all(count >= point.counts.get(kind, 0) for kind, count in have.items()):
             self.resume_if_possible()
 
     def _rewind_trackers(self, last_step: int | None) -> None:
