@@ -36,6 +36,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.reduce_gradients = reduce_gradients
         self.gradient_state = GradientState()
         self._step_was_skipped = False
+        # Told of each real step (the Accelerator counts completed steps and takes periodic checkpoints).
+        self.on_step: Callable[[], None] | None = None
 
     @property
     def scaler(self) -> Any:
@@ -98,6 +100,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self.reduce_gradients(self.optimizer)
         kwargs = {} if closure is None else {"closure": closure}
         self._step_was_skipped = self.precision.optimizer_step(self.optimizer, **kwargs)
+        if self.on_step is not None:
+            self.on_step()
 
     @property
     def step_was_skipped(self) -> bool:
@@ -117,7 +121,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             evaluate()
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        state = self.__dict__.copy()
+        state["on_step"] = None  # the Accelerator's, not part of the optimizer
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

@@ -6,7 +6,7 @@ accel-checkpoint read); strategies return what they prepared and never register 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,6 +45,8 @@ class Preparation:
     parallel_dims: ParallelDims
     _context: StrategyContext
     _parameter_names: ParameterNames
+    _after_prepare: Callable[[], None]  # Resumption's: resume="auto" loads once everything is prepared again
+    _optimizer_stepped: Callable[[], None]  # Resumption's: counts optimizer steps
 
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
         """Prepares models, optimizers, schedulers and dataloaders; returns them in the order given.
@@ -79,6 +81,7 @@ class Preparation:
                 # Backend stand-ins (Megatron's dummy scheduler) become the torch objects they stand for.
                 result = [self.strategy.convert_object(obj) if own_types(obj) else obj for obj in result]
             result = self._prepare_separately(result, device_placement)
+        self._after_prepare()
         return result[0] if len(result) == 1 else tuple(result)
 
     def _register_joint(self, given: Sequence[Any], joint: Any) -> list[Any]:
@@ -88,6 +91,8 @@ class Preparation:
             if isinstance(original, torch.nn.Module):
                 self.prepared.models.append(prepared)
             elif isinstance(original, torch.optim.Optimizer):
+                if isinstance(prepared, AcceleratedOptimizer):
+                    prepared.on_step = self._optimizer_stepped
                 self.prepared.optimizers.append(prepared)
             elif not isinstance(original, torch.utils.data.DataLoader):
                 self.prepared.schedulers.append(prepared)
@@ -171,6 +176,7 @@ class Preparation:
         prepared = AcceleratedOptimizer(
             optimizer, self.precision, self._context.device if device_placement else None, reduce_gradients=reduce
         )
+        prepared.on_step = self._optimizer_stepped
         self.prepared.optimizers.append(prepared)
         return prepared
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from functools import partial, wraps
@@ -473,6 +474,26 @@ class GradientState:
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
+
+    def set_batch_boundary_listener(self, listener: Callable[[Any], None] | None) -> None:
+        """Who hears ``batch_boundary``: the newest Accelerator's (held weakly, so it does not keep it alive)."""
+        if listener is None:
+            self.__dict__["boundary_listener"] = None
+        else:
+            self.__dict__["boundary_listener"] = weakref.WeakMethod(listener)
+
+    def batch_boundary(self, dataloader: Any) -> None:
+        """Called by a prepared dataloader when the training loop asks it for the next batch.
+
+        Also called once an epoch has ended (after the epoch count moved on). The loop's previous
+        step is complete there (optimizer, scheduler, logging), and the loader's position counts
+        exactly the batches it consumed: the point where a periodic checkpoint is taken. Collective
+        when it saves: every process's loader reaches it at the same step.
+        """
+        reference = self.__dict__.get("boundary_listener")
+        listener = reference() if reference is not None else None
+        if listener is not None:
+            listener(dataloader)
 
     def _add_dataloader(self, dataloader: Any) -> None:
         self.active_dataloader = dataloader
