@@ -10,10 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
-# XLA's CPU device, one replica; set before torch_xla is first imported.
-os.environ.setdefault("PJRT_DEVICE", "CPU")
-
 HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
+
+# XLA's CPU device, one replica; set before torch_xla is first imported. Only in the XLA environment: in the
+# main one it would leak into every later test of the session and make them pick the xla strategy.
+if HAS_TORCH_XLA:
+    os.environ.setdefault("PJRT_DEVICE", "CPU")
 
 
 @pytest.fixture(autouse=True)

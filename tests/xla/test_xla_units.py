@@ -3,6 +3,7 @@ the layout and precision refusals, and core's dispatch to a backend's collective
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -54,9 +55,13 @@ def test_config_file_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert env["ACCEL_XLA_DEVICE"] == "TPU" and env["ACCEL_XLA_DOWNCAST_BF16"] == "true"
 
 
-def test_xla_is_chosen_when_an_xla_device_is_configured() -> None:
-    assert resolve_plan(world_size=1, environ={"PJRT_DEVICE": "TPU"}).strategy == "xla"
-    assert resolve_plan(world_size=4, environ={"PJRT_DEVICE": "TPU"}).strategy == "xla"
+def test_xla_is_chosen_when_an_xla_device_is_configured_and_torch_xla_installed() -> None:
+    # In the main environment (no torch-xla) a stray PJRT_DEVICE must not select a strategy that cannot run.
+    expected = "xla" if importlib.util.find_spec("torch_xla") is not None else "single_device"
+    assert resolve_plan(world_size=1, environ={"PJRT_DEVICE": "TPU"}).strategy == expected
+    assert resolve_plan(world_size=4, environ={"PJRT_DEVICE": "TPU"}).strategy == (
+        "xla" if expected == "xla" else "ddp"
+    )
     assert resolve_plan(world_size=1, environ={"PJRT_DEVICE": "TPU", "ACCEL_USE_CPU": "true"}).strategy != "xla"
     assert resolve_plan(world_size=1, environ={}).strategy == "single_device"
     assert resolve_plan(world_size=2, environ={"PJRT_DEVICE": "TPU", "ACCEL_STRATEGY": "ddp"}).strategy == "ddp"

@@ -6,6 +6,7 @@ Precedence for every setting: the Accelerator's argument > the ``ACCEL_*`` envir
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -127,8 +128,11 @@ def resolve_plan(
 
 def _xla_configured(environ: Mapping[str, str]) -> bool:
     """An XLA device is configured (torch-xla's ``PJRT_DEVICE``) and a strategy named ``xla`` is installed (accel-xla):
-    then it is the default, as Accelerate picks XLA when torch-xla is there. ``--cpu`` keeps the CPU."""
+    then it is the default, as Accelerate picks XLA when torch-xla is there. ``--cpu`` keeps the CPU. Without
+    torch-xla itself installed, a stray ``PJRT_DEVICE`` does not turn a CPU/GPU run into an ImportError."""
     if not environ.get("PJRT_DEVICE") or env.flag(env.USE_CPU, False, environ):
+        return False
+    if importlib.util.find_spec("torch_xla") is None:
         return False
     from ..plugins import available
 
