@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -10,13 +10,17 @@ from .ops import send_to_device
 from .precision import Precision
 from .state import GradientState
 
+if TYPE_CHECKING:
+    from .nonfinite import NonFiniteGuard
+
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
     """Wraps a user's optimizer so the same loop works with and without accumulation or fp16.
 
     ``step()`` and ``zero_grad()`` do nothing on accumulation micro-steps (when
     ``accelerator.sync_gradients`` is False). With fp16 the step goes through the GradScaler and
-    ``step_was_skipped`` tells whether inf/nan gradients made it skip.
+    ``step_was_skipped`` tells whether inf/nan gradients made it skip. ``guard``: the
+    Accelerator's ``NonFiniteGuard`` (``skip_nonfinite=True``), asked before each real step.
     """
 
     # Deliberately no super().__init__: this object shares the wrapped optimizer's state instead of
@@ -29,6 +33,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.device = device
         self.gradient_state = GradientState()
         self._step_was_skipped = False
+        self.guard: NonFiniteGuard | None = None
 
     @property
     def scaler(self) -> Any:
@@ -80,6 +85,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Zeroes the gradients, except on accumulation micro-steps (gradients keep adding up until the boundary)."""
         if self.gradient_state.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
+            if self.guard is not None:
+                self.guard.boundary_passed()
 
     # Returns None, as the reference's wrapper does, not the closure's loss.
     def step(self, closure: Any = None) -> None:  # pyright: ignore[reportIncompatibleMethodOverride]
@@ -87,12 +94,17 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         micro-steps."""
         if not self.gradient_state.sync_gradients:
             return
+        if self.guard is not None and self.guard.should_skip():
+            self.precision.skip_step(self.optimizer)
+            self._step_was_skipped = True
+            return
         kwargs = {} if closure is None else {"closure": closure}
         self._step_was_skipped = self.precision.optimizer_step(self.optimizer, **kwargs)
 
     @property
     def step_was_skipped(self) -> bool:
-        """Whether the last real step was skipped because of inf/nan gradients (fp16)."""
+        """Whether the last real step was skipped: inf/nan gradients (fp16), or a non-finite loss or gradient
+        on any process (``skip_nonfinite``)."""
         return self._step_was_skipped
 
     def train(self) -> None:
