@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,14 +27,22 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     # Deliberately no super().__init__: this object shares the wrapped optimizer's state instead of
     # owning parameters. Subclassing keeps ``isinstance(opt, torch.optim.Optimizer)`` true for LR schedulers.
     def __init__(
-        self, optimizer: torch.optim.Optimizer, precision: Precision | None = None, device: torch.device | None = None
+        self,
+        optimizer: torch.optim.Optimizer,
+        precision: Precision | None = None,
+        device: torch.device | None = None,
+        reduce_gradients: Callable[[torch.optim.Optimizer], None] | None = None,
     ):
         self.optimizer = optimizer
         self.precision = precision or Precision()
         self.device = device
+        # The strategy's cross-process gradient reduction (``strategies.ReducesGradients``), run before a real step.
+        self.reduce_gradients = reduce_gradients
         self.gradient_state = GradientState()
         self._step_was_skipped = False
         self.guard: NonFiniteGuard | None = None
+        # Told of each real step (the Accelerator counts completed steps and takes periodic checkpoints).
+        self.on_step: Callable[[], None] | None = None
 
     @property
     def scaler(self) -> Any:
@@ -94,12 +103,17 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         micro-steps."""
         if not self.gradient_state.sync_gradients:
             return
+        if self.reduce_gradients is not None:
+            self.reduce_gradients(self.optimizer)
         if self.guard is not None and self.guard.should_skip():
+            # A skipped step still ends its accumulation window, as an fp16 skip does (on_step below).
             self.precision.skip_step(self.optimizer)
             self._step_was_skipped = True
-            return
-        kwargs = {} if closure is None else {"closure": closure}
-        self._step_was_skipped = self.precision.optimizer_step(self.optimizer, **kwargs)
+        else:
+            kwargs = {} if closure is None else {"closure": closure}
+            self._step_was_skipped = self.precision.optimizer_step(self.optimizer, **kwargs)
+        if self.on_step is not None:
+            self.on_step()
 
     @property
     def step_was_skipped(self) -> bool:
@@ -120,7 +134,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             evaluate()
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        state = self.__dict__.copy()
+        state["on_step"] = None  # the Accelerator's, not part of the optimizer
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

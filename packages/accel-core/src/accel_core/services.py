@@ -65,6 +65,8 @@ class Tracking:
     trackers: list[Any]
     wait_for_checkpoint: Callable[[], str | None]  # Checkpointing's, on the same Accelerator
     _nonfinite_guard: NonFiniteGuard | None
+    _last_logged_step: int | None  # Resumption's: saved with checkpoints, where a resumed run's trackers rewind to
+    _apply_tracker_rewind: Callable[[], None]  # Resumption's
 
     @property
     def logging_dir(self) -> str | None:
@@ -114,6 +116,7 @@ class Tracking:
             if config is not None:
                 tracker.store_init_configuration(config)
             self.trackers.append(tracker)
+        self._apply_tracker_rewind()  # a resumed run continues the checkpoint's run
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The tracker called ``name`` (its raw library object with ``unwrap=True``)."""
@@ -132,6 +135,9 @@ class Tracking:
         """
         if self._nonfinite_guard is not None:
             values = {**values, **self._nonfinite_guard.unlogged()}
+        if step is not None:
+            last = self._last_logged_step
+            self._last_logged_step = int(step) if last is None else max(last, int(step))
         if not self.state.is_main_process:
             return
         log_kwargs = log_kwargs or {}
@@ -158,6 +164,7 @@ class Checkpointing:
     prepared: PreparedObjects
     _save_model_state_pre_hook: OrderedDict[int, Callable[..., None]]
     _load_model_state_pre_hook: OrderedDict[int, Callable[..., None]]
+    _after_prepare: Callable[[], None]  # Resumption's
 
     @property
     def project_dir(self) -> str | None:
@@ -228,6 +235,7 @@ class Checkpointing:
                 + listed
             )
         self.prepared.custom_objects.extend(objects)
+        self._after_prepare()
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
         """``torch.save`` once per machine (or on the main process only, unless ``save_on_each_node``)."""
