@@ -50,6 +50,7 @@ from .configuration import (
 from .enums import DistributedType, SchedulerStepping
 from .fp8_recipes import fp8_recipe_handler
 from .mesh import ParallelDims, make_dims
+from .nonfinite import NonFiniteGuard
 from .optimizer import AcceleratedOptimizer
 from .optimizer_rebuild import ParameterNames
 from .parallel import Parallelism
@@ -94,7 +95,10 @@ class Accelerator(
     ``accel_core.scheduler``). ``gradient_accumulation_steps``, ``mixed_precision``,
     ``scheduler_stepping`` and the sizes of ``parallelism_config`` default to the ``ACCEL_*``
     environment that ``accel launch`` writes, then to 1, ``"no"``, ``"per_process"`` and all
-    processes data-parallel. ``deepspeed_plugins`` takes one plugin, or a dict naming one (accel
+    processes data-parallel. ``skip_nonfinite=True`` (or ``ACCEL_SKIP_NONFINITE=1``) skips the
+    optimizer and scheduler step on every process when any process's loss or any gradient is not
+    finite, counting the skips in ``nonfinite_skips`` (``accel_core.nonfinite``).
+    ``deepspeed_plugins`` takes one plugin, or a dict naming one (accel
     runs one DeepSpeed configuration per Accelerator).
 
     ``resume="auto"`` (accel's; default from ``ACCEL_AUTO_RESUME``, which ``accel launch
@@ -135,6 +139,7 @@ class Accelerator(
         deepspeed_plugins: Any = None,
         scheduler_stepping: str | SchedulerStepping | None = None,
         resume: str | None = None,
+        skip_nonfinite: bool | None = None,
     ) -> None:
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None and self.project_configuration.project_dir is None:
@@ -230,6 +235,7 @@ class Accelerator(
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.scheduler_stepping = SchedulerStepping(plan.scheduler_stepping)
         self._parameter_names = ParameterNames()
+        self._nonfinite_guard = self._make_nonfinite_guard(skip_nonfinite)
         self._context = StrategyContext(
             device=self.state.device,
             state=self.state,
@@ -258,6 +264,20 @@ class Accelerator(
         self._save_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
         self._load_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
         self._setup_resumption(resume)
+
+    def _make_nonfinite_guard(self, skip_nonfinite: bool | None) -> NonFiniteGuard | None:
+        if skip_nonfinite is None:
+            skip_nonfinite = env.flag("ACCEL_SKIP_NONFINITE")
+        if not skip_nonfinite:
+            return None
+        if isinstance(self.strategy, OwnsOptimizerStep) and self.strategy.owns_optimizer_step():
+            raise ValueError(
+                f"skip_nonfinite=True needs accel to step the optimizer, but the {self.strategy.name} strategy steps "
+                "it itself (its own loss scaler skips inf/NaN steps): leave skip_nonfinite off."
+            )
+        return NonFiniteGuard(
+            self.prepared.optimizers, self.state.device, check_gradients=self.precision.scaler is None
+        )
 
     def _make_precision(self, name: str) -> Precision:
         if name not in self.strategy.supported_precisions:
@@ -373,6 +393,11 @@ class Accelerator(
         self.gradient_state.num_steps = value
 
     @property
+    def nonfinite_skips(self) -> int:
+        """How many optimizer steps ``skip_nonfinite`` skipped (0 when it is off)."""
+        return 0 if self._nonfinite_guard is None else self._nonfinite_guard.skips
+
+    @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped (fp16 inf/nan gradients): do not change the LR then."""
         return any(opt.step_was_skipped for opt in self._optimizers)
@@ -383,6 +408,8 @@ class Accelerator(
         owns_step = isinstance(self.strategy, OwnsOptimizerStep) and self.strategy.owns_optimizer_step()
         if not owns_step and self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
+        if self._nonfinite_guard is not None:
+            self._nonfinite_guard.observe_loss(loss)
         self.strategy.backward(self.precision.scale_loss(loss), **kwargs)
 
     def _do_sync(self) -> None:
