@@ -119,7 +119,7 @@ def _launch_two_machines(cli, port: int) -> tuple[list[int | None], list[tuple[s
     }
     try:
         outputs = [machines[0].communicate(timeout=240)]
-        if "EADDRINUSE" in outputs[0][1]:
+        if "EADDRINUSE" in outputs[0][1] or "already in use" in outputs[0][1]:
             machines[1].kill()  # machine 0 never listened: do not wait for machine 1 to give up
         outputs.append(machines[1].communicate(timeout=240))
     finally:
@@ -138,7 +138,7 @@ def test_two_machines_meet_through_the_static_rendezvous(cli) -> None:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         codes, outputs = _launch_two_machines(cli, port)
-        if "EADDRINUSE" not in outputs[0][1]:
+        if "EADDRINUSE" not in outputs[0][1] and "already in use" not in outputs[0][1]:
             break
     machines = dict(zip((0, 1), codes, strict=True))
     assert machines == {0: 0, 1: 0}, outputs

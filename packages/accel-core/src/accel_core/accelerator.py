@@ -62,7 +62,7 @@ from .queries import SetupQueries
 from .random import synchronize_rng_states
 from .scheduler import AcceleratedScheduler
 from .services import Checkpointing, Tracking, normalize_log_with
-from .state import AcceleratorState, GradientState
+from .state import AcceleratorState, GradientState, collective_timeout
 from .strategies import (
     BackwardSyncControl,
     OwnsOptimizerStep,
@@ -175,6 +175,8 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
             self.handlers[InitProcessGroupKwargs].to_kwargs() if InitProcessGroupKwargs in self.handlers else {}
         )
         if isinstance(self.strategy, ProcessGroupSetup):
+            if os.environ.get(env.COLLECTIVE_TIMEOUT):  # `accel launch --collective-timeout` reaches a backend's group too
+                init_kwargs["timeout"] = collective_timeout(init_kwargs.get("timeout"))
             self.strategy.init_process_group(**init_kwargs)
         self.state = AcceleratorState(mixed_precision=plan.mixed_precision, cpu=plan.cpu, **init_kwargs)
         self.parallel_dims: ParallelDims = make_dims(
