@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from . import cluster_env
 from . import environment as env
 from . import ops, plugins
 from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
@@ -143,6 +144,7 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
                 f"{type(strategy).__name__}: subclass accel_core.strategies.Strategy."
             )
         strategy_name = strategy.name if isinstance(strategy, Strategy) else strategy
+        cluster_env.adopt()  # started by srun / mpirun / a PyTorchJob: their variables as torchrun's
         world_size = env.get_int(env.WORLD_SIZE, 1) or 1
         plan = resolve_plan(
             world_size=world_size,

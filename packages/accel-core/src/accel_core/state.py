@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from . import cluster_env
 from . import environment as env
 from .enums import DistributedType
 
@@ -95,6 +96,7 @@ class PartialState:
         self.__dict__ = self._shared_state
         if self.initialized:
             return
+        cluster_env.adopt()  # started by srun / mpirun / a PyTorchJob: their variables as torchrun's
         self.world_size = env.get_int(env.WORLD_SIZE, 1) or 1
         self.rank = env.get_int(env.RANK, 0) or 0
         self.local_rank = env.get_int(env.LOCAL_RANK, 0) or 0
