@@ -130,7 +130,9 @@ def test_a_port_in_use_is_one_clear_line(cli) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         start = time.monotonic()
-        result = cli.run("launch", "--cpu", "-n", "2", "--main-process-port", str(port), str(cli.scripts / "report_rank.py"))
+        result = cli.run(
+            "launch", "--cpu", "-n", "2", "--main-process-port", str(port), str(cli.scripts / "report_rank.py")
+        )
     assert result.returncode == 2, cli.describe(result)
     assert result.stderr.strip().splitlines() == [
         f"accel launch: error: --main-process-port {port} is already in use on this machine (another job, or one "

@@ -111,7 +111,14 @@ def _launch_sleepers(cli, tmp_path: Path, nproc: int) -> tuple[subprocess.Popen[
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("nproc", "sig"),
-    [(1, signal.SIGINT), (1, signal.SIGTERM), (1, signal.SIGKILL), (2, signal.SIGINT), (2, signal.SIGTERM), (2, signal.SIGKILL)],
+    [
+        (1, signal.SIGINT),
+        (1, signal.SIGTERM),
+        (1, signal.SIGKILL),
+        (2, signal.SIGINT),
+        (2, signal.SIGTERM),
+        (2, signal.SIGKILL),
+    ],
     ids=["1-SIGINT", "1-SIGTERM", "1-SIGKILL", "2-SIGINT", "2-SIGTERM", "2-SIGKILL"],
 )
 def test_a_signal_to_the_launcher_leaves_no_worker(cli, tmp_path: Path, nproc: int, sig: signal.Signals) -> None:

@@ -33,9 +33,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from . import cluster_env
+from . import cluster_env, ops, plugins
 from . import environment as env
-from . import ops, plugins
 from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
 from .collective_check import check_agreement, checked_small_gather
 from .configuration import (
@@ -177,7 +176,7 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
             self.handlers[InitProcessGroupKwargs].to_kwargs() if InitProcessGroupKwargs in self.handlers else {}
         )
         if isinstance(self.strategy, ProcessGroupSetup):
-            if os.environ.get(env.COLLECTIVE_TIMEOUT):  # `accel launch --collective-timeout` reaches a backend's group too
+            if os.environ.get(env.COLLECTIVE_TIMEOUT):  # --collective-timeout reaches a backend's own group too
                 init_kwargs["timeout"] = collective_timeout(init_kwargs.get("timeout"))
             self.strategy.init_process_group(**init_kwargs)
         self.state = AcceleratorState(mixed_precision=plan.mixed_precision, cpu=plan.cpu, **init_kwargs)

@@ -84,7 +84,9 @@ def from_slurm(environ: Mapping[str, str]) -> ClusterEnv | None:
     if world is None or rank is None:
         return None
     local = _int(environ, "SLURM_LOCALID") or 0
-    per_node = expand_tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", ""))
+    per_node = expand_tasks_per_node(
+        environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", "")
+    )
     node = _int(environ, "SLURM_NODEID") or 0
     local_world = per_node[node] if node < len(per_node) else world
     address = environ.get("MASTER_ADDR")
@@ -124,7 +126,7 @@ def from_openmpi(environ: Mapping[str, str]) -> ClusterEnv | None:
 
 
 def from_mpich(environ: Mapping[str, str]) -> ClusterEnv | None:
-    """A rank of MPICH / Intel MPI's Hydra ``mpirun`` / ``mpiexec`` (``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``)."""
+    """A rank of MPICH / Intel MPI's Hydra ``mpiexec`` (``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``)."""
     return _mpi(environ, "MPICH", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 
 

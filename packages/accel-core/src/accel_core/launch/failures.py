@@ -144,7 +144,8 @@ class JobFailedError(RuntimeError):
             never = f"rank(s) {', '.join(map(str, waiting))}, still running when it gave up," if waiting else "a rank"
             lines.append(
                 f"Rank {root.rank} timed out waiting in a collective: {never} never joined it (a hang, or a "
-                "collective only some ranks call). The wait is --collective-timeout / InitProcessGroupKwargs(timeout=...)."
+                "collective only some ranks call). The wait is --collective-timeout / "
+                "InitProcessGroupKwargs(timeout=...)."
             )
         return "\n".join(lines)
 

@@ -67,7 +67,9 @@ def direct_command(target: LaunchTarget) -> list[str]:
 
 
 # Signals a launcher passes on to its one child; SIGKILL cannot be caught (the child's parent-death signal covers it).
-_FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name))
+_FORWARDED = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+)
 
 
 def run_direct(plan: LaunchPlan, target: LaunchTarget) -> int:
