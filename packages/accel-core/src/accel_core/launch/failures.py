@@ -7,16 +7,18 @@ the root cause, the earliest failure, and formats it. No torch import at module 
 
 When each rank failed: a worker started by ``accel launch`` records the time it raised or called
 ``sys.exit`` with a non-zero code (``runner.record_error``, to the microsecond). A worker killed by a
-signal records nothing; the agent saw it dead within one monitor interval before its
-``ProcessFailure.timestamp`` (whole seconds), which bounds when it died from below. A recorded
-failure goes first only when it is certainly earlier than that bound, so a rank that raised because
-an out-of-memory-killed peer vanished a moment before is never blamed for it.
+signal records nothing; it died after the launcher last saw it running (``ChildExitWatch``), or,
+without that watch, after the agent's previous look, one monitor interval before its
+``ProcessFailure.timestamp`` (whole seconds). A recorded failure goes first only when it is
+certainly earlier than that bound, so a rank that raised because an out-of-memory-killed peer
+vanished a moment before is not blamed for it, however late a loaded machine let the launcher look.
 """
 
 from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,7 @@ class RankFailure:
     traceback: str | None  # the Python traceback it recorded, if it raised (or called sys.exit with a code)
     failed_at: float | None = None  # the precise time accel's runner recorded the failure, if it did
     order: int = 0  # position in the agent's report (it reports the failures it saw first first)
+    alive_at: float | None = None  # the last time the launcher saw it running (``ChildExitWatch``), if known
 
     @property
     def signal_name(self) -> str | None:
@@ -95,7 +98,9 @@ class JobFailedError(RuntimeError):
                 return f.failed_at
             if f.traceback is not None:
                 return float(f.timestamp)  # recorded by torch's own `record`: the second it raised
-            return f.timestamp - slack  # a signal or a bare exit: the earliest it can have happened
+            if f.alive_at is not None:
+                return f.alive_at  # a signal or a bare exit: it happened after the launcher last saw it running
+            return f.timestamp - slack  # ... or after the agent's previous look, a monitor interval before
 
         # Root cause: a worker that failed by itself before one the launcher stopped; then the
         # earliest failure; then the order the agent saw them in; then the lowest rank.
@@ -157,6 +162,7 @@ class JobFailedError(RuntimeError):
         restarts: int = 0,
         monitor_interval: float | None = None,
         tracebacks_printed: bool = False,
+        alive_at: Mapping[int, float] | None = None,
     ) -> JobFailedError:
         """Builds the error from torch's ``ChildFailedError`` (``error.failures``: global rank -> ProcessFailure).
 
@@ -164,7 +170,7 @@ class JobFailedError(RuntimeError):
             then names the error and where it was raised instead of repeating the traceback.
         """
         return cls(
-            rank_failures_of(error),
+            rank_failures_of(error, alive_at),
             world_size=world_size,
             restarts=restarts,
             monitor_interval=monitor_interval,
@@ -172,8 +178,12 @@ class JobFailedError(RuntimeError):
         )
 
 
-def rank_failures_of(error: Any) -> list[RankFailure]:
-    """The ``RankFailure`` of each worker in torch's ``ChildFailedError``."""
+def rank_failures_of(error: Any, alive_at: Mapping[int, float] | None = None) -> list[RankFailure]:
+    """The ``RankFailure`` of each worker in torch's ``ChildFailedError``.
+
+    alive_at: pid -> the last time the launcher saw that worker running (``ChildExitWatch.alive_at``).
+    """
+    alive_at = alive_at or {}
     return [
         RankFailure(
             rank=int(rank),
@@ -184,6 +194,7 @@ def rank_failures_of(error: Any) -> list[RankFailure]:
             traceback=_traceback_of(failure),
             failed_at=_failed_at(failure),
             order=order,
+            alive_at=alive_at.get(int(failure.pid)),
         )
         for order, (rank, failure) in enumerate(error.failures.items())
     ]
@@ -206,9 +217,14 @@ def _failed_at(failure: Any) -> float | None:
 _COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms|collective operation timeout|DistTimeoutError", re.I)
 
 
+_TORCH_PATHS = ("/torch/", "\\torch\\")
+
+
 def _last_frame(traceback: str) -> str:
     """``file:line in function: code`` of the innermost frame of a formatted traceback, or ``""``."""
     frames = re.findall(r'^\s*File "([^"]+)", line (\d+), in (.+)\n(?:\s{4,}(\S.*)$)?', traceback, re.M)
+    # The innermost frame outside torch: where the script (or accel) called into it.
+    frames = [f for f in frames if not any(part in f[0] for part in _TORCH_PATHS)] or frames
     if not frames:
         return ""
     path, line, function, code = frames[-1]

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 
+from .exit_watch import ChildExitWatch
 from .failures import JobFailedError
 from .lifeline import LAUNCHER_PID, preexec_die_with_parent
 from .plan import LaunchPlan, LaunchTarget, torchrun_argv
@@ -167,8 +168,10 @@ def run_torchrun(plan: LaunchPlan, target: LaunchTarget) -> int:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import parse_args, run
 
+        watch = ChildExitWatch()
         try:
-            run(parse_args(argv))
+            with watch:
+                run(parse_args(argv))
         except ChildFailedError as error:
             raise JobFailedError.from_child_failed(
                 error,
@@ -176,6 +179,7 @@ def run_torchrun(plan: LaunchPlan, target: LaunchTarget) -> int:
                 restarts=plan.max_restarts,
                 monitor_interval=plan.monitor_interval,
                 tracebacks_printed=True,
+                alive_at=watch.alive_at,
             ) from None
         except SignalException as error:
             # Ctrl-C or a scheduler's SIGTERM: the agent stopped the workers; report like a shell.
