@@ -84,7 +84,7 @@ def test_the_first_failing_rank_is_named_when_its_peer_then_fails_in_a_collectiv
 ) -> None:
     # Rank 0 waits in a gloo barrier: rank 1's death makes it raise "Connection closed by peer" a moment later.
     loop = subprocess.run(
-        [sys.executable, str(SCRIPTS / "first_failure_loop.py"), mode, "collective", "2"],
+        [sys.executable, str(SCRIPTS / "first_failure_loop.py"), mode, "collective", "5"],
         env=cli.env(OMP_NUM_THREADS="1"),
         capture_output=True,
         text=True,
@@ -92,7 +92,7 @@ def test_the_first_failing_rank_is_named_when_its_peer_then_fails_in_a_collectiv
     )
     assert loop.returncode == 0, cli.describe(loop)
     runs = json.loads(loop.stdout.splitlines()[-1])
-    assert [(run["rank"], run["exit_code"]) for run in runs] == [(1, exit_code)] * 2, runs
+    assert [(run["rank"], run["exit_code"]) for run in runs] == [(1, exit_code)] * 5, runs
 
 
 def _launch_sleepers(cli, tmp_path: Path, nproc: int) -> tuple[subprocess.Popen[str], list[int]]:
