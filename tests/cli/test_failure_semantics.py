@@ -187,3 +187,28 @@ def test_each_launchers_variables_give_the_processs_place() -> None:
         "MASTER_ADDR": "gpu07",
     }
     assert cluster_env.adopt({}) is None
+
+
+def test_the_launchers_last_look_bounds_a_signal_death_however_late_the_agent_looked() -> None:
+    # The agent saw rank 1 dead only in second 105 (a loaded machine); the launcher's watch saw it running at 100.20.
+    # Rank 0 raised at 100.25 because rank 1 vanished: rank 1 is the cause.
+    late = RankFailure(1, 1, -signal.SIGKILL.value, 1001, 105, None, None, 1, alive_at=100.20)
+    raised = _failure(0, 1, timestamp=100, traceback=GLOO_CLOSED, failed_at=100.25, order=0)
+    assert JobFailedError([raised, late]).root.rank == 1
+    # Without the watch, the agent's late timestamp would have put rank 0 first.
+    assert JobFailedError([raised, _failure(1, -signal.SIGKILL.value, timestamp=105, order=1)]).root.rank == 0
+
+
+def test_the_exit_watch_sees_a_killed_child_stop_running() -> None:
+    import subprocess
+
+    from accel_core.launch.exit_watch import ChildExitWatch
+
+    with ChildExitWatch(rescan=0.05) as watch:
+        child = subprocess.Popen(["sleep", "30"])
+        time.sleep(0.5)
+        killed_at = time.time()
+        child.kill()
+        child.wait()
+        time.sleep(0.1)
+    assert killed_at - 0.5 < watch.alive_at[child.pid] <= killed_at
