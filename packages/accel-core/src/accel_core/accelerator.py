@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from . import cluster_env, ops, plugins
 from . import environment as env
-from . import ops, plugins
 from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
 from .collective_check import check_agreement, checked_small_gather
 from .configuration import (
@@ -64,7 +64,7 @@ from .random import synchronize_rng_states
 from .resumption import Resumption
 from .scheduler import AcceleratedScheduler
 from .services import Checkpointing, Tracking, normalize_log_with
-from .state import AcceleratorState, GradientState
+from .state import AcceleratorState, GradientState, collective_timeout
 from .strategies import (
     BackwardSyncControl,
     OwnsOptimizerStep,
@@ -158,6 +158,7 @@ class Accelerator(
                 f"{type(strategy).__name__}: subclass accel_core.strategies.Strategy."
             )
         strategy_name = strategy.name if isinstance(strategy, Strategy) else strategy
+        cluster_env.adopt()  # started by srun / mpirun / a PyTorchJob: their variables as torchrun's
         world_size = env.get_int(env.WORLD_SIZE, 1) or 1
         plan = resolve_plan(
             world_size=world_size,
@@ -190,6 +191,8 @@ class Accelerator(
             self.handlers[InitProcessGroupKwargs].to_kwargs() if InitProcessGroupKwargs in self.handlers else {}
         )
         if isinstance(self.strategy, ProcessGroupSetup):
+            if os.environ.get(env.COLLECTIVE_TIMEOUT):  # --collective-timeout reaches a backend's own group too
+                init_kwargs["timeout"] = collective_timeout(init_kwargs.get("timeout"))
             self.strategy.init_process_group(**init_kwargs)
         placement = self.strategy.process_placement() if isinstance(self.strategy, PlacesProcess) else None
         self.state = AcceleratorState(

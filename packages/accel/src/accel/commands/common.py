@@ -63,6 +63,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     training.add_argument("--strategy", metavar="NAME", help=helps["strategy"])
     _add(training, dest="scheduler_stepping", choices=SchedulerStepping.list(), help=helps["scheduler_stepping"])
     training.add_argument("--debug", action=argparse.BooleanOptionalAction, default=None, help=helps["debug"])
+    _add(training, dest="collective_timeout", type=float, metavar="SECONDS", help=helps["collective_timeout"])
     mesh = parser.add_argument_group(
         "parallelism (the job's device mesh; unset sizes are 1, the data-parallel one fills the rest)"
     )
