@@ -3,7 +3,10 @@
 Usage: ``restartable_train.py <project_dir>``. ``FAULT_PLAN`` (JSON, optional) maps an attempt
 (``TORCHELASTIC_RESTART_COUNT``) to ``[rank, step, where]``: that rank SIGKILLs itself at that
 optimizer step, ``where`` being ``"step"`` (right after the optimizer step, before it is logged)
-or ``"save"`` (inside the periodic save of that step, once its hidden folder exists).
+or ``"save"`` (inside the periodic save of that step, once its hidden folder exists); with
+``"sigterm"`` that rank sends itself SIGTERM there, with ``"sigterm-launcher"`` it sends SIGTERM to
+its launcher (a cluster's preemption notice), and ``CHECKPOINT_ON_SIGTERM=1`` turns on the emergency
+checkpoint.
 
 Writes ``<project_dir>/final.safetensors`` (rank 0) and one line per attempt and rank to
 ``<project_dir>/attempts.jsonl``. The script itself has the three lines of auto-resume and no
@@ -32,7 +35,11 @@ attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 plan = json.loads(os.environ.get("FAULT_PLAN", "{}")).get(str(attempt))
 
 config = ProjectConfiguration(
-    project_dir=project_dir, automatic_checkpoint_naming=True, total_limit=2, save_every_n_steps=SAVE_EVERY
+    project_dir=project_dir,
+    automatic_checkpoint_naming=True,
+    total_limit=2,
+    save_every_n_steps=SAVE_EVERY,
+    checkpoint_on_sigterm=os.environ.get("CHECKPOINT_ON_SIGTERM") == "1",
 )
 accelerator = Accelerator(
     project_config=config, gradient_accumulation_steps=2, log_with=["local", "tensorboard"]
@@ -41,9 +48,15 @@ rank = accelerator.process_index
 
 
 def die_here(where: str) -> None:
-    if plan is not None and plan[0] == rank and plan[1] == accelerator.completed_steps and plan[2] == where:
-        sys.stdout.flush()
+    if plan is None or plan[0] != rank or plan[1] != accelerator.completed_steps:
+        return
+    sys.stdout.flush()
+    if plan[2] == where:
         os.kill(os.getpid(), signal.SIGKILL)
+    elif where == "step" and plan[2] == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+    elif where == "step" and plan[2] == "sigterm-launcher":
+        os.kill(os.getppid(), signal.SIGTERM)
 
 
 accelerator.register_save_state_pre_hook(lambda models, weights, folder: die_here("save"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,10 +35,13 @@ def _accel() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "accel.cli"]
 
 
-def _launch(project: Path, plan: dict[str, list[object]] | None, restarts: int) -> subprocess.CompletedProcess[str]:
-    project.mkdir()
+def _launch(
+    project: Path, plan: dict[str, list[object]] | None, restarts: int, sigterm_checkpoint: bool = False
+) -> subprocess.CompletedProcess[str]:
+    project.mkdir(exist_ok=True)
     # SIGKILL loses a process, not the page cache: fsync would only slow the 9 saves down.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCEL_CHECKPOINT_FSYNC": "0", "FAULT_PLAN": json.dumps(plan or {})}
+    env["CHECKPOINT_ON_SIGTERM"] = "1" if sigterm_checkpoint else "0"
     command = [*_accel(), "launch", "--cpu", "-n", "2", "--max-restarts", str(restarts), "--auto-resume"]
     return subprocess.run(
         [*command, str(SCRIPT), str(project)], env=env, capture_output=True, text=True, timeout=900, check=False
@@ -66,15 +70,74 @@ def _tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     return [(event.step, event.value) for event in accumulator.Scalars(tag)]
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted run of the script: its final weights and metrics are what every faulty run must end with."""
+    project = tmp_path_factory.mktemp("faults") / "reference"
+    run = _launch(project, None, restarts=0)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return project
+
+
+def _assert_same_end(project: Path, reference: Path, why: str) -> None:
+    """Bit-identical final weights; each step logged once with the reference's values (local and TensorBoard)."""
+    expected = load_file(reference / "final.safetensors")
+    got = load_file(project / "final.safetensors")
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), f"{name} differs ({why})"
+    reference_metrics = read_metrics(reference / "run")
+    metrics = read_metrics(project / "run")
+    assert [r["step"] for r in reference_metrics] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in metrics] == list(range(1, STEPS + 1)), why
+    for ours, theirs in zip(metrics, reference_metrics, strict=True):
+        assert (ours["loss"], ours["lr"], ours["epoch"]) == (theirs["loss"], theirs["lr"], theirs["epoch"]), why
+    for tag in ("loss", "lr"):
+        assert _tensorboard_scalars(project / "run", tag) == _tensorboard_scalars(reference / "run", tag), why
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_sigkilled_workers_restart_and_resume_bit_identically(tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", ["sigterm", "sigterm-launcher"])
+def test_sigterm_saves_an_emergency_checkpoint_and_the_next_launch_continues_exactly(
+    tmp_path: Path, reference: Path, target: str
+) -> None:
+    """checkpoint_on_sigterm: SIGTERM to one worker only (the ranks must agree) or to the launcher (a
+    cluster's preemption notice, forwarded by torchrun's agent) ends the job with 143 after every rank
+    saved the current step; a new launch with --auto-resume continues from exactly there."""
+    seed = random.SystemRandom().randrange(2**32)
+    rng = random.Random(seed)
+    step = rng.choice([s for s in range(2, STEPS - 1) if s % SAVE_EVERY])  # not a periodic save's step
+    plan = {"0": [rng.randint(0, 1), step, target]}
+    why = f"seed {seed}, plan {plan}"
+    project = tmp_path / "preempted"
+
+    first = _launch(project, plan, restarts=0, sigterm_checkpoint=True)
+    assert first.returncode == 143, f"{why}\n{first.stdout}\n{first.stderr}"
+    assert not (project / "final.safetensors").exists(), why
+    second = _launch(project, None, restarts=0, sigterm_checkpoint=True)
+    assert second.returncode == 0, f"{why}\n{second.stdout}\n{second.stderr}"
+
+    attempts = [json.loads(line) for line in (project / "attempts.jsonl").read_text().splitlines()]
+    resumed = [a for a in attempts if a["resumed_from"] is not None]
+    assert len(resumed) == 2 and {a["rank"] for a in resumed} == {0, 1}, (why, attempts)
+    steps = {a["completed_steps"] for a in resumed}
+    assert len(steps) == 1, (why, attempts)  # both ranks resumed from the same checkpoint
+    (resumed_at,) = steps
+    if target == "sigterm":  # the signal arrives before the step's boundary: saved exactly there
+        assert resumed_at == step, (why, attempts)
+    else:  # forwarded by the launcher's agent: at that boundary or a later one, never a periodic checkpoint
+        assert resumed_at >= step, (why, attempts)
+    _assert_same_end(project, reference, why)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sigkilled_workers_restart_and_resume_bit_identically(tmp_path: Path, reference: Path) -> None:
     seed = random.SystemRandom().randrange(2**32)
     plan = _fault_plan(random.Random(seed))
     why = f"seed {seed}, plan {plan}"
-
-    reference = _launch(tmp_path / "reference", None, restarts=0)
-    assert reference.returncode == 0, reference.stdout + reference.stderr
+    shutil.copytree(reference, tmp_path / "reference")
     faulty = _launch(tmp_path / "faulty", plan, restarts=3)
     assert faulty.returncode == 0, f"{why}\n{faulty.stdout}\n{faulty.stderr}"
 

@@ -279,6 +279,11 @@ class ProjectConfiguration:
         Needs ``automatic_checkpoint_naming``; ``total_limit`` keeps the folder bounded. Together with
         ``Accelerator(resume="auto")`` a restarted job resumes from the newest of these checkpoints.
     save_async: the periodic saves return once the state is in CPU memory (``save_state(async_save=True)``).
+    checkpoint_on_sigterm: a SIGTERM (a cluster's preemption notice; torchrun's agent forwards it to every
+        worker and kills 30 s later) makes every process save an automatic checkpoint at the end of the
+        current optimizer step and exit with 143; ``resume="auto"`` continues from it. The processes
+        agree through one all_reduce of a flag per optimizer step (the only cost), as the signal may
+        reach some of them only. The Accelerator must be created in the main thread.
 
     Example::
 
@@ -294,6 +299,7 @@ class ProjectConfiguration:
     save_on_each_node: bool = False
     save_every_n_steps: int | None = None
     save_async: bool = False
+    checkpoint_on_sigterm: bool = False
 
     def __post_init__(self) -> None:
         if self.project_dir is not None:

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import environment as env
 from . import plugins
 from .configuration import ProjectConfiguration
+from .preemption import EXIT_CODE, PreemptionWatch
 from .protocols import RewindableTracker
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class Resumption:
     trackers: list[Any]
     save_state: Callable[..., str]
     load_state: Callable[..., str | None]
+    wait_for_checkpoint: Callable[[], str | None]
+    end_training: Callable[[], None]
 
     def _setup_resumption(self, resume: str | None) -> None:
         from_env = resume is None and env.flag(env.AUTO_RESUME)
@@ -78,6 +81,14 @@ class Resumption:
         self._resume_point: Any = _UNKNOWN
         self._stepped_in: Any = _NO_STEP
         self._tracker_rewind: tuple[int | None] | None = None
+        self._preemption: PreemptionWatch | None = None
+        if config.checkpoint_on_sigterm:
+            if not (config.automatic_checkpoint_naming and config.project_dir):
+                raise ValueError(
+                    "checkpoint_on_sigterm=True saves an automatic checkpoint: pass ProjectConfiguration("
+                    "project_dir='runs/exp', automatic_checkpoint_naming=True, checkpoint_on_sigterm=True)."
+                )
+            self._preemption = PreemptionWatch(self.state.device)
         self.gradient_state.set_batch_boundary_listener(self._on_batch_boundary)
 
     # -- what a checkpoint keeps of the run (read and written by accel-checkpoint) --------------
@@ -183,5 +194,18 @@ class Resumption:
         self._stepped_in = _NO_STEP
         config = self.project_configuration
         every = config.save_every_n_steps
+        if self._preemption is not None and self._preemption.agreed():
+            self._save_and_exit_on_preemption()
         if every and self.completed_steps % every == 0:
             self.save_state(async_save=config.save_async)
+
+    def _save_and_exit_on_preemption(self) -> NoReturn:
+        """Some process got SIGTERM (``checkpoint_on_sigterm``): every process saves this step, then exits 143."""
+        if self.state.is_main_process:
+            logger.warning("SIGTERM received: saving a checkpoint at step %d before exiting.", self.completed_steps)
+        self.wait_for_checkpoint()  # an asynchronous save still in flight must complete first
+        path = self.save_state()  # synchronous: the process ends right after
+        if self.state.is_main_process:
+            logger.warning("Saved %s; exiting with %d (resume with resume='auto').", path, EXIT_CODE)
+        self.end_training()  # flushes the trackers' buffered events (TensorBoard keeps some in memory)
+        raise SystemExit(EXIT_CODE)
