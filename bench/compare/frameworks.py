@@ -261,7 +261,9 @@ class RawHarness(Harness):
                 if type(module).__name__ == "Block":
                     fully_shard(module)
             fully_shard(model)
-            optimizer = type(optimizer)(model.parameters(), **optimizer.defaults)  # over the sharded parameters
+            sharded, start = list(model.parameters()), 0  # fully_shard swapped the parameters, in the same order
+            for group in optimizer.param_groups:
+                group["params"], start = sharded[start : start + len(group["params"])], start + len(group["params"])
         elif self.strategy == "zero3":
             raise NotImplementedError("ZeRO-3 by hand is DeepSpeed itself: no raw-PyTorch figure")
         elif self.world > 1:

@@ -157,9 +157,10 @@ def write(results, meta: dict, frameworks: list[str], folder: Path) -> str:
         f"{fw}: " + ", ".join(f"{k} {v}" for k, v in vs.items()) for fw, vs in meta["versions"].items()
     )
     header = (
-        f"Measured {meta['date']} on {meta['cpus']} CPU cores (gloo), {meta['reps']} repetitions, frameworks "
-        f"alternating; median (interquartile range). Load average at the end {meta['load_at_end']:.1f}. "
-        f"Versions: {versions}."
+        f"Measured {meta['date']} on {meta['cpus']} shared CPU cores (gloo), frameworks alternating; start-up figures "
+        f"over {meta['reps']} repetitions, in-process ones over {meta.get('in_process_reps', meta['reps'])} launches "
+        f"(each the median of several rounds inside); median (interquartile range). Load average at the end "
+        f"{meta['load_at_end']:.1f}. Versions: {versions}."
     )
     body = header + "\n\n" + text + "\n"
     if pngs:

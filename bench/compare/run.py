@@ -44,12 +44,13 @@ MAY_REFUSE = {
 }
 
 
-def clean_env() -> dict[str, str]:
+def clean_env(framework: str = "accel") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_", "LT_", "PL_"))}
     env.pop("VIRTUAL_ENV", None)
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    # DeepSpeed compiles its CPU ops once: the CI's cache, shared by every environment of the same torch.
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "accel-ci" / "torch_extensions"))
+    # DeepSpeed compiles its CPU ops on first use, keyed by the environment's paths: one cache per framework, so that
+    # the environments do not rebuild over each other's (nor over the test suite's).
+    env["TORCH_EXTENSIONS_DIR"] = str(envs.CACHE / "torch_extensions" / framework)
     return env
 
 
@@ -72,7 +73,7 @@ def worker(framework: str, procs: int, scenarios: str, quick: bool, work: str, *
     )
     command = [*launch, "--framework", framework, "--scenarios", scenarios, "--out", out]
     command += ["--quick"] * quick + [f"--arg={k}={v}" for k, v in options.items()]
-    done = subprocess.run(command, env=clean_env(), cwd=work, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(command, env=clean_env(framework), cwd=work, capture_output=True, text=True, timeout=900)
     if os.path.exists(out):
         with open(out) as f:
             result = json.load(f)
@@ -97,6 +98,15 @@ class Results:
                 continue
             slot.setdefault(metric, []).append(value)
 
+    def restore(self, data: dict, keep: list[str]) -> None:
+        """Takes the samples, notes and errors of scenarios `keep` from an earlier run's JSON."""
+        for scenario in keep:
+            if scenario in data.get("samples", {}):
+                self.samples[scenario] = data["samples"][scenario]
+            if scenario in data.get("notes", {}):
+                self.notes[scenario] = data["notes"][scenario]
+        self.errors += [e for e in data.get("errors", []) if e.split(" / ")[0] in keep]
+
     def note(self, scenario: str, procs: int, framework: str, text: str) -> None:
         self.notes.setdefault(scenario, {}).setdefault(str(procs), {})[framework] = text
 
@@ -109,6 +119,20 @@ class Results:
                 self.note(scenario, procs, framework, "error")
             return
         self.add(scenario, procs, framework, figures)
+
+
+PHASES = {
+    "startup": ("import", "cli_help", "launch"),
+    "in-process": ("step", "loader", "gather", "checkpoint", "fsdp2", "zero3"),
+    "correctness": ("resume", "crash"),
+}
+
+
+PHASES = {
+    "startup": ("import", "cli_help", "launch"),
+    "in-process": ("step", "loader", "gather", "checkpoint", "fsdp2", "zero3"),
+    "correctness": ("resume", "crash"),
+}
 
 
 def rotated(frameworks: list[str], rep: int) -> list[str]:
@@ -152,24 +176,25 @@ def startup(results: Results, frameworks: list[str], reps: int, work: str) -> No
 def in_process(
     results: Results, frameworks: list[str], reps: int, quick: bool, work: str, ckpt_dir: str | None
 ) -> None:
-    """Step time, loader, gather (1 and 2 processes), checkpoint I/O (1), FSDP2 / ZeRO-3 (2)."""
+    """Step time, loader, gather (1 and 2 processes), checkpoint I/O (1) per repetition; FSDP2 / ZeRO-3 (2) once."""
+    extra = {"dir": ckpt_dir} if ckpt_dir else {}
     for rep in range(reps):
         for fw in rotated(frameworks, rep):
-            for procs in (1, 2):
-                for name, figures in worker(fw, procs, "step,loader,gather", quick, work).items():
-                    results.take(name, procs, fw, figures)
-            extra = {"dir": ckpt_dir} if ckpt_dir else {}
-            results.take("checkpoint", 1, fw, worker(fw, 1, "checkpoint", quick, work, **extra)["checkpoint"])
-            for strategy in ("fsdp2", "zero3"):
-                figures = worker(fw, 2, "sharded", quick, work, strategy=strategy)["sharded"]
-                results.take(strategy, 2, fw, figures)
-                if figures.get("param_fraction", 0) > 0.99:
-                    results.note(strategy, 2, fw, "ran, but did not shard (data parallel: every process holds all)")
+            for name, figures in worker(fw, 1, "step,loader,gather,checkpoint", quick, work, **extra).items():
+                results.take(name, 1, fw, figures)
+            for name, figures in worker(fw, 2, "step,loader,gather", quick, work).items():
+                results.take(name, 2, fw, figures)
+    for fw in frameworks:  # once: the memory is exact, the step time a secondary figure
+        for strategy in ("fsdp2", "zero3"):
+            figures = worker(fw, 2, "sharded", quick, work, strategy=strategy)["sharded"]
+            results.take(strategy, 2, fw, figures)
+            if figures.get("param_fraction", 0) > 0.99:
+                results.note(strategy, 2, fw, "ran, but did not shard (data parallel: every process holds all)")
 
 
 def correctness(results: Results, frameworks: list[str], quick: bool, work: str) -> None:
     """Exact resume on 2 processes; crash safety (SIGKILL during an overwriting save) on 1."""
-    fractions = ("0.5",) if quick else ("0.2", "0.5", "0.8")
+    fractions = ("0.5",) if quick else ("0.3", "0.7")
     for fw in frameworks:
         folder = tempfile.mkdtemp(prefix=f"resume-{fw}-", dir=work)
         first = worker(fw, 2, "resume", quick, work, phase="reference", dir=folder)["resume"]
@@ -197,12 +222,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CI smoke: < 3 min, skips peers not installed")
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated subset")
-    parser.add_argument("--reps", type=int, default=None, help="repetitions (default 5; --quick 1)")
+    parser.add_argument("--reps", type=int, default=None, help="start-up repetitions; in-process: one less (default 3)")
     parser.add_argument("--out", default=str(HERE.parent / "results"), help="folder for JSON, table and charts")
     parser.add_argument("--ckpt-dir", default=None, help="where checkpoints are written (default: temp folder)")
     parser.add_argument("--no-install", action="store_true", help="skip peers whose environment is missing")
+    parser.add_argument(
+        "--phases",
+        default="startup,in-process,correctness",
+        help="subset to run; the other phases' figures are kept from an earlier run's JSON in --out",
+    )
     args = parser.parse_args()
-    reps = args.reps or (1 if args.quick else 5)
+    reps = args.reps or (1 if args.quick else 3)
+    in_reps = max(1, reps - 1)  # each in-process launch already takes the median of several rounds inside
+    phases = args.phases.split(",")
     frameworks = []
     for fw in args.frameworks.split(","):
         if not envs.installed(fw):
@@ -217,17 +249,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="accel-compare-") as work:
         for label, step in (
             ("startup", lambda: startup(results, frameworks, reps, work)),
-            (
-                "in-process",
-                lambda: in_process(
-                    results, frameworks, max(1, reps - 2) if not args.quick else 1, args.quick, work, args.ckpt_dir
-                ),
-            ),
+            ("in-process", lambda: in_process(results, frameworks, in_reps, args.quick, work, args.ckpt_dir)),
             ("correctness", lambda: correctness(results, frameworks, args.quick, work)),
         ):
+            if label not in phases:
+                continue
             t0 = time.time()
             step()
             print(f"{label}: {time.time() - t0:.0f} s", flush=True)
+    # Read only now, so that a run of the other phases started alongside this one has written its figures.
+    earlier = Path(args.out) / ("compare-quick.json" if args.quick else "compare.json")
+    if set(phases) != set(PHASES) and earlier.exists():
+        kept = [scenario for phase in PHASES if phase not in phases for scenario in PHASES[phase]]
+        results.restore(json.loads(earlier.read_text()), keep=kept)
 
     import report
 
@@ -235,6 +269,8 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "quick": args.quick,
         "reps": reps,
+        "in_process_reps": in_reps,
+        "phases": phases,
         "cpus": os.cpu_count(),
         "load_at_end": os.getloadavg()[0],
         "seconds": round(time.time() - started),

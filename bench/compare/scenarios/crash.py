@@ -19,7 +19,7 @@ import torch
 
 
 def _objects(harness, quick: bool):
-    layers, width = (2, 1024) if quick else (4, 2048)
+    layers, width = (3, 2048) if quick else (6, 2048)  # 150 / 300 MB with the Adam moments
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -44,6 +44,7 @@ def run(harness, quick: bool = False, phase: str = "kill", dir: str = ".", frac:
     if phase == "kill":
         path = os.path.join(dir, "ckpt")
         _step(model, optimizer, width)
+        harness.save(os.path.join(dir, "warm-up"), model, optimizer, None)  # first-call costs out of v1's time
         start = time.perf_counter()
         harness.save(path, model, optimizer, None)
         save_s = time.perf_counter() - start
