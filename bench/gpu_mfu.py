@@ -213,7 +213,7 @@ def main() -> None:
         ratio = results["accel"]["step_s"] / results["raw"]["step_s"]
         mfu = results["accel"]["mfu"]
         print(
-            f"{params / 1e9:.2f}B parameters, {world} processes: step accel / raw = {ratio:.3f}"
+            f"{params / 1e6:.1f}M parameters, {world} processes: step accel / raw = {ratio:.3f}"
             + (
                 f"; MFU accel {mfu:.1%}, raw {results['raw']['mfu']:.1%}"
                 if mfu is not None

@@ -156,11 +156,16 @@ def write(results, meta: dict, frameworks: list[str], folder: Path) -> str:
     versions = "; ".join(
         f"{fw}: " + ", ".join(f"{k} {v}" for k, v in vs.items()) for fw, vs in meta["versions"].items()
     )
+    runs = meta.get("runs", [meta])
+    done = "; ".join(
+        f"{'+'.join(r.get('phases', []))} from {r['date']} ({r['reps']} start-up repetitions, "
+        f"{r.get('in_process_reps', r['reps'])} in-process launches, {r['seconds']} s)"
+        for r in runs
+    )
     header = (
-        f"Measured {meta['date']} on {meta['cpus']} shared CPU cores (gloo), frameworks alternating; start-up figures "
-        f"over {meta['reps']} repetitions, in-process ones over {meta.get('in_process_reps', meta['reps'])} launches "
-        f"(each the median of several rounds inside); median (interquartile range). Load average at the end "
-        f"{meta['load_at_end']:.1f}. Versions: {versions}."
+        f"{meta['cpus']} shared CPU cores (gloo), frameworks alternating; median (interquartile range where there "
+        f"is more than one sample; each in-process launch is itself the median of several rounds). Runs: {done}. "
+        f"Highest load average at the end of a run: {meta['load_at_end']:.1f}. Versions: {versions}."
     )
     body = header + "\n\n" + text + "\n"
     if pngs:

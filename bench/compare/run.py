@@ -83,6 +83,19 @@ def worker(framework: str, procs: int, scenarios: str, quick: bool, work: str, *
     return {name: {"error": message} for name in scenarios.split(",")}
 
 
+def _samples_from_summary(summary: dict) -> dict:
+    return {
+        scenario: {
+            procs: {
+                fw: {m: f["values"] if "values" in f else [f["value"]] for m, f in metrics.items()}
+                for fw, metrics in by_fw.items()
+            }
+            for procs, by_fw in by_procs.items()
+        }
+        for scenario, by_procs in summary.items()
+    }
+
+
 class Results:
     """Samples per (scenario, processes, framework, metric), plus notes and errors."""
 
@@ -100,6 +113,8 @@ class Results:
 
     def restore(self, data: dict, keep: list[str]) -> None:
         """Takes the samples, notes and errors of scenarios `keep` from an earlier run's JSON."""
+        if "samples" not in data:  # a JSON written before the samples were kept: back from the summary
+            data = {**data, "samples": _samples_from_summary(data.get("summary", {}))}
         for scenario in keep:
             if scenario in data.get("samples", {}):
                 self.samples[scenario] = data["samples"][scenario]
@@ -218,6 +233,21 @@ def correctness(results: Results, frameworks: list[str], quick: bool, work: str)
         results.take("crash", 1, fw, verdict)
 
 
+def merge(paths: list[Path], out: Path) -> None:
+    """One table from runs of separate phases (e.g. correctness run apart from the timings)."""
+    import report
+
+    results, metas, frameworks = Results(), [], []
+    for path in paths:
+        data = json.loads(path.read_text())
+        results.restore(data, keep=list(data.get("samples", {})) + list(data.get("notes", {})))
+        metas.append(data["meta"])
+        frameworks += [fw for fw in data["frameworks"] if fw not in frameworks]
+    meta = {**metas[0], "phases": [p for m in metas for p in m["phases"]], "runs": metas}
+    meta["load_at_end"] = max(m["load_at_end"] for m in metas)
+    print(report.write(results, meta, [fw for fw in FRAMEWORKS if fw in frameworks], out))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CI smoke: < 3 min, skips peers not installed")
@@ -231,7 +261,13 @@ def main() -> None:
         default="startup,in-process,correctness",
         help="subset to run; the other phases' figures are kept from an earlier run's JSON in --out",
     )
+    parser.add_argument(
+        "--merge", nargs="+", default=None, help="JSON files of runs of different phases: writes their union to --out"
+    )
     args = parser.parse_args()
+    if args.merge:
+        merge([Path(p) for p in args.merge], Path(args.out))
+        return
     reps = args.reps or (1 if args.quick else 3)
     in_reps = max(1, reps - 1)  # each in-process launch already takes the median of several rounds inside
     phases = args.phases.split(",")
