@@ -111,10 +111,12 @@ class Results:
                 continue
             slot.setdefault(metric, []).append(value)
 
-    def restore(self, data: dict, keep: list[str]) -> None:
+    def restore(self, data: dict, keep: list[str] | None) -> None:
         """Takes the samples, notes and errors of scenarios `keep` from an earlier run's JSON."""
         if "samples" not in data:  # a JSON written before the samples were kept: back from the summary
             data = {**data, "samples": _samples_from_summary(data.get("summary", {}))}
+        if keep is None:  # everything the JSON holds
+            keep = sorted({*data["samples"], *data.get("notes", {})})
         for scenario in keep:
             if scenario in data.get("samples", {}):
                 self.samples[scenario] = data["samples"][scenario]
@@ -240,7 +242,7 @@ def merge(paths: list[Path], out: Path) -> None:
     results, metas, frameworks = Results(), [], []
     for path in paths:
         data = json.loads(path.read_text())
-        results.restore(data, keep=list(data.get("samples", {})) + list(data.get("notes", {})))
+        results.restore(data, keep=None)
         metas.append(data["meta"])
         frameworks += [fw for fw in data["frameworks"] if fw not in frameworks]
     meta = {**metas[0], "phases": [p for m in metas for p in m["phases"]], "runs": metas}
