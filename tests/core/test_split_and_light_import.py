@@ -74,8 +74,8 @@ def test_backend_names_resolve_and_a_missing_provider_names_the_extra():
     assert accel.DeepSpeedPlugin.__module__.startswith("accel_deepspeed")
     assert accel.FullyShardedDataParallelPlugin.__module__.startswith("accel_fsdp")
     assert accel.utils.DummyOptim is not None and accel.utils.DummyScheduler is not None
-    getattr_, _ = lazy_exports({"__name__": "demo"}, {"XLAPlugin": "accel_xla"})  # accel-xla is not installed here
+    getattr_, _ = lazy_exports({"__name__": "demo"}, {"IPUPlugin": "accel_ipu"})  # no such distribution
     with pytest.raises(
-        ImportError, match=r'XLAPlugin comes from accel-xla, which is not installed: pip install "accel\[xla\]"'
+        ImportError, match=r'IPUPlugin comes from accel-ipu, which is not installed: pip install "accel\[ipu\]"'
     ):
-        getattr_("XLAPlugin")
+        getattr_("IPUPlugin")

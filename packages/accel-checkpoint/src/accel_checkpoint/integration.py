@@ -15,13 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 from . import access
 from .coordination import Coordinator
+from .errors import CheckpointNotFoundError
 from .fsio import fsync_wanted
+from .layout import read_metadata
+from .legacy import legacy_counts
 from .load_state import load_state as _load_state
+from .load_state import resolve_input_dir
 from .save_plan import plan_save
 from .writer import PendingSave, run_job
 
 if TYPE_CHECKING:
-    from accel_core.protocols import CheckpointAccelerator
+    from accel_core.protocols import CheckpointAccelerator, ResumePoint
 
 
 class _PerAccelerator(dict):
@@ -115,6 +119,24 @@ class StateCheckpointer:
 
     # Accelerate-style name, for a core method ``Accelerator.wait_for_checkpoint()`` to call.
     wait_for_checkpoint = wait
+
+    def find_resume_point(self, accelerator: CheckpointAccelerator) -> ResumePoint | None:
+        """The newest automatic checkpoint complete on every process (and what it holds), or None.
+
+        Collective: every process must call it. Unfinished saves (``.partial`` folders, folders
+        without the ``COMPLETE`` marker) never count.
+        """
+        from accel_core.protocols import ResumePoint
+
+        self.wait(accelerator)
+        coord = Coordinator()
+        try:
+            folder = resolve_input_dir(accelerator, None, coord)
+        except CheckpointNotFoundError:
+            return None  # raised alike on every process: the gathered set is the same everywhere
+        metadata = read_metadata(folder)
+        counts = metadata["counts"] if metadata else legacy_counts(folder)
+        return ResumePoint(folder, {k: int(v) for k, v in counts.items() if k != "scaler"})
 
     def load_state(
         self,

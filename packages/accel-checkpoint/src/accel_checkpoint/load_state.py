@@ -317,6 +317,9 @@ def load_state(
     step = (metadata or {}).get("step")
     if step is not None:
         accelerator.step = step
+    progress = (metadata or {}).get("progress")
+    if progress is not None:
+        accelerator.restore_training_progress(progress)
     config = accelerator.project_configuration
     number = layout.number_of(folder)
     if (

@@ -263,6 +263,8 @@ def plan_save(
         "optimizer_classes": [optimizer_class(o) for o in access.listed(accelerator, "_optimizers")],
         "sharded": sharded_info,
         "step": accelerator.step,
+        # Completed optimizer steps and the last logged step: what auto-resume continues from.
+        "progress": accelerator.training_progress(),
         "iteration": number,
         "save_on_each_node": save_on_each_node,
     }

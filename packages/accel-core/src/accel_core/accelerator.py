@@ -60,12 +60,14 @@ from .process_control import ProcessControl
 from .profiling import Profiling
 from .queries import SetupQueries
 from .random import synchronize_rng_states
+from .resumption import Resumption
 from .scheduler import AcceleratedScheduler
 from .services import Checkpointing, Tracking, normalize_log_with
 from .state import AcceleratorState, GradientState
 from .strategies import (
     BackwardSyncControl,
     OwnsOptimizerStep,
+    PlacesProcess,
     PreparedObjects,
     ProcessGroupSetup,
     Strategy,
@@ -80,7 +82,9 @@ if TYPE_CHECKING:
     from .protocols import CheckpointAccelerator, DataAccelerator
 
 
-class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpointing, Triggers, Profiling, SetupQueries):
+class Accelerator(
+    Preparation, Parallelism, ProcessControl, Tracking, Checkpointing, Resumption, Triggers, Profiling, SetupQueries
+):
     """Prepares a model, optimizer, scheduler and dataloaders for the current setup, then stays out of the way.
 
     Arguments follow the reference ``Accelerator``; accel adds ``strategy`` (a strategy name such
@@ -92,6 +96,11 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
     environment that ``accel launch`` writes, then to 1, ``"no"``, ``"per_process"`` and all
     processes data-parallel. ``deepspeed_plugins`` takes one plugin, or a dict naming one (accel
     runs one DeepSpeed configuration per Accelerator).
+
+    ``resume="auto"`` (accel's; default from ``ACCEL_AUTO_RESUME``, which ``accel launch
+    --auto-resume`` sets) continues from the newest complete automatic checkpoint of
+    ``project_config`` once everything it holds is prepared again (see ``accel_core.resumption``);
+    ``resumed_from`` is its folder (None on a fresh start) and ``completed_steps`` counts optimizer steps.
 
     One named ``DeviceMesh`` per job (``device_mesh``) is built from ``parallelism_config``;
     dataloaders shard over its ``dp``, and models go through the transform chain of
@@ -125,6 +134,7 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         dynamo_plugin: TorchDynamoPlugin | None = None,
         deepspeed_plugins: Any = None,
         scheduler_stepping: str | SchedulerStepping | None = None,
+        resume: str | None = None,
     ) -> None:
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None and self.project_configuration.project_dir is None:
@@ -176,7 +186,16 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         )
         if isinstance(self.strategy, ProcessGroupSetup):
             self.strategy.init_process_group(**init_kwargs)
-        self.state = AcceleratorState(mixed_precision=plan.mixed_precision, cpu=plan.cpu, **init_kwargs)
+        placement = self.strategy.process_placement() if isinstance(self.strategy, PlacesProcess) else None
+        self.state = AcceleratorState(
+            mixed_precision=plan.mixed_precision, cpu=plan.cpu, placement=placement, **init_kwargs
+        )
+        if placement is not None and self.state.device != placement.device:
+            raise ValueError(
+                f"The process state already exists on {self.state.device} (a PartialState made before this "
+                f"Accelerator), but the {self.strategy.name} strategy places this process on {placement.device}: "
+                "create the Accelerator first."
+            )
         self.parallel_dims: ParallelDims = make_dims(
             layout,
             self.state.device.type,
@@ -238,6 +257,7 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         self.step = 0
         self._save_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
         self._load_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
+        self._setup_resumption(resume)
 
     def _make_precision(self, name: str) -> Precision:
         if name not in self.strategy.supported_precisions:
@@ -377,6 +397,7 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
         """Wrap each micro-batch: gradients sync (and the optimizer steps) every ``gradient_accumulation_steps``
         micro-batches and on the last batch of the data."""
+        self._accumulate_boundary()
         self._do_sync()
         with contextlib.ExitStack() as stack:
             if not (self.sync_gradients or self.gradient_state.sync_each_batch):
@@ -448,6 +469,8 @@ class Accelerator(Preparation, Parallelism, ProcessControl, Tracking, Checkpoint
         if use_gather_object:
             data = ops.gather_object(input_data, group)
             return data[:keep] if keep is not None and isinstance(input_data, (list, tuple)) else data
+        if self.state.collectives is not None:  # the backend's collectives (XLA): no torch.distributed group
+            return _gather_samples(input_data, keep, group)
         # One agreement check for the whole structure, then the leaves move unchecked.
         if _only_tensors(input_data):
             # Small tensors travel with the check in one collective; larger ones after it.

@@ -273,6 +273,17 @@ class ProjectConfiguration:
     total_limit: keep at most this many automatic checkpoints (oldest deleted after a new one is complete).
     iteration: number of the next automatic checkpoint.
     save_on_each_node: write node-local files on every machine, not only the main one.
+    save_every_n_steps: the Accelerator calls ``save_state()`` itself after every N optimizer steps
+        (accumulation micro-steps do not count), when the training loop asks its prepared
+        dataloader for the next batch: the step, its scheduler step and its logging are done by then.
+        Needs ``automatic_checkpoint_naming``; ``total_limit`` keeps the folder bounded. Together with
+        ``Accelerator(resume="auto")`` a restarted job resumes from the newest of these checkpoints.
+    save_async: the periodic saves return once the state is in CPU memory (``save_state(async_save=True)``).
+
+    Example::
+
+        ProjectConfiguration(project_dir="runs/exp", automatic_checkpoint_naming=True, total_limit=2,
+                             save_every_n_steps=100)
     """
 
     project_dir: str | None = None
@@ -281,6 +292,8 @@ class ProjectConfiguration:
     total_limit: int | None = None
     iteration: int = 0
     save_on_each_node: bool = False
+    save_every_n_steps: int | None = None
+    save_async: bool = False
 
     def __post_init__(self) -> None:
         if self.project_dir is not None:
@@ -291,6 +304,9 @@ class ProjectConfiguration:
             self.logging_dir = os.fspath(self.logging_dir)
         if self.total_limit is not None and self.total_limit < 1:
             raise ValueError(f"total_limit must be >= 1 or None, got {self.total_limit}.")
+        every = self.save_every_n_steps
+        if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
+            raise ValueError(f"save_every_n_steps must be an integer >= 1 or None, got {every!r}.")
 
     def set_directories(self, project_dir: str | os.PathLike[str] | None = None) -> None:
         """Sets ``project_dir`` and, when it was not chosen separately, ``logging_dir``."""

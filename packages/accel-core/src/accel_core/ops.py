@@ -132,6 +132,9 @@ def send_to_device(
 def _gather_one(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     if tensor.ndim == 0:
         tensor = tensor[None]
+    collectives = PartialState().collectives
+    if collectives is not None:  # the backend's runtime has one group: all processes
+        return collectives.all_gather(tensor)
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
@@ -145,6 +148,8 @@ def gather(tensor: Any, group: Any = None) -> Any:
     All processes must pass the same shapes (pad first with ``pad_across_processes``). 0-d tensors
     become one element each.
     """
+    if PartialState().collectives is not None:
+        return recursively_apply(_gather_one, tensor, error_on_other_type=True)
     if not PartialState().use_distributed:
         return tensor
     small = checked_small_gather("gather", tensor, group, hint=PAD_HINT)  # small: one collective in all
@@ -168,6 +173,8 @@ def gather_unchecked(tensor: Any, group: Any = None) -> Any:
     their shapes equal on every rank, so each rank's buffer splits the same way): small gathers
     cost a collective's latency each, while packing large ones would only add copies.
     """
+    if PartialState().collectives is not None:
+        return recursively_apply(lambda t: _gather_one(t, group), tensor, error_on_other_type=True)
     leaves = _leaves(tensor)
     total = sum(t.numel() * t.element_size() for t in leaves)
     if len(leaves) < 2 or total > _PACK_BYTES or any(t.device != leaves[0].device for t in leaves):
@@ -191,6 +198,9 @@ def gather_object(object: Any, group: Any = None) -> Any:  # the reference's arg
     concatenated, other objects listed per rank. On one process ``object`` comes back as it is."""
     obj = object
     state = PartialState()
+    if state.collectives is not None:
+        everyone = state.collectives.gather_object(obj)
+        return [item for part in everyone for item in part] if isinstance(obj, (list, tuple)) else everyone
     if not state.use_distributed:
         return obj
     everyone: list[Any] = [None] * dist.get_world_size(group)
@@ -202,6 +212,9 @@ def gather_object(object: Any, group: Any = None) -> Any:  # the reference's arg
 
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """Copies the tensors of ``from_process`` into every process's tensors (same shapes needed)."""
+    collectives = PartialState().collectives
+    if collectives is not None:
+        return recursively_apply(lambda t: collectives.broadcast(t, from_process), tensor, error_on_other_type=True)
     if not PartialState().use_distributed:
         return tensor
     check_agreement(
@@ -217,7 +230,10 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
 
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """Replaces, in place, the items of ``object_list`` by those of ``from_process`` (any picklable objects)."""
-    if PartialState().use_distributed:
+    collectives = PartialState().collectives
+    if collectives is not None:
+        object_list[:] = collectives.broadcast_object(list(object_list), from_process)
+    elif PartialState().use_distributed:
         dist.broadcast_object_list(object_list, src=from_process)
     return object_list
 
@@ -243,6 +259,11 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     state = PartialState()
 
     def _reduce_one(t: torch.Tensor) -> torch.Tensor:
+        if state.collectives is not None and reduction != "none":
+            out = state.collectives.all_reduce(t, "sum" if reduction == "mean" else reduction)
+            if reduction == "mean":
+                out = out / state.num_processes
+            return out * scale if scale != 1.0 else out
         out = t.clone()
         if state.use_distributed and reduction != "none":
             dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[reduction]))
@@ -252,7 +273,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
             out = out * scale
         return out
 
-    if state.use_distributed and reduction != "none":
+    if state.collectives is None and state.use_distributed and reduction != "none":
         check_agreement("reduce", tensor, hint="Every process must pass the same shapes and dtypes.")
     return recursively_apply(_reduce_one, tensor, error_on_other_type=True)
 
@@ -262,12 +283,14 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     state = PartialState()
     if not state.use_distributed:
         return tensor
-    check_agreement(
-        "pad_across_processes",
-        tensor,
-        ndim_only=True,
-        hint="Only the size along `dim` may differ: pass tensors with the same number of dimensions on every process.",
-    )
+    if state.collectives is None:
+        check_agreement(
+            "pad_across_processes",
+            tensor,
+            ndim_only=True,
+            hint="Only the size along `dim` may differ: pass tensors with the same number of dimensions on every "
+            "process.",
+        )
 
     # The sizes along ``dim`` of every leaf in one all_gather (the check made the leaf counts agree).
     leaves = [t for t in _leaves(tensor) if t.ndim > 0 and -t.ndim <= dim < t.ndim]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,13 +23,21 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     # Deliberately no super().__init__: this object shares the wrapped optimizer's state instead of
     # owning parameters. Subclassing keeps ``isinstance(opt, torch.optim.Optimizer)`` true for LR schedulers.
     def __init__(
-        self, optimizer: torch.optim.Optimizer, precision: Precision | None = None, device: torch.device | None = None
+        self,
+        optimizer: torch.optim.Optimizer,
+        precision: Precision | None = None,
+        device: torch.device | None = None,
+        reduce_gradients: Callable[[torch.optim.Optimizer], None] | None = None,
     ):
         self.optimizer = optimizer
         self.precision = precision or Precision()
         self.device = device
+        # The strategy's cross-process gradient reduction (``strategies.ReducesGradients``), run before a real step.
+        self.reduce_gradients = reduce_gradients
         self.gradient_state = GradientState()
         self._step_was_skipped = False
+        # Told of each real step (the Accelerator counts completed steps and takes periodic checkpoints).
+        self.on_step: Callable[[], None] | None = None
 
     @property
     def scaler(self) -> Any:
@@ -87,8 +96,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         micro-steps."""
         if not self.gradient_state.sync_gradients:
             return
+        if self.reduce_gradients is not None:
+            self.reduce_gradients(self.optimizer)
         kwargs = {} if closure is None else {"closure": closure}
         self._step_was_skipped = self.precision.optimizer_step(self.optimizer, **kwargs)
+        if self.on_step is not None:
+            self.on_step()
 
     @property
     def step_was_skipped(self) -> bool:
@@ -108,7 +121,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             evaluate()
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        state = self.__dict__.copy()
+        state["on_step"] = None  # the Accelerator's, not part of the optimizer
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

@@ -6,7 +6,7 @@ accel-checkpoint read); strategies return what they prepared and never register 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,8 +16,9 @@ from . import plugins, transforms
 from .enums import SchedulerStepping
 from .optimizer import AcceleratedOptimizer
 from .optimizer_rebuild import ParameterNames
+from .optimizer_rebuild import parameter_ids as optimizer_parameter_ids
 from .scheduler import AcceleratedScheduler
-from .strategies import JointPreparation, PreparesOwnTypes, WrapsBeforeOptimizer
+from .strategies import BatchTransfer, JointPreparation, PreparesOwnTypes, ReducesGradients, WrapsBeforeOptimizer
 from .strategies.base import ConvertsOwnTypes
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ class Preparation:
     parallel_dims: ParallelDims
     _context: StrategyContext
     _parameter_names: ParameterNames
+    _after_prepare: Callable[[], None]  # Resumption's: resume="auto" loads once everything is prepared again
+    _optimizer_stepped: Callable[[], None]  # Resumption's: counts optimizer steps
 
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
         """Prepares models, optimizers, schedulers and dataloaders; returns them in the order given.
@@ -78,6 +81,7 @@ class Preparation:
                 # Backend stand-ins (Megatron's dummy scheduler) become the torch objects they stand for.
                 result = [self.strategy.convert_object(obj) if own_types(obj) else obj for obj in result]
             result = self._prepare_separately(result, device_placement)
+        self._after_prepare()
         return result[0] if len(result) == 1 else tuple(result)
 
     def _register_joint(self, given: Sequence[Any], joint: Any) -> list[Any]:
@@ -87,6 +91,8 @@ class Preparation:
             if isinstance(original, torch.nn.Module):
                 self.prepared.models.append(prepared)
             elif isinstance(original, torch.optim.Optimizer):
+                if isinstance(prepared, AcceleratedOptimizer):
+                    prepared.on_step = self._optimizer_stepped
                 self.prepared.optimizers.append(prepared)
             elif not isinstance(original, torch.utils.data.DataLoader):
                 self.prepared.schedulers.append(prepared)
@@ -103,6 +109,8 @@ class Preparation:
         rebuilt: dict[int, torch.optim.Optimizer] = {}
         for i, obj in enumerate(objects):
             if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
+                if originals and not any(ids & optimizer_parameter_ids(obj) for ids, _ in originals):
+                    _check_same_device(obj, [model for _, model in originals])
                 if self._replaces_parameters(originals):
                     new = self._rebuild_for_wrapped_model(obj, originals)
                     rebuilt[id(obj)] = new
@@ -124,9 +132,9 @@ class Preparation:
     def _rebuild_for_wrapped_model(
         self, optimizer: torch.optim.Optimizer, originals: list[tuple[set[int], torch.nn.Module]]
     ) -> torch.optim.Optimizer:
-        from .optimizer_rebuild import parameter_ids, rebuild
+        from .optimizer_rebuild import rebuild
 
-        owned = parameter_ids(optimizer)
+        owned = optimizer_parameter_ids(optimizer)
         owners = [model for parameter_ids, model in originals if parameter_ids & owned]
         if not owners:
             # Built on a model prepared by an earlier prepare() call: already on the wrapped parameters.
@@ -141,7 +149,9 @@ class Preparation:
             return self.strategy.rebuild_optimizer(optimizer, owners[0], self._parameter_names)
         # Names as recorded before wrapping (DDP's "module." prefix is not part of them).
         model = self.strategy.unwrap_model(owners[0])
-        return rebuild(optimizer, model, self._parameter_names, announce=self._context.state.is_main_process)
+        # Moving to a device that makes new parameters (XLA) is the usual flow there, as in the reference: no warning.
+        announce = self._context.state.is_main_process and not _only_moved(optimizer, model)
+        return rebuild(optimizer, model, self._parameter_names, announce=announce)
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
@@ -162,7 +172,11 @@ class Preparation:
         """Wraps an optimizer so it only steps at accumulation boundaries, through the scaler if any."""
         if device_placement is None:
             device_placement = self.device_placement
-        prepared = AcceleratedOptimizer(optimizer, self.precision, self._context.device if device_placement else None)
+        reduce = self.strategy.reduce_gradients if isinstance(self.strategy, ReducesGradients) else None
+        prepared = AcceleratedOptimizer(
+            optimizer, self.precision, self._context.device if device_placement else None, reduce_gradients=reduce
+        )
+        prepared.on_step = self._optimizer_stepped
         self.prepared.optimizers.append(prepared)
         return prepared
 
@@ -193,10 +207,44 @@ class Preparation:
         context-parallel peers read the same batches."""
         if device_placement is None:
             device_placement = self.device_placement
-        prepared = plugins.load("accel.preparers", "dataloader").prepare(data_loader, self, device_placement)
+        transfer = self.strategy if isinstance(self.strategy, BatchTransfer) else None
+        # A strategy with its own device loader moves the batches itself: the loader leaves them on the CPU.
+        preparer = plugins.load("accel.preparers", "dataloader")
+        prepared = preparer.prepare(data_loader, self, device_placement and transfer is None)
+        if transfer is not None and device_placement:
+            prepared = transfer.wrap_dataloader(prepared)
         self.prepared.dataloaders.append(prepared)
         return prepared
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader that starts ``num_batches`` in, without reading the skipped samples (for resuming)."""
         return plugins.load("accel.preparers", "dataloader").skip_first_batches(dataloader, num_batches)
+
+
+def _only_moved(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> bool:
+    """Whether the model's new parameters are plain tensors of the same sizes on another device (nothing sharded)."""
+    from .transforms.state_dict import has_dtensors
+
+    old = [p for group in optimizer.param_groups for p in group["params"]]
+    new = list(model.parameters())
+    return (
+        bool(old)
+        and not has_dtensors(model)
+        and sorted(p.numel() for p in old) == sorted(p.numel() for p in new)
+        and {p.device for p in old}.isdisjoint({p.device for p in new})
+    )
+
+
+def _check_same_device(optimizer: torch.optim.Optimizer, models: list[torch.nn.Module]) -> None:
+    """The reference's error for an optimizer built on the model's parameters before the script moved the model to
+    another device (on XLA, moving creates new parameters: the optimizer would train nothing)."""
+    optimizer_device = next((p.device for group in optimizer.param_groups for p in group["params"]), None)
+    model_device = next((p.device for model in models for p in model.parameters()), None)
+    if optimizer_device is not None and model_device is not None and optimizer_device != model_device:
+        raise ValueError(
+            "The model and the optimizer parameters are not on the same device, which probably means you "
+            "created an optimizer around your model **before** putting on the device. Make sure the line "
+            "model.to(device) is before the optimizer creation in your script or remove it entirely and use "
+            "the flag default value for `device_placement` in your `Accelerator` to let it handle that "
+            "part for you."
+        )

@@ -11,6 +11,7 @@ torch at run time.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -95,6 +96,26 @@ class CheckpointAccelerator(Protocol):
         """``hook(models, input_dir)`` for each ``register_load_state_pre_hook``, in order."""
         ...
 
+    def training_progress(self) -> dict[str, Any]:
+        """Plain JSON data about the run (completed optimizer steps, last logged step), saved with the state."""
+        ...
+
+    def restore_training_progress(self, progress: dict[str, Any]) -> None:
+        """Given back, by ``load_state``, what ``training_progress`` returned when the checkpoint was saved."""
+        ...
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a resumed run loads: its folder, and how many objects of each kind it holds.
+
+    counts: ``models``, ``optimizers``, ``schedulers``, ``dataloaders``, ``custom_objects`` (the
+    names of ``PreparedObjects``' lists), so the Accelerator knows when everything was prepared again.
+    """
+
+    path: str
+    counts: dict[str, int] = field(default_factory=dict)
+
 
 @runtime_checkable
 class DataLoaderPreparer(Protocol):
@@ -135,6 +156,10 @@ class CheckpointHandler(Protocol):
         """Blocks until the accelerator's asynchronous save is written; returns its folder."""
         ...
 
+    def find_resume_point(self, accelerator: CheckpointAccelerator) -> ResumePoint | None:
+        """The newest automatic checkpoint complete on every process, or None. Collective."""
+        ...
+
 
 @runtime_checkable
 class Tracker(Protocol):
@@ -151,3 +176,16 @@ class Tracker(Protocol):
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None: ...
 
     def finish(self) -> None: ...
+
+
+@runtime_checkable
+class RewindableTracker(Protocol):
+    """A tracker that can continue a run from a checkpoint (the local and TensorBoard trackers).
+
+    ``Accelerator.resume_if_possible`` calls ``rewind`` on the main process once the checkpoint is
+    loaded and the tracker started, so the steps the resumed run logs again are not there twice.
+    """
+
+    def rewind(self, last_step: int | None) -> None:
+        """Forget what was logged with a step after ``last_step`` (None: every record with a step)."""
+        ...

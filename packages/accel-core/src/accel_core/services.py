@@ -63,6 +63,8 @@ class Tracking:
     log_with: list[Any]
     trackers: list[Any]
     wait_for_checkpoint: Callable[[], str | None]  # Checkpointing's, on the same Accelerator
+    _last_logged_step: int | None  # Resumption's: saved with checkpoints, where a resumed run's trackers rewind to
+    _apply_tracker_rewind: Callable[[], None]  # Resumption's
 
     @property
     def logging_dir(self) -> str | None:
@@ -112,6 +114,7 @@ class Tracking:
             if config is not None:
                 tracker.store_init_configuration(config)
             self.trackers.append(tracker)
+        self._apply_tracker_rewind()  # a resumed run continues the checkpoint's run
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The tracker called ``name`` (its raw library object with ``unwrap=True``)."""
@@ -124,6 +127,9 @@ class Tracking:
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
         """Logs ``values`` to every started tracker (main process only)."""
+        if step is not None:
+            last = self._last_logged_step
+            self._last_logged_step = int(step) if last is None else max(last, int(step))
         if not self.state.is_main_process:
             return
         log_kwargs = log_kwargs or {}
@@ -150,6 +156,7 @@ class Checkpointing:
     prepared: PreparedObjects
     _save_model_state_pre_hook: OrderedDict[int, Callable[..., None]]
     _load_model_state_pre_hook: OrderedDict[int, Callable[..., None]]
+    _after_prepare: Callable[[], None]  # Resumption's
 
     @property
     def project_dir(self) -> str | None:
@@ -220,6 +227,7 @@ class Checkpointing:
                 + listed
             )
         self.prepared.custom_objects.extend(objects)
+        self._after_prepare()
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
         """``torch.save`` once per machine (or on the main process only, unless ``save_on_each_node``)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from functools import partial, wraps
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from . import environment as env
 from .enums import DistributedType
+from .placement import Collectives, ProcessPlacement
 
 
 def _pick_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
@@ -75,9 +77,14 @@ class PartialState:
 
     _shared_state: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, cpu: bool = False, **init_process_group_kwargs: Any) -> None:
+    def __init__(
+        self, cpu: bool = False, placement: ProcessPlacement | None = None, **init_process_group_kwargs: Any
+    ) -> None:
         self.__dict__ = self._shared_state
         if self.initialized:
+            return
+        if placement is not None:
+            self._take_placement(placement, cpu)
             return
         self.world_size = env.get_int(env.WORLD_SIZE, 1) or 1
         self.rank = env.get_int(env.RANK, 0) or 0
@@ -94,6 +101,19 @@ class PartialState:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.fork_launched = False
+
+    def _take_placement(self, placement: ProcessPlacement, cpu: bool) -> None:
+        # The backend's runtime joined the processes already (its strategy's init_process_group).
+        self.world_size = placement.world_size
+        self.rank = placement.rank
+        self.local_rank = placement.local_rank
+        self.local_world_size = placement.local_world_size
+        self.cpu = bool(cpu)
+        self.debug = env.flag(env.DEBUG_MODE)
+        self.backend = placement.backend
+        self._shared_state["collectives"] = placement.collectives
+        self.fork_launched = False
+        self.device = placement.device  # last: `initialized` means complete
 
     def _init_process_group(self, kwargs: dict[str, Any]) -> None:
         if dist.is_initialized():
@@ -116,6 +136,12 @@ class PartialState:
         self.backend = backend
 
     # -- identity ---------------------------------------------------------------------------
+    @property
+    def collectives(self) -> Collectives | None:
+        """The backend's collectives when its runtime placed the process (``accel_core.placement``), else None:
+        ``accel_core.ops`` then uses torch.distributed."""
+        return self._shared_state.get("collectives")
+
     @property
     def initialized(self) -> bool:
         """Whether the process state has been set up in this process."""
@@ -168,7 +194,9 @@ class PartialState:
     # -- synchronisation --------------------------------------------------------------------
     def wait_for_everyone(self) -> None:
         """Blocks until every process reaches this line (a no-op on one process)."""
-        if self.use_distributed:
+        if self.collectives is not None:
+            self.collectives.barrier("accel.wait_for_everyone")
+        elif self.use_distributed:
             dist.barrier()
 
     @contextlib.contextmanager
@@ -346,8 +374,14 @@ class AcceleratorState(PartialState):
     Only plain values are shared: the strategy lives in its Accelerator, not in process state.
     """
 
-    def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **init_process_group_kwargs: Any) -> None:
-        super().__init__(cpu=cpu, **init_process_group_kwargs)
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        placement: ProcessPlacement | None = None,
+        **init_process_group_kwargs: Any,
+    ) -> None:
+        super().__init__(cpu=cpu, placement=placement, **init_process_group_kwargs)
         if "mixed_precision" not in self._shared_state or mixed_precision is not None:
             self.mixed_precision = mixed_precision or env.get_str(env.MIXED_PRECISION, "no")
 
@@ -440,6 +474,26 @@ class GradientState:
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
+
+    def set_batch_boundary_listener(self, listener: Callable[[Any], None] | None) -> None:
+        """Who hears ``batch_boundary``: the newest Accelerator's (held weakly, so it does not keep it alive)."""
+        if listener is None:
+            self.__dict__["boundary_listener"] = None
+        else:
+            self.__dict__["boundary_listener"] = weakref.WeakMethod(listener)
+
+    def batch_boundary(self, dataloader: Any) -> None:
+        """Called by a prepared dataloader when the training loop asks it for the next batch.
+
+        Also called once an epoch has ended (after the epoch count moved on). The loop's previous
+        step is complete there (optimizer, scheduler, logging), and the loader's position counts
+        exactly the batches it consumed: the point where a periodic checkpoint is taken. Collective
+        when it saves: every process's loader reaches it at the same step.
+        """
+        reference = self.__dict__.get("boundary_listener")
+        listener = reference() if reference is not None else None
+        if listener is not None:
+            listener(dataloader)
 
     def _add_dataloader(self, dataloader: Any) -> None:
         self.active_dataloader = dataloader

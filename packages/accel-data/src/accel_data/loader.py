@@ -336,6 +336,9 @@ class ShardedLoaderMixin(ResumableMixin):
         from accel_core.state import GradientState
 
         gradient_state = GradientState()
+        # Each request for a batch is a step boundary (see GradientState.batch_boundary): a periodic
+        # checkpoint due from the previous step is taken there, before the position moves on.
+        gradient_state.batch_boundary(self)
         skip, _ = self._begin()
         p = self._progress
         tail = LastGroup()
@@ -367,6 +370,8 @@ class ShardedLoaderMixin(ResumableMixin):
                     p.inner_state = current.state
                     current = current.batch
                 yield current
+                if pending is not _END:  # after the last batch, the boundary is the epoch's end (below)
+                    gradient_state.batch_boundary(self)
             completed = True
         finally:
             gradient_state._remove_dataloader(self)
@@ -375,6 +380,9 @@ class ShardedLoaderMixin(ResumableMixin):
             if completed:
                 p.epoch += 1
                 p.position, p.in_epoch, p.inner_state = 0, False, None
+        if completed:
+            # The epoch's end is a boundary too: a checkpoint taken here resumes at the next epoch.
+            gradient_state.batch_boundary(self)
 
     def __len__(self) -> int:
         plan = self._current_plan()

@@ -42,6 +42,8 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
         at_boundary = self.engine.is_gradient_accumulation_boundary()
         self.engine.step()
         self._step_was_skipped = bool(at_boundary and not self.engine.was_step_applied())
+        if at_boundary and self.on_step is not None:
+            self.on_step()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a state dict into DeepSpeed's optimizer, which places (partitions, offloads) it itself."""

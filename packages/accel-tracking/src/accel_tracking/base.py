@@ -106,7 +106,7 @@ def _runs_here(tracker: GeneralTracker) -> bool:
     return bool(active)
 
 
-_GUARDED_METHODS = ("__init__", "store_init_configuration", "log", "log_images", "log_table", "finish")
+_GUARDED_METHODS = ("__init__", "store_init_configuration", "log", "log_images", "log_table", "rewind", "finish")
 
 
 class GeneralTracker:

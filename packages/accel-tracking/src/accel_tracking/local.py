@@ -126,6 +126,27 @@ class LocalTracker(GeneralTracker):
             json.dumps({"columns": list(columns), "data": _jsonable(list(data)), "step": step}), encoding="utf-8"
         )
 
+    def rewind(self, last_step: int | None) -> None:
+        """Continues the run from a checkpoint: drops the records logged with a step after ``last_step``.
+
+        Called by ``Accelerator.resume_if_possible`` (``resume="auto"``): the steps between that
+        checkpoint and the crash are trained (and logged) again, and must not be there twice.
+        ``None`` drops every record that has a step (a restarted run with no checkpoint starts over).
+        """
+        if self._file is not None:
+            self._file.close()
+        path = self.metrics_path
+        kept = [
+            record
+            for record in (read_metrics(path) if path.is_file() else [])
+            if record.get("step") is None or (last_step is not None and record["step"] <= last_step)
+        ]
+        partial = path.with_suffix(".jsonl.tmp")
+        partial.write_text("".join(json.dumps(record) + "\n" for record in kept), encoding="utf-8")
+        partial.replace(path)  # whole or not at all: a crash here leaves the old file
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the run's life, closed by finish()
+        self._pending = 0
+
     def finish(self) -> None:
         if self._file is not None:
             self._file.close()

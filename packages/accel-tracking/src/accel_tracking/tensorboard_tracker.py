@@ -33,6 +33,7 @@ class TensorBoardTracker(GeneralTracker):
 
         self.run_name = str(run_name)
         self.logging_dir = os.fspath(resolve_logging_dir(logging_dir, self.name) / self.run_name)
+        self._writer_kwargs = kwargs
         self.writer = SummaryWriter(self.logging_dir, **kwargs)
 
     @property
@@ -80,6 +81,19 @@ class TensorBoardTracker(GeneralTracker):
         for key, images in values.items():
             self.writer.add_images(key, images, global_step=step, **kwargs)
         self.writer.flush()
+
+    def rewind(self, last_step: int | None) -> None:
+        """Continues the run from a checkpoint: TensorBoard forgets the events after ``last_step``.
+
+        Reopens the writer with ``purge_step=last_step + 1``: its event file starts with a restart
+        marker, and TensorBoard drops the events of that step and later from the earlier files, so
+        the steps a resumed run logs again appear once. ``None``: every step is forgotten.
+        """
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer.close()
+        kwargs = {**self._writer_kwargs, "purge_step": 0 if last_step is None else int(last_step) + 1}
+        self.writer = SummaryWriter(self.logging_dir, **kwargs)
 
     def finish(self) -> None:
         writer = getattr(self, "writer", None)

@@ -23,6 +23,7 @@ CONFIG = "config file"
 DEFAULT = "default"
 
 DEFAULT_PORT = 29500
+RDZV_STORE_SHARING_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("main_process_port", int, None, help="port of the rendezvous on the main machine"),
     Setting("rdzv_backend", str, "static", help="torchrun rendezvous backend: static, c10d, etcd, ..."),
     Setting("max_restarts", int, 0, help="times the whole job restarts after a failure"),
+    Setting(
+        "auto_resume",
+        bool,
+        False,
+        env.AUTO_RESUME,
+        help="workers resume from the newest complete automatic checkpoint (Accelerator(resume='auto')); "
+        "with --max-restarts a restarted job continues where its last checkpoint left it",
+    ),
     Setting("monitor_interval", float, None, help="seconds between torchrun's checks of the workers"),
     Setting("log_dir", str, None, help="keep each worker's stdout/stderr in files under this folder (torchrun)"),
     Setting(
@@ -111,6 +120,7 @@ class LaunchPlan:
     main_process_port: int | None = None
     rdzv_backend: str = "static"
     max_restarts: int = 0
+    auto_resume: bool = False
     monitor_interval: float | None = None
     log_dir: str | None = None
     tee: str | None = None
@@ -264,6 +274,13 @@ def resolve_plan(
     if values["debug"] and env.TORCH_DISTRIBUTED_DEBUG not in environ and env.TORCH_DISTRIBUTED_DEBUG not in child_env:
         # Debug mode also turns on torch's checks that every rank calls the same collective.
         child_env[env.TORCH_DISTRIBUTED_DEBUG] = "DETAIL"
+    if values["max_restarts"] > 0 and RDZV_STORE_SHARING_OFF not in environ and RDZV_STORE_SHARING_OFF not in child_env:
+        # torchrun's c10d rendezvous keeps one TCPStore server for all attempts, and the workers'
+        # init_process_group reuses it with no per-attempt prefix: a restarted worker can read a key
+        # of the attempt before (a dead peer's address) and wait in gloo/NCCL set-up until killed
+        # (pytorch/pytorch#135712; 2 of 8 restarts here). Without sharing, each attempt's rank 0
+        # serves a fresh store. The agent reads it too: `launch` applies this env to its own process.
+        child_env[RDZV_STORE_SHARING_OFF] = "1"
     nproc_per_node = values["num_processes"] // values["num_machines"]
     if nproc_per_node > 1 and "OMP_NUM_THREADS" not in environ and "OMP_NUM_THREADS" not in child_env:
         # torchrun would set 1 (and print a warning box); share this machine's CPUs instead.

@@ -19,6 +19,10 @@ with ``isinstance``, never a backend's name:
   the torch object that stands for it (Megatron's dummy scheduler into an LR scheduler).
 - ``ShardedCheckpointing``: the backend saves and loads its (sharded) models and optimizers itself
   (accel-checkpoint writes everything else around them).
+- ``PlacesProcess``: the backend's runtime, not torchrun's environment, says which process this is,
+  on which device, and moves tensors between processes (XLA's PJRT; ``accel_core.placement``).
+- ``ReducesGradients``: the gradients are reduced across processes right before the optimizer
+  steps (XLA, which has no DDP hooks); clipping reduces first.
 
 Models are prepared by the ordered chain of ``accel_core.transforms``; a strategy's
 ``prepare_model`` is its last step (the data-parallel wrapper).
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from ..optimizer_rebuild import ParameterNames
+    from ..placement import ProcessPlacement
     from ..state import AcceleratorState
 
 
@@ -245,8 +250,35 @@ class ProcessGroupSetup(Protocol):
 
 
 @runtime_checkable
+class PlacesProcess(Protocol):
+    """The backend's runtime places the process: ordinal, process count, device and collectives.
+
+    ``process_placement`` is called after ``init_process_group`` (when the strategy has one) and
+    before the process state exists; the state takes the placement instead of torchrun's environment.
+    """
+
+    def process_placement(self) -> ProcessPlacement: ...
+
+
+@runtime_checkable
+class ReducesGradients(Protocol):
+    """The backend reduces gradients across processes itself, right before each real optimizer step.
+
+    ``reduce_gradients`` is called by the prepared optimizer at accumulation boundaries, before it
+    steps (only the gradients not reduced yet since the last step, e.g. by clipping).
+    """
+
+    def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None: ...
+
+
+@runtime_checkable
 class BatchTransfer(Protocol):
-    """The backend moves batches to its device itself and marks step boundaries (XLA)."""
+    """The backend moves batches to its device itself and marks step boundaries (XLA).
+
+    ``wrap_dataloader`` gets a prepared loader that leaves batches on the CPU and returns the loader
+    the user iterates; ``mark_step`` runs what the backend has recorded so far (called before a
+    checkpoint is written).
+    """
 
     def wrap_dataloader(self, dataloader: Any) -> Any: ...
 

@@ -6,6 +6,7 @@ Precedence for every setting: the Accelerator's argument > the ``ACCEL_*`` envir
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +93,8 @@ def resolve_plan(
         name = PLUGIN_ARGUMENTS[next(iter(given))]
     else:
         name = env.get_str(env.STRATEGY, None, environ) or ""
+        if not name and _xla_configured(environ):
+            name = "xla"
         if not name:
             wants_fsdp = any(requested_size(parallelism, dim, environ) > 1 for dim in ("dp_shard", "cp"))
             name = "fsdp" if wants_fsdp else "ddp" if world_size > 1 else "single_device"
@@ -121,3 +124,16 @@ def resolve_plan(
         dynamo_backend=dynamo,
         scheduler_stepping=stepping,
     )
+
+
+def _xla_configured(environ: Mapping[str, str]) -> bool:
+    """An XLA device is configured (torch-xla's ``PJRT_DEVICE``) and a strategy named ``xla`` is installed (accel-xla):
+    then it is the default, as Accelerate picks XLA when torch-xla is there. ``--cpu`` keeps the CPU. Without
+    torch-xla itself installed, a stray ``PJRT_DEVICE`` does not turn a CPU/GPU run into an ImportError."""
+    if not environ.get("PJRT_DEVICE") or env.flag(env.USE_CPU, False, environ):
+        return False
+    if importlib.util.find_spec("torch_xla") is None:
+        return False
+    from ..plugins import available
+
+    return "xla" in available("accel.strategies")

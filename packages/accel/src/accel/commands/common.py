@@ -41,6 +41,13 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     _add(layout, dest="main_process_port", type=int, metavar="PORT", help="rendezvous port (one machine: a free one)")
     _add(layout, dest="rdzv_backend", metavar="NAME", help=helps["rdzv_backend"])
     _add(layout, dest="max_restarts", type=int, metavar="N", help=helps["max_restarts"])
+    layout.add_argument(
+        "--auto-resume",
+        dest="auto_resume",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=helps["auto_resume"],
+    )
     _add(layout, dest="monitor_interval", type=float, metavar="SECONDS", help=helps["monitor_interval"])
     _add(layout, dest="log_dir", metavar="DIR", help=helps["log_dir"])
     _add(layout, dest="tee", metavar="STREAMS", help=helps["tee"])

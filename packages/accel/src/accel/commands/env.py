@@ -6,6 +6,7 @@ import argparse
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, distributions, version
 
 from accel_core import plugins
@@ -42,6 +43,28 @@ def _devices() -> str:
     return text + (f", {devices.detail}" if devices.detail else "")
 
 
+# torch-xla's runtime settings worth a bug report (PJRT device, TPU topology, bf16 switches).
+_XLA_VARIABLES = ("PJRT_DEVICE", "XLA_DOWNCAST_BF16", "XLA_USE_BF16", "TPU_NUM_DEVICES", "TPU_ACCELERATOR_TYPE")
+
+
+def xla_runtime(environ: Mapping[str, str]) -> str:
+    """torch-xla's version, libtpu's, and the runtime's variables (package metadata and environment only: torch_xla
+    is not imported, it would start the runtime)."""
+    torch_xla = _version("torch-xla")
+    if torch_xla == "not installed":
+        return "torch-xla not installed"
+    torch = _version("torch")
+    parts = [f"torch-xla {torch_xla}"]
+    if torch_xla.split(".")[:2] != torch.split("+")[0].split(".")[:2]:
+        parts.append(f"MISMATCH: torch {torch} (torch-xla {torch_xla} needs the same major.minor release)")
+    libtpu = _version("libtpu")
+    parts.append(f"libtpu {libtpu}")
+    parts += [f"{name}={environ[name]}" for name in _XLA_VARIABLES if environ.get(name)]
+    if not environ.get("PJRT_DEVICE"):
+        parts.append("PJRT_DEVICE not set (torch-xla picks TPU when there is one, else CPU)")
+    return ", ".join(parts)
+
+
 def report() -> str:
     """The report text (torch is not imported: versions come from package metadata, devices from the system)."""
     lines = [
@@ -53,6 +76,7 @@ def report() -> str:
     for group in GROUPS:
         lines.append(f"- {group}: {', '.join(plugins.available(group)) or '(none)'}")
     lines.append(f"- devices: {_devices()}")
+    lines.append(f"- XLA runtime: {xla_runtime(os.environ)}")
     try:
         config, path = load_config()
         plan = resolve_plan({}, os.environ, config, config_file=str(path) if path else None)

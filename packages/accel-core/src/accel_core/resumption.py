@@ -1,0 +1,187 @@
+"""Auto-resume and periodic checkpoints: a restarted job continues where its last checkpoint left it.
+
+Three lines in a script::
+
+    config = ProjectConfiguration(project_dir="runs/exp", automatic_checkpoint_naming=True, save_every_n_steps=100)
+    accelerator = Accelerator(project_config=config, resume="auto")         # or `accel launch --auto-resume`
+    for epoch in range(train_loader.epoch, num_epochs):                    # the prepared loader's epoch
+
+When the checkpoint is loaded: at the end of the ``prepare`` (or ``register_for_checkpointing``)
+call after which everything the checkpoint holds has been prepared again, so the script's usual
+order of calls needs no change. Everything is restored there: weights, optimizer, scheduler,
+scaler, RNG states, each prepared dataloader's position (its next iteration starts at the next
+batch), ``accelerator.step``, ``completed_steps``, the automatic checkpoint number, and the
+trackers' runs (the local and TensorBoard trackers forget what was logged after the checkpoint,
+so the resumed steps are logged once).
+
+When a periodic checkpoint is taken: a real optimizer step (at an accumulation boundary; several
+optimizers stepping on one batch count once) makes one due, and it is written when the training
+loop next asks the dataloader that was iterating for a batch, or when that loader's epoch ends.
+By then the step's scheduler step and logging are done and the loader's position counts exactly
+the batches consumed, so resuming repeats nothing and skips nothing. Without a prepared loader the
+next ``accumulate()`` is the boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import environment as env
+from . import plugins
+from .configuration import ProjectConfiguration
+from .protocols import RewindableTracker
+
+if TYPE_CHECKING:
+    from .protocols import ResumePoint
+    from .state import AcceleratorState, GradientState
+    from .strategies import PreparedObjects
+
+logger = logging.getLogger(__name__)
+
+RESUME_MODES = ("auto",)
+_NO_STEP = object()  # no optimizer step since the last boundary
+_UNKNOWN = object()  # the resume point was not looked up yet
+
+
+class Resumption:
+    """Mixin of the Accelerator: ``resume="auto"``, ``completed_steps`` and ``save_every_n_steps``."""
+
+    state: AcceleratorState
+    gradient_state: GradientState
+    project_configuration: ProjectConfiguration
+    prepared: PreparedObjects
+    trackers: list[Any]
+    save_state: Callable[..., str]
+    load_state: Callable[..., str | None]
+
+    def _setup_resumption(self, resume: str | None) -> None:
+        from_env = resume is None and env.flag(env.AUTO_RESUME)
+        if from_env:
+            resume = "auto"
+        if resume is not None and resume not in RESUME_MODES:
+            raise ValueError(f"resume must be None or 'auto', got {resume!r}.")
+        config = self.project_configuration
+        wanted = "resume='auto'" if resume else "save_every_n_steps" if config.save_every_n_steps else None
+        if wanted and not (config.automatic_checkpoint_naming and config.project_dir):
+            source = f" ({env.AUTO_RESUME}=1, from accel launch --auto-resume)" if from_env else ""
+            raise ValueError(
+                f"{wanted}{source} works with automatic checkpoints: pass Accelerator(project_config="
+                "ProjectConfiguration(project_dir='runs/exp', automatic_checkpoint_naming=True))."
+            )
+        self.resume: str | None = resume
+        self.resumed_from: str | None = None
+        self.completed_steps = 0
+        self._last_logged_step: int | None = None
+        self._resume_pending = resume == "auto"
+        self._resume_point: Any = _UNKNOWN
+        self._stepped_in: Any = _NO_STEP
+        self._tracker_rewind: tuple[int | None] | None = None
+        self.gradient_state.set_batch_boundary_listener(self._on_batch_boundary)
+
+    # -- what a checkpoint keeps of the run (read and written by accel-checkpoint) --------------
+    def training_progress(self) -> dict[str, Any]:
+        """What ``save_state`` stores of the run besides the objects: optimizer steps and the last logged step."""
+        return {"completed_steps": self.completed_steps, "last_logged_step": self._last_logged_step}
+
+    def restore_training_progress(self, progress: dict[str, Any]) -> None:
+        """Called by ``load_state`` with what ``training_progress`` returned when the checkpoint was saved."""
+        self.completed_steps = int(progress.get("completed_steps", 0))
+        if "last_logged_step" in progress:
+            self._last_logged_step = progress["last_logged_step"]
+        self._stepped_in = _NO_STEP
+
+    # -- resuming ---------------------------------------------------------------------------
+    def resume_if_possible(self) -> str | None:
+        """Loads the newest complete automatic checkpoint, if there is one; returns its folder (else None).
+
+        ``resume="auto"`` calls it once everything the checkpoint holds is prepared; call it
+        yourself (after your last ``prepare``) to resume without that switch. Collective: every
+        process calls it. The trackers continue the checkpoint's run: the local and TensorBoard
+        trackers drop what was logged after it (with no checkpoint: everything an earlier attempt
+        logged with a step), so each step is logged once.
+
+        Example::
+
+            model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+            if accelerator.resume_if_possible():
+                accelerator.print(f"resumed at step {accelerator.completed_steps}")
+        """
+        self._resume_pending = False
+        point = self._find_resume_point()
+        if point is None:
+            self._rewind_trackers(None)  # an earlier attempt that never saved: its logged steps start over
+            return None
+        self.load_state(point.path)
+        self.resumed_from = point.path
+        self._rewind_trackers(self._last_logged_step)
+        if self.state.is_main_process:
+            logger.info("Resumed from %s: %d optimizer steps done.", point.path, self.completed_steps)
+        return point.path
+
+    def _find_resume_point(self) -> ResumePoint | None:
+        if self._resume_point is _UNKNOWN:
+            handler = plugins.load("accel.checkpoint", "state")
+            self._resume_point = handler.find_resume_point(self)  # collective: agreed by every process
+        return self._resume_point
+
+    def _after_prepare(self) -> None:
+        """Resumes (``resume="auto"``) once everything the checkpoint holds has been prepared or registered."""
+        if not self._resume_pending:
+            return
+        point = self._find_resume_point()
+        prepared = self.prepared
+        have = {
+            "models": len(prepared.models),
+            "optimizers": len(prepared.optimizers),
+            "schedulers": len(prepared.schedulers),
+            "dataloaders": len(prepared.dataloaders),
+            "custom_objects": len(prepared.custom_objects),
+        }
+        if point is None or all(count >= point.counts.get(kind, 0) for kind, count in have.items()):
+            self.resume_if_possible()
+
+    def _rewind_trackers(self, last_step: int | None) -> None:
+        self._tracker_rewind = (last_step,)
+        if self.trackers:
+            self._apply_tracker_rewind()
+
+    def _apply_tracker_rewind(self) -> None:
+        """Tells started trackers where the resumed run continues (called again by ``init_trackers``)."""
+        if self._tracker_rewind is None:
+            return
+        (last_step,) = self._tracker_rewind
+        self._tracker_rewind = None
+        for tracker in self.trackers:
+            if isinstance(tracker, RewindableTracker):
+                tracker.rewind(last_step)
+
+    # -- step boundaries --------------------------------------------------------------------
+    def _optimizer_stepped(self) -> None:
+        """A prepared optimizer really stepped (called by ``AcceleratedOptimizer.step``)."""
+        if self._stepped_in is _NO_STEP:  # several optimizers stepping on one batch make one step
+            self._stepped_in = self.gradient_state.active_dataloader
+            self.completed_steps += 1
+
+    def _on_batch_boundary(self, dataloader: Any) -> None:
+        """A prepared loader was asked for its next batch (``GradientState.batch_boundary``)."""
+        if self._resume_pending:
+            # Training started before everything the checkpoint holds was prepared: load_state names what differs.
+            self.resume_if_possible()
+        if self._stepped_in is not _NO_STEP and self._stepped_in is dataloader:
+            self._finish_step()
+
+    def _accumulate_boundary(self) -> None:
+        """``accumulate()`` was entered: the boundary of loops that iterate no prepared loader."""
+        if self._resume_pending:
+            self.resume_if_possible()
+        if self._stepped_in is None:
+            self._finish_step()
+
+    def _finish_step(self) -> None:
+        self._stepped_in = _NO_STEP
+        config = self.project_configuration
+        every = config.save_every_n_steps
+        if every and self.completed_steps % every == 0:
+            self.save_state(async_save=config.save_async)

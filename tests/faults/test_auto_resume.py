@@ -1,0 +1,119 @@
+"""A job whose workers are SIGKILLed three times restarts, resumes by itself and ends bit-identical.
+
+``restartable_train.py`` runs on 2 CPU processes under ``accel launch --auto-resume --max-restarts 3``
+with a periodic save every 3 optimizer steps, gradient accumulation, a shuffled prepared loader,
+dropout, an LR scheduler and the local and TensorBoard trackers. In each of the first three
+attempts one worker (rank and step drawn at random; the last kill inside a save, after its hidden
+folder exists) SIGKILLs itself; torchrun's agent restarts both workers and the Accelerator resumes
+from the newest complete checkpoint. An uninterrupted run of the same script is the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from accel_tracking.local import read_metrics
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "restartable_train.py"
+STEPS = 16  # 64 samples / (2 processes x 4) = 8 micro-batches per epoch, 2 per step, 4 epochs
+SAVE_EVERY = 3
+
+
+def _accel() -> list[str]:
+    script = Path(sys.executable).parent / "accel"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "accel.cli"]
+
+
+def _launch(project: Path, plan: dict[str, list[object]] | None, restarts: int) -> subprocess.CompletedProcess[str]:
+    project.mkdir()
+    # SIGKILL loses a process, not the page cache: fsync would only slow the 9 saves down.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCEL_CHECKPOINT_FSYNC": "0", "FAULT_PLAN": json.dumps(plan or {})}
+    command = [*_accel(), "launch", "--cpu", "-n", "2", "--max-restarts", str(restarts), "--auto-resume"]
+    return subprocess.run(
+        [*command, str(SCRIPT), str(project)], env=env, capture_output=True, text=True, timeout=900, check=False
+    )
+
+
+def _fault_plan(rng: random.Random) -> dict[str, list[object]]:
+    """Three kills at increasing steps, each attempt getting past the last one; the last inside a save."""
+    first = rng.randint(2, 5)
+    second = rng.randint(first + 1, 9)
+    saves = [s for s in range(second + 1, STEPS) if s % SAVE_EVERY == 0]
+    third = rng.choice(saves)
+    return {
+        "0": [rng.randint(0, 1), first, "step"],
+        "1": [rng.randint(0, 1), second, "step"],
+        "2": [rng.randint(0, 1), third, "save"],
+    }
+
+
+def _tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """What TensorBoard shows: its loader applies the restart markers (purge_step) of later event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return [(event.step, event.value) for event in accumulator.Scalars(tag)]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sigkilled_workers_restart_and_resume_bit_identically(tmp_path: Path) -> None:
+    seed = random.SystemRandom().randrange(2**32)
+    plan = _fault_plan(random.Random(seed))
+    why = f"seed {seed}, plan {plan}"
+
+    reference = _launch(tmp_path / "reference", None, restarts=0)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    faulty = _launch(tmp_path / "faulty", plan, restarts=3)
+    assert faulty.returncode == 0, f"{why}\n{faulty.stdout}\n{faulty.stderr}"
+
+    # Each of the first three attempts lost a worker to SIGKILL; the fourth finished.
+    attempts = [json.loads(line) for line in (tmp_path / "faulty" / "attempts.jsonl").read_text().splitlines()]
+    assert sorted({a["attempt"] for a in attempts}) == [0, 1, 2, 3], why
+    resumed = {a["attempt"]: a for a in attempts if a["rank"] == 0}
+    assert resumed[0]["resumed_from"] is None
+    # A kill right after step s comes before that step's save (taken when the next batch is asked
+    # for); a kill inside the save of step s leaves it unfinished: either way the newest checkpoint
+    # is the last multiple of SAVE_EVERY before s (none: a fresh start).
+    expected_resume = {attempt: (plan[str(attempt - 1)][1] - 1) // SAVE_EVERY * SAVE_EVERY for attempt in (1, 2, 3)}
+    for attempt, steps in expected_resume.items():
+        assert resumed[attempt]["completed_steps"] == steps, (why, resumed)
+        if steps:
+            assert resumed[attempt]["resumed_from"].endswith(f"checkpoint_{steps // SAVE_EVERY - 1}"), (why, resumed)
+    for a in attempts:  # both ranks agreed on the checkpoint
+        assert a["completed_steps"] == resumed[a["attempt"]]["completed_steps"], (why, attempts)
+
+    # Bit-identical final weights.
+    expected = load_file(tmp_path / "reference" / "final.safetensors")
+    got = load_file(tmp_path / "faulty" / "final.safetensors")
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), f"{name} differs ({why})"
+
+    # The metrics continue in the same run: each step once, in order, with the reference's values.
+    reference_metrics = read_metrics(tmp_path / "reference" / "run")
+    metrics = read_metrics(tmp_path / "faulty" / "run")
+    assert [r["step"] for r in reference_metrics] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in metrics] == list(range(1, STEPS + 1)), why
+    for ours, theirs in zip(metrics, reference_metrics, strict=True):
+        assert (ours["loss"], ours["lr"], ours["epoch"]) == (theirs["loss"], theirs["lr"], theirs["epoch"]), why
+    for tag in ("loss", "lr"):
+        assert _tensorboard_scalars(tmp_path / "faulty" / "run", tag) == _tensorboard_scalars(
+            tmp_path / "reference" / "run", tag
+        ), why
+    assert len(list((tmp_path / "faulty" / "run").glob("events.out.tfevents.*"))) >= 4  # one writer per attempt
+
+    # total_limit=2 kept rotating; the killed save left no checkpoint that counts.
+    checkpoints = sorted(os.listdir(tmp_path / "faulty" / "checkpoints"))
+    assert [c for c in checkpoints if not c.startswith(".")] == ["checkpoint_3", "checkpoint_4"], checkpoints

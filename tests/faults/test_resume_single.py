@@ -1,0 +1,163 @@
+"""Auto-resume and periodic saves on one process, in this process: the fast lane of tests/faults."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from accel_core import Accelerator
+from accel_core.configuration import ProjectConfiguration
+from accel_core.launch.plan import RDZV_STORE_SHARING_OFF, resolve_plan
+from accel_tracking.local import LocalTracker, read_metrics
+
+STEPS_PER_EPOCH = 4  # 16 samples, batches of 2, 2 micro-batches per step
+EPOCHS = 3
+
+
+def _config(project, every=None):
+    return ProjectConfiguration(
+        project_dir=str(project), automatic_checkpoint_naming=True, total_limit=3, save_every_n_steps=every
+    )
+
+
+def _run(project, *, stop_after=None, every=2, resume=None):
+    """Trains (prepared in two calls, as some scripts do); ``stop_after`` steps abandon the run like a crash."""
+    accelerator = Accelerator(
+        cpu=True, project_config=_config(project, every), gradient_accumulation_steps=2, resume=resume
+    )
+    torch.manual_seed(0)
+    data = torch.randn(16, 4, generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(TensorDataset(data, data.sum(1)), batch_size=2, shuffle=True)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    assert accelerator.resumed_from is None  # the checkpoint also holds a loader and a scheduler: not yet
+    loader, scheduler = accelerator.prepare(loader, scheduler)
+    start = (accelerator.resumed_from, accelerator.completed_steps, loader.epoch)
+    losses = {}
+    for _ in range(loader.epoch, EPOCHS):
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            if accelerator.sync_gradients:
+                losses[accelerator.completed_steps] = loss.item()
+                if accelerator.completed_steps == stop_after:
+                    return start, losses, None
+    return start, losses, {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
+
+
+def test_a_restarted_script_resumes_where_its_last_periodic_save_left_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCEL_CHECKPOINT_FSYNC", "0")  # a lost process, not a power cut: no fsync needed
+    _, reference_losses, reference = _run(tmp_path / "reference", every=None)
+    assert sorted(reference_losses) == list(range(1, STEPS_PER_EPOCH * EPOCHS + 1))
+
+    project = tmp_path / "run"
+    start, first, _ = _run(project, stop_after=7, resume="auto")  # "killed" after step 7
+    assert start == (None, 0, 0)
+    # Saves after steps 2, 4, 6 (the one of step 6 taken when the loop asked for step 7's first batch).
+    assert sorted(os.listdir(project / "checkpoints")) == ["checkpoint_0", "checkpoint_1", "checkpoint_2"]
+    manifest = json.loads((project / "checkpoints" / "checkpoint_2" / "accel_checkpoint.json").read_text())
+    assert manifest["progress"]["completed_steps"] == 6
+
+    start, second, final = _run(project, resume="auto")
+    assert start == (str(project / "checkpoints" / "checkpoint_2"), 6, 1)  # step 6 ended epoch 1's 2nd step
+    assert sorted(second) == list(range(7, 13))
+    assert {**first, **second} == reference_losses  # the same numbers, step for step
+    assert final is not None and reference is not None
+    for name in reference:
+        assert torch.equal(final[name], reference[name]), name
+    # The numbering went on (7 -> checkpoint_3 ...), total_limit=3 rotated the oldest away.
+    assert sorted(os.listdir(project / "checkpoints")) == ["checkpoint_3", "checkpoint_4", "checkpoint_5"]
+
+
+def test_without_resume_the_same_restart_starts_over_and_collides_with_its_checkpoints(tmp_path):
+    """The counter-check: without resume="auto" a restarted script neither continues nor can save."""
+    _run(tmp_path, stop_after=3)
+    with pytest.raises(Exception, match="already exists"):
+        _run(tmp_path)
+
+
+def test_bad_settings_name_the_fix(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="save_every_n_steps must be an integer >= 1"):
+        ProjectConfiguration(save_every_n_steps=0)
+    with pytest.raises(ValueError, match="automatic_checkpoint_naming=True"):
+        Accelerator(cpu=True, resume="auto")
+    with pytest.raises(ValueError, match="automatic_checkpoint_naming=True"):
+        Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=str(tmp_path), save_every_n_steps=5))
+    with pytest.raises(ValueError, match="resume must be None or 'auto'"):
+        Accelerator(cpu=True, project_config=_config(tmp_path), resume="latest")
+    monkeypatch.setenv("ACCEL_AUTO_RESUME", "1")
+    with pytest.raises(ValueError, match="ACCEL_AUTO_RESUME"):
+        Accelerator(cpu=True)
+    assert Accelerator(cpu=True, project_config=_config(tmp_path)).resume == "auto"
+
+
+def test_launch_plan_auto_resume_and_a_store_per_restart_attempt():
+    plan = resolve_plan({"num_processes": 2, "max_restarts": 2, "auto_resume": True}, {}, {})
+    assert plan.env["ACCEL_AUTO_RESUME"] == "true"
+    # torchrun's shared rendezvous store would hand restarted workers the previous attempt's keys.
+    assert plan.env[RDZV_STORE_SHARING_OFF] == "1"
+    assert RDZV_STORE_SHARING_OFF not in resolve_plan({"num_processes": 2}, {}, {}).env
+    kept = resolve_plan({"num_processes": 2, "max_restarts": 1}, {RDZV_STORE_SHARING_OFF: "0"}, {})
+    assert RDZV_STORE_SHARING_OFF not in kept.env  # the caller's own choice stands
+    assert resolve_plan({}, {"ACCEL_AUTO_RESUME": "1"}, {}).auto_resume
+
+
+def test_local_tracker_rewind_keeps_the_steps_up_to_the_checkpoint(tmp_path):
+    tracker = LocalTracker("run", tmp_path)
+    for step in range(1, 6):
+        tracker.log({"loss": float(step)}, step=step)
+    tracker.log({"note": 1})  # no step: kept
+    tracker.finish()
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 6, "lo')  # a torn last line, as a SIGKILL mid-write leaves
+    resumed = LocalTracker("run", tmp_path)
+    resumed.rewind(3)
+    resumed.log({"loss": 40.0}, step=4)
+    resumed.finish()
+    assert [(r["step"], r.get("loss")) for r in read_metrics(tmp_path / "run")] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (None, None),
+        (4, 40.0),
+    ]
+    again = LocalTracker("run", tmp_path)
+    again.rewind(None)  # a restart before any checkpoint: the stepped records start over
+    again.finish()
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [None]
+
+
+def test_tensorboard_rewind_purges_the_steps_after_the_checkpoint(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from accel_tracking.tensorboard_tracker import TensorBoardTracker
+
+    first = TensorBoardTracker("run", tmp_path)
+    for step in range(1, 6):
+        first.log({"loss": float(step)}, step=step)
+    first.finish()
+    resumed = TensorBoardTracker("run", tmp_path)
+    resumed.rewind(3)
+    for step in (4, 5):
+        resumed.log({"loss": 10.0 * step}, step=step)
+    resumed.finish()
+    accumulator = EventAccumulator(str(tmp_path / "run"))
+    accumulator.Reload()
+    assert [(e.step, e.value) for e in accumulator.Scalars("loss")] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 40.0),
+        (5, 50.0),
+    ]

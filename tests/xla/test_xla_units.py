@@ -1,0 +1,179 @@
+"""The xla strategy's parts that need no XLA device: launch flags and config section, version checks, selection,
+the layout and precision refusals, and core's dispatch to a backend's collectives. Run in every environment."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from accel.commands import env as env_command
+from accel.commands.common import plan_from_namespace
+from accel.commands.launch import build_parser
+from accel_core import ops
+from accel_core.launch.extensions import load_extensions
+from accel_core.parallelism import ParallelismConfig
+from accel_core.placement import ProcessPlacement
+from accel_core.state import PartialState
+from accel_core.strategies import resolve_plan
+from accel_xla import XlaLaunchOptions, XlaStrategy
+from accel_xla.collectives import pack_object, unpack_objects, xla_reduce_type
+from accel_xla.runtime import check_versions, release
+
+from .conftest import HAS_TORCH_XLA
+
+
+def launch_env(argv: list[str], tmp_path: Path, config: str = "") -> dict[str, str]:
+    """The variables ``accel launch`` would give the workers for ``argv`` (and a config file's text)."""
+    config_file = tmp_path / "accel.yaml"
+    config_file.write_text(config or "{}\n")
+    extensions = load_extensions()
+    assert any(isinstance(e, XlaLaunchOptions) for e in extensions), "accel-xla's accel.cli entry point is missing"
+    namespace = build_parser(extensions).parse_args(["--config-file", str(config_file), *argv, "train.py"])
+    return plan_from_namespace(namespace, extensions).env
+
+
+def test_launch_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("PJRT_DEVICE", "ACCEL_STRATEGY", "XLA_DOWNCAST_BF16"):
+        monkeypatch.delenv(name, raising=False)
+    assert launch_env(["--tpu"], tmp_path)["ACCEL_STRATEGY"] == "xla"
+    assert launch_env(["--use-xla"], tmp_path)["ACCEL_STRATEGY"] == "xla"
+    env = launch_env(["--xla-device", "tpu", "--mixed-precision", "bf16", "--downcast_bf16"], tmp_path)
+    assert env["ACCEL_STRATEGY"] == "xla" and env["PJRT_DEVICE"] == "TPU" and env["ACCEL_XLA_DEVICE"] == "TPU"
+    assert env["ACCEL_XLA_DOWNCAST_BF16"] == "true" and env["XLA_DOWNCAST_BF16"] == "1"
+    assert "ACCEL_STRATEGY" not in launch_env([], tmp_path)
+
+
+def test_config_file_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ACCEL_STRATEGY", raising=False)
+    env = launch_env([], tmp_path, "strategy: xla\nxla:\n  device: TPU\n  downcast_bf16: true\n")
+    assert env["ACCEL_STRATEGY"] == "xla"
+    assert env["ACCEL_XLA_DEVICE"] == "TPU" and env["ACCEL_XLA_DOWNCAST_BF16"] == "true"
+
+
+def test_xla_is_chosen_when_an_xla_device_is_configured_and_torch_xla_installed() -> None:
+    # In the main environment (no torch-xla) a stray PJRT_DEVICE must not select a strategy that cannot run.
+    expected = "xla" if importlib.util.find_spec("torch_xla") is not None else "single_device"
+    assert resolve_plan(world_size=1, environ={"PJRT_DEVICE": "TPU"}).strategy == expected
+    assert resolve_plan(world_size=4, environ={"PJRT_DEVICE": "TPU"}).strategy == (
+        "xla" if expected == "xla" else "ddp"
+    )
+    assert resolve_plan(world_size=1, environ={"PJRT_DEVICE": "TPU", "ACCEL_USE_CPU": "true"}).strategy != "xla"
+    assert resolve_plan(world_size=1, environ={}).strategy == "single_device"
+    assert resolve_plan(world_size=2, environ={"PJRT_DEVICE": "TPU", "ACCEL_STRATEGY": "ddp"}).strategy == "ddp"
+
+
+def test_torch_and_torch_xla_releases_must_match() -> None:
+    assert release("2.9.0+cu128") == (2, 9)
+    check_versions("2.9.0+cpu", "2.9.0")
+    check_versions("2.9.1", "2.9.0")
+    with pytest.raises(ImportError, match=r"torch-xla 2\.9\.0 runs only with torch 2\.9.*pip install torch==2\.9"):
+        check_versions("2.14.1", "2.9.0")
+
+
+@pytest.mark.skipif(HAS_TORCH_XLA, reason="torch-xla is installed here")
+def test_missing_torch_xla_names_the_install_command() -> None:
+    with pytest.raises(ImportError, match=r'pip install "accel\[xla\]"'):
+        XlaStrategy().init_process_group()
+
+
+def test_layout_and_precision_refusals() -> None:
+    strategy = XlaStrategy(downcast_bf16=False)
+    strategy.check_parallelism(ParallelismConfig(dp_replicate_size=4))
+    for sizes in ({"tp_size": 2}, {"dp_shard_size": 2}, {"cp_size": 2}):
+        with pytest.raises(ValueError, match="data parallelism over replicas only"):
+            strategy.check_parallelism(ParallelismConfig(**sizes))
+    assert strategy.resolve_precision("no") == "no"
+    downcasting = XlaStrategy(downcast_bf16=True)
+    assert downcasting.resolve_precision("bf16") == "bf16"
+    with pytest.raises(ValueError, match=r"Can only use `downcast_bf16` when using `mixed_precision='bf16'`"):
+        downcasting.resolve_precision("no")
+    assert "fp16" not in XlaStrategy.supported_precisions
+    with pytest.raises(TypeError, match="takes no plugin"):
+        XlaStrategy.from_plugin(object(), {})
+
+
+def test_reductions_and_object_payloads() -> None:
+    assert [xla_reduce_type(r) for r in ("sum", "max", "min", "product")] == ["sum", "max", "min", "mul"]
+    with pytest.raises(ValueError, match="Unknown reduction"):
+        xla_reduce_type("mean")
+    payloads = [pack_object({"rank": r}) for r in range(3)]
+    assert unpack_objects(payloads, None) == [{"rank": 0}, {"rank": 1}, {"rank": 2}]
+    assert unpack_objects([], "mine") == ["mine"]  # one replica: the rendezvous exchanged nothing
+
+
+class TwoReplicas:
+    """A backend's collectives as two replicas would answer them, the other replica holding ``other``'s values:
+    checks what accel_core.ops does with a placement's collectives (the XLA ones need a TPU for two replicas)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.calls.append("all_gather")
+        return torch.cat([tensor, tensor + 10])
+
+    def all_reduce(self, tensor: torch.Tensor, reduction: str) -> torch.Tensor:
+        self.calls.append(f"all_reduce:{reduction}")
+        return tensor + (tensor + 10)
+
+    def broadcast(self, tensor: torch.Tensor, from_process: int) -> torch.Tensor:
+        self.calls.append(f"broadcast:{from_process}")
+        return tensor + 10 if from_process == 1 else tensor
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        self.calls.append("gather_object")
+        return [obj, obj]
+
+    def broadcast_object(self, obj: Any, from_process: int) -> Any:
+        self.calls.append(f"broadcast_object:{from_process}")
+        return obj
+
+    def barrier(self, tag: str) -> None:
+        self.calls.append(f"barrier:{tag}")
+
+
+def test_core_operations_go_through_a_placements_collectives() -> None:
+    collectives = TwoReplicas()
+    placement = ProcessPlacement(torch.device("cpu"), 2, 0, 0, 2, backend="fake", collectives=collectives)
+    state = PartialState(placement=placement)
+    assert (state.num_processes, state.process_index, state.backend) == (2, 0, "fake")
+    assert state.collectives is collectives
+    assert ops.gather(torch.tensor(1.0)).tolist() == [1.0, 11.0]
+    assert ops.reduce(torch.tensor([1.0]), reduction="mean").tolist() == [6.0]  # (1 + 11) / 2
+    assert ops.reduce(torch.tensor([1.0]), reduction="sum", scale=2.0).tolist() == [24.0]
+    assert ops.broadcast(torch.tensor([1.0]), from_process=1).tolist() == [11.0]
+    assert ops.gather_object(["a"]) == ["a", "a"]
+    assert ops.broadcast_object_list([3], from_process=1) == [3]
+    # Padding asks every replica's size through the same gather: the other replica's is 10 longer here.
+    assert ops.pad_across_processes(torch.ones(2), dim=0).shape == (12,)
+    state.wait_for_everyone()
+    assert collectives.calls == [
+        "all_gather",
+        "all_reduce:sum",
+        "all_reduce:sum",
+        "broadcast:1",
+        "gather_object",
+        "broadcast_object:1",
+        "all_gather",
+        "barrier:accel.wait_for_everyone",
+    ]
+
+
+def test_placement_is_checked() -> None:
+    with pytest.raises(ValueError, match="rank 2 is not within world_size 2"):
+        ProcessPlacement(torch.device("cpu"), 2, 2, 0, 1)
+
+
+def test_env_report_shows_the_xla_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    line = env_command.xla_runtime(os.environ)
+    if HAS_TORCH_XLA:
+        assert line.startswith("torch-xla ") and "PJRT_DEVICE=TPU" in line
+    else:
+        assert line == "torch-xla not installed"
+    assert f"- XLA runtime: {line}" in env_command.report()
