@@ -85,7 +85,9 @@ class _AcceleratorHarness(Harness):
                 fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Block"]
             )
         elif strategy == "zero3":
-            kwargs["deepspeed_plugin"] = module.DeepSpeedPlugin(zero_stage=3, gradient_clipping=1.0)
+            plugin = module.DeepSpeedPlugin(zero_stage=3, gradient_clipping=1.0)
+            plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 32  # no loader is prepared with the model
+            kwargs["deepspeed_plugin"] = plugin
         self.acc = module.Accelerator(cpu=True, gradient_accumulation_steps=grad_accum, **kwargs)
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
 

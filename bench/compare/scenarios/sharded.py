@@ -35,12 +35,13 @@ def _live_tensor_bytes() -> int:
     storages: dict[int, int] = {}
     for obj in gc.get_objects():
         if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-            try:
+            try:  # FSDP2 frees the unsharded parameters' storages (resized to 0): those hold nothing
                 storage = obj.untyped_storage()
+                size, pointer = storage.nbytes(), storage.data_ptr()
             except (RuntimeError, NotImplementedError):
                 continue
-            if storage.nbytes():
-                storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
+            if size:
+                storages[pointer] = max(storages.get(pointer, 0), size)
     return sum(storages.values())
 
 
