@@ -3,7 +3,9 @@
 Run: uv run python bench/step_overhead.py [--steps 200] [--repeats 5]
 It re-launches itself under torchrun with 2 CPU processes (gloo). Both loops train the same model
 on the same in-memory batches, interleaved repeat by repeat so machine noise hits both alike.
-Prints the median per-step time of each and the ratio accel/raw (goal <= 1.03).
+Prints the median per-step time of each and the ratio accel/raw (goal <= 1.03), and the cost of
+``skip_nonfinite=True`` (one max-norm of the gradients and one all_reduce of a flag per step) next
+to the same accel loop without it.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def worker(steps: int, repeats: int) -> None:
     raw_model, raw_opt = make()
     raw_model = DistributedDataParallel(raw_model)
     acc_model, acc_opt = accelerator.prepare(*make())
+    guarded = Accelerator(skip_nonfinite=True)
+    guarded_model, guarded_opt = guarded.prepare(*make())
 
     def raw_loop() -> float:
         dist.barrier()
@@ -68,28 +72,34 @@ def worker(steps: int, repeats: int) -> None:
             raw_opt.zero_grad()
         return (time.perf_counter() - start) / steps
 
-    def accel_loop() -> float:
+    def accel_loop(acc=accelerator, model=acc_model, opt=acc_opt) -> float:
         dist.barrier()
         start = time.perf_counter()
         for i in range(steps):
             x, y = batches[i % len(batches)]
-            with accelerator.accumulate(acc_model):
-                loss = torch.nn.functional.mse_loss(acc_model(x), y)
-                accelerator.backward(loss)
-                acc_opt.step()
-                acc_opt.zero_grad()
+            with acc.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                acc.backward(loss)
+                opt.step()
+                opt.zero_grad()
         return (time.perf_counter() - start) / steps
 
-    raw_loop(), accel_loop()  # warm-up
-    raw_times, accel_times = [], []
+    def guarded_loop() -> float:
+        return accel_loop(guarded, guarded_model, guarded_opt)
+
+    raw_loop(), accel_loop(), guarded_loop()  # warm-up
+    raw_times, accel_times, guarded_times = [], [], []
     for _ in range(repeats):
         raw_times.append(raw_loop())
         accel_times.append(accel_loop())
+        guarded_times.append(guarded_loop())
     if rank == 0:
         raw_ms, accel_ms = statistics.median(raw_times) * 1e3, statistics.median(accel_times) * 1e3
+        guarded_ms = statistics.median(guarded_times) * 1e3
         print(
             f"2 processes (gloo, CPU), {steps} steps x {repeats} repeats: raw DDP {raw_ms:.3f} ms/step | "
-            f"accel {accel_ms:.3f} ms/step | ratio accel/raw {accel_ms / raw_ms:.3f} (goal <= 1.03)"
+            f"accel {accel_ms:.3f} ms/step | ratio accel/raw {accel_ms / raw_ms:.3f} (goal <= 1.03)\n"
+            f"skip_nonfinite=True: {guarded_ms:.3f} ms/step, {guarded_ms / accel_ms:.3f} of accel without it"
         )
     dist.destroy_process_group()
 

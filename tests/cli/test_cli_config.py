@@ -228,3 +228,34 @@ def test_deepspeed_section_accumulation_steps_become_the_accelerator_setting():
     assert config["gradient_accumulation_steps"] == 4
     assert config["deepspeed"] == {"zero_stage": 2}
     assert config["strategy"] == "deepspeed"
+
+
+def test_unreadable_config_files_are_named_with_the_fix(cli, tmp_path: Path) -> None:
+    """A directory, a binary file, corrupt YAML and a missing import source: one clear line each, no traceback."""
+    binary = tmp_path / "config.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("num_processes: [2\nmixed_precision: bf16\n")
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n- 2\n")
+    cases = [
+        (("launch", "--dry-run", "--config-file", str(folder), "train.py"), "is a directory"),
+        (("config", "show", "--config-file", str(folder)), "is a directory"),
+        (("launch", "--dry-run", "--config-file", str(binary), "train.py"), "is not a text file (binary content)"),
+        (("config", "show", "--config-file", str(binary)), "is not a text file"),
+        (("launch", "--dry-run", "--config-file", str(broken), "train.py"), "is not valid YAML"),
+        (("config", "import", str(broken)), "Accelerate config file"),
+        (("config", "import", str(binary)), "is not a text file"),
+        (("config", "import", str(folder)), "is a directory"),
+        (("config", "import", str(listed)), "holds a YAML list, not the mapping"),
+        (("config", "import", str(tmp_path / "missing.yaml")), "does not exist: pass the file `accelerate config`"),
+    ]
+    cli.config_dir.mkdir(parents=True)
+    (cli.config_dir / "default_config.yaml").write_text("num_processes: 1\n")  # the import must not blame this one
+    for args, expected in cases:
+        result = cli.run(*args)
+        assert result.returncode == 2, cli.describe(result)
+        assert expected in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+        assert "--force" not in result.stderr, (args, result.stderr)

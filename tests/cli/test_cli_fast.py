@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -142,8 +143,14 @@ def test_runner_runs_like_python_and_records_the_users_traceback(cli, tmp_path: 
     report = json.loads(ok.stdout)
     assert ok.returncode == 0 and report["argv"] == ["0", "x"] and report["name"] == "__main__"
     assert report["path0"] == str(cli.scripts)  # like `python script.py`: the script's folder first
+    assert not error_file.exists()  # a clean exit records nothing
+    before = time.time()
     assert _runner("path", str(cli.scripts / "exit_with.py"), "5", cwd=tmp_path, error_file=error_file).returncode == 5
-    assert not error_file.exists()  # sys.exit is not an error to record
+    # A non-zero sys.exit is recorded with its exact time (the launcher orders failing ranks by it) and where it was.
+    exited = json.loads(error_file.read_text())["message"]
+    assert exited["message"] == "SystemExit: 5" and "sys.exit(int(sys.argv[1]))" in exited["extraInfo"]["py_callstack"]
+    assert before <= float(exited["extraInfo"]["failed_at"]) <= time.time()
+    error_file.unlink()
 
     failed = _runner(
         "path", str(cli.scripts / "raise_in_function.py"), "bad", "input", cwd=tmp_path, error_file=error_file

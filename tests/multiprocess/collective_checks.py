@@ -50,6 +50,59 @@ def raises_everywhere(name: str, call: Callable[[], Any], *expected: str) -> Non
         print(f"ok {name}: {message.splitlines()[0]}", flush=True)
 
 
+def raises_plain_value_error_everywhere(name: str, call: Callable[[], Any], *expected: str) -> None:
+    """``call`` raises ValueError on this rank (a local check every rank reaches alike), naming ``expected``."""
+    try:
+        result = call()
+    except ValueError as error:
+        message = str(error)
+    else:
+        raise AssertionError(f"[rank {rank}] {name}: no error, returned {result!r}")
+    for part in expected:
+        check(part in message, f"{name}: {part!r} missing from the message:\n{message}")
+    if rank == 0:
+        print(f"ok {name}: {message}", flush=True)
+
+
+def check_adaptive_gathers() -> None:
+    """Checked gathers of changing sizes: the data rides with the check when it fits the group's capacity,
+    which follows recent sizes; every result is right, and a mismatch is caught whatever the capacity."""
+    sizes = [32 * 1000, 32 * 1000, 32 * 1000, 8, 600 * 1000, 32 * 1000, 40, 32 * 1000, 32 * 1000]
+    for step, numel in enumerate(sizes):
+        mine = (torch.arange(numel, dtype=torch.float32) + rank * numel + step, torch.full((3,), rank + step))
+        for name, gathered in (("gather", acc.gather(mine)), ("gather_for_metrics", acc.gather_for_metrics(mine))):
+            expected = torch.arange(2 * numel, dtype=torch.float32) + step
+            check(torch.equal(gathered[0], expected), f"{name} step {step} ({numel} floats): wrong data")
+            check(gathered[1].tolist() == [step] * 3 + [step + 1] * 3, f"{name} step {step}: {gathered[1]}")
+    # Same-sized gathers in a row (an evaluation loop): one all_gather each, the check included.
+    real, calls = dist.all_gather, []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    dist.all_gather = counting
+    try:
+        logits = (torch.ones(32, 1000), torch.ones(32, dtype=torch.int64))
+        per_call = []
+        for _ in range(3):
+            calls.clear()
+            acc.gather_for_metrics(logits)
+            per_call.append(len(calls))
+    finally:
+        dist.all_gather = real
+    check(per_call[1:] == [1, 1], f"all_gathers per same-sized gather_for_metrics: {per_call}")
+    # The capacity now fits 128 KB: sizes that differ slightly both fit, and the check still refuses them.
+    raises_everywhere(
+        "gather, sizes differ while both fit the adapted capacity",
+        lambda: acc.gather(torch.ones(32 * 1000 - rank)),
+        "process 0: tensor: float32 (32000,)",
+        "process 1: tensor: float32 (31999,)",
+    )
+    if rank == 0:
+        print("ok gathers of changing sizes", flush=True)
+
+
 def check_mismatches() -> None:
     # The issue's cases, as a new user would write them.
     raises_everywhere(
@@ -104,6 +157,12 @@ def check_mismatches() -> None:
         "Cannot apply gather_for_metrics",
         "[1]: int64 (4,)",
         "[1]: int64 (3,)",
+    )
+    raises_plain_value_error_everywhere(
+        "pad_across_processes on a dimension the tensor lacks",
+        lambda: acc.pad_across_processes(torch.ones(2, 3), dim=5),
+        "dim=5",
+        "2 dimension(s)",
     )
     # What the operations allow still works, and the group is usable after every failure above.
     check(acc.gather(torch.full((2, 3), float(rank))).sum().item() == 6.0, "gather after the failures")
@@ -161,8 +220,12 @@ def check_collective_on_one_rank() -> None:
 
 if __name__ == "__main__":
     if MODE == "mismatches":
+        start = time.monotonic()
         check_mismatches()
+        check_adaptive_gathers()
         acc.wait_for_everyone()
+        took = time.monotonic() - start
+        check(took < 60, f"the mismatch checks took {took:.0f}s")  # each raised within seconds, nothing hung
     else:
         check_collective_on_one_rank()
     print(f"COLLECTIVE CHECKS PASSED {rank}", flush=True)

@@ -159,9 +159,9 @@ def bad_layouts() -> None:
         lambda: Accelerator(parallelism_config=ParallelismConfig(dp_replicate_size=2, tp_size=4)),
     )
     expect_error(
-        "pipeline",
-        "pipeline parallelism is not available",
-        lambda: Accelerator(parallelism_config=ParallelismConfig(pp_size=2)),
+        "pipeline schedule with virtual stages",
+        "runs one stage per rank",
+        lambda: Accelerator(parallelism_config=ParallelismConfig(pp_size=2, pp_schedule="gpipe", pp_stages_per_rank=2)),
     )
 
     def tp_not_dividing() -> None:

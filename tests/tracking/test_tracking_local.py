@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import subprocess
 import sys
@@ -226,3 +227,32 @@ def test_all_names_resolve() -> None:
         assert getattr(accel_tracking, name) is not None
     with pytest.raises(AttributeError):
         accel_tracking.NoSuchThing
+
+
+@pytest.mark.parametrize("tracker", ["local", "tensorboard"])
+def test_a_logging_dir_that_cannot_be_created_is_named_with_the_fix(tmp_path: Path, tracker: str) -> None:
+    """Under a file (and, where this process is not root, in a read-only folder): one ValueError naming the folder."""
+    from accel_core import Accelerator, ProjectConfiguration
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    accelerator = Accelerator(
+        cpu=True, log_with=tracker, project_config=ProjectConfiguration(logging_dir=blocker / "logs")
+    )
+    with pytest.raises(
+        ValueError, match=r"cannot create its logging folder .*a_file/logs.*a file is in the way.*logging_dir="
+    ):
+        accelerator.init_trackers("run")
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_logging_dir_is_named_with_the_fix(tmp_path: Path) -> None:
+    from accel_tracking import LocalTracker
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        with pytest.raises(ValueError, match=r"cannot create its logging folder .*locked/logs.*Permission denied"):
+            LocalTracker("run", locked / "logs")
+    finally:
+        locked.chmod(0o700)

@@ -18,14 +18,24 @@ if TYPE_CHECKING:
 
 
 def model_state_dict(accelerator: CheckpointAccelerator, model: torch.nn.Module) -> dict[str, Any]:
-    """The full state dict of a prepared model, in its own dtypes (all processes call it: it may gather)."""
+    """The full state dict of a prepared model, in its own dtypes (all processes call it: it may gather; a model split
+    into pipeline stages is gathered over them onto the main process)."""
+    from accel_core.pipelining import PipelinedModel
+
+    if isinstance(model, PipelinedModel):
+        return model.full_state_dict()
     return accelerator.strategy.model_state_dict(model)
 
 
 def load_model_state_dict(
     accelerator: CheckpointAccelerator, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
 ) -> Any:
-    """Loads full weights into a prepared model through its strategy (shards keep their part)."""
+    """Loads full weights into a prepared model through its strategy (shards keep their part; pipeline stages take
+    their own keys)."""
+    from accel_core.pipelining import PipelinedModel
+
+    if isinstance(model, PipelinedModel):
+        return model.load_full_state_dict(state_dict, strict=strict)
     return accelerator.strategy.load_model_state_dict(model, state_dict, strict=strict)
 
 

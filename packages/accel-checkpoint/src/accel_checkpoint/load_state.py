@@ -130,6 +130,45 @@ class _Reader:
         return read_safetensors(self.path(safe))[0]
 
 
+# What a checkpoint folder (accel's or the reference's) holds: names start with one of these.
+_CHECKPOINT_ENTRIES = (
+    C.METADATA_NAME,
+    C.COMPLETE_NAME,
+    C.MODEL_NAME,
+    C.PICKLE_MODEL_NAME,
+    C.OPTIMIZER_NAME,
+    C.SCHEDULER_NAME,
+    C.SCALER_NAME,
+    C.RNG_STATE_NAME,
+    C.DATALOADER_NAME,
+    C.CUSTOM_NAME,
+    C.SHARDED_DIR,
+    "sampler",
+)
+
+
+def _holds_checkpoint_files(folder: str) -> bool:
+    return any(name.startswith(_CHECKPOINT_ENTRIES) for name in os.listdir(folder))
+
+
+def _no_checkpoint_message(folder: str) -> str:
+    entries = sorted(os.listdir(folder))
+    held = "it is empty" if not entries else f"it holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}"
+    # A project folder, or its checkpoints/ folder, given instead of one checkpoint: name the newest.
+    inside = [
+        f.path
+        for base in (folder, os.path.join(folder, C.CHECKPOINTS_DIR))
+        for f in layout.list_checkpoints(base)
+        if f.complete
+    ]
+    hint = f" Its newest complete checkpoint is {inside[-1]}." if inside else ""
+    return (
+        f"No checkpoint found in {folder}: {held}. A checkpoint folder holds {C.METADATA_NAME} and {C.COMPLETE_NAME}, "
+        f"model.safetensors (one per model), optimizer.bin, scheduler.bin, random_states_<rank>.pt, ... Pass the "
+        f"folder save_state() returned, or <project_dir>/checkpoints/checkpoint_<n>.{hint}"
+    )
+
+
 def _check_count(kind: str, saved: int, prepared: int, folder: str) -> None:
     if saved != prepared:
         raise CheckpointMismatchError(
@@ -180,6 +219,8 @@ def load_state(
                 raise IncompleteCheckpointError(
                     f"{folder} is a checkpoint that was still being written; load a finished one."
                 )
+            if not _holds_checkpoint_files(folder):
+                raise CheckpointNotFoundError(_no_checkpoint_message(folder))
             warnings.warn(
                 f"{folder} has no accel-checkpoint metadata: reading it as a reference-layout (legacy) checkpoint.",
                 stacklevel=3,

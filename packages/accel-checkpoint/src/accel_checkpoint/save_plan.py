@@ -18,7 +18,7 @@ from . import access, layout
 from . import constants as C
 from .coordination import Coordinator
 from .data_state import dataloader_state
-from .errors import CheckpointError
+from .errors import CheckpointError, write_error
 from .fsio import remove_tree, token
 from .optimizer_state import optimizer_class
 from .rng import capture_rng_state
@@ -116,8 +116,8 @@ def create_partial_folders(coord: Coordinator, final: str, temp: str, tag: str, 
                 layout.remove_leftovers(parent, only_for=None if automatic else os.path.basename(final), keep_tag=tag)
                 os.makedirs(temp)
             except OSError as caught:
-                error = caught
-        coord.agree(error, f"creating {temp}")
+                error = write_error(caught, final)  # names the checkpoint, not the hidden folder
+        coord.agree(error, f"creating checkpoint {final}")
         if leader is None and os.path.isdir(temp):
             leader = creator
         waiting = [rank for rank, without in enumerate(coord.gather(leader is None)) if without]

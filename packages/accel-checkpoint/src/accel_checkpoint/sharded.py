@@ -21,9 +21,11 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from accel_core.optimizer_rebuild import optimizer_owner
+from accel_core.pipelining import PipelinedModel
 from accel_core.strategies.base import ShardedCheckpointing
 
 from .access import listed, raw_optimizer
+from .errors import CheckpointError
 
 if TYPE_CHECKING:
     from accel_core.protocols import CheckpointAccelerator
@@ -45,9 +47,34 @@ def _has_dtensor(model: Any) -> bool:
 __all__ = ["MODELS", "OPTIMIZERS", "SCHEDULERS", "DCPCheckpointing", "ShardedCheckpointing", "find_sharded"]
 
 
+def dcp_module(model: Any) -> Any:
+    """The module DCP reads for ``model``: a pipelined model's local stage (parameter names as in the whole model, so
+    the stages' keys together are the whole model's and load into another pipeline layout)."""
+    if not isinstance(model, PipelinedModel):
+        return model
+    if len(model.parts) != 1:
+        raise CheckpointError(
+            f"save_state/load_state with {len(model.parts)} pipeline stages per rank (interleaved schedules) is not "
+            "supported yet: use one stage per rank (pp_schedule='gpipe' or '1f1b') to checkpoint, or save the weights "
+            "with accelerator.save_model."
+        )
+    return model.parts[0]
+
+
+def _options(prepared: PreparedObjects) -> Any:
+    """State-dict options: optimizer state flattened per parameter name when a model is split into pipeline stages."""
+    if not any(isinstance(m, PipelinedModel) for m in prepared.models):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def find_sharded(accelerator: CheckpointAccelerator) -> tuple[Any, str] | None:
     """The implementation to use and its name, or None for a plain (full state dict) checkpoint."""
     strategy = accelerator.strategy
+    if any(isinstance(m, PipelinedModel) for m in listed(accelerator, "_models")):
+        return DCPCheckpointing(), "dcp"  # each stage writes its own keys, whatever the strategy
     if isinstance(strategy, ShardedCheckpointing):
         return strategy, f"{type(strategy).__module__}.{type(strategy).__qualname__}"
     if any(_has_dtensor(m) for m in listed(accelerator, "_models")):
@@ -61,6 +88,8 @@ class DCPCheckpointing:
     Layout inside the checkpoint: ``sharded/model_<i>/`` (key ``model``) and
     ``sharded/optimizer_<i>/`` (key ``optimizer``). Loading works for another number of processes
     (DCP reshards). ``merge_sharded_checkpoint`` turns ``model_<i>`` into one safetensors file.
+    A pipelined model writes each stage's keys (and its optimizer state flattened per parameter,
+    so that the stages' groups do not collide): together they are the whole model's.
     """
 
     def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> Collection[str]:
@@ -70,12 +99,13 @@ class DCPCheckpointing:
             get_optimizer_state_dict,
         )
 
-        models = list(prepared.models)
+        models = [dcp_module(m) for m in prepared.models]
+        options = _options(prepared)
         for i, model in enumerate(models):
             dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(folder, f"model_{i}"))
         for i, wrapped in enumerate(prepared.optimizers):
             optimizer = raw_optimizer(wrapped)
-            state = get_optimizer_state_dict(optimizer_owner(optimizer, models), optimizer)
+            state = get_optimizer_state_dict(optimizer_owner(optimizer, models), optimizer, options=options)
             dcp.save({"optimizer": state}, checkpoint_id=os.path.join(folder, f"optimizer_{i}"))
         return (MODELS, OPTIMIZERS)
 
@@ -105,7 +135,8 @@ class DCPCheckpointing:
                 planner=SafeLoadPlanner(allow_unsafe_pickle),
             )
 
-        models = list(prepared.models)
+        models = [dcp_module(m) for m in prepared.models]
+        options = _options(prepared)
         for i, model in enumerate(models):
             state = {"model": get_model_state_dict(model)}
             read(state, os.path.join(folder, f"model_{i}"))
@@ -113,6 +144,6 @@ class DCPCheckpointing:
         for i, wrapped in enumerate(prepared.optimizers):
             optimizer = raw_optimizer(wrapped)
             owner = optimizer_owner(optimizer, models)
-            state = {"optimizer": get_optimizer_state_dict(owner, optimizer)}
+            state = {"optimizer": get_optimizer_state_dict(owner, optimizer, options=options)}
             read(state, os.path.join(folder, f"optimizer_{i}"))
-            set_optimizer_state_dict(owner, optimizer, state["optimizer"])
+            set_optimizer_state_dict(owner, optimizer, state["optimizer"], options=options)

@@ -26,7 +26,7 @@ from . import constants as C
 from . import layout
 from .content_hash import ALGORITHM, hash_files
 from .coordination import Coordinator
-from .errors import CheckpointError
+from .errors import CheckpointError, write_error
 from .fsio import BackgroundSync, file_sizes, fsync_dir, remove_tree, token, torch_save, write_json
 from .safetensors_io import write_safetensors
 from .save_plan import FileJob, SaveJob
@@ -99,6 +99,13 @@ def _finish(job: SaveJob) -> None:
         layout.prune(job.prune_base, job.total_limit)
 
 
+def _named(error: BaseException, job: SaveJob) -> BaseException:
+    """A file system's refusal, about a file in the hidden temporary folder, as an error naming the checkpoint."""
+    if isinstance(error, OSError) and not isinstance(error, CheckpointError):
+        return write_error(error, job.final_dir)
+    return error
+
+
 def run_job(job: SaveJob, coord: Coordinator) -> str:
     """Writes ``job``'s files and, on the finishing process, completes the checkpoint. Collective."""
     error: BaseException | None = None
@@ -106,9 +113,9 @@ def run_job(job: SaveJob, coord: Coordinator) -> str:
         write_files(job)
         job.files = []  # drop references to the snapshot as soon as it is on disk
     except BaseException as caught:  # noqa: BLE001 - reported to every process below
-        error = caught
+        error = _named(caught, job)
     try:
-        coord.agree(error, f"writing checkpoint files into {job.temp_dir}")
+        coord.agree(error, f"writing checkpoint {job.final_dir}")
     except BaseException:
         if job.finalizer:
             remove_tree(job.temp_dir)
@@ -121,7 +128,7 @@ def run_job(job: SaveJob, coord: Coordinator) -> str:
         try:
             _finish(job)
         except BaseException as caught:  # noqa: BLE001
-            error = caught
+            error = _named(caught, job)
     coord.agree(error, f"completing checkpoint {job.final_dir}")
     logger.info("Saved state to %s", job.final_dir)
     return job.final_dir

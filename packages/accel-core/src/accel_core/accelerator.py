@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from . import cluster_env, ops, plugins
 from . import environment as env
-from . import ops, plugins
 from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
 from .collective_check import check_agreement, checked_small_gather
 from .configuration import (
@@ -50,6 +50,7 @@ from .configuration import (
 from .enums import DistributedType, SchedulerStepping
 from .fp8_recipes import fp8_recipe_handler
 from .mesh import ParallelDims, make_dims
+from .nonfinite import NonFiniteGuard
 from .optimizer import AcceleratedOptimizer
 from .optimizer_rebuild import ParameterNames
 from .parallel import Parallelism
@@ -63,7 +64,7 @@ from .random import synchronize_rng_states
 from .resumption import Resumption
 from .scheduler import AcceleratedScheduler
 from .services import Checkpointing, Tracking, normalize_log_with
-from .state import AcceleratorState, GradientState
+from .state import AcceleratorState, GradientState, collective_timeout
 from .strategies import (
     BackwardSyncControl,
     OwnsOptimizerStep,
@@ -94,7 +95,10 @@ class Accelerator(
     ``accel_core.scheduler``). ``gradient_accumulation_steps``, ``mixed_precision``,
     ``scheduler_stepping`` and the sizes of ``parallelism_config`` default to the ``ACCEL_*``
     environment that ``accel launch`` writes, then to 1, ``"no"``, ``"per_process"`` and all
-    processes data-parallel. ``deepspeed_plugins`` takes one plugin, or a dict naming one (accel
+    processes data-parallel. ``skip_nonfinite=True`` (or ``ACCEL_SKIP_NONFINITE=1``) skips the
+    optimizer and scheduler step on every process when any process's loss or any gradient is not
+    finite, counting the skips in ``nonfinite_skips`` (``accel_core.nonfinite``).
+    ``deepspeed_plugins`` takes one plugin, or a dict naming one (accel
     runs one DeepSpeed configuration per Accelerator).
 
     ``resume="auto"`` (accel's; default from ``ACCEL_AUTO_RESUME``, which ``accel launch
@@ -135,6 +139,7 @@ class Accelerator(
         deepspeed_plugins: Any = None,
         scheduler_stepping: str | SchedulerStepping | None = None,
         resume: str | None = None,
+        skip_nonfinite: bool | None = None,
     ) -> None:
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None and self.project_configuration.project_dir is None:
@@ -153,6 +158,7 @@ class Accelerator(
                 f"{type(strategy).__name__}: subclass accel_core.strategies.Strategy."
             )
         strategy_name = strategy.name if isinstance(strategy, Strategy) else strategy
+        cluster_env.adopt()  # started by srun / mpirun / a PyTorchJob: their variables as torchrun's
         world_size = env.get_int(env.WORLD_SIZE, 1) or 1
         plan = resolve_plan(
             world_size=world_size,
@@ -185,6 +191,8 @@ class Accelerator(
             self.handlers[InitProcessGroupKwargs].to_kwargs() if InitProcessGroupKwargs in self.handlers else {}
         )
         if isinstance(self.strategy, ProcessGroupSetup):
+            if os.environ.get(env.COLLECTIVE_TIMEOUT):  # --collective-timeout reaches a backend's own group too
+                init_kwargs["timeout"] = collective_timeout(init_kwargs.get("timeout"))
             self.strategy.init_process_group(**init_kwargs)
         placement = self.strategy.process_placement() if isinstance(self.strategy, PlacesProcess) else None
         self.state = AcceleratorState(
@@ -230,6 +238,7 @@ class Accelerator(
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.scheduler_stepping = SchedulerStepping(plan.scheduler_stepping)
         self._parameter_names = ParameterNames()
+        self._nonfinite_guard = self._make_nonfinite_guard(skip_nonfinite)
         self._context = StrategyContext(
             device=self.state.device,
             state=self.state,
@@ -258,6 +267,20 @@ class Accelerator(
         self._save_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
         self._load_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
         self._setup_resumption(resume)
+
+    def _make_nonfinite_guard(self, skip_nonfinite: bool | None) -> NonFiniteGuard | None:
+        if skip_nonfinite is None:
+            skip_nonfinite = env.flag("ACCEL_SKIP_NONFINITE")
+        if not skip_nonfinite:
+            return None
+        if isinstance(self.strategy, OwnsOptimizerStep) and self.strategy.owns_optimizer_step():
+            raise ValueError(
+                f"skip_nonfinite=True needs accel to step the optimizer, but the {self.strategy.name} strategy steps "
+                "it itself (its own loss scaler skips inf/NaN steps): leave skip_nonfinite off."
+            )
+        return NonFiniteGuard(
+            self.prepared.optimizers, self.state.device, check_gradients=self.precision.scaler is None
+        )
 
     def _make_precision(self, name: str) -> Precision:
         if name not in self.strategy.supported_precisions:
@@ -373,6 +396,11 @@ class Accelerator(
         self.gradient_state.num_steps = value
 
     @property
+    def nonfinite_skips(self) -> int:
+        """How many optimizer steps ``skip_nonfinite`` skipped (0 when it is off)."""
+        return 0 if self._nonfinite_guard is None else self._nonfinite_guard.skips
+
+    @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped (fp16 inf/nan gradients): do not change the LR then."""
         return any(opt.step_was_skipped for opt in self._optimizers)
@@ -383,6 +411,8 @@ class Accelerator(
         owns_step = isinstance(self.strategy, OwnsOptimizerStep) and self.strategy.owns_optimizer_step()
         if not owns_step and self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
+        if self._nonfinite_guard is not None:
+            self._nonfinite_guard.observe_loss(loss)
         self.strategy.backward(self.precision.scale_loss(loss), **kwargs)
 
     def _do_sync(self) -> None:
@@ -502,8 +532,14 @@ class Accelerator(
         return model
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """The full state dict of a prepared model (gathered where the strategy shards it), fp16 cast to fp32."""
-        state_dict = self.strategy.model_state_dict(model) if unwrap else model.state_dict()
+        """The full state dict of a prepared model (gathered where the strategy shards it, and over the pipeline
+        stages: valid on the main process), fp16 cast to fp32."""
+        from .pipelining import PipelinedModel
+
+        if isinstance(model, PipelinedModel):
+            state_dict = model.full_state_dict() if unwrap else model.state_dict()
+        else:
+            state_dict = self.strategy.model_state_dict(model) if unwrap else model.state_dict()
         return {
             k: v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v
             for k, v in state_dict.items()

@@ -10,6 +10,11 @@ differ) and all ranks exchange an 8-byte digest of that description in one ``all
 single int64. Equal digests: the data moves. Any difference: every rank sees it at the same time,
 exchanges the readable descriptions (``all_gather_object``, only on this failure path) and raises
 the same ``DistributedOperationException`` naming each rank's shapes.
+
+``gather`` and ``gather_for_metrics`` of tensors do better: the data rides in the same collective
+as its digest when it fits the group's current capacity, which follows the sizes recent gathers
+needed (``checked_small_gather``), so an evaluation loop pays one collective per gather, as
+without the check.
 """
 
 from __future__ import annotations
@@ -106,20 +111,53 @@ def raise_mismatch(operation: str, lines: list[str], group: Any, ndim_only: bool
 
 
 SMALL_GATHER_BYTES = 16 * 2**10
-"""Gathers whose tensors hold at most this many bytes (per rank) travel with their check in one collective."""
+"""The data a checked gather carries with its check at first (per rank); later calls adapt (``_Capacity``)."""
 
 _HEADER = 3  # int64s: digest, whether the data fit, its size in bytes
+_GRAIN = 2**10  # capacities are whole KiB
+_MAX_CAPACITY = 2**20  # beyond this a second collective's latency is small next to moving the data
+_HISTORY = 8  # calls remembered per group
+
+
+class _Capacity:
+    """How many data bytes the next checked gather on one process group carries with its check.
+
+    Every rank must send a buffer of the same size, so the size may only depend on what all ranks
+    know alike: the sizes of the last few gathers on the group, read from the exchanged headers
+    (identical on every rank). A gather whose data fits travels in one collective; one that does
+    not costs a second collective, after which the capacity grows to fit such data (up to
+    ``_MAX_CAPACITY``; larger data keeps the check small).
+    """
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def current(self) -> int:
+        if not self.sizes:
+            return SMALL_GATHER_BYTES
+        largest = max(self.sizes)
+        if largest > _MAX_CAPACITY:
+            return _GRAIN
+        return max(_GRAIN, -(-largest // _GRAIN) * _GRAIN)
+
+    def record(self, size: int) -> None:
+        self.sizes = [*self.sizes[-(_HISTORY - 1) :], size]
+
+
+_CAPACITIES: dict[int, _Capacity] = {}
 
 
 def checked_small_gather(operation: str, data: Any, group: Any = None, hint: str = "") -> Any | None:
-    """``gather`` of small tensors and its agreement check in one all_gather; None when the data is larger.
+    """``gather`` of tensors and its agreement check in one all_gather when the data fits; None when it does not.
 
     Every rank sends the same fixed-size buffer — its digest, then its tensors' bytes when they fit
-    in ``SMALL_GATHER_BYTES`` — so the exchange is safe whatever the ranks pass. A gather of a few
-    hundred bytes is all latency: this makes the check free there. When the digests agree and every
-    rank's data fit, the result is unpacked from the buffers; when they agree but the data is
-    larger, None tells the caller to move it (the check is done). When they differ: the same
-    ``DistributedOperationException`` as ``check_agreement``.
+    in the group's current capacity (``_Capacity``: what recent gathers on the group needed) — so the
+    exchange is safe whatever the ranks pass. A gather of a few hundred bytes is all latency: this
+    makes the check free there, and a loop gathering same-sized logits at every step pays one
+    collective per step too. When the digests agree and every rank's data fit, the result is
+    unpacked from the buffers; when they agree but the data is larger, None tells the caller to move
+    it (the check is done). When they differ: the same ``DistributedOperationException`` as
+    ``check_agreement``.
     """
     lines = describe(data)
     leaves: list[torch.Tensor] = []
@@ -137,9 +175,12 @@ def checked_small_gather(operation: str, data: Any, group: Any = None, hint: str
     collect(data)
     device = leaves[0].device if leaves else _check_device()
     size = sum(t.numel() * t.element_size() for t in leaves)
-    fits = size <= SMALL_GATHER_BYTES and all(t.device == device for t in leaves)
+    capacity_of = _CAPACITIES.setdefault(id(group) if group is not None else 0, _Capacity())
+    capacity = capacity_of.current()
+    fits = size <= capacity and all(t.device == device for t in leaves)
     header = torch.tensor([_digest(lines), int(fits), size], dtype=torch.int64)
-    buffer = torch.zeros(_HEADER * 8 + SMALL_GATHER_BYTES, dtype=torch.uint8, device=device)
+    # Only the header and the data are read back: the rest of the buffer need not be cleared.
+    buffer = torch.empty(_HEADER * 8 + capacity, dtype=torch.uint8, device=device)
     buffer[: _HEADER * 8] = header.view(torch.uint8).to(device)
     if fits and leaves:
         buffer[_HEADER * 8 : _HEADER * 8 + size] = torch.cat(
@@ -152,6 +193,7 @@ def checked_small_gather(operation: str, data: Any, group: Any = None, hint: str
     headers = rows[:, : _HEADER * 8].contiguous().view(torch.int64).cpu().tolist()
     if any(h[0] != headers[0][0] for h in headers):
         raise_mismatch(operation, lines, group, hint=hint)
+    capacity_of.record(max(h[2] for h in headers))  # from the exchanged headers: the same on every rank
     if not all(h[1] for h in headers):
         return None
     gathered, offset = [], _HEADER * 8

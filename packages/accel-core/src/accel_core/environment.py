@@ -18,6 +18,7 @@ GRADIENT_ACCUMULATION_STEPS = "ACCEL_GRADIENT_ACCUMULATION_STEPS"
 USE_CPU = "ACCEL_USE_CPU"  # "true" forces the CPU even where a GPU exists
 DYNAMO_BACKEND = "ACCEL_DYNAMO_BACKEND"  # "no" or a torch.compile backend name
 DEBUG_MODE = "ACCEL_DEBUG_MODE"  # "1"/"true": torch's collective consistency checks (TORCH_DISTRIBUTED_DEBUG=DETAIL)
+COLLECTIVE_TIMEOUT = "ACCEL_COLLECTIVE_TIMEOUT"  # seconds a collective waits for every rank (process group timeout)
 TORCH_DISTRIBUTED_DEBUG = "TORCH_DISTRIBUTED_DEBUG"  # torch's own: OFF / INFO / DETAIL
 STRATEGY = "ACCEL_STRATEGY"  # name of an ``accel.strategies`` entry point: "ddp", "fsdp", "deepspeed", ...
 CONFIG_FILE = "ACCEL_CONFIG_FILE"  # path of the YAML config file
@@ -70,6 +71,21 @@ def get_int(name: str, default: int | None = None, environ: Mapping[str, str] | 
         return int(raw)
     except ValueError:
         raise ValueError(f"Environment variable {name}={raw!r} must be an integer.") from None
+
+
+def get_seconds(name: str, environ: Mapping[str, str] | None = None) -> float | None:
+    """The positive number of seconds in the environment variable ``name``, or ``None`` when unset."""
+    env = os.environ if environ is None else environ
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"Environment variable {name}={raw!r} must be a positive number of seconds, e.g. 600.")
+    return seconds
 
 
 def get_str(name: str, default: str | None = None, environ: Mapping[str, str] | None = None) -> str | None:

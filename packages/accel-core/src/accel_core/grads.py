@@ -7,6 +7,10 @@ exactly the single-process norm, in one collective, for any mix of meshes and pl
 (DTensor's own ``get_total_norm(...).full_tensor()`` reduces per mesh dimension and warns at each
 step on multi-dimensional meshes.) Plain gradients are the same on every process (DDP), or are
 the process's own (parameters FSDP ignores), and count as they are here.
+
+With pipeline parallelism each ``pp`` rank holds other parameters: DTensor pieces are not copies
+across ``pp`` (their meshes leave it out), and plain gradients' ``|g|^p`` are summed over the
+pipeline group.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import torch.distributed as dist
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
+
+    from .mesh import MeshGroup
 
 
 def _copies(grad: DTensor, world: int) -> int:
@@ -37,9 +43,12 @@ def _reduce_device(local: torch.device) -> torch.device:
     return local
 
 
-def total_norm(parameters: Sequence[torch.nn.Parameter], norm_type: float = 2.0) -> torch.Tensor:
+def total_norm(
+    parameters: Sequence[torch.nn.Parameter], norm_type: float = 2.0, pipeline: MeshGroup | None = None
+) -> torch.Tensor:
     """The ``norm_type``-norm of all gradients of ``parameters`` as one vector; identical on every process. Collective
-    when any parameter is a DTensor (every process must call it with the same parameters)."""
+    when any parameter is a DTensor (every process must call it with the same parameters), and over ``pipeline``
+    (the ``pp`` group: each rank passes its own stages' parameters) when given with more than one rank."""
     from torch.distributed.tensor import DTensor, Replicate
 
     norm_type = float(norm_type)
@@ -52,7 +61,7 @@ def total_norm(parameters: Sequence[torch.nn.Parameter], norm_type: float = 2.0)
     )
     norms: list[torch.Tensor] = []
     if distributed:
-        world = dist.get_world_size()
+        world = dist.get_world_size() // (pipeline.size if pipeline is not None else 1)
         by_weight: dict[tuple[int, torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
         for grad in pieces:
             if any(p.is_partial() for p in grad.placements):  # unreduced sums: reduce them first
@@ -81,17 +90,43 @@ def total_norm(parameters: Sequence[torch.nn.Parameter], norm_type: float = 2.0)
         norms.append(value.to(device))
     elif pieces:
         plain = plain + [g.to_local() for g in pieces]  # no process group: a DTensor of one process is its local tensor
-    if plain:
-        norms.append(torch.nn.utils.get_total_norm(plain, norm_type).to(device=device, dtype=torch.float32))
+    pipelined = pipeline is not None and pipeline.size > 1
+    if plain or pipelined:
+        value = (
+            torch.nn.utils.get_total_norm(plain, norm_type).to(device=device, dtype=torch.float32)
+            if plain
+            else torch.zeros((), dtype=torch.float32, device=device)
+        )
+        if pipeline is not None and pipelined:
+            value = _across_stages(value, norm_type, pipeline, device)
+        norms.append(value)
     if not norms:
         return torch.tensor(0.0, device=device)
     return torch.linalg.vector_norm(torch.stack(norms), norm_type)
 
 
-def clip_grad_norm_(parameters: Sequence[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    """Scales the gradients so that their global norm is at most ``max_norm``; returns the norm before clipping."""
+def _across_stages(value: torch.Tensor, norm_type: float, pipeline: MeshGroup, device: torch.device) -> torch.Tensor:
+    """The norm over every pipeline stage from each stage's own norm ``value``."""
+    reduced = value.to(_reduce_device(device))
+    if math.isinf(norm_type):
+        dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=pipeline.group)
+        return reduced.to(device)
+    reduced = reduced.pow(norm_type)
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=pipeline.group)
+    return reduced.pow(1.0 / norm_type).to(device)
+
+
+def clip_grad_norm_(
+    parameters: Sequence[torch.nn.Parameter],
+    max_norm: float,
+    norm_type: float = 2.0,
+    pipeline: MeshGroup | None = None,
+) -> torch.Tensor:
+    """Scales the gradients so that their global norm is at most ``max_norm``; returns the norm before clipping.
+
+    pipeline: the ``pp`` group when the model is split into pipeline stages (see ``total_norm``)."""
     parameters = list(parameters)
-    norm = total_norm(parameters, norm_type)
+    norm = total_norm(parameters, norm_type, pipeline)
     clip_to_norm_(parameters, norm, max_norm)
     return norm
 

@@ -279,11 +279,13 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
 
 
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-    """Pads tensors along ``dim`` to the largest size any process has, so they can be gathered."""
+    """Pads tensors along ``dim`` to the largest size any process has, so they can be gathered.
+
+    ``dim`` may be negative. In a nested structure, tensors without that dimension are left as
+    they are; when no tensor has it (``dim=5`` on a 2-D tensor), ``ValueError`` on every process.
+    """
     state = PartialState()
-    if not state.use_distributed:
-        return tensor
-    if state.collectives is None:
+    if state.use_distributed and state.collectives is None:
         check_agreement(
             "pad_across_processes",
             tensor,
@@ -291,11 +293,20 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
             hint="Only the size along `dim` may differ: pass tensors with the same number of dimensions on every "
             "process.",
         )
-
-    # The sizes along ``dim`` of every leaf in one all_gather (the check made the leaf counts agree).
-    leaves = [t for t in _leaves(tensor) if t.ndim > 0 and -t.ndim <= dim < t.ndim]
-    if not leaves:
+    # After the check every process has the same numbers of dimensions: this raises on all or none.
+    every = _leaves(tensor)
+    leaves = [t for t in every if t.ndim > 0 and -t.ndim <= dim < t.ndim]
+    if every and not leaves:
+        dims = sorted({t.ndim for t in every})
+        raise ValueError(
+            f"pad_across_processes(dim={dim}): the tensors have {' or '.join(map(str, dims))} dimension(s), so "
+            f"there is no dimension {dim} to pad. Pass a dim between {-max(dims)} and {max(dims) - 1}."
+            if max(dims) > 0
+            else f"pad_across_processes(dim={dim}): the tensors are 0-d (scalars) and have no dimension to pad."
+        )
+    if not state.use_distributed or not leaves:
         return tensor
+    # The sizes along ``dim`` of every leaf in one all_gather (the check made the leaf counts agree).
     sizes = torch.tensor([t.shape[dim % t.ndim] for t in leaves], dtype=torch.int64, device=leaves[0].device)
     longest_of = iter(_gather_one(sizes).view(-1, len(leaves)).max(dim=0).values.tolist())
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -11,13 +11,17 @@ from .ops import send_to_device
 from .precision import Precision
 from .state import GradientState
 
+if TYPE_CHECKING:
+    from .nonfinite import NonFiniteGuard
+
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
     """Wraps a user's optimizer so the same loop works with and without accumulation or fp16.
 
     ``step()`` and ``zero_grad()`` do nothing on accumulation micro-steps (when
     ``accelerator.sync_gradients`` is False). With fp16 the step goes through the GradScaler and
-    ``step_was_skipped`` tells whether inf/nan gradients made it skip.
+    ``step_was_skipped`` tells whether inf/nan gradients made it skip. ``guard``: the
+    Accelerator's ``NonFiniteGuard`` (``skip_nonfinite=True``), asked before each real step.
     """
 
     # Deliberately no super().__init__: this object shares the wrapped optimizer's state instead of
@@ -36,6 +40,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.reduce_gradients = reduce_gradients
         self.gradient_state = GradientState()
         self._step_was_skipped = False
+        self.guard: NonFiniteGuard | None = None
         # Told of each real step (the Accelerator counts completed steps and takes periodic checkpoints).
         self.on_step: Callable[[], None] | None = None
 
@@ -89,6 +94,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Zeroes the gradients, except on accumulation micro-steps (gradients keep adding up until the boundary)."""
         if self.gradient_state.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
+            if self.guard is not None:
+                self.guard.boundary_passed()
 
     # Returns None, as the reference's wrapper does, not the closure's loss.
     def step(self, closure: Any = None) -> None:  # pyright: ignore[reportIncompatibleMethodOverride]
@@ -98,14 +105,20 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             return
         if self.reduce_gradients is not None:
             self.reduce_gradients(self.optimizer)
-        kwargs = {} if closure is None else {"closure": closure}
-        self._step_was_skipped = self.precision.optimizer_step(self.optimizer, **kwargs)
+        if self.guard is not None and self.guard.should_skip():
+            # A skipped step still ends its accumulation window, as an fp16 skip does (on_step below).
+            self.precision.skip_step(self.optimizer)
+            self._step_was_skipped = True
+        else:
+            kwargs = {} if closure is None else {"closure": closure}
+            self._step_was_skipped = self.precision.optimizer_step(self.optimizer, **kwargs)
         if self.on_step is not None:
             self.on_step()
 
     @property
     def step_was_skipped(self) -> bool:
-        """Whether the last real step was skipped because of inf/nan gradients (fp16)."""
+        """Whether the last real step was skipped: inf/nan gradients (fp16), or a non-finite loss or gradient
+        on any process (``skip_nonfinite``)."""
         return self._step_was_skipped
 
     def train(self) -> None:

@@ -112,15 +112,22 @@ def rebuild(
     announce: bool = True,
     log: logging.Logger = logger,
     who: str = "accel",
+    stage_parameters: dict[str, torch.Tensor] | None = None,
 ) -> torch.optim.Optimizer:
     """The same optimizer on ``model``'s new parameters.
 
     flat: the new parameters are FSDP1 flat parameters (``use_orig_params=False``): groups cannot be
         kept, so everything goes in one group with the first group's hyper-parameters.
     announce: log what happened (on the main process), to ``log``, with messages starting ``who:``.
+    stage_parameters: the parameters this process holds of a model split into pipeline stages, by
+        their names in the whole model; parameters of other stages are left out (groups are kept,
+        possibly empty, so that LR schedulers see the same groups on every stage).
     """
     cls = type(optimizer)
-    new_params = {clean_name(n): p for n, p in model.named_parameters()}
+    if stage_parameters is not None:
+        new_params = {clean_name(n): p for n, p in stage_parameters.items()}
+    else:
+        new_params = {clean_name(n): p for n, p in model.named_parameters()}
     if parameter_ids(optimizer) <= {id(p) for p in new_params.values()}:
         return optimizer  # built on the sharded parameters already
     if flat:
@@ -140,6 +147,8 @@ def rebuild(
             params = []
             for param in group["params"]:
                 name = names.name_of(param)
+                if stage_parameters is not None and name is not None and name not in new_params:
+                    continue  # another pipeline stage's
                 if name is None or name not in new_params:
                     raise ValueError(
                         f"{cls.__name__} updates a parameter that is not part of the model being prepared "

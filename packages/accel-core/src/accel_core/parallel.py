@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .strategies import OwnsOptimizerStep
 
 if TYPE_CHECKING:
     import torch
@@ -14,14 +16,22 @@ if TYPE_CHECKING:
 
     from .mesh import ParallelDims
     from .parallelism import ParallelismConfig
+    from .precision import Precision
+    from .state import GradientState
+    from .strategies import Strategy
 
 logger = logging.getLogger("accel")
 
 
 class Parallelism:
-    """Mixin of the Accelerator: one named device mesh per job (see ``accel_core.mesh``)."""
+    """Mixin of the Accelerator: one named device mesh per job (see ``accel_core.mesh``), and the training step
+    that works under pipeline parallelism too (``forward_backward``)."""
 
     parallel_dims: ParallelDims
+    strategy: Strategy
+    precision: Precision
+    gradient_state: GradientState
+    backward: Callable[..., None]
 
     @property
     def parallelism_config(self) -> ParallelismConfig:
@@ -61,8 +71,47 @@ class Parallelism:
 
     @property
     def pipeline_parallel_rank(self) -> int:
-        """This process's pipeline stage; pipeline parallelism is not available yet, so it raises."""
-        raise NotImplementedError("Pipeline parallelism is not available in accel yet.")
+        """This process's index along the mesh's ``pp`` dimension (0 without pipeline parallelism); with
+        ``pp_stages_per_rank > 1`` it holds stages ``rank, rank + pp_size, ...``."""
+        return self.parallel_dims.local_rank("pp")
+
+    def forward_backward(
+        self,
+        model: torch.nn.Module,
+        inputs: Any,
+        targets: Any,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+    ) -> torch.Tensor:
+        """One training micro-step: forward, ``loss_fn(outputs, targets)``, backward; returns the loss (detached).
+
+        inputs: the model's arguments: a tensor (one argument), a tuple (positional arguments) or a
+            dict (keyword arguments).
+        loss_fn: ``loss_fn(outputs, targets) -> scalar loss``, a mean over the samples of its batch.
+
+        Without pipeline parallelism it is exactly ``loss = loss_fn(model(inputs), targets);
+        accelerator.backward(loss)`` (accumulation and precision as there). With ``pp_size > 1`` it
+        runs the pipeline schedule over ``pp_microbatches`` micro-batches (the batch size must
+        divide) and returns the batch's mean loss on every rank (sent from the last stage). Use it
+        inside ``accumulate`` like ``backward``; ``optimizer.step()``, ``clip_grad_norm_`` and the
+        scheduler stay as they are.
+
+        Example::
+
+            for inputs, targets in loader:
+                with accelerator.accumulate(model):
+                    loss = accelerator.forward_backward(model, inputs, targets, torch.nn.functional.cross_entropy)
+                    optimizer.step(); scheduler.step(); optimizer.zero_grad()
+        """
+        from .pipelining import PipelinedModel, as_call_arguments
+
+        if isinstance(model, PipelinedModel):
+            owns_step = isinstance(self.strategy, OwnsOptimizerStep) and self.strategy.owns_optimizer_step()
+            divisor = 1 if owns_step else int(self.gradient_state.num_steps)
+            return model.train_step(inputs, targets, loss_fn, divisor=divisor, scale=self.precision.scale_loss)
+        args, kwargs = as_call_arguments(inputs)
+        loss = loss_fn(model(*args, **kwargs), targets)
+        self.backward(loss)
+        return loss.detach()
 
     @contextlib.contextmanager
     def maybe_context_parallel(

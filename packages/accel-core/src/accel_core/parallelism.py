@@ -16,7 +16,7 @@ otherwise), which takes the processes left over.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,6 +28,7 @@ MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 SIZE_FIELDS = tuple(f"{name}_size" for name in MESH_DIMS)
 ENV_VARS = {f"{name}_size": f"ACCEL_{name.upper()}_SIZE" for name in MESH_DIMS}
 CP_COMM_STRATEGIES = ("allgather", "alltoall")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
 @dataclass
@@ -43,7 +44,15 @@ class ParallelismConfig:
     tp_size: tensor-parallel degree (``torch.distributed.tensor.parallel``).
     cp_size: context-parallel degree: each process holds ``1/cp`` of every sequence (needs FSDP2
         and a GPU: torch shards only its GPU attention kernels).
-    pp_size: pipeline stages (reserved: not implemented yet; must be 1).
+    pp_size: pipeline stages (``torch.distributed.pipelining``; see ``accel_core.pipelining``): the
+        model is split into stages, each rank keeps its stage(s), and training steps go through
+        ``accelerator.forward_backward``.
+    pp_schedule: ``"gpipe"``, ``"1f1b"`` (default) or ``"interleaved_1f1b"`` (``ACCEL_PP_SCHEDULE``).
+    pp_microbatches: micro-batches each batch is split into (``ACCEL_PP_MICROBATCHES``; default:
+        the number of stages, ``pp_size x pp_stages_per_rank``).
+    pp_stages_per_rank: virtual stages per rank (default 2 for ``interleaved_1f1b``, else 1).
+    pp_split_points: names of the modules where a new stage begins (``["layers.4", "layers.8"]``
+        for 3 stages), like ``SplitPoint.BEGINNING``; default: the model's blocks split evenly.
     tp_plan: ``{module-name pattern: style}`` for ``parallelize_module``: a ``ParallelStyle``
         (``ColwiseParallel()``, ``RowwiseParallel()``, ``SequenceParallel()``) or one of the
         names ``"colwise"``, ``"rowwise"``, ``"sequence_parallel"``; ``*`` matches one name part
@@ -71,6 +80,10 @@ class ParallelismConfig:
     parallelize_fn: Callable[..., Any] | None = field(default=None, repr=False)
     activation_checkpointing: bool = False
     cp_comm_strategy: str = "allgather"
+    pp_schedule: str | None = None
+    pp_microbatches: int | None = None
+    pp_stages_per_rank: int | None = None
+    pp_split_points: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         for name in SIZE_FIELDS:
@@ -79,6 +92,14 @@ class ParallelismConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ParallelismConfig.{name} must be an integer >= 1, got {value!r}.")
+        for name in ("pp_microbatches", "pp_stages_per_rank"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"ParallelismConfig.{name} must be an integer >= 1, got {value!r}.")
+        if self.pp_schedule is not None and self.pp_schedule.lower() not in PP_SCHEDULES:
+            raise ValueError(f"pp_schedule must be one of {PP_SCHEDULES}, got {self.pp_schedule!r}.")
+        if isinstance(self.pp_split_points, str):
+            raise TypeError("pp_split_points is a list of module names, e.g. ['layers.4']; got one string.")
         if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
             raise ValueError(f"cp_comm_strategy must be one of {CP_COMM_STRATEGIES}, got {self.cp_comm_strategy!r}.")
         if self.tp_plan is not None and self.parallelize_fn is not None:
@@ -209,11 +230,6 @@ def resolve_parallelism(
             if value is not None and value < 1:
                 raise ValueError(f"Environment variable {ENV_VARS[name]}={value}: a mesh size must be >= 1.")
         given[name] = value
-    if (given["pp_size"] or 1) > 1:
-        raise ValueError(
-            f"pp_size={given['pp_size']}: pipeline parallelism is not available yet in accel; set pp_size=1 "
-            "(use tensor parallelism, FSDP or Megatron's tensor parallelism meanwhile)."
-        )
     claimed = math.prod(v for v in given.values() if v is not None)
     open_dims = [
         name for name, value in given.items() if value is None and name in ("dp_replicate_size", "dp_shard_size")
@@ -240,7 +256,26 @@ def resolve_parallelism(
     for name in SIZE_FIELDS:
         if sizes[name] is None:
             sizes[name] = 1
-    return replace(config, **sizes)
+    return replace(config, **sizes, **_pipeline_settings(config, environ))
+
+
+def _pipeline_settings(config: ParallelismConfig, environ: Mapping[str, str] | None) -> dict[str, Any]:
+    """The schedule and micro-batch count from the argument, else ``ACCEL_PP_SCHEDULE`` / ``ACCEL_PP_MICROBATCHES``."""
+    schedule = config.pp_schedule or env.get_str("ACCEL_PP_SCHEDULE", None, environ)
+    if schedule is not None and schedule.lower() not in PP_SCHEDULES:
+        raise ValueError(f"ACCEL_PP_SCHEDULE={schedule!r}: use one of {', '.join(PP_SCHEDULES)}.")
+    microbatches = config.pp_microbatches
+    if microbatches is None:
+        microbatches = env.get_int("ACCEL_PP_MICROBATCHES", None, environ)
+        if microbatches is not None and microbatches < 1:
+            raise ValueError(f"ACCEL_PP_MICROBATCHES={microbatches}: the number of micro-batches must be >= 1.")
+    schedule = schedule.lower() if schedule else None
+    if schedule in ("gpipe", "1f1b") and (config.pp_stages_per_rank or 1) > 1:
+        raise ValueError(
+            f"pp_schedule={schedule!r} runs one stage per rank, but pp_stages_per_rank={config.pp_stages_per_rank}: "
+            "use pp_schedule='interleaved_1f1b' for several virtual stages per rank."
+        )
+    return {"pp_schedule": schedule, "pp_microbatches": microbatches}
 
 
 def config_from_sizes(**sizes: int) -> ParallelismConfig:

@@ -87,6 +87,9 @@ class Precision:
         optimizer.step(**kwargs)
         return False
 
+    def skip_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Leaves ``optimizer`` unstepped this iteration (the non-finite guard said so); nothing to reset here."""
+
 
 @dataclass
 class PrecisionContext:
@@ -154,6 +157,15 @@ class AutocastPrecision(Precision):
         self._unscaled.discard(id(optimizer))
         # GradScaler lowers the scale exactly when it skipped the step for inf/nan gradients.
         return self.scaler.get_scale() < scale_before
+
+    def skip_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is None:
+            return
+        # Ends the scaler's iteration without a step: update() with the current scale forgets this
+        # iteration's unscale_ (a later one would otherwise refuse to run) and keeps the scale, as
+        # the skip is the loss's doing, not an fp16 overflow of the gradients.
+        self.scaler.update(new_scale=self.scaler.get_scale())
+        self._unscaled.discard(id(optimizer))
 
 
 class AutocastForward:

@@ -17,6 +17,7 @@ from .enums import SchedulerStepping
 from .optimizer import AcceleratedOptimizer
 from .optimizer_rebuild import ParameterNames
 from .optimizer_rebuild import parameter_ids as optimizer_parameter_ids
+from .pipelining import PipelinedModel
 from .scheduler import AcceleratedScheduler
 from .strategies import BatchTransfer, JointPreparation, PreparesOwnTypes, ReducesGradients, WrapsBeforeOptimizer
 from .strategies.base import ConvertsOwnTypes
@@ -24,6 +25,7 @@ from .strategies.base import ConvertsOwnTypes
 if TYPE_CHECKING:
     from .configuration import DataLoaderConfiguration
     from .mesh import ParallelDims
+    from .nonfinite import NonFiniteGuard
     from .precision import Precision
     from .strategies import PreparedObjects, Strategy, StrategyContext
 
@@ -45,6 +47,7 @@ class Preparation:
     parallel_dims: ParallelDims
     _context: StrategyContext
     _parameter_names: ParameterNames
+    _nonfinite_guard: NonFiniteGuard | None
     _after_prepare: Callable[[], None]  # Resumption's: resume="auto" loads once everything is prepared again
     _optimizer_stepped: Callable[[], None]  # Resumption's: counts optimizer steps
 
@@ -52,6 +55,8 @@ class Preparation:
         """Prepares models, optimizers, schedulers and dataloaders; returns them in the order given.
 
         device_placement: one bool (or None for the default) per object.
+        An object prepared before (the prepared wrapper, or the model, optimizer or scheduler it
+        wraps) comes back as the prepared object, registered once (checkpoints count each once).
         """
         if device_placement is None:
             device_placement = [None] * len(args)
@@ -60,6 +65,14 @@ class Preparation:
                 f"`device_placement` should be a list with {len(args)} elements (the number of objects passed), "
                 f"got {len(device_placement)}."
             )
+        earlier = [self._prepared_before(obj) for obj in args]
+        if any(e is not None for e in earlier):
+            fresh = [i for i, e in enumerate(earlier) if e is None]
+            if fresh:
+                done = self.prepare(*(args[i] for i in fresh), device_placement=[device_placement[i] for i in fresh])
+                for i, obj in zip(fresh, done if len(fresh) > 1 else (done,), strict=True):
+                    earlier[i] = obj
+            return earlier[0] if len(earlier) == 1 else tuple(earlier)
         own_types = self.strategy.accepts_object if isinstance(self.strategy, PreparesOwnTypes) else None
         for obj in args:
             if not isinstance(
@@ -83,6 +96,29 @@ class Preparation:
             result = self._prepare_separately(result, device_placement)
         self._after_prepare()
         return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepared_before(self, obj: Any) -> Any:
+        """The prepared object ``obj`` is or wraps (a second ``prepare`` of it), else None."""
+        for items in (
+            self.prepared.models,
+            self.prepared.optimizers,
+            self.prepared.schedulers,
+            self.prepared.dataloaders,
+        ):
+            if any(obj is item for item in items):
+                return obj
+        if isinstance(obj, torch.nn.Module):
+            for model in self.prepared.models:
+                inner = getattr(model, "_orig_mod", model)
+                if obj is inner or obj is self.strategy.unwrap_model(inner):
+                    return model
+        for optimizer in self.prepared.optimizers:
+            if obj is getattr(optimizer, "optimizer", None):
+                return optimizer
+        for scheduler in self.prepared.schedulers:
+            if obj is getattr(scheduler, "scheduler", None):
+                return scheduler
+        return None
 
     def _register_joint(self, given: Sequence[Any], joint: Any) -> list[Any]:
         objects = list(joint.objects)
@@ -145,6 +181,10 @@ class Preparation:
                 "model to the same prepare() call as its optimizer, or prepare the model first and build the "
                 "optimizer on it."
             )
+        if isinstance(owners[0], PipelinedModel):
+            from .pipelining.optimizer import rebuild_for_stages
+
+            return rebuild_for_stages(optimizer, owners[0], self._parameter_names)
         if isinstance(self.strategy, WrapsBeforeOptimizer):
             return self.strategy.rebuild_optimizer(optimizer, owners[0], self._parameter_names)
         # Names as recorded before wrapping (DDP's "module." prefix is not part of them).
@@ -158,11 +198,18 @@ class Preparation:
     ) -> torch.nn.Module:
         """Runs ``model`` through the transform chain (``accel_core.transforms``), with autocast when mixed precision is
         on."""
+        earlier = self._prepared_before(model)
+        if earlier is not None:
+            return earlier
         if device_placement is None:
             device_placement = self.device_placement
         self._parameter_names.record(model)
         prepared = transforms.prepare_model(model, self._context, self.strategy, device_placement)
-        self.precision.wrap_forward(self.strategy.unwrap_model(getattr(prepared, "_orig_mod", prepared)))
+        if isinstance(prepared, PipelinedModel):
+            for stage in prepared.stage_modules:  # autocast inside each stage, not around the schedule
+                self.precision.wrap_forward(stage)
+        else:
+            self.precision.wrap_forward(self.strategy.unwrap_model(getattr(prepared, "_orig_mod", prepared)))
         self.prepared.models.append(prepared)
         return prepared
 
@@ -170,12 +217,16 @@ class Preparation:
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
     ) -> AcceleratedOptimizer:
         """Wraps an optimizer so it only steps at accumulation boundaries, through the scaler if any."""
+        earlier = self._prepared_before(optimizer)
+        if earlier is not None:
+            return earlier
         if device_placement is None:
             device_placement = self.device_placement
         reduce = self.strategy.reduce_gradients if isinstance(self.strategy, ReducesGradients) else None
         prepared = AcceleratedOptimizer(
             optimizer, self.precision, self._context.device if device_placement else None, reduce_gradients=reduce
         )
+        prepared.guard = self._nonfinite_guard
         prepared.on_step = self._optimizer_stepped
         self.prepared.optimizers.append(prepared)
         return prepared
@@ -183,6 +234,9 @@ class Preparation:
     def prepare_scheduler(self, scheduler: LRScheduler) -> AcceleratedScheduler:
         """Wraps an LR scheduler so it steps with the optimizer, ``scheduler_steps_per_optimizer_step``
         times per real optimizer step (see ``accel_core.scheduler``)."""
+        earlier = self._prepared_before(scheduler)
+        if earlier is not None:
+            return earlier
         optimizers = [opt for opt in self.prepared.optimizers if opt.optimizer is getattr(scheduler, "optimizer", None)]
         prepared = AcceleratedScheduler(
             scheduler,
@@ -205,6 +259,9 @@ class Preparation:
     def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> Any:
         """Shards a DataLoader over the mesh's data-parallel processes (accel-data); tensor- and
         context-parallel peers read the same batches."""
+        earlier = self._prepared_before(data_loader)
+        if earlier is not None:
+            return earlier
         if device_placement is None:
             device_placement = self.device_placement
         transfer = self.strategy if isinstance(self.strategy, BatchTransfer) else None

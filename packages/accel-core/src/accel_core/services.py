@@ -18,6 +18,7 @@ from . import ops, plugins
 from .configuration import ProjectConfiguration
 
 if TYPE_CHECKING:
+    from .nonfinite import NonFiniteGuard
     from .state import AcceleratorState
     from .strategies import PreparedObjects
 
@@ -63,6 +64,7 @@ class Tracking:
     log_with: list[Any]
     trackers: list[Any]
     wait_for_checkpoint: Callable[[], str | None]  # Checkpointing's, on the same Accelerator
+    _nonfinite_guard: NonFiniteGuard | None
     _last_logged_step: int | None  # Resumption's: saved with checkpoints, where a resumed run's trackers rewind to
     _apply_tracker_rewind: Callable[[], None]  # Resumption's
 
@@ -126,7 +128,13 @@ class Tracking:
         raise ValueError(f"No tracker named {name!r} was started: call init_trackers first, with log_with={name!r}.")
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
-        """Logs ``values`` to every started tracker (main process only)."""
+        """Logs ``values`` to every started tracker (main process only).
+
+        With ``skip_nonfinite``, steps skipped since the last call add ``train/nonfinite_skips`` (the
+        running count) to ``values``.
+        """
+        if self._nonfinite_guard is not None:
+            values = {**values, **self._nonfinite_guard.unlogged()}
         if step is not None:
             last = self._last_logged_step
             self._last_logged_step = int(step) if last is None else max(last, int(step))

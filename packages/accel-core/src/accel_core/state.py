@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from . import cluster_env
 from . import environment as env
 from .enums import DistributedType
 from .placement import Collectives, ProcessPlacement
@@ -56,6 +57,22 @@ def _destroy_gloo_groups_before_finalization() -> None:
             dist.destroy_process_group()
 
 
+DEFAULT_COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+
+
+def collective_timeout(given: timedelta | None = None) -> timedelta:
+    """How long a collective waits for every rank before it fails: the process group's ``timeout``.
+
+    A timeout the script gave (``InitProcessGroupKwargs(timeout=...)``) wins, then
+    ``ACCEL_COLLECTIVE_TIMEOUT`` (seconds; ``accel launch --collective-timeout``), then 30 minutes.
+    ``InitProcessGroupKwargs``'s own default (30 minutes) counts as not given.
+    """
+    if given is not None and given != DEFAULT_COLLECTIVE_TIMEOUT:
+        return given
+    seconds = env.get_seconds(env.COLLECTIVE_TIMEOUT)
+    return timedelta(seconds=seconds) if seconds is not None else DEFAULT_COLLECTIVE_TIMEOUT
+
+
 def default_backend(device: torch.device) -> str:
     """The collective backend for ``device``: nccl for CUDA, xccl for XPU, gloo otherwise."""
     return {"cuda": "nccl", "xpu": "xccl"}.get(device.type, "gloo")
@@ -86,6 +103,7 @@ class PartialState:
         if placement is not None:
             self._take_placement(placement, cpu)
             return
+        cluster_env.adopt()  # started by srun / mpirun / a PyTorchJob: their variables as torchrun's
         self.world_size = env.get_int(env.WORLD_SIZE, 1) or 1
         self.rank = env.get_int(env.RANK, 0) or 0
         self.local_rank = env.get_int(env.LOCAL_RANK, 0) or 0
@@ -129,7 +147,7 @@ class PartialState:
             os.environ[env.TORCH_DISTRIBUTED_DEBUG] = "DETAIL"
             dist.set_debug_level_from_env()
         backend = kwargs.pop("backend", None) or default_backend(self.device)
-        kwargs.setdefault("timeout", timedelta(minutes=30))
+        kwargs["timeout"] = collective_timeout(kwargs.get("timeout"))
         if backend == "nccl" and self.device.type == "cuda":
             kwargs.setdefault("device_id", self.device)
         dist.init_process_group(backend=backend, **{k: v for k, v in kwargs.items() if v is not None})

@@ -128,9 +128,10 @@ class FSDPStrategy(Strategy):
 
     def check_parallelism(self, config: ParallelismConfig) -> None:
         """FSDP2 composes with every dimension; FSDP1 only with data parallelism."""
-        if self.fsdp_version == 1 and (config.tp_enabled or config.cp_enabled):
+        if self.fsdp_version == 1 and (config.tp_enabled or config.cp_enabled or config.pp_enabled):
             raise ValueError(
-                f"tp_size={config.size('tp')}, cp_size={config.size('cp')} need FSDP2 (DTensor parameters); "
+                f"tp_size={config.size('tp')}, cp_size={config.size('cp')}, pp_size={config.size('pp')} need FSDP2 "
+                "(DTensor parameters, one FSDPModule per pipeline stage); "
                 "FullyShardedDataParallelPlugin(fsdp_version=1) cannot compose with them. Use fsdp_version=2."
             )
 
@@ -218,7 +219,9 @@ class FSDPStrategy(Strategy):
                 "With FSDP1, clip_grad_norm_ clips a whole prepared model: pass model.parameters() of the model that "
                 "prepare() returned (FSDP2, the default, also clips any subset of parameters)."
             )
-        return clip_grad_norm_(params, max_norm, norm_type)
+        dims = self.context.dims
+        pipeline = dims.group("pp") if dims.config.pp_enabled else None
+        return clip_grad_norm_(params, max_norm, norm_type, pipeline)
 
     def model_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The full state dict, gathered shard by shard onto process 0's CPU (empty on the others). Collective."""

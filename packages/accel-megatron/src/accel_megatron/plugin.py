@@ -100,9 +100,11 @@ class MegatronLMPlugin:
                 raise ValueError(f"MegatronLMPlugin({name}={value!r}): expected an integer >= 1.")
         if self.pp_degree != 1:
             raise ValueError(
-                f"MegatronLMPlugin(pp_degree={self.pp_degree}): pipeline parallelism {_NOT_YET}. Use pp_degree=1 (and "
-                "tp_degree to split the model), or the deepspeed / fsdp strategies to shard a model too big for one "
-                "device."
+                f"MegatronLMPlugin(pp_degree={self.pp_degree}): pipeline parallelism {_NOT_YET}: Megatron-core's "
+                "pipeline schedules (get_forward_backward_func, virtual stages) are not wired into "
+                "accelerator.forward_backward yet. Use pp_degree=1 (and tp_degree to split the model), or torch's "
+                "pipeline parallelism with the ddp / fsdp strategies: ParallelismConfig(pp_size=2) (accel launch "
+                "--pp-size 2)."
             )
         if self.num_micro_batches != 1:
             raise ValueError(

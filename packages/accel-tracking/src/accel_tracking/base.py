@@ -230,6 +230,27 @@ def resolve_logging_dir(logging_dir: str | os.PathLike[str] | None, tracker_name
     return Path(logging_dir)
 
 
+def make_logging_dir(path: str | os.PathLike[str], tracker_name: str) -> Path:
+    """Creates ``path`` (and its parents) for a tracker to write in; returns it as a Path.
+
+    A folder that cannot be created (under a file, in a read-only folder, no space) is a
+    ``ValueError`` naming the folder, the reason and the fix, not a raw ``OSError``.
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        where = f" ({error.filename})" if error.filename and os.fspath(error.filename) != os.fspath(path) else ""
+        if isinstance(error, (FileExistsError, NotADirectoryError)):
+            reason = "a file is in the way" if path.exists() or not path.parent.is_dir() else reason
+        raise ValueError(
+            f"The {tracker_name} tracker cannot create its logging folder {path}: {reason}{where}. Choose a "
+            "writable folder with ProjectConfiguration(logging_dir=...) (or project_dir=...)."
+        ) from None
+    return path
+
+
 def flatten_dict(values: dict[str, Any], parent: str = "", sep: str = "/") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a/b": 1}``: backends that take flat parameters need this."""
     flat: dict[str, Any] = {}

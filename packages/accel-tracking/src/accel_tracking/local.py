@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from .base import GeneralTracker, resolve_logging_dir, to_python_scalar
+from .base import GeneralTracker, make_logging_dir, resolve_logging_dir, to_python_scalar
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
@@ -67,7 +67,7 @@ class LocalTracker(GeneralTracker):
             raise ValueError("LocalTracker needs a run name: init_trackers('my_project').")
         self.run_name = str(run_name)
         self.run_dir = resolve_logging_dir(logging_dir, self.name) / self.run_name
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_logging_dir(self.run_dir, self.name)
         # Flushing each line costs little at logging rates and means a crashed run keeps its curve.
         self.flush_every = max(1, int(flush_every))
         self._pending = 0

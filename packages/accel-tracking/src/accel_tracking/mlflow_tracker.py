@@ -7,7 +7,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .base import GeneralTracker, flatten_dict, is_number, require, resolve_logging_dir, to_python_scalar
+from .base import (
+    GeneralTracker,
+    flatten_dict,
+    is_number,
+    make_logging_dir,
+    require,
+    resolve_logging_dir,
+    to_python_scalar,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +88,7 @@ class MLflowTracker(GeneralTracker):
         if local_default:
             uri = default_tracking_uri(logging_dir, backend)
             root = resolve_logging_dir(logging_dir, self.name)
-            root.mkdir(parents=True, exist_ok=True)
+            make_logging_dir(root, self.name)
             if backend == "file":
                 # The user chose the file store by name; MLflow 3 refuses it without this opt-in.
                 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")

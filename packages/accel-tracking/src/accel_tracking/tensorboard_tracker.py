@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .base import GeneralTracker, flatten_dict, require, resolve_logging_dir, to_python_scalar
+from .base import GeneralTracker, flatten_dict, make_logging_dir, require, resolve_logging_dir, to_python_scalar
 
 
 class TensorBoardTracker(GeneralTracker):
@@ -33,6 +33,7 @@ class TensorBoardTracker(GeneralTracker):
 
         self.run_name = str(run_name)
         self.logging_dir = os.fspath(resolve_logging_dir(logging_dir, self.name) / self.run_name)
+        make_logging_dir(self.logging_dir, self.name)
         self._writer_kwargs = kwargs
         self.writer = SummaryWriter(self.logging_dir, **kwargs)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .base import GeneralTracker, require
+from .base import GeneralTracker, make_logging_dir, require
 
 
 class WandBTracker(GeneralTracker):
@@ -36,7 +36,7 @@ class WandBTracker(GeneralTracker):
             # they first saw, so a later change of the variable would otherwise be ignored.
             chosen = os.environ.get("WANDB_DIR") or (None if logging_dir is None else os.fspath(logging_dir))
             if chosen is not None:
-                os.makedirs(chosen, exist_ok=True)
+                make_logging_dir(chosen, self.name)
                 kwargs["dir"] = chosen
         self.run = wandb.init(project=self.run_name, **kwargs)
 

@@ -19,8 +19,16 @@ class LaunchedFunctionFailed(JobFailedError, ChildFailedError):
     ``get_first_failure()`` are torch's ``ChildFailedError``'s; ``root`` and ``exit_code`` accel's.
     """
 
-    def __init__(self, error: ChildFailedError, world_size: int | None = None, restarts: int = 0) -> None:
-        JobFailedError.__init__(self, rank_failures_of(error), world_size=world_size, restarts=restarts)
+    def __init__(
+        self,
+        error: ChildFailedError,
+        world_size: int | None = None,
+        restarts: int = 0,
+        monitor_interval: float | None = None,
+    ) -> None:
+        JobFailedError.__init__(
+            self, rank_failures_of(error), world_size=world_size, restarts=restarts, monitor_interval=monitor_interval
+        )
         self.name = error.name
         self.failures = error.failures  # torch's layout: global rank -> ProcessFailure
 

@@ -77,19 +77,38 @@ def validate_config(data: Any, origin: str) -> dict[str, Any]:
     return result
 
 
-def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Reads and checks the YAML config at ``path``."""
+def read_yaml_file(path: str | os.PathLike[str], what: str, missing_hint: str) -> Any:
+    """The parsed YAML of ``path``; ``ValueError`` naming ``what`` and the fix when it cannot be read.
+
+    what: how messages name the file ("Config file", "Accelerate config file").
+    missing_hint: the fix for a path that does not exist.
+    """
     import yaml  # ~50 ms: only when a config file is actually read
 
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a directory: pass the path of a YAML file, not its folder.")
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ValueError(f"Config file {path} does not exist: create it with `accel config` or fix the path.") from None
+        raise ValueError(f"{what} {path} does not exist: {missing_hint}") from None
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"{what} {path} is not a text file (binary content): pass a YAML file, or rewrite it with `accel config`."
+        ) from None
+    except OSError as error:
+        raise ValueError(f"{what} {path} cannot be read ({error.strerror}): fix its permissions or the path.") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ValueError(f"Config file {path} is not valid YAML: {error}") from None
+        raise ValueError(
+            f"{what} {path} is not valid YAML: {error}\nFix the line shown, or rewrite it with `accel config`."
+        ) from None
+
+
+def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Reads and checks the YAML config at ``path``."""
+    data = read_yaml_file(path, "Config file", "create it with `accel config` or fix the path.")
     return validate_config(data, f"config file {path}")
 
 

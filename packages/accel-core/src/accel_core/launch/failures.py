@@ -1,18 +1,34 @@
 """A failed job, told briefly: which rank failed first, its exit code and its traceback.
 
 torchrun's agent raises ``ChildFailedError`` with one ``ProcessFailure`` per worker that did not
-succeed, including those the agent itself stopped (SIGTERM) after the first failure; this module
-picks the root cause and formats it. No torch import at module level.
+succeed, including those the agent itself stopped (SIGTERM) after the first failure and those that
+failed *because* another rank died (a collective's "Connection closed by peer"); this module picks
+the root cause, the earliest failure, and formats it. No torch import at module level.
+
+When each rank failed: a worker started by ``accel launch`` records the time it raised or called
+``sys.exit`` with a non-zero code (``runner.record_error``, to the microsecond). A worker killed by a
+signal records nothing; it died after the launcher last saw it running (``ChildExitWatch``), or,
+without that watch, after the agent's previous look, one monitor interval before its
+``ProcessFailure.timestamp`` (whole seconds). A recorded failure goes first only when it is
+certainly earlier than that bound, so a rank that raised because an out-of-memory-killed peer
+vanished a moment before is not blamed for it, however late a loaded machine let the launcher look.
 """
 
 from __future__ import annotations
 
+import re
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# Signals the agent uses to stop the surviving workers: such a worker is a victim, not the cause.
-_STOP_SIGNALS = {signal.SIGTERM.value, signal.SIGKILL.value if hasattr(signal, "SIGKILL") else 9}
+# The signal the agent stops the surviving workers with: such a worker is a victim, not the cause.
+# SIGKILL is not one: the agent sends it only to a worker that ignored SIGTERM for 30 s, and it is what
+# the out-of-memory killer sends, so a SIGKILLed worker is a root-cause candidate, ordered by time.
+_STOP_SIGNALS = {signal.SIGTERM.value}
+
+# torchrun's default --monitor-interval: how long a dead worker can go unseen by the agent.
+DEFAULT_MONITOR_INTERVAL = 0.1
 
 
 @dataclass(frozen=True)
@@ -23,8 +39,11 @@ class RankFailure:
     local_rank: int
     exitcode: int
     pid: int
-    timestamp: int
-    traceback: str | None  # the Python traceback it recorded, if it raised
+    timestamp: int  # torch's: when it recorded its error, else when the agent saw it dead (whole seconds)
+    traceback: str | None  # the Python traceback it recorded, if it raised (or called sys.exit with a code)
+    failed_at: float | None = None  # the precise time accel's runner recorded the failure, if it did
+    order: int = 0  # position in the agent's report (it reports the failures it saw first first)
+    alive_at: float | None = None  # the last time the launcher saw it running (``ChildExitWatch``), if known
 
     @property
     def signal_name(self) -> str | None:
@@ -37,9 +56,16 @@ class RankFailure:
 
     @property
     def stopped_by_launcher(self) -> bool:
-        return self.exitcode < 0 and -self.exitcode in _STOP_SIGNALS
+        """Killed by the agent's stop signal without having failed first (no recorded error)."""
+        return self.exitcode < 0 and -self.exitcode in _STOP_SIGNALS and self.traceback is None
 
     def describe(self) -> str:
+        if self.signal_name and self.traceback is not None:
+            # It raised (recorded below), then a signal ended it while it was still exiting.
+            return (
+                f"rank {self.rank} (local rank {self.local_rank}, pid {self.pid}) raised an error and was then "
+                f"killed by {self.signal_name}"
+            )
         if self.signal_name:
             return f"rank {self.rank} (local rank {self.local_rank}, pid {self.pid}) was killed by {self.signal_name}"
         return f"rank {self.rank} (local rank {self.local_rank}, pid {self.pid}) exited with code {self.exitcode}"
@@ -53,17 +79,38 @@ class JobFailedError(RuntimeError):
     ``128 + signal`` when a signal killed it (the shell's convention).
     """
 
-    def __init__(self, failures: list[RankFailure], world_size: int | None = None, restarts: int = 0) -> None:
+    def __init__(
+        self,
+        failures: list[RankFailure],
+        world_size: int | None = None,
+        restarts: int = 0,
+        monitor_interval: float | None = None,
+        tracebacks_printed: bool = False,
+    ) -> None:
         if not failures:
             raise ValueError("JobFailedError needs at least one failure.")
-        # Root cause: a worker that failed by itself before one the launcher stopped; one with a
-        # traceback before one without; then the earliest; then the lowest rank.
+        # A worker the agent saw dead at `timestamp` (floored to the second) died after
+        # timestamp - monitor interval, minus the time one poll takes (well under a second).
+        slack = 1.0 + (DEFAULT_MONITOR_INTERVAL if monitor_interval is None else monitor_interval)
+
+        def failed_no_later_than(f: RankFailure) -> float:
+            if f.failed_at is not None:
+                return f.failed_at
+            if f.traceback is not None:
+                return float(f.timestamp)  # recorded by torch's own `record`: the second it raised
+            if f.alive_at is not None:
+                return f.alive_at  # a signal or a bare exit: it happened after the launcher last saw it running
+            return f.timestamp - slack  # ... or after the agent's previous look, a monitor interval before
+
+        # Root cause: a worker that failed by itself before one the launcher stopped; then the
+        # earliest failure; then the order the agent saw them in; then the lowest rank.
         self.rank_failures = sorted(
-            failures, key=lambda f: (f.stopped_by_launcher, f.traceback is None, f.timestamp, f.rank)
+            failures, key=lambda f: (f.stopped_by_launcher, failed_no_later_than(f), f.order, f.rank)
         )
         self.root = self.rank_failures[0]
         self.world_size = world_size
         self.restarts = restarts
+        self.tracebacks_printed = tracebacks_printed
         super().__init__(self.summary())
 
     @property
@@ -79,7 +126,13 @@ class JobFailedError(RuntimeError):
             lines.append("Also failed: " + "; ".join(f.describe() for f in others) + ".")
         if self.restarts:
             lines.append(f"It failed again after {self.restarts} restart(s).")
-        if root.traceback:
+        error_line = root.traceback.rstrip().splitlines()[-1] if root.traceback else ""
+        if root.traceback and self.tracebacks_printed and not error_line.startswith("SystemExit"):
+            # The worker printed it in its output already (Python does, except for sys.exit): once is enough.
+            where = _last_frame(root.traceback)
+            lines.append(f"Rank {root.rank}: {error_line}" + (f" ({where})" if where else ""))
+            lines.append(f"Its full traceback is in rank {root.rank}'s output above.")
+        elif root.traceback:
             lines.append(f"Traceback of rank {root.rank}:")
             lines.append("  " + root.traceback.rstrip().replace("\n", "\n  "))
         elif root.signal_name:
@@ -91,16 +144,46 @@ class JobFailedError(RuntimeError):
             lines.append("No Python traceback (it exited without raising, e.g. sys.exit); see its output above.")
         if self.world_size is None or self.world_size > 1:
             lines.append("The other ranks were stopped.")
+        if root.traceback and _COLLECTIVE_TIMEOUT.search(error_line):
+            waiting = sorted(f.rank for f in self.rank_failures if f.stopped_by_launcher)
+            never = f"rank(s) {', '.join(map(str, waiting))}, still running when it gave up," if waiting else "a rank"
+            lines.append(
+                f"Rank {root.rank} timed out waiting in a collective: {never} never joined it (a hang, or a "
+                "collective only some ranks call). The wait is --collective-timeout / "
+                "InitProcessGroupKwargs(timeout=...)."
+            )
         return "\n".join(lines)
 
     @classmethod
-    def from_child_failed(cls, error: Any, world_size: int | None = None, restarts: int = 0) -> JobFailedError:
-        """Builds the error from torch's ``ChildFailedError`` (``error.failures``: global rank -> ProcessFailure)."""
-        return cls(rank_failures_of(error), world_size=world_size, restarts=restarts)
+    def from_child_failed(
+        cls,
+        error: Any,
+        world_size: int | None = None,
+        restarts: int = 0,
+        monitor_interval: float | None = None,
+        tracebacks_printed: bool = False,
+        alive_at: Mapping[int, float] | None = None,
+    ) -> JobFailedError:
+        """Builds the error from torch's ``ChildFailedError`` (``error.failures``: global rank -> ProcessFailure).
+
+        tracebacks_printed: the workers printed their tracebacks (accel's runner does); the summary
+            then names the error and where it was raised instead of repeating the traceback.
+        """
+        return cls(
+            rank_failures_of(error, alive_at),
+            world_size=world_size,
+            restarts=restarts,
+            monitor_interval=monitor_interval,
+            tracebacks_printed=tracebacks_printed,
+        )
 
 
-def rank_failures_of(error: Any) -> list[RankFailure]:
-    """The ``RankFailure`` of each worker in torch's ``ChildFailedError``."""
+def rank_failures_of(error: Any, alive_at: Mapping[int, float] | None = None) -> list[RankFailure]:
+    """The ``RankFailure`` of each worker in torch's ``ChildFailedError``.
+
+    alive_at: pid -> the last time the launcher saw that worker running (``ChildExitWatch.alive_at``).
+    """
+    alive_at = alive_at or {}
     return [
         RankFailure(
             rank=int(rank),
@@ -109,9 +192,43 @@ def rank_failures_of(error: Any) -> list[RankFailure]:
             pid=int(failure.pid),
             timestamp=int(failure.timestamp),
             traceback=_traceback_of(failure),
+            failed_at=_failed_at(failure),
+            order=order,
+            alive_at=alive_at.get(int(failure.pid)),
         )
-        for rank, failure in error.failures.items()
+        for order, (rank, failure) in enumerate(error.failures.items())
     ]
+
+
+def _failed_at(failure: Any) -> float | None:
+    """The precise failure time accel's runner wrote to the error file (``extraInfo.failed_at``), if any."""
+    message = getattr(failure, "message", None)
+    if not isinstance(message, dict):
+        return None
+    raw = (message.get("extraInfo") or {}).get("failed_at")
+    try:
+        return float(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+# How gloo ("Timed out waiting 5000ms for recv operation") and NCCL's watchdog ("collective operation
+# timeout") report a collective that some rank never joined.
+_COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms|collective operation timeout|DistTimeoutError", re.I)
+
+
+_TORCH_PATHS = ("/torch/", "\\torch\\")
+
+
+def _last_frame(traceback: str) -> str:
+    """``file:line in function: code`` of the innermost frame of a formatted traceback, or ``""``."""
+    frames = re.findall(r'^\s*File "([^"]+)", line (\d+), in (.+)\n(?:\s{4,}(\S.*)$)?', traceback, re.M)
+    # The innermost frame outside torch: where the script (or accel) called into it.
+    frames = [f for f in frames if not any(part in f[0] for part in _TORCH_PATHS)] or frames
+    if not frames:
+        return ""
+    path, line, function, code = frames[-1]
+    return f"{path}:{line} in {function}" + (f": {code.strip()}" if code else "")
 
 
 # Frames of torch's worker wrappers (``record``, the multiprocessing entry) are noise in a user's traceback.

@@ -107,7 +107,9 @@ def _run_elastic(
         try:
             results = elastic_launch(config, function)(*args)
         except ChildFailedError as error:
-            raise LaunchedFunctionFailed(error, world_size=num_processes * num_nodes, restarts=max_restarts) from None
+            raise LaunchedFunctionFailed(
+                error, world_size=num_processes * num_nodes, restarts=max_restarts, monitor_interval=monitor_interval
+            ) from None
     return [results[rank] for rank in sorted(results)]
 
 

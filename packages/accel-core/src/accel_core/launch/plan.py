@@ -75,6 +75,13 @@ SETTINGS: tuple[Setting, ...] = (
         env.DEBUG_MODE,
         help="torch's checks that every rank calls the same collective (TORCH_DISTRIBUTED_DEBUG=DETAIL)",
     ),
+    Setting(
+        "collective_timeout",
+        float,
+        None,
+        env.COLLECTIVE_TIMEOUT,
+        help="seconds a rank waits in a collective for the others before it fails (default 1800)",
+    ),
     Setting("strategy", str, None, env.STRATEGY, help="an accel.strategies name (ddp, fsdp, ...); default: automatic"),
     Setting(
         "scheduler_stepping",
@@ -89,7 +96,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("dp_shard_size", int, None, "ACCEL_DP_SHARD_SIZE", help="FSDP2 shards of each replica"),
     Setting("tp_size", int, None, "ACCEL_TP_SIZE", help="tensor-parallel degree"),
     Setting("cp_size", int, None, "ACCEL_CP_SIZE", help="context-parallel degree (GPU)"),
-    Setting("pp_size", int, None, "ACCEL_PP_SIZE", help="pipeline stages (not available yet: 1)"),
+    Setting("pp_size", int, None, "ACCEL_PP_SIZE", help="pipeline stages (torch.distributed.pipelining)"),
+    Setting(
+        "pp_schedule",
+        str,
+        None,
+        "ACCEL_PP_SCHEDULE",
+        ("gpipe", "1f1b", "interleaved_1f1b"),
+        "pipeline schedule (default 1f1b)",
+    ),
+    Setting("pp_microbatches", int, None, "ACCEL_PP_MICROBATCHES", help="micro-batches per pipeline step"),
 )
 MESH_SETTINGS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "pp_size")
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -129,6 +145,7 @@ class LaunchPlan:
     gradient_accumulation_steps: int = 1
     dynamo_backend: str = "no"
     debug: bool = False
+    collective_timeout: float | None = None
     strategy: str | None = None
     scheduler_stepping: str | None = None
     dp_replicate_size: int | None = None
@@ -136,6 +153,8 @@ class LaunchPlan:
     tp_size: int | None = None
     cp_size: int | None = None
     pp_size: int | None = None
+    pp_schedule: str | None = None
+    pp_microbatches: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     config_file: str | None = None
@@ -298,6 +317,8 @@ def _validate(values: dict[str, Any], sources: dict[str, str], config_file: str 
             raise ValueError(f"{where(name)}: {name} must be at least 1, got {values[name]}.")
     if values["max_restarts"] < 0:
         raise ValueError(f"{where('max_restarts')}: max_restarts must be 0 or more.")
+    if values["collective_timeout"] is not None and values["collective_timeout"] <= 0:
+        raise ValueError(f"{where('collective_timeout')}: collective_timeout must be a positive number of seconds.")
     if values["monitor_interval"] is not None and values["monitor_interval"] <= 0:
         raise ValueError(f"{where('monitor_interval')}: monitor_interval must be a positive number of seconds.")
     machines, processes = values["num_machines"], values["num_processes"]
@@ -323,8 +344,15 @@ def _validate(values: dict[str, Any], sources: dict[str, str], config_file: str 
             "0:3,1:2."
         )
     port = values["main_process_port"]
-    if port is not None and not 0 < port < 65536:
+    if port is not None and not 0 <= port < 65536:
         raise ValueError(f"{where('main_process_port')}: {port} is not a TCP port.")
+    if port == 0 and machines > 1:
+        raise ValueError(
+            f"{where('main_process_port')}: 0 (a free port) works on one machine only; several machines need the "
+            "same fixed port, e.g. 29500."
+        )
+    if port == 0:
+        values["main_process_port"] = None  # one machine: torchrun picks a free port by itself
     _validate_mesh(values, where)
 
 

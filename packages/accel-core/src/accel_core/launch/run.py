@@ -8,13 +8,17 @@ failure arrives as torch's ``ChildFailedError``, which ``failures`` turns into a
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 
+from .exit_watch import ChildExitWatch
 from .failures import JobFailedError
+from .lifeline import LAUNCHER_PID, preexec_die_with_parent
 from .plan import LaunchPlan, LaunchTarget, torchrun_argv
 
 
@@ -63,35 +67,119 @@ def direct_command(target: LaunchTarget) -> list[str]:
     return head + list(target.args)
 
 
+# Signals a launcher passes on to its one child; SIGKILL cannot be caught (the child's parent-death signal covers it).
+_FORWARDED = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+)
+
+
 def run_direct(plan: LaunchPlan, target: LaunchTarget) -> int:
-    """Runs a one-process job as a plain child process; returns its exit code (128 + signal if killed)."""
+    """Runs a one-process job as a plain child process; returns its exit code (128 + signal if killed).
+
+    The child stays in the launcher's process group, so the terminal's Ctrl-C reaches it as it
+    reaches ``python script.py``. A signal sent to the launcher alone (``kill <pid>``: SIGINT,
+    SIGTERM, SIGHUP, SIGQUIT) is passed on to the child and the launcher waits for it to end; one the
+    terminal sent to the whole group is not sent twice. The child dies with the launcher if the
+    launcher is killed with SIGKILL (Linux).
+    """
     _check_target(target)
-    child = subprocess.Popen(direct_command(target), env={**os.environ, **plan.env})
+    env = {**os.environ, **plan.env}
+    if not hasattr(signal, "sigtimedwait"):  # not Linux (macOS, Windows): wait, the terminal stops both
+        child = subprocess.Popen(direct_command(target), env=env)
+        return _exit_status(_wait_through_interrupts(child))
+    waited = {*_FORWARDED, signal.SIGCHLD}
+    # Blocked, then read one by one with their sender's details; the child gets the mask it would have had.
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+    arm_death_signal = preexec_die_with_parent()
+
+    def child_setup() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if callable(arm_death_signal):
+            arm_death_signal()
+
+    try:
+        child = subprocess.Popen(direct_command(target), env=env, preexec_fn=child_setup)
+        while child.poll() is None:
+            info = signal.sigtimedwait(list(waited), 1.0)
+            if info is None or info.si_signo == signal.SIGCHLD:
+                continue
+            # A terminal sends SIGINT/SIGQUIT/SIGHUP to the whole foreground group (si_code SI_KERNEL):
+            # the child has it already. kill(2) sent it to the launcher only (SI_USER / SI_QUEUE).
+            if info.si_code != _SI_KERNEL:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(info.si_signo)
+        return _exit_status(child.returncode)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+_SI_KERNEL = 0x80  # Linux's si_code of a signal the kernel sent (the terminal driver's included)
+
+
+def _wait_through_interrupts(child: subprocess.Popen[bytes]) -> int:
     while True:
         try:
-            code = child.wait()
-            break
+            return child.wait()
         except KeyboardInterrupt:
-            # Ctrl-C reached the child too (same process group): let it finish its own way.
-            continue
+            continue  # Ctrl-C reached the child too (same process group): let it finish its own way
+
+
+def _exit_status(code: int) -> int:
     return 128 - code if code < 0 else code
+
+
+def check_port_free(plan: LaunchPlan) -> None:
+    """Raises ``ValueError`` naming the fix when ``--main-process-port`` is taken on the machine that must listen on it.
+
+    Machine 0 hosts the rendezvous store on that port; a port another job holds would otherwise end
+    in a long traceback from inside torch (EADDRINUSE).
+    """
+    port = plan.main_process_port
+    if not port or plan.machine_rank != 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As the store binds: on every interface, reusing a port that only lingers in TIME_WAIT.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                raise
+            free = (
+                " or leave --main-process-port out (or pass 0) to get a free one"
+                if plan.num_machines == 1
+                else " (the same on every machine)"
+            )
+            raise ValueError(
+                f"--main-process-port {port} is already in use on this machine (another job, or one still "
+                f"ending). Pass another port{free}."
+            ) from None
 
 
 def run_torchrun(plan: LaunchPlan, target: LaunchTarget) -> int:
     """Runs the job under torchrun's agent in this process; raises ``JobFailedError`` when a rank fails."""
     _check_target(target)
+    check_port_free(plan)
     argv = torchrun_argv(plan, target)
-    with patched_environ(plan.env), preserved_signal_handlers():
+    # Each worker's runner arms its parent-death signal when this process is its parent.
+    with patched_environ({**plan.env, LAUNCHER_PID: str(os.getpid())}), preserved_signal_handlers():
         # Heavy: torch. Imported only once a job is really about to start.
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import parse_args, run
 
+        watch = ChildExitWatch()
         try:
-            run(parse_args(argv))
+            with watch:
+                run(parse_args(argv))
         except ChildFailedError as error:
             raise JobFailedError.from_child_failed(
-                error, world_size=plan.num_processes, restarts=plan.max_restarts
+                error,
+                world_size=plan.num_processes,
+                restarts=plan.max_restarts,
+                monitor_interval=plan.monitor_interval,
+                tracebacks_printed=True,
+                alive_at=watch.alive_at,
             ) from None
         except SignalException as error:
             # Ctrl-C or a scheduler's SIGTERM: the agent stopped the workers; report like a shell.

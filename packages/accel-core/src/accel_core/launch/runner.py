@@ -5,6 +5,11 @@ Runs the target exactly as ``python <script>`` / ``python -m <module>`` would (`
 agent reads (``TORCHELASTIC_ERROR_FILE``), so the launcher can name the failing rank and show its
 traceback without the user decorating anything with ``@record``.
 
+Its first step arms the parent-death signal (``lifeline``): a worker dies with its launcher, even
+one killed with SIGKILL. It records the exact time of a failure (``extraInfo.failed_at``), an
+exception or a ``sys.exit`` with a non-zero code, so that the launcher can tell which rank failed
+first.
+
 Imports neither torch nor anything heavy: a script that does not need torch starts in milliseconds.
 """
 
@@ -25,6 +30,8 @@ import traceback
 from types import TracebackType
 from typing import NoReturn
 
+from .lifeline import die_with_launcher
+
 # Frames of this wrapper and of runpy are noise in the user's traceback.
 _OWN_FILES = {__file__, getattr(runpy, "__file__", ""), "<frozen runpy>"}
 
@@ -36,16 +43,22 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
 
 
 def record_error(error: BaseException, tb: TracebackType | None) -> None:
-    """Writes ``error`` in the JSON layout of torch's ``ErrorHandler``, which the agent's ``ProcessFailure`` reads."""
+    """Writes ``error`` in the JSON layout of torch's ``ErrorHandler``, which the agent's ``ProcessFailure`` reads.
+
+    ``extraInfo.failed_at`` (accel's addition) is the time to the microsecond; torch's ``timestamp``
+    is whole seconds, too coarse to order two ranks that failed within a second.
+    """
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
+    now = time.time()
     data = {
         "message": {
             "message": f"{type(error).__name__}: {error}",
             "extraInfo": {
                 "py_callstack": "".join(traceback.format_exception(type(error), error, tb)),
-                "timestamp": str(int(time.time())),
+                "timestamp": str(int(now)),
+                "failed_at": repr(now),
             },
         }
     }
@@ -106,12 +119,14 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2:
         raise SystemExit("usage: python -m accel_core.launch.runner path|module <target> [args...]")
+    die_with_launcher()
     faulthandler.enable(all_threads=True)  # a crash in native code still shows where
     try:
         run(argv[0], argv[1], argv[2:])
     except SystemExit as exit:
         if exit.code in (None, 0):
             exit_without_finalization(0)
+        record_error(exit, _user_frames(exit.__traceback__))  # when it failed, and where it called sys.exit
         raise
     except Exception as error:  # noqa: BLE001 - recorded for `accel launch`, then exit status 1
         tb = _user_frames(error.__traceback__)

@@ -178,7 +178,9 @@ class Strategy:
         """Clips to ``max_norm`` and returns the total norm of all gradients (global over the whole mesh)."""
         from ..grads import clip_grad_norm_
 
-        return clip_grad_norm_(list(parameters), max_norm, norm_type)
+        dims = self.context.dims
+        pipeline = dims.group("pp") if dims.config.pp_enabled else None
+        return clip_grad_norm_(list(parameters), max_norm, norm_type, pipeline)
 
     def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
         torch.nn.utils.clip_grad_value_(parameters, clip_value)

@@ -2,7 +2,7 @@
 
 ``DDPStrategy`` replicates the model over the mesh's ``dp`` processes: torch's
 ``DistributedDataParallel`` for plain models; FSDP2-based replicas for models tensor parallelism
-has split (``transforms.data_parallel``). Tensor parallelism itself is an earlier transform.
+has split and for pipeline stages (``transforms.data_parallel``). Tensor parallelism itself is an earlier transform.
 """
 
 from __future__ import annotations
@@ -135,7 +135,8 @@ class DDPStrategy(Strategy):
             return model
         if not any(p.requires_grad for p in model.parameters()):
             return model
-        if has_dtensors(model):
+        if has_dtensors(model) or dims.config.pp_enabled:
+            # A pipeline stage runs several micro-batches' backwards per step, which DDP's bucket rebuilding refuses.
             return replicate(model, dims, self.blocks(model))
         return wrap_in_ddp(model, self.ddp_kwargs, self.context.device, dims.dp.group)
 

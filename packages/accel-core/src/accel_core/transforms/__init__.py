@@ -2,6 +2,9 @@
 
 ``prepare_model`` applies, in torchtitan's order:
 
+0. with ``pp_size > 1``, the pipeline split (``accel_core.pipelining``): the model is cut into
+   stages, this rank keeps its own, and each of them goes through steps 1-5; the result is a
+   ``PipelinedModel`` holding them and their schedule;
 1. precision conversion: ``precision.convert_module`` (the hook FP8 fills: swap layers for
    low-precision ones, before anything is split);
 2. tensor parallelism over ``tp`` (``tensor_parallel``; skipped for a strategy whose own layers
@@ -53,6 +56,17 @@ def compile_blocks(blocks: list[nn.Module], **compile_kwargs: Any) -> None:
 
 def prepare_model(model: nn.Module, context: StrategyContext, strategy: Strategy, device_placement: bool) -> nn.Module:
     """Runs the chain of the module docstring on ``model``; returns the prepared model."""
+    if context.dims.config.pp_enabled:
+        from ..pipelining import prepare_pipeline
+
+        return prepare_pipeline(
+            model, context, strategy, lambda stage: _chain(stage, context, strategy, device_placement)
+        )
+    return _chain(model, context, strategy, device_placement)
+
+
+def _chain(model: nn.Module, context: StrategyContext, strategy: Strategy, device_placement: bool) -> nn.Module:
+    """Steps 1-5 of the module docstring."""
     config = context.dims.config
     model = context.precision.convert_module(model)
     if config.tp_enabled and not strategy.splits_model_itself:

@@ -63,6 +63,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     training.add_argument("--strategy", metavar="NAME", help=helps["strategy"])
     _add(training, dest="scheduler_stepping", choices=SchedulerStepping.list(), help=helps["scheduler_stepping"])
     training.add_argument("--debug", action=argparse.BooleanOptionalAction, default=None, help=helps["debug"])
+    _add(training, dest="collective_timeout", type=float, metavar="SECONDS", help=helps["collective_timeout"])
     mesh = parser.add_argument_group(
         "parallelism (the job's device mesh; unset sizes are 1, the data-parallel one fills the rest)"
     )
@@ -70,6 +71,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         _add(mesh, dest=name, type=int, metavar="N", help=helps[name])
         # Accelerate's spelling of the same flags.
         mesh.add_argument(f"--parallelism_config_{name}", dest=name, type=int, default=None, help=argparse.SUPPRESS)
+    _add(mesh, dest="pp_schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"), help=helps["pp_schedule"])
+    _add(mesh, dest="pp_microbatches", type=int, metavar="N", help=helps["pp_microbatches"])
     launcher = parser.add_argument_group("launcher")
     _add(launcher, dest="config_file", metavar="PATH", help="default: $ACCEL_CONFIG_FILE, else " + _DEFAULT_PATH_TEXT)
     launcher.add_argument(

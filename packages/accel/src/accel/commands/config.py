@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from accel_core.enums import DynamoBackend
-from accel_core.launch.config import config_path, dump_config, read_config, validate_config, write_config
+from accel_core.launch.config import (
+    config_path,
+    dump_config,
+    read_config,
+    read_yaml_file,
+    validate_config,
+    write_config,
+)
 from accel_core.launch.plan import SETTINGS, resolve_plan
 
 from .common import format_env, format_settings
@@ -52,14 +59,18 @@ def main(argv: list[str]) -> int:
         )
     if args.action != "import" and args.source:
         parser.error(f"unexpected argument {args.source!r}")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"Config file {path} is a directory: pass --config-file with the path of a YAML file.")
     if args.action == "show":
         return show(path)
+    # The source first: a missing or broken one is the problem to report, whatever the destination.
+    imported = import_accelerate(Path(args.source).expanduser()) if args.action == "import" else None
     if args.action in ("default", "import") and path.exists() and not args.force:
         raise ValueError(f"{path} exists: pass --force to overwrite it, or --config-file <other path>.")
     if args.action == "default":
         config = default_config()
-    elif args.action == "import":
-        config = import_accelerate(Path(args.source))
+    elif imported is not None:
+        config = imported
     else:
         config = ask_config(read_config(path) if path.exists() else None)
     # Refuse to write what `accel launch` would refuse to run.
@@ -125,14 +136,19 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
 
 
 def import_accelerate(source: Path) -> dict[str, Any]:
-    import yaml
-
+    """The accel config converted from an Accelerate ``default_config.yaml`` (warns about what does not map)."""
     from accel_core.launch.accelerate_import import convert_accelerate_config
 
-    try:
-        data = yaml.safe_load(source.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"No such file: {source}") from None
+    data = read_yaml_file(
+        source,
+        "Accelerate config file",
+        "pass the file `accelerate config` wrote (by default ~/.cache/huggingface/accelerate/default_config.yaml).",
+    )
+    if data is not None and not isinstance(data, dict):
+        raise ValueError(
+            f"Accelerate config file {source} holds a YAML {type(data).__name__}, not the mapping of settings "
+            "`accelerate config` writes: pass that file."
+        )
     config, warnings = convert_accelerate_config(data or {})
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)

@@ -1,0 +1,65 @@
+"""Pipeline parallelism over the mesh's ``pp`` dimension with ``torch.distributed.pipelining``.
+
+``prepare`` splits a model into stages (``split``: by ``pp_split_points``, evenly over its blocks,
+or one part per child of an ``nn.Sequential`` of ``model_parts``), keeps this rank's stage(s),
+runs each through the rest of the transform chain (tensor parallel over ``tp``, FSDP2 / DDP over
+``dp``), and builds the schedule (``schedule``: GPipe, 1F1B, interleaved 1F1B). The result is a
+``PipelinedModel`` (``model``), trained with ``accelerator.forward_backward``.
+
+A model built on the meta device (``with torch.device("meta"): model = Model()``) is materialised
+stage by stage: each rank allocates and initialises only its stage's parameters (with each
+module's ``reset_parameters()``, see ``transforms.meta_init``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from .model import PipelinedModel, as_call_arguments
+from .schedule import PipelineLayout, build_schedule, resolve_layout
+from .split import chain_units, parameter_bytes, split_model, stage_boundaries
+
+if TYPE_CHECKING:
+    from ..strategies.base import Strategy
+    from ..strategies.context import StrategyContext
+
+
+def prepare_pipeline(
+    model: nn.Module,
+    context: StrategyContext,
+    strategy: Strategy,
+    finish: Callable[[nn.Module], nn.Module],
+) -> PipelinedModel:
+    """Splits ``model`` over the ``pp`` ranks, runs ``finish`` (the rest of the transform chain) on each local stage,
+    and builds the schedule. Collective over the mesh (the later transforms are)."""
+    dims = context.dims
+    group = dims.group("pp")
+    layout = resolve_layout(dims.config, group.rank)
+    stage_modules = split_model(model, layout.num_stages, layout.local_stages, dims.config.pp_split_points)
+    parts = [finish(stage) for stage in stage_modules]
+    unwrapped = [strategy.unwrap_model(getattr(part, "_orig_mod", part)) for part in parts]
+    return PipelinedModel(
+        parts,
+        unwrapped,
+        layout,
+        group,
+        context.device,
+        lambda loss_fn: build_schedule(layout, parts, group, context.device, loss_fn),
+    )
+
+
+__all__ = [
+    "PipelineLayout",
+    "PipelinedModel",
+    "as_call_arguments",
+    "build_schedule",
+    "chain_units",
+    "parameter_bytes",
+    "prepare_pipeline",
+    "resolve_layout",
+    "split_model",
+    "stage_boundaries",
+]

@@ -1,0 +1,98 @@
+"""A checkpoint the file system refuses, and a folder that holds no checkpoint: one clear error each.
+
+save_state into a folder it cannot write (a file in the way, read-only, the file-size limit
+reached: EFBIG, what a full disk's ENOSPC also becomes) raises ``CheckpointWriteError`` naming the
+checkpoint, never its hidden ``.partial-`` folder; load_state of an empty folder says no checkpoint is
+there, instead of "holds 0 models".
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from accel_checkpoint.errors import CheckpointNotFoundError, CheckpointWriteError
+from accel_core import Accelerator
+from accel_core.configuration import ProjectConfiguration
+
+
+def _prepared(accelerator: Accelerator) -> torch.nn.Module:
+    model = torch.nn.Linear(64, 64)
+    return accelerator.prepare(model)
+
+
+def test_save_state_under_a_file_names_the_target(tmp_path: Path) -> None:
+    accelerator = Accelerator(cpu=True)
+    _prepared(accelerator)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    target = blocker / "ckpt"
+    with pytest.raises(CheckpointWriteError) as caught:
+        accelerator.save_state(str(target))
+    message = str(caught.value)
+    assert f"Cannot write the checkpoint {target}" in message and "A file is in the way" in message
+    assert ".partial" not in message
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, OSError)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes into read-only folders")
+def test_save_state_into_a_read_only_folder_names_the_target(tmp_path: Path) -> None:
+    accelerator = Accelerator(cpu=True)
+    _prepared(accelerator)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        with pytest.raises(CheckpointWriteError, match=r"Cannot write the checkpoint .*locked/ckpt: Permission denied"):
+            accelerator.save_state(str(locked / "ckpt"))
+    finally:
+        locked.chmod(0o700)
+
+
+def test_save_state_past_the_file_size_limit_names_the_target(tmp_path: Path) -> None:
+    """RLIMIT_FSIZE makes the kernel refuse the write (EFBIG), as a full disk refuses it with ENOSPC."""
+    code = textwrap.dedent(
+        f"""
+        import resource, signal, os
+        import torch
+        from accel_core import Accelerator
+        from accel_checkpoint.errors import CheckpointWriteError
+
+        accelerator = Accelerator(cpu=True)
+        accelerator.prepare(torch.nn.Linear(512, 512))  # 1 MB of weights
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing us
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        try:
+            accelerator.save_state({str(tmp_path / "ckpt")!r})
+        except CheckpointWriteError as error:
+            print("ERROR", error)
+        print("LEFT", sorted(os.listdir({str(tmp_path)!r})))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert f"ERROR Cannot write the checkpoint {tmp_path / 'ckpt'}: File too large (EFBIG)" in result.stdout
+    assert "Free space" in result.stdout and ".partial" not in result.stdout.split("LEFT")[0]
+    assert "LEFT []" in result.stdout  # the hidden folder was removed
+
+
+def test_load_state_of_a_folder_without_a_checkpoint_says_so(tmp_path: Path) -> None:
+    accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=str(tmp_path / "project")))
+    _prepared(accelerator)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointNotFoundError, match=r"No checkpoint found in .*empty: it is empty\. A checkpoint"):
+        accelerator.load_state(str(empty))
+    (empty / "notes.txt").write_text("x")
+    with pytest.raises(CheckpointNotFoundError, match=r"it holds notes.txt\. .*model.safetensors"):
+        accelerator.load_state(str(empty))
+    # A project folder given for a checkpoint: the message names its newest checkpoint.
+    accelerator.project_configuration.automatic_checkpoint_naming = True
+    saved = accelerator.save_state()
+    with pytest.raises(CheckpointNotFoundError, match=rf"newest complete checkpoint is {saved}"):
+        accelerator.load_state(str(tmp_path / "project"))

@@ -1,0 +1,24 @@
+"""Launches rank1_dies.py ``runs`` times on 2 processes through ``accel_core.launch.launch`` (what `accel launch`
+runs, in one process so torch is imported once) and prints, per run, the rank the failure names and its exit code."""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from accel_core.launch import JobFailedError, LaunchTarget, launch, resolve_plan
+
+mode, how, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+plan = resolve_plan({"num_processes": 2, "use_cpu": True}, os.environ, {})
+target = LaunchTarget(str(Path(__file__).with_name("rank1_dies.py")), (mode, how))
+results = []
+for _ in range(runs):
+    start = time.monotonic()
+    try:
+        code = launch(plan, target)
+        results.append({"rank": None, "exit_code": code})
+    except JobFailedError as failure:
+        results.append({"rank": failure.root.rank, "exit_code": failure.exit_code, "text": str(failure)})
+    results[-1]["seconds"] = round(time.monotonic() - start, 2)
+print(json.dumps(results))

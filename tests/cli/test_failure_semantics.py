@@ -1,0 +1,214 @@
+"""Fast checks of failure semantics and cluster environments: which rank is the root cause, the summary,
+the collective timeout's sources, a port in use, and each launcher's variables read as a job."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+
+from accel_core import cluster_env
+from accel_core.launch.failures import JobFailedError, RankFailure
+from accel_core.launch.plan import LaunchTarget, resolve_plan, torchrun_argv
+
+
+def _failure(
+    rank: int,
+    exitcode: int,
+    timestamp: int = 100,
+    traceback: str | None = None,
+    failed_at: float | None = None,
+    order: int = 0,
+) -> RankFailure:
+    return RankFailure(rank, rank, exitcode, 1000 + rank, timestamp, traceback, failed_at, order)
+
+
+GLOO_CLOSED = (
+    "Traceback (most recent call last):\n"
+    '  File "/job/train.py", line 9, in <module>\n'
+    "    dist.barrier()\n"
+    "RuntimeError: [pair.cc:561] Connection closed by peer [127.0.0.1]:4242.\n"
+)
+
+
+def test_a_sigkilled_rank_is_the_cause_not_the_rank_the_launcher_then_stopped() -> None:
+    # What the agent reports after the out-of-memory killer took rank 1: rank 0 stopped with SIGTERM,
+    # both seen in the same second, rank 0 first in its report.
+    error = JobFailedError(
+        [_failure(0, -signal.SIGTERM.value, order=0), _failure(1, -signal.SIGKILL.value, order=1)], world_size=2
+    )
+    assert error.root.rank == 1 and error.exit_code == 128 + signal.SIGKILL.value
+    assert str(error).startswith("The job failed: rank 1 (local rank 1, pid 1001) was killed by SIGKILL.")
+
+
+def test_a_rank_that_raised_because_its_peer_vanished_is_not_blamed() -> None:
+    # Rank 0 waited in a collective; rank 1 was SIGKILLed; rank 0 raised "Connection closed by peer" a moment later
+    # (with an exact time) and the agent stopped it while it was exiting.
+    rank0 = _failure(0, -signal.SIGTERM.value, traceback=GLOO_CLOSED, failed_at=100.3, order=0)
+    rank1 = _failure(1, -signal.SIGKILL.value, timestamp=100, order=1)
+    error = JobFailedError([rank0, rank1], world_size=2)
+    assert error.root.rank == 1 and error.exit_code == 137
+    assert "Also failed: rank 0 (local rank 0, pid 1000) raised an error and was then killed by SIGTERM." in str(error)
+    # rank 1 called sys.exit(3) (recorded at 100.25), rank 0 raised 50 ms later: times decide, not the report's order.
+    exit3 = _failure(1, 3, traceback="Traceback ...\nSystemExit: 3\n", failed_at=100.25, order=1)
+    raised = _failure(0, 1, traceback=GLOO_CLOSED, failed_at=100.30, order=0)
+    error = JobFailedError([raised, exit3], world_size=2, tracebacks_printed=True)
+    assert error.root.rank == 1 and error.exit_code == 3
+    assert "Traceback of rank 1:" in str(error) and "SystemExit: 3" in str(error)  # Python does not print it itself
+
+
+def test_an_error_certainly_earlier_than_a_signal_is_the_cause() -> None:
+    # Rank 0 raised at 90.0; rank 1 was seen dead (SIGKILL) in the second 100: it died after 98.9 at the earliest.
+    first = _failure(0, 1, traceback=GLOO_CLOSED, failed_at=90.0, order=1)
+    later = _failure(1, -signal.SIGKILL.value, timestamp=100, order=0)
+    assert JobFailedError([later, first]).root.rank == 0
+    # Within the uncertainty of the agent's whole-second timestamp, the signal goes first.
+    close = _failure(0, 1, traceback=GLOO_CLOSED, failed_at=99.5, order=1)
+    assert JobFailedError([later, close]).root.rank == 1
+
+
+def test_a_printed_traceback_is_named_not_repeated_and_a_collective_timeout_names_the_absent_rank() -> None:
+    timeout = (
+        "Traceback (most recent call last):\n"
+        '  File "/job/train.py", line 13, in <module>\n'
+        "    accelerator.wait_for_everyone()\n"
+        '  File "/x/accel_core/state.py", line 170, in wait_for_everyone\n'
+        "    dist.barrier()\n"
+        "RuntimeError: [unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete\n"
+    )
+    error = JobFailedError(
+        [_failure(0, 1, traceback=timeout, failed_at=100.0), _failure(1, -signal.SIGTERM.value, order=1)],
+        world_size=2,
+        tracebacks_printed=True,
+    )
+    text = str(error)
+    assert "Traceback (most recent call last)" not in text  # the worker printed it already
+    assert "Rank 0: RuntimeError: [unbound_buffer.cc:78] Timed out waiting 5000ms" in text
+    assert "/x/accel_core/state.py:170 in wait_for_everyone: dist.barrier()" in text
+    assert "Rank 0 timed out waiting in a collective: rank(s) 1, still running when it gave up, never joined" in text
+    assert "--collective-timeout" in text
+    # Not printed by the worker (notebook_launcher's functions): the summary shows the traceback.
+    assert "Traceback of rank 0:" in str(JobFailedError([_failure(0, 1, traceback=timeout, failed_at=1.0)]))
+
+
+def test_collective_timeout_comes_from_the_script_then_the_launcher_then_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from accel_core import InitProcessGroupKwargs
+    from accel_core.state import collective_timeout
+
+    monkeypatch.delenv("ACCEL_COLLECTIVE_TIMEOUT", raising=False)
+    assert collective_timeout() == timedelta(minutes=30)
+    monkeypatch.setenv("ACCEL_COLLECTIVE_TIMEOUT", "7.5")
+    assert collective_timeout() == timedelta(seconds=7.5)
+    assert collective_timeout(InitProcessGroupKwargs().to_kwargs()["timeout"]) == timedelta(seconds=7.5)
+    given = InitProcessGroupKwargs(timeout=timedelta(seconds=20)).to_kwargs()["timeout"]
+    assert collective_timeout(given) == timedelta(seconds=20)
+    monkeypatch.setenv("ACCEL_COLLECTIVE_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="ACCEL_COLLECTIVE_TIMEOUT='soon' must be a positive number of seconds"):
+        collective_timeout()
+    plan = resolve_plan({"num_processes": 2, "collective_timeout": 5.0}, {}, {})
+    assert plan.env["ACCEL_COLLECTIVE_TIMEOUT"] == "5.0"
+    with pytest.raises(ValueError, match="--collective-timeout: collective_timeout must be a positive"):
+        resolve_plan({"collective_timeout": 0.0}, {}, {})
+
+
+def test_port_zero_means_a_free_port_on_one_machine_only() -> None:
+    plan = resolve_plan({"num_processes": 2, "main_process_port": 0}, {}, {})
+    assert plan.main_process_port is None
+    assert not any(arg.startswith("--master-port") for arg in torchrun_argv(plan, LaunchTarget("t.py")))
+    with pytest.raises(ValueError, match="0 \\(a free port\\) works on one machine only"):
+        resolve_plan({"num_processes": 4, "num_machines": 2, "main_process_ip": "h", "main_process_port": 0}, {}, {})
+
+
+def test_a_port_in_use_is_one_clear_line(cli) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        start = time.monotonic()
+        result = cli.run(
+            "launch", "--cpu", "-n", "2", "--main-process-port", str(port), str(cli.scripts / "report_rank.py")
+        )
+    assert result.returncode == 2, cli.describe(result)
+    assert result.stderr.strip().splitlines() == [
+        f"accel launch: error: --main-process-port {port} is already in use on this machine (another job, or one "
+        "still ending). Pass another port or leave --main-process-port out (or pass 0) to get a free one."
+    ]
+    assert time.monotonic() - start < 60  # refused before any worker started
+
+
+def test_slurm_node_lists_expand_in_order() -> None:
+    expand = cluster_env.slurm_hostnames
+    assert expand("node[01-03],gpu7", use_scontrol=False) == ["node01", "node02", "node03", "gpu7"]
+    assert expand("a[1,3-4]-ib,b", use_scontrol=False) == ["a1-ib", "a3-ib", "a4-ib", "b"]
+    assert expand("n[008-010]", use_scontrol=False) == ["n008", "n009", "n010"]
+    assert expand("solo", use_scontrol=False) == ["solo"]
+    assert cluster_env.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+
+
+def test_each_launchers_variables_give_the_processs_place() -> None:
+    slurm = {
+        "SLURM_STEP_NUM_TASKS": "8",
+        "SLURM_PROCID": "5",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+        "SLURM_STEP_NODELIST": "gpu[07-08]",
+        "SLURM_JOB_ID": "123456",
+    }
+    found = cluster_env.detect(slurm)
+    assert found == cluster_env.ClusterEnv("slurm", 5, 8, 1, 4, "gpu07", 15000 + 123456 % 20000)
+    # The batch script itself (no srun step) is one process, not rank 0 of SLURM_NTASKS.
+    assert cluster_env.detect({"SLURM_NTASKS": "8", "SLURM_PROCID": "0", "SLURM_JOB_ID": "1"}) is None
+    ompi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    assert cluster_env.detect(ompi) == cluster_env.ClusterEnv("OpenMPI", 1, 2, 1, 2, "127.0.0.1", 29500)
+    mpich = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "n1"}
+    assert cluster_env.detect(mpich) == cluster_env.ClusterEnv("MPICH", 3, 4, 1, 2, "n1", 29500)
+    with pytest.raises(ValueError, match="export MASTER_ADDR=<host of rank 0>"):
+        cluster_env.detect({**mpich, "MASTER_ADDR": ""})
+    pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "RANK": "2", "WORLD_SIZE": "3", "MASTER_ADDR": "job-master-0"}
+    assert cluster_env.detect({**pod, "MASTER_PORT": "23456"}) == cluster_env.ClusterEnv(
+        "kubeflow", 2, 3, 0, 1, "job-master-0", 23456
+    )
+    # torchrun's variables win (accel launch or torchrun inside an srun step, torchrun inside a pod).
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    assert cluster_env.detect({**slurm, **pod, **torchrun}).launcher == "torchrun"  # type: ignore[union-attr]
+    environ = dict(slurm)
+    cluster_env.adopt(environ)
+    assert {k: environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == {
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "gpu07",
+    }
+    assert cluster_env.adopt({}) is None
+
+
+def test_the_launchers_last_look_bounds_a_signal_death_however_late_the_agent_looked() -> None:
+    # The agent saw rank 1 dead only in second 105 (a loaded machine); the launcher's watch saw it running at 100.20.
+    # Rank 0 raised at 100.25 because rank 1 vanished: rank 1 is the cause.
+    late = RankFailure(1, 1, -signal.SIGKILL.value, 1001, 105, None, None, 1, alive_at=100.20)
+    raised = _failure(0, 1, timestamp=100, traceback=GLOO_CLOSED, failed_at=100.25, order=0)
+    assert JobFailedError([raised, late]).root.rank == 1
+    # Without the watch, the agent's late timestamp would have put rank 0 first.
+    assert JobFailedError([raised, _failure(1, -signal.SIGKILL.value, timestamp=105, order=1)]).root.rank == 0
+
+
+def test_the_exit_watch_sees_a_killed_child_stop_running() -> None:
+    import subprocess
+
+    from accel_core.launch.exit_watch import ChildExitWatch
+
+    with ChildExitWatch(rescan=0.05) as watch:
+        child = subprocess.Popen(["sleep", "30"])
+        time.sleep(0.5)
+        killed_at = time.time()
+        child.kill()
+        child.wait()
+        time.sleep(0.1)
+    assert killed_at - 0.5 < watch.alive_at[child.pid] <= killed_at

@@ -1,0 +1,235 @@
+"""The failure matrix under `accel launch`, for real: the first failing rank named with its exit code (20 runs each),
+signals to the launcher leave no worker behind, a collective hang ends at the timeout the user set, and
+jobs started by srun / mpirun / a PyTorchJob (faked for 2 local processes) train.
+
+No worker may survive a test: each worker writes its pid, and the test reads /proc for it afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie has ended: only its exit status is left)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_for_pids(prefix: Path, count: int, launcher: subprocess.Popen[str], timeout: float = 240) -> list[int]:
+    deadline = time.monotonic() + timeout
+    files = [Path(f"{prefix}{rank}") for rank in range(count)]
+    while time.monotonic() < deadline:
+        if all(f.exists() and f.read_text() for f in files):
+            return [int(f.read_text()) for f in files]
+        if launcher.poll() is not None:
+            pytest.fail(f"the launcher ended before its workers started: {launcher.communicate()}")
+        time.sleep(0.2)
+    launcher.kill()
+    pytest.fail(f"workers did not start within {timeout}s: {launcher.communicate()}")
+
+
+def _assert_all_gone(pids: list[int], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [pid for pid in pids if _running(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)  # the test failed; do not leave them to the next one
+    assert not alive, f"workers still running: {alive}"
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("mode", "exit_code"), [("kill", 128 + signal.SIGKILL.value), ("exit", 3)])
+def test_the_first_failing_rank_is_named_with_its_exit_code_in_20_runs(cli, mode: str, exit_code: int) -> None:
+    # 20 jobs through `launch()` in one process (the agent's torch import once), workers without torch.
+    loop = subprocess.run(
+        [sys.executable, str(SCRIPTS / "first_failure_loop.py"), mode, "sleep", "20"],
+        env=cli.env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert loop.returncode == 0, cli.describe(loop)
+    runs = json.loads(loop.stdout.splitlines()[-1])
+    assert [(run["rank"], run["exit_code"]) for run in runs] == [(1, exit_code)] * 20, runs
+    assert all(run["seconds"] < 60 for run in runs), [run["seconds"] for run in runs]
+    # And as a user runs it: the command's own exit status.
+    result = cli.run("launch", "--cpu", "-n", "2", str(SCRIPTS / "rank1_dies.py"), mode)
+    assert result.returncode == exit_code, cli.describe(result)
+    assert "accel launch: The job failed: rank 1 (local rank 1" in result.stderr
+    assert "rank 0 was not stopped" not in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("mode", "exit_code"), [("kill", 137), ("exit", 3)])
+def test_the_first_failing_rank_is_named_when_its_peer_then_fails_in_a_collective(
+    cli, mode: str, exit_code: int
+) -> None:
+    # Rank 0 waits in a gloo barrier: rank 1's death makes it raise "Connection closed by peer" a moment later.
+    loop = subprocess.run(
+        [sys.executable, str(SCRIPTS / "first_failure_loop.py"), mode, "collective", "5"],
+        env=cli.env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert loop.returncode == 0, cli.describe(loop)
+    runs = json.loads(loop.stdout.splitlines()[-1])
+    assert [(run["rank"], run["exit_code"]) for run in runs] == [(1, exit_code)] * 5, runs
+
+
+def _launch_sleepers(cli, tmp_path: Path, nproc: int) -> tuple[subprocess.Popen[str], list[int]]:
+    prefix = tmp_path / "pid"
+    launcher = subprocess.Popen(
+        [*cli.command(), "launch", "--cpu", "-n", str(nproc), str(SCRIPTS / "sleep_and_report_pid.py"), str(prefix)],
+        env=cli.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return launcher, _wait_for_pids(prefix, nproc, launcher)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("nproc", "sig"),
+    [
+        (1, signal.SIGINT),
+        (1, signal.SIGTERM),
+        (1, signal.SIGKILL),
+        (2, signal.SIGINT),
+        (2, signal.SIGTERM),
+        (2, signal.SIGKILL),
+    ],
+    ids=["1-SIGINT", "1-SIGTERM", "1-SIGKILL", "2-SIGINT", "2-SIGTERM", "2-SIGKILL"],
+)
+def test_a_signal_to_the_launcher_leaves_no_worker(cli, tmp_path: Path, nproc: int, sig: signal.Signals) -> None:
+    launcher, pids = _launch_sleepers(cli, tmp_path, nproc)
+    time.sleep(0.5)  # the workers are past their start
+    launcher.send_signal(sig)  # to the launcher's pid only, as `kill` or a scheduler sends it
+    try:
+        launcher.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        pytest.fail(f"the launcher did not end within 60 s of {sig.name}")
+    assert launcher.returncode in (128 + sig.value, -sig.value), launcher.returncode
+    _assert_all_gone(pids)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_rank_stuck_outside_a_collective_ends_the_job_at_the_collective_timeout(cli, tmp_path: Path) -> None:
+    prefix = tmp_path / "pid"
+    start = time.monotonic()
+    result = cli.run(
+        "launch", "--cpu", "-n", "2", "--collective-timeout", "8", str(SCRIPTS / "hang_in_collective.py"), str(prefix)
+    )
+    elapsed = time.monotonic() - start
+    assert result.returncode == 1, cli.describe(result)
+    assert "rank 0 passed a barrier" not in result.stdout
+    summary = result.stderr[result.stderr.index("accel launch: The job failed") :]
+    assert summary.startswith("accel launch: The job failed: rank 0 (local rank 0"), summary
+    assert "Timed out waiting 8000ms" in summary and "in wait_for_everyone" in summary
+    assert "Rank 0 timed out waiting in a collective: rank(s) 1, still running when it gave up, never joined" in summary
+    assert elapsed < 200, elapsed  # 8 s, not the 30-minute default (plus starting torch twice on a loaded machine)
+    _assert_all_gone([int(Path(f"{prefix}{rank}").read_text()) for rank in range(2)])
+
+
+def _fake_launcher_env(kind: str, rank: int, port: int) -> dict[str, str]:
+    if kind == "slurm":  # srun -n 2 on one node named localhost
+        return {
+            "SLURM_STEP_NUM_TASKS": "2",
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NODEID": "0",
+            "SLURM_STEP_NODELIST": "localhost",
+            "SLURM_STEP_TASKS_PER_NODE": "2",
+            "SLURM_JOB_ID": "4242",
+            "MASTER_PORT": str(port),
+        }
+    if kind == "openmpi":  # mpirun -np 2
+        return {
+            "OMPI_COMM_WORLD_RANK": str(rank),
+            "OMPI_COMM_WORLD_SIZE": "2",
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+            "MASTER_PORT": str(port),
+        }
+    if kind == "mpich":  # mpiexec -n 2 (Hydra)
+        return {
+            "PMI_RANK": str(rank),
+            "PMI_SIZE": "2",
+            "MPI_LOCALRANKID": str(rank),
+            "MPI_LOCALNRANKS": "2",
+            "MASTER_PORT": str(port),
+        }
+    # A PyTorchJob with two pods: the operator's variables (each pod is its own machine).
+    return {
+        "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+_JOB_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", ["slurm", "openmpi", "mpich", "kubeflow"])
+def test_accelerator_joins_a_job_another_launcher_started(cli, tmp_path: Path, kind: str) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = {
+        k: v
+        for k, v in cli.env(OMP_NUM_THREADS="1").items()
+        if k not in _JOB_VARIABLES and not k.startswith(("SLURM_", "OMPI_", "PMI_", "MPI_", "TORCHELASTIC_"))
+    }
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "cluster_job.py"), str(tmp_path / f"rank{rank}.json")],
+            env={**base, **_fake_launcher_env(kind, rank, port)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    try:
+        outputs = [rank.communicate(timeout=400) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()  # only if one hung
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    for rank, report in enumerate(reports):
+        assert (report["rank"], report["world"], report["backend"]) == (rank, 2, "gloo")
+        assert report["local_rank"] == (0 if kind == "kubeflow" else rank)
+        assert report["sum"] == 3.0  # 1 + 2: the two processes met
+        assert report["ddp"] == "DistributedDataParallel" and report["replicas_equal"]
+        # Rank 0's batch gives a gradient of 2 per weight, rank 1's of 4: DDP averaged them.
+        assert report["grad"] == [3.0] * 4
+        assert report["env"]["MASTER_PORT"] == str(port)
+    if kind == "slurm":
+        assert reports[0]["env"]["MASTER_ADDR"] == "localhost"  # the first node of SLURM_STEP_NODELIST
