@@ -1,0 +1,174 @@
+"""Summaries of a comparison run: compare.json (every sample), compare.md (the table) and one PNG chart per scenario."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+# (scenario, processes, metric, row label, unit): the rows of the table, in order; lower is better for every timing.
+ROWS: list[tuple[str, str, str, str, str]] = [
+    ("import", "1", "over_torch_s", "import time over `import torch`", "s"),
+    ("cli_help", "1", "help_s", "CLI `--help` (raw: `torchrun --help`)", "s"),
+    ("launch", "1", "first_step_s", "launch to first step, 1 process", "s"),
+    ("launch", "2", "first_step_s", "launch to first step, 2 processes", "s"),
+    ("step", "1", "step_ms", "train step (accum. 2, clip, scheduler), 1 process", "ms"),
+    ("step", "2", "step_ms", "train step (accum. 2, clip, scheduler), 2 processes", "ms"),
+    ("loader", "1", "sharded_ms", "prepared loader per batch, 1 process", "ms"),
+    ("loader", "2", "sharded_ms", "prepared loader per batch, sharded, 2 processes", "ms"),
+    ("loader", "2", "dispatch_ms", "prepared loader per batch, dispatched, 2 processes", "ms"),
+    ("gather", "2", "gather_ms", "gather_for_metrics per eval batch, 2 processes (Fabric: all_gather)", "ms"),
+    ("gather", "2", "exact_count", "gathered eval set has exactly its samples (no padding)", "yes/no"),
+    ("checkpoint", "1", "save_s", "save_state (Fabric: save; raw: torch.save)", "s"),
+    ("checkpoint", "1", "save_nofsync_s", "save_state without fsync (like for like with the others)", "s"),
+    ("checkpoint", "1", "load_s", "load_state (Fabric: load; raw: torch.load)", "s"),
+    ("checkpoint", "1", "async_blocked_s", "async save: time the caller is blocked", "s"),
+    ("resume", "2", "exact", "exact resume mid-epoch (bitwise weights), 2 processes", "yes/no"),
+    ("crash", "1", "safe", "SIGKILL during an overwriting save, then resume", "yes/no"),
+    ("fsdp2", "2", "memory_fraction", "FSDP2: bytes held per process / unsharded (params+grads+AdamW)", "x"),
+    ("fsdp2", "2", "step_ms", "FSDP2: train step, 2 processes", "ms"),
+    ("zero3", "2", "memory_fraction", "ZeRO-3: bytes held per process / unsharded", "x"),
+    ("zero3", "2", "step_ms", "ZeRO-3: train step, 2 processes", "ms"),
+]
+
+
+def stats(values: list[float]) -> dict[str, Any]:
+    ordered = sorted(values)
+    q = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 3
+    return {
+        "median": statistics.median(ordered),
+        "q1": q[0],
+        "q3": q[2],
+        "min": ordered[0],
+        "max": ordered[-1],
+        "n": len(ordered),
+        "values": values,
+    }
+
+
+def summarise(results) -> dict:
+    out: dict = {}
+    for scenario, by_procs in results.samples.items():
+        for procs, by_fw in by_procs.items():
+            for fw, metrics in by_fw.items():
+                for metric, values in metrics.items():
+                    slot = out.setdefault(scenario, {}).setdefault(procs, {}).setdefault(fw, {})
+                    if all(isinstance(v, bool) for v in values):
+                        slot[metric] = {"value": all(values), "n": len(values)}
+                    elif all(isinstance(v, (int, float)) for v in values):
+                        slot[metric] = stats([float(v) for v in values])
+                    else:
+                        slot[metric] = {"value": values[0] if len(values) == 1 else values}
+    return out
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "ms":
+        return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+    if unit == "x":
+        return f"{value:.2f}"
+    return f"{value:.3f}" if value < 1 else f"{value:.2f}"
+
+
+def cell(summary: dict, notes: dict, scenario: str, procs: str, fw: str, metric: str, unit: str) -> str:
+    note = notes.get(scenario, {}).get(procs, {}).get(fw)
+    figure = summary.get(scenario, {}).get(procs, {}).get(fw, {}).get(metric)
+    if figure is None:
+        return f"— ({note})" if note else "—"
+    if "median" not in figure:
+        value = figure["value"]
+        text = ("yes" if value else "**no**") if isinstance(value, bool) else str(value)
+    else:
+        text = _fmt(figure["median"], unit)
+        if figure["n"] > 1:
+            text += f" ({_fmt(figure['q1'], unit)} to {_fmt(figure['q3'], unit)})"
+    return f"{text}; {note}" if note else text
+
+
+def table(summary: dict, notes: dict, frameworks: list[str]) -> str:
+    names = {"accel": "accel", "raw": "raw PyTorch", "accelerate": "HF Accelerate", "fabric": "Lightning Fabric"}
+    lines = [
+        "| scenario | unit | " + " | ".join(names[f] for f in frameworks) + " |",
+        "|---|---|" + "---|" * len(frameworks),
+    ]
+    for scenario, procs, metric, label, unit in ROWS:
+        cells = [cell(summary, notes, scenario, procs, fw, metric, unit) for fw in frameworks]
+        if all(c == "—" for c in cells):
+            continue
+        lines.append(f"| {label} | {unit} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def charts(summary: dict, frameworks: list[str], folder: Path) -> list[str]:
+    """One bar chart per scenario: median per framework, the bars' whiskers spanning the interquartile range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"accel": "#1f77b4", "raw": "#7f7f7f", "accelerate": "#ff7f0e", "fabric": "#9467bd"}
+    written = []
+    scenarios: dict[str, list[tuple[str, str, str, str]]] = {}
+    for scenario, procs, metric, label, unit in ROWS:
+        if unit not in ("yes/no",):
+            scenarios.setdefault(scenario, []).append((procs, metric, label, unit))
+    for scenario, rows in scenarios.items():
+        rows = [
+            r for r in rows if any(summary.get(scenario, {}).get(r[0], {}).get(fw, {}).get(r[1]) for fw in frameworks)
+        ]
+        if not rows:
+            continue
+        fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.6), squeeze=False)
+        for ax, (procs, metric, label, unit) in zip(axes[0], rows, strict=True):
+            for i, fw in enumerate(frameworks):
+                figure = summary.get(scenario, {}).get(procs, {}).get(fw, {}).get(metric)
+                if not figure or "median" not in figure:
+                    ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=8)
+                    continue
+                m = figure["median"]
+                ax.bar(i, m, color=colours[fw], yerr=[[m - figure["q1"]], [figure["q3"] - m]], capsize=4)
+            ax.set_xticks(range(len(frameworks)), frameworks, fontsize=8)
+            ax.set_title(label if len(label) < 48 else label[:46] + "…", fontsize=8)
+            ax.set_ylabel(unit)
+        fig.tight_layout()
+        path = folder / f"{scenario}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path.name)
+    return written
+
+
+def write(results, meta: dict, frameworks: list[str], folder: Path) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    summary = summarise(results)
+    data = {
+        "meta": meta,
+        "frameworks": frameworks,
+        "summary": summary,
+        "notes": results.notes,
+        "errors": results.errors,
+    }
+    stem = "compare-quick" if meta["quick"] else "compare"
+    (folder / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
+    text = table(summary, results.notes, frameworks)
+    pngs = [] if meta["quick"] else charts(summary, frameworks, folder)
+    versions = "; ".join(
+        f"{fw}: " + ", ".join(f"{k} {v}" for k, v in vs.items()) for fw, vs in meta["versions"].items()
+    )
+    runs = meta.get("runs", [meta])
+    done = "; ".join(
+        f"{'+'.join(r.get('phases', []))} from {r['date']} ({r['reps']} start-up repetitions, "
+        f"{r.get('in_process_reps', r['reps'])} in-process launches, {r['seconds']} s)"
+        for r in runs
+    )
+    header = (
+        f"{meta['cpus']} shared CPU cores (gloo), frameworks alternating; median (interquartile range where there "
+        f"is more than one sample; each in-process launch is itself the median of several rounds). Runs: {done}. "
+        f"Highest load average at the end of a run: {meta['load_at_end']:.1f}. Versions: {versions}."
+    )
+    body = header + "\n\n" + text + "\n"
+    if pngs:
+        body += "\nCharts: " + ", ".join(f"[{p[:-4]}]({p})" for p in pngs) + "\n"
+    (folder / f"{stem}.md").write_text(body)
+    return body

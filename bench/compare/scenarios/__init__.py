@@ -1,0 +1,1 @@
+"""One module per in-process scenario; each has `run(harness, quick, **options) -> dict` of figures."""

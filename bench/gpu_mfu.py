@@ -1,0 +1,228 @@
+"""MFU of a ~1B-parameter Llama-style model under FSDP2 + bf16 + torch.compile: accel against the same loop in raw
+PyTorch (fully_shard + MixedPrecisionPolicy + per-block compile, torchtitan's recipe), measured side by side.
+
+    torchrun --nproc_per_node 8 bench/gpu_mfu.py                    # a GPU machine, unchanged
+    ACCEL_USE_CPU=true torchrun --nproc_per_node 2 bench/gpu_mfu.py --tiny --no-compile   # proves it runs (CPU)
+
+Both variants build the same model from the same seed and train on the same random tokens; rounds alternate
+(which one goes first swaps each round). MFU = model FLOPs per second / (processes x peak bf16 FLOP/s), with
+model FLOPs per token = 6 x parameters + 12 x layers x hidden x sequence (attention), PaLM's accounting. The peak
+comes from --peak-tflops or, on a known GPU, from the table below (dense bf16); on a CPU MFU is not reported.
+Prints one JSON line per variant and the ratio accel / raw. Not yet run on a GPU (no GPU machine was available).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "L40S": 362.0, "B200": 2250.0}
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).transpose(1, 3).unbind(2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, s, d))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, ffn: int) -> None:
+        super().__init__()
+        self.attn_norm, self.ffn_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.gate, self.up, self.down = (
+            nn.Linear(dim, ffn, bias=False),
+            nn.Linear(dim, ffn, bias=False),
+            nn.Linear(ffn, dim, bias=False),
+        )
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        h = self.ffn_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    _no_split_modules: ClassVar[list[str]] = ["LlamaBlock"]
+
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, ffn: int, seq: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(LlamaBlock(dim, heads, ffn) for _ in range(layers))
+        self.norm = nn.RMSNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        inv = 1.0 / (10000 ** (torch.arange(0, dim // heads, 2).float() / (dim // heads)))
+        angles = torch.outer(torch.arange(seq).float(), inv)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x, self.cos.to(x.dtype), self.sin.to(x.dtype))
+        return self.head(self.norm(x))
+
+
+def build(config: dict, device: torch.device) -> Llama:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Llama(**config)
+
+
+def raw_prepare(model: Llama, compile_blocks: bool) -> Llama:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.layers:
+        if compile_blocks:
+            block.compile()
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def peak_flops(device: torch.device, override: float | None) -> float | None:
+    if override:
+        return override * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((tf * 1e12 for key, tf in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="a few-million-parameter config (CPU check)")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (CPU check without a compiler)")
+    parser.add_argument("--batch", type=int, default=None, help="sequences per process and step")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--peak-tflops", type=float, default=None, help="peak bf16 TFLOP/s of one device")
+    args = parser.parse_args()
+    if args.tiny:
+        config = {"vocab": 512, "dim": 128, "layers": 2, "heads": 4, "ffn": 344, "seq": 64}
+        batch, steps = args.batch or 2, args.steps or 3
+    else:  # ~1.1B parameters: Llama-style, 2048 wide, 16 layers, 32k vocabulary
+        config = {"vocab": 32000, "dim": 2048, "layers": 16, "heads": 16, "ffn": 5632, "seq": 2048}
+        batch, steps = args.batch or 4, args.steps or 10
+
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from accel import Accelerator
+    from accel.utils import FullyShardedDataParallelPlugin
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    accelerator = Accelerator(
+        fsdp_plugin=FullyShardedDataParallelPlugin(
+            fsdp_version=2, mixed_precision_policy=policy, transformer_cls_names_to_wrap=["LlamaBlock"]
+        ),
+        dynamo_backend=None if args.no_compile else "inductor",
+    )
+    device, world = accelerator.device, accelerator.num_processes
+    params = sum(p.numel() for p in build(config, torch.device("meta")).parameters())
+    flops_per_token = 6 * params + 12 * config["layers"] * config["dim"] * config["seq"]
+
+    acc_model = build(config, device)
+    acc_opt = torch.optim.AdamW(acc_model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    acc_model, acc_opt = accelerator.prepare(acc_model, acc_opt)
+    raw_model = raw_prepare(build(config, device), compile_blocks=not args.no_compile)
+    raw_opt = torch.optim.AdamW(raw_model.parameters(), lr=1e-4, fused=device.type == "cuda")
+
+    generator = torch.Generator(device="cpu").manual_seed(accelerator.process_index)
+    tokens = torch.randint(0, config["vocab"], (batch, config["seq"] + 1), generator=generator).to(device)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def loss_of(model) -> torch.Tensor:
+        return F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+
+    def raw_step() -> None:
+        loss_of(raw_model).backward()
+        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), 1.0)
+        raw_opt.step()
+        raw_opt.zero_grad()
+
+    def accel_step() -> None:
+        accelerator.backward(loss_of(acc_model))
+        accelerator.clip_grad_norm_(acc_model.parameters(), 1.0)
+        acc_opt.step()
+        acc_opt.zero_grad()
+
+    def timed(step) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - start) / steps
+
+    variants = {"raw": raw_step, "accel": accel_step}
+    for step in variants.values():  # warm-up: compilation, allocator
+        step(), step()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(args.rounds):
+        for name in list(variants) if r % 2 == 0 else list(reversed(variants)):
+            times[name].append(timed(variants[name]))
+    peak = peak_flops(device, args.peak_tflops)
+    results = {}
+    for name, values in times.items():
+        step_s = statistics.median(values)
+        tokens_per_s = batch * config["seq"] * world / step_s
+        mfu = flops_per_token * tokens_per_s / (world * peak) if peak else None
+        results[name] = {
+            "variant": name,
+            "params": params,
+            "processes": world,
+            "device": str(device.type),
+            "step_s": step_s,
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu,
+            "compile": not args.no_compile,
+            "steps": steps,
+            "rounds": args.rounds,
+        }
+    if accelerator.is_main_process:
+        for result in results.values():
+            print(json.dumps(result))
+        ratio = results["accel"]["step_s"] / results["raw"]["step_s"]
+        mfu = results["accel"]["mfu"]
+        print(
+            f"{params / 1e6:.1f}M parameters, {world} processes: step accel / raw = {ratio:.3f}"
+            + (
+                f"; MFU accel {mfu:.1%}, raw {results['raw']['mfu']:.1%}"
+                if mfu is not None
+                else "; MFU n/a (no known peak: pass --peak-tflops)"
+            )
+        )
+        assert math.isfinite(ratio)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

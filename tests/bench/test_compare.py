@@ -1,0 +1,64 @@
+"""bench/compare: the accel-only scenarios of the side-by-side benchmark run and produce a table (the CI smoke of
+`bench/compare/run.py --quick` needs the peers' environments; this checks accel's side without them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+COMPARE = Path(__file__).resolve().parents[2] / "bench" / "compare"
+
+
+@pytest.mark.slow
+def test_accel_scenarios_run_in_one_process(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(COMPARE / "worker.py"),
+            "--framework",
+            "accel",
+            "--quick",
+            "--out",
+            str(out),
+            "--scenarios",
+            "step,loader,gather,checkpoint",
+            f"--arg=dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["step"]["step_ms"] > 0
+    assert figures["loader"]["sharded_ms"] > 0
+    assert figures["gather"] == {**figures["gather"], "exact_count": True, "rows": 401, "samples": 401}
+    assert figures["checkpoint"]["async_blocked_s"] > 0 and figures["checkpoint"]["mb"] > 30
+
+
+def test_table_marks_failures_and_yes_no() -> None:
+    sys.path.insert(0, str(COMPARE))
+    try:
+        import report
+        from run import Results
+    finally:
+        sys.path.remove(str(COMPARE))
+    results = Results()
+    for value in (1.0, 2.0, 3.0):
+        results.take("step", 1, "accel", {"step_ms": value})
+    results.take("resume", 2, "fabric", {"exact": False, "max_abs_diff": 0.1})
+    results.take("fsdp2", 2, "fabric", {"error": "RuntimeError: FSDP needs CUDA"})
+    results.take("step", 1, "raw", {"error": "boom"})
+    summary = report.summarise(results)
+    assert summary["step"]["1"]["accel"]["step_ms"]["median"] == 2.0
+    text = report.table(summary, results.notes, ["accel", "raw", "fabric"])
+    assert "| 2.00 (1.50 to 2.50) | — (error) |" in text
+    assert "**no**" in text and "refused: RuntimeError: FSDP needs CUDA" in text
+    assert results.errors == ["step / raw / 1 proc: boom"]  # a peer's refusal of FSDP is a note, not an error
