@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import pytest
 import torch
@@ -161,3 +162,32 @@ def test_tensorboard_rewind_purges_the_steps_after_the_checkpoint(tmp_path):
         (4, 40.0),
         (5, 50.0),
     ]
+
+
+def test_sigterm_saves_the_step_and_exits_143_in_one_process(tmp_path):
+    """checkpoint_on_sigterm in one process: the signal is noted, the step's boundary saves, SystemExit(143)."""
+    with pytest.raises(ValueError, match="checkpoint_on_sigterm=True saves an automatic checkpoint"):
+        Accelerator(
+            cpu=True, project_config=ProjectConfiguration(project_dir=str(tmp_path), checkpoint_on_sigterm=True)
+        )
+    before = signal.getsignal(signal.SIGTERM)
+    config = ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True, checkpoint_on_sigterm=True
+    )
+    accelerator = Accelerator(cpu=True, project_config=config, resume="auto")
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    with pytest.raises(SystemExit) as ended:
+        for inputs, targets in loader:
+            loss = torch.nn.functional.mse_loss(model(inputs), targets)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            if accelerator.completed_steps == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # the process lives on: only noted
+    assert ended.value.code == 143
+    assert accelerator.completed_steps == 3
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_0"]
+    assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back

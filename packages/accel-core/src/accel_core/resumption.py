@@ -208,4 +208,6 @@ class Resumption:
         if self.state.is_main_process:
             logger.warning("Saved %s; exiting with %d (resume with resume='auto').", path, EXIT_CODE)
         self.end_training()  # flushes the trackers' buffered events (TensorBoard keeps some in memory)
+        assert self._preemption is not None
+        self._preemption.close()
         raise SystemExit(EXIT_CODE)
