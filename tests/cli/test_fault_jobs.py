@@ -53,20 +53,25 @@ def _assert_all_gone(pids: list[int], timeout: float = 15) -> None:
     assert not alive, f"workers still running: {alive}"
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-@pytest.mark.parametrize(("mode", "exit_code"), [("kill", 128 + signal.SIGKILL.value), ("exit", 3)])
-def test_the_first_failing_rank_is_named_with_its_exit_code_in_20_runs(cli, mode: str, exit_code: int) -> None:
-    # 20 jobs through `launch()` in one process (the agent's torch import once), workers without torch.
+def _first_failures(cli, mode: str, peer: str, runs: int) -> list[dict]:
+    """Runs first_failure_loop.py (``runs`` jobs in one process) and returns what each job's failure named."""
     loop = subprocess.run(
-        [sys.executable, str(SCRIPTS / "first_failure_loop.py"), mode, "sleep", "20"],
+        [sys.executable, str(SCRIPTS / "first_failure_loop.py"), mode, peer, str(runs)],
         env=cli.env(OMP_NUM_THREADS="1"),
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert loop.returncode == 0, cli.describe(loop)
-    runs = json.loads(loop.stdout.splitlines()[-1])
+    return json.loads(loop.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("mode", "exit_code"), [("kill", 128 + signal.SIGKILL.value), ("exit", 3)])
+def test_the_first_failing_rank_is_named_with_its_exit_code_in_20_runs(cli, mode: str, exit_code: int) -> None:
+    # 20 jobs through `launch()` in one process (the agent's torch import once), workers without torch.
+    runs = _first_failures(cli, mode, "sleep", 20)
     assert [(run["rank"], run["exit_code"]) for run in runs] == [(1, exit_code)] * 20, runs
     assert all(run["seconds"] < 60 for run in runs), [run["seconds"] for run in runs]
     # And as a user runs it: the command's own exit status.
@@ -83,15 +88,7 @@ def test_the_first_failing_rank_is_named_when_its_peer_then_fails_in_a_collectiv
     cli, mode: str, exit_code: int
 ) -> None:
     # Rank 0 waits in a gloo barrier: rank 1's death makes it raise "Connection closed by peer" a moment later.
-    loop = subprocess.run(
-        [sys.executable, str(SCRIPTS / "first_failure_loop.py"), mode, "collective", "5"],
-        env=cli.env(OMP_NUM_THREADS="1"),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert loop.returncode == 0, cli.describe(loop)
-    runs = json.loads(loop.stdout.splitlines()[-1])
+    runs = _first_failures(cli, mode, "collective", 5)
     assert [(run["rank"], run["exit_code"]) for run in runs] == [(1, exit_code)] * 5, runs
 
 

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from .ops import any_process
 
 LOG_KEY = "train/nonfinite_skips"
 """The name under which ``accelerator.log`` reports the number of skipped steps."""
@@ -98,9 +99,7 @@ class NonFiniteGuard:
                 # overflow on finite values); one foreach kernel per device and dtype.
                 largest = torch.stack(torch._foreach_norm(tensors, float("inf")))  # as torch's clip_grad_norm_
                 flag = flag + (~torch.isfinite(largest).all()).to(self.device, torch.float32)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+        return any_process(flag)
 
     def unlogged(self) -> dict[str, int]:
         """``{LOG_KEY: count}`` when steps were skipped since the last ``accelerator.log``, else ``{}``."""

@@ -210,6 +210,17 @@ def gather_object(object: Any, group: Any = None) -> Any:  # the reference's arg
     return everyone
 
 
+def any_process(flag: torch.Tensor) -> bool:
+    """Whether ``flag`` (a 0-d tensor, > 0 meaning yes) is set on any process; every process gets the same answer.
+
+    One all_reduce (MAX) of one number when several processes run: how ranks agree on skipping a step
+    or stopping, so that no rank runs a collective the others skip.
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
+
+
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """Copies the tensors of ``from_process`` into every process's tensors (same shapes needed)."""
     collectives = PartialState().collectives

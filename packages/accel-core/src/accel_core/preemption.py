@@ -20,7 +20,8 @@ from types import FrameType
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from .ops import any_process
 
 EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 
@@ -47,10 +48,7 @@ class PreemptionWatch:
 
     def agreed(self) -> bool:
         """Collective: whether any process received SIGTERM (every process gets the same answer)."""
-        flag = torch.tensor(1.0 if self.requested else 0.0, device=self.device)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+        return any_process(torch.tensor(1.0 if self.requested else 0.0, device=self.device))
 
     def close(self) -> None:
         """Puts the previous SIGTERM handler back."""
