@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from . import cluster_env, ops, plugins
+from . import cluster_env, ops
 from . import environment as env
 from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
 from .collective_check import check_agreement, checked_small_gather
@@ -41,7 +41,6 @@ from .configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
-    GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
     ProjectConfiguration,
@@ -55,7 +54,8 @@ from .optimizer import AcceleratedOptimizer
 from .optimizer_rebuild import ParameterNames
 from .parallel import Parallelism
 from .parallelism import ParallelismConfig
-from .precision import AutocastPrecision, Precision, PrecisionContext, PrecisionFactory, unwrap_forward
+from .precision import AutocastPrecision, unwrap_forward
+from .precision_choice import choose_precision
 from .preparation import Preparation
 from .process_control import ProcessControl
 from .profiling import Profiling
@@ -219,7 +219,9 @@ class Accelerator(
             and not self.strategy.owns_precision
         ):
             raise ValueError("Passing in an FP8 configuration requires setting `mixed_precision='fp8'`.")
-        self.precision = self._make_precision(self.state.mixed_precision)
+        self.precision = choose_precision(
+            self.state.mixed_precision, self.strategy, self.state.device, self.handlers, self.state.is_main_process
+        )
         # fp8 on a device that cannot run it falls back (with a warning) to what the precision says.
         self.state.mixed_precision = self.precision.name
         self.gradient_state = GradientState(plan.gradient_accumulation)
@@ -281,36 +283,6 @@ class Accelerator(
         return NonFiniteGuard(
             self.prepared.optimizers, self.state.device, check_gradients=self.precision.scaler is None
         )
-
-    def _make_precision(self, name: str) -> Precision:
-        if name not in self.strategy.supported_precisions:
-            raise ValueError(
-                f"mixed_precision={name!r} is not supported by the {self.strategy.name} strategy; "
-                f"use one of {list(self.strategy.supported_precisions)}."
-            )
-        if name == "fp8" and not self.strategy.owns_precision:
-            context = PrecisionContext(
-                device=self.state.device,
-                handlers=self.handlers,
-                is_main_process=self.state.is_main_process,
-                fallback=self._make_precision,
-            )
-            factory: PrecisionFactory = plugins.load("accel.precisions", "fp8")
-            return factory(context)
-        if self.strategy.owns_precision:
-            # The backend applies it (and settled it from its own config: resolve_precision).
-            return Precision(name)
-        if name == "no":
-            return Precision()
-        device = self.state.device
-        if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ValueError("bf16 mixed precision needs a GPU that supports bfloat16 (Ampere or newer): use fp16.")
-        scaler = None
-        if name == "fp16":
-            scaler_kwargs = self.handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in self.handlers else {}
-            scaler = self.strategy.make_grad_scaler(device, **scaler_kwargs)
-        autocast_kwargs = self.handlers[AutocastKwargs].to_kwargs() if AutocastKwargs in self.handlers else {}
-        return AutocastPrecision(name, device.type, scaler=scaler, autocast_kwargs=autocast_kwargs)
 
     # -- the prepared objects, under the reference API's names ------------------------------
     @property
