@@ -34,16 +34,17 @@ def make_job(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, tor
     return model, optimizer, loader
 
 
-def plain_cpu_losses(clip: float | None) -> list[float]:
+def plain_cpu_losses(clip: float | None, accumulation: int) -> list[float]:
     model, optimizer, loader = make_job()
     losses = []
-    for x, y in loader:
+    for i, (x, y) in enumerate(loader):
         loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        if clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
-        optimizer.zero_grad()
+        (loss / accumulation).backward()
+        if (i + 1) % accumulation == 0:
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+            optimizer.zero_grad()
         losses.append(loss.item())
     return losses
 
@@ -59,12 +60,13 @@ def train(accelerator: Accelerator, clip: float | None) -> tuple[list[float], An
     losses, batch_shardings = [], {}
     for x, y in loader:
         batch_shardings = {"x": sharding_of(x), "y": sharding_of(y)}
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        accelerator.backward(loss)
-        if clip is not None:
-            accelerator.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
-        optimizer.zero_grad()
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            if clip is not None and accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+            optimizer.zero_grad()
         losses.append(loss.item())
     return losses, model, optimizer, batch_shardings
 
@@ -75,14 +77,14 @@ def shardings(accelerator: Accelerator, model: Any) -> dict[str, Any]:
     return {name: {"spec": list(spmd.spec_of(p)), "xla": sharding_of(p)} for name, p in inner.named_parameters()}
 
 
-def run_layout(config: ParallelismConfig, clip: float | None) -> dict[str, Any]:
+def run_layout(config: ParallelismConfig, clip: float | None, accumulation: int = 1) -> dict[str, Any]:
     fresh()
-    accelerator = Accelerator(parallelism_config=config)
+    accelerator = Accelerator(parallelism_config=config, gradient_accumulation_steps=accumulation)
     losses, model, _, batch = train(accelerator, clip)
     layout = accelerator.strategy.spmd.layout
     return {
         "losses": losses,
-        "reference": plain_cpu_losses(clip),
+        "reference": plain_cpu_losses(clip, accumulation),
         "params": shardings(accelerator, model),
         "batch": batch,
         "wrapped": type(model).__name__,
@@ -125,7 +127,7 @@ def checkpoint(folder: Path) -> dict[str, Any]:
 def main() -> None:
     folder = Path(sys.argv[1])
     results = {
-        "dp_shard": run_layout(ParallelismConfig(dp_shard_size=4), clip=0.5),
+        "dp_shard": run_layout(ParallelismConfig(dp_shard_size=4), clip=0.5, accumulation=2),
         "dp_shard_tp": run_layout(ParallelismConfig(dp_shard_size=2, tp_size=2, tp_plan=TP_PLAN), clip=None),
         "checkpoint": checkpoint(folder),
     }

@@ -39,7 +39,8 @@ def test_spmd_training_matches_plain_cpu(figures: dict[str, Any], layout: str) -
     assert len(run["losses"]) == 10
     for got, want in zip(run["losses"], run["reference"], strict=True):
         assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), (run["losses"], run["reference"])
-    # One process drives the 4 devices: core sees one process reading whole batches.
+    # (dp_shard with 2 accumulation steps and clipping.) One process drives the 4 devices: core sees one process
+    # reading whole batches.
     assert run["num_processes"] == 1 and run["distributed_type"] == "XLA"
     assert set(run["process_layout"].values()) == {1}
     assert run["wrapped"] == "SpmdFullyShardedDataParallel"
