@@ -105,6 +105,10 @@ def checkpoint(folder: Path) -> dict[str, Any]:
     exp_avg = optimizer.state_dict()["state"][0]["exp_avg"].cpu().clone()
     draw_after_save = torch.rand(4, device=accelerator.device).cpu()
     on_disk = torch.load(Path(saved) / "sharded" / "model_0.bin", weights_only=True)
+    accelerator.save_model(model, str(folder / "export"))
+    from safetensors.torch import load_file
+
+    exported = load_file(str(next((folder / "export").glob("*.safetensors"))))
 
     fresh()
     accelerator = Accelerator(parallelism_config=config)
@@ -116,6 +120,8 @@ def checkpoint(folder: Path) -> dict[str, Any]:
         "files": sorted(p.name for p in (Path(saved) / "sharded").iterdir()),
         "on_disk_shapes": {k: list(v.shape) for k, v in on_disk.items()},
         "on_disk_equal": all(torch.equal(on_disk[k], weights[k]) for k in weights),
+        "exported_equal": sorted(exported) == sorted(weights)
+        and all(torch.equal(exported[k], weights[k]) for k in weights),
         "loaded_equal": all(torch.equal(v.cpu(), weights[k]) for k, v in loaded.state_dict().items()),
         "loaded_sharding": sharding_of(loaded[0].weight),
         "exp_avg_equal": torch.equal(state["exp_avg"].cpu(), exp_avg),

@@ -76,5 +76,6 @@ def test_sharded_checkpoint_holds_whole_tensors_and_reshards_on_load(figures: di
     assert ck["files"] == ["model_0.bin", "optimizer_0.bin", "xla_rng_state_0.json"]
     assert ck["on_disk_shapes"] == {"0.weight": [16, 6], "0.bias": [16], "2.weight": [4, 16], "2.bias": [4]}
     assert ck["on_disk_equal"] and ck["loaded_equal"] and ck["exp_avg_equal"]
+    assert ck["exported_equal"], "save_model's safetensors differ from the gathered weights"
     assert ck["loaded_sharding"] == ck["exp_avg_sharding"] == "{devices=[2,2]0,2,1,3}"
     assert ck["rng_restored"], "the XLA random draws after load_state differ from those after save_state"
