@@ -130,8 +130,10 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     folder = accelerator.save_state(str(tmp_path / "ckpt"))
     assert (Path(folder) / "sharded" / "model_0.bin").is_file()
     assert (Path(folder) / "sharded" / "optimizer_0.bin").is_file()
+    assert (Path(folder) / "sharded" / "xla_rng_state_0.json").is_file()
     saved_model = {k: v.cpu().clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
     saved_steps = optimizer.state_dict()["state"][0]["step"].cpu().clone()
+    draw_after_save = torch.rand(4, device=accelerator.device).cpu()  # the XLA RNG, whose seed the checkpoint holds
 
     # xm.save wrote CPU tensors: the files load without torch-xla.
     on_disk = torch.load(Path(folder) / "sharded" / "model_0.bin", weights_only=True)
@@ -142,6 +144,7 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     fresh_model, fresh_optimizer, fresh_loader = make_job(seed=5)
     model, optimizer, loader = accelerator.prepare(fresh_model, fresh_optimizer, fresh_loader)
     accelerator.load_state(folder)
+    assert torch.equal(torch.rand(4, device=accelerator.device).cpu(), draw_after_save)
     for name, value in accelerator.unwrap_model(model).state_dict().items():
         torch.testing.assert_close(value.cpu(), saved_model[name])
     assert optimizer.state_dict()["state"][0]["step"].cpu() == saved_steps

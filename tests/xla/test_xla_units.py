@@ -1,5 +1,6 @@
 """The xla strategy's parts that need no XLA device: launch flags and config section, version checks, selection,
-the layout and precision refusals, and core's dispatch to a backend's collectives. Run in every environment."""
+the layout and precision refusals, SPMD layouts and partition specs, and core's dispatch to a backend's
+collectives. Run in every environment."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from accel_core.strategies import resolve_plan
 from accel_xla import XlaLaunchOptions, XlaStrategy
 from accel_xla.collectives import pack_object, unpack_objects, xla_reduce_type
 from accel_xla.runtime import check_versions, release
+from accel_xla.spmd import fsdp_spec, partition_specs, process_layout, resolve_spmd_layout, spmd_requested
 
 from .conftest import HAS_TORCH_XLA
 
@@ -85,8 +87,15 @@ def test_layout_and_precision_refusals() -> None:
     strategy = XlaStrategy(downcast_bf16=False)
     strategy.check_parallelism(ParallelismConfig(dp_replicate_size=4))
     for sizes in ({"tp_size": 2}, {"dp_shard_size": 2}, {"cp_size": 2}):
-        with pytest.raises(ValueError, match="data parallelism over replicas only"):
+        with pytest.raises(ValueError, match="over processes the xla strategy runs replicas only"):
             strategy.check_parallelism(ParallelismConfig(**sizes))
+    # cp / pp never reach SPMD: refused before the runtime starts.
+    for sizes in ({"cp_size": 2}, {"pp_size": 2}):
+        with pytest.raises(ValueError, match="cp / pp are not available"):
+            strategy.parallelism(ParallelismConfig(**sizes), 2, 2)
+    # SPMD is one process driving every device: refused for several, before the runtime starts.
+    with pytest.raises(ValueError, match="one process driving every device, but 2 processes"):
+        strategy.parallelism(ParallelismConfig(dp_shard_size=2), 2, 2)
     assert strategy.resolve_precision("no") == "no"
     downcasting = XlaStrategy(downcast_bf16=True)
     assert downcasting.resolve_precision("bf16") == "bf16"
@@ -177,3 +186,69 @@ def test_env_report_shows_the_xla_runtime(monkeypatch: pytest.MonkeyPatch) -> No
     else:
         assert line == "torch-xla not installed"
     assert f"- XLA runtime: {line}" in env_command.report()
+
+
+def test_spmd_layout_is_resolved_against_the_devices() -> None:
+    no_env: dict[str, str] = {}
+    assert not spmd_requested(ParallelismConfig(dp_replicate_size=4), no_env)
+    assert spmd_requested(ParallelismConfig(tp_size=2), no_env)
+    assert spmd_requested(None, {"ACCEL_DP_SHARD_SIZE": "4"})  # accel launch --dp-shard-size 4
+    assert resolve_spmd_layout(ParallelismConfig(tp_size=2), 8, environ=no_env).sizes == {
+        "pp": 1,
+        "dp_replicate": 1,
+        "dp_shard": 4,
+        "cp": 1,
+        "tp": 2,
+    }
+    assert resolve_spmd_layout(None, 4, environ={"ACCEL_DP_SHARD_SIZE": "4"}).size("dp_shard") == 4
+    with pytest.raises(ValueError, match="dp_shard_size=2 x tp_size=1 = 2, but this process drives 4 XLA devices"):
+        resolve_spmd_layout(ParallelismConfig(dp_shard_size=2), 4, environ=no_env)
+    with pytest.raises(ValueError, match="tp_size=3 must divide the 4 XLA devices"):
+        resolve_spmd_layout(ParallelismConfig(tp_size=3), 4, environ=no_env)
+    for sizes in ({"dp_replicate_size": 2, "dp_shard_size": 2}, {"cp_size": 2, "tp_size": 2}):
+        with pytest.raises(ValueError, match="covers dp_shard and tp only"):
+            resolve_spmd_layout(ParallelismConfig(**sizes), 4, environ=no_env)
+    with pytest.raises(ValueError, match="Multi-host SPMD is not built"):
+        resolve_spmd_layout(ParallelismConfig(dp_shard_size=4), 4, process_count=2, environ=no_env)
+    plan = {"0": "colwise"}
+    seen = process_layout(ParallelismConfig(dp_shard_size=2, tp_size=2, tp_plan=plan))
+    assert set(seen.sizes.values()) == {1} and seen.tp_plan == plan
+
+
+def test_partition_specs_follow_fsdp_and_the_tensor_parallel_plan() -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel, SequenceParallel
+
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 16), torch.nn.Linear(16, 8, bias=False))
+    fsdp_only = resolve_spmd_layout(ParallelismConfig(dp_shard_size=4), 4, environ={})
+    assert partition_specs(model, fsdp_only) == {
+        "0.weight": ("fsdp", None),
+        "1.weight": ("fsdp", None),
+        "1.bias": ("fsdp",),
+        "2.weight": (None, "fsdp"),
+    }
+    assert fsdp_spec(()) == ()
+    plan = {"0": "rowwise", "1": ColwiseParallel(), "2": "rowwise"}
+    layout = resolve_spmd_layout(ParallelismConfig(tp_size=2, tp_plan=plan), 4, environ={})
+    assert partition_specs(model, layout) == {
+        "0.weight": ("tp", "fsdp"),  # the vocabulary over tp
+        "1.weight": ("tp", "fsdp"),
+        "1.bias": ("tp",),
+        "2.weight": ("fsdp", "tp"),
+    }
+
+    def specs_for(plan: Any, tp: int = 2) -> Any:
+        return partition_specs(model, resolve_spmd_layout(ParallelismConfig(tp_size=tp, tp_plan=plan), 4, environ={}))
+
+    with pytest.raises(ValueError, match="GSPMD places the activations itself"):
+        specs_for({"1": SequenceParallel()})
+    with pytest.raises(ValueError, match="matches no submodule"):
+        specs_for({"layers.*.q": "colwise"})
+    with pytest.raises(ValueError, match=r"tp_size=4 must divide 0\.num_embeddings=10"):
+        specs_for({"0": "rowwise"}, tp=4)
+    with pytest.raises(ValueError, match=r"splits nn\.Linear and nn\.Embedding layers only"):
+        nested = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+        partition_specs(nested, ParallelismConfig(dp_shard_size=2, tp_size=2, tp_plan={"0": "colwise"}))
+    with pytest.raises(ValueError, match="nothing says how to split"):
+        specs_for(None)
+    with pytest.raises(ValueError, match="does not run: describe the split with ParallelismConfig"):
+        partition_specs(model, ParallelismConfig(tp_size=2, parallelize_fn=lambda m, mesh: m))

@@ -11,7 +11,13 @@ Capabilities it implements (see ``accel_core.strategies.base``):
 - ``ReducesGradients``: the gradients are averaged over the replicas (``xm.all_reduce``) right
   before each real optimizer step, as ``xm.optimizer_step`` does; clipping reduces first, once.
 - ``ShardedCheckpointing``: ``save_state`` writes models and optimizers with ``xm.save`` (moved to
-  the CPU, written by the master ordinal) into the checkpoint's ``sharded/`` folder.
+  the CPU, written by the master ordinal) into the checkpoint's ``sharded/`` folder, with each
+  process's XLA RNG seed (``xm.get_rng_state``).
+
+SPMD sharding: a layout with ``dp_shard`` or ``tp`` above 1 switches torch-xla to SPMD mode, one
+process driving every device (``accel_xla.spmd``): parameters sharded over an ``xs.Mesh`` (FSDPv2
+over ``dp_shard``, the ``tp_plan``'s layers split over ``tp``), batches split along their first
+dimension as they are uploaded; checkpoints hold whole tensors.
 
 Moving a model to the XLA device creates new parameter objects; an optimizer built before
 ``prepare`` is rebuilt on them by core (matched by name). Mixed precision: ``bf16`` (autocast on
@@ -21,9 +27,10 @@ as bfloat16 on the device (torch-xla's ``XLA_DOWNCAST_BF16``).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Collection, Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -31,16 +38,23 @@ from accel_core import environment as env
 from accel_core.enums import DistributedType
 from accel_core.parallelism import ParallelismConfig
 from accel_core.placement import ProcessPlacement
-from accel_core.strategies import PreparedObjects, Strategy
+from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
+from accel_core.strategies.base import on_device
 
 from .collectives import XlaCollectives
 from .loader import XlaDeviceLoader
 from .runtime import TorchXla, require_torch_xla
+from .spmd import SpmdMesh, check_one_process, process_layout, resolve_spmd_layout, spmd_requested
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 DOWNCAST_BF16 = "ACCEL_XLA_DOWNCAST_BF16"
 """Set by ``accel launch --downcast-bf16`` (Accelerate's ``ACCELERATE_DOWNCAST_BF16`` is read too)."""
 DEVICE = "ACCEL_XLA_DEVICE"
 """The PJRT device (TPU, CPU, CUDA) from ``accel launch --xla-device`` or the config file's ``xla: device:``."""
+RNG_FILE = "xla_rng_state_{process}.json"
+"""In the checkpoint's ``sharded/`` folder: one process's XLA RNG seed (``xm.get_rng_state``)."""
 
 
 def downcast_requested(environ: dict[str, str] | None = None) -> bool:
@@ -65,9 +79,15 @@ class XlaStrategy(Strategy):
     downcast_bf16: with ``mixed_precision="bf16"``, store float32 tensors as bfloat16 on the
         device too (default: ``ACCEL_XLA_DOWNCAST_BF16``).
 
+    Attributes:
+        spmd: the SPMD mesh and the shardings marked on it when the layout shards (``dp_shard`` /
+            ``tp`` above 1), else None.
+
     Example::
 
         accelerator = Accelerator(strategy="xla", mixed_precision="bf16")
+        # SPMD: one process, parameters sharded over 4 devices (FSDPv2), 2 x 2 with tensor parallelism
+        accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2, tp_plan=plan))
     """
 
     name: ClassVar[str] = "xla"
@@ -79,6 +99,8 @@ class XlaStrategy(Strategy):
         self._xla = xla
         # Gradients already averaged since the last optimizer step (by clipping), by identity.
         self._reduced: set[int] = set()
+        self._spmd_layout: ParallelismConfig | None = None
+        self.spmd: SpmdMesh | None = None
 
     @property
     def xla(self) -> TorchXla:
@@ -95,13 +117,32 @@ class XlaStrategy(Strategy):
         return cls()
 
     # -- layout and precision ------------------------------------------------------------------
+    def parallelism(
+        self, requested: ParallelismConfig | None, world_size: int, local_world_size: int
+    ) -> tuple[ParallelismConfig, DeviceMesh | None]:
+        """Replicas over processes; or, when ``dp_shard`` / ``tp`` is above 1, SPMD: this one process drives every
+        device, the device layout is kept here (``spmd``) and core sees one process reading whole batches.
+
+        SPMD starts the runtime in SPMD mode (``xr.use_spmd()``) to count the devices (``CPU_NUM_DEVICES`` on XLA's
+        CPU device), before anything is placed on them."""
+        if not spmd_requested(requested):
+            return super().parallelism(requested, world_size, local_world_size)
+        check_one_process(world_size)
+        self._prepare_runtime_environment()
+        xr = self.xla.xr
+        xr.use_spmd()
+        self._spmd_layout = resolve_spmd_layout(requested, int(xr.global_runtime_device_count()), world_size)
+        return process_layout(requested), None
+
     def check_parallelism(self, config: ParallelismConfig) -> None:
-        """Data parallelism only: SPMD sharding (``dp_shard`` / ``tp`` as ``xs.mark_sharding``) is not built yet."""
+        """The replica layout (one replica per process): ``dp_replicate`` only. ``dp_shard`` / ``tp`` run as SPMD
+        (``parallelism``); ``cp`` and ``pp`` have no XLA form here."""
         others = [f"{dim}_size={config.size(dim)}" for dim in ("dp_shard", "cp", "tp", "pp") if config.size(dim) > 1]
         if others:
             raise ValueError(
-                f"{', '.join(others)}: the xla strategy runs data parallelism over replicas only (dp_replicate); "
-                "sharding over XLA devices (SPMD, FSDPv2) is not available in accel-xla yet. Drop those sizes."
+                f"{', '.join(others)}: over processes the xla strategy runs replicas only (dp_replicate); dp_shard and "
+                "tp run as SPMD in one process driving every device (ParallelismConfig(dp_shard_size=..., tp_size=...) "
+                "with one process), and cp / pp are not available in accel-xla. Drop those sizes."
             )
 
     def resolve_precision(self, requested: str) -> str:
@@ -111,18 +152,22 @@ class XlaStrategy(Strategy):
         return requested
 
     # -- processes ------------------------------------------------------------------------------
-    def init_process_group(self, **kwargs: Any) -> None:
-        """Joins torch.distributed's ``xla`` backend when torchrun started several processes.
-
-        Sets ``XLA_DOWNCAST_BF16`` first when downcasting, before the runtime creates any tensor.
-        """
-        # Read by torch-xla when its runtime starts: set before anything touches the device. ACCEL_XLA_DEVICE is the
-        # config file's `xla: device:` (the --xla-device flag sets PJRT_DEVICE itself).
+    def _prepare_runtime_environment(self) -> None:
+        """Sets what torch-xla reads when its runtime starts, so before anything touches the device:
+        ``PJRT_DEVICE`` from ``ACCEL_XLA_DEVICE`` (the config file's ``xla: device:``; the --xla-device flag sets
+        ``PJRT_DEVICE`` itself) and ``XLA_DOWNCAST_BF16`` when downcasting."""
         device = os.environ.get(DEVICE)
         if device and not os.environ.get("PJRT_DEVICE"):
             os.environ["PJRT_DEVICE"] = device.upper()
         if self.downcast_bf16:
             os.environ["XLA_DOWNCAST_BF16"] = "1"
+
+    def init_process_group(self, **kwargs: Any) -> None:
+        """Joins torch.distributed's ``xla`` backend when torchrun started several processes.
+
+        Sets ``XLA_DOWNCAST_BF16`` first when downcasting, before the runtime creates any tensor.
+        """
+        self._prepare_runtime_environment()
         _ = self.xla  # a missing or mismatched torch-xla fails here, before any process joins
         if (env.get_int(env.WORLD_SIZE, 1) or 1) > 1:
             import torch.distributed as dist
@@ -152,14 +197,46 @@ class XlaStrategy(Strategy):
     def distributed_type(self) -> DistributedType:
         return DistributedType.XLA
 
+    def setup(self, context: StrategyContext) -> None:
+        """Builds the SPMD mesh when the layout shards."""
+        super().setup(context)
+        if self._spmd_layout is not None:
+            self.spmd = SpmdMesh.create(self._spmd_layout, self.xla)
+
+    # -- models -----------------------------------------------------------------------------------
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
+        """Places the model on the XLA device; under SPMD also marks its shardings (and wraps it in FSDPv2 when
+        ``dp_shard > 1``): shardings live on device tensors, so the model is placed even without device placement."""
+        model = super().prepare_model(model, device_placement)
+        if self.spmd is None:
+            return model
+        if not on_device(model, self.context.device):
+            model = model.to(self.context.device)
+        return self.spmd.shard_model(model)
+
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The user's module (inside FSDPv2 under SPMD with ``dp_shard > 1``)."""
+        if self.spmd is not None and self.spmd.layout.dp_shard_enabled:
+            import importlib
+
+            fsdp = importlib.import_module("torch_xla.experimental.spmd_fully_sharded_data_parallel")
+            if isinstance(model, fsdp.SpmdFullyShardedDataParallel):
+                inner = model.module
+                assert isinstance(inner, torch.nn.Module)  # FSDPv2's property, typed loosely by its __getattr__
+                return inner
+        return model
+
     # -- steps ------------------------------------------------------------------------------------
     def mark_step(self) -> None:
         """Runs the XLA graph recorded so far (``torch_xla.sync()``)."""
         self.xla.torch_xla.sync()
 
     def wrap_dataloader(self, dataloader: Any) -> XlaDeviceLoader:
-        """The prepared loader read through torch-xla's ``MpDeviceLoader`` onto this process's device."""
-        return XlaDeviceLoader(dataloader, self.context.device, self.xla)
+        """The prepared loader read through torch-xla's ``MpDeviceLoader`` onto this process's device (under SPMD,
+        each batch split along its first dimension over the ``dp_shard`` devices as it is uploaded)."""
+        if self.spmd is None:
+            return XlaDeviceLoader(dataloader, self.context.device, self.xla)
+        return XlaDeviceLoader(dataloader, self.context.device, self.xla, input_sharding=self.spmd.batch_sharding())
 
     def _reduce(self, gradients: list[torch.Tensor]) -> None:
         pending = [g for g in gradients if id(g) not in self._reduced]
@@ -198,7 +275,8 @@ class XlaStrategy(Strategy):
 
     def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> Collection[str]:
         """Writes ``model_<i>.bin`` and ``optimizer_<i>.bin`` into ``folder`` with ``xm.save`` (CPU copies, by the
-        master ordinal of the whole job), after running the pending step."""
+        master ordinal of the whole job; whole tensors under SPMD), after running the pending step, and each
+        process's XLA RNG seed."""
         if kwargs:
             raise TypeError(f"save_state: the xla strategy takes no save options, got {sorted(kwargs)}.")
         self.mark_step()
@@ -210,10 +288,15 @@ class XlaStrategy(Strategy):
         for i, optimizer in enumerate(prepared.optimizers):
             xm.save(optimizer.state_dict(), os.path.join(folder, f"optimizer_{i}.bin"), global_master=True)
         self.state.wait_for_everyone()
+        # Last: every step marked advances XLA's seed, so it is read after the steps saving marks.
+        rng_file = os.path.join(folder, RNG_FILE.format(process=self.state.process_index))
+        with open(rng_file, "w") as handle:
+            json.dump({"seed": int(xm.get_rng_state(self.context.device))}, handle)
         return {"models", "optimizers"}
 
     def load_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> None:
-        """Loads what ``save_sharded`` wrote: weights into the models, state into the optimizers (onto the device).
+        """Loads what ``save_sharded`` wrote: weights into the models, state into the optimizers (onto the device,
+        sharded again under SPMD), and this process's XLA RNG seed (when the checkpoint has it).
 
         allow_unsafe_pickle: read the files with full pickle (``load_state(..., allow_unsafe_pickle=True)``);
             by default only tensors and plain values load.
@@ -225,4 +308,11 @@ class XlaStrategy(Strategy):
         for i, optimizer in enumerate(prepared.optimizers):
             state = torch.load(os.path.join(folder, f"optimizer_{i}.bin"), map_location="cpu", weights_only=safe)
             optimizer.load_state_dict(state)
+            if self.spmd is not None:
+                self.spmd.reshard_optimizer_state(optimizer)
         self.mark_step()
+        # After the step marked above (it advances XLA's seed), so the next draw is the one after save_state.
+        rng_file = os.path.join(folder, RNG_FILE.format(process=self.state.process_index))
+        if os.path.isfile(rng_file):  # checkpoints written before accel-xla saved it have none
+            with open(rng_file) as handle:
+                self.xla.xm.set_rng_state(int(json.load(handle)["seed"]), self.context.device)
