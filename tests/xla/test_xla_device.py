@@ -239,3 +239,16 @@ def test_torchrun_processes_join_the_xla_backend(monkeypatch: pytest.MonkeyPatch
     assert joined == [(("xla",), {"init_method": "xla://", "timeout": None})]
     assert "xla" in dist.Backend.backend_list  # torch_xla.distributed.xla_backend registered it
     assert os.environ["PJRT_DEVICE"] == "CPU"  # the config file's `xla: device:`
+
+
+def test_set_seed_makes_xla_draws_repeatable() -> None:
+    """set_seed seeds torch-xla's own generator: the same seed gives the same draws on the XLA device."""
+    from accel_core.random import set_seed
+
+    accelerator = Accelerator()
+    draws = []
+    for seed in (7, 7, 8):
+        set_seed(seed)
+        draws.append(torch.rand(4, device=accelerator.device).cpu())
+    assert torch.equal(draws[0], draws[1]), draws
+    assert not torch.equal(draws[0], draws[2]), draws

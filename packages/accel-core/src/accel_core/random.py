@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random as _random
 from collections.abc import Iterable
@@ -12,7 +13,7 @@ from .state import PartialState
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
-    """Seeds python, numpy and torch (all devices).
+    """Seeds python, numpy and torch (all devices, XLA's too where torch-xla is installed).
 
     device_specific: add the process index, so each process draws different numbers.
     deterministic: also ask torch for deterministic algorithms (slower; may raise on some ops).
@@ -27,6 +28,11 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     else:
         np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # seeds CUDA/XPU generators too
+    if importlib.util.find_spec("torch_xla") is not None:
+        # XLA devices draw from torch-xla's own seed, which torch.manual_seed leaves alone (as the reference).
+        import torch_xla.core.xla_model as xm  # pyright: ignore[reportMissingImports]
+
+        xm.set_rng_state(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
