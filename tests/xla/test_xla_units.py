@@ -252,3 +252,13 @@ def test_partition_specs_follow_fsdp_and_the_tensor_parallel_plan() -> None:
         specs_for(None)
     with pytest.raises(ValueError, match="does not run: describe the split with ParallelismConfig"):
         partition_specs(model, ParallelismConfig(tp_size=2, parallelize_fn=lambda m, mesh: m))
+
+
+def test_launch_mesh_sizes_count_devices_under_xla(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --use-xla the mesh is laid over one process's devices (SPMD): accel launch leaves the sizes to the
+    strategy instead of checking them against --num-processes, which it still does for every other strategy."""
+    monkeypatch.delenv("ACCEL_STRATEGY", raising=False)
+    env = launch_env(["--use-xla", "--dp-shard-size", "2", "--tp-size", "2"], tmp_path)
+    assert env["ACCEL_DP_SHARD_SIZE"] == "2" and env["ACCEL_TP_SIZE"] == "2" and env["ACCEL_STRATEGY"] == "xla"
+    with pytest.raises(ValueError, match="must divide 1, the number of processes"):
+        launch_env(["--dp-shard-size", "2", "--tp-size", "2"], tmp_path)

@@ -23,6 +23,9 @@ TORCH_DISTRIBUTED_DEBUG = "TORCH_DISTRIBUTED_DEBUG"  # torch's own: OFF / INFO /
 STRATEGY = "ACCEL_STRATEGY"  # name of an ``accel.strategies`` entry point: "ddp", "fsdp", "deepspeed", ...
 CONFIG_FILE = "ACCEL_CONFIG_FILE"  # path of the YAML config file
 SCHEDULER_STEPPING = "ACCEL_SCHEDULER_STEPPING"  # "per_process" (as Accelerate) | "per_optimizer_step"
+# "true" (set by a backend's launch flags, e.g. --use-xla): the mesh sizes count the devices one process drives
+# (SPMD), so `accel launch` does not check them against --num-processes; the strategy checks them in the process.
+MESH_OVER_DEVICES = "ACCEL_MESH_OVER_DEVICES"
 AUTO_RESUME = "ACCEL_AUTO_RESUME"  # "1"/"true": Accelerator(resume="auto") unless the script passes resume=
 # The mesh sizes travel as ACCEL_<DIM>_SIZE (ACCEL_TP_SIZE, ...): see ``accel_core.parallelism.ENV_VARS``.
 # A backend's own options travel as ACCEL_<BACKEND>_<OPTION>, e.g. ACCEL_FSDP_SHARDING_STRATEGY;

@@ -49,6 +49,9 @@ class XlaLaunchOptions(OptionTable):
         if downcast is not None:
             result["ACCEL_XLA_DOWNCAST_BF16"] = downcast
             result["ACCEL_STRATEGY"] = self.name
+        if result.get("ACCEL_STRATEGY") == self.name:
+            # SPMD: --dp-shard-size / --tp-size count the devices of one process (checked by the strategy there).
+            result["ACCEL_MESH_OVER_DEVICES"] = "true"
         device = result.get("ACCEL_XLA_DEVICE")
         if device is not None:
             result["PJRT_DEVICE"] = device

@@ -273,7 +273,8 @@ def resolve_plan(
         source, raw = next(((s, v) for s, v in candidates if v is not None), (DEFAULT, default))
         values[setting.name] = coerce(setting, raw, _origin(setting, source, config_file))
         sources[setting.name] = source
-    _validate(values, sources, config_file)
+    mesh_over_devices = env.flag(env.MESH_OVER_DEVICES, environ={**environ, **(flag_env or {})})
+    _validate(values, sources, config_file, mesh_over_devices)
 
     child_env: dict[str, str] = {}
     # Lowest first: config file sections, then the resolved settings, then the command line's pairs.
@@ -308,7 +309,9 @@ def resolve_plan(
     return LaunchPlan(**values, env=child_env, sources=sources, config_file=config_file)
 
 
-def _validate(values: dict[str, Any], sources: dict[str, str], config_file: str | None) -> None:
+def _validate(
+    values: dict[str, Any], sources: dict[str, str], config_file: str | None, mesh_over_devices: bool = False
+) -> None:
     def where(name: str) -> str:
         return _origin(SETTINGS_BY_NAME[name], sources[name], config_file)
 
@@ -353,15 +356,21 @@ def _validate(values: dict[str, Any], sources: dict[str, str], config_file: str 
         )
     if port == 0:
         values["main_process_port"] = None  # one machine: torchrun picks a free port by itself
-    _validate_mesh(values, where)
+    _validate_mesh(values, where, mesh_over_devices)
 
 
-def _validate_mesh(values: dict[str, Any], where: Any) -> None:
-    """Mesh sizes must be >= 1 and fit the processes (checked again, with the strategy, in each process)."""
+def _validate_mesh(values: dict[str, Any], where: Any, over_devices: bool = False) -> None:
+    """Mesh sizes must be >= 1 and fit the processes (checked again, with the strategy, in each process).
+
+    over_devices: the backend lays the mesh over the devices each process drives (XLA's SPMD), which
+    only the process knows: the sizes are not checked against the number of processes here.
+    """
     given = {name: values[name] for name in MESH_SETTINGS if values[name] is not None}
     for name, size in given.items():
         if size < 1:
             raise ValueError(f"{where(name)}: {name} must be at least 1, got {size}.")
+    if over_devices:
+        return
     product, processes = 1, values["num_processes"]
     for size in given.values():
         product *= size
