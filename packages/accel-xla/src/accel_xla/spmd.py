@@ -31,7 +31,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from accel_core import environment as env
 from accel_core.parallelism import ENV_VARS, ParallelismConfig
-from accel_core.transforms.tensor_parallel import matching_modules
+from accel_core.transforms.tensor_parallel import plan_targets
 
 from .runtime import TorchXla
 
@@ -213,12 +213,7 @@ def partition_specs(model: nn.Module, layout: ParallelismConfig) -> dict[str, Pa
     specs: dict[str, PartitionSpec] = {}
     for key, value in (tensor_parallel_plan(model, layout) or {}).items():
         style = _style_name(value, key)
-        matches = matching_modules(model, key)
-        if not matches:
-            raise ValueError(
-                f"tp_plan key {key!r} matches no submodule of {type(model).__name__}; names look like "
-                f"{[n for n, _ in model.named_modules() if n][:6]} (use * for one name part, e.g. 'layers.*.mlp.up')."
-            )
+        matches = plan_targets(model, key)
         for name, module in matches:
             specs.update(_tp_specs(name, module, style, layout.size("tp")))
     for name, param in model.named_parameters():

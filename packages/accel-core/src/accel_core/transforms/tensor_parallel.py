@@ -60,6 +60,17 @@ def matching_modules(model: nn.Module, pattern: str) -> list[tuple[str, nn.Modul
     return found
 
 
+def plan_targets(model: nn.Module, key: str) -> list[tuple[str, nn.Module]]:
+    """The submodules a ``tp_plan`` key names; a key that matches none is an error naming what names look like."""
+    matches = matching_modules(model, key)
+    if not matches:
+        raise ValueError(
+            f"tp_plan key {key!r} matches no submodule of {type(model).__name__}; names look like "
+            f"{[n for n, _ in model.named_modules() if n][:6]} (use * for one name part, e.g. 'layers.*.mlp.up')."
+        )
+    return matches
+
+
 def _split_dimension(module: nn.Module, style: Any) -> tuple[str, int] | None:
     """The size a style splits ``module`` along (None when it splits no parameter of a known layer)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
@@ -88,12 +99,7 @@ def check_plan(
     styles: dict[str, Any] = {}
     for key, value in plan.items():
         style = make_style(value, key)
-        matches = matching_modules(model, key)
-        if not matches:
-            raise ValueError(
-                f"tp_plan key {key!r} matches no submodule of {type(model).__name__}; names look like "
-                f"{[n for n, _ in model.named_modules() if n][:6]} (use * for one name part, e.g. 'layers.*.mlp.up')."
-            )
+        matches = plan_targets(model, key)
         for name, module in matches:
             split = _split_dimension(module, style)
             if split is not None and split[1] % tp_size:
