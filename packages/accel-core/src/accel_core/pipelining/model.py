@@ -59,7 +59,40 @@ def _pad_batch(tree: Any, size: int, padded: int) -> Any:
     return tree_unflatten(grown, spec)
 
 
-class PipelinedModel(nn.Module):
+class StagedModel(nn.Module):
+    """What ``prepare`` returns for a model split into pipeline stages: this rank's stage(s) and a schedule.
+
+    The contract the Accelerator relies on (``forward_backward``, the optimizer rebuilt on the local
+    stages, ``get_state_dict``, autocast per stage). ``PipelinedModel`` runs torch's schedules;
+    accel-megatron's pipelined model runs Megatron-core's.
+    """
+
+    @property
+    def stage_modules(self) -> list[nn.Module]:
+        """The user's model pruned to each local stage, unwrapped (names as in the whole model)."""
+        raise NotImplementedError
+
+    def train_step(
+        self,
+        inputs: Any,
+        targets: Any,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        divisor: int = 1,
+        scale: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Forward and backward of one batch through the schedule; the batch's mean loss on every pipeline rank.
+
+        divisor: gradient accumulation steps (each micro-batch's loss is divided by ``microbatches x divisor``).
+        scale: the precision's loss scaling (fp16), applied to what is backpropagated only.
+        """
+        raise NotImplementedError
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's state dict, gathered over the stages onto the main process. Collective."""
+        raise NotImplementedError
+
+
+class PipelinedModel(StagedModel):
     """This rank's pipeline stage(s) and their schedule (built by ``prepare`` when ``pp_size > 1``).
 
     stages_modules: the user's model pruned to each local stage (parameter names as in the whole model).
