@@ -59,6 +59,28 @@ def _pad_batch(tree: Any, size: int, padded: int) -> Any:
     return tree_unflatten(grown, spec)
 
 
+def units_under_one_root(stages: Sequence[nn.Module]) -> nn.Module:
+    """One module whose submodules are the units the ``stages`` kept, at their paths in the whole model (``embed``,
+    ``layers.2``...): the stages' parameters and buffers under the whole model's names, no tensor copied. Units a
+    stage replaced with ``nn.Identity`` (other stages' units) are left out."""
+    from .split import chain_units
+
+    root = nn.Module()
+    for stage in stages:
+        for unit in chain_units(stage):
+            module = stage.get_submodule(unit)
+            if isinstance(module, nn.Identity):
+                continue
+            parent = root
+            *path, leaf = unit.split(".")
+            for name in path:
+                if name not in parent._modules:
+                    parent.add_module(name, nn.Module())
+                parent = parent.get_submodule(name)
+            parent.add_module(leaf, module)
+    return root
+
+
 class StagedModel(nn.Module):
     """What ``prepare`` returns for a model split into pipeline stages: this rank's stage(s) and a schedule.
 
@@ -146,6 +168,13 @@ class PipelinedModel(StagedModel):
         return last if group is None else dist.get_global_rank(group, last)
 
     # -- state dicts under the whole model's names --------------------------------------------------
+    def checkpoint_module(self) -> nn.Module:
+        """The module ``torch.distributed.checkpoint`` reads for this rank: its stage's part, or with several local
+        stages (interleaved schedules) one module holding their units under the whole model's names."""
+        if len(self.parts) == 1:
+            return self.parts[0]
+        return units_under_one_root(self._stage_modules)
+
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """This rank's stage(s) state, under the whole model's names (other stages' keys are absent)."""
         merged: dict[str, Any] = {}
