@@ -4,7 +4,7 @@ Run: torchrun --nproc_per_node 2 (or 4) tests/megatron/pp_checks.py
 On 2 processes: a CPU run is refused with the CUDA calls named (before any communication); then, with
 those calls sent to the CPU (``cuda_calls_on_cpu``, test-only), PP=2 (1F1B) and PP=2 x 2 virtual
 stages (interleaved 1F1B) train 20 steps each, every loss within 1e-5 of one process training the
-whole model, and the gathered weights too. On 4 processes: TP=2 x PP=2 likewise.
+whole model (and the global gradient norm, clipped), and the gathered weights too. On 4 processes: TP=2 x PP=2 likewise.
 The last line printed on each rank is "MEGATRON PP CHECKS PASSED <rank>".
 """
 
@@ -22,7 +22,7 @@ from torch import nn
 from accel_core import Accelerator
 from accel_megatron import MegatronLMPlugin
 
-FEATURES, HIDDEN, OUT, SEQ, BATCH, STEPS, LR = 6, 8, 3, 3, 8, 20, 1e-2
+FEATURES, HIDDEN, OUT, SEQ, BATCH, STEPS, LR, CLIP = 6, 8, 3, 3, 8, 20, 1e-2, 0.5
 
 
 def rank() -> int:
@@ -95,7 +95,7 @@ def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def reference_run() -> tuple[dict[str, torch.Tensor], list[float], dict[str, torch.Tensor]]:
+def reference_run() -> tuple[dict[str, torch.Tensor], list[tuple[float, float]], dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     model = Net()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
@@ -104,9 +104,10 @@ def reference_run() -> tuple[dict[str, torch.Tensor], list[float], dict[str, tor
     for x, y in batches():
         loss = F.mse_loss(model(x), y)
         loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(loss.item())
+        losses.append((loss.item(), norm.item()))
     return initial, losses, model.state_dict()
 
 
@@ -142,18 +143,23 @@ def check_matches_one_process(plugin: MegatronLMPlugin, reference) -> None:
     initial, losses, final = reference
     accelerator, model, optimizer, parallel_state = megatron_run(plugin, initial)
     stages = plugin.pp_degree * plugin.vp_degree
+    dims = accelerator.parallel_dims
+    check(
+        (dims.config.size("pp"), dims.tp.size, dims.dp.size) == (plugin.pp_degree, plugin.tp_degree, 1),
+        f"the job's mesh follows Megatron's groups: {dims}",
+    )
     held = {name for stage in model.stage_modules for name, _ in stage.named_parameters()}
     check(len(held) < len(initial), f"each rank holds its stages only: {sorted(held)}")
     check({p for p in optimizer.param_groups[0]["params"]} <= set(model.parameters()), "optimizer on local stages")
     with cuda_calls_on_cpu():
         for step, (x, y) in enumerate(batches()):
             loss = accelerator.forward_backward(model, x, y, F.mse_loss)
+            norm = accelerator.clip_grad_norm_(model.parameters(), CLIP)  # the whole model's: over TP x PP
             optimizer.step()
             optimizer.zero_grad()
-            check(
-                abs(loss.item() - losses[step]) <= 1e-5,
-                f"{stages} stages, step {step}: {loss.item()} vs {losses[step]}",
-            )
+            got, expected = (loss.item(), norm.item()), losses[step]
+            worst = max(abs(a - b) for a, b in zip(got, expected, strict=True))
+            check(worst <= 1e-5, f"{stages} stages, step {step}: (loss, norm) {got} vs {expected}")
     full = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         check(sorted(full) == sorted(final), f"gathered keys {sorted(full)}")
