@@ -1,10 +1,12 @@
 """Megatron-core pipeline parallelism through accelerator.forward_backward, against one process, on gloo.
 
-Run: torchrun --nproc_per_node 2 (or 4) tests/megatron/pp_checks.py
+Run: torchrun --nproc_per_node 2 (or 4) tests/megatron/pp_checks.py <tmp_dir>
 On 2 processes: a CPU run is refused with the CUDA calls named (before any communication); then, with
 those calls sent to the CPU (``cuda_calls_on_cpu``, test-only), PP=2 (1F1B) and PP=2 x 2 virtual
 stages (interleaved 1F1B) train 20 steps each, every loss within 1e-5 of one process training the
-whole model (and the global gradient norm, clipped), and the gathered weights too. On 4 processes: TP=2 x PP=2 likewise.
+whole model (and the global gradient norm, clipped), and the gathered weights too; then save_state,
+2 steps, load_state, the same 2 steps exactly (one file set per TP x PP rank); a checkpoint of another
+vp_degree is refused. On 4 processes: TP=2 x PP=2 likewise.
 The last line printed on each rank is "MEGATRON PP CHECKS PASSED <rank>".
 """
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -19,9 +23,11 @@ import torch.nn.functional as F
 from cuda_calls_on_cpu import cuda_calls_on_cpu
 from torch import nn
 
+from accel_checkpoint.errors import CheckpointMismatchError
 from accel_core import Accelerator
 from accel_megatron import MegatronLMPlugin
 
+TMP = Path(sys.argv[1])
 FEATURES, HIDDEN, OUT, SEQ, BATCH, STEPS, LR, CLIP = 6, 8, 3, 3, 8, 20, 1e-2, 0.5
 
 
@@ -134,9 +140,31 @@ def check_refused_on_cpu(initial: dict[str, torch.Tensor]) -> None:
         accelerator.forward_backward(model, x, y, F.mse_loss)
     with raises(RuntimeError, "accelerator.forward_backward"):
         model(x)
-    with raises(NotImplementedError, "one file set per TP rank, not yet per pipeline stage"):
-        accelerator.save_state("unused")
     parallel_state.destroy_model_parallel()
+
+
+def replay_from_checkpoint(accelerator: Accelerator, model, optimizer, plugin: MegatronLMPlugin) -> None:
+    """save_state, 2 steps, load_state: the same 2 steps exactly. Then a checkpoint of other degrees is refused."""
+    x, y = batches()[0]
+
+    def two_steps() -> list[float]:
+        losses = []
+        for _ in range(2):
+            losses.append(accelerator.forward_backward(model, x, y, F.mse_loss).item())
+            optimizer.step()
+            optimizer.zero_grad()
+        return losses
+
+    folder = TMP / f"tp{plugin.tp_degree}_pp{plugin.pp_degree}_vp{plugin.vp_degree}"
+    accelerator.save_state(folder)
+    expected = two_steps()
+    accelerator.load_state(folder)
+    again = two_steps()
+    check(again == expected, f"replayed losses {again} vs {expected}")
+    other = TMP / "tp1_pp2_vp1"
+    if plugin.vp_degree > 1 and other.is_dir():
+        with raises(CheckpointMismatchError, "vp_degree=1, this run uses tp_degree=1, pp_degree=2, vp_degree=2"):
+            accelerator.load_state(other)
 
 
 def check_matches_one_process(plugin: MegatronLMPlugin, reference) -> None:
@@ -165,6 +193,8 @@ def check_matches_one_process(plugin: MegatronLMPlugin, reference) -> None:
         check(sorted(full) == sorted(final), f"gathered keys {sorted(full)}")
         for key, value in final.items():
             check(torch.allclose(full[key], value, atol=1e-5, rtol=1e-5), f"{key} differs after training")
+    with cuda_calls_on_cpu():
+        replay_from_checkpoint(accelerator, model, optimizer, plugin)
     parallel_state.destroy_model_parallel()
 
 

@@ -26,17 +26,17 @@ def test_megatron_dummy_scheduler_follows_megatrons_schedule(torchrun) -> None:
 
 
 @pytest.mark.slow
-def test_pipeline_stages_follow_one_process(torchrun) -> None:
+def test_pipeline_stages_follow_one_process(torchrun, tmp_path) -> None:
     """PP=2 (1F1B) and PP=2 x 2 virtual stages (interleaved) through Megatron-core's schedules, 20 steps within
-    1e-5 of one process; the CPU refusal naming megatron-core's CUDA calls (pp_checks.py)."""
-    result = torchrun(HERE / "pp_checks.py", timeout=300)
+    1e-5 of one process, checkpoint replay; the CPU refusal naming megatron-core's CUDA calls (pp_checks.py)."""
+    result = torchrun(HERE / "pp_checks.py", str(tmp_path), timeout=300)
     for rank in (0, 1):
         assert f"MEGATRON PP CHECKS PASSED {rank}" in result.stdout, result.stdout + result.stderr[-4000:]
 
 
 @pytest.mark.slow
-def test_tensor_by_pipeline_parallel_follows_one_process(torchrun) -> None:
+def test_tensor_by_pipeline_parallel_follows_one_process(torchrun, tmp_path) -> None:
     """TP=2 x PP=2 on 4 processes: 20 steps within 1e-5 of one process, gathered weights too (pp_checks.py)."""
-    result = torchrun(HERE / "pp_checks.py", nproc=4, timeout=300)
+    result = torchrun(HERE / "pp_checks.py", str(tmp_path), nproc=4, timeout=300)
     for rank in range(4):
         assert f"MEGATRON PP CHECKS PASSED {rank}" in result.stdout, result.stdout + result.stderr[-4000:]

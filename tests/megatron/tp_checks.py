@@ -288,7 +288,7 @@ def check_data_parallel() -> None:
     for key, value in reference.module.state_dict().items():
         check(close(accelerator.get_state_dict(model)[key], value), f"{key} differs from DDP's")
 
-    with raises(CheckpointMismatchError, "saved with tp_degree=2, this run uses tp_degree=1"):
+    with raises(CheckpointMismatchError, "saved with tp_degree=2, pp_degree=1, vp_degree=1, this run uses tp_degree=1"):
         accelerator.load_state(TMP / "ckpt")
 
 

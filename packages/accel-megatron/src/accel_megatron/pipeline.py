@@ -268,7 +268,7 @@ def schedule_config(tp_degree: int, pp_degree: int, vp_degree: int, dtype: torch
 
     return TransformerConfig(
         num_layers=pp_degree * vp_degree,
-        # Unused (shapes are sent ahead of the activations, no layer is built); TransformerConfig checks them against TP.
+        # Unused (shapes are sent ahead of the activations, no layer is built); TransformerConfig checks them vs TP.
         hidden_size=tp_degree,
         num_attention_heads=tp_degree,
         tensor_model_parallel_size=tp_degree,

@@ -314,13 +314,6 @@ class MegatronStrategy(Strategy):
         """``ShardedCheckpointing``: each TP shard written once (by DP rank 0). Collective."""
         from .checkpointing import save_sharded
 
-        if self.plugin.pp_degree > 1:
-            raise NotImplementedError(
-                f"save_state with MegatronLMPlugin(pp_degree={self.plugin.pp_degree}): accel-megatron's checkpoints "
-                "hold one file set per TP rank, not yet per pipeline stage. Save the weights with "
-                "accelerator.save_model (gathered over the stages), or use torch's pipeline parallelism "
-                "(ParallelismConfig(pp_size=...)), whose checkpoints are per stage."
-            )
         return save_sharded(self, prepared, folder)
 
     def load_sharded(
