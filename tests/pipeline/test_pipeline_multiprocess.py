@@ -1,6 +1,7 @@
 """Pipeline parallelism for real: one 4-process launch (gloo, CPU) of pipeline_checks.py through PP2 x DP2
 (GPipe; 1F1B with accumulation), PP2 x TP2, PP2 x FSDP2 with interleaved 1F1B, PP4, a checkpoint
-round trip (and one with 2 stages per rank), a meta-device model (see that script's docstring for what each layout checks)."""
+round trip (and one with 2 stages per rank), a meta-device model (see that script's docstring for what each
+layout checks)."""
 
 from __future__ import annotations
 
