@@ -30,8 +30,9 @@ def test_env_round_trip() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"pp_degree": 2}, "pipeline parallelism is not supported by this version"),
-        ({"num_micro_batches": 4}, "Use gradient_accumulation_steps"),
+        ({"vp_degree": 2}, r"vp_degree=2\) needs pp_degree > 1"),
+        ({"num_micro_batches": 4}, "needs pp_degree > 1.*use gradient_accumulation_steps"),
+        ({"pp_degree": 2, "vp_degree": 2, "num_micro_batches": 3}, "multiple of pp_degree=2"),
         ({"use_distributed_optimizer": True}, "distributed optimizer is not supported"),
         ({"recompute_activations": True}, "is not supported by this version"),
         ({"sequence_parallelism": True}, "needs tp_degree > 1"),
@@ -46,8 +47,11 @@ def test_refused_settings_name_the_fix(kwargs, message) -> None:
 
 def test_world_size_must_be_a_multiple_of_tp_degree() -> None:
     assert MegatronLMPlugin(tp_degree=2).check_world_size(8) == 4
-    with pytest.raises(ValueError, match=r"tp_degree=3\) does not divide the 4 processes.*tp_degree in \[1, 2, 4\]"):
+    with pytest.raises(ValueError, match=r"tp_degree=3, pp_degree=1\) does not divide the 4 processes.*in \[1, 2, 4\]"):
         MegatronLMPlugin(tp_degree=3).check_world_size(4)
+    assert MegatronLMPlugin(tp_degree=2, pp_degree=2).check_world_size(8) == 2
+    with pytest.raises(ValueError, match="model-parallel groups of tp_degree x pp_degree = 4"):
+        MegatronLMPlugin(tp_degree=2, pp_degree=2).check_world_size(6)
 
 
 def test_bad_and_unknown_environment_values() -> None:
@@ -55,8 +59,9 @@ def test_bad_and_unknown_environment_values() -> None:
         MegatronLMPlugin.from_env({"ACCEL_MEGATRON_TP_DEGREE": "two"})
     with pytest.raises(ValueError, match=r"Unknown Megatron option.*ACCEL_MEGATRON_TP_SIZE"):
         MegatronLMPlugin.from_env({"ACCEL_MEGATRON_TP_SIZE": "2"})
-    with pytest.raises(ValueError, match="pipeline parallelism"):
-        MegatronLMPlugin.from_env({"ACCEL_MEGATRON_PP_DEGREE": "2"})
+    with pytest.raises(ValueError, match="virtual stages"):
+        MegatronLMPlugin.from_env({"ACCEL_MEGATRON_VP_DEGREE": "2"})
+    assert MegatronLMPlugin.from_env({"ACCEL_MEGATRON_PP_DEGREE": "2"}) == MegatronLMPlugin(pp_degree=2)
 
 
 def _parse(*argv: str) -> dict[str, str]:

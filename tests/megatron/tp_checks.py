@@ -1,7 +1,7 @@
 """Megatron-core TP + DP through the Accelerator, against plain torch, in one 2-process gloo launch.
 
 Run: torchrun --nproc_per_node 2 tests/megatron/tp_checks.py <tmp_dir>
-Checks, in order: refused settings (pp_degree=2, tp_degree=3 on 2 processes, sequence parallelism
+Checks, in order: refused settings (the distributed optimizer, tp_degree=3 on 2 processes, sequence parallelism
 and bf16 on CPU) fail on every process; TP=2 training (AdamW, clipping) follows one process
 training the unsplit model; Megatron's RNG streams; full-weight export; save_state / load_state
 replays the same steps; DP=2 with the plugin's gradient_clipping and accumulation follows torch
@@ -116,10 +116,10 @@ def step(accelerator, model, optimizer, batch, clip: float | None = None):
 
 
 def check_refused_settings() -> None:
-    with raises(ValueError, "pipeline parallelism is not supported by this version"):
-        MegatronLMPlugin(pp_degree=2)
+    with raises(ValueError, "use_distributed_optimizer=True): Megatron's distributed optimizer is not supported"):
+        MegatronLMPlugin(use_distributed_optimizer=True)
     # Before any communication, so each process raises on its own: nobody waits for the others.
-    with raises(ValueError, "tp_degree=3) does not divide the 2 processes"):
+    with raises(ValueError, "tp_degree=3, pp_degree=1) does not divide the 2 processes"):
         Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=3))
     with raises(ValueError, "sequence_parallelism=True) needs GPUs"):
         Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=2, sequence_parallelism=True))
@@ -288,7 +288,7 @@ def check_data_parallel() -> None:
     for key, value in reference.module.state_dict().items():
         check(close(accelerator.get_state_dict(model)[key], value), f"{key} differs from DDP's")
 
-    with raises(CheckpointMismatchError, "saved with tp_degree=2, this run uses tp_degree=1"):
+    with raises(CheckpointMismatchError, "saved with tp_degree=2, pp_degree=1, vp_degree=1, this run uses tp_degree=1"):
         accelerator.load_state(TMP / "ckpt")
 
 

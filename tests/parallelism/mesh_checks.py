@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from accel import Accelerator, DataLoaderConfiguration, ParallelismConfig
 from accel_fsdp import FullyShardedDataParallelPlugin
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "multiprocess"))
+from layout_checks import RANK, check, global_batch, mean_over_world, say
+
 # torch's own notices, not failures: FSDP2 seeing the replicated logits view, DTensor's CPU random ops.
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 warnings.filterwarnings("ignore", message=".*may not have complete support.*")
@@ -37,40 +41,6 @@ warnings.filterwarnings("ignore", message=".*may not have complete support.*")
 FOLDER = sys.argv[1]
 STEPS, LR, MAX_NORM, TOL = 20, 1e-2, 1.0, 1e-5
 SPLIT = DataLoaderConfiguration(split_batches=True)  # the loader's batch (8) is the global batch on every layout
-RANK = int(os.environ["RANK"])
-
-
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {RANK}] {message}")
-
-
-def say(message: str) -> None:
-    if RANK == 0:
-        print(message, flush=True)
-
-
-def global_batch(accelerator: Accelerator, batch: torch.Tensor) -> torch.Tensor:
-    """The step's global batch; checks that peers (same dp rank) got the same rows and dp ranks differ."""
-    everyone: list = [None] * accelerator.num_processes
-    dist.all_gather_object(everyone, (accelerator.parallel_dims.dp.rank, batch.tolist()))
-    by_dp: dict[int, list] = {}
-    for dp_rank, rows in everyone:
-        check(
-            by_dp.setdefault(dp_rank, rows) == rows, f"processes of data-parallel rank {dp_rank} got different batches"
-        )
-    check(
-        len(by_dp) == accelerator.parallel_dims.dp.size,
-        f"{len(by_dp)} distinct dp ranks, expected {accelerator.parallel_dims.dp.size}",
-    )
-    rows = [row for dp_rank in sorted(by_dp) for row in by_dp[dp_rank]]
-    return torch.tensor(rows)
-
-
-def mean_over_world(value: torch.Tensor) -> float:
-    total = value.detach().clone()
-    dist.all_reduce(total)
-    return total.item() / dist.get_world_size()
 
 
 def local_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:

@@ -10,7 +10,8 @@ accumulation, PP2 x TP2, PP2 x FSDP2 with interleaved 1F1B (2 virtual stages per
 1F1B. Then, per layout: parameter bytes per rank ~ 1/stages of the whole model; an evaluation
 forward gives every rank the reference's logits and ``gather_for_metrics`` returns each sample
 once; ``get_state_dict`` gathers the whole trained model, equal to the reference's. A forward in
-training mode fails with the same error on every rank. A PP2 x DP2 ``save_state`` (DCP, each
+training mode fails with the same error on every rank; with 2 stages per rank, ``save_state`` then
+``load_state`` replays the next steps exactly. A PP2 x DP2 ``save_state`` (DCP, each
 stage its own keys) continues exactly after ``load_state`` on the same layout, and within 1e-5
 on PP4. Every rank ends with
 "PIPELINE CHECKS PASSED <rank>".
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -30,37 +32,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from accel import Accelerator, DataLoaderConfiguration, ParallelismConfig
 from accel_fsdp import FullyShardedDataParallelPlugin
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "multiprocess"))
+from layout_checks import RANK, check, global_batch, mean_over_world, say
+
 warnings.filterwarnings("ignore", message=".*may not have complete support.*")
 
 STEPS, LR, MAX_NORM, TOL = 20, 1e-2, 1.0, 1e-5
 SPLIT = DataLoaderConfiguration(split_batches=True)  # the loader's batch (8) is the global batch on every layout
-RANK = int(os.environ["RANK"])
-
-
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {RANK}] {message}")
-
-
-def say(message: str) -> None:
-    if RANK == 0:
-        print(message, flush=True)
-
-
-def global_batch(accelerator: Accelerator, batch: torch.Tensor) -> torch.Tensor:
-    """The step's global batch; checks that processes of one dp rank (pipeline / tensor peers) got the same rows."""
-    everyone: list = [None] * accelerator.num_processes
-    dist.all_gather_object(everyone, (accelerator.parallel_dims.dp.rank, batch.tolist()))
-    by_dp: dict[int, list] = {}
-    for dp_rank, rows in everyone:
-        check(by_dp.setdefault(dp_rank, rows) == rows, f"processes of dp rank {dp_rank} got different batches")
-    return torch.tensor([row for dp_rank in sorted(by_dp) for row in by_dp[dp_rank]])
-
-
-def mean_over_world(value: torch.Tensor) -> float:
-    total = value.detach().clone()
-    dist.all_reduce(total)
-    return total.item() / dist.get_world_size()
 
 
 def run_layout(name: str, config: ParallelismConfig, accumulation: int = 1, **kwargs) -> None:
@@ -129,19 +107,33 @@ def run_layout(name: str, config: ParallelismConfig, accumulation: int = 1, **kw
     )
     training_forward_refused(accelerator, model)
     if len(model.parts) > 1:
-        interleaved_checkpoint_refused(accelerator)
+        interleaved_checkpoint_replays(accelerator, model, optimizer)
     accelerator.free_memory()
 
 
-def interleaved_checkpoint_refused(accelerator: Accelerator) -> None:
-    try:
-        accelerator.save_state(os.path.join(sys.argv[1], "interleaved"))
-    except ValueError as error:
-        check("interleaved schedules) is not supported yet" in str(error), f"unexpected message {error}")
-    else:
-        raise AssertionError(f"[rank {RANK}] save_state of an interleaved pipeline ran")
-    dist.barrier()
-    say("INTERLEAVED CHECKPOINT REFUSED ON EVERY RANK")
+def interleaved_checkpoint_replays(accelerator: Accelerator, model, optimizer) -> None:
+    """save_state with several stages per rank (each rank's stages written under the whole model's names), two more
+    steps, load_state: the same two steps again, bit for bit (weights and optimizer state came back)."""
+    model.train()
+    dp = accelerator.parallel_dims.dp
+    rows = token_data(8, seed=11).chunk(dp.size)[dp.rank]
+
+    def two_steps() -> list[float]:
+        losses = []
+        for _ in range(2):
+            loss = accelerator.forward_backward(model, rows[:, :-1], rows[:, 1:], lm_loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(mean_over_world(loss))
+        return losses
+
+    folder = os.path.join(sys.argv[1], "interleaved")
+    accelerator.save_state(folder)
+    expected = two_steps()
+    accelerator.load_state(folder)
+    again = two_steps()
+    check(again == expected, f"interleaved checkpoint: continuation {again} != {expected}")
+    say("INTERLEAVED CHECKPOINT: save, 2 steps, load, the same 2 steps exactly")
 
 
 def meta_device_construction() -> None:

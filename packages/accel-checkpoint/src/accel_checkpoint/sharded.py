@@ -25,7 +25,6 @@ from accel_core.pipelining import PipelinedModel
 from accel_core.strategies.base import ShardedCheckpointing
 
 from .access import listed, raw_optimizer
-from .errors import CheckpointError
 
 if TYPE_CHECKING:
     from accel_core.protocols import CheckpointAccelerator
@@ -48,17 +47,11 @@ __all__ = ["MODELS", "OPTIMIZERS", "SCHEDULERS", "DCPCheckpointing", "ShardedChe
 
 
 def dcp_module(model: Any) -> Any:
-    """The module DCP reads for ``model``: a pipelined model's local stage (parameter names as in the whole model, so
-    the stages' keys together are the whole model's and load into another pipeline layout)."""
+    """The module DCP reads for ``model``: a pipelined model's local stage(s) (parameter names as in the whole model,
+    so the stages' keys together are the whole model's and load into another pipeline layout)."""
     if not isinstance(model, PipelinedModel):
         return model
-    if len(model.parts) != 1:
-        raise CheckpointError(
-            f"save_state/load_state with {len(model.parts)} pipeline stages per rank (interleaved schedules) is not "
-            "supported yet: use one stage per rank (pp_schedule='gpipe' or '1f1b') to checkpoint, or save the weights "
-            "with accelerator.save_model."
-        )
-    return model.parts[0]
+    return model.checkpoint_module()
 
 
 def _options(prepared: PreparedObjects) -> Any:

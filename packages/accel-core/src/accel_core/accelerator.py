@@ -506,9 +506,9 @@ class Accelerator(
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The full state dict of a prepared model (gathered where the strategy shards it, and over the pipeline
         stages: valid on the main process), fp16 cast to fp32."""
-        from .pipelining import PipelinedModel
+        from .pipelining import StagedModel
 
-        if isinstance(model, PipelinedModel):
+        if isinstance(model, StagedModel):
             state_dict = model.full_state_dict() if unwrap else model.state_dict()
         else:
             state_dict = self.strategy.model_state_dict(model) if unwrap else model.state_dict()

@@ -102,9 +102,9 @@ class Parallelism:
                     loss = accelerator.forward_backward(model, inputs, targets, torch.nn.functional.cross_entropy)
                     optimizer.step(); scheduler.step(); optimizer.zero_grad()
         """
-        from .pipelining import PipelinedModel, as_call_arguments
+        from .pipelining import StagedModel, as_call_arguments
 
-        if isinstance(model, PipelinedModel):
+        if isinstance(model, StagedModel):
             owns_step = isinstance(self.strategy, OwnsOptimizerStep) and self.strategy.owns_optimizer_step()
             divisor = 1 if owns_step else int(self.gradient_state.num_steps)
             return model.train_step(inputs, targets, loss_fn, divisor=divisor, scale=self.precision.scale_loss)

@@ -17,7 +17,7 @@ from .enums import SchedulerStepping
 from .optimizer import AcceleratedOptimizer
 from .optimizer_rebuild import ParameterNames
 from .optimizer_rebuild import parameter_ids as optimizer_parameter_ids
-from .pipelining import PipelinedModel
+from .pipelining import StagedModel
 from .scheduler import AcceleratedScheduler
 from .strategies import BatchTransfer, JointPreparation, PreparesOwnTypes, ReducesGradients, WrapsBeforeOptimizer
 from .strategies.base import ConvertsOwnTypes
@@ -181,7 +181,7 @@ class Preparation:
                 "model to the same prepare() call as its optimizer, or prepare the model first and build the "
                 "optimizer on it."
             )
-        if isinstance(owners[0], PipelinedModel):
+        if isinstance(owners[0], StagedModel):
             from .pipelining.optimizer import rebuild_for_stages
 
             return rebuild_for_stages(optimizer, owners[0], self._parameter_names)
@@ -205,7 +205,7 @@ class Preparation:
             device_placement = self.device_placement
         self._parameter_names.record(model)
         prepared = transforms.prepare_model(model, self._context, self.strategy, device_placement)
-        if isinstance(prepared, PipelinedModel):
+        if isinstance(prepared, StagedModel):
             for stage in prepared.stage_modules:  # autocast inside each stage, not around the schedule
                 self.precision.wrap_forward(stage)
         else:

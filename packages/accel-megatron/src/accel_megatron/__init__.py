@@ -1,4 +1,4 @@
-"""accel-megatron: the ``megatron`` strategy of accel (Megatron-core tensor parallel + data parallel).
+"""accel-megatron: the ``megatron`` strategy of accel (Megatron-core tensor, pipeline and data parallelism).
 
 Names are imported on first use: ``import accel_megatron`` imports neither torch nor megatron
 (``accel launch`` loads ``accel_megatron.cli`` for its flags).

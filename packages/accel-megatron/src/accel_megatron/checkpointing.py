@@ -4,14 +4,16 @@ accel-checkpoint calls ``save_sharded`` with the checkpoint's ``sharded/`` folde
 ``accel_checkpoint.sharded.ShardedCheckpointing``) and writes everything else around it (process
 RNG, dataloader positions, schedulers, custom objects, metadata, the completion marker). Layout::
 
-    sharded/megatron.json                 {"tp_degree", "pp_degree", "dp_degree", "models", "optimizers"}
+    sharded/megatron.json                 {"tp_degree", "pp_degree", "vp_degree", "dp_degree", "models", "optimizers"}
     sharded/tp_rank_<r>/model_<i>.pt      TP rank r's state dict of prepared model i (its weight shards)
+                                          (tp_rank_<r>_pp_rank_<p>/ with pipeline stages: that stage's keys)
     sharded/tp_rank_<r>/optimizer_<i>.pt  the optimizer state of those shards
     sharded/tp_rank_<r>/rng_tracker.pt    Megatron's named RNG streams of TP rank r
 
-Data-parallel replicas hold the same shard, so only DP rank 0 of each TP rank writes; on load every
-process reads its TP rank's files, so the number of DP replicas may change. The TP degree may not:
-another degree is a ``CheckpointMismatchError``. Files are read with accel-checkpoint's safe loader.
+Data-parallel replicas hold the same shard, so only DP rank 0 of each TP (x PP) rank writes; on load
+every process reads its shard's files, so the number of DP replicas may change. The TP, PP and
+virtual-stage degrees may not: another degree is a ``CheckpointMismatchError``. Files are read with
+accel-checkpoint's safe loader.
 """
 
 from __future__ import annotations
@@ -38,8 +40,12 @@ MODELS, OPTIMIZERS = "models", "optimizers"
 METADATA = "megatron.json"
 
 
-def _shard_folder(folder: str, tp_rank: int) -> str:
-    return os.path.join(folder, f"tp_rank_{tp_rank:02d}")
+def _shard_folder(folder: str) -> str:
+    """This process's shard: its TP rank's, and with pipeline stages its (TP rank, PP rank)'s."""
+    name = f"tp_rank_{parallel_state.get_tensor_model_parallel_rank():02d}"
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        name += f"_pp_rank_{parallel_state.get_pipeline_model_parallel_rank():02d}"
+    return os.path.join(folder, name)
 
 
 def _on_every_process(what: str, work: Callable[[], None]) -> None:
@@ -68,13 +74,14 @@ def _save_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: s
         metadata = {
             "tp_degree": strategy.plugin.tp_degree,
             "pp_degree": strategy.plugin.pp_degree,
+            "vp_degree": strategy.plugin.vp_degree,
             "dp_degree": strategy.context.dims.dp.size,
             "models": len(models),
             "optimizers": len(optimizers),
         }
         write_json(os.path.join(folder, METADATA), metadata)
     if parallel_state.get_data_parallel_rank() == 0:
-        shard = _shard_folder(folder, parallel_state.get_tensor_model_parallel_rank())
+        shard = _shard_folder(folder)
         os.makedirs(shard, exist_ok=True)
         for i, model in enumerate(models):
             torch.save(strategy.unwrap_model(model).state_dict(), os.path.join(shard, f"model_{i}.pt"))
@@ -103,14 +110,17 @@ def _load_shard(
         raise CheckpointMismatchError(f"{path} is missing: this checkpoint was not written by the megatron strategy.")
     with open(path) as handle:
         saved = json.load(handle)
-    tp_degree = strategy.plugin.tp_degree
-    if saved["tp_degree"] != tp_degree or saved.get("pp_degree", 1) != strategy.plugin.pp_degree:
+    plugin = strategy.plugin
+    ours = (plugin.tp_degree, plugin.pp_degree, plugin.vp_degree)
+    theirs = (saved["tp_degree"], saved.get("pp_degree", 1), saved.get("vp_degree", 1))
+    if theirs != ours:
         raise CheckpointMismatchError(
-            f"The checkpoint in {os.path.dirname(folder)} was saved with tp_degree={saved['tp_degree']}, this run uses "
-            f"tp_degree={tp_degree}: its weight shards do not fit. Load it with "
-            f"MegatronLMPlugin(tp_degree={saved['tp_degree']}) (--megatron-tp-degree); to change the degree, export "
-            "full weights with accelerator.save_model(model, dir) in a run with the old degree and load them with "
-            "accelerator.strategy.load_model_state_dict(model, state_dict)."
+            f"The checkpoint in {os.path.dirname(folder)} was saved with tp_degree={theirs[0]}, pp_degree={theirs[1]}, "
+            f"vp_degree={theirs[2]}, this run uses tp_degree={ours[0]}, pp_degree={ours[1]}, vp_degree={ours[2]}: "
+            f"its shards do not fit. Load it with MegatronLMPlugin(tp_degree={theirs[0]}, pp_degree={theirs[1]}, "
+            f"vp_degree={theirs[2]}); to change the degrees, export full weights with accelerator.save_model(model, "
+            "dir) in a run with the old degrees and load them with accelerator.strategy.load_model_state_dict(model, "
+            "state_dict)."
         )
     models, optimizers = list(prepared.models), list(prepared.optimizers)
     if (saved["models"], saved["optimizers"]) != (len(models), len(optimizers)):
@@ -119,7 +129,7 @@ def _load_shard(
             f"prepared {len(models)} and {len(optimizers)}: prepare the same objects, in the same order, as the run "
             "that saved it."
         )
-    shard = _shard_folder(folder, parallel_state.get_tensor_model_parallel_rank())
+    shard = _shard_folder(folder)
     for i, model in enumerate(models):
         strategy.unwrap_model(model).load_state_dict(
             load_torch_file(os.path.join(shard, f"model_{i}.pt"), allow_unsafe_pickle)

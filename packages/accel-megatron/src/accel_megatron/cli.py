@@ -2,7 +2,7 @@
 
 Each flag becomes an ``ACCEL_MEGATRON_*`` variable that ``MegatronLMPlugin.from_env`` reads in the
 launched processes; ``--use-megatron`` (or any ``--megatron-*`` flag) selects the strategy. Values
-the plugin refuses (``--megatron-pp-degree 2`` in this version) fail in every launched process with
+the plugin refuses (``--megatron-vp-degree 2`` without ``--megatron-pp-degree``) fail in every launched process with
 the plugin's message.
 
 Example::
@@ -28,13 +28,14 @@ class MegatronLaunchOptions(OptionTable):
             "N",
             "tensor-parallel size; must divide the number of processes",
         ),
-        ("megatron-pp-degree", "PP_DEGREE", nonnegative_int_text, "N", "pipeline stages (only 1 in this version)"),
+        ("megatron-pp-degree", "PP_DEGREE", nonnegative_int_text, "N", "pipeline stages (Megatron's schedules, GPUs)"),
+        ("megatron-vp-degree", "VP_DEGREE", nonnegative_int_text, "N", "model chunks per pipeline rank (interleaved)"),
         (
             "megatron-num-micro-batches",
             "NUM_MICRO_BATCHES",
             nonnegative_int_text,
             "N",
-            "pipeline micro-batches (only 1 in this version)",
+            "micro-batches of one pipeline step (needs --megatron-pp-degree)",
         ),
         (
             "megatron-sequence-parallelism",

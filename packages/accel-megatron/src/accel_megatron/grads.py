@@ -60,3 +60,17 @@ def allreduce_sequence_parallel_grads(params: Sequence[torch.nn.Parameter]) -> N
     for grad in grads:
         grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
         offset += grad.numel()
+
+
+def average_over(params: Sequence[torch.nn.Parameter], group: dist.ProcessGroup) -> None:
+    """Averages the gradients over ``group`` (data parallelism without a DDP wrapper). Collective over ``group``."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads or dist.get_world_size(group) == 1:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()

@@ -37,6 +37,13 @@ def model_parallel_group() -> ProcessGroup:
     return cast("ProcessGroup", parallel_state.get_model_parallel_group())
 
 
+def pipeline_parallel_group() -> ProcessGroup:
+    """Megatron's pipeline-parallel group of this process."""
+    from megatron.core import parallel_state
+
+    return cast("ProcessGroup", parallel_state.get_pipeline_model_parallel_group())
+
+
 def data_parallel_group() -> ProcessGroup:
     """Megatron's data-parallel group of this process."""
     from megatron.core import parallel_state
@@ -58,11 +65,13 @@ def initialize(plugin: MegatronLMPlugin, world_size: int) -> None:
         current = (
             parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1,
         )
-        if current != (plugin.tp_degree, plugin.pp_degree):
+        if current != (plugin.tp_degree, plugin.pp_degree, plugin.vp_degree):
             raise ValueError(
-                f"Megatron's parallel groups already exist with tp={current[0]}, pp={current[1]}, but MegatronLMPlugin "
-                f"asks for tp_degree={plugin.tp_degree}, pp_degree={plugin.pp_degree}. Call "
+                f"Megatron's parallel groups already exist with tp={current[0]}, pp={current[1]}, vp={current[2]}, but "
+                f"MegatronLMPlugin asks for tp_degree={plugin.tp_degree}, pp_degree={plugin.pp_degree}, "
+                f"vp_degree={plugin.vp_degree}. Call "
                 "megatron.core.parallel_state.destroy_model_parallel() first (and rebuild the model), or use the same "
                 "degrees."
             )
@@ -71,20 +80,22 @@ def initialize(plugin: MegatronLMPlugin, world_size: int) -> None:
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=plugin.tp_degree,
         pipeline_model_parallel_size=plugin.pp_degree,
+        virtual_pipeline_model_parallel_size=plugin.vp_degree if plugin.vp_degree > 1 else None,
         create_gloo_process_groups=False,
     )
 
 
 def check_same_ranks(dims: ParallelDims) -> None:
-    """Megatron's DP and TP groups hold the same ranks as the job mesh's ``dp`` and ``tp`` (data is sharded
-    over the mesh's ``dp``, gradients averaged over Megatron's DP group: they must agree)."""
+    """Megatron's DP, TP and PP groups hold the same ranks as the job mesh's ``dp``, ``tp`` and ``pp`` (data is
+    sharded over the mesh's ``dp``, gradients averaged over Megatron's DP group: they must agree)."""
     import torch.distributed as dist
 
     for name, theirs in (
         ("dp", data_parallel_group()),
         ("tp", tensor_parallel_group()),
+        ("pp", pipeline_parallel_group()),
     ):
-        ours = dims.dp if name == "dp" else dims.tp
+        ours = dims.group(name)
         if ours.size == 1:
             mine = [dims.rank]
         else:

@@ -4,9 +4,10 @@
 ``MegatronLMPlugin.from_env()`` reads it back in the launched processes. Option names follow
 Accelerate's ``megatron_lm_config`` keys without their ``megatron_lm_`` prefix.
 
-This version does tensor parallelism (TP) + data parallelism (DP). Settings that ask for more
-(pipeline stages, the distributed optimizer, activation recomputation, micro-batches of a pipeline
-schedule) are refused here, when the plugin is built, so every process fails the same way.
+This version does tensor parallelism (TP), pipeline parallelism (PP, Megatron-core's schedules: GPUs
+only, see ``accel_megatron.pipeline``) and data parallelism (DP). Settings that ask for more (the
+distributed optimizer, activation recomputation) are refused here, when the plugin is built, so every
+process fails the same way.
 
 Example::
 
@@ -22,7 +23,7 @@ from typing import Any
 
 from accel_core import environment as env
 
-_NOT_YET = "is not supported by this version of accel-megatron (tensor + data parallelism only)"
+_NOT_YET = "is not supported by this version of accel-megatron (tensor, pipeline and data parallelism only)"
 
 
 def _positive_int(raw: str) -> int:
@@ -43,6 +44,7 @@ def _nonnegative_float(raw: str) -> float:
 ENV_OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "tp_degree": ("tp_degree", _positive_int),
     "pp_degree": ("pp_degree", _positive_int),
+    "vp_degree": ("vp_degree", _positive_int),
     "num_micro_batches": ("num_micro_batches", _positive_int),
     "sequence_parallelism": ("sequence_parallelism", env.parse_flag),
     "recompute_activations": ("recompute_activations", env.parse_flag),
@@ -61,8 +63,13 @@ class MegatronLMPlugin:
     Args:
         tp_degree: tensor-parallel size: each TP layer's weight is split over this many processes,
             which see the same batches. Must divide the number of processes; the rest is data parallel.
-        pp_degree: pipeline stages; only 1 in this version.
-        num_micro_batches: micro-batches of a pipeline schedule; only 1 in this version.
+        pp_degree: pipeline stages: the model is cut into ``pp_degree x vp_degree`` stages run by
+            Megatron-core's schedules through ``accelerator.forward_backward`` (GPUs only: megatron-core
+            0.16 allocates its send / receive buffers on CUDA, see ``accel_megatron.pipeline.CUDA_CALLS``).
+        vp_degree: model chunks per pipeline rank (Megatron's virtual pipeline stages); above 1 the
+            interleaved 1F1B schedule runs. Needs ``pp_degree > 1``.
+        num_micro_batches: micro-batches of one pipeline step (each batch is split into that many along
+            dimension 0); needs ``pp_degree > 1``.
         sequence_parallelism: Megatron's sequence parallelism (activations split along the sequence
             in non-TP regions); needs ``tp_degree > 1``. Layers built with
             ``strategy.model_parallel_config()`` get it; the gradients of parameters marked
@@ -84,6 +91,7 @@ class MegatronLMPlugin:
 
     tp_degree: int = 1
     pp_degree: int = 1
+    vp_degree: int = 1
     num_micro_batches: int = 1
     sequence_parallelism: bool = False
     recompute_activations: bool = False
@@ -94,23 +102,26 @@ class MegatronLMPlugin:
     min_lr: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("tp_degree", "pp_degree", "num_micro_batches"):
+        for name in ("tp_degree", "pp_degree", "vp_degree", "num_micro_batches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"MegatronLMPlugin({name}={value!r}): expected an integer >= 1.")
-        if self.pp_degree != 1:
+        if self.pp_degree == 1 and self.vp_degree != 1:
             raise ValueError(
-                f"MegatronLMPlugin(pp_degree={self.pp_degree}): pipeline parallelism {_NOT_YET}: Megatron-core's "
-                "pipeline schedules (get_forward_backward_func, virtual stages) are not wired into "
-                "accelerator.forward_backward yet. Use pp_degree=1 (and tp_degree to split the model), or torch's "
-                "pipeline parallelism with the ddp / fsdp strategies: ParallelismConfig(pp_size=2) (accel launch "
-                "--pp-size 2)."
+                f"MegatronLMPlugin(vp_degree={self.vp_degree}) needs pp_degree > 1: virtual stages are extra model "
+                "chunks per pipeline rank."
             )
-        if self.num_micro_batches != 1:
+        if self.pp_degree == 1 and self.num_micro_batches != 1:
             raise ValueError(
-                f"MegatronLMPlugin(num_micro_batches={self.num_micro_batches}): micro-batches belong to pipeline "
-                "schedules, which this version of accel-megatron does not run (tensor + data parallelism only). Use "
-                "gradient_accumulation_steps on the Accelerator instead."
+                f"MegatronLMPlugin(num_micro_batches={self.num_micro_batches}) needs pp_degree > 1: micro-batches "
+                "belong to pipeline schedules. Without pipeline stages use gradient_accumulation_steps on the "
+                "Accelerator instead."
+            )
+        if self.vp_degree > 1 and self.num_micro_batches % self.pp_degree:
+            raise ValueError(
+                f"MegatronLMPlugin(vp_degree={self.vp_degree}, num_micro_batches={self.num_micro_batches}): "
+                f"Megatron's interleaved schedule needs num_micro_batches to be a multiple of pp_degree="
+                f"{self.pp_degree}."
             )
         if self.use_distributed_optimizer:
             raise ValueError(
@@ -142,14 +153,17 @@ class MegatronLMPlugin:
             )
 
     def check_world_size(self, world_size: int) -> int:
-        """The data-parallel size for ``world_size`` processes; a clear error when ``tp_degree`` does not divide it."""
+        """The data-parallel size for ``world_size`` processes; a clear error when ``tp_degree x pp_degree`` does
+        not divide it."""
         model_parallel = self.tp_degree * self.pp_degree
         if world_size % model_parallel != 0:
             divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
             raise ValueError(
-                f"MegatronLMPlugin(tp_degree={self.tp_degree}) does not divide the {world_size} processes of this run: "
-                f"the processes are split into groups of tp_degree. Use a tp_degree in {divisors} "
-                f"(--megatron-tp-degree / ACCEL_MEGATRON_TP_DEGREE), or start a multiple of {model_parallel} processes."
+                f"MegatronLMPlugin(tp_degree={self.tp_degree}, pp_degree={self.pp_degree}) does not divide the "
+                f"{world_size} processes of this run: the processes are split into model-parallel groups of "
+                f"tp_degree x pp_degree = {model_parallel}. Use a tp_degree x pp_degree in {divisors} "
+                "(--megatron-tp-degree, --megatron-pp-degree / ACCEL_MEGATRON_TP_DEGREE, ACCEL_MEGATRON_PP_DEGREE), or "
+                f"start a multiple of {model_parallel} processes."
             )
         return world_size // model_parallel
 

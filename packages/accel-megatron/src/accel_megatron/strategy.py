@@ -1,14 +1,16 @@
-"""``MegatronStrategy``: Megatron-core tensor parallelism (TP) + data parallelism (DP) behind the Accelerator's
-questions.
+"""``MegatronStrategy``: Megatron-core tensor parallelism (TP), pipeline parallelism (PP) and data parallelism (DP)
+behind the Accelerator's questions.
 
 Capabilities it implements (see ``accel_core.strategies.base``): ``ProcessGroupSetup`` (checks the
 plugin against the number of processes before any communication, and gives a lone ``python
 train.py`` a group of one, which Megatron's groups need), ``BackwardSyncControl`` (``accumulate``
 skips the DP all-reduce), and ``ShardedCheckpointing`` (``save_sharded`` / ``load_sharded``, one
 file set per TP shard). A whole-engine strategy on the job's mesh: the plugin's ``tp_degree`` is the
-mesh's ``tp`` and the rest is ``dp_replicate`` (the same ranks as Megatron's TP and DP groups, which
-``setup`` checks), so dataloaders shard over the mesh's ``dp`` and the processes of one TP group read
-the same batches. Sharded data parallelism and context / pipeline parallelism on the mesh are refused.
+mesh's ``tp``, its ``pp_degree`` the mesh's ``pp`` and the rest is ``dp_replicate`` (the same ranks as
+Megatron's TP, PP and DP groups, which ``setup`` checks), so dataloaders shard over the mesh's ``dp``
+and the processes of one TP or PP group read the same batches. Sharded data parallelism and context
+parallelism on the mesh are refused. With ``pp_degree > 1``, ``prepare`` splits the model itself and
+Megatron-core's schedules run it (``accel_megatron.pipeline``).
 
 The user builds the model from ``megatron.core.tensor_parallel`` layers *after* creating the
 Accelerator (the layers read Megatron's groups when they are built)::
@@ -93,26 +95,31 @@ class MegatronStrategy(Strategy):
         """``tp`` is the plugin's ``tp_degree``, the rest ``dp_replicate``; refuses a ``tp_degree`` that does not
         divide the processes, or a layout Megatron's groups cannot be (on every process, before any communication)."""
         self.plugin.check_world_size(world_size)
-        tp = requested_size(requested, "tp", os.environ)
-        if tp not in (1, self.plugin.tp_degree):
-            raise ValueError(
-                f"tp_size={tp} contradicts MegatronLMPlugin(tp_degree={self.plugin.tp_degree}): Megatron's tensor "
-                "parallelism is the plugin's; set one of them (or the same value in both)."
-            )
+        for dim, degree in (("tp", self.plugin.tp_degree), ("pp", self.plugin.pp_degree)):
+            size = requested_size(requested, dim, os.environ)
+            if size not in (1, degree):
+                raise ValueError(
+                    f"{dim}_size={size} contradicts MegatronLMPlugin({dim}_degree={degree}): Megatron's {dim} size is "
+                    "the plugin's; set one of them (or the same value in both)."
+                )
         base = requested if requested is not None else ParallelismConfig()
         config = resolve_parallelism(
-            dataclasses.replace(base, tp_size=self.plugin.tp_degree), world_size, environ=os.environ
+            dataclasses.replace(base, tp_size=self.plugin.tp_degree, pp_size=self.plugin.pp_degree),
+            world_size,
+            environ=os.environ,
         )
         self.check_parallelism(config)
         return config, None
 
     def check_parallelism(self, config: ParallelismConfig) -> None:
-        refused = [f"{dim}_size={config.size(dim)}" for dim in ("dp_shard", "cp", "pp") if config.size(dim) > 1]
+        refused = [f"{dim}_size={config.size(dim)}" for dim in ("dp_shard", "cp") if config.size(dim) > 1]
+        if config.size("pp") != self.plugin.pp_degree:
+            refused.append(f"pp_size={config.size('pp')}")
         if refused:
             raise ValueError(
-                f"The megatron strategy cannot honour {', '.join(refused)}: it runs Megatron's tensor parallelism "
-                "(tp_degree) with replicated data parallelism. Use FSDP2 (fsdp_plugin) with ParallelismConfig for "
-                "sharded data parallelism or context parallelism with tensor parallelism."
+                f"The megatron strategy cannot honour {', '.join(refused)}: it runs Megatron's tensor and pipeline "
+                "parallelism (tp_degree, pp_degree) with replicated data parallelism. Use FSDP2 (fsdp_plugin) with "
+                "ParallelismConfig for sharded data parallelism or context parallelism."
             )
 
     def init_process_group(self, **kwargs: Any) -> None:
@@ -156,12 +163,16 @@ class MegatronStrategy(Strategy):
             "sequence_parallel": self.plugin.sequence_parallelism,
             "use_cpu_initialization": self.state.device.type == "cpu",
         }
+        if self.plugin.pp_degree > 1:
+            settings["pipeline_dtype"] = self._activation_dtype()
         settings.update(overrides)
         return ModelParallelConfig(**settings)
 
     # -- models -----------------------------------------------------------------------------
     def prepare_model(self, model: nn.Module, device_placement: bool) -> nn.Module:
-        """Places the model and wraps it in torch DDP over Megatron's DP group (when there are DP replicas).
+        """Places the model and wraps it in torch DDP over Megatron's DP group (when there are DP replicas). With
+        ``pp_degree > 1``: keeps this rank's chunk(s) and returns a ``MegatronPipelinedModel`` instead (its
+        gradients are averaged over the DP group after each schedule run, at accumulation boundaries).
 
         Why torch's DDP and not ``megatron.core.distributed.DistributedDataParallel``: Megatron's
         allocates its contiguous gradient buffers with ``torch.cuda.current_device()`` and syncs on
@@ -170,6 +181,8 @@ class MegatronStrategy(Strategy):
         """
         from .weights import is_tp_sharded
 
+        if self.plugin.pp_degree > 1:
+            return self._prepare_pipeline(model, device_placement)
         model = super().prepare_model(model, device_placement)
         trainable = [p for p in model.parameters() if p.requires_grad]
         if (
@@ -190,6 +203,52 @@ class MegatronStrategy(Strategy):
         from .groups import data_parallel_group
 
         return wrap_in_ddp(model, self.ddp_kwargs, self.state.device, data_parallel_group())
+
+    def _prepare_pipeline(self, model: nn.Module, device_placement: bool) -> nn.Module:
+        from .pipeline import MegatronPipelinedModel, schedule_config, split_for_megatron
+
+        chunks = [
+            super(MegatronStrategy, self).prepare_model(chunk, device_placement)
+            for chunk in split_for_megatron(model, self.plugin.pp_degree, self.plugin.vp_degree)
+        ]
+        first = next((p for chunk in chunks for p in chunk.parameters()), None)
+        config = schedule_config(
+            self.plugin.tp_degree,
+            self.plugin.pp_degree,
+            self.plugin.vp_degree,
+            self._activation_dtype(None if first is None else first.dtype),
+            self.plugin.sequence_parallelism,
+        )
+        return MegatronPipelinedModel(
+            chunks, config, self.plugin.num_micro_batches, self.state.device, self._finish_pipeline_gradients
+        )
+
+    def _activation_dtype(self, parameter_dtype: torch.dtype | None = None) -> torch.dtype:
+        """The dtype of the activations sent between pipeline stages: bf16 under bf16 autocast, else the weights'."""
+        if self.context.plan.mixed_precision == "bf16":
+            return torch.bfloat16
+        return parameter_dtype if parameter_dtype is not None else torch.float32
+
+    def _finish_pipeline_gradients(self, params: list[nn.Parameter]) -> None:
+        """After a schedule run: at accumulation boundaries, the DP average (no DDP wrapper under the schedule) and
+        Megatron's gradient finishing."""
+        if not self.context.sync_gradients:
+            return
+        if self.context.dims.dp.size > 1:
+            from . import grads
+            from .groups import data_parallel_group
+
+            grads.average_over(params, data_parallel_group())
+        self._finish_gradients(params)
+
+    def _finish_gradients(self, params: list[nn.Parameter]) -> None:
+        """Megatron's gradient finishing at a synced step: sequence-parallel sums over TP, the plugin's clipping."""
+        from . import grads
+
+        if self.plugin.sequence_parallelism:
+            grads.allreduce_sequence_parallel_grads(params)
+        if self.plugin.gradient_clipping is not None:
+            self.last_grad_norm = grads.clip_grad_norm_(params, self.plugin.gradient_clipping)
 
     # -- Megatron's own types in prepare (PreparesOwnTypes, ConvertsOwnTypes) -----------------
     def accepts_object(self, obj: Any) -> bool:
@@ -220,13 +279,8 @@ class MegatronStrategy(Strategy):
             return
         if not (self.plugin.sequence_parallelism or self.plugin.gradient_clipping is not None):
             return
-        from . import grads
-
         params = [p for model in self.context.prepared.models for p in model.parameters() if p.requires_grad]
-        if self.plugin.sequence_parallelism:
-            grads.allreduce_sequence_parallel_grads(params)
-        if self.plugin.gradient_clipping is not None:
-            self.last_grad_norm = grads.clip_grad_norm_(params, self.plugin.gradient_clipping)
+        self._finish_gradients(params)
 
     def clip_grad_norm_(
         self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
@@ -238,15 +292,22 @@ class MegatronStrategy(Strategy):
 
     # -- state ------------------------------------------------------------------------------
     def model_state_dict(self, model: nn.Module) -> dict[str, Any]:
-        """The full weights, TP shards gathered along their ``partition_dim``, on every process. Collective."""
+        """The full weights, TP shards gathered along their ``partition_dim``, on every process (with pipeline stages:
+        gathered over them too, on the first pipeline rank only). Collective."""
+        from .pipeline import MegatronPipelinedModel
         from .weights import full_state_dict
 
+        if isinstance(model, MegatronPipelinedModel):  # gathered over the stages too, onto the main process
+            return model.full_state_dict()
         return full_state_dict(self.unwrap_model(model))
 
     def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> Any:
         """Loads full weights (as ``model_state_dict`` returns them); each TP rank keeps its own block."""
+        from .pipeline import MegatronPipelinedModel
         from .weights import load_full_state_dict
 
+        if isinstance(model, MegatronPipelinedModel):
+            return model.load_full_state_dict(state_dict)
         return load_full_state_dict(self.unwrap_model(model), state_dict)
 
     def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> tuple[str, ...]:
@@ -265,4 +326,7 @@ class MegatronStrategy(Strategy):
 
     def __repr__(self) -> str:
         plugin = self.plugin
-        return f"MegatronStrategy(tp_degree={plugin.tp_degree}, sequence_parallelism={plugin.sequence_parallelism})"
+        return (
+            f"MegatronStrategy(tp_degree={plugin.tp_degree}, pp_degree={plugin.pp_degree}, "
+            f"sequence_parallelism={plugin.sequence_parallelism})"
+        )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from .model import PipelinedModel, as_call_arguments
+from .model import PipelinedModel, StagedModel, as_call_arguments
 from .schedule import PipelineLayout, build_schedule, resolve_layout
 from .split import chain_units, parameter_bytes, split_model, stage_boundaries
 
@@ -54,6 +54,7 @@ def prepare_pipeline(
 __all__ = [
     "PipelineLayout",
     "PipelinedModel",
+    "StagedModel",
     "as_call_arguments",
     "build_schedule",
     "chain_units",

@@ -59,7 +59,62 @@ def _pad_batch(tree: Any, size: int, padded: int) -> Any:
     return tree_unflatten(grown, spec)
 
 
-class PipelinedModel(nn.Module):
+def units_under_one_root(stages: Sequence[nn.Module]) -> nn.Module:
+    """One module whose submodules are the units the ``stages`` kept, at their paths in the whole model (``embed``,
+    ``layers.2``...): the stages' parameters and buffers under the whole model's names, no tensor copied. Units a
+    stage replaced with ``nn.Identity`` (other stages' units) are left out."""
+    from .split import chain_units
+
+    root = nn.Module()
+    for stage in stages:
+        for unit in chain_units(stage):
+            module = stage.get_submodule(unit)
+            if isinstance(module, nn.Identity):
+                continue
+            parent = root
+            *path, leaf = unit.split(".")
+            for name in path:
+                if name not in parent._modules:
+                    parent.add_module(name, nn.Module())
+                parent = parent.get_submodule(name)
+            parent.add_module(leaf, module)
+    return root
+
+
+class StagedModel(nn.Module):
+    """What ``prepare`` returns for a model split into pipeline stages: this rank's stage(s) and a schedule.
+
+    The contract the Accelerator relies on (``forward_backward``, the optimizer rebuilt on the local
+    stages, ``get_state_dict``, autocast per stage). ``PipelinedModel`` runs torch's schedules;
+    accel-megatron's pipelined model runs Megatron-core's.
+    """
+
+    @property
+    def stage_modules(self) -> list[nn.Module]:
+        """The user's model pruned to each local stage, unwrapped (names as in the whole model)."""
+        raise NotImplementedError
+
+    def train_step(
+        self,
+        inputs: Any,
+        targets: Any,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        divisor: int = 1,
+        scale: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Forward and backward of one batch through the schedule; the batch's mean loss on every pipeline rank.
+
+        divisor: gradient accumulation steps (each micro-batch's loss is divided by ``microbatches x divisor``).
+        scale: the precision's loss scaling (fp16), applied to what is backpropagated only.
+        """
+        raise NotImplementedError
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's state dict, gathered over the stages onto the main process. Collective."""
+        raise NotImplementedError
+
+
+class PipelinedModel(StagedModel):
     """This rank's pipeline stage(s) and their schedule (built by ``prepare`` when ``pp_size > 1``).
 
     stages_modules: the user's model pruned to each local stage (parameter names as in the whole model).
@@ -113,6 +168,13 @@ class PipelinedModel(nn.Module):
         return last if group is None else dist.get_global_rank(group, last)
 
     # -- state dicts under the whole model's names --------------------------------------------------
+    def checkpoint_module(self) -> nn.Module:
+        """The module ``torch.distributed.checkpoint`` reads for this rank: its stage's part, or with several local
+        stages (interleaved schedules) one module holding their units under the whole model's names."""
+        if len(self.parts) == 1:
+            return self.parts[0]
+        return units_under_one_root(self._stage_modules)
+
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """This rank's stage(s) state, under the whole model's names (other stages' keys are absent)."""
         merged: dict[str, Any] = {}

@@ -8,11 +8,11 @@ if TYPE_CHECKING:
     import torch
 
     from ..optimizer_rebuild import ParameterNames
-    from .model import PipelinedModel
+    from .model import StagedModel
 
 
 def rebuild_for_stages(
-    optimizer: torch.optim.Optimizer, model: PipelinedModel, names: ParameterNames
+    optimizer: torch.optim.Optimizer, model: StagedModel, names: ParameterNames
 ) -> torch.optim.Optimizer:
     """The same optimizer (class, hyper-parameters, groups) over the parameters of ``model``'s local stages only:
     the other stages' parameters are not on this rank."""

@@ -26,6 +26,7 @@ import copy
 from collections.abc import Sequence
 from itertools import pairwise
 
+import torch.distributed as dist
 from torch import nn
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
@@ -148,7 +149,14 @@ def split_model(
             part = model
         else:
             # A structural copy whose tensors are the model's own (not copies): pruning it drops only references.
+            # Process groups a layer keeps (Megatron's tensor-parallel layers) are shared too: they cannot be copied.
             memo: dict[int, object] = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+            memo.update(
+                (id(value), value)
+                for module in model.modules()
+                for value in vars(module).values()
+                if isinstance(value, dist.ProcessGroup)
+            )
             part = copy.deepcopy(model, memo)
         parts.append(prune_to_stage(part, stages[index]))
     return parts

@@ -64,8 +64,9 @@ class Strategy:
         supported_precisions: the ``mixed_precision`` values the strategy accepts.
         owns_precision: the backend applies mixed precision itself (no autocast or GradScaler from core).
         data_parallel_dim: the mesh dimension that takes the processes no size claims.
-        splits_model_itself: the backend's own layers split the model over ``tp`` (Megatron), so the
-            transform chain's tensor-parallel step is skipped.
+        splits_model_itself: the backend's own layers split the model over ``tp`` (Megatron), and its
+            ``prepare_model`` splits it over ``pp``, so the transform chain's tensor-parallel step and
+            pipeline split are skipped.
 
     Attributes:
         plugin: the user's plugin object (``fsdp_plugin=...``) or None; scripts written for the

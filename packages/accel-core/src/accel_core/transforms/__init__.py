@@ -56,7 +56,7 @@ def compile_blocks(blocks: list[nn.Module], **compile_kwargs: Any) -> None:
 
 def prepare_model(model: nn.Module, context: StrategyContext, strategy: Strategy, device_placement: bool) -> nn.Module:
     """Runs the chain of the module docstring on ``model``; returns the prepared model."""
-    if context.dims.config.pp_enabled:
+    if context.dims.config.pp_enabled and not strategy.splits_model_itself:
         from ..pipelining import prepare_pipeline
 
         return prepare_pipeline(

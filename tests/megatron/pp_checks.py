@@ -1,0 +1,210 @@
+"""Megatron-core pipeline parallelism through accelerator.forward_backward, against one process, on gloo.
+
+Run: torchrun --nproc_per_node 2 (or 4) tests/megatron/pp_checks.py <tmp_dir>
+On 2 processes: a CPU run is refused with the CUDA calls named (before any communication); then, with
+those calls sent to the CPU (``cuda_calls_on_cpu``, test-only), PP=2 (1F1B) and PP=2 x 2 virtual
+stages (interleaved 1F1B) train 20 steps each, every loss within 1e-5 of one process training the
+whole model (and the global gradient norm, clipped), and the gathered weights too; then save_state,
+2 steps, load_state, the same 2 steps exactly (one file set per TP x PP rank); a checkpoint of another
+vp_degree is refused. On 4 processes: TP=2 x PP=2 likewise.
+The last line printed on each rank is "MEGATRON PP CHECKS PASSED <rank>".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from cuda_calls_on_cpu import cuda_calls_on_cpu
+from torch import nn
+
+from accel_checkpoint.errors import CheckpointMismatchError
+from accel_core import Accelerator
+from accel_megatron import MegatronLMPlugin
+
+TMP = Path(sys.argv[1])
+FEATURES, HIDDEN, OUT, SEQ, BATCH, STEPS, LR, CLIP = 6, 8, 3, 3, 8, 20, 1e-2, 0.5
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else int(os.environ["RANK"])
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"[rank {rank()}] {message}")
+
+
+@contextlib.contextmanager
+def raises(kind: type[BaseException], text: str):
+    try:
+        yield
+    except kind as error:
+        check(text in str(error), f"expected {text!r} in: {error}")
+        return
+    raise AssertionError(f"[rank {rank()}] expected {kind.__name__} ({text!r})")
+
+
+class Block(nn.Module):
+    """x + row(tanh(col(x))): Megatron's TP layers when given a config, plain Linear layers (same names) otherwise."""
+
+    def __init__(self, config=None) -> None:
+        super().__init__()
+        if config is None:
+            self.col, self.row = nn.Linear(HIDDEN, 2 * HIDDEN), nn.Linear(2 * HIDDEN, HIDDEN)
+            self.tp = False
+            return
+        from megatron.core import tensor_parallel
+
+        init = nn.init.xavier_normal_
+        self.col = tensor_parallel.ColumnParallelLinear(
+            HIDDEN, 2 * HIDDEN, config=config, init_method=init, bias=True, gather_output=False
+        )
+        self.row = tensor_parallel.RowParallelLinear(
+            2 * HIDDEN, HIDDEN, config=config, init_method=init, bias=True, input_is_parallel=True, skip_bias_add=False
+        )
+        self.tp = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp:
+            return x + self.row(torch.tanh(self.col(x)[0]))[0]
+        return x + self.row(torch.tanh(self.col(x)))
+
+
+class Net(nn.Module):
+    """A chain of units: embed, layers.0..3, head. Between stages travels [batch, sequence, hidden]."""
+
+    def __init__(self, config=None) -> None:
+        super().__init__()
+        self.embed = nn.Linear(FEATURES, HIDDEN)
+        self.layers = nn.ModuleList(Block(config) for _ in range(4))
+        self.head = nn.Linear(HIDDEN, OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(STEPS):
+        x = torch.randn(BATCH, SEQ, FEATURES, generator=g)
+        out.append((x, torch.sin(x[..., :OUT]) + 0.1 * torch.randn(BATCH, SEQ, OUT, generator=g)))
+    return out
+
+
+def reference_run() -> tuple[dict[str, torch.Tensor], list[tuple[float, float]], dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = Net()
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = []
+    for x, y in batches():
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append((loss.item(), norm.item()))
+    return initial, losses, model.state_dict()
+
+
+def megatron_run(plugin: MegatronLMPlugin, initial: dict[str, torch.Tensor]):
+    from megatron.core import parallel_state
+
+    accelerator = Accelerator(megatron_lm_plugin=plugin)
+    model = Net(accelerator.strategy.model_parallel_config())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model.load_full_state_dict(initial)
+    return accelerator, model, optimizer, parallel_state
+
+
+def check_refused_on_cpu(initial: dict[str, torch.Tensor]) -> None:
+    with raises(ValueError, "vp_degree=2) needs pp_degree > 1"):
+        MegatronLMPlugin(vp_degree=2)
+    with raises(ValueError, "num_micro_batches to be a multiple of pp_degree=2"):
+        MegatronLMPlugin(pp_degree=2, vp_degree=2, num_micro_batches=3)
+    accelerator, model, _, parallel_state = megatron_run(MegatronLMPlugin(pp_degree=2, num_micro_batches=4), initial)
+    x, y = batches()[0]
+    # Raised on each process before any communication: nobody waits for the others.
+    with raises(RuntimeError, "torch.cuda.current_device()"):
+        accelerator.forward_backward(model, x, y, F.mse_loss)
+    with raises(RuntimeError, "accelerator.forward_backward"):
+        model(x)
+    parallel_state.destroy_model_parallel()
+
+
+def replay_from_checkpoint(accelerator: Accelerator, model, optimizer, plugin: MegatronLMPlugin) -> None:
+    """save_state, 2 steps, load_state: the same 2 steps exactly. Then a checkpoint of other degrees is refused."""
+    x, y = batches()[0]
+
+    def two_steps() -> list[float]:
+        losses = []
+        for _ in range(2):
+            losses.append(accelerator.forward_backward(model, x, y, F.mse_loss).item())
+            optimizer.step()
+            optimizer.zero_grad()
+        return losses
+
+    folder = TMP / f"tp{plugin.tp_degree}_pp{plugin.pp_degree}_vp{plugin.vp_degree}"
+    accelerator.save_state(folder)
+    expected = two_steps()
+    accelerator.load_state(folder)
+    again = two_steps()
+    check(again == expected, f"replayed losses {again} vs {expected}")
+    other = TMP / "tp1_pp2_vp1"
+    if plugin.vp_degree > 1 and other.is_dir():
+        with raises(CheckpointMismatchError, "vp_degree=1, this run uses tp_degree=1, pp_degree=2, vp_degree=2"):
+            accelerator.load_state(other)
+
+
+def check_matches_one_process(plugin: MegatronLMPlugin, reference) -> None:
+    initial, losses, final = reference
+    accelerator, model, optimizer, parallel_state = megatron_run(plugin, initial)
+    stages = plugin.pp_degree * plugin.vp_degree
+    dims = accelerator.parallel_dims
+    check(
+        (dims.config.size("pp"), dims.tp.size, dims.dp.size) == (plugin.pp_degree, plugin.tp_degree, 1),
+        f"the job's mesh follows Megatron's groups: {dims}",
+    )
+    held = {name for stage in model.stage_modules for name, _ in stage.named_parameters()}
+    check(len(held) < len(initial), f"each rank holds its stages only: {sorted(held)}")
+    check({p for p in optimizer.param_groups[0]["params"]} <= set(model.parameters()), "optimizer on local stages")
+    with cuda_calls_on_cpu():
+        for step, (x, y) in enumerate(batches()):
+            loss = accelerator.forward_backward(model, x, y, F.mse_loss)
+            norm = accelerator.clip_grad_norm_(model.parameters(), CLIP)  # the whole model's: over TP x PP
+            optimizer.step()
+            optimizer.zero_grad()
+            got, expected = (loss.item(), norm.item()), losses[step]
+            worst = max(abs(a - b) for a, b in zip(got, expected, strict=True))
+            check(worst <= 1e-5, f"{stages} stages, step {step}: (loss, norm) {got} vs {expected}")
+    full = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        check(sorted(full) == sorted(final), f"gathered keys {sorted(full)}")
+        for key, value in final.items():
+            check(torch.allclose(full[key], value, atol=1e-5, rtol=1e-5), f"{key} differs after training")
+    with cuda_calls_on_cpu():
+        replay_from_checkpoint(accelerator, model, optimizer, plugin)
+    parallel_state.destroy_model_parallel()
+
+
+if __name__ == "__main__":
+    reference = reference_run()
+    world = int(os.environ["WORLD_SIZE"])
+    if world == 2:
+        check_refused_on_cpu(reference[0])
+        check_matches_one_process(MegatronLMPlugin(pp_degree=2, num_micro_batches=4), reference)
+        check_matches_one_process(MegatronLMPlugin(pp_degree=2, vp_degree=2, num_micro_batches=4), reference)
+    else:
+        check_matches_one_process(MegatronLMPlugin(tp_degree=2, pp_degree=2, num_micro_batches=4), reference)
+    print(f"MEGATRON PP CHECKS PASSED {rank()}", flush=True)
