@@ -75,13 +75,18 @@ def check_adaptive_gathers() -> None:
             check(torch.equal(gathered[0], expected), f"{name} step {step} ({numel} floats): wrong data")
             check(gathered[1].tolist() == [step] * 3 + [step + 1] * 3, f"{name} step {step}: {gathered[1]}")
     # Same-sized gathers in a row (an evaluation loop): one all_gather each, the check included.
-    real, calls = dist.all_gather, []
+    real = {name: getattr(dist, name) for name in ("all_gather", "all_gather_into_tensor", "all_gather_object")}
+    calls: list[str] = []
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
+    def counting(name: str) -> Callable[..., Any]:
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return real[name](*args, **kwargs)
 
-    dist.all_gather = counting
+        return collective
+
+    for name in real:
+        setattr(dist, name, counting(name))
     try:
         logits = (torch.ones(32, 1000), torch.ones(32, dtype=torch.int64))
         per_call = []
@@ -90,7 +95,8 @@ def check_adaptive_gathers() -> None:
             acc.gather_for_metrics(logits)
             per_call.append(len(calls))
     finally:
-        dist.all_gather = real
+        for name, collective in real.items():
+            setattr(dist, name, collective)
     check(per_call[1:] == [1, 1], f"all_gathers per same-sized gather_for_metrics: {per_call}")
     # The capacity now fits 128 KB: sizes that differ slightly both fit, and the check still refuses them.
     raises_everywhere(

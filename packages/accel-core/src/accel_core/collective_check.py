@@ -20,7 +20,8 @@ without the check.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import struct
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import torch
@@ -76,6 +77,44 @@ def _digest(lines: list[str]) -> int:
     return int.from_bytes(raw, "little", signed=True)
 
 
+def _structure(data: Any, leaves: list[torch.Tensor]) -> Hashable:
+    """A hashable key that determines ``describe(data)`` (it may tell more apart), collecting the tensors.
+
+    Cheaper than ``describe``: no strings are built, so an evaluation loop that gathers the same
+    shapes at every step finds its digest in ``_DIGESTS``.
+    """
+    if isinstance(data, torch.Tensor):
+        leaves.append(data)
+        return (data.dtype, data.shape)
+    if isinstance(data, Mapping):
+        # The key's type too: 1 and True are equal keys but describe differently.
+        return (type(data), tuple((type(k), k, _structure(v, leaves)) for k, v in data.items()))
+    if isinstance(data, (list, tuple)):
+        return (type(data), tuple(_structure(v, leaves) for v in data))
+    return type(data)
+
+
+_DIGESTS: dict[Hashable, int] = {}
+_MAX_DIGESTS = 256  # distinct structures remembered (a last, shorter batch adds one per shape)
+
+
+def _digest_of(data: Any, leaves: list[torch.Tensor], ndim_only: bool = False) -> int:
+    """The digest of ``describe(data, ndim_only)``, from the cache when this structure was seen before."""
+    key = (ndim_only, _structure(data, leaves))
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        if len(_DIGESTS) >= _MAX_DIGESTS:
+            _DIGESTS.clear()
+        digest = _DIGESTS[key] = _digest(describe(data, ndim_only=ndim_only))
+    return digest
+
+
+def _header(*values: int, device: torch.device) -> torch.Tensor:
+    """int64 values as bytes on ``device`` (built from Python bytes: cheaper than torch.tensor, then a view)."""
+    header = torch.frombuffer(bytearray(struct.pack(f"<{len(values)}q", *values)), dtype=torch.uint8)
+    return header if device.type == "cpu" else header.to(device)
+
+
 def check_agreement(operation: str, data: Any, group: Any = None, ndim_only: bool = False, hint: str = "") -> None:
     """Raises ``DistributedOperationException`` on every rank of ``group`` unless all pass alike inputs.
 
@@ -83,14 +122,12 @@ def check_agreement(operation: str, data: Any, group: Any = None, ndim_only: boo
     dtypes aside, and the number of dimensions only (the sizes may differ).
     hint: what to do about it, appended to the message.
     """
-    lines = describe(data, ndim_only=ndim_only)
-    mine = torch.tensor([_digest(lines)], dtype=torch.int64, device=_check_device())
-    world = dist.get_world_size(group)
-    digests = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(digests, mine, group=group)
-    values = [int(d.item()) for d in digests]
+    mine = torch.tensor([_digest_of(data, [], ndim_only)], dtype=torch.int64, device=_check_device())
+    everyone = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=mine.device)
+    dist.all_gather_into_tensor(everyone, mine, group=group)
+    values = everyone.tolist()
     if any(v != values[0] for v in values):
-        raise_mismatch(operation, lines, group, ndim_only, hint)
+        raise_mismatch(operation, describe(data, ndim_only=ndim_only), group, ndim_only, hint)
 
 
 def _check_device() -> torch.device:
@@ -159,49 +196,38 @@ def checked_small_gather(operation: str, data: Any, group: Any = None, hint: str
     it (the check is done). When they differ: the same ``DistributedOperationException`` as
     ``check_agreement``.
     """
-    lines = describe(data)
     leaves: list[torch.Tensor] = []
-
-    def collect(value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            leaves.append(value[None] if value.ndim == 0 else value)
-        elif isinstance(value, Mapping):
-            for item in value.values():
-                collect(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                collect(item)
-
-    collect(data)
+    digest = _digest_of(data, leaves)
     device = leaves[0].device if leaves else _check_device()
     size = sum(t.numel() * t.element_size() for t in leaves)
     capacity_of = _CAPACITIES.setdefault(id(group) if group is not None else 0, _Capacity())
     capacity = capacity_of.current()
     fits = size <= capacity and all(t.device == device for t in leaves)
-    header = torch.tensor([_digest(lines), int(fits), size], dtype=torch.int64)
-    # Only the header and the data are read back: the rest of the buffer need not be cleared.
-    buffer = torch.empty(_HEADER * 8 + capacity, dtype=torch.uint8, device=device)
-    buffer[: _HEADER * 8] = header.view(torch.uint8).to(device)
-    if fits and leaves:
-        buffer[_HEADER * 8 : _HEADER * 8 + size] = torch.cat(
-            [t.contiguous().reshape(-1).view(torch.uint8) for t in leaves]
-        )
+    parts = [_header(digest, int(fits), size, device=device)]
+    if fits:
+        parts.extend(t.contiguous().reshape(-1).view(torch.uint8) for t in leaves)
+    unused = capacity - (size if fits else 0)
+    if unused:  # only the header and the data are read back: the rest need not be cleared
+        parts.append(torch.empty(unused, dtype=torch.uint8, device=device))
+    buffer = torch.cat(parts)
     world = dist.get_world_size(group)
     everyone = torch.empty(world * buffer.numel(), dtype=torch.uint8, device=device)
-    dist.all_gather(list(everyone.view(world, -1).unbind(0)), buffer, group=group)
+    dist.all_gather_into_tensor(everyone, buffer, group=group)
     rows = everyone.view(world, -1)
-    headers = rows[:, : _HEADER * 8].contiguous().view(torch.int64).cpu().tolist()
-    if any(h[0] != headers[0][0] for h in headers):
-        raise_mismatch(operation, lines, group, hint=hint)
+    headers = rows.narrow(1, 0, _HEADER * 8).contiguous().view(torch.int64).tolist()
+    if any(h[0] != digest for h in headers):
+        raise_mismatch(operation, describe(data), group, hint=hint)
     capacity_of.record(max(h[2] for h in headers))  # from the exchanged headers: the same on every rank
     if not all(h[1] for h in headers):
         return None
     gathered, offset = [], _HEADER * 8
     for t in leaves:
         nbytes = t.numel() * t.element_size()
-        part = rows[:, offset : offset + nbytes].contiguous().view(t.dtype)
-        gathered.append(part.reshape(world * t.shape[0], *t.shape[1:]))
+        part = rows.narrow(1, offset, nbytes).contiguous().view(t.dtype)
+        gathered.append(part.view(world * t.shape[0], *t.shape[1:]) if t.ndim else part.view(world))
         offset += nbytes
+    if type(data) in (list, tuple) and all(isinstance(v, torch.Tensor) for v in data):  # (predictions, labels)
+        return type(data)(gathered)
     results = iter(gathered)
 
     def rebuild(value: Any) -> Any:

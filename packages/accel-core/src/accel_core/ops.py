@@ -135,11 +135,10 @@ def _gather_one(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     collectives = PartialState().collectives
     if collectives is not None:  # the backend's runtime has one group: all processes
         return collectives.all_gather(tensor)
-    if not tensor.is_contiguous():
-        tensor = tensor.contiguous()
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, tensor, group=group)
-    return torch.cat(parts, dim=0)
+    # Straight into the concatenated result: no per-rank tensors to allocate and concatenate after.
+    out = tensor.new_empty((dist.get_world_size(group) * tensor.shape[0], *tensor.shape[1:]))
+    dist.all_gather_into_tensor(out, tensor.contiguous(), group=group)
+    return out
 
 
 def gather(tensor: Any, group: Any = None) -> Any:
