@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from .collective_check import DistributedOperationException, check_agreement, checked_small_gather
+from .collective_check import DistributedOperationException, check_agreement, checked_small_gather, unpack
 from .state import PartialState
 
 __all__ = ["DistributedOperationException"]  # re-exported: its home is collective_check
@@ -151,8 +151,7 @@ def gather(tensor: Any, group: Any = None) -> Any:
         return recursively_apply(_gather_one, tensor, error_on_other_type=True)
     if not PartialState().use_distributed:
         return tensor
-    small = checked_small_gather("gather", tensor, group, hint=PAD_HINT)  # small: one collective in all
-    return small if small is not None else gather_unchecked(tensor, group)
+    return checked_gather("gather", tensor, group)
 
 
 PAD_HINT = (
@@ -160,6 +159,22 @@ PAD_HINT = (
     "`accelerator.pad_across_processes(tensor, dim=...)`, and cast to one dtype."
 )
 """What a shape mismatch before a gather tells the user to do."""
+
+
+def checked_gather(operation: str, data: Any, group: Any = None, hint: str = PAD_HINT) -> Any:
+    """``gather`` of nested tensors after the agreement check, which carries the small tensors' data.
+
+    operation: the name the error names (``gather``, ``gather_for_metrics``).
+    """
+    leaves, gathered = checked_small_gather(operation, data, group, hint=hint)
+    rest = [leaf for leaf, result in zip(leaves, gathered, strict=True) if result is None]
+    if rest:  # too large to ride with the check: they move after it
+        more = iter(gather_unchecked(rest, group))
+        gathered = [result if result is not None else next(more) for result in gathered]
+    if type(data) in (list, tuple) and len(gathered) == len(data) and all(is_torch_tensor(v) for v in data):
+        return type(data)(gathered)  # (predictions, labels): no walk needed
+    results = iter(gathered)
+    return recursively_apply(lambda t: next(results), data, error_on_other_type=True)
 
 
 _PACK_BYTES = 2**20
@@ -184,10 +199,8 @@ def gather_unchecked(tensor: Any, group: Any = None) -> Any:
     everyone = _gather_one(packed, group).view(world, -1)
     gathered, offset = [], 0
     for part in parts:
-        size = part.numel() * part.element_size()
-        rows = everyone[:, offset : offset + size].contiguous().view(part.dtype)
-        gathered.append(rows.reshape(world * part.shape[0], *part.shape[1:]))
-        offset += size
+        gathered.append(unpack(everyone, offset, part))
+        offset += part.numel() * part.element_size()
     results = iter(gathered)
     return recursively_apply(lambda t: next(results), tensor, error_on_other_type=True)
 
