@@ -191,3 +191,62 @@ def test_sigterm_saves_the_step_and_exits_143_in_one_process(tmp_path):
     assert accelerator.completed_steps == 3
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_0"]
     assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back
+
+
+class _KeptLogs:
+    """A custom tracker object (what ``log_with`` accepts besides names) that keeps what it was given."""
+
+    name = "kept"
+    requires_logging_directory = False
+
+    def __init__(self):
+        self.logged = []
+
+    def store_init_configuration(self, values):
+        pass
+
+    def log(self, values, step=None, **kwargs):
+        self.logged.append((step, values.get("train/nonfinite_skips")))
+
+    def finish(self):
+        pass
+
+
+def _guarded_steps(accelerator, model, optimizer, nan_at, steps):
+    for step in steps:
+        loss = model(torch.ones(2, 3)).sum() * (float("nan") if step in nan_at else 1.0)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        accelerator.log({"loss": 1.0}, step=step)
+
+
+def test_nonfinite_skip_count_continues_after_load_state(tmp_path):
+    def start():
+        tracker = _KeptLogs()
+        accelerator = Accelerator(cpu=True, skip_nonfinite=True, log_with=tracker)
+        accelerator.init_trackers("guard")
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        return accelerator, tracker, *accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    accelerator, _, model, optimizer = start()
+    _guarded_steps(accelerator, model, optimizer, nan_at={1, 2}, steps=range(4))
+    assert accelerator.nonfinite_skips == 2
+    accelerator.save_state(str(tmp_path / "ckpt"))
+
+    resumed, tracker, model, optimizer = start()
+    resumed.load_state(str(tmp_path / "ckpt"))
+    assert resumed.nonfinite_skips == 2
+    _guarded_steps(resumed, model, optimizer, nan_at={5}, steps=range(4, 7))
+    assert resumed.nonfinite_skips == 3
+    # Logged as the running count of the whole run, once, at the step after the skip.
+    assert [entry for entry in tracker.logged if entry[1] is not None] == [(5, 3)]
+
+    # A checkpoint saved without the guard leaves the count at 0.
+    plain = Accelerator(cpu=True)
+    plain.prepare(torch.nn.Linear(3, 1), torch.optim.SGD(torch.nn.Linear(3, 1).parameters(), lr=0.1))
+    plain.save_state(str(tmp_path / "plain"))
+    guarded, _, _, _ = start()
+    guarded.load_state(str(tmp_path / "plain"))
+    assert guarded.nonfinite_skips == 0

@@ -35,6 +35,7 @@ from .preemption import EXIT_CODE, PreemptionWatch
 from .protocols import RewindableTracker
 
 if TYPE_CHECKING:
+    from .nonfinite import NonFiniteGuard
     from .protocols import ResumePoint
     from .state import AcceleratorState, GradientState
     from .strategies import PreparedObjects
@@ -54,6 +55,7 @@ class Resumption:
     project_configuration: ProjectConfiguration
     prepared: PreparedObjects
     trackers: list[Any]
+    _nonfinite_guard: NonFiniteGuard | None
     save_state: Callable[..., str]
     load_state: Callable[..., str | None]
     wait_for_checkpoint: Callable[[], str | None]
@@ -94,13 +96,18 @@ class Resumption:
     # -- what a checkpoint keeps of the run (read and written by accel-checkpoint) --------------
     def training_progress(self) -> dict[str, Any]:
         """What ``save_state`` stores of the run besides the objects: optimizer steps and the last logged step."""
-        return {"completed_steps": self.completed_steps, "last_logged_step": self._last_logged_step}
+        progress: dict[str, Any] = {"completed_steps": self.completed_steps, "last_logged_step": self._last_logged_step}
+        if self._nonfinite_guard is not None:
+            progress["nonfinite_skips"] = self._nonfinite_guard.state_dict()
+        return progress
 
     def restore_training_progress(self, progress: dict[str, Any]) -> None:
         """Called by ``load_state`` with what ``training_progress`` returned when the checkpoint was saved."""
         self.completed_steps = int(progress.get("completed_steps", 0))
         if "last_logged_step" in progress:
             self._last_logged_step = progress["last_logged_step"]
+        if self._nonfinite_guard is not None and "nonfinite_skips" in progress:  # absent: saved without the guard
+            self._nonfinite_guard.load_state_dict(progress["nonfinite_skips"])
         self._stepped_in = _NO_STEP
 
     # -- resuming ---------------------------------------------------------------------------
