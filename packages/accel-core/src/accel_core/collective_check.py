@@ -6,15 +6,20 @@ mismatch returns reinterpreted bits, ``broadcast`` into a differently shaped ten
 it. So before ``gather`` / ``gather_for_metrics`` / ``broadcast`` / ``reduce`` /
 ``pad_across_processes`` move data, every rank describes its input (the nested structure, each
 tensor's dtype and shape, or only the number of dimensions where the operation allows sizes to
-differ) and all ranks exchange an 8-byte digest of that description in one ``all_gather`` of a
-single int64. Equal digests: the data moves. Any difference: every rank sees it at the same time,
-exchanges the readable descriptions (``all_gather_object``, only on this failure path) and raises
-the same ``DistributedOperationException`` naming each rank's shapes.
+differ) and all ranks exchange an 8-byte digest of that description in one ``all_gather``. Equal
+digests: the data moves. Any difference: every rank sees it at the same time, exchanges the
+readable descriptions (``all_gather_object``, only on this failure path) and raises the same
+``DistributedOperationException`` naming each rank's shapes.
 
-``gather`` and ``gather_for_metrics`` of tensors do better: the data rides in the same collective
-as its digest when it fits the group's current capacity, which follows the sizes recent gathers
-needed (``checked_small_gather``), so an evaluation loop pays one collective per gather, as
-without the check.
+``gather`` and ``gather_for_metrics`` of tensors do better: the small tensors' data rides in the
+same collective as the digest, in a buffer sized by what recent gathers on the group needed
+(``checked_small_gather``), so an evaluation loop gathering ``(predictions, labels)`` pays one
+collective per step as without the check, and large logits with their labels pay two, as without.
+
+Cost (``bench/collective_check.py``): the digest of a structure seen before comes from a cache (no
+strings built), the header is packed with ``struct``, and the exchange is one
+``all_gather_into_tensor``: what remains is a few torch operations per call, tens of microseconds
+of CPU.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Every function works on one process too (then it returns its input, or a copy where the
 multi-process version would return new tensors). Before moving data, ``gather``, ``broadcast``,
 ``reduce`` and ``pad_across_processes`` compare the structure, dtypes and shapes of all ranks (one
-all_gather of one int64, see ``accel_core.collective_check``) and raise
+small all_gather, which also carries the small tensors of a gather; see
+``accel_core.collective_check``) and raise
 ``DistributedOperationException`` on every rank when they differ — instead of the hang, the abort
 or the silent garbage a mismatch otherwise gives.
 
