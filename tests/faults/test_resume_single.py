@@ -191,3 +191,115 @@ def test_sigterm_saves_the_step_and_exits_143_in_one_process(tmp_path):
     assert accelerator.completed_steps == 3
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_0"]
     assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back
+
+
+class _KeptLogs:
+    """A custom tracker object (what ``log_with`` accepts besides names) that keeps what it was given."""
+
+    name = "kept"
+    requires_logging_directory = False
+
+    def __init__(self):
+        self.logged = []
+
+    def store_init_configuration(self, values):
+        pass
+
+    def log(self, values, step=None, **kwargs):
+        self.logged.append((step, values.get("train/nonfinite_skips")))
+
+    def finish(self):
+        pass
+
+
+def _guarded_steps(accelerator, model, optimizer, nan_at, steps):
+    for step in steps:
+        loss = model(torch.ones(2, 3)).sum() * (float("nan") if step in nan_at else 1.0)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        accelerator.log({"loss": 1.0}, step=step)
+
+
+def test_nonfinite_skip_count_continues_after_load_state(tmp_path):
+    def start():
+        tracker = _KeptLogs()
+        accelerator = Accelerator(cpu=True, skip_nonfinite=True, log_with=tracker)
+        accelerator.init_trackers("guard")
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        return accelerator, tracker, *accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    accelerator, _, model, optimizer = start()
+    _guarded_steps(accelerator, model, optimizer, nan_at={1, 2}, steps=range(4))
+    assert accelerator.nonfinite_skips == 2
+    accelerator.save_state(str(tmp_path / "ckpt"))
+
+    resumed, tracker, model, optimizer = start()
+    resumed.load_state(str(tmp_path / "ckpt"))
+    assert resumed.nonfinite_skips == 2
+    _guarded_steps(resumed, model, optimizer, nan_at={5}, steps=range(4, 7))
+    assert resumed.nonfinite_skips == 3
+    # Logged as the running count of the whole run, once, at the step after the skip.
+    assert [entry for entry in tracker.logged if entry[1] is not None] == [(5, 3)]
+
+    # A checkpoint saved without the guard leaves the count at 0.
+    plain = Accelerator(cpu=True)
+    plain.prepare(torch.nn.Linear(3, 1), torch.optim.SGD(torch.nn.Linear(3, 1).parameters(), lr=0.1))
+    plain.save_state(str(tmp_path / "plain"))
+    guarded, _, _, _ = start()
+    guarded.load_state(str(tmp_path / "plain"))
+    assert guarded.nonfinite_skips == 0
+
+
+def _logging_attempt(project, stop_after, tracker_name, init_kwargs):
+    """Trains one step per iteration, logging the loss at each; saves at step 3; returns what it logged."""
+    config = ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(cpu=True, project_config=config, resume="auto", log_with=tracker_name)
+    accelerator.init_trackers("exp", init_kwargs={tracker_name: init_kwargs})
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    logged = {}
+    for _ in range(accelerator.completed_steps, stop_after):
+        with accelerator.accumulate(model):  # its boundary ends the step: no prepared loader here
+            loss = model(torch.ones(2, 3)).pow(2).sum()
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        logged[accelerator.completed_steps] = loss.item()
+        accelerator.log({"loss": loss.item()}, step=accelerator.completed_steps)
+        if accelerator.completed_steps == 3:
+            accelerator.save_state()
+    return accelerator, logged
+
+
+@pytest.mark.slow  # two Accelerators and MLflow's import
+def test_mlflow_run_continues_after_auto_resume_each_step_once(tmp_path, monkeypatch):
+    import mlflow
+    from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("ACCEL_CHECKPOINT_FSYNC", "0")
+    first, logged = _logging_attempt(tmp_path, 5, "mlflow", {"backend": "file"})
+    run_id = first.get_tracker("mlflow").run_id
+    started_here = first._tracker_runs
+    # The process dies after step 5 (checkpoint at 3): its run is left as a lost process leaves it.
+    mlflow.end_run(status="KILLED")
+
+    resumed, logged_again = _logging_attempt(tmp_path, 7, "mlflow", {"backend": "file"})
+    tracker = resumed.get_tracker("mlflow")
+    assert resumed.resumed_from is not None and tracker.run_id == run_id and started_here == {}
+    uri = tracker.tracking_uri
+    resumed.end_training()
+
+    client = MlflowClient(uri)
+    history = [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")]
+    assert [step for step, _ in history] == [1, 2, 3, 4, 5, 6, 7]  # each step once
+    # Steps 4 and 5 were trained again bit-exactly: the values the run kept are the resumed ones too.
+    assert dict(history) == {**logged, **logged_again}
+    assert client.get_run(run_id).info.status == "FINISHED"
+    # The run the second attempt started before the checkpoint was loaded is deleted, not left empty.
+    experiment = client.get_experiment_by_name("exp")
+    deleted = client.search_runs([experiment.experiment_id], run_view_type=mlflow.entities.ViewType.DELETED_ONLY)
+    assert len(deleted) == 1 and deleted[0].info.run_id != run_id

@@ -75,13 +75,18 @@ def check_adaptive_gathers() -> None:
             check(torch.equal(gathered[0], expected), f"{name} step {step} ({numel} floats): wrong data")
             check(gathered[1].tolist() == [step] * 3 + [step + 1] * 3, f"{name} step {step}: {gathered[1]}")
     # Same-sized gathers in a row (an evaluation loop): one all_gather each, the check included.
-    real, calls = dist.all_gather, []
+    real = {name: getattr(dist, name) for name in ("all_gather", "all_gather_into_tensor", "all_gather_object")}
+    calls: list[str] = []
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
+    def counting(name: str) -> Callable[..., Any]:
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return real[name](*args, **kwargs)
 
-    dist.all_gather = counting
+        return collective
+
+    for name in real:
+        setattr(dist, name, counting(name))
     try:
         logits = (torch.ones(32, 1000), torch.ones(32, dtype=torch.int64))
         per_call = []
@@ -89,9 +94,25 @@ def check_adaptive_gathers() -> None:
             calls.clear()
             acc.gather_for_metrics(logits)
             per_call.append(len(calls))
+        # Logits too large to ride with the check: the labels do, so two collectives as without the check.
+        large_logits = (torch.full((32, 10000), float(rank)), torch.arange(32) + rank)
+        per_large_call = []
+        for _ in range(3):
+            calls.clear()
+            gathered = acc.gather_for_metrics(large_logits)
+            per_large_call.append(len(calls))
     finally:
-        dist.all_gather = real
+        for name, collective in real.items():
+            setattr(dist, name, collective)
     check(per_call[1:] == [1, 1], f"all_gathers per same-sized gather_for_metrics: {per_call}")
+    check(per_large_call[1:] == [2, 2], f"all_gathers per gather_for_metrics of large logits: {per_large_call}")
+    check(
+        gathered[0].shape == (64, 10000)
+        and bool(gathered[0][32:].eq(1).all())
+        and bool(gathered[0][:32].eq(0).all())
+        and gathered[1].tolist() == list(range(32)) + list(range(1, 33)),
+        "large logits and their labels",
+    )
     # The capacity now fits 128 KB: sizes that differ slightly both fit, and the check still refuses them.
     raises_everywhere(
         "gather, sizes differ while both fit the adapted capacity",
@@ -184,6 +205,7 @@ def check_mismatches() -> None:
         "f": torch.arange(6, dtype=torch.float32).view(3, 2) + 10 * rank,
         "i": [torch.tensor([rank, -rank], dtype=torch.int64), torch.tensor(rank == 1)],
         "h": torch.full((1, 1, 3), rank + 0.5, dtype=torch.bfloat16),
+        "empty": torch.zeros(0, 3, dtype=torch.float16),
     }
     for name, gathered in (("gather", acc.gather(mixed)), ("gather_for_metrics", acc.gather_for_metrics(mixed))):
         check(
@@ -198,6 +220,14 @@ def check_mismatches() -> None:
             gathered["h"].dtype == torch.bfloat16 and gathered["h"].view(-1).tolist() == [0.5] * 3 + [1.5] * 3,
             f"{name} h",
         )
+        check(gathered["empty"].shape == (0, 3) and gathered["empty"].dtype == torch.float16, f"{name} empty")
+    # A group of one process (each rank its own): the gather returns this rank's data, dtypes intact.
+    alone = [dist.new_group([0]), dist.new_group([1])][rank]
+    single = ops.gather((torch.full((3,), rank, dtype=torch.int8), torch.arange(5.0), torch.tensor(True)), alone)
+    check(
+        single[0].tolist() == [rank] * 3 and single[1].tolist() == [0, 1, 2, 3, 4] and single[2].tolist() == [True],
+        f"gather in a group of one: {single}",
+    )
 
 
 def check_collective_on_one_rank() -> None:

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from . import cluster_env, ops
 from . import environment as env
 from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
-from .collective_check import check_agreement, checked_small_gather
+from .collective_check import check_agreement
 from .configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -476,9 +476,7 @@ class Accelerator(
         # One agreement check for the whole structure, then the leaves move unchecked.
         if _only_tensors(input_data):
             # Small tensors travel with the check in one collective; larger ones after it.
-            gathered = checked_small_gather("gather_for_metrics", input_data, group, hint=ops.PAD_HINT)
-            if gathered is None:
-                gathered = ops.gather_unchecked(input_data, group)
+            gathered = ops.checked_gather("gather_for_metrics", input_data, group)
             return gathered if keep is None else ops.recursively_apply(lambda t: t[:keep], gathered)
         check_agreement("gather_for_metrics", input_data, group, hint=ops.PAD_HINT)
         return _gather_samples(input_data, keep, group)

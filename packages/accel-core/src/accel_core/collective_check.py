@@ -6,21 +6,27 @@ mismatch returns reinterpreted bits, ``broadcast`` into a differently shaped ten
 it. So before ``gather`` / ``gather_for_metrics`` / ``broadcast`` / ``reduce`` /
 ``pad_across_processes`` move data, every rank describes its input (the nested structure, each
 tensor's dtype and shape, or only the number of dimensions where the operation allows sizes to
-differ) and all ranks exchange an 8-byte digest of that description in one ``all_gather`` of a
-single int64. Equal digests: the data moves. Any difference: every rank sees it at the same time,
-exchanges the readable descriptions (``all_gather_object``, only on this failure path) and raises
-the same ``DistributedOperationException`` naming each rank's shapes.
+differ) and all ranks exchange an 8-byte digest of that description in one ``all_gather``. Equal
+digests: the data moves. Any difference: every rank sees it at the same time, exchanges the
+readable descriptions (``all_gather_object``, only on this failure path) and raises the same
+``DistributedOperationException`` naming each rank's shapes.
 
-``gather`` and ``gather_for_metrics`` of tensors do better: the data rides in the same collective
-as its digest when it fits the group's current capacity, which follows the sizes recent gathers
-needed (``checked_small_gather``), so an evaluation loop pays one collective per gather, as
-without the check.
+``gather`` and ``gather_for_metrics`` of tensors do better: the small tensors' data rides in the
+same collective as the digest, in a buffer sized by what recent gathers on the group needed
+(``checked_small_gather``), so an evaluation loop gathering ``(predictions, labels)`` pays one
+collective per step as without the check, and large logits with their labels pay two, as without.
+
+Cost (``bench/collective_check.py``): the digest of a structure seen before comes from a cache (no
+strings built), the header is packed with ``struct``, and the exchange is one
+``all_gather_into_tensor``: what remains is a few torch operations per call, tens of microseconds
+of CPU.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import struct
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import torch
@@ -76,6 +82,44 @@ def _digest(lines: list[str]) -> int:
     return int.from_bytes(raw, "little", signed=True)
 
 
+def _structure(data: Any, leaves: list[torch.Tensor]) -> Hashable:
+    """A hashable key that determines ``describe(data)`` (it may tell more apart), collecting the tensors.
+
+    Cheaper than ``describe``: no strings are built, so an evaluation loop that gathers the same
+    shapes at every step finds its digest in ``_DIGESTS``.
+    """
+    if isinstance(data, torch.Tensor):
+        leaves.append(data)
+        return (data.dtype, data.shape)
+    if isinstance(data, Mapping):
+        # The key's type too: 1 and True are equal keys but describe differently.
+        return (type(data), tuple((type(k), k, _structure(v, leaves)) for k, v in data.items()))
+    if isinstance(data, (list, tuple)):
+        return (type(data), tuple(_structure(v, leaves) for v in data))
+    return type(data)
+
+
+_DIGESTS: dict[Hashable, int] = {}
+_MAX_DIGESTS = 256  # distinct structures remembered (a last, shorter batch adds one per shape)
+
+
+def _digest_of(data: Any, leaves: list[torch.Tensor], ndim_only: bool = False) -> int:
+    """The digest of ``describe(data, ndim_only)``, from the cache when this structure was seen before."""
+    key = (ndim_only, _structure(data, leaves))
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        if len(_DIGESTS) >= _MAX_DIGESTS:
+            _DIGESTS.clear()
+        digest = _DIGESTS[key] = _digest(describe(data, ndim_only=ndim_only))
+    return digest
+
+
+def _header(*values: int, device: torch.device) -> torch.Tensor:
+    """int64 values as bytes on ``device`` (built from Python bytes: cheaper than torch.tensor, then a view)."""
+    header = torch.frombuffer(bytearray(struct.pack(f"<{len(values)}q", *values)), dtype=torch.uint8)
+    return header if device.type == "cpu" else header.to(device)
+
+
 def check_agreement(operation: str, data: Any, group: Any = None, ndim_only: bool = False, hint: str = "") -> None:
     """Raises ``DistributedOperationException`` on every rank of ``group`` unless all pass alike inputs.
 
@@ -83,14 +127,12 @@ def check_agreement(operation: str, data: Any, group: Any = None, ndim_only: boo
     dtypes aside, and the number of dimensions only (the sizes may differ).
     hint: what to do about it, appended to the message.
     """
-    lines = describe(data, ndim_only=ndim_only)
-    mine = torch.tensor([_digest(lines)], dtype=torch.int64, device=_check_device())
-    world = dist.get_world_size(group)
-    digests = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(digests, mine, group=group)
-    values = [int(d.item()) for d in digests]
+    mine = torch.tensor([_digest_of(data, [], ndim_only)], dtype=torch.int64, device=_check_device())
+    everyone = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=mine.device)
+    dist.all_gather_into_tensor(everyone, mine, group=group)
+    values = everyone.tolist()
     if any(v != values[0] for v in values):
-        raise_mismatch(operation, lines, group, ndim_only, hint)
+        raise_mismatch(operation, describe(data, ndim_only=ndim_only), group, ndim_only, hint)
 
 
 def _check_device() -> torch.device:
@@ -113,9 +155,12 @@ def raise_mismatch(operation: str, lines: list[str], group: Any, ndim_only: bool
 SMALL_GATHER_BYTES = 16 * 2**10
 """The data a checked gather carries with its check at first (per rank); later calls adapt (``_Capacity``)."""
 
-_HEADER = 3  # int64s: digest, whether the data fit, its size in bytes
+_HEADER = 3  # int64s: digest, which leaves ride along (a bit per leaf), the bytes the small leaves needed
 _GRAIN = 2**10  # capacities are whole KiB
-_MAX_CAPACITY = 2**20  # beyond this a second collective's latency is small next to moving the data
+# Larger leaves go in their own collective: copying them in and out of the buffer would cost more
+# than the second collective's latency.
+_MAX_CAPACITY = 2**20
+_MAX_CARRIED = 63  # leaves that may ride along: the bits of the int64 that lists them
 _HISTORY = 8  # calls remembered per group
 
 
@@ -123,10 +168,9 @@ class _Capacity:
     """How many data bytes the next checked gather on one process group carries with its check.
 
     Every rank must send a buffer of the same size, so the size may only depend on what all ranks
-    know alike: the sizes of the last few gathers on the group, read from the exchanged headers
-    (identical on every rank). A gather whose data fits travels in one collective; one that does
-    not costs a second collective, after which the capacity grows to fit such data (up to
-    ``_MAX_CAPACITY``; larger data keeps the check small).
+    know alike: what the small leaves of the last few gathers on the group needed, read from the
+    exchanged headers (identical on every rank). Leaves that do not fit go in their own collective
+    after the check, and the capacity grows to fit such data next time (up to ``_MAX_CAPACITY``).
     """
 
     def __init__(self) -> None:
@@ -135,10 +179,7 @@ class _Capacity:
     def current(self) -> int:
         if not self.sizes:
             return SMALL_GATHER_BYTES
-        largest = max(self.sizes)
-        if largest > _MAX_CAPACITY:
-            return _GRAIN
-        return max(_GRAIN, -(-largest // _GRAIN) * _GRAIN)
+        return max(_GRAIN, -(-max(self.sizes) // _GRAIN) * _GRAIN)
 
     def record(self, size: int) -> None:
         self.sizes = [*self.sizes[-(_HISTORY - 1) :], size]
@@ -147,76 +188,71 @@ class _Capacity:
 _CAPACITIES: dict[int, _Capacity] = {}
 
 
-def checked_small_gather(operation: str, data: Any, group: Any = None, hint: str = "") -> Any | None:
-    """``gather`` of tensors and its agreement check in one all_gather when the data fits; None when it does not.
+def unpack(rows: torch.Tensor, offset: int, leaf: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``leaf`` concatenated, from the bytes at ``offset`` of each row of ``rows`` (uint8, per rank)."""
+    world = rows.shape[0]
+    shape = (world * leaf.shape[0], *leaf.shape[1:]) if leaf.ndim else (world,)
+    nbytes = leaf.numel() * leaf.element_size()
+    if nbytes == 0:
+        return leaf.new_empty(shape)  # a view(dtype) of no bytes is refused
+    # A fresh tensor even for a group of one (where .contiguous() would keep an offset view(dtype) refuses).
+    part = rows.narrow(1, offset, nbytes).clone(memory_format=torch.contiguous_format)
+    return part.view(leaf.dtype).view(shape)
 
-    Every rank sends the same fixed-size buffer — its digest, then its tensors' bytes when they fit
-    in the group's current capacity (``_Capacity``: what recent gathers on the group needed) — so the
-    exchange is safe whatever the ranks pass. A gather of a few hundred bytes is all latency: this
-    makes the check free there, and a loop gathering same-sized logits at every step pays one
-    collective per step too. When the digests agree and every rank's data fit, the result is
-    unpacked from the buffers; when they agree but the data is larger, None tells the caller to move
-    it (the check is done). When they differ: the same ``DistributedOperationException`` as
-    ``check_agreement``.
+
+def checked_small_gather(
+    operation: str, data: Any, group: Any = None, hint: str = ""
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """The agreement check of a ``gather`` of tensors, with the small tensors' data in the same all_gather.
+
+    Returns the leaves of ``data`` (in ``recursively_apply`` order) and, for each, its gathered
+    tensor, or None for a leaf the caller must still gather (the check is done: it can move
+    unchecked). Every rank sends the same fixed-size buffer — its digest, then the bytes of the
+    leaves that fit in the group's current capacity (``_Capacity``: what recent gathers on the group
+    needed) — so the exchange is safe whatever the ranks pass. A gather of a few hundred bytes is
+    all latency: this makes the check free there; a loop gathering same-sized logits at every step
+    pays one collective per step too; and large logits with small labels pay the labels' collective
+    only, as without the check. When the digests differ: the same ``DistributedOperationException``
+    as ``check_agreement``.
     """
-    lines = describe(data)
     leaves: list[torch.Tensor] = []
-
-    def collect(value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            leaves.append(value[None] if value.ndim == 0 else value)
-        elif isinstance(value, Mapping):
-            for item in value.values():
-                collect(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                collect(item)
-
-    collect(data)
+    digest = _digest_of(data, leaves)
     device = leaves[0].device if leaves else _check_device()
-    size = sum(t.numel() * t.element_size() for t in leaves)
     capacity_of = _CAPACITIES.setdefault(id(group) if group is not None else 0, _Capacity())
     capacity = capacity_of.current()
-    fits = size <= capacity and all(t.device == device for t in leaves)
-    header = torch.tensor([_digest(lines), int(fits), size], dtype=torch.int64)
-    # Only the header and the data are read back: the rest of the buffer need not be cleared.
-    buffer = torch.empty(_HEADER * 8 + capacity, dtype=torch.uint8, device=device)
-    buffer[: _HEADER * 8] = header.view(torch.uint8).to(device)
-    if fits and leaves:
-        buffer[_HEADER * 8 : _HEADER * 8 + size] = torch.cat(
-            [t.contiguous().reshape(-1).view(torch.uint8) for t in leaves]
-        )
+    # The same choice on every rank once the digests agree (equal shapes, equal capacity), devices aside:
+    # the header says which leaves each rank carried, and the buffers are read only where all agree.
+    carried = wanted = used = 0
+    parts: list[torch.Tensor] = []
+    for index, leaf in enumerate(leaves[:_MAX_CARRIED]):
+        nbytes = leaf.numel() * leaf.element_size()
+        if wanted + nbytes <= _MAX_CAPACITY:
+            wanted += nbytes
+        if used + nbytes <= capacity and leaf.device == device:
+            carried |= 1 << index
+            used += nbytes
+            parts.append(leaf.contiguous().reshape(-1).view(torch.uint8))
+    parts.insert(0, _header(digest, carried, wanted, device=device))
+    if used < capacity:  # only the header and the data are read back: the rest need not be cleared
+        parts.append(torch.empty(capacity - used, dtype=torch.uint8, device=device))
+    buffer = torch.cat(parts)
     world = dist.get_world_size(group)
     everyone = torch.empty(world * buffer.numel(), dtype=torch.uint8, device=device)
-    dist.all_gather(list(everyone.view(world, -1).unbind(0)), buffer, group=group)
+    dist.all_gather_into_tensor(everyone, buffer, group=group)
     rows = everyone.view(world, -1)
-    headers = rows[:, : _HEADER * 8].contiguous().view(torch.int64).cpu().tolist()
-    if any(h[0] != headers[0][0] for h in headers):
-        raise_mismatch(operation, lines, group, hint=hint)
+    # A row is the header and whole KiB: a multiple of 8 bytes, so it reads as int64s without a copy.
+    headers = everyone.view(torch.int64).view(world, -1).narrow(1, 0, _HEADER).tolist()
+    if any(h[0] != digest for h in headers):
+        raise_mismatch(operation, describe(data), group, hint=hint)
     capacity_of.record(max(h[2] for h in headers))  # from the exchanged headers: the same on every rank
-    if not all(h[1] for h in headers):
-        return None
-    gathered, offset = [], _HEADER * 8
-    for t in leaves:
-        nbytes = t.numel() * t.element_size()
-        part = rows[:, offset : offset + nbytes].contiguous().view(t.dtype)
-        gathered.append(part.reshape(world * t.shape[0], *t.shape[1:]))
-        offset += nbytes
-    results = iter(gathered)
-
-    def rebuild(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return next(results)
-        if isinstance(value, Mapping):
-            # A Mapping subclass built from a dict (dict, OrderedDict, BatchEncoding).
-            return type(value)({k: rebuild(v) for k, v in value.items()})  # pyright: ignore[reportCallIssue]
-        if isinstance(value, (list, tuple)):
-            items = [rebuild(v) for v in value]
-            # A namedtuple takes its fields as arguments; list and tuple take one iterable.
-            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-        raise TypeError(
-            f"Unsupported type {type(value).__name__} passed to {operation}: only nested lists, tuples and dicts of "
-            "torch.Tensor are supported. Use gather_object for other Python objects."
-        )
-
-    return rebuild(data)
+    if any(h[1] != carried for h in headers):
+        carried = 0  # the ranks' buffers are laid out differently: every leaf goes its own way
+    gathered: list[torch.Tensor | None] = []
+    offset = _HEADER * 8
+    for index, leaf in enumerate(leaves):
+        if not carried >> index & 1:
+            gathered.append(None)
+            continue
+        gathered.append(unpack(rows, offset, leaf))
+        offset += leaf.numel() * leaf.element_size()
+    return leaves, gathered

@@ -7,7 +7,8 @@ combines that flag with its own check of every prepared optimizer's gradients an
 exchange one flag (``all_reduce`` of one number, MAX). Any process's NaN/inf then makes every
 process skip the step of every optimizer — one process skipping alone would leave the replicas
 different. The LR scheduler does not step either (``optimizer.step_was_skipped``), and the skips
-are counted (``accelerator.nonfinite_skips``, logged as ``train/nonfinite_skips``).
+are counted (``accelerator.nonfinite_skips``, logged as ``train/nonfinite_skips``; ``save_state`` keeps
+the count, so a resumed run's count continues).
 
 With fp16 the ``GradScaler`` already skips the step when the scaled gradients hold inf/NaN (and
 lowers the scale): the guard leaves the gradients to it and checks only the losses, so nothing is
@@ -100,6 +101,15 @@ class NonFiniteGuard:
                 largest = torch.stack(torch._foreach_norm(tensors, float("inf")))  # as torch's clip_grad_norm_
                 flag = flag + (~torch.isfinite(largest).all()).to(self.device, torch.float32)
         return any_process(flag)
+
+    def state_dict(self) -> dict[str, int]:
+        """The counts a checkpoint keeps, so that a resumed run's count continues (``training_progress``)."""
+        return {"skips": self.skips, "logged_skips": self.logged_skips}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restores ``state_dict()``'s counts: skips made after the checkpoint are made, and counted, again."""
+        self.skips = int(state["skips"])
+        self.logged_skips = int(state["logged_skips"])
 
     def unlogged(self) -> dict[str, int]:
         """``{LOG_KEY: count}`` when steps were skipped since the last ``accelerator.log``, else ``{}``."""

@@ -3,7 +3,8 @@
 Every function works on one process too (then it returns its input, or a copy where the
 multi-process version would return new tensors). Before moving data, ``gather``, ``broadcast``,
 ``reduce`` and ``pad_across_processes`` compare the structure, dtypes and shapes of all ranks (one
-all_gather of one int64, see ``accel_core.collective_check``) and raise
+small all_gather, which also carries the small tensors of a gather; see
+``accel_core.collective_check``) and raise
 ``DistributedOperationException`` on every rank when they differ — instead of the hang, the abort
 or the silent garbage a mismatch otherwise gives.
 
@@ -21,7 +22,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from .collective_check import DistributedOperationException, check_agreement, checked_small_gather
+from .collective_check import DistributedOperationException, check_agreement, checked_small_gather, unpack
 from .state import PartialState
 
 __all__ = ["DistributedOperationException"]  # re-exported: its home is collective_check
@@ -135,11 +136,10 @@ def _gather_one(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     collectives = PartialState().collectives
     if collectives is not None:  # the backend's runtime has one group: all processes
         return collectives.all_gather(tensor)
-    if not tensor.is_contiguous():
-        tensor = tensor.contiguous()
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, tensor, group=group)
-    return torch.cat(parts, dim=0)
+    # Straight into the concatenated result: no per-rank tensors to allocate and concatenate after.
+    out = tensor.new_empty((dist.get_world_size(group) * tensor.shape[0], *tensor.shape[1:]))
+    dist.all_gather_into_tensor(out, tensor.contiguous(), group=group)
+    return out
 
 
 def gather(tensor: Any, group: Any = None) -> Any:
@@ -152,8 +152,7 @@ def gather(tensor: Any, group: Any = None) -> Any:
         return recursively_apply(_gather_one, tensor, error_on_other_type=True)
     if not PartialState().use_distributed:
         return tensor
-    small = checked_small_gather("gather", tensor, group, hint=PAD_HINT)  # small: one collective in all
-    return small if small is not None else gather_unchecked(tensor, group)
+    return checked_gather("gather", tensor, group)
 
 
 PAD_HINT = (
@@ -161,6 +160,22 @@ PAD_HINT = (
     "`accelerator.pad_across_processes(tensor, dim=...)`, and cast to one dtype."
 )
 """What a shape mismatch before a gather tells the user to do."""
+
+
+def checked_gather(operation: str, data: Any, group: Any = None, hint: str = PAD_HINT) -> Any:
+    """``gather`` of nested tensors after the agreement check, which carries the small tensors' data.
+
+    operation: the name the error names (``gather``, ``gather_for_metrics``).
+    """
+    leaves, gathered = checked_small_gather(operation, data, group, hint=hint)
+    rest = [leaf for leaf, result in zip(leaves, gathered, strict=True) if result is None]
+    if rest:  # too large to ride with the check: they move after it
+        more = iter(gather_unchecked(rest, group))
+        gathered = [result if result is not None else next(more) for result in gathered]
+    if type(data) in (list, tuple) and len(gathered) == len(data) and all(is_torch_tensor(v) for v in data):
+        return type(data)(gathered)  # (predictions, labels): no walk needed
+    results = iter(gathered)
+    return recursively_apply(lambda t: next(results), data, error_on_other_type=True)
 
 
 _PACK_BYTES = 2**20
@@ -185,10 +200,8 @@ def gather_unchecked(tensor: Any, group: Any = None) -> Any:
     everyone = _gather_one(packed, group).view(world, -1)
     gathered, offset = [], 0
     for part in parts:
-        size = part.numel() * part.element_size()
-        rows = everyone[:, offset : offset + size].contiguous().view(part.dtype)
-        gathered.append(rows.reshape(world * part.shape[0], *part.shape[1:]))
-        offset += size
+        gathered.append(unpack(everyone, offset, part))
+        offset += part.numel() * part.element_size()
     results = iter(gathered)
     return recursively_apply(lambda t: next(results), tensor, error_on_other_type=True)
 

@@ -189,3 +189,23 @@ class RewindableTracker(Protocol):
     def rewind(self, last_step: int | None) -> None:
         """Forget what was logged with a step after ``last_step`` (None: every record with a step)."""
         ...
+
+
+@runtime_checkable
+class ContinuableTracker(Protocol):
+    """A tracker whose runs a service keeps by id (W&B, MLflow): a resumed job logs into the checkpoint's run.
+
+    ``save_state`` keeps ``run_id`` (under the tracker's ``name``); ``Accelerator.resume_if_possible``
+    calls ``continue_run`` on the main process once the checkpoint is loaded and the tracker started.
+    """
+
+    name: str
+
+    @property
+    def run_id(self) -> str | None:
+        """The id of the run this tracker logs to."""
+        ...
+
+    def continue_run(self, run_id: str, last_step: int | None) -> None:
+        """Log into the run ``run_id`` from now on; the steps after ``last_step`` are logged again."""
+        ...

@@ -12,7 +12,7 @@ order of calls needs no change. Everything is restored there: weights, optimizer
 scaler, RNG states, each prepared dataloader's position (its next iteration starts at the next
 batch), ``accelerator.step``, ``completed_steps``, the automatic checkpoint number, and the
 trackers' runs (the local and TensorBoard trackers forget what was logged after the checkpoint,
-so the resumed steps are logged once).
+so the resumed steps are logged once; the MLflow and W&B trackers log into the checkpoint's run).
 
 When a periodic checkpoint is taken: a real optimizer step (at an accumulation boundary; several
 optimizers stepping on one batch count once) makes one due, and it is written when the training
@@ -32,9 +32,10 @@ from . import environment as env
 from . import plugins
 from .configuration import ProjectConfiguration
 from .preemption import EXIT_CODE, PreemptionWatch
-from .protocols import RewindableTracker
+from .protocols import ContinuableTracker, RewindableTracker
 
 if TYPE_CHECKING:
+    from .nonfinite import NonFiniteGuard
     from .protocols import ResumePoint
     from .state import AcceleratorState, GradientState
     from .strategies import PreparedObjects
@@ -54,6 +55,7 @@ class Resumption:
     project_configuration: ProjectConfiguration
     prepared: PreparedObjects
     trackers: list[Any]
+    _nonfinite_guard: NonFiniteGuard | None
     save_state: Callable[..., str]
     load_state: Callable[..., str | None]
     wait_for_checkpoint: Callable[[], str | None]
@@ -81,6 +83,7 @@ class Resumption:
         self._resume_point: Any = _UNKNOWN
         self._stepped_in: Any = _NO_STEP
         self._tracker_rewind: tuple[int | None] | None = None
+        self._tracker_runs: dict[str, str] = {}  # tracker name -> run id, from the loaded checkpoint
         self._preemption: PreemptionWatch | None = None
         if config.checkpoint_on_sigterm:
             if not (config.automatic_checkpoint_naming and config.project_dir):
@@ -94,13 +97,22 @@ class Resumption:
     # -- what a checkpoint keeps of the run (read and written by accel-checkpoint) --------------
     def training_progress(self) -> dict[str, Any]:
         """What ``save_state`` stores of the run besides the objects: optimizer steps and the last logged step."""
-        return {"completed_steps": self.completed_steps, "last_logged_step": self._last_logged_step}
+        progress: dict[str, Any] = {"completed_steps": self.completed_steps, "last_logged_step": self._last_logged_step}
+        runs = {t.name: t.run_id for t in self.trackers if isinstance(t, ContinuableTracker) and t.run_id}
+        if runs:  # the W&B / MLflow runs a resumed job continues (main process: the one with trackers)
+            progress["tracker_runs"] = runs
+        if self._nonfinite_guard is not None:
+            progress["nonfinite_skips"] = self._nonfinite_guard.state_dict()
+        return progress
 
     def restore_training_progress(self, progress: dict[str, Any]) -> None:
         """Called by ``load_state`` with what ``training_progress`` returned when the checkpoint was saved."""
         self.completed_steps = int(progress.get("completed_steps", 0))
         if "last_logged_step" in progress:
             self._last_logged_step = progress["last_logged_step"]
+        self._tracker_runs = dict(progress.get("tracker_runs", {}))
+        if self._nonfinite_guard is not None and "nonfinite_skips" in progress:  # absent: saved without the guard
+            self._nonfinite_guard.load_state_dict(progress["nonfinite_skips"])
         self._stepped_in = _NO_STEP
 
     # -- resuming ---------------------------------------------------------------------------
@@ -165,7 +177,9 @@ class Resumption:
         (last_step,) = self._tracker_rewind
         self._tracker_rewind = None
         for tracker in self.trackers:
-            if isinstance(tracker, RewindableTracker):
+            if isinstance(tracker, ContinuableTracker) and tracker.name in self._tracker_runs:
+                tracker.continue_run(self._tracker_runs[tracker.name], last_step)
+            elif isinstance(tracker, RewindableTracker):
                 tracker.rewind(last_step)
 
     # -- step boundaries --------------------------------------------------------------------

@@ -50,6 +50,8 @@ class MLflowTracker(GeneralTracker):
     ``mlruns/`` file store. ``tracking_uri=`` or ``$MLFLOW_TRACKING_URI`` points elsewhere (a
     server, Databricks). Other ``init_kwargs``: ``run_name``, ``run_id`` (resume), ``tags``,
     ``nested_run``, ``description``. Look at it with ``mlflow ui --backend-store-uri <uri>``.
+    ``save_state`` keeps the run id: a job resumed from the checkpoint (``resume="auto"``) logs
+    into the same run (``continue_run``).
 
     Example::
 
@@ -115,6 +117,30 @@ class MLflowTracker(GeneralTracker):
             description=description,
         )
         self.run_id = self.active_run.info.run_id
+        # Per metric, the last step the run already holds when it was continued (``continue_run``).
+        self._logged_through: dict[str, int] = {}
+
+    def continue_run(self, run_id: str, last_step: int | None) -> None:
+        """Logs into the checkpoint's run ``run_id`` from now on (``resume="auto"``; see ``ContinuableTracker``).
+
+        The run this attempt started before the checkpoint was loaded holds nothing but its
+        config: it is ended and deleted. MLflow cannot forget logged values, so the steps after
+        ``last_step`` that the interrupted attempt logged stay, and this attempt does not log them
+        again (with an exact resume they are the same values): each step is in the run once.
+        """
+        import mlflow
+
+        client = mlflow.MlflowClient(self.tracking_uri)
+        if run_id != self.run_id:
+            started = self.run_id
+            mlflow.end_run()
+            client.delete_run(started)
+            self.active_run = mlflow.start_run(run_id=run_id)
+            self.run_id = run_id
+        self._logged_through = {
+            key: max(metric.step for metric in client.get_metric_history(run_id, key))
+            for key in client.get_run(run_id).data.metrics
+        }
 
     @property
     def tracker(self) -> Any:
@@ -144,6 +170,8 @@ class MLflowTracker(GeneralTracker):
         metrics = {}
         for key, value in values.items():
             value = to_python_scalar(value)
+            if step is not None and step <= self._logged_through.get(key, -1):
+                continue  # the continued run holds this step from the interrupted attempt
             if is_number(value):
                 metrics[key] = float(value)
             else:
