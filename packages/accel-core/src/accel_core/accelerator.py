@@ -4,7 +4,8 @@ It decides a plan (``strategies.selection``), builds a Strategy, asks it for the
 builds the one named device mesh (``mesh``) and a Precision, hands the strategy a narrow
 ``StrategyContext``, then delegates: no backend is named here. ``prepare`` and the transform chain
 live in ``preparation``, the mesh's public face in ``parallel``, process control in
-``process_control``, tracking and checkpoints in ``services``. What was prepared is in
+``process_control``, tracking and checkpoints in ``services``, evaluation across processes in
+``metrics_gathering``. What was prepared is in
 ``accelerator.prepared`` (``PreparedObjects``; also under the reference's ``_models`` & co).
 
 Example::
@@ -25,18 +26,16 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from . import cluster_env, ops
+from . import cluster_env
 from . import environment as env
 from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
-from .collective_check import check_agreement
 from .configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -49,6 +48,7 @@ from .configuration import (
 from .enums import DistributedType, SchedulerStepping
 from .fp8_recipes import fp8_recipe_handler
 from .mesh import ParallelDims, make_dims
+from .metrics_gathering import MetricsGathering
 from .nonfinite import NonFiniteGuard
 from .optimizer import AcceleratedOptimizer
 from .optimizer_rebuild import ParameterNames
@@ -84,7 +84,16 @@ if TYPE_CHECKING:
 
 
 class Accelerator(
-    Preparation, Parallelism, ProcessControl, Tracking, Checkpointing, Resumption, Triggers, Profiling, SetupQueries
+    Preparation,
+    Parallelism,
+    ProcessControl,
+    Tracking,
+    Checkpointing,
+    Resumption,
+    Triggers,
+    Profiling,
+    SetupQueries,
+    MetricsGathering,
 ):
     """Prepares a model, optimizer, scheduler and dataloaders for the current setup, then stays out of the way.
 
@@ -451,36 +460,6 @@ class Accelerator(
         kwargs = autocast_handler.to_kwargs() if autocast_handler is not None else {}
         return self.precision.autocast(**kwargs)
 
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gathers predictions or labels for a metric, dropping the samples repeated to even out the last batch.
-
-        Tensors are gathered as tensors; lists of Python objects (strings, say) are concatenated
-        across processes; dicts and tuples are gathered leaf by leaf. ``use_gather_object=True``
-        gathers the whole input as one picklable object per process instead.
-        """
-        # Gather over the mesh's data parallelism: tensor- and context-parallel peers read the same
-        # batches, so the world would repeat each sample (group None: every process).
-        dp = self.parallel_dims.dp
-        if dp.size == 1:  # every process read every sample: nothing to gather
-            if use_gather_object:
-                return list(input_data) if isinstance(input_data, (list, tuple)) else [input_data]
-            return input_data
-        remainder = self.gradient_state.remainder
-        keep = remainder if self.gradient_state.end_of_dataloader and remainder > 0 else None
-        group = dp.group
-        if use_gather_object:
-            data = ops.gather_object(input_data, group)
-            return data[:keep] if keep is not None and isinstance(input_data, (list, tuple)) else data
-        if self.state.collectives is not None:  # the backend's collectives (XLA): no torch.distributed group
-            return _gather_samples(input_data, keep, group)
-        # One agreement check for the whole structure, then the leaves move unchecked.
-        if _only_tensors(input_data):
-            # Small tensors travel with the check in one collective; larger ones after it.
-            gathered = ops.checked_gather("gather_for_metrics", input_data, group)
-            return gathered if keep is None else ops.recursively_apply(lambda t: t[:keep], gathered)
-        check_agreement("gather_for_metrics", input_data, group, hint=ops.PAD_HINT)
-        return _gather_samples(input_data, keep, group)
-
     # -- models -----------------------------------------------------------------------------
     def unwrap_model(
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
@@ -515,45 +494,6 @@ class Accelerator(
             for k, v in state_dict.items()
         }
 
-    @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
-        """Lets processes with fewer batches finish while the others go on (``torch.distributed.algorithms.Join``).
-
-        even_batches: override the prepared dataloaders' setting inside the block (map-style only).
-        """
-        from torch.distributed.algorithms.join import Join, Joinable
-
-        if not self.use_distributed:
-            yield
-            return
-        if not all(isinstance(j, Joinable) for j in joinables):
-            warnings.warn(
-                f"join_uneven_inputs needs Joinable objects (a DDP model); the {self.strategy.name} strategy's are "
-                "not, so it has no effect.",
-                stacklevel=3,
-            )
-            yield
-            return
-        even = self.even_batches if even_batches is None else even_batches
-        saved = [
-            (dl, dl.even_batches) for dl in self._dataloaders if hasattr(dl, "even_batches") and not _is_iterable(dl)
-        ]
-        if even_batches is not None and any(_is_iterable(dl) for dl in self._dataloaders):
-            warnings.warn(
-                "Overriding even_batches is only supported for map-style datasets, yet some dataloaders given were "
-                "iterable",
-                stacklevel=3,
-            )
-        try:
-            if even_batches is not None:
-                for dl, _ in saved:
-                    dl.even_batches = even_batches
-            with Join(joinables, enable=not even, throw_on_early_termination=False):
-                yield
-        finally:
-            for dl, value in saved:
-                dl.even_batches = value
-
     def synchronize_rng_states(self, generator: torch.Generator | None = None) -> None:
         """Copies process 0's RNG states (``rng_types``) to every process."""
         synchronize_rng_states([r for r in self.rng_types if r != "generator" or generator is not None], generator)
@@ -582,42 +522,6 @@ class Accelerator(
             f"layout=({self.parallel_dims.config.describe()}), device={self.device}, "
             f"mixed_precision={self.mixed_precision}, gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
-
-
-def _is_iterable(dataloader: Any) -> bool:
-    """Whether a prepared loader reads an iterable-style dataset (its even_batches cannot be overridden)."""
-    return isinstance(getattr(dataloader, "dataset", None), torch.utils.data.IterableDataset)
-
-
-def _contains_tensor(data: Any) -> bool:
-    if isinstance(data, torch.Tensor):
-        return True
-    if isinstance(data, Mapping):
-        return any(_contains_tensor(v) for v in data.values())
-    if isinstance(data, (list, tuple)):
-        return any(_contains_tensor(v) for v in data)
-    return False
-
-
-def _only_tensors(data: Any) -> bool:
-    if isinstance(data, Mapping):
-        return all(_only_tensors(v) for v in data.values())
-    if isinstance(data, (list, tuple)):
-        return bool(data) and all(_only_tensors(v) for v in data)
-    return isinstance(data, torch.Tensor)
-
-
-def _gather_samples(data: Any, keep: int | None, group: Any = None) -> Any:
-    """Gathers ``data`` along its sample dimension over ``group``; keeps the first ``keep`` samples when given."""
-    if isinstance(data, torch.Tensor):
-        gathered = ops.gather_unchecked(data, group)
-        return gathered if keep is None else gathered[:keep]
-    if isinstance(data, Mapping):
-        return ops.mapping_like(data, {k: _gather_samples(v, keep, group) for k, v in data.items()})
-    if isinstance(data, (list, tuple)) and _contains_tensor(data):
-        return ops.honor_type(data, (_gather_samples(v, keep, group) for v in data))
-    gathered = ops.gather_object(data, group)  # a list of samples is concatenated; a lone object listed per process
-    return gathered if keep is None or not isinstance(data, (list, tuple)) else gathered[:keep]
 
 
 if TYPE_CHECKING:

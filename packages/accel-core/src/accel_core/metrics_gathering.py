@@ -1,0 +1,143 @@
+"""The Accelerator's evaluation across processes: ``gather_for_metrics`` and ``join_uneven_inputs``.
+
+``gather_for_metrics`` gathers over the mesh's data-parallel group only (tensor- and
+context-parallel peers read the same batches) and drops the samples the prepared dataloader
+repeated to even out the last batch; tensors are checked for agreement across ranks in the same
+collective that moves the small ones (``accel_core.collective_check``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import ops
+from .collective_check import check_agreement
+
+if TYPE_CHECKING:
+    from .configuration import DataLoaderConfiguration
+    from .mesh import ParallelDims
+    from .state import AcceleratorState, GradientState
+    from .strategies import PreparedObjects, Strategy
+
+
+class MetricsGathering:
+    """Mixin of the Accelerator: evaluation results from every data-parallel process."""
+
+    state: AcceleratorState
+    gradient_state: GradientState
+    parallel_dims: ParallelDims
+    strategy: Strategy
+    prepared: PreparedObjects
+    dataloader_config: DataLoaderConfiguration
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gathers predictions or labels for a metric, dropping the samples repeated to even out the last batch.
+
+        Tensors are gathered as tensors; lists of Python objects (strings, say) are concatenated
+        across processes; dicts and tuples are gathered leaf by leaf. ``use_gather_object=True``
+        gathers the whole input as one picklable object per process instead.
+        """
+        # Gather over the mesh's data parallelism: tensor- and context-parallel peers read the same
+        # batches, so the world would repeat each sample (group None: every process).
+        dp = self.parallel_dims.dp
+        if dp.size == 1:  # every process read every sample: nothing to gather
+            if use_gather_object:
+                return list(input_data) if isinstance(input_data, (list, tuple)) else [input_data]
+            return input_data
+        remainder = self.gradient_state.remainder
+        keep = remainder if self.gradient_state.end_of_dataloader and remainder > 0 else None
+        group = dp.group
+        if use_gather_object:
+            data = ops.gather_object(input_data, group)
+            return data[:keep] if keep is not None and isinstance(input_data, (list, tuple)) else data
+        if self.state.collectives is not None:  # the backend's collectives (XLA): no torch.distributed group
+            return _gather_samples(input_data, keep, group)
+        # One agreement check for the whole structure, then the leaves move unchecked.
+        if _only_tensors(input_data):
+            # Small tensors travel with the check in one collective; larger ones after it.
+            gathered = ops.checked_gather("gather_for_metrics", input_data, group)
+            return gathered if keep is None else ops.recursively_apply(lambda t: t[:keep], gathered)
+        check_agreement("gather_for_metrics", input_data, group, hint=ops.PAD_HINT)
+        return _gather_samples(input_data, keep, group)
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Lets processes with fewer batches finish while the others go on (``torch.distributed.algorithms.Join``).
+
+        even_batches: override the prepared dataloaders' setting inside the block (map-style only).
+        """
+        from torch.distributed.algorithms.join import Join, Joinable
+
+        if not self.state.use_distributed:
+            yield
+            return
+        if not all(isinstance(j, Joinable) for j in joinables):
+            warnings.warn(
+                f"join_uneven_inputs needs Joinable objects (a DDP model); the {self.strategy.name} strategy's are "
+                "not, so it has no effect.",
+                stacklevel=3,
+            )
+            yield
+            return
+        even = self.dataloader_config.even_batches if even_batches is None else even_batches
+        saved = [
+            (dl, dl.even_batches)
+            for dl in self.prepared.dataloaders
+            if hasattr(dl, "even_batches") and not _is_iterable(dl)
+        ]
+        if even_batches is not None and any(_is_iterable(dl) for dl in self.prepared.dataloaders):
+            warnings.warn(
+                "Overriding even_batches is only supported for map-style datasets, yet some dataloaders given were "
+                "iterable",
+                stacklevel=3,
+            )
+        try:
+            if even_batches is not None:
+                for dl, _ in saved:
+                    dl.even_batches = even_batches
+            with Join(joinables, enable=not even, throw_on_early_termination=False):
+                yield
+        finally:
+            for dl, value in saved:
+                dl.even_batches = value
+
+
+def _is_iterable(dataloader: Any) -> bool:
+    """Whether a prepared loader reads an iterable-style dataset (its even_batches cannot be overridden)."""
+    return isinstance(getattr(dataloader, "dataset", None), torch.utils.data.IterableDataset)
+
+
+def _contains_tensor(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, Mapping):
+        return any(_contains_tensor(v) for v in data.values())
+    if isinstance(data, (list, tuple)):
+        return any(_contains_tensor(v) for v in data)
+    return False
+
+
+def _only_tensors(data: Any) -> bool:
+    if isinstance(data, Mapping):
+        return all(_only_tensors(v) for v in data.values())
+    if isinstance(data, (list, tuple)):
+        return bool(data) and all(_only_tensors(v) for v in data)
+    return isinstance(data, torch.Tensor)
+
+
+def _gather_samples(data: Any, keep: int | None, group: Any = None) -> Any:
+    """Gathers ``data`` along its sample dimension over ``group``; keeps the first ``keep`` samples when given."""
+    if isinstance(data, torch.Tensor):
+        gathered = ops.gather_unchecked(data, group)
+        return gathered if keep is None else gathered[:keep]
+    if isinstance(data, Mapping):
+        return ops.mapping_like(data, {k: _gather_samples(v, keep, group) for k, v in data.items()})
+    if isinstance(data, (list, tuple)) and _contains_tensor(data):
+        return ops.honor_type(data, (_gather_samples(v, keep, group) for v in data))
+    gathered = ops.gather_object(data, group)  # a list of samples is concatenated; a lone object listed per process
+    return gathered if keep is None or not isinstance(data, (list, tuple)) else gathered[:keep]
