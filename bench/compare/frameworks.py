@@ -188,7 +188,10 @@ class FabricHarness(Harness):
         elif strategy == "zero3":
             chosen = "deepspeed_stage_3"
         self.fabric = Fabric(accelerator="cpu", devices=world, strategy=chosen)
-        self.fabric.launch()
+        # Under `fabric run` the CLI has created the processes and Fabric refuses a second `launch()` (RuntimeError:
+        # "launched through the CLI"); its docs call launch() only in scripts started by `python` or torchrun.
+        if os.environ.get("LT_CLI_USED") != "1":
+            self.fabric.launch()
         self.rank, self.world = self.fabric.global_rank, self.fabric.world_size
 
     def prepare(self, model, optimizer, scheduler=None):
