@@ -87,6 +87,10 @@ class _AcceleratorHarness(Harness):
         elif strategy == "zero3":
             plugin = module.DeepSpeedPlugin(zero_stage=3, gradient_clipping=1.0)
             plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 32  # no loader is prepared with the model
+            # Buckets sized from the model's `config.hidden_size` as both fill "auto" for a transformers model;
+            # DeepSpeed's fixed defaults (5e8-element buckets, 2 GB) would dwarf the benchmark's model.
+            buckets = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+            plugin.deepspeed_config["zero_optimization"].update(dict.fromkeys(buckets, "auto"))
             kwargs["deepspeed_plugin"] = plugin
         self.acc = module.Accelerator(cpu=True, gradient_accumulation_steps=grad_accum, **kwargs)
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
