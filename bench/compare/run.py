@@ -234,7 +234,7 @@ PHASES = {
 
 class Plan:
     """How much each phase repeats: the full run (medians worth quoting) or --quick (a smoke test of every scenario
-    for every framework, < 3 min on a quiet 2-core machine: one repetition, tiny sizes, one process where the
+    for every framework, aiming at < 3 min on a quiet 2-core machine: one repetition, tiny sizes, one process where the
     scenario allows it)."""
 
     def __init__(self, quick: bool, reps: int | None) -> None:
@@ -404,7 +404,7 @@ def merge(paths: list[Path], out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="CI smoke: < 3 min on a quiet machine")
+    parser.add_argument("--quick", action="store_true", help="CI smoke: every scenario once, tiny sizes")
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated subset")
     parser.add_argument("--reps", type=int, default=None, help="launches per framework and scenario (default 5)")
     parser.add_argument("--out", default=str(RESULTS), help="folder for JSON, table and charts")
