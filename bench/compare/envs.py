@@ -1,7 +1,9 @@
 """The Python interpreter of each framework: accel and raw PyTorch run in the workspace's environment; Hugging Face
 Accelerate and Lightning Fabric each in an isolated virtual environment under ~/.cache/accel-bench (created with
 `uv venv` + `uv pip install`, with the workspace's own torch version so that torch is not the difference), never
-as dependencies of accel.
+as dependencies of accel. `prepare` makes a framework ready to be measured: it creates a missing environment and
+builds, once, the DeepSpeed CPU op that a ZeRO-3 run compiles on first use (minutes on 2 cores), so that neither
+lands inside a timed launch.
 """
 
 from __future__ import annotations
@@ -62,6 +64,57 @@ def versions(framework: str) -> dict[str, str]:
         "fabric": ("torch", "lightning-fabric"),
     }[framework]
     return {k: v for k, v in found.items() if k in keep}
+
+
+def extensions_dir(framework: str) -> Path:
+    """Where DeepSpeed's JIT-built ops go: one folder per framework, because a build is keyed by its environment's
+    paths (one shared folder would be rebuilt each time another environment uses it)."""
+    return CACHE / "torch_extensions" / framework
+
+
+# The environments whose ZeRO-3 run initializes DeepSpeed's communication (Accelerate's CPU run does not: it falls
+# back to data parallel; Fabric and raw refuse ZeRO-3 on CPU).
+BUILDS_OPS = ("accel",)
+# Exactly what DeepSpeed's TorchBackend does at init (deepspeed.comm.torch.build_shm_op), done ahead of time.
+_BUILD_OPS = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+
+
+def _ops_marker(framework: str) -> Path:
+    import hashlib
+
+    return extensions_dir(framework) / f".built-for-{hashlib.sha1(python(framework).encode()).hexdigest()[:12]}"
+
+
+def ops_built(framework: str) -> bool:
+    return framework not in BUILDS_OPS or _ops_marker(framework).exists()
+
+
+def build_ops(framework: str) -> None:
+    target = extensions_dir(framework)
+    target.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(target)}
+    subprocess.run([python(framework), "-c", _BUILD_OPS], env=env, check=True, capture_output=True)
+    _ops_marker(framework).write_text(python(framework) + "\n")
+
+
+def prepare(framework: str, create: bool = True) -> bool:
+    """Makes `framework` ready (False: its environment is missing and `create` is off); prints what it did."""
+    import time
+
+    if not installed(framework):
+        if not create:
+            print(f"skipping {framework}: its environment {env_dir(framework)} is not installed")
+            return False
+        start = time.time()
+        print(f"installing {framework} into {env_dir(framework)} ...", flush=True)
+        install(framework)
+        print(f"installed {framework} in {time.time() - start:.0f} s", flush=True)
+    if not ops_built(framework):
+        start = time.time()
+        print(f"building DeepSpeed's CPU communication op for {framework} (once) ...", flush=True)
+        build_ops(framework)
+        print(f"built it in {time.time() - start:.0f} s", flush=True)
+    return True
 
 
 def install(framework: str) -> None:

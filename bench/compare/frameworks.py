@@ -87,6 +87,10 @@ class _AcceleratorHarness(Harness):
         elif strategy == "zero3":
             plugin = module.DeepSpeedPlugin(zero_stage=3, gradient_clipping=1.0)
             plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 32  # no loader is prepared with the model
+            # Buckets sized from the model's `config.hidden_size` as both fill "auto" for a transformers model;
+            # DeepSpeed's fixed defaults (5e8-element buckets, 2 GB) would dwarf the benchmark's model.
+            buckets = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+            plugin.deepspeed_config["zero_optimization"].update(dict.fromkeys(buckets, "auto"))
             kwargs["deepspeed_plugin"] = plugin
         self.acc = module.Accelerator(cpu=True, gradient_accumulation_steps=grad_accum, **kwargs)
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
@@ -188,7 +192,10 @@ class FabricHarness(Harness):
         elif strategy == "zero3":
             chosen = "deepspeed_stage_3"
         self.fabric = Fabric(accelerator="cpu", devices=world, strategy=chosen)
-        self.fabric.launch()
+        # Under `fabric run` the CLI has created the processes and Fabric refuses a second `launch()` (RuntimeError:
+        # "launched through the CLI"); its docs call launch() only in scripts started by `python` or torchrun.
+        if os.environ.get("LT_CLI_USED") != "1":
+            self.fabric.launch()
         self.rank, self.world = self.fabric.global_rank, self.fabric.world_size
 
     def prepare(self, model, optimizer, scheduler=None):

@@ -33,6 +33,21 @@ ROWS: list[tuple[str, str, str, str, str]] = [
 ]
 
 
+# Why accel trails where it does, for the rows where the reason is known (measured elsewhere or by design); shown
+# only when the data puts accel behind. Which rows and by how much always comes from the data itself.
+REASONS: dict[tuple[str, str], str] = {
+    ("checkpoint", "save_s"): "accel fsyncs every file (durable against a power cut), the others do not: "
+    "see the no-fsync row",
+    ("gather", "gather_ms"): "accel checks every rank's shapes and dtypes before gathering "
+    "(one all_gather with the payload; bench/collective_check.py)",
+}
+# accel's like-for-like figure is its own row; the peers' is another (accel's save without fsync vs their save).
+PEER_METRIC = {("checkpoint", "save_nofsync_s"): "save_s"}
+NOTE_CHARS = 110  # a note longer than this is cut in the tables (the JSON keeps it whole)
+NAMES = {"accel": "accel", "raw": "raw PyTorch", "accelerate": "HF Accelerate", "fabric": "Lightning Fabric"}
+SHORT = {"accel": "accel", "raw": "raw", "accelerate": "Accelerate", "fabric": "Fabric"}
+
+
 def stats(values: list[float]) -> dict[str, Any]:
     ordered = sorted(values)
     q = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 3
@@ -73,6 +88,8 @@ def _fmt(value: float, unit: str) -> str:
 
 def cell(summary: dict, notes: dict, scenario: str, procs: str, fw: str, metric: str, unit: str) -> str:
     note = notes.get(scenario, {}).get(procs, {}).get(fw)
+    if note and len(note) > NOTE_CHARS:
+        note = note[: NOTE_CHARS - 1] + "…"
     figure = summary.get(scenario, {}).get(procs, {}).get(fw, {}).get(metric)
     if figure is None:
         return f"— ({note})" if note else "—"
@@ -86,16 +103,60 @@ def cell(summary: dict, notes: dict, scenario: str, procs: str, fw: str, metric:
     return f"{text}; {note}" if note else text
 
 
-def table(summary: dict, notes: dict, frameworks: list[str]) -> str:
-    names = {"accel": "accel", "raw": "raw PyTorch", "accelerate": "HF Accelerate", "fabric": "Lightning Fabric"}
+def not_ahead(summary: dict, notes: dict, row: tuple[str, str, str, str, str], frameworks: list[str]) -> str:
+    """Where accel is not ahead of its peers (Accelerate, Fabric) on this row, from the data: who does better and by
+    how much (ratio of medians to accel's; "beyond the spread" when the interquartile ranges do not overlap), with
+    the reason where known. Raw PyTorch is the floor every framework adds to, not a peer; figures of a peer noted
+    as not doing the work (e.g. not sharding) are left out of the comparison."""
+    scenario, procs, metric, _label, unit = row
+
+    def figure(fw: str) -> dict | None:
+        note = notes.get(scenario, {}).get(procs, {}).get(fw, "")
+        if "did not shard" in note:
+            return None
+        wanted = metric if fw == "accel" else PEER_METRIC.get((scenario, metric), metric)
+        return summary.get(scenario, {}).get(procs, {}).get(fw, {}).get(wanted)
+
+    mine = figure("accel")
+    if mine is None:
+        return "no accel figure" if "accel" in frameworks else ""
+    better, compared = [], 0
+    for fw in frameworks:
+        theirs = figure(fw)
+        if fw in ("accel", "raw") or theirs is None:
+            continue
+        compared += 1
+        if unit == "yes/no":
+            if theirs.get("value") is True and mine.get("value") is not True:
+                better.append(SHORT[fw])
+        elif "median" in theirs and "median" in mine and theirs["median"] < mine["median"]:
+            ratio = theirs["median"] / mine["median"] if mine["median"] > 0 else float("nan")
+            clear = "n" in theirs and theirs["n"] > 1 and mine["n"] > 1 and theirs["q3"] < mine["q1"]
+            better.append(f"{SHORT[fw]} {ratio:.2f}x" + (" (beyond the spread)" if clear else ""))
+    if not compared:
+        return "no peer figure"
+    if not better:
+        if unit == "yes/no":
+            return "ahead" if mine.get("value") is True else "no one does"
+        return "ahead"
+    reason = REASONS.get((scenario, metric))
+    return "behind: " + ", ".join(better) + (f" — {reason}" if reason else "")
+
+
+def table(summary: dict, notes: dict, frameworks: list[str], rows: list | None = None, verdict: bool = True) -> str:
     lines = [
-        "| scenario | unit | " + " | ".join(names[f] for f in frameworks) + " |",
-        "|---|---|" + "---|" * len(frameworks),
+        "| scenario | unit | "
+        + " | ".join(NAMES[f] for f in frameworks)
+        + (" | where accel is not ahead |" if verdict else " |"),
+        "|---|---|" + "---|" * (len(frameworks) + verdict),
     ]
-    for scenario, procs, metric, label, unit in ROWS:
+    for row in rows or ROWS:
+        scenario, procs, metric, label, unit = row
         cells = [cell(summary, notes, scenario, procs, fw, metric, unit) for fw in frameworks]
         if all(c == "—" for c in cells):
             continue
+        if verdict:
+            cells.append(not_ahead(summary, notes, row, frameworks))
         lines.append(f"| {label} | {unit} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -139,13 +200,48 @@ def charts(summary: dict, frameworks: list[str], folder: Path) -> list[str]:
     return written
 
 
-def write(results, meta: dict, frameworks: list[str], folder: Path) -> str:
+# The rows the root README shows (the full table is in bench/results/README.md).
+SUMMARY_ROWS = [
+    ("cli_help", "1", "help_s"),
+    ("launch", "2", "first_step_s"),
+    ("step", "2", "step_ms"),
+    ("loader", "2", "sharded_ms"),
+    ("gather", "2", "gather_ms"),
+    ("gather", "2", "exact_count"),
+    ("checkpoint", "1", "save_s"),
+    ("checkpoint", "1", "save_nofsync_s"),
+    ("checkpoint", "1", "load_s"),
+    ("resume", "2", "exact"),
+    ("crash", "1", "safe"),
+    ("fsdp2", "2", "memory_fraction"),
+]
+
+
+def replace_block(path: Path, name: str, text: str) -> bool:
+    """Replaces what lies between `<!-- compare:NAME:start -->` and `<!-- compare:NAME:end -->` in `path`; False
+    (and the file untouched) where the markers are missing."""
+    if not path.exists():
+        return False
+    content = path.read_text()
+    start, end = f"<!-- compare:{name}:start -->", f"<!-- compare:{name}:end -->"
+    if start not in content or end not in content:
+        return False
+    head, rest = content.split(start, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{start}\n{text.strip()}\n{end}{tail}")
+    return True
+
+
+def write(results, meta: dict, frameworks: list[str], folder: Path, readmes: dict[str, Path] | None = None) -> str:
+    """Writes compare(-quick).json and .md and, for a full run, the charts and the tables inside `readmes`
+    ({"results": bench/results/README.md, "summary": the root README}: the blocks between their markers)."""
     folder.mkdir(parents=True, exist_ok=True)
     summary = summarise(results)
     data = {
         "meta": meta,
         "frameworks": frameworks,
         "summary": summary,
+        "samples": results.samples,
         "notes": results.notes,
         "errors": results.errors,
     }
@@ -163,12 +259,29 @@ def write(results, meta: dict, frameworks: list[str], folder: Path) -> str:
         for r in runs
     )
     header = (
-        f"{meta['cpus']} shared CPU cores (gloo), frameworks alternating; median (interquartile range where there "
+        f"{meta['cpus']} CPU cores (gloo), frameworks alternating; median (interquartile range where there "
         f"is more than one sample; each in-process launch is itself the median of several rounds). Runs: {done}. "
-        f"Highest load average at the end of a run: {meta['load_at_end']:.1f}. Versions: {versions}."
+        f"Load average at the end of a run: {meta['load_at_end']:.1f}. Versions: {versions}. "
+        "Last column: the peers that did better than accel, as their median / accel's (raw PyTorch, the floor, is "
+        "not counted as a peer)."
     )
     body = header + "\n\n" + text + "\n"
     if pngs:
         body += "\nCharts: " + ", ".join(f"[{p[:-4]}]({p})" for p in pngs) + "\n"
     (folder / f"{stem}.md").write_text(body)
+    if not meta["quick"] and readmes:
+        if "results" in readmes:
+            replace_block(readmes["results"], "results", body)
+        if "summary" in readmes:
+            wanted = {(s, p, m) for s, p, m in SUMMARY_ROWS}
+            rows = [r for r in ROWS if r[:3] in wanted]
+            compact = table(summary, results.notes, frameworks, rows=rows)
+            when = ", ".join(dict.fromkeys(r["date"] for r in runs))
+            replace_block(
+                readmes["summary"],
+                "summary",
+                f"Measured {when} on {meta['cpus']} CPU cores (load average {meta['load_at_end']:.1f} at the end); "
+                f"median, interquartile range in brackets; last column: the peers that did better, their median / "
+                f"accel's.\n\n" + compact,
+            )
     return body

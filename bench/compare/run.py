@@ -1,39 +1,41 @@
 """accel against raw PyTorch, Hugging Face Accelerate and Lightning Fabric: every scenario, the same machine, one run.
 
-    uv run --group bench python bench/compare/run.py            # the full run (~25 min on 2 loaded CPU cores)
-    uv run --group bench python bench/compare/run.py --quick    # CI smoke (< 3 min): fewer reps, smaller sizes
+    uv run --group bench python bench/compare/run.py            # the full run (5 alternating launches each)
+    uv run --group bench python bench/compare/run.py --quick    # CI smoke: 1 launch each, tiny sizes
 
 Frameworks alternate repetition by repetition (the order rotates) so that a change in machine load hits all of
-them alike; each figure is the median over repetitions with its spread (interquartile range). Writes
-bench/results/compare.json, compare.md (the table) and one PNG chart per scenario. The peers run in their own
-environments (envs.py); a missing one is created, except under --quick, which skips it and says so.
-Exits non-zero only when a scenario errors (never on a timing).
+them alike; each figure is the median over repetitions with its spread (interquartile range). Writes, in one go,
+bench/results/compare.json, compare.md (the table), one PNG chart per scenario and the tables in
+bench/results/README.md and the root README (report.py); --quick writes compare-quick.json / .md only. The
+peers run in their own environments (envs.py), created on first use. Exits non-zero only when a scenario errors
+(never on a timing).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import resource
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import envs
+from first_step import IMPORTS
 from frameworks import FRAMEWORKS
 
 HERE = Path(__file__).resolve().parent
+RESULTS = HERE.parent / "results"
 WORKER, FIRST_STEP = str(HERE / "worker.py"), str(HERE / "first_step.py")
-IMPORTS = {
-    "raw": "import torch.distributed, torch.nn.parallel",
-    "accel": "from accel import Accelerator; Accelerator",  # the attribute resolves accel's lazy export
-    "accelerate": "from accelerate import Accelerator",
-    "fabric": "from lightning_fabric import Fabric",
-}
 # Sharded strategies a peer cannot run on CPU raise; that is the finding (a note), not a failure of the run.
 MAY_REFUSE = {
     ("fsdp2", "accelerate"),
@@ -50,36 +52,121 @@ def clean_env(framework: str = "accel") -> dict[str, str]:
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     # DeepSpeed compiles its CPU ops on first use, keyed by the environment's paths: one cache per framework, so that
     # the environments do not rebuild over each other's (nor over the test suite's).
-    env["TORCH_EXTENSIONS_DIR"] = str(envs.CACHE / "torch_extensions" / framework)
+    env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir(framework))
     return env
 
 
-def timed(command: list[str], env: dict[str, str], cwd: str, timeout: float = 600) -> float:
+def cpu_seconds() -> float:
+    """CPU time of this process and every finished child (launchers wait for theirs, so workers count too)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+# Every launch: (what, framework, wall seconds, CPU seconds or None), so that a run shows where its time went. The
+# CPU time is that of the finished children, known per launch only when launches do not overlap (not under --quick).
+LAUNCHES: list[tuple[str, str, float, float | None]] = []
+
+
+def launch(what: str, framework: str, command: list[str], env: dict[str, str], cwd: str, timeout: float):
+    alone = threading.current_thread() is threading.main_thread()
+    start, cpu = time.perf_counter(), cpu_seconds()
+    try:
+        return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    finally:
+        LAUNCHES.append((what, framework, time.perf_counter() - start, cpu_seconds() - cpu if alone else None))
+
+
+def launch_costs() -> dict[str, dict[str, float | int | None]]:
+    """Per kind of launch: how many, their total and median wall time, and their CPU time where known."""
+    kinds: dict[str, list[tuple[float, float | None]]] = {}
+    for what, fw, wall, cpu in LAUNCHES:
+        kinds.setdefault(f"{what} / {fw}", []).append((wall, cpu))
+    out: dict[str, dict[str, float | int | None]] = {}
+    for kind, items in sorted(kinds.items()):
+        cpus = [c for _, c in items if c is not None]
+        out[kind] = {
+            "n": len(items),
+            "wall_s": round(sum(w for w, _ in items), 1),
+            "median_wall_s": round(sorted(w for w, _ in items)[len(items) // 2], 2),
+            "cpu_s": round(sum(cpus), 1) if cpus else None,
+        }
+    return out
+
+
+def timed(what: str, framework: str, command: list[str], env: dict[str, str], cwd: str, timeout: float = 600) -> float:
     start = time.perf_counter()
-    done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    done = launch(what, framework, command, env, cwd, timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2500:]}")
     return time.perf_counter() - start
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(command: list[str], procs: int, env: dict[str, str], cwd: str, timeout: float) -> tuple[int, str]:
+    """Starts `procs` copies of `command` with the environment torchrun gives its workers (what every framework
+    reads to join the group, Fabric's torchelastic detection included), without torchrun itself: its own
+    `import torch` would add seconds of CPU to each of the run's many worker launches. One process gets no such
+    variables (a plain `python script.py`). If one rank fails, the others are stopped; returns the exit code and
+    the stderr of the first failing rank (else rank 0's)."""
+    port, run_id = str(free_port()), f"bench-{time.monotonic_ns()}"
+    with contextlib.ExitStack() as stack:  # files, not pipes: a chatty rank cannot block on a full pipe
+        logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(procs)]
+        return _wait_ranks(command, procs, env, cwd, timeout, port, run_id, logs)
+
+
+def _wait_ranks(command, procs, env, cwd, timeout, port, run_id, logs) -> tuple[int, str]:
+    ranks = []
+    for rank in range(procs):
+        rank_env = dict(env)
+        if procs > 1:
+            rank_env.update(
+                **dict.fromkeys(("RANK", "LOCAL_RANK", "ROLE_RANK"), str(rank)),
+                **dict.fromkeys(("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE"), str(procs)),
+                **dict.fromkeys(("GROUP_RANK", "TORCHELASTIC_RESTART_COUNT"), "0"),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                TORCHELASTIC_RUN_ID=run_id,
+            )
+        ranks.append(subprocess.Popen(command, env=rank_env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=logs[rank]))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        codes = [p.poll() for p in ranks]
+        if None not in codes:
+            break
+        if any(c not in (None, 0) for c in codes):  # the others may be writing their results: a grace period,
+            deadline = min(deadline, time.monotonic() + 20)  # then they are taken to hang on the failed one
+        time.sleep(0.05)
+    for p in ranks:
+        if p.poll() is None:
+            p.kill()
+    codes = [p.wait() for p in ranks]
+    failed = next((i for i, c in enumerate(codes) if c != 0), 0)
+    logs[failed].seek(0)
+    return codes[failed], logs[failed].read()
+
+
 def worker(framework: str, procs: int, scenarios: str, quick: bool, work: str, **options: str) -> dict:
-    """One launch of worker.py in the framework's environment; returns its JSON (or {"error": ...})."""
+    """One launch of worker.py in the framework's environment (`procs` ranks); returns its JSON (or
+    {"error": ...})."""
     out = os.path.join(work, f"out-{framework}-{procs}-{time.monotonic_ns()}.json")
-    py = envs.python(framework)
-    launch = (
-        [py, WORKER]
-        if procs == 1
-        else [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}", WORKER]
-    )
-    command = [*launch, "--framework", framework, "--scenarios", scenarios, "--out", out]
+    command = [envs.python(framework), WORKER, "--framework", framework, "--scenarios", scenarios, "--out", out]
     command += ["--quick"] * quick + [f"--arg={k}={v}" for k, v in options.items()]
-    done = subprocess.run(command, env=clean_env(framework), cwd=work, capture_output=True, text=True, timeout=900)
+    alone = threading.current_thread() is threading.main_thread()
+    start, cpu = time.perf_counter(), cpu_seconds()
+    code, stderr = run_ranks(command, procs, clean_env(framework), work, 900)
+    wall, used = time.perf_counter() - start, cpu_seconds() - cpu if alone else None
+    LAUNCHES.append((f"worker {procs}p {scenarios}", framework, wall, used))
     if os.path.exists(out):
         with open(out) as f:
             result = json.load(f)
         os.remove(out)
         return result
-    message = f"exit {done.returncode}: {(done.stderr or done.stdout)[-1500:]}"
+    message = f"exit {code}: {stderr[-1500:]}"
     return {name: {"error": message} for name in scenarios.split(",")}
 
 
@@ -145,11 +232,35 @@ PHASES = {
 }
 
 
-PHASES = {
-    "startup": ("import", "cli_help", "launch"),
-    "in-process": ("step", "loader", "gather", "checkpoint", "fsdp2", "zero3"),
-    "correctness": ("resume", "crash"),
-}
+class Plan:
+    """How much each phase repeats: the full run (medians worth quoting) or --quick (a smoke test of every scenario
+    for every framework, aiming at < 3 min on a quiet 2-core machine: one repetition, tiny sizes, one process where the
+    scenario allows it)."""
+
+    def __init__(self, quick: bool, reps: int | None) -> None:
+        self.quick = quick
+        self.reps = reps or (1 if quick else 5)  # start-up and in-process launches per framework, alternating
+        self.launch_procs = (1,) if quick else (1, 2)
+        # A 2-process launch starts 3 interpreters (launcher + 2 ranks), each importing torch: 3 alternating launches.
+        self.launch2_reps = min(self.reps, 3)
+        # The few-hundred-MB checkpoint costs seconds per save: fewer launches (each the median of its rounds).
+        self.checkpoint_reps = 1 if quick else min(self.reps, 3)
+        self.warm_cache = not quick  # one untimed import per framework before the timed ones
+        self.crash_fractions = ("0.5",) if quick else ("0.3", "0.7")
+
+
+def each(frameworks: list[str], task, parallel: bool) -> None:
+    """Runs `task(framework)` for every framework: one after another (timed runs must not share the CPUs), or two
+    at a time under --quick, a smoke test whose figures are not for quoting: its wall time is then bounded by the
+    CPU time of its launches (mostly `import torch`) over the cores rather than by their sum. The tasks of
+    different frameworks write different keys of `Results` (dict.setdefault and list.append are atomic)."""
+    if not parallel:
+        for fw in frameworks:
+            task(fw)
+        return
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for future in [pool.submit(task, fw) for fw in frameworks]:
+            future.result()
 
 
 def rotated(frameworks: list[str], rep: int) -> list[str]:
@@ -157,8 +268,9 @@ def rotated(frameworks: list[str], rep: int) -> list[str]:
     return frameworks[k:] + frameworks[:k]
 
 
-def startup(results: Results, frameworks: list[str], reps: int, work: str) -> None:
-    """Import time over `import torch`, `--help` latency, and launch-to-first-step on 1 and 2 processes."""
+def startup(results: Results, frameworks: list[str], plan: Plan, work: str) -> None:
+    """`--help` latency and launch-to-first-step (1 and 2 processes); the 1-process launch also reports the import
+    time over `import torch` (both timed inside that fresh process: no separate launch for it)."""
     env = clean_env()
     launchers = {
         "accel": lambda n: [envs.executable("accel"), "launch", "--cpu", "-n", str(n)],
@@ -171,68 +283,107 @@ def startup(results: Results, frameworks: list[str], reps: int, work: str) -> No
         "fabric": lambda n: [envs.executable("fabric"), "run", "--accelerator", "cpu", "--devices", str(n)],
         "raw": lambda n: [envs.executable("raw"), "--nproc_per_node", str(n)] if n > 1 else [envs.python("raw")],
     }
-    for fw in frameworks:  # warm the file cache once
-        timed([envs.python(fw), "-c", IMPORTS[fw]], env, work)
-    for rep in range(reps):
-        for fw in rotated(frameworks, rep):
-            torch_s = timed([envs.python(fw), "-c", "import torch"], env, work)
-            total = timed([envs.python(fw), "-c", IMPORTS[fw]], env, work)
-            results.add("import", 1, fw, {"import_s": total, "over_torch_s": total - torch_s})
-            results.add("cli_help", 1, fw, {"help_s": timed([envs.executable(fw), "--help"], env, work)})
-            for n in (1, 2):
-                out = os.path.join(work, f"first-{fw}-{n}.json")
-                run_env = {**env, "BENCH_T0": repr(time.time())}
-                try:
-                    timed([*launchers[fw](n), FIRST_STEP, fw, out], run_env, work, timeout=300)
-                    with open(out) as f:
-                        results.add("launch", n, fw, json.load(f))
-                except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-                    results.take("launch", n, fw, {"error": str(exc)})
+    if plan.warm_cache:  # one untimed import per framework, so that the first timed one is not a cold read
+        for fw in frameworks:
+            module, name = IMPORTS[fw]
+            timed("warm import", fw, [envs.python(fw), "-c", f"import {module}; {module}.{name}"], env, work)
+
+    def one(fw: str, rep: int) -> None:
+        try:
+            help_s = timed("--help", fw, [envs.executable(fw), "--help"], env, work)
+            results.add("cli_help", 1, fw, {"help_s": help_s})
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            results.take("cli_help", 1, fw, {"error": str(exc)})
+        for n in plan.launch_procs:
+            if n > 1 and rep >= plan.launch2_reps:
+                continue
+            out = os.path.join(work, f"first-{fw}-{n}.json")
+            run_env = {**env, "BENCH_T0": repr(time.time())}
+            try:
+                timed(f"first step {n}p", fw, [*launchers[fw](n), FIRST_STEP, fw, out], run_env, work, timeout=300)
+                with open(out) as f:
+                    figures = json.load(f)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+                results.take("launch", n, fw, {"error": str(exc)})
+                continue
+            results.add("launch", n, fw, {"first_step_s": figures["first_step_s"]})
+            if n == 1:
+                results.add("import", 1, fw, {k: figures[k] for k in ("torch_s", "over_torch_s")})
+
+    for rep in range(plan.reps):
+        each(rotated(frameworks, rep), lambda fw, rep=rep: one(fw, rep), plan.quick)
 
 
-def in_process(
-    results: Results, frameworks: list[str], reps: int, quick: bool, work: str, ckpt_dir: str | None
-) -> None:
-    """Step time, loader, gather (1 and 2 processes), checkpoint I/O (1) per repetition; FSDP2 / ZeRO-3 (2) once."""
-    extra = {"dir": ckpt_dir} if ckpt_dir else {}
-    for rep in range(reps):
-        for fw in rotated(frameworks, rep):
-            for name, figures in worker(fw, 1, "step,loader,gather,checkpoint", quick, work, **extra).items():
-                results.take(name, 1, fw, figures)
-            for name, figures in worker(fw, 2, "step,loader,gather", quick, work).items():
-                results.take(name, 2, fw, figures)
-    for fw in frameworks:  # once: the memory is exact, the step time a secondary figure
-        for strategy in ("fsdp2", "zero3"):
-            figures = worker(fw, 2, "sharded", quick, work, strategy=strategy)["sharded"]
-            results.take(strategy, 2, fw, figures)
-            if figures.get("param_fraction", 0) > 0.99:
-                results.note(strategy, 2, fw, "ran, but did not shard (data parallel: every process holds all)")
+class Correctness:
+    """Exact resume (2 processes: a reference launch that saves mid-run, then a fresh launch that resumes) and crash
+    safety (1 process: SIGKILLed saves, then a launch that loads each). Each check has launches of its own: an
+    `Accelerator` keeps every object prepared in its process, so a check cannot share a launch with other
+    scenarios (its checkpoint would hold their models too)."""
 
+    def __init__(self, plan: Plan, work: str) -> None:
+        self.plan, self.work = plan, work
 
-def correctness(results: Results, frameworks: list[str], quick: bool, work: str) -> None:
-    """Exact resume on 2 processes; crash safety (SIGKILL during an overwriting save) on 1."""
-    fractions = ("0.5",) if quick else ("0.3", "0.7")
-    for fw in frameworks:
-        folder = tempfile.mkdtemp(prefix=f"resume-{fw}-", dir=work)
-        first = worker(fw, 2, "resume", quick, work, phase="reference", dir=folder)["resume"]
-        second = (
-            worker(fw, 2, "resume", quick, work, phase="resume", dir=folder)["resume"]
-            if "error" not in first
-            else first
-        )
-        results.take("resume", 2, fw, second)
-        trials = tempfile.mkdtemp(prefix=f"crash-{fw}-", dir=work)
-        unkilled = 0
-        for i, frac in enumerate(fractions):
+    def run(self, results: Results, fw: str) -> None:
+        quick, work = self.plan.quick, self.work
+        trials, unkilled = tempfile.mkdtemp(prefix=f"crash-{fw}-", dir=work), 0
+        for i, frac in enumerate(self.plan.crash_fractions):
             trial = os.path.join(trials, f"trial{i}")
             os.makedirs(trial)
             killed = worker(fw, 1, "crash", quick, work, phase="kill", dir=trial, frac=frac)
             if killed.get("crash", {}).get("killed") is False:
-                unkilled += 1
+                unkilled += 1  # the save finished before the timer: that trial tested nothing
         verdict = worker(fw, 1, "crash", quick, work, phase="verify", dir=trials)["crash"]
         if unkilled:
             verdict["unkilled_trials"] = unkilled
         results.take("crash", 1, fw, verdict)
+        folder = tempfile.mkdtemp(prefix=f"resume-{fw}-", dir=work)
+        reference = worker(fw, 2, "resume", quick, work, phase="reference", dir=folder)["resume"]
+        if "error" in reference:
+            results.take("resume", 2, fw, reference)
+            return
+        results.take("resume", 2, fw, worker(fw, 2, "resume", quick, work, phase="resume", dir=folder)["resume"])
+
+
+def in_process(
+    results: Results,
+    frameworks: list[str],
+    plan: Plan,
+    work: str,
+    ckpt_dir: str | None,
+) -> None:
+    """Step time, loader, gather (1 and 2 processes) per repetition, checkpoint I/O (1 process) in the first
+    `checkpoint_reps`; FSDP2 / ZeRO-3 (2 processes) once."""
+    extra = {"checkpoint.dir": ckpt_dir} if ckpt_dir else {}
+
+    def one(fw: str, rep: int) -> None:
+        for procs in (1, 2):
+            scenarios = ["step", "loader", "gather"]
+            options: dict[str, str] = {}
+            if procs == 1 and rep < plan.checkpoint_reps:
+                scenarios.append("checkpoint")
+                options.update(extra)
+            for name, figures in worker(fw, procs, ",".join(scenarios), plan.quick, work, **options).items():
+                results.take(name, procs, fw, figures)
+
+    def sharded(fw: str) -> None:  # once: the memory is exact, the step time a secondary figure
+        for strategy in ("fsdp2", "zero3"):
+            figures = worker(fw, 2, "sharded", plan.quick, work, strategy=strategy)["sharded"]
+            results.take(strategy, 2, fw, figures)
+            if figures.get("param_fraction", 0) > 0.99:
+                results.note(strategy, 2, fw, "ran, but did not shard (data parallel: every process holds all)")
+
+    for rep in range(plan.reps):
+        each(rotated(frameworks, rep), lambda fw, rep=rep: one(fw, rep), plan.quick)
+    each(frameworks, sharded, plan.quick)
+
+
+def readmes(out: Path) -> dict[str, Path]:
+    """The READMEs whose tables a full run rewrites: the one in `out`, and the root README when `out` is the
+    repository's bench/results."""
+    found = {"results": out / "README.md"}
+    if out.resolve() == RESULTS.resolve():
+        found["summary"] = HERE.parent.parent / "README.md"
+    return found
 
 
 def merge(paths: list[Path], out: Path) -> None:
@@ -245,17 +396,18 @@ def merge(paths: list[Path], out: Path) -> None:
         results.restore(data, keep=None)
         metas.append(data["meta"])
         frameworks += [fw for fw in data["frameworks"] if fw not in frameworks]
-    meta = {**metas[0], "phases": [p for m in metas for p in m["phases"]], "runs": metas}
+    runs = [run for m in metas for run in m.get("runs", [m])]  # a merged JSON brings its own runs
+    meta = {**metas[0], "phases": [p for r in runs for p in r["phases"]], "runs": runs}
     meta["load_at_end"] = max(m["load_at_end"] for m in metas)
-    print(report.write(results, meta, [fw for fw in FRAMEWORKS if fw in frameworks], out))
+    print(report.write(results, meta, [fw for fw in FRAMEWORKS if fw in frameworks], out, readmes(out)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="CI smoke: < 3 min, skips peers not installed")
+    parser.add_argument("--quick", action="store_true", help="CI smoke: every scenario once, tiny sizes")
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated subset")
-    parser.add_argument("--reps", type=int, default=None, help="start-up repetitions; in-process: one less (default 3)")
-    parser.add_argument("--out", default=str(HERE.parent / "results"), help="folder for JSON, table and charts")
+    parser.add_argument("--reps", type=int, default=None, help="launches per framework and scenario (default 5)")
+    parser.add_argument("--out", default=str(RESULTS), help="folder for JSON, table and charts")
     parser.add_argument("--ckpt-dir", default=None, help="where checkpoints are written (default: temp folder)")
     parser.add_argument("--no-install", action="store_true", help="skip peers whose environment is missing")
     parser.add_argument(
@@ -270,31 +422,29 @@ def main() -> None:
     if args.merge:
         merge([Path(p) for p in args.merge], Path(args.out))
         return
-    reps = args.reps or (1 if args.quick else 3)
-    in_reps = max(1, reps - 1)  # each in-process launch already takes the median of several rounds inside
+    plan = Plan(args.quick, args.reps)
     phases = args.phases.split(",")
     frameworks = []
     for fw in args.frameworks.split(","):
-        if not envs.installed(fw):
-            if args.quick or args.no_install:
-                print(f"skipping {fw}: its environment {envs.env_dir(fw)} is not installed (run without --quick)")
-                continue
-            print(f"installing {fw} into {envs.env_dir(fw)} ...", flush=True)
-            envs.install(fw)
-        frameworks.append(fw)
-    started = time.time()
+        if envs.prepare(fw, create=not args.no_install):
+            frameworks.append(fw)
+    started, cpu_started = time.time(), cpu_seconds()
     results = Results()
+    timings: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="accel-compare-") as work:
-        for label, step in (
-            ("startup", lambda: startup(results, frameworks, reps, work)),
-            ("in-process", lambda: in_process(results, frameworks, in_reps, args.quick, work, args.ckpt_dir)),
-            ("correctness", lambda: correctness(results, frameworks, args.quick, work)),
-        ):
-            if label not in phases:
+        checks = Correctness(plan, work)
+        steps = (
+            ("startup", "startup", lambda: startup(results, frameworks, plan, work)),
+            ("in-process", "in-process", lambda: in_process(results, frameworks, plan, work, args.ckpt_dir)),
+            ("correctness", "correctness", lambda: each(frameworks, lambda fw: checks.run(results, fw), plan.quick)),
+        )
+        for phase, label, step in steps:
+            if phase not in phases:
                 continue
-            t0 = time.time()
+            t0, c0 = time.time(), cpu_seconds()
             step()
-            print(f"{label}: {time.time() - t0:.0f} s", flush=True)
+            timings[label] = {"wall_s": round(time.time() - t0, 1), "cpu_s": round(cpu_seconds() - c0, 1)}
+            print(f"{label}: {timings[label]['wall_s']:.0f} s wall, {timings[label]['cpu_s']:.0f} s CPU", flush=True)
     # Read only now, so that a run of the other phases started alongside this one has written its figures.
     earlier = Path(args.out) / ("compare-quick.json" if args.quick else "compare.json")
     if set(phases) != set(PHASES) and earlier.exists():
@@ -306,15 +456,19 @@ def main() -> None:
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "quick": args.quick,
-        "reps": reps,
-        "in_process_reps": in_reps,
+        "reps": plan.reps,
+        "in_process_reps": plan.reps,
+        "checkpoint_reps": plan.checkpoint_reps,
         "phases": phases,
         "cpus": os.cpu_count(),
         "load_at_end": os.getloadavg()[0],
         "seconds": round(time.time() - started),
+        "cpu_seconds": round(cpu_seconds() - cpu_started),
+        "phase_timings": timings,
+        "launches": launch_costs(),
         "versions": {fw: envs.versions(fw) for fw in frameworks},
     }
-    summary = report.write(results, meta, frameworks, Path(args.out))
+    summary = report.write(results, meta, frameworks, Path(args.out), readmes(Path(args.out)))
     print(summary)
     if results.errors:
         print("\nscenarios that errored:\n" + "\n".join(results.errors), file=sys.stderr)

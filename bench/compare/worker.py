@@ -1,6 +1,6 @@
 """Runs scenarios in one process of one framework's environment and writes their figures as JSON.
 
-    python worker.py --framework accel --scenarios step,loader --out result.json [--quick] [--arg k=v]
+    python worker.py --framework accel --scenarios step,crash --out result.json [--quick] [--arg k=v] [--arg crash.k=v]
 
 Launched by run.py, directly (1 process) or under torchrun (2 processes); process 0 writes `--out`.
 A scenario that raises is written as {"error": ...} and the worker exits non-zero.
@@ -25,9 +25,12 @@ def main() -> None:
     parser.add_argument("--scenarios", required=True, help="comma-separated modules of scenarios/")
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--arg", action="append", default=[], help="key=value passed to the scenarios")
+    parser.add_argument(
+        "--arg", action="append", default=[], help="key=value for every scenario, scenario.key=value for one"
+    )
     args = parser.parse_args()
     options = dict(item.split("=", 1) for item in args.arg)
+    shared = {k: v for k, v in options.items() if "." not in k}
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     import torch
@@ -37,7 +40,7 @@ def main() -> None:
 
     start = time.perf_counter()
     try:
-        harness = make(args.framework, grad_accum=2, strategy=options.pop("strategy", None))
+        harness = make(args.framework, grad_accum=2, strategy=shared.pop("strategy", None))
     except Exception as exc:  # noqa: BLE001 - a framework that refuses the setup: every scenario reports it
         if os.environ.get("RANK", "0") == "0":
             with open(args.out, "w") as f:
@@ -49,8 +52,9 @@ def main() -> None:
     failed = False
     for name in args.scenarios.split(","):
         module = importlib.import_module(f"scenarios.{name}")
+        own = {k.split(".", 1)[1]: v for k, v in options.items() if k.startswith(name + ".")}
         try:
-            results[name] = module.run(harness, quick=args.quick, **options)
+            results[name] = module.run(harness, quick=args.quick, **{**shared, **own})
         except Exception as exc:  # noqa: BLE001 - any failure of a scenario is reported, not hidden
             failed = True
             results[name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-3000:]}

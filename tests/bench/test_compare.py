@@ -62,3 +62,44 @@ def test_table_marks_failures_and_yes_no() -> None:
     assert "| 2.00 (1.50 to 2.50) | — (error) |" in text
     assert "**no**" in text and "refused: RuntimeError: FSDP needs CUDA" in text
     assert results.errors == ["step / raw / 1 proc: boom"]  # a peer's refusal of FSDP is a note, not an error
+
+
+def test_last_column_and_readme_blocks_come_from_the_data(tmp_path: Path) -> None:
+    sys.path.insert(0, str(COMPARE))
+    try:
+        import report
+        from run import Results
+    finally:
+        sys.path.remove(str(COMPARE))
+    results = Results()
+    for accel, fabric in ((3.0, 1.0), (3.1, 1.1), (3.2, 1.2)):
+        results.take("step", 2, "accel", {"step_ms": accel})
+        results.take("step", 2, "fabric", {"step_ms": fabric})
+        results.take("checkpoint", 1, "accel", {"save_s": 2.0})
+        results.take("checkpoint", 1, "raw", {"save_s": 0.5})  # the floor, not a peer: not in the last column
+        results.take("checkpoint", 1, "accelerate", {"save_s": 1.0})
+    results.take("resume", 2, "accel", {"exact": True})
+    results.take("resume", 2, "fabric", {"exact": False})
+    results.take("fsdp2", 2, "accel", {"memory_fraction": 0.5})
+    results.take("fsdp2", 2, "accelerate", {"memory_fraction": 0.4})  # noted below as not sharding: not compared
+    results.note("fsdp2", 2, "accelerate", "ran, but did not shard (data parallel: every process holds all)")
+    summary = report.summarise(results)
+    rows = {row[:3]: row for row in report.ROWS}
+
+    def verdict(*key: str) -> str:
+        return report.not_ahead(summary, results.notes, rows[key], ["accel", "raw", "accelerate", "fabric"])
+
+    assert verdict("step", "2", "step_ms") == "behind: Fabric 0.35x (beyond the spread)"
+    assert verdict("checkpoint", "1", "save_s").startswith(
+        "behind: Accelerate 0.50x (beyond the spread) — accel fsyncs"
+    )
+    assert verdict("resume", "2", "exact") == "ahead"
+    assert verdict("fsdp2", "2", "memory_fraction") == "no peer figure"  # Accelerate's did not shard
+
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- compare:results:start -->\nold table\n<!-- compare:results:end -->\noutro\n")
+    assert report.replace_block(readme, "results", "| new |")
+    assert readme.read_text() == "intro\n<!-- compare:results:start -->\n| new |\n<!-- compare:results:end -->\noutro\n"
+    untouched = tmp_path / "other.md"
+    untouched.write_text("no markers\n")
+    assert not report.replace_block(untouched, "results", "| new |") and untouched.read_text() == "no markers\n"

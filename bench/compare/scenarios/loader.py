@@ -24,7 +24,7 @@ def _per_batch_ms(loader, epochs: int) -> float:
 
 
 def run(harness, quick: bool = False, **_: str) -> dict:
-    samples, epochs = (4096, 2) if quick else (32768, 3)
+    samples, epochs = (2048, 1) if quick else (16384, 2)
     generator = torch.Generator().manual_seed(0)
     dataset = TensorDataset(torch.randn(samples, 32, generator=generator), torch.randint(0, 10, (samples,)))
     result = {"sharded_ms": _per_batch_ms(harness.loader(dataset, 64, shuffle=True), epochs)}

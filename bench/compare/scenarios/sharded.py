@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -57,6 +58,7 @@ def run(harness, quick: bool = False, **_: str) -> dict:
     baseline = _live_tensor_bytes()
     torch.manual_seed(0)
     model = nn.Sequential(*[Block(dim) for _ in range(depth)])
+    model.config = SimpleNamespace(hidden_size=dim)  # what ZeRO-3's "auto" bucket sizes are derived from
     numel = sum(p.numel() for p in model.parameters())
     full = sum(p.numel() * p.element_size() for p in model.parameters()) * 4  # params + grads + 2 Adam moments
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
