@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import torch
 
-import accel_core.accelerator as accelerator_module
+import accel_core.metrics_gathering as gathering_module
 from accel_core import Accelerator, ops
 
 Payload = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -41,13 +41,13 @@ class Check:
     """Switches the check off in this process (the bench's 'unchecked' side), and back on."""
 
     def __init__(self) -> None:
-        self.saved = (accelerator_module.check_agreement, ops.checked_gather)
+        self.saved = (gathering_module.check_agreement, ops.checked_gather)
 
     def set(self, on: bool) -> None:
         if on:
-            accelerator_module.check_agreement, ops.checked_gather = self.saved
+            gathering_module.check_agreement, ops.checked_gather = self.saved
         else:
-            accelerator_module.check_agreement = lambda *args, **kwargs: None
+            gathering_module.check_agreement = lambda *args, **kwargs: None
             # What gather_for_metrics did before the check: its tensors packed into as few all_gathers.
             ops.checked_gather = lambda operation, data, group=None, hint="": ops.gather_unchecked(data, group)
 
