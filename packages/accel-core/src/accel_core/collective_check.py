@@ -42,13 +42,14 @@ class DistributedOperationException(ValueError, RuntimeError):
     """
 
 
-def _contains_tensor(data: Any) -> bool:
+def contains_tensor(data: Any) -> bool:
+    """Whether a nested structure (mappings, lists, tuples) holds a tensor anywhere."""
     if isinstance(data, torch.Tensor):
         return True
     if isinstance(data, Mapping):
-        return any(_contains_tensor(v) for v in data.values())
+        return any(contains_tensor(v) for v in data.values())
     if isinstance(data, (list, tuple)):
-        return any(_contains_tensor(v) for v in data)
+        return any(contains_tensor(v) for v in data)
     return False
 
 
@@ -68,7 +69,7 @@ def describe(data: Any, ndim_only: bool = False, path: str = "") -> list[str]:
         for key, value in data.items():
             lines.extend(describe(value, ndim_only, f"{path}[{key!r}]"))
         return lines
-    if isinstance(data, (list, tuple)) and _contains_tensor(data):
+    if isinstance(data, (list, tuple)) and contains_tensor(data):
         lines = [f"{path or 'input'}: {type(data).__name__} of {len(data)}"]
         for index, value in enumerate(data):
             lines.extend(describe(value, ndim_only, f"{path}[{index}]"))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import ops
-from .collective_check import check_agreement
+from .collective_check import check_agreement, contains_tensor
 
 if TYPE_CHECKING:
     from .configuration import DataLoaderConfiguration
@@ -112,16 +112,6 @@ def _is_iterable(dataloader: Any) -> bool:
     return isinstance(getattr(dataloader, "dataset", None), torch.utils.data.IterableDataset)
 
 
-def _contains_tensor(data: Any) -> bool:
-    if isinstance(data, torch.Tensor):
-        return True
-    if isinstance(data, Mapping):
-        return any(_contains_tensor(v) for v in data.values())
-    if isinstance(data, (list, tuple)):
-        return any(_contains_tensor(v) for v in data)
-    return False
-
-
 def _only_tensors(data: Any) -> bool:
     if isinstance(data, Mapping):
         return all(_only_tensors(v) for v in data.values())
@@ -137,7 +127,7 @@ def _gather_samples(data: Any, keep: int | None, group: Any = None) -> Any:
         return gathered if keep is None else gathered[:keep]
     if isinstance(data, Mapping):
         return ops.mapping_like(data, {k: _gather_samples(v, keep, group) for k, v in data.items()})
-    if isinstance(data, (list, tuple)) and _contains_tensor(data):
+    if isinstance(data, (list, tuple)) and contains_tensor(data):
         return ops.honor_type(data, (_gather_samples(v, keep, group) for v in data))
     gathered = ops.gather_object(data, group)  # a list of samples is concatenated; a lone object listed per process
     return gathered if keep is None or not isinstance(data, (list, tuple)) else gathered[:keep]
