@@ -137,26 +137,6 @@ class MegatronPipelinedModel(StagedModel):
         return list(self._stage_modules)
 
     # -- state dicts under the whole model's names ------------------------------------------------
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """This rank's chunk(s) state (TP shards as they are), under the whole model's names."""
-        merged: dict[str, Any] = {}
-        for module in self._stage_modules:
-            merged.update(module.state_dict(*args, **kwargs))
-        return merged
-
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """Loads this rank's keys of ``state_dict`` (whole-model names); ``strict``: all local keys must be in it."""
-        missing: list[str] = []
-        for module in self._stage_modules:
-            own = module.state_dict().keys()
-            result = module.load_state_dict(
-                {k: v for k, v in state_dict.items() if k in own}, strict=False, assign=assign
-            )
-            missing.extend(result.missing_keys)
-        if strict and missing:
-            raise RuntimeError(f"Missing key(s) for this pipeline stage: {missing}.")
-        return nn.modules.module._IncompatibleKeys(missing, [])
-
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights (TP shards gathered, then the stages) on the first pipeline rank of each
         data-parallel replica, so on the main process; ``{}`` elsewhere. Collective over TP and PP."""

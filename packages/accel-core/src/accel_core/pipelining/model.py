@@ -109,6 +109,26 @@ class StagedModel(nn.Module):
         """
         raise NotImplementedError
 
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """This rank's stage(s) state, under the whole model's names (other stages' keys are absent)."""
+        merged: dict[str, Any] = {}
+        for module in self.stage_modules:
+            merged.update(module.state_dict(*args, **kwargs))
+        return merged
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """Loads this rank's keys from ``state_dict`` (a whole-model or a stage state dict); with ``strict``, every
+        key of the local stage(s) must be present."""
+        missing: list[str] = []
+        for module in self.stage_modules:
+            own = module.state_dict().keys()
+            part = {k: v for k, v in state_dict.items() if k in own}
+            result = module.load_state_dict(part, strict=False, assign=assign)
+            missing.extend(result.missing_keys)
+        if strict and missing:
+            raise RuntimeError(f"Missing key(s) for this pipeline stage: {missing}.")
+        return nn.modules.module._IncompatibleKeys(missing, [])
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state dict, gathered over the stages onto the main process. Collective."""
         raise NotImplementedError
@@ -174,26 +194,6 @@ class PipelinedModel(StagedModel):
         if len(self.parts) == 1:
             return self.parts[0]
         return units_under_one_root(self._stage_modules)
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """This rank's stage(s) state, under the whole model's names (other stages' keys are absent)."""
-        merged: dict[str, Any] = {}
-        for module in self._stage_modules:
-            merged.update(module.state_dict(*args, **kwargs))
-        return merged
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
-        """Loads this rank's keys from ``state_dict`` (a whole-model or a stage state dict); with ``strict``, every
-        key of the local stage(s) must be present."""
-        missing: list[str] = []
-        for module in self._stage_modules:
-            own = module.state_dict().keys()
-            part = {k: v for k, v in state_dict.items() if k in own}
-            result = module.load_state_dict(part, strict=False, assign=assign)
-            missing.extend(result.missing_keys)
-        if strict and missing:
-            raise RuntimeError(f"Missing key(s) for this pipeline stage: {missing}.")
-        return nn.modules.module._IncompatibleKeys(missing, [])
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state dict on CPU, gathered over the stages onto the first pipeline rank of each
