@@ -256,7 +256,7 @@ def _logging_attempt(project, stop_after, tracker_name, init_kwargs):
     """Trains one step per iteration, logging the loss at each; saves at step 3; returns what it logged."""
     config = ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True)
     accelerator = Accelerator(cpu=True, project_config=config, resume="auto", log_with=tracker_name)
-    accelerator.init_trackers("exp", init_kwargs={tracker_name: init_kwargs})
+    accelerator.init_trackers("exp", config={"lr": 0.01}, init_kwargs={tracker_name: init_kwargs})
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
@@ -303,3 +303,39 @@ def test_mlflow_run_continues_after_auto_resume_each_step_once(tmp_path, monkeyp
     experiment = client.get_experiment_by_name("exp")
     deleted = client.search_runs([experiment.experiment_id], run_view_type=mlflow.entities.ViewType.DELETED_ONLY)
     assert len(deleted) == 1 and deleted[0].info.run_id != run_id
+
+
+@pytest.mark.slow  # two Accelerators, W&B's import and its service process
+def test_wandb_run_continues_after_auto_resume(tmp_path, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tracking"))
+    import tracking_wandb_reader as wandb_reader
+
+    for key in ("WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        (tmp_path / key).mkdir()
+        monkeypatch.setenv(key, str(tmp_path / key))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("ACCEL_CHECKPOINT_FSYNC", "0")
+    first, logged = _logging_attempt(tmp_path / "project", 5, "wandb", {"name": "exp-run"})
+    run_id = first.get_tracker("wandb").run_id
+    first.get_tracker("wandb").finish()  # the process dies after step 5 (checkpoint at 3)
+
+    resumed, logged_again = _logging_attempt(tmp_path / "project", 7, "wandb", {"name": "exp-run"})
+    tracker = resumed.get_tracker("wandb")
+    assert resumed.resumed_from is not None and tracker.run_id == run_id
+    resumed.end_training()
+
+    # Two segments of the one run: the interrupted attempt's and the resumed one's. The run the
+    # second attempt started before the checkpoint was loaded (config only) is gone.
+    folders = sorted((tmp_path / "WANDB_DIR" / "wandb").glob("offline-run-*"))
+    assert [f.name.rsplit("-", 1)[1] for f in folders] == [run_id, run_id]
+    segments = [next(f.glob("run-*.wandb")) for f in folders]
+    assert {wandb_reader.run_info(s)["run_id"] for s in segments} == {run_id}
+    steps = [{row["_step"]: row["loss"] for row in wandb_reader.history(s) if "loss" in row} for s in segments]
+    steps.sort(key=min)
+    assert list(steps[0]) == [1, 2, 3, 4, 5] and list(steps[1]) == [4, 5, 6, 7]  # resumed after step 3
+    assert steps[0] == logged and steps[1] == logged_again
+    assert {k: steps[1][k] for k in (4, 5)} == {k: logged[k] for k in (4, 5)}  # trained again bit-exactly
+    assert wandb_reader.config(segments[1])["lr"] == 0.01  # the config goes on in the resumed segment

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 from .base import GeneralTracker, make_logging_dir, require
+
+logger = logging.getLogger(__name__)
 
 
 class WandBTracker(GeneralTracker):
@@ -38,7 +43,46 @@ class WandBTracker(GeneralTracker):
             if chosen is not None:
                 make_logging_dir(chosen, self.name)
                 kwargs["dir"] = chosen
+        self._init_kwargs = kwargs  # continue_run reopens another run with the same settings
         self.run = wandb.init(project=self.run_name, **kwargs)
+        self._config: dict[str, Any] = {}
+        # Steps below this are in the run already (a continued run): W&B would drop them with a warning.
+        self._first_new_step = 0
+
+    @property
+    def run_id(self) -> str | None:
+        """The W&B run id (kept by ``save_state``, so that a resumed job logs into the same run)."""
+        run = getattr(self, "run", None)
+        return None if run is None else run.id
+
+    def continue_run(self, run_id: str, last_step: int | None) -> None:
+        """Logs into the checkpoint's run ``run_id`` from now on (``resume="auto"``; see ``ContinuableTracker``).
+
+        The run this attempt started before the checkpoint was loaded holds nothing but its
+        config: it is finished and removed (offline: its folder, which ``wandb sync`` would
+        otherwise upload as an empty run; online: deleted on the server, or a warning says why
+        not). The checkpoint's run is reopened with ``wandb.init(id=run_id, resume="allow")`` and
+        the same settings and config. Online, W&B resumes the run after the last step it holds
+        and keeps the steps the interrupted attempt logged after the checkpoint; this attempt
+        does not log those again (with an exact resume they are the same values): each step is
+        in the run once. Offline, the attempt writes a new segment of the same run id
+        (``offline-run-*-<id>``) starting after ``last_step``; ``wandb sync`` adds it to the run.
+        """
+        import wandb
+
+        if run_id == self.run.id:
+            return
+        started, offline = self.run, bool(self.run.offline)
+        folder = Path(started.dir).parent  # <dir>/wandb/(offline-)run-<time>-<id>
+        started.finish()
+        if offline:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            _delete_online_run(started.path)
+        self.run = wandb.init(project=self.run_name, **{**self._init_kwargs, "id": run_id, "resume": "allow"})
+        if self._config:
+            self.run.config.update(self._config, allow_val_change=True)
+        self._first_new_step = self.run.step if self.run.resumed else 0
 
     @classmethod
     def is_available(cls) -> bool:
@@ -62,9 +106,12 @@ class WandBTracker(GeneralTracker):
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         # allow_val_change: init_trackers may be called again with an updated config.
+        self._config.update(values)
         self.run.config.update(dict(values), allow_val_change=True)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        if step is not None and step < self._first_new_step:
+            return  # the continued run holds this step already (continue_run)
         self.run.log(values, step=step, **kwargs)
 
     def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
@@ -75,7 +122,7 @@ class WandBTracker(GeneralTracker):
         for key, images in values.items():
             images = images if isinstance(images, (list, tuple)) else [images]
             logged[key] = [wandb.Image(image) for image in images]
-        self.run.log(logged, step=step, **kwargs)
+        self.log(logged, step=step, **kwargs)
 
     def log_table(
         self,
@@ -90,12 +137,23 @@ class WandBTracker(GeneralTracker):
 
         # wandb types columns and rows with its own aliases (ColumnKey, InputRow) that lists of str / values satisfy.
         table = wandb.Table(columns=columns, data=data, dataframe=dataframe)  # pyright: ignore[reportArgumentType]
-        self.run.log({table_name: table}, step=step, **kwargs)
+        self.log({table_name: table}, step=step, **kwargs)
 
     def finish(self) -> None:
         run = getattr(self, "run", None)
         if run is not None:
             run.finish()
+
+
+def _delete_online_run(path: str) -> None:
+    """Deletes an (empty) run on the W&B server; a warning when that fails, since training goes on either way."""
+    import wandb
+    from wandb.errors import Error as WandBError
+
+    try:
+        wandb.Api().run(path).delete()
+    except (WandBError, OSError) as exc:  # W&B refused, or the network: the run stays, empty
+        logger.warning("W&B: could not delete the empty run %s started before the resume (%s).", path, exc)
 
 
 def _netrc_has(host: str) -> bool:
