@@ -17,9 +17,9 @@ same collective as the digest, in a buffer sized by what recent gathers on the g
 collective per step as without the check, and large logits with their labels pay two, as without.
 
 Cost (``bench/collective_check.py``): the digest of a structure seen before comes from a cache (no
-strings built), the header is packed with ``struct``, and the exchange is one
-``all_gather_into_tensor``: what remains is a few torch operations per call, tens of microseconds
-of CPU.
+strings built), the send and receive buffers of a gather seen before are reused with their header
+already written (``_buffers``), and the exchange is one ``all_gather_into_tensor``: what remains is
+a few torch operations per call, about as many as the unchecked gather's own packing.
 """
 
 from __future__ import annotations
@@ -188,6 +188,29 @@ class _Capacity:
 
 _CAPACITIES: dict[int, _Capacity] = {}
 
+_BUFFERS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_MAX_BUFFERS = 4  # an evaluation loop needs two (its batches and a shorter last one)
+
+
+def _buffers(key: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """The send buffer (its header written) and receive buffer of a checked gather, kept for the next call alike.
+
+    ``key``: (digest, carried, wanted, capacity, world size, device), which fix the header and the sizes.
+    Reusing them saves an evaluation loop a few allocations and the header's packing at each step
+    (a sizeable part of the check's own CPU cost): the collective is synchronous, and what is read
+    back is copied out (``unpack``, ``tolist``) before the next call writes them.
+    """
+    found = _BUFFERS.pop(key, None)  # popped and put back: the dict's order is the use order
+    if found is None:
+        if len(_BUFFERS) >= _MAX_BUFFERS:
+            del _BUFFERS[next(iter(_BUFFERS))]
+        digest, carried, wanted, capacity, world, device = key
+        send = torch.empty(_HEADER * 8 + capacity, dtype=torch.uint8, device=device)
+        send[: _HEADER * 8] = _header(digest, carried, wanted, device=device)
+        found = send, torch.empty(world * send.numel(), dtype=torch.uint8, device=device)
+    _BUFFERS[key] = found
+    return found
+
 
 def unpack(rows: torch.Tensor, offset: int, leaf: torch.Tensor) -> torch.Tensor:
     """Every rank's ``leaf`` concatenated, from the bytes at ``offset`` of each row of ``rows`` (uint8, per rank)."""
@@ -233,12 +256,10 @@ def checked_small_gather(
             carried |= 1 << index
             used += nbytes
             parts.append(leaf.contiguous().reshape(-1).view(torch.uint8))
-    parts.insert(0, _header(digest, carried, wanted, device=device))
-    if used < capacity:  # only the header and the data are read back: the rest need not be cleared
-        parts.append(torch.empty(capacity - used, dtype=torch.uint8, device=device))
-    buffer = torch.cat(parts)
     world = dist.get_world_size(group)
-    everyone = torch.empty(world * buffer.numel(), dtype=torch.uint8, device=device)
+    buffer, everyone = _buffers((digest, carried, wanted, capacity, world, device))
+    if parts:  # after the header; the rest of the buffer is never read back, so it need not be cleared
+        torch.cat(parts, out=buffer.narrow(0, _HEADER * 8, used))
     dist.all_gather_into_tensor(everyone, buffer, group=group)
     rows = everyone.view(world, -1)
     # A row is the header and whole KiB: a multiple of 8 bytes, so it reads as int64s without a copy.
