@@ -172,6 +172,22 @@ def test_extract_model_from_parallel_keeps_or_drops_compile() -> None:
     assert utils.is_compiled_module(kept) and kept._orig_mod is model
 
 
+def test_backend_wrappers_unwrap_once_their_library_is_imported() -> None:
+    """accel-deepspeed and accel-megatron register their wrappers (accel.model_wrappers); unwrapping
+    imports neither library, and finds DeepSpeed's engine once DeepSpeed is imported."""
+    code = (
+        "import sys\n"
+        "from accel_core import model_utils, plugins\n"
+        "assert {'deepspeed', 'megatron.core'} <= set(plugins.available(model_utils.WRAPPERS))\n"
+        "assert len(model_utils._wrapper_types()) == 3 and 'deepspeed' not in sys.modules\n"
+        "import deepspeed\n"
+        "assert deepspeed.DeepSpeedEngine in model_utils._wrapper_types()\n"
+        "print('UNWRAP OK')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "UNWRAP OK" in done.stdout, done.stderr[-2000:]
+
+
 def test_structure_helpers() -> None:
     data = {"a": torch.ones(2, 3, dtype=torch.bfloat16), "b": [torch.zeros(2)]}
     info = utils.get_data_structure(data)

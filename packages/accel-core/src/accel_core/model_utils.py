@@ -20,6 +20,7 @@ from torch import nn
 if TYPE_CHECKING:
     from torch._dynamo.eval_frame import OptimizedModule
 
+from . import plugins
 from .precision import unwrap_forward
 
 
@@ -42,21 +43,23 @@ def model_has_dtensor(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
+WRAPPERS = "accel.model_wrappers"
+
+
 def _wrapper_types() -> tuple[type, ...]:
-    """The containers whose ``.module`` is the user's model; backends only if their library is already imported."""
+    """The containers whose ``.module`` is the user's model: torch's, and those backends register.
+
+    A backend package registers its library's wrapper under ``accel.model_wrappers``, named by the
+    module that defines it (accel-deepspeed: ``deepspeed`` -> ``DeepSpeedEngine``). It is loaded
+    only once that module is imported: a model cannot be wrapped by a library nobody imported, and
+    unwrapping must not import DeepSpeed.
+    """
     types: list[type] = [nn.parallel.DistributedDataParallel, nn.DataParallel]
     if torch.distributed.is_available():
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         types.append(FullyShardedDataParallel)
-    if "deepspeed" in sys.modules:
-        from deepspeed import DeepSpeedEngine
-
-        types.append(DeepSpeedEngine)
-    if "megatron.core" in sys.modules:
-        from megatron.core.distributed import DistributedDataParallel as MegatronDDP
-
-        types.append(MegatronDDP)
+    types += [plugins.load(WRAPPERS, name) for name in plugins.available(WRAPPERS) if name in sys.modules]
     return tuple(types)
 
 
@@ -65,10 +68,10 @@ def extract_model_from_parallel(
 ) -> nn.Module:
     """The user's module from inside the containers ``prepare`` (or the user) put around it.
 
-    Unwraps DDP, DataParallel, FSDP1, a DeepSpeed engine and Megatron-core's DDP (FSDP2 keeps the
-    user's object). keep_fp32_wrapper: False also removes the mixed-precision forward wrapper.
-    keep_torch_compile: False returns the module inside a ``torch.compile`` wrapper. recursive:
-    also unwrap ``.module`` containers among the submodules.
+    Unwraps DDP, DataParallel, FSDP1 and the wrappers backends register (a DeepSpeed engine,
+    Megatron-core's DDP; FSDP2 keeps the user's object). keep_fp32_wrapper: False also removes the
+    mixed-precision forward wrapper. keep_torch_compile: False returns the module inside a
+    ``torch.compile`` wrapper. recursive: also unwrap ``.module`` containers among the submodules.
     """
     compiled: nn.Module | None = None
     if is_compiled_module(model):

@@ -7,6 +7,9 @@ Groups:
 - ``accel.checkpoint``: ``state`` -> an object implementing ``CheckpointHandler``.
 - ``accel.precisions``: ``fp8`` -> a precision class for fp8 training (Transformer-Engine).
 - ``accel.cli``: name -> callable adding a backend's flags to ``accel launch`` (see accel_core.launch).
+- ``accel.model_wrappers``: module name -> a class of that module that wraps the user's model in
+  ``.module`` (``deepspeed`` -> ``DeepSpeedEngine``), unwrapped by ``extract_model_from_parallel``
+  once the module is imported.
 
 This module must not import torch.
 """
