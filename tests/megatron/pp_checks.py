@@ -12,15 +12,14 @@ The last line printed on each rank is "MEGATRON PP CHECKS PASSED <rank>".
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from cuda_calls_on_cpu import cuda_calls_on_cpu
+from megatron_checklib import check, raises, rank
 from torch import nn
 
 from accel_checkpoint.errors import CheckpointMismatchError
@@ -29,25 +28,6 @@ from accel_megatron import MegatronLMPlugin
 
 TMP = Path(sys.argv[1])
 FEATURES, HIDDEN, OUT, SEQ, BATCH, STEPS, LR, CLIP = 6, 8, 3, 3, 8, 20, 1e-2, 0.5
-
-
-def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else int(os.environ["RANK"])
-
-
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {rank()}] {message}")
-
-
-@contextlib.contextmanager
-def raises(kind: type[BaseException], text: str):
-    try:
-        yield
-    except kind as error:
-        check(text in str(error), f"expected {text!r} in: {error}")
-        return
-    raise AssertionError(f"[rank {rank()}] expected {kind.__name__} ({text!r})")
 
 
 class Block(nn.Module):

@@ -12,13 +12,13 @@ Every check raises on failure; the last line printed on each rank is "MEGATRON C
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from megatron_checklib import check, raises, rank
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -30,27 +30,8 @@ TMP = Path(sys.argv[1])
 FEATURES, HIDDEN, OUT, SAMPLES, BATCH, LR, CLIP = 8, 16, 4, 48, 4, 1e-2, 0.3
 
 
-def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else int(os.environ["RANK"])
-
-
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {rank()}] {message}")
-
-
 def close(a: torch.Tensor | float, b: torch.Tensor | float, tol: float = 1e-5) -> bool:
     return torch.allclose(torch.as_tensor(a).float(), torch.as_tensor(b).float(), rtol=tol, atol=tol)
-
-
-@contextlib.contextmanager
-def raises(kind: type[BaseException], text: str):
-    try:
-        yield
-    except kind as error:
-        check(text in str(error), f"expected {text!r} in: {error}")
-        return
-    raise AssertionError(f"[rank {rank()}] expected {kind.__name__} ({text!r})")
 
 
 class TPMLP(nn.Module):

@@ -1,0 +1,29 @@
+"""What pp_checks.py and tp_checks.py (torchrun scripts of this folder) both use to check and report per rank."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import torch.distributed as dist
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else int(os.environ["RANK"])
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"[rank {rank()}] {message}")
+
+
+@contextlib.contextmanager
+def raises(kind: type[BaseException], text: str) -> Iterator[None]:
+    """The block raises ``kind`` with ``text`` in its message."""
+    try:
+        yield
+    except kind as error:
+        check(text in str(error), f"expected {text!r} in: {error}")
+        return
+    raise AssertionError(f"[rank {rank()}] expected {kind.__name__} ({text!r})")
