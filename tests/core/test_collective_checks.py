@@ -17,6 +17,6 @@ def test_mismatched_collectives_raise_on_every_rank(torchrun):
 
 
 @pytest.mark.slow
-def test_debug_mode_reports_a_collective_on_one_rank_only(torchrun):
-    result = torchrun(SCRIPT, "subset", env={"ACCEL_DEBUG_MODE": "1"})
+def test_debug_mode_reports_a_collective_on_one_rank_only(torchrun, tmp_path):
+    result = torchrun(SCRIPT, "subset", str(tmp_path), env={"ACCEL_DEBUG_MODE": "1"})
     assert "ok a gather on rank 0 only" in result.stdout and "COLLECTIVE CHECKS PASSED 1" in result.stdout

@@ -1,7 +1,7 @@
 """Mismatched collectives on 2 processes: each raises the same clear error on both ranks, nothing hangs.
 
 Run: torchrun --nproc_per_node 2 tests/multiprocess/collective_checks.py mismatches
-     ACCEL_DEBUG_MODE=1 torchrun --nproc_per_node 2 tests/multiprocess/collective_checks.py subset
+     ACCEL_DEBUG_MODE=1 torchrun --nproc_per_node 2 tests/multiprocess/collective_checks.py subset <folder>
 The last line printed on each rank is "COLLECTIVE CHECKS PASSED <rank>".
 """
 
@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -242,10 +243,16 @@ def check_collective_on_one_rank() -> None:
             check("Ranks 1 failed to pass monitoredBarrier" in str(error), f"torch's message: {error}")
             check(took < 30, f"reported after {took:.0f}s")
             print(f"ok a gather on rank 0 only, reported after {took:.1f}s: {error}", flush=True)
+            (Path(sys.argv[2]) / "reported").touch()
         else:
             raise AssertionError("a gather on rank 0 only returned")
     else:
-        time.sleep(20)  # never joins; rank 0 must not wait for it past the timeout
+        # Never joins; rank 0 must not wait for it past the timeout. It stays up until rank 0 has seen
+        # the report (a file, not a collective), so that rank 0 sees a missing rank, not an exited one.
+        reported = Path(sys.argv[2]) / "reported"
+        deadline = time.monotonic() + 40
+        while not reported.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 if __name__ == "__main__":
