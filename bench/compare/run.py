@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import envs
 from first_step import IMPORTS
 from frameworks import FRAMEWORKS
+from zygote import Zygote, Zygotes
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parent / "results"
@@ -59,7 +60,8 @@ def clean_env(framework: str = "accel") -> dict[str, str]:
 def cpu_seconds() -> float:
     """CPU time of this process and every finished child (launchers wait for theirs, so workers count too)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    forked = ZYGOTES.cpu() if ZYGOTES is not None else 0.0  # reaped by the zygotes, not yet by this process
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + forked
 
 
 # Every launch: (what, framework, wall seconds, CPU seconds or None), so that a run shows where its time went. The
@@ -107,58 +109,84 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(command: list[str], procs: int, env: dict[str, str], cwd: str, timeout: float) -> tuple[int, str]:
-    """Starts `procs` copies of `command` with the environment torchrun gives its workers (what every framework
-    reads to join the group, Fabric's torchelastic detection included), without torchrun itself: its own
-    `import torch` would add seconds of CPU to each of the run's many worker launches. One process gets no such
-    variables (a plain `python script.py`). If one rank fails, the others are stopped; returns the exit code and
-    the stderr of the first failing rank (else rank 0's)."""
+def rank_envs(env: dict[str, str], procs: int) -> list[dict[str, str]]:
+    """The environment of each of `procs` ranks: what torchrun gives its workers (what every framework reads to
+    join the group, Fabric's torchelastic detection included). One process gets no such variables (a plain
+    `python script.py`)."""
+    if procs == 1:
+        return [dict(env)]
     port, run_id = str(free_port()), f"bench-{time.monotonic_ns()}"
+    return [
+        {
+            **env,
+            **dict.fromkeys(("RANK", "LOCAL_RANK", "ROLE_RANK"), str(rank)),
+            **dict.fromkeys(("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE"), str(procs)),
+            **dict.fromkeys(("GROUP_RANK", "TORCHELASTIC_RESTART_COUNT"), "0"),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "TORCHELASTIC_RUN_ID": run_id,
+        }
+        for rank in range(procs)
+    ]
+
+
+def run_ranks(command: list[str], procs: int, env: dict[str, str], cwd: str, timeout: float) -> tuple[int, str]:
+    """Starts `procs` copies of `command` with the environments of rank_envs, without torchrun itself: its own
+    `import torch` would add seconds of CPU to each of the run's many worker launches. If one rank fails, the
+    others are stopped; returns the exit code and the stderr of the first failing rank (else rank 0's)."""
     with contextlib.ExitStack() as stack:  # files, not pipes: a chatty rank cannot block on a full pipe
         logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(procs)]
-        return _wait_ranks(command, procs, env, cwd, timeout, port, run_id, logs)
+        ranks = [
+            subprocess.Popen(command, env=rank_env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=log)
+            for rank_env, log in zip(rank_envs(env, procs), logs, strict=True)
+        ]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            codes = [p.poll() for p in ranks]
+            if None not in codes:
+                break
+            if any(c not in (None, 0) for c in codes):  # the others may be writing their results: a grace period,
+                deadline = min(deadline, time.monotonic() + 20)  # then they are taken to hang on the failed one
+            time.sleep(0.05)
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+        codes = [p.wait() for p in ranks]
+        failed = next((i for i, c in enumerate(codes) if c != 0), 0)
+        logs[failed].seek(0)
+        return codes[failed], logs[failed].read()
 
 
-def _wait_ranks(command, procs, env, cwd, timeout, port, run_id, logs) -> tuple[int, str]:
-    ranks = []
-    for rank in range(procs):
-        rank_env = dict(env)
-        if procs > 1:
-            rank_env.update(
-                **dict.fromkeys(("RANK", "LOCAL_RANK", "ROLE_RANK"), str(rank)),
-                **dict.fromkeys(("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE"), str(procs)),
-                **dict.fromkeys(("GROUP_RANK", "TORCHELASTIC_RESTART_COUNT"), "0"),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=port,
-                TORCHELASTIC_RUN_ID=run_id,
-            )
-        ranks.append(subprocess.Popen(command, env=rank_env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=logs[rank]))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        codes = [p.poll() for p in ranks]
-        if None not in codes:
-            break
-        if any(c not in (None, 0) for c in codes):  # the others may be writing their results: a grace period,
-            deadline = min(deadline, time.monotonic() + 20)  # then they are taken to hang on the failed one
-        time.sleep(0.05)
-    for p in ranks:
-        if p.poll() is None:
-            p.kill()
-    codes = [p.wait() for p in ranks]
-    failed = next((i for i, c in enumerate(codes) if c != 0), 0)
-    logs[failed].seek(0)
-    return codes[failed], logs[failed].read()
+def fork_ranks(zygote: Zygote, argv: list[str], procs: int, env: dict[str, str], cwd: str, timeout: float):
+    """run_ranks through a zygote (--quick): the ranks are forked from a process that has imported torch and the
+    framework already, with the same environments, the same waiting and the same answer."""
+    with tempfile.TemporaryDirectory(prefix="logs-") as logs_dir:
+        logs = [os.path.join(logs_dir, f"rank{rank}.log") for rank in range(procs)]
+        codes = zygote.run(argv, rank_envs(env, procs), cwd, logs, timeout)
+        failed = next((i for i, c in enumerate(codes) if c != 0), 0)
+        with open(logs[failed], errors="replace") as f:
+            return codes[failed], f.read()
+
+
+# Under --quick, the framework's zygote (zygote.py) forks the worker launches; set by main() for the run's length.
+ZYGOTES: Zygotes | None = None
 
 
 def worker(framework: str, procs: int, scenarios: str, quick: bool, work: str, **options: str) -> dict:
-    """One launch of worker.py in the framework's environment (`procs` ranks); returns its JSON (or
-    {"error": ...})."""
+    """One launch of worker.py in the framework's environment (`procs` ranks), forked from the framework's zygote
+    under --quick; returns its JSON (or {"error": ...})."""
     out = os.path.join(work, f"out-{framework}-{procs}-{time.monotonic_ns()}.json")
-    command = [envs.python(framework), WORKER, "--framework", framework, "--scenarios", scenarios, "--out", out]
-    command += ["--quick"] * quick + [f"--arg={k}={v}" for k, v in options.items()]
+    argv = [WORKER, "--framework", framework, "--scenarios", scenarios, "--out", out]
+    argv += ["--quick"] * quick + [f"--arg={k}={v}" for k, v in options.items()]
     alone = threading.current_thread() is threading.main_thread()
     start, cpu = time.perf_counter(), cpu_seconds()
-    code, stderr = run_ranks(command, procs, clean_env(framework), work, 900)
+    try:
+        if ZYGOTES is not None:
+            code, stderr = fork_ranks(ZYGOTES.get(framework), argv, procs, clean_env(framework), work, 900)
+        else:
+            code, stderr = run_ranks([envs.python(framework), *argv], procs, clean_env(framework), work, 900)
+    except RuntimeError as exc:  # the zygote could not start, or died
+        code, stderr = -1, str(exc)
     wall, used = time.perf_counter() - start, cpu_seconds() - cpu if alone else None
     LAUNCHES.append((f"worker {procs}p {scenarios}", framework, wall, used))
     if os.path.exists(out):
@@ -431,20 +459,33 @@ def main() -> None:
     started, cpu_started = time.time(), cpu_seconds()
     results = Results()
     timings: dict[str, dict[str, float]] = {}
+    global ZYGOTES
     with tempfile.TemporaryDirectory(prefix="accel-compare-") as work:
-        checks = Correctness(plan, work)
-        steps = (
-            ("startup", "startup", lambda: startup(results, frameworks, plan, work)),
-            ("in-process", "in-process", lambda: in_process(results, frameworks, plan, work, args.ckpt_dir)),
-            ("correctness", "correctness", lambda: each(frameworks, lambda fw: checks.run(results, fw), plan.quick)),
-        )
-        for phase, label, step in steps:
-            if phase not in phases:
-                continue
-            t0, c0 = time.time(), cpu_seconds()
-            step()
-            timings[label] = {"wall_s": round(time.time() - t0, 1), "cpu_s": round(cpu_seconds() - c0, 1)}
-            print(f"{label}: {timings[label]['wall_s']:.0f} s wall, {timings[label]['cpu_s']:.0f} s CPU", flush=True)
+        ZYGOTES = Zygotes(envs.python, clean_env, work) if plan.quick else None
+        try:
+            checks = Correctness(plan, work)
+            steps = (
+                ("startup", "startup", lambda: startup(results, frameworks, plan, work)),
+                ("in-process", "in-process", lambda: in_process(results, frameworks, plan, work, args.ckpt_dir)),
+                (
+                    "correctness",
+                    "correctness",
+                    lambda: each(frameworks, lambda fw: checks.run(results, fw), plan.quick),
+                ),
+            )
+            for phase, label, step in steps:
+                if phase not in phases:
+                    continue
+                t0, c0 = time.time(), cpu_seconds()
+                step()
+                timings[label] = {"wall_s": round(time.time() - t0, 1), "cpu_s": round(cpu_seconds() - c0, 1)}
+                print(
+                    f"{label}: {timings[label]['wall_s']:.0f} s wall, {timings[label]['cpu_s']:.0f} s CPU", flush=True
+                )
+        finally:  # on an error or Ctrl-C too: a zygote kills the children it has left, then exits
+            if ZYGOTES is not None:
+                ZYGOTES.close()
+                ZYGOTES = None
     # Read only now, so that a run of the other phases started alongside this one has written its figures.
     earlier = Path(args.out) / ("compare-quick.json" if args.quick else "compare.json")
     if set(phases) != set(PHASES) and earlier.exists():
