@@ -65,7 +65,8 @@ def cpu_seconds() -> float:
 
 
 # Every launch: (what, framework, wall seconds, CPU seconds or None), so that a run shows where its time went. The
-# CPU time is that of the finished children, known per launch only when launches do not overlap (not under --quick).
+# CPU time is that of the finished children, known per launch only when launches do not overlap, or when a zygote
+# forked them (--quick: it counts its children's; its own start-up, its imports, is in no launch's figure).
 LAUNCHES: list[tuple[str, str, float, float | None]] = []
 
 
@@ -159,13 +160,14 @@ def run_ranks(command: list[str], procs: int, env: dict[str, str], cwd: str, tim
 
 def fork_ranks(zygote: Zygote, argv: list[str], procs: int, env: dict[str, str], cwd: str, timeout: float):
     """run_ranks through a zygote (--quick): the ranks are forked from a process that has imported torch and the
-    framework already, with the same environments, the same waiting and the same answer."""
+    framework already, with the same environments, the same waiting and the same answer, plus the ranks' CPU
+    seconds."""
     with tempfile.TemporaryDirectory(prefix="logs-") as logs_dir:
         logs = [os.path.join(logs_dir, f"rank{rank}.log") for rank in range(procs)]
-        codes = zygote.run(argv, rank_envs(env, procs), cwd, logs, timeout)
+        codes, cpu = zygote.run(argv, rank_envs(env, procs), cwd, logs, timeout)
         failed = next((i for i, c in enumerate(codes) if c != 0), 0)
         with open(logs[failed], errors="replace") as f:
-            return codes[failed], f.read()
+            return codes[failed], f.read(), cpu
 
 
 # Under --quick, the framework's zygote (zygote.py) forks the worker launches; set by main() for the run's length.
@@ -179,15 +181,17 @@ def worker(framework: str, procs: int, scenarios: str, quick: bool, work: str, *
     argv = [WORKER, "--framework", framework, "--scenarios", scenarios, "--out", out]
     argv += ["--quick"] * quick + [f"--arg={k}={v}" for k, v in options.items()]
     alone = threading.current_thread() is threading.main_thread()
-    start, cpu = time.perf_counter(), cpu_seconds()
     try:
-        if ZYGOTES is not None:
-            code, stderr = fork_ranks(ZYGOTES.get(framework), argv, procs, clean_env(framework), work, 900)
+        zygote = ZYGOTES.get(framework) if ZYGOTES is not None else None  # started on first use: not timed here
+        start, cpu = time.perf_counter(), cpu_seconds()
+        if zygote is not None:
+            code, stderr, used = fork_ranks(zygote, argv, procs, clean_env(framework), work, 900)
         else:
             code, stderr = run_ranks([envs.python(framework), *argv], procs, clean_env(framework), work, 900)
+            used = cpu_seconds() - cpu if alone else None
     except RuntimeError as exc:  # the zygote could not start, or died
-        code, stderr = -1, str(exc)
-    wall, used = time.perf_counter() - start, cpu_seconds() - cpu if alone else None
+        return {name: {"error": str(exc)[-1500:]} for name in scenarios.split(",")}
+    wall = time.perf_counter() - start
     LAUNCHES.append((f"worker {procs}p {scenarios}", framework, wall, used))
     if os.path.exists(out):
         with open(out) as f:
@@ -484,6 +488,8 @@ def main() -> None:
                 )
         finally:  # on an error or Ctrl-C too: a zygote kills the children it has left, then exits
             if ZYGOTES is not None:
+                for fw, zygote in ZYGOTES.started.items():
+                    LAUNCHES.append(("zygote start", fw, zygote.start_s, zygote.start_cpu))
                 ZYGOTES.close()
                 ZYGOTES = None
     # Read only now, so that a run of the other phases started alongside this one has written its figures.

@@ -169,6 +169,7 @@ class Zygote:
         import threading
 
         self.framework, self.lock, self.cpu = framework, threading.Lock(), 0.0
+        start = time.perf_counter()
         self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed by close(); its own stderr: import warnings, and why it died if it did
         self.process = subprocess.Popen(
             [python, os.path.abspath(__file__), framework],
@@ -180,6 +181,7 @@ class Zygote:
             text=True,
         )
         self._reply()
+        self.start_s, self.start_cpu = time.perf_counter() - start, self.cpu  # its imports, once
 
     def _reply(self) -> dict:
         assert self.process.stdout is not None
@@ -193,14 +195,18 @@ class Zygote:
         self.cpu = reply["cpu"]
         return reply
 
-    def run(self, argv: list[str], envs: list[dict[str, str]], cwd: str, logs: list[str], timeout: float) -> list[int]:
-        """Forks one rank per entry of `envs`; their exit codes (minus the signal for a killed one)."""
+    def run(
+        self, argv: list[str], envs: list[dict[str, str]], cwd: str, logs: list[str], timeout: float
+    ) -> tuple[list[int], float]:
+        """Forks one rank per entry of `envs`; their exit codes (minus the signal for a killed one) and the CPU
+        seconds they used (exact: a zygote serves one request at a time)."""
         request = {"argv": argv, "envs": envs, "cwd": cwd, "logs": logs, "timeout": timeout}
         with self.lock:
             assert self.process.stdin is not None
+            before = self.cpu
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
-            return self._reply()["codes"]
+            return self._reply()["codes"], self.cpu - before
 
     def close(self) -> None:
         """Ends it (it kills any child left) and reaps it: its CPU time then counts among run.py's children."""
