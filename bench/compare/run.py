@@ -71,6 +71,7 @@ LAUNCHES: list[tuple[str, str, float, float | None]] = []
 
 
 def launch(what: str, framework: str, command: list[str], env: dict[str, str], cwd: str, timeout: float):
+    check_stop()
     alone = threading.current_thread() is threading.main_thread()
     start, cpu = time.perf_counter(), cpu_seconds()
     try:
@@ -180,6 +181,7 @@ def worker(framework: str, procs: int, scenarios: str, quick: bool, work: str, *
     out = os.path.join(work, f"out-{framework}-{procs}-{time.monotonic_ns()}.json")
     argv = [WORKER, "--framework", framework, "--scenarios", scenarios, "--out", out]
     argv += ["--quick"] * quick + [f"--arg={k}={v}" for k, v in options.items()]
+    check_stop()
     alone = threading.current_thread() is threading.main_thread()
     try:
         zygote = ZYGOTES.get(framework) if ZYGOTES is not None else None  # started on first use: not timed here
@@ -290,9 +292,28 @@ def each(frameworks: list[str], task, parallel: bool) -> None:
         for fw in frameworks:
             task(fw)
         return
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    pool = ThreadPoolExecutor(max_workers=2)
+    try:
         for future in [pool.submit(task, fw) for fw in frameworks]:
             future.result()
+    except BaseException:  # Ctrl-C (only the main thread sees it) or an error: the other task stops at its next
+        STOP.set()  # launch, the queued ones never start
+        pool.shutdown(cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+class Stopped(Exception):
+    """Raised by a launch asked for after the run was stopped (STOP)."""
+
+
+# Set when the run is being stopped: a task running on a pool thread makes no further launch.
+STOP = threading.Event()
+
+
+def check_stop() -> None:
+    if STOP.is_set():
+        raise Stopped("the run was stopped")
 
 
 def rotated(frameworks: list[str], rep: int) -> list[str]:

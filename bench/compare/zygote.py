@@ -204,8 +204,11 @@ class Zygote:
         with self.lock:
             assert self.process.stdin is not None
             before = self.cpu
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
+            try:
+                self.process.stdin.write(json.dumps(request) + "\n")
+                self.process.stdin.flush()
+            except (BrokenPipeError, ValueError):  # it has exited (stdin closed by close(): ValueError)
+                return self._reply()["codes"], 0.0  # raises, with its exit code and stderr
             return self._reply()["codes"], self.cpu - before
 
     def close(self) -> None:
