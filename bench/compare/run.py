@@ -1,14 +1,17 @@
 """accel against raw PyTorch, Hugging Face Accelerate and Lightning Fabric: every scenario, the same machine, one run.
 
     uv run --group bench python bench/compare/run.py            # the full run (5 alternating launches each)
-    uv run --group bench python bench/compare/run.py --quick    # CI smoke: 1 launch each, tiny sizes
+    uv run --group bench python bench/compare/run.py --quick    # CI smoke: 1 launch each, tiny sizes, < 3 min
 
 Frameworks alternate repetition by repetition (the order rotates) so that a change in machine load hits all of
 them alike; each figure is the median over repetitions with its spread (interquartile range). Writes, in one go,
 bench/results/compare.json, compare.md (the table), one PNG chart per scenario and the tables in
-bench/results/README.md and the root README (report.py); --quick writes compare-quick.json / .md only. The
-peers run in their own environments (envs.py), created on first use. Exits non-zero only when a scenario errors
-(never on a timing).
+bench/results/README.md and the root README (report.py); --quick writes compare-quick.json / .md only. --quick is a
+smoke test of every scenario for every framework, not a measurement: besides one launch and tiny sizes, it runs two
+frameworks at a time and forks its worker launches from one zygote per framework (zygote.py: torch and the
+framework imported once), where the full run starts each one fresh; its start-up rows (`--help`, launch to first
+step) are fresh processes in both. The peers run in their own environments (envs.py), created on first use.
+Exits non-zero only when a scenario errors (never on a timing).
 """
 
 from __future__ import annotations
@@ -268,8 +271,8 @@ PHASES = {
 
 class Plan:
     """How much each phase repeats: the full run (medians worth quoting) or --quick (a smoke test of every scenario
-    for every framework, aiming at < 3 min on a quiet 2-core machine: one repetition, tiny sizes, one process where the
-    scenario allows it)."""
+    for every framework, < 3 min on a quiet 2-core machine: one repetition, tiny sizes, one process where the
+    scenario allows it; main() adds the zygotes)."""
 
     def __init__(self, quick: bool, reps: int | None) -> None:
         self.quick = quick
@@ -286,7 +289,7 @@ class Plan:
 def each(frameworks: list[str], task, parallel: bool) -> None:
     """Runs `task(framework)` for every framework: one after another (timed runs must not share the CPUs), or two
     at a time under --quick, a smoke test whose figures are not for quoting: its wall time is then bounded by the
-    CPU time of its launches (mostly `import torch`) over the cores rather than by their sum. The tasks of
+    CPU time of its launches over the cores rather than by their sum. The tasks of
     different frameworks write different keys of `Results` (dict.setdefault and list.append are atomic)."""
     if not parallel:
         for fw in frameworks:
@@ -457,7 +460,9 @@ def merge(paths: list[Path], out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="CI smoke: every scenario once, tiny sizes")
+    parser.add_argument(
+        "--quick", action="store_true", help="CI smoke: every scenario once, tiny sizes, forked launches (< 3 min)"
+    )
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated subset")
     parser.add_argument("--reps", type=int, default=None, help="launches per framework and scenario (default 5)")
     parser.add_argument("--out", default=str(RESULTS), help="folder for JSON, table and charts")
