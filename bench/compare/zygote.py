@@ -30,9 +30,10 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# What make() and the scenarios import in each environment, minus what a child would do anyway. DeepSpeed is not
-# preloaded: its import starts a background allocator thread in the workspace environment (not fork-safe), and
-# only the ZeRO-3 launches need it.
+# What make() and the scenarios import in each environment, so that a forked child finds it imported.
+# torch._dynamo: torch imports it on the first optimizer step (5-10 s of CPU in each child otherwise). DeepSpeed is
+# not preloaded: in the workspace environment its import pulls in mlflow and pyarrow, whose allocator starts a
+# background thread (a fork would copy its locks in any state); only the ZeRO-3 launches need it.
 COMMON = (
     "torch",
     "torch._dynamo",
@@ -47,12 +48,16 @@ PRELOAD = {
     "accelerate": ("accelerate", "accelerate.data_loader"),
     "fabric": ("lightning_fabric", "lightning_fabric.strategies"),
 }
-SCENARIOS = ("step", "loader", "gather", "checkpoint", "sharded", "resume", "crash")
-GRACE_S = 20  # as run.py's _wait_ranks
+GRACE_S = 20  # after a rank fails, as run.py's run_ranks
 
 
 def preload(framework: str) -> None:
-    for name in (*COMMON, *PRELOAD[framework], "frameworks", "worker", *(f"scenarios.{s}" for s in SCENARIOS)):
+    import pkgutil
+
+    import scenarios
+
+    ours = [f"scenarios.{m.name}" for m in pkgutil.iter_modules(scenarios.__path__)]
+    for name in (*COMMON, *PRELOAD[framework], "frameworks", "worker", *ours):
         importlib.import_module(name)
     if framework == "accel":
         import accel
