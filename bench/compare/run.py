@@ -1,14 +1,17 @@
 """accel against raw PyTorch, Hugging Face Accelerate and Lightning Fabric: every scenario, the same machine, one run.
 
     uv run --group bench python bench/compare/run.py            # the full run (5 alternating launches each)
-    uv run --group bench python bench/compare/run.py --quick    # CI smoke: 1 launch each, tiny sizes
+    uv run --group bench python bench/compare/run.py --quick    # CI smoke: 1 launch each, tiny sizes, < 3 min
 
 Frameworks alternate repetition by repetition (the order rotates) so that a change in machine load hits all of
 them alike; each figure is the median over repetitions with its spread (interquartile range). Writes, in one go,
 bench/results/compare.json, compare.md (the table), one PNG chart per scenario and the tables in
-bench/results/README.md and the root README (report.py); --quick writes compare-quick.json / .md only. The
-peers run in their own environments (envs.py), created on first use. Exits non-zero only when a scenario errors
-(never on a timing).
+bench/results/README.md and the root README (report.py); --quick writes compare-quick.json / .md only. --quick is a
+smoke test of every scenario for every framework, not a measurement: besides one launch and tiny sizes, it runs two
+frameworks at a time and forks its worker launches from one zygote per framework (zygote.py: torch and the
+framework imported once), where the full run starts each one fresh; its start-up rows (`--help`, launch to first
+step) are fresh processes in both. The peers run in their own environments (envs.py), created on first use.
+Exits non-zero only when a scenario errors (never on a timing).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -32,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import envs
 from first_step import IMPORTS
 from frameworks import FRAMEWORKS
+from zygote import Zygote, Zygotes
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parent / "results"
@@ -59,15 +64,18 @@ def clean_env(framework: str = "accel") -> dict[str, str]:
 def cpu_seconds() -> float:
     """CPU time of this process and every finished child (launchers wait for theirs, so workers count too)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    forked = ZYGOTES.cpu() if ZYGOTES is not None else 0.0  # reaped by the zygotes, not yet by this process
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + forked
 
 
 # Every launch: (what, framework, wall seconds, CPU seconds or None), so that a run shows where its time went. The
-# CPU time is that of the finished children, known per launch only when launches do not overlap (not under --quick).
+# CPU time is that of the finished children, known per launch only when launches do not overlap, or when a zygote
+# forked them (--quick: it counts its children's; its own start-up, its imports, is in no launch's figure).
 LAUNCHES: list[tuple[str, str, float, float | None]] = []
 
 
 def launch(what: str, framework: str, command: list[str], env: dict[str, str], cwd: str, timeout: float):
+    check_stop()
     alone = threading.current_thread() is threading.main_thread()
     start, cpu = time.perf_counter(), cpu_seconds()
     try:
@@ -107,59 +115,89 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(command: list[str], procs: int, env: dict[str, str], cwd: str, timeout: float) -> tuple[int, str]:
-    """Starts `procs` copies of `command` with the environment torchrun gives its workers (what every framework
-    reads to join the group, Fabric's torchelastic detection included), without torchrun itself: its own
-    `import torch` would add seconds of CPU to each of the run's many worker launches. One process gets no such
-    variables (a plain `python script.py`). If one rank fails, the others are stopped; returns the exit code and
-    the stderr of the first failing rank (else rank 0's)."""
+def rank_envs(env: dict[str, str], procs: int) -> list[dict[str, str]]:
+    """The environment of each of `procs` ranks: what torchrun gives its workers (what every framework reads to
+    join the group, Fabric's torchelastic detection included). One process gets no such variables (a plain
+    `python script.py`)."""
+    if procs == 1:
+        return [dict(env)]
     port, run_id = str(free_port()), f"bench-{time.monotonic_ns()}"
+    return [
+        {
+            **env,
+            **dict.fromkeys(("RANK", "LOCAL_RANK", "ROLE_RANK"), str(rank)),
+            **dict.fromkeys(("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE"), str(procs)),
+            **dict.fromkeys(("GROUP_RANK", "TORCHELASTIC_RESTART_COUNT"), "0"),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "TORCHELASTIC_RUN_ID": run_id,
+        }
+        for rank in range(procs)
+    ]
+
+
+def run_ranks(command: list[str], procs: int, env: dict[str, str], cwd: str, timeout: float) -> tuple[int, str]:
+    """Starts `procs` copies of `command` with the environments of rank_envs, without torchrun itself: its own
+    `import torch` would add seconds of CPU to each of the run's many worker launches. If one rank fails, the
+    others are stopped; returns the exit code and the stderr of the first failing rank (else rank 0's)."""
     with contextlib.ExitStack() as stack:  # files, not pipes: a chatty rank cannot block on a full pipe
         logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(procs)]
-        return _wait_ranks(command, procs, env, cwd, timeout, port, run_id, logs)
+        ranks = [
+            subprocess.Popen(command, env=rank_env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=log)
+            for rank_env, log in zip(rank_envs(env, procs), logs, strict=True)
+        ]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            codes = [p.poll() for p in ranks]
+            if None not in codes:
+                break
+            if any(c not in (None, 0) for c in codes):  # the others may be writing their results: a grace period,
+                deadline = min(deadline, time.monotonic() + 20)  # then they are taken to hang on the failed one
+            time.sleep(0.05)
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+        codes = [p.wait() for p in ranks]
+        failed = next((i for i, c in enumerate(codes) if c != 0), 0)
+        logs[failed].seek(0)
+        return codes[failed], logs[failed].read()
 
 
-def _wait_ranks(command, procs, env, cwd, timeout, port, run_id, logs) -> tuple[int, str]:
-    ranks = []
-    for rank in range(procs):
-        rank_env = dict(env)
-        if procs > 1:
-            rank_env.update(
-                **dict.fromkeys(("RANK", "LOCAL_RANK", "ROLE_RANK"), str(rank)),
-                **dict.fromkeys(("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE"), str(procs)),
-                **dict.fromkeys(("GROUP_RANK", "TORCHELASTIC_RESTART_COUNT"), "0"),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=port,
-                TORCHELASTIC_RUN_ID=run_id,
-            )
-        ranks.append(subprocess.Popen(command, env=rank_env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=logs[rank]))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        codes = [p.poll() for p in ranks]
-        if None not in codes:
-            break
-        if any(c not in (None, 0) for c in codes):  # the others may be writing their results: a grace period,
-            deadline = min(deadline, time.monotonic() + 20)  # then they are taken to hang on the failed one
-        time.sleep(0.05)
-    for p in ranks:
-        if p.poll() is None:
-            p.kill()
-    codes = [p.wait() for p in ranks]
-    failed = next((i for i, c in enumerate(codes) if c != 0), 0)
-    logs[failed].seek(0)
-    return codes[failed], logs[failed].read()
+def fork_ranks(zygote: Zygote, argv: list[str], procs: int, env: dict[str, str], cwd: str, timeout: float):
+    """run_ranks through a zygote (--quick): the ranks are forked from a process that has imported torch and the
+    framework already, with the same environments, the same waiting and the same answer, plus the ranks' CPU
+    seconds."""
+    with tempfile.TemporaryDirectory(prefix="logs-") as logs_dir:
+        logs = [os.path.join(logs_dir, f"rank{rank}.log") for rank in range(procs)]
+        codes, cpu = zygote.run(argv, rank_envs(env, procs), cwd, logs, timeout)
+        failed = next((i for i, c in enumerate(codes) if c != 0), 0)
+        with open(logs[failed], errors="replace") as f:
+            return codes[failed], f.read(), cpu
+
+
+# Under --quick, the framework's zygote (zygote.py) forks the worker launches; set by main() for the run's length.
+ZYGOTES: Zygotes | None = None
 
 
 def worker(framework: str, procs: int, scenarios: str, quick: bool, work: str, **options: str) -> dict:
-    """One launch of worker.py in the framework's environment (`procs` ranks); returns its JSON (or
-    {"error": ...})."""
+    """One launch of worker.py in the framework's environment (`procs` ranks), forked from the framework's zygote
+    under --quick; returns its JSON (or {"error": ...})."""
     out = os.path.join(work, f"out-{framework}-{procs}-{time.monotonic_ns()}.json")
-    command = [envs.python(framework), WORKER, "--framework", framework, "--scenarios", scenarios, "--out", out]
-    command += ["--quick"] * quick + [f"--arg={k}={v}" for k, v in options.items()]
+    argv = [WORKER, "--framework", framework, "--scenarios", scenarios, "--out", out]
+    argv += ["--quick"] * quick + [f"--arg={k}={v}" for k, v in options.items()]
+    check_stop()
     alone = threading.current_thread() is threading.main_thread()
-    start, cpu = time.perf_counter(), cpu_seconds()
-    code, stderr = run_ranks(command, procs, clean_env(framework), work, 900)
-    wall, used = time.perf_counter() - start, cpu_seconds() - cpu if alone else None
+    try:
+        zygote = ZYGOTES.get(framework) if ZYGOTES is not None else None  # started on first use: not timed here
+        start, cpu = time.perf_counter(), cpu_seconds()
+        if zygote is not None:
+            code, stderr, used = fork_ranks(zygote, argv, procs, clean_env(framework), work, 900)
+        else:
+            code, stderr = run_ranks([envs.python(framework), *argv], procs, clean_env(framework), work, 900)
+            used = cpu_seconds() - cpu if alone else None
+    except RuntimeError as exc:  # the zygote could not start, or died
+        return {name: {"error": str(exc)[-1500:]} for name in scenarios.split(",")}
+    wall = time.perf_counter() - start
     LAUNCHES.append((f"worker {procs}p {scenarios}", framework, wall, used))
     if os.path.exists(out):
         with open(out) as f:
@@ -234,8 +272,8 @@ PHASES = {
 
 class Plan:
     """How much each phase repeats: the full run (medians worth quoting) or --quick (a smoke test of every scenario
-    for every framework, aiming at < 3 min on a quiet 2-core machine: one repetition, tiny sizes, one process where the
-    scenario allows it)."""
+    for every framework, < 3 min on a quiet 2-core machine: one repetition, tiny sizes, one process where the
+    scenario allows it; main() adds the zygotes)."""
 
     def __init__(self, quick: bool, reps: int | None) -> None:
         self.quick = quick
@@ -252,15 +290,34 @@ class Plan:
 def each(frameworks: list[str], task, parallel: bool) -> None:
     """Runs `task(framework)` for every framework: one after another (timed runs must not share the CPUs), or two
     at a time under --quick, a smoke test whose figures are not for quoting: its wall time is then bounded by the
-    CPU time of its launches (mostly `import torch`) over the cores rather than by their sum. The tasks of
+    CPU time of its launches over the cores rather than by their sum. The tasks of
     different frameworks write different keys of `Results` (dict.setdefault and list.append are atomic)."""
     if not parallel:
         for fw in frameworks:
             task(fw)
         return
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    pool = ThreadPoolExecutor(max_workers=2)
+    try:
         for future in [pool.submit(task, fw) for fw in frameworks]:
             future.result()
+    except BaseException:  # Ctrl-C (only the main thread sees it) or an error: the other task stops at its next
+        STOP.set()  # launch, the queued ones never start
+        pool.shutdown(cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+class Stopped(Exception):
+    """Raised by a launch asked for after the run was stopped (STOP)."""
+
+
+# Set when the run is being stopped: a task running on a pool thread makes no further launch.
+STOP = threading.Event()
+
+
+def check_stop() -> None:
+    if STOP.is_set():
+        raise Stopped("the run was stopped")
 
 
 def rotated(frameworks: list[str], rep: int) -> list[str]:
@@ -314,6 +371,11 @@ def startup(results: Results, frameworks: list[str], plan: Plan, work: str) -> N
         each(rotated(frameworks, rep), lambda fw, rep=rep: one(fw, rep), plan.quick)
 
 
+# A crash trial whose save ends before the kill timer fires (a small checkpoint, a loaded machine) tested nothing:
+# it is run again, up to this many times in all.
+CRASH_ATTEMPTS = 3
+
+
 class Correctness:
     """Exact resume (2 processes: a reference launch that saves mid-run, then a fresh launch that resumes) and crash
     safety (1 process: SIGKILLed saves, then a launch that loads each). Each check has launches of its own: an
@@ -328,14 +390,20 @@ class Correctness:
         trials, unkilled = tempfile.mkdtemp(prefix=f"crash-{fw}-", dir=work), 0
         for i, frac in enumerate(self.plan.crash_fractions):
             trial = os.path.join(trials, f"trial{i}")
-            os.makedirs(trial)
-            killed = worker(fw, 1, "crash", quick, work, phase="kill", dir=trial, frac=frac)
-            if killed.get("crash", {}).get("killed") is False:
-                unkilled += 1  # the save finished before the timer: that trial tested nothing
+            for _ in range(CRASH_ATTEMPTS):
+                shutil.rmtree(trial, ignore_errors=True)
+                os.makedirs(trial)
+                killed = worker(fw, 1, "crash", quick, work, phase="kill", dir=trial, frac=frac)
+                if killed.get("crash", {}).get("killed") is not False:
+                    break
+            else:  # every attempt's save finished before the timer: that trial tested nothing
+                unkilled += 1
         verdict = worker(fw, 1, "crash", quick, work, phase="verify", dir=trials)["crash"]
         if unkilled:
             verdict["unkilled_trials"] = unkilled
         results.take("crash", 1, fw, verdict)
+        if unkilled and "error" not in verdict:
+            results.note("crash", 1, fw, f"{unkilled} trial(s) never killed: each save ended before the timer")
         folder = tempfile.mkdtemp(prefix=f"resume-{fw}-", dir=work)
         reference = worker(fw, 2, "resume", quick, work, phase="reference", dir=folder)["resume"]
         if "error" in reference:
@@ -404,7 +472,9 @@ def merge(paths: list[Path], out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="CI smoke: every scenario once, tiny sizes")
+    parser.add_argument(
+        "--quick", action="store_true", help="CI smoke: every scenario once, tiny sizes, forked launches (< 3 min)"
+    )
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated subset")
     parser.add_argument("--reps", type=int, default=None, help="launches per framework and scenario (default 5)")
     parser.add_argument("--out", default=str(RESULTS), help="folder for JSON, table and charts")
@@ -431,20 +501,35 @@ def main() -> None:
     started, cpu_started = time.time(), cpu_seconds()
     results = Results()
     timings: dict[str, dict[str, float]] = {}
+    global ZYGOTES
     with tempfile.TemporaryDirectory(prefix="accel-compare-") as work:
-        checks = Correctness(plan, work)
-        steps = (
-            ("startup", "startup", lambda: startup(results, frameworks, plan, work)),
-            ("in-process", "in-process", lambda: in_process(results, frameworks, plan, work, args.ckpt_dir)),
-            ("correctness", "correctness", lambda: each(frameworks, lambda fw: checks.run(results, fw), plan.quick)),
-        )
-        for phase, label, step in steps:
-            if phase not in phases:
-                continue
-            t0, c0 = time.time(), cpu_seconds()
-            step()
-            timings[label] = {"wall_s": round(time.time() - t0, 1), "cpu_s": round(cpu_seconds() - c0, 1)}
-            print(f"{label}: {timings[label]['wall_s']:.0f} s wall, {timings[label]['cpu_s']:.0f} s CPU", flush=True)
+        ZYGOTES = Zygotes(envs.python, clean_env, work) if plan.quick else None
+        try:
+            checks = Correctness(plan, work)
+            steps = (
+                ("startup", "startup", lambda: startup(results, frameworks, plan, work)),
+                ("in-process", "in-process", lambda: in_process(results, frameworks, plan, work, args.ckpt_dir)),
+                (
+                    "correctness",
+                    "correctness",
+                    lambda: each(frameworks, lambda fw: checks.run(results, fw), plan.quick),
+                ),
+            )
+            for phase, label, step in steps:
+                if phase not in phases:
+                    continue
+                t0, c0 = time.time(), cpu_seconds()
+                step()
+                timings[label] = {"wall_s": round(time.time() - t0, 1), "cpu_s": round(cpu_seconds() - c0, 1)}
+                print(
+                    f"{label}: {timings[label]['wall_s']:.0f} s wall, {timings[label]['cpu_s']:.0f} s CPU", flush=True
+                )
+        finally:  # on an error or Ctrl-C too: a zygote kills the children it has left, then exits
+            if ZYGOTES is not None:
+                for fw, zygote in ZYGOTES.started.items():
+                    LAUNCHES.append(("zygote start", fw, zygote.start_s, zygote.start_cpu))
+                ZYGOTES.close()
+                ZYGOTES = None
     # Read only now, so that a run of the other phases started alongside this one has written its figures.
     earlier = Path(args.out) / ("compare-quick.json" if args.quick else "compare.json")
     if set(phases) != set(PHASES) and earlier.exists():

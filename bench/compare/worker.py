@@ -2,7 +2,8 @@
 
     python worker.py --framework accel --scenarios step,crash --out result.json [--quick] [--arg k=v] [--arg crash.k=v]
 
-Launched by run.py, directly (1 process) or under torchrun (2 processes); process 0 writes `--out`.
+Launched by run.py, one process per rank with torchrun's environment variables (run_ranks), or under --quick
+forked from the framework's zygote (zygote.py), which calls main() with this argv; process 0 writes `--out`.
 A scenario that raises is written as {"error": ...} and the worker exits non-zero.
 """
 
