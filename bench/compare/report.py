@@ -40,6 +40,12 @@ REASONS: dict[tuple[str, str], str] = {
     "see the no-fsync row",
     ("gather", "gather_ms"): "accel checks every rank's shapes and dtypes before gathering "
     "(one all_gather with the payload; bench/collective_check.py)",
+    ("launch", "first_step_s"): "measured apart: accel launch starts the workers ~0.2 s after torchrun; then the "
+    "same work (the same torch modules; torch._dynamo, 7 s per rank here, imported by Accelerator()'s device mesh "
+    "as by raw DDP's constructor); Accelerator() + prepare take 0.07 s once that is imported (raw init + DDP "
+    "0.25 s): the rest of the gap is not explained",
+    ("loader", "sharded_ms"): "no collective per batch; on 1 process accel's prepared loader costs what a plain "
+    "DataLoader does (cProfile): the spreads overlap",
 }
 # accel's like-for-like figure is its own row; the peers' is another (accel's save without fsync vs their save).
 PEER_METRIC = {("checkpoint", "save_nofsync_s"): "save_s"}
