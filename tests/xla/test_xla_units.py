@@ -262,3 +262,12 @@ def test_launch_mesh_sizes_count_devices_under_xla(tmp_path: Path, monkeypatch: 
     assert env["ACCEL_DP_SHARD_SIZE"] == "2" and env["ACCEL_TP_SIZE"] == "2" and env["ACCEL_STRATEGY"] == "xla"
     with pytest.raises(ValueError, match="must divide 1, the number of processes"):
         launch_env(["--dp-shard-size", "2", "--tp-size", "2"], tmp_path)
+    # The strategy chosen in the config file or the environment counts devices too.
+    config = "strategy: xla\ndp_shard_size: 2\ntp_size: 2\n"
+    env = launch_env([], tmp_path, config)
+    assert env["ACCEL_STRATEGY"] == "xla" and env["ACCEL_MESH_OVER_DEVICES"] == "true" and env["ACCEL_TP_SIZE"] == "2"
+    monkeypatch.setenv("ACCEL_STRATEGY", "xla")
+    assert launch_env(["--dp-shard-size", "4"], tmp_path)["ACCEL_MESH_OVER_DEVICES"] == "true"
+    monkeypatch.setenv("ACCEL_STRATEGY", "ddp")  # another strategy: still checked against the processes
+    with pytest.raises(ValueError, match="must divide 1, the number of processes"):
+        launch_env(["--dp-shard-size", "4"], tmp_path)

@@ -43,15 +43,17 @@ class XlaLaunchOptions(OptionTable):
             help="with --mixed-precision bf16: store float32 tensors as bfloat16 on the device too",
         )
 
+    def lays_mesh_over_devices(self) -> bool:
+        """SPMD: --dp-shard-size / --tp-size count the devices of one process (checked by the strategy there),
+        whether the strategy comes from --use-xla, ACCEL_STRATEGY or the config file (``LaysMeshOverDevices``)."""
+        return True
+
     def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
         result = super().to_env(namespace)
         downcast = getattr(namespace, "xla_downcast_bf16", None)
         if downcast is not None:
             result["ACCEL_XLA_DOWNCAST_BF16"] = downcast
             result["ACCEL_STRATEGY"] = self.name
-        if result.get("ACCEL_STRATEGY") == self.name:
-            # SPMD: --dp-shard-size / --tp-size count the devices of one process (checked by the strategy there).
-            result["ACCEL_MESH_OVER_DEVICES"] = "true"
         device = result.get("ACCEL_XLA_DEVICE")
         if device is not None:
             result["PJRT_DEVICE"] = device

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
+from ..environment import MESH_OVER_DEVICES
+
 GROUP = "accel.cli"
 
 
@@ -51,6 +53,30 @@ class LaunchExtension(Protocol):
     def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
         """The variables the given flags set for the workers (they win over environment and config)."""
         ...
+
+
+@runtime_checkable
+class LaysMeshOverDevices(Protocol):
+    """Optional capability of a ``LaunchExtension``: its strategy lays the mesh over the devices each process
+    drives (XLA's SPMD: one process, every device), so ``--dp-shard-size`` / ``--tp-size`` count devices and
+    the launcher must not check them against ``--num-processes`` (the strategy checks them in the process).
+
+    Read for the strategy the workers will run, however it was chosen: a flag, the environment or the
+    config file's ``strategy:``.
+    """
+
+    def lays_mesh_over_devices(self) -> bool:
+        """True: the launcher leaves the mesh sizes to the strategy (``ACCEL_MESH_OVER_DEVICES``)."""
+        ...
+
+
+def mesh_over_devices_env(extensions: Iterable[LaunchExtension], strategy: str | None) -> dict[str, str]:
+    """``{"ACCEL_MESH_OVER_DEVICES": "true"}`` when ``strategy`` is an extension's that lays the mesh over devices."""
+    over_devices = any(
+        extension.name == strategy and isinstance(extension, LaysMeshOverDevices) and extension.lays_mesh_over_devices()
+        for extension in extensions
+    )
+    return {MESH_OVER_DEVICES: "true"} if over_devices else {}
 
 
 def load_extensions(names: Iterable[str] | None = None) -> list[LaunchExtension]:

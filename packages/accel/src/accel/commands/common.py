@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from accel_core.enums import DynamoBackend, SchedulerStepping
+from accel_core.environment import STRATEGY
 from accel_core.launch.config import load_config
-from accel_core.launch.extensions import LaunchExtension, extension_env
+from accel_core.launch.extensions import LaunchExtension, extension_env, mesh_over_devices_env
 from accel_core.launch.plan import SETTINGS, LaunchPlan, LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
 from accel_core.launch.run import direct_command
 
@@ -89,6 +90,9 @@ def plan_from_namespace(
     config, path = load_config(namespace.config_file)
     flags = {s.name: getattr(namespace, s.name, None) for s in SETTINGS}
     flag_env = {**extension_env(extensions, namespace), **parse_env_pairs(namespace.env)}
+    # The strategy the workers will run (flag, then environment, then config file) may count its mesh in devices.
+    strategy = flag_env.get(STRATEGY) or flags.get("strategy") or os.environ.get(STRATEGY) or config.get("strategy")
+    flag_env = {**mesh_over_devices_env(extensions, strategy), **flag_env}
     plan = resolve_plan(
         flags, os.environ, config, flag_env=flag_env, defaults=defaults, config_file=str(path) if path else None
     )
