@@ -40,10 +40,10 @@ REASONS: dict[tuple[str, str], str] = {
     "see the no-fsync row",
     ("gather", "gather_ms"): "accel checks every rank's shapes and dtypes before gathering "
     "(one all_gather with the payload; bench/collective_check.py)",
-    ("launch", "first_step_s"): "measured apart: accel launch starts the workers ~0.2 s after torchrun; then the "
-    "same work (the same torch modules; torch._dynamo, 7 s per rank here, imported by Accelerator()'s device mesh "
-    "as by raw DDP's constructor); Accelerator() + prepare take 0.07 s once that is imported (raw init + DDP "
-    "0.25 s): the rest of the gap is not explained",
+    ("launch", "first_step_s"): "measured apart: Accelerator() imported torch._dynamo (7 s per process here) when it "
+    "sliced the device mesh, before raw DDP's constructor imports it; fixed after this run (a data-parallel mesh is "
+    "flattened without slicing; first step 1.3 s earlier, 19.0-19.5 s vs raw 16.6-19.9 s); the workers still start "
+    "~0.2 s after torchrun's",
     ("loader", "sharded_ms"): "no collective per batch; on 1 process accel's prepared loader costs what a plain "
     "DataLoader does (cProfile): the spreads overlap",
 }

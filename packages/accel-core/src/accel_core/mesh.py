@@ -80,12 +80,25 @@ class ParallelDims:
         if self.mesh is None:
             raise ValueError("This job has no device mesh (one process without a process group).")
         if len(names) == 1:
-            return self.views[names[0]] if names[0] in self.views else self.mesh[names[0]]
+            name = names[0]
+            if name in self.views:
+                return self.views[name]
+            if name in FLATTENED and name not in self.names:
+                # Without cp: dp_cp is the dp view, dp_shard_cp the dp_shard dimension (flattened_views).
+                parts = tuple(d for d in FLATTENED[name] if d in self.names)
+                if parts:
+                    return self.views["dp"] if parts == self._dp_parts() else self.mesh[parts[0]]
+            return self.mesh[name]
         return self.mesh[names]
+
+    def _dp_parts(self) -> tuple[str, ...]:
+        return tuple(d for d in FLATTENED["dp"] if d in self.names)
 
     def has(self, name: str) -> bool:
         """Whether ``name`` (a dimension or a flattened view) can be addressed on the mesh."""
-        return name in self.names or name in self.views
+        if name in self.names or name in self.views:
+            return True
+        return name in FLATTENED and any(d in self.names for d in FLATTENED[name])
 
     def group(self, name: str) -> MeshGroup:
         """The processes along ``name``: a dimension, a flattened view (``dp``, ``dp_cp``...) or ``world``."""
@@ -149,19 +162,21 @@ def build_mesh(config: ParallelismConfig, device_type: str) -> DeviceMesh:
 
 
 def flattened_views(mesh: DeviceMesh) -> dict[str, DeviceMesh]:
-    """``dp`` over the data-parallel dimensions, and with a ``cp`` dimension ``dp_shard_cp`` and ``dp_cp``
-    (without one they are ``dp_shard`` and ``dp``). Collective when it creates groups."""
+    """The views that need new process groups: ``dp`` over the data-parallel dimensions, and with a ``cp``
+    dimension ``dp_shard_cp`` and ``dp_cp``. Collective: every process creates them, in this order.
+
+    Without ``cp`` those two are ``dp_shard`` and ``dp`` under another name: ``ParallelDims.submesh``
+    resolves them when asked (slicing is local). A mesh of data-parallel dimensions only flattens
+    without slicing, which would import ``torch._dynamo`` (7 s of CPU per process on a small machine)
+    in ``Accelerator()`` already, long before a plain DDP job needs it.
+    """
     present = tuple(mesh.mesh_dim_names or ())
     views: dict[str, DeviceMesh] = {}
     for view, dims in FLATTENED.items():
-        if view in present:
-            views[view] = mesh[view]
-            continue
         parts = tuple(d for d in dims if d in present)
-        if view != "dp" and "cp" not in parts:
-            views[view] = views["dp"] if view == "dp_cp" else mesh[parts]
-        elif parts:
-            views[view] = mesh[parts]._flatten(view)
+        if view in present or (view != "dp" and "cp" not in parts) or not parts:
+            continue  # a dimension of the mesh, or an alias (see ParallelDims.submesh)
+        views[view] = (mesh if parts == present else mesh[parts])._flatten(view)
     return views
 
 
