@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import shutil
 import socket
 import subprocess
@@ -36,7 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import envs
 from first_step import IMPORTS
 from frameworks import FRAMEWORKS
-from zygote import Zygote, Zygotes
+from zygote import Zygote, Zygotes, wait_ranks
+from zygote import cpu_seconds as own_cpu_seconds
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parent / "results"
@@ -63,9 +63,8 @@ def clean_env(framework: str = "accel") -> dict[str, str]:
 
 def cpu_seconds() -> float:
     """CPU time of this process and every finished child (launchers wait for theirs, so workers count too)."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     forked = ZYGOTES.cpu() if ZYGOTES is not None else 0.0  # reaped by the zygotes, not yet by this process
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + forked
+    return own_cpu_seconds() + forked
 
 
 # Every launch: (what, framework, wall seconds, CPU seconds or None), so that a run shows where its time went. The
@@ -146,14 +145,7 @@ def run_ranks(command: list[str], procs: int, env: dict[str, str], cwd: str, tim
             subprocess.Popen(command, env=rank_env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=log)
             for rank_env, log in zip(rank_envs(env, procs), logs, strict=True)
         ]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            codes = [p.poll() for p in ranks]
-            if None not in codes:
-                break
-            if any(c not in (None, 0) for c in codes):  # the others may be writing their results: a grace period,
-                deadline = min(deadline, time.monotonic() + 20)  # then they are taken to hang on the failed one
-            time.sleep(0.05)
+        wait_ranks(lambda: [p.poll() for p in ranks], timeout)
         for p in ranks:
             if p.poll() is None:
                 p.kill()

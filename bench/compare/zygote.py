@@ -27,6 +27,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,7 +49,7 @@ PRELOAD = {
     "accelerate": ("accelerate", "accelerate.data_loader"),
     "fabric": ("lightning_fabric", "lightning_fabric.strategies"),
 }
-GRACE_S = 20  # after a rank fails, as run.py's run_ranks
+GRACE_S = 20  # after a rank fails (wait_ranks)
 
 
 def preload(framework: str) -> None:
@@ -110,19 +111,33 @@ def serve(request: dict, children: dict[int, int | None], replies: int) -> list[
             child(request["argv"], env, request["cwd"], log, replies)
         pids.append(pid)
         children[pid] = None
-    deadline = time.monotonic() + request["timeout"]
-    while time.monotonic() < deadline and any(children[p] is None for p in pids):
+
+    def poll() -> list[int | None]:
         for pid in pids:
             if children[pid] is None:
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
                     children[pid] = status_code(status)
-        if any(children[p] not in (None, 0) for p in pids):  # the others may be writing their results: a grace
-            deadline = min(deadline, time.monotonic() + GRACE_S)  # period, then they hang on the failed one
-        time.sleep(0.05)
+        return [children[p] for p in pids]
+
+    wait_ranks(poll, request["timeout"])
     kill(children)
     codes = [children.pop(p) for p in pids]
     return codes
+
+
+def wait_ranks(poll: Callable[[], list[int | None]], timeout: float) -> None:
+    """Waits until `poll()` (each rank's exit code, None while it runs) has every rank ended, at most `timeout`
+    seconds, and GRACE_S after a rank fails: the others may be writing their results, then they are taken to hang
+    on the failed one. The caller kills those left. run.py's Popen path waits the same way."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        codes = poll()
+        if None not in codes:
+            return
+        if any(c not in (None, 0) for c in codes):
+            deadline = min(deadline, time.monotonic() + GRACE_S)
+        time.sleep(0.05)
 
 
 def kill(children: dict[int, int | None]) -> None:
@@ -136,6 +151,7 @@ def kill(children: dict[int, int | None]) -> None:
 
 
 def cpu_seconds() -> float:
+    """CPU seconds of this process and of the children it reaped (run.py adds the zygotes' to its own)."""
     own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
 

@@ -24,6 +24,8 @@ FLATTENED = {
     "dp_shard_cp": ("dp_shard", "cp"),
     "dp_cp": ("dp_replicate", "dp_shard", "cp"),
 }
+# What the views with cp are without a cp dimension (no group of their own).
+_WITHOUT_CP = {"dp_shard_cp": "dp_shard", "dp_cp": "dp"}
 
 
 @dataclass(frozen=True)
@@ -80,25 +82,21 @@ class ParallelDims:
         if self.mesh is None:
             raise ValueError("This job has no device mesh (one process without a process group).")
         if len(names) == 1:
-            name = names[0]
-            if name in self.views:
-                return self.views[name]
-            if name in FLATTENED and name not in self.names:
-                # Without cp: dp_cp is the dp view, dp_shard_cp the dp_shard dimension (flattened_views).
-                parts = tuple(d for d in FLATTENED[name] if d in self.names)
-                if parts:
-                    return self.views["dp"] if parts == self._dp_parts() else self.mesh[parts[0]]
-            return self.mesh[name]
+            name = self._resolve(names[0])
+            return self.views[name] if name in self.views else self.mesh[name]
         return self.mesh[names]
 
-    def _dp_parts(self) -> tuple[str, ...]:
-        return tuple(d for d in FLATTENED["dp"] if d in self.names)
+    def _resolve(self, name: str) -> str:
+        """Without a cp dimension, ``dp_cp`` is the ``dp`` view and ``dp_shard_cp`` the ``dp_shard`` dimension
+        (``flattened_views`` creates no group for them)."""
+        if name in _WITHOUT_CP and name not in self.views and "cp" not in self.names:
+            return _WITHOUT_CP[name]
+        return name
 
     def has(self, name: str) -> bool:
         """Whether ``name`` (a dimension or a flattened view) can be addressed on the mesh."""
-        if name in self.names or name in self.views:
-            return True
-        return name in FLATTENED and any(d in self.names for d in FLATTENED[name])
+        name = self._resolve(name)
+        return name in self.names or name in self.views
 
     def group(self, name: str) -> MeshGroup:
         """The processes along ``name``: a dimension, a flattened view (``dp``, ``dp_cp``...) or ``world``."""
@@ -165,8 +163,8 @@ def flattened_views(mesh: DeviceMesh) -> dict[str, DeviceMesh]:
     """The views that need new process groups: ``dp`` over the data-parallel dimensions, and with a ``cp``
     dimension ``dp_shard_cp`` and ``dp_cp``. Collective: every process creates them, in this order.
 
-    Without ``cp`` those two are ``dp_shard`` and ``dp`` under another name: ``ParallelDims.submesh``
-    resolves them when asked (slicing is local). A mesh of data-parallel dimensions only flattens
+    Without ``cp`` those two are ``dp_shard`` and ``dp`` under another name: ``ParallelDims._resolve``
+    maps them when asked (slicing is local). A mesh of data-parallel dimensions only flattens
     without slicing, which would import ``torch._dynamo`` (7 s of CPU per process on a small machine)
     in ``Accelerator()`` already, long before a plain DDP job needs it.
     """
@@ -175,7 +173,7 @@ def flattened_views(mesh: DeviceMesh) -> dict[str, DeviceMesh]:
     for view, dims in FLATTENED.items():
         parts = tuple(d for d in dims if d in present)
         if view in present or (view != "dp" and "cp" not in parts) or not parts:
-            continue  # a dimension of the mesh, or an alias (see ParallelDims.submesh)
+            continue  # a dimension of the mesh, or a view without cp (ParallelDims._resolve)
         views[view] = (mesh if parts == present else mesh[parts])._flatten(view)
     return views
 

@@ -45,7 +45,6 @@ class WandBTracker(GeneralTracker):
                 kwargs["dir"] = chosen
         self._init_kwargs = kwargs  # continue_run reopens another run with the same settings
         self.run = wandb.init(project=self.run_name, **kwargs)
-        self._config: dict[str, Any] = {}
         # Steps below this are in the run already (a continued run): W&B would drop them with a warning.
         self._first_new_step = 0
 
@@ -73,6 +72,7 @@ class WandBTracker(GeneralTracker):
         if run_id == self.run.id:
             return
         started, offline = self.run, bool(self.run.offline)
+        config = dict(started.config)  # what init_trackers stored: the reopened run gets it too
         folder = Path(started.dir).parent  # <dir>/wandb/(offline-)run-<time>-<id>
         started.finish()
         if offline:
@@ -80,8 +80,8 @@ class WandBTracker(GeneralTracker):
         else:
             _delete_online_run(started.path)
         self.run = wandb.init(project=self.run_name, **{**self._init_kwargs, "id": run_id, "resume": "allow"})
-        if self._config:
-            self.run.config.update(self._config, allow_val_change=True)
+        if config:
+            self.run.config.update(config, allow_val_change=True)
         self._first_new_step = self.run.step if self.run.resumed else 0
 
     @classmethod
@@ -106,7 +106,6 @@ class WandBTracker(GeneralTracker):
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         # allow_val_change: init_trackers may be called again with an updated config.
-        self._config.update(values)
         self.run.config.update(dict(values), allow_val_change=True)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
