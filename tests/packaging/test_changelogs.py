@@ -58,8 +58,8 @@ def test_dunder_version_matches_pyproject(package: str) -> None:
     module = package.replace("-", "_")
     init = (REPO / "packages" / package / "src" / module / "__init__.py").read_text()
     match = re.search(r'^__version__ = "([^"]+)"', init, re.M)
-    if match is not None:  # not every package defines one
-        assert match.group(1) == _project(package)["version"], f"{module}.__version__ differs from pyproject.toml"
+    assert match is not None, f"{module} defines no __version__ (CONTRIBUTING.md, 'Releases')"
+    assert match.group(1) == _project(package)["version"], f"{module}.__version__ differs from pyproject.toml"
 
 
 def test_pins_between_distributions_admit_the_workspace_versions_up_to_the_next_minor() -> None:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from accel_core.protocols import CheckpointAccelerator
 
+__version__ = "0.1.0"
+
 _EXPORTS = {
     "HANDLER": "integration",
     "StateCheckpointer": "integration",
