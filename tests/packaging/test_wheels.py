@@ -77,3 +77,12 @@ def test_accel_installs_from_wheels_into_a_fresh_venv(wheels, tmp_path):
     result = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "installed accel 0.1.0" in result.stdout
+
+
+def test_each_distribution_ships_the_repository_license():
+    # license-files packs the package folder's copy; a copy that drifted from the repository's would ship stale text.
+    license_text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    for package in PACKAGES:
+        copy = REPO / "packages" / package / "LICENSE"
+        assert copy.exists() and copy.read_text() == license_text, f"{copy} must be a copy of the repository's LICENSE"
