@@ -101,6 +101,7 @@ def main() -> None:
 
     start = time.perf_counter()
     accuracy = 0.0
+    newest_checkpoint = None
     for epoch in range(first_epoch, args.epochs):
         model.train()
         total_loss, batches = torch.zeros(()), 0
@@ -131,9 +132,14 @@ def main() -> None:
             f"epoch {epoch}: train loss {train_loss:.4f} | test accuracy {accuracy:.4f} on {seen} samples "
             f"| {time.perf_counter() - start:.1f} s"
         )
-        accelerator.save_state()
+        newest_checkpoint = accelerator.save_state()
 
     accelerator.end_training()
+    # Say where the run's files are: relative to the folder `accel launch` ran in, easy to miss.
+    checkpoints = Path(args.project_dir, "checkpoints").resolve()
+    metrics = Path(accelerator.logging_dir or args.project_dir, "digits", "metrics.jsonl").resolve()
+    newest = f" (newest: {Path(newest_checkpoint).name}; --resume continues from it)" if newest_checkpoint else ""
+    accelerator.print(f"checkpoints: {checkpoints}{newest}\nmetrics: {metrics}")
     if accuracy < args.min_accuracy:
         raise SystemExit(f"test accuracy {accuracy:.4f} is below --min-accuracy {args.min_accuracy}")
 

@@ -159,8 +159,8 @@ def test_accel_config_import_writes_a_config_that_launch_uses(cli, tmp_path: Pat
 def test_accel_config_questions_keep_defaults_and_reask_bad_answers(cli) -> None:
     cli.config_dir.mkdir(parents=True)
     (cli.config_dir / "default_config.yaml").write_text("num_processes: 2\nuse_cpu: true\nenv:\n  KEEP: me\n")
-    # machines, cpu only, processes, strategy, precision, accumulation (bad then good), dynamo; then stdin ends.
-    answers = "1\n\n3\n\nBF16\nzero\n2\n\n"
+    # machines, cpu only, processes, strategy, precision, accumulation (bad then good), dynamo, debug.
+    answers = "1\n\n3\n\nBF16\nzero\n2\n\n\n"
     result = cli.run("config", stdin=answers)
     assert result.returncode == 0, cli.describe(result)
     assert "please answer with a whole number" in result.stdout and "Wrote" in result.stdout
@@ -175,8 +175,8 @@ def test_accel_config_asks_the_chosen_backends_options_and_launch_uses_them(cli)
     (cli.config_dir / "default_config.yaml").write_text("use_cpu: true\nfsdp:\n  offload_params: true\n  version: 1\n")
     # machines, cpu, processes, strategy, "set fsdp options?", then the fsdp table in order:
     # version (Enter keeps 1), sharding strategy (bad, then by position), reshard (Enter: unset),
-    # offload (Enter keeps true), auto-wrap policy; stdin then ends and the rest keep their values.
-    answers = "1\n\n2\nfsdp\nyes\n\nHALF_SHARD\n2\n\n\nsize_based_wrap\n"
+    # offload (Enter keeps true), auto-wrap policy; Enter keeps the rest.
+    answers = "1\n\n2\nfsdp\nyes\n\nHALF_SHARD\n2\n\n\nsize_based_wrap\n" + "\n" * 20
     result = cli.run("config", stdin=answers)
     assert result.returncode == 0, cli.describe(result)
     assert "'HALF_SHARD' is not one of FULL_SHARD" in result.stdout
@@ -259,3 +259,41 @@ def test_unreadable_config_files_are_named_with_the_fix(cli, tmp_path: Path) -> 
         assert result.returncode == 2, cli.describe(result)
         assert expected in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
         assert "--force" not in result.stderr, (args, result.stderr)
+
+
+def test_accel_config_writes_nothing_when_stdin_ends_before_the_last_question(cli) -> None:
+    target = cli.config_dir / "default_config.yaml"
+    for answers in ("", "1\n", "1\n\n2\n"):  # closed at once, after the first question, halfway
+        result = cli.run("config", stdin=answers)
+        assert result.returncode == 2, cli.describe(result)
+        assert "standard input ended at the question" in result.stderr and "nothing was written" in result.stderr
+        assert "accel config default" in result.stderr and "Traceback" not in result.stderr
+        assert not target.exists()
+    cli.config_dir.mkdir(parents=True)
+    target.write_text("num_processes: 3\n")
+    assert cli.run("config", stdin="2\n").returncode == 2
+    assert target.read_text() == "num_processes: 3\n"  # the existing file is left as it was
+
+
+def test_accel_config_show_shows_a_file_launch_refuses_with_a_warning_per_key(cli, tmp_path: Path) -> None:
+    config = tmp_path / "mine.yaml"
+    config.write_text("num_process: 2\nmixed_precision: bf16\nuse_cpu: maybe\n")
+    shown = cli.run("config", "show", "--config-file", str(config))
+    assert shown.returncode == 0, cli.describe(shown)
+    assert "num_process: 2\nmixed_precision: bf16\nuse_cpu: maybe" in shown.stdout  # the file as written
+    assert "warning: " in shown.stdout and "unknown setting 'num_process'" in shown.stdout
+    assert "Did you mean 'num_processes'" in shown.stdout and "key 'use_cpu'" in shown.stdout
+    lines = shown.stdout.splitlines()
+    assert any(line.split()[:3] == ["mixed_precision", "bf16", "(config"] for line in lines), shown.stdout
+    assert any(line.split()[:3] == ["num_processes", "1", "(default)"] for line in lines), shown.stdout
+    refused = cli.run("launch", "--dry-run", "--config-file", str(config), "x.py")  # launch still refuses it
+    assert refused.returncode == 2 and "unknown setting 'num_process'" in refused.stderr
+
+
+def test_accel_config_default_names_a_path_it_cannot_write(cli, tmp_path: Path) -> None:
+    for path in ("/proc/x.yaml", str(tmp_path / "file.txt" / "config.yaml")):
+        (tmp_path / "file.txt").write_text("a file, not a folder")
+        result = cli.run("config", "default", "--config-file", path)
+        assert result.returncode == 2, cli.describe(result)
+        assert f"cannot write the config file {path}" in result.stderr and "--config-file" in result.stderr
+        assert "Traceback" not in result.stderr

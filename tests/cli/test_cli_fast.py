@@ -33,14 +33,20 @@ print(json.dumps({"code": code, "torch": "torch" in sys.modules, "out": out.getv
         (["config", "show"], "config file"),
         (["config", "--help"], "usage"),
         (["config", "default"], "Wrote "),
-        (["config"], "Wrote "),  # the questions, all answered by Enter (stdin is empty)
+        (["config"], "Wrote "),  # the questions, all answered by Enter
         (["env"], "- devices: "),
         (["test", "--help"], "usage"),
     ],
 )
 def test_help_config_and_env_do_not_import_torch(cli, argv: list[str], expected: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-c", _PROBE, *argv], env=cli.env(), input="", capture_output=True, text=True, timeout=60
+        # Enter for every question of `accel config` (stdin ending before the last one writes nothing).
+        [sys.executable, "-c", _PROBE, *argv],
+        env=cli.env(),
+        input="\n" * 40,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["code"] == 0, result.stderr
@@ -110,6 +116,15 @@ def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "unknown command" in unknown.stderr
     named = cli.run("launch", "x.py", env_extra={"ACCEL_CONFIG_FILE": str(tmp_path / "nope.yaml")})
     assert named.returncode == 2 and "nope.yaml does not exist" in named.stderr
+    # What is missing is the script (argparse alone would call its arguments required too).
+    for no_script in (("launch",), ("launch", "--cpu", "-n", "2"), ("launch", "-m")):
+        bare = cli.run(*no_script)
+        assert bare.returncode == 2 and "the script to run is missing" in bare.stderr, cli.describe(bare)
+        assert "script_args" not in bare.stderr
+    # accel test's own usage line, not the page of launch settings.
+    bogus = cli.run("test", "--bogus")
+    assert bogus.returncode == 2 and "unrecognized arguments: --bogus" in bogus.stderr, cli.describe(bogus)
+    assert len(bogus.stderr.splitlines()) == 2 and "--mixed-precision" not in bogus.stderr
 
 
 def _runner(*args: str, cwd: Path, error_file: Path) -> subprocess.CompletedProcess[str]:

@@ -158,8 +158,13 @@ def test_two_machines_meet_through_the_static_rendezvous(cli) -> None:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_accel_test_passes_on_two_cpu_processes(cli) -> None:
-    result = cli.run("test")
+    # After `accel config default` on a machine without GPUs (one CPU process), the check still runs on two.
+    written = cli.run("config", "default", env_extra={"CUDA_VISIBLE_DEVICES": ""})
+    assert written.returncode == 0, cli.describe(written)
+    assert "num_processes: 1" in (cli.config_dir / "default_config.yaml").read_text()
+    result = cli.run("test", env_extra={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 0, cli.describe(result)
+    assert "runs one CPU process; checking on 2" in result.stdout
     assert "accel check: OK on 2 process(es), device cpu" in result.stdout
     assert result.stdout.rstrip().endswith("accel test: PASS")
 

@@ -49,6 +49,9 @@ def test_digits_trains_evaluates_checkpoints_and_resumes(tmp_path):
     assert checkpoints == ["checkpoint_3", "checkpoint_4"], checkpoints  # total_limit=2
     metrics = [json.loads(line) for line in (project / "digits" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 5 and "test_accuracy" in json.dumps(metrics[-1])
+    # The run says where it wrote them.
+    assert f"checkpoints: {project / 'checkpoints'} (newest: checkpoint_4;" in result.stdout, result.stdout[-2000:]
+    assert f"metrics: {project / 'digits' / 'metrics.jsonl'}" in result.stdout, result.stdout[-2000:]
 
     resumed = launch("--epochs", "6", "--project-dir", str(project), "--resume")
     assert "resumed after epoch 5" in resumed.stdout

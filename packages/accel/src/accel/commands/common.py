@@ -7,11 +7,12 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from accel_core.enums import DynamoBackend, SchedulerStepping
 from accel_core.environment import STRATEGY
-from accel_core.launch.config import load_config
+from accel_core.launch.config import load_config, write_config
 from accel_core.launch.extensions import LaunchExtension, extension_env, mesh_over_devices_env
 from accel_core.launch.plan import SETTINGS, LaunchPlan, LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
 from accel_core.launch.run import direct_command
@@ -144,3 +145,16 @@ def format_env(variables: dict[str, str]) -> str:
     if not variables:
         return "  (none)"
     return "\n".join(f"  {key}={value}" for key, value in sorted(variables.items()))
+
+
+def write_config_file(path: Path, config: dict[str, Any], flag: str = "--config-file") -> Path:
+    """``write_config``, with a path that cannot be written reported as the user's error to fix (``flag``
+    names the option that chose the path)."""
+    try:
+        return write_config(path, config)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ValueError(
+            f"cannot write the config file {path} ({reason}): pass {flag} with a path in a folder you can "
+            "write to."
+        ) from None

@@ -15,11 +15,10 @@ from accel_core.launch.config import (
     read_config,
     read_yaml_file,
     validate_config,
-    write_config,
 )
 from accel_core.launch.plan import SETTINGS, resolve_plan
 
-from .common import format_env, format_settings
+from .common import format_env, format_settings, write_config_file
 from .questions import Asker
 
 DESCRIPTION = """Writes, shows or imports the launch config file that `accel launch` reads.
@@ -75,17 +74,24 @@ def main(argv: list[str]) -> int:
         config = ask_config(read_config(path) if path.exists() else None)
     # Refuse to write what `accel launch` would refuse to run.
     resolve_plan({}, {}, validate_config(config, "the new config"), config_file=str(path))
-    write_config(path, config)
+    write_config_file(path, config)
     print(f"Wrote {path}. `accel config show` shows it; `accel test` checks it.")
     return 0
 
 
 def show(path: Path) -> int:
-    """Prints the file and the settings a launch would resolve from it and the environment (no torch)."""
+    """Prints the file and the settings a launch would resolve from it and the environment (no torch).
+
+    A file `accel launch` would refuse (an unknown key, a bad value) is shown all the same, each
+    problem as a warning; the settings below leave the refused keys out.
+    """
     if path.is_file():
-        config = read_config(path)
+        data = read_yaml_file(path, "Config file", "create it with `accel config` or fix the path.")
+        config, problems = _readable_part(data, f"config file {path}")
         print(f"config file: {path}\n")
-        print(dump_config(config).rstrip())
+        print(path.read_text(encoding="utf-8").rstrip() if problems else dump_config(config).rstrip())
+        for problem in problems:
+            print(f"\nwarning: {problem}\n(`accel launch` refuses this file until it is fixed.)")
     else:
         config = {}
         print(f"config file: {path} (does not exist: `accel config` or `accel config default` writes it)")
@@ -93,6 +99,20 @@ def show(path: Path) -> int:
     print(f"\nsettings of `accel launch` without flags (environment > config file > default):\n{format_settings(plan)}")
     print(f"added to the workers' environment:\n{format_env(plan.env)}")
     return 0
+
+
+def _readable_part(data: Any, origin: str) -> tuple[dict[str, Any], list[str]]:
+    """The keys of a parsed config file that pass ``validate_config`` one by one, and the errors of the others."""
+    if not isinstance(data, dict):
+        return validate_config(data, origin), []  # not a mapping: nothing to show key by key (raises)
+    config: dict[str, Any] = {}
+    problems = []
+    for key, value in data.items():
+        try:
+            config.update(validate_config({key: value}, origin))
+        except ValueError as error:
+            problems.append(str(error))
+    return config, problems
 
 
 def default_config() -> dict[str, Any]:
@@ -132,7 +152,7 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
         )
     config = {**default_config(), "mixed_precision": precision}
     resolve_plan({}, {}, validate_config(config, "the new config"), config_file=str(path))
-    return write_config(path, config)
+    return write_config_file(path, config)
 
 
 def import_accelerate(source: Path) -> dict[str, Any]:

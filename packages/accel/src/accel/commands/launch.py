@@ -36,14 +36,18 @@ def build_parser(extensions: list[LaunchExtension]) -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the command, start nothing")
     add_settings_arguments(parser)
     add_extension_arguments(parser, extensions)
-    parser.add_argument("script", help="the training script (or module, with -m)")
+    # Optional to argparse, required below: its own message would also call the script's arguments required.
+    parser.add_argument("script", nargs="?", help="the training script (or module, with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return parser
 
 
 def main(argv: list[str]) -> int:
     extensions = load_extensions()
-    namespace = build_parser(extensions).parse_args(argv)
+    parser = build_parser(extensions)
+    namespace = parser.parse_args(argv)
+    if namespace.script is None:
+        parser.error("the script to run is missing: accel launch [options] train.py [args], or -m package.module")
     plan = plan_from_namespace(namespace, extensions)
     target = LaunchTarget(namespace.script, tuple(namespace.script_args), namespace.module)
     if namespace.dry_run:

@@ -1,7 +1,8 @@
 """Plain-terminal questions for ``accel config``: a prompt, a default in brackets, Enter keeps it.
 
-Reads with ``input()``, so it works in any terminal and with answers piped on stdin; at the end of
-stdin every remaining question takes its default.
+Reads with ``input()``, so it works in any terminal and with answers piped on stdin. When stdin
+ends before the last question, ``InputEndedError`` says so: a config half answered by chance
+(a closed terminal, a pipe shorter than the questions) must not be written.
 """
 
 from __future__ import annotations
@@ -15,37 +16,45 @@ from accel_core.environment import parse_flag
 T = TypeVar("T")
 
 
+class InputEndedError(ValueError):
+    """Standard input ended before every question was answered."""
+
+    def __init__(self, question: str, answered: int) -> None:
+        super().__init__(
+            f"standard input ended at the question {question!r}, after {answered} answer(s): nothing was written. "
+            "Answer every question (Enter keeps the [default]), or run `accel config default`, which asks none."
+        )
+
+
 class Asker:
-    """Asks questions on stdout, reads answers from stdin; ``exhausted`` once stdin has ended."""
+    """Asks questions on stdout, reads answers from stdin; raises ``InputEndedError`` when stdin ends."""
 
     def __init__(self, read: Callable[[str], str] = input, write: Callable[[str], Any] = print) -> None:
         self._read = read
         self._write = write
-        self.exhausted = False
+        self.answered = 0
 
-    def _answer(self, prompt: str) -> str | None:
-        if self.exhausted:
-            return None
+    def _answer(self, question: str, prompt: str) -> str:
         try:
             answer = self._read(prompt).strip()
         except EOFError:
-            self.exhausted = True
             self._write("")
-            return None
+            raise InputEndedError(question, self.answered) from None
+        self.answered += 1
         if self._read is input and not sys.stdin.isatty():
             self._write(answer)  # piped answers are not echoed by a terminal: keep the transcript readable
         return answer
 
     def ask(self, question: str, default: T, parse: Callable[[str], T], hint: str = "", required: bool = True) -> T:
-        """Asks until the answer parses; an empty answer (or end of input) keeps ``default``
-        (which may be None only when the question is not ``required``)."""
+        """Asks until the answer parses; an empty answer keeps ``default`` (which may be None only when
+        the question is not ``required``)."""
         fallback = default  # returned as given (the checks below narrow `default`)
         shown = "" if default is None else ("yes" if default is True else "no" if default is False else str(default))
         prompt = f"{question}{f' ({hint})' if hint else ''}{f' [{shown}]' if shown else ''}: "
         for _ in range(5):
-            answer = self._answer(prompt)
+            answer = self._answer(question, prompt)
             if not answer:
-                if default is not None or self.exhausted or not required:
+                if default is not None or not required:
                     return fallback
                 self._write("  an answer is needed")
                 continue

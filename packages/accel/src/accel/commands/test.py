@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from accel_core.launch.extensions import add_extension_arguments, load_extensions
+from accel_core.launch.extensions import LaunchExtension, add_extension_arguments, load_extensions
 from accel_core.launch.failures import JobFailedError
-from accel_core.launch.plan import LaunchTarget
+from accel_core.launch.plan import CONFIG, DEFAULT, LaunchPlan, LaunchTarget
 from accel_core.launch.run import launch
 
 from .common import add_settings_arguments, plan_from_namespace
@@ -17,16 +17,39 @@ DEFAULTS = {"num_processes": 2, "use_cpu": True}
 TARGET = LaunchTarget("accel.check_script", module=True)
 
 
-def main(argv: list[str]) -> int:
-    extensions = load_extensions()
+def build_parser(extensions: list[LaunchExtension]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accel test",
+        # The options are accel launch's settings: listing them all in every error message buries the error.
+        usage="accel test [options]   (the settings of `accel launch`; `accel test --help` lists them)",
         description="Launches a built-in check (collectives and a data-parallel training step) with the current "
-        "config; without one, on 2 CPU processes. Flags override the config as in `accel launch`.",
+        "config; without one, on 2 CPU processes. A config of one CPU process (what `accel config default` writes "
+        "on a machine without GPUs) is checked on 2, so that the multi-process part runs; `-n 1` checks one. "
+        "Flags override the config as in `accel launch`.",
     )
     add_settings_arguments(parser)
     add_extension_arguments(parser, extensions)
-    plan = plan_from_namespace(parser.parse_args(argv), extensions, defaults=DEFAULTS)
+    return parser
+
+
+def _runs_one_cpu_process_by_config(plan: LaunchPlan) -> bool:
+    """One CPU process on one machine, not asked for by a flag or the environment: nothing multi-process to check."""
+    unasked = plan.sources.get("num_processes") in (CONFIG, DEFAULT)
+    return plan.use_cpu and plan.num_processes == 1 and plan.num_machines == 1 and unasked
+
+
+def main(argv: list[str]) -> int:
+    extensions = load_extensions()
+    namespace = build_parser(extensions).parse_args(argv)
+    plan = plan_from_namespace(namespace, extensions, defaults=DEFAULTS)
+    if _runs_one_cpu_process_by_config(plan):
+        namespace.num_processes = DEFAULTS["num_processes"]
+        plan = plan_from_namespace(namespace, extensions, defaults=DEFAULTS)
+        print(
+            f"accel test: the config file ({plan.config_file}) runs one CPU process; checking on "
+            f"{plan.num_processes} so that the multi-process part runs too (`accel test -n 1` checks one).",
+            flush=True,
+        )
     device = "cpu" if plan.use_cpu else "default device"
     where = f"{plan.num_processes} process(es) on {plan.num_machines} machine(s), {device}"
     print(f"accel test: running accel.check_script on {where}, mixed precision {plan.mixed_precision}", flush=True)
