@@ -23,8 +23,8 @@ from accel_core.state import PartialState
 from accel_core.strategies import resolve_plan
 from accel_xla import XlaLaunchOptions, XlaStrategy
 from accel_xla.collectives import pack_object, unpack_objects, xla_reduce_type
-from accel_xla.runtime import check_versions, release
 from accel_xla.spmd import fsdp_spec, partition_specs, process_layout, resolve_spmd_layout, spmd_requested
+from accel_xla.versions import check_versions, release
 
 from .conftest import HAS_TORCH_XLA
 

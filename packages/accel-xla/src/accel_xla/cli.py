@@ -2,7 +2,8 @@
 
 ``--use-xla`` (Accelerate's ``--tpu`` too) selects the strategy; the processes are started by
 torchrun as usual, one per XLA device of the machine (``--num-processes``), and join torch-xla's
-PJRT runtime (``PJRT_DEVICE``). Config-file section ``xla:`` with the option names below.
+PJRT runtime (``PJRT_DEVICE``). Config-file section ``xla:`` with the option names below. A torch and a torch-xla of
+different releases are refused here, before any process starts (``accel_xla.versions``).
 
 Example::
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 import argparse
 
 from accel_core.launch.extensions import OptionTable, choice_text
+
+from .versions import check_installed_pair
 
 PJRT_DEVICES = ("TPU", "CPU", "CUDA")
 
@@ -49,6 +52,8 @@ class XlaLaunchOptions(OptionTable):
         return True
 
     def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
+        """The flags' variables; refuses (ImportError naming the pair to install) when they choose the xla strategy
+        with a torch and a torch-xla of different releases, before any worker starts."""
         result = super().to_env(namespace)
         downcast = getattr(namespace, "xla_downcast_bf16", None)
         if downcast is not None:
@@ -59,4 +64,7 @@ class XlaLaunchOptions(OptionTable):
             result["PJRT_DEVICE"] = device
         if result.get("ACCEL_XLA_DOWNCAST_BF16") == "true":
             result["XLA_DOWNCAST_BF16"] = "1"  # read by torch-xla when its runtime starts
+        if result.get("ACCEL_STRATEGY") == self.name:
+            # Package metadata only: importing torch_xla here would start loading its runtime in the launcher.
+            check_installed_pair()
         return result
