@@ -42,6 +42,7 @@ def shown_runs(markdown: str) -> list[tuple[str, str]]:
 def test_the_page_shows_the_tested_script_through_a_snippet() -> None:
     markdown = PAGE.read_text()
     assert ("python", '--8<-- "docs/quickstart/train.py"\n') in fenced_blocks(markdown)
+    assert '\n--8<-- "README.md:install"\n' in markdown  # the README's install section, not a copy
     assert "(quickstart/train.py)" in markdown  # the download link: the same file, copied into the site
     assert [command for command, _ in shown_runs(markdown)] == [
         "python train.py",
