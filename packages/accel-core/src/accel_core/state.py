@@ -32,10 +32,16 @@ def _pick_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
     for kind in ("cuda", "xpu"):
         backend = getattr(torch, kind, None)
         if backend is not None and backend.is_available():
-            if local_rank >= backend.device_count():
+            count = backend.device_count()
+            if count == 1:
+                # One device visible: a launcher bound one to each process (SLURM --gpus-per-task=1 or
+                # --gpu-bind, a CUDA_VISIBLE_DEVICES per rank), or a one-device machine. Either way it is
+                # this process's (several processes sharing it is NCCL's "Duplicate GPU" error).
+                return torch.device(kind, 0)
+            if local_rank >= count:
                 raise ValueError(
                     f"Process with local rank {local_rank} has no {kind} device of its own: this machine has "
-                    f"{backend.device_count()}. Start at most that many processes per machine, or pass --cpu."
+                    f"{count}. Start at most that many processes per machine, or pass --cpu."
                 )
             return torch.device(kind, local_rank)
     # MPS is a single device: several processes cannot share it.
