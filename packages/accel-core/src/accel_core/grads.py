@@ -36,7 +36,10 @@ def _copies(grad: DTensor, world: int) -> int:
     return replicated * (world // mesh.size())
 
 
-def _reduce_device(local: torch.device) -> torch.device:
+def communication_device(local: torch.device) -> torch.device:
+    """Where a tensor reduced over the default group's backend must live: the current GPU under NCCL (which
+    refuses CPU tensors: "No backend type associated with device type cpu"), else ``local``. A process with
+    nothing to count still all-reduces its zero, so it asks here rather than defaulting to the CPU."""
     backend = str(dist.get_backend()).lower()
     if "nccl" in backend and local.type != "cuda":
         return torch.device("cuda", torch.cuda.current_device())
@@ -68,7 +71,7 @@ def total_norm(
                 grad = grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in grad.placements])
             local = grad.to_local()
             by_weight[(_copies(grad, world), local.device, local.dtype)].append(local)
-        reduce_device = _reduce_device(device)
+        reduce_device = communication_device(device)
         if math.isinf(norm_type):
             value = torch.zeros((), dtype=torch.float32, device=reduce_device)
             for locals_ in by_weight.values():
@@ -107,7 +110,7 @@ def total_norm(
 
 def _across_stages(value: torch.Tensor, norm_type: float, pipeline: MeshGroup, device: torch.device) -> torch.Tensor:
     """The norm over every pipeline stage from each stage's own norm ``value``."""
-    reduced = value.to(_reduce_device(device))
+    reduced = value.to(communication_device(device))
     if math.isinf(norm_type):
         dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=pipeline.group)
         return reduced.to(device)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-from accel_core.grads import clip_to_norm_
+from accel_core.grads import clip_to_norm_, communication_device
 
 from .groups import model_parallel_group, tensor_parallel_group
 
@@ -24,7 +24,9 @@ def total_norm(params: Sequence[torch.nn.Parameter], norm_type: float = 2.0) -> 
     """The ``norm_type``-norm of all the parameters' gradients as one model, the same on every process. Collective."""
     norm_type = float(norm_type)
     counted = [p.grad.detach() for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
-    device = counted[0].device if counted else torch.device("cpu")
+    # A rank with nothing to count (replicated layers on TP rank > 0, an empty stage) still all-reduces its zero:
+    # on the device the backend takes (NCCL refuses CPU tensors), as accel-core's own norm does.
+    device = communication_device(counted[0].device if counted else torch.device("cpu"))
     group = model_parallel_group()
     if norm_type == float("inf"):
         local = (
