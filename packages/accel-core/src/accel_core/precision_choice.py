@@ -50,11 +50,25 @@ def choose_precision(
         return Precision(name)
     if name == "no":
         return Precision()
-    if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError("bf16 mixed precision needs a GPU that supports bfloat16 (Ampere or newer): use fp16.")
+    if name == "bf16" and device.type == "cuda" and not cuda_computes_bf16():
+        raise ValueError(
+            "bf16 mixed precision needs a GPU that computes in bfloat16 (Ampere or newer); this one only emulates it, "
+            "far slower than fp16: use mixed_precision='fp16'."
+        )
     scaler = None
     if name == "fp16":
         scaler_kwargs = handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in handlers else {}
         scaler = strategy.make_grad_scaler(device, **scaler_kwargs)
     autocast_kwargs = handlers[AutocastKwargs].to_kwargs() if AutocastKwargs in handlers else {}
     return AutocastPrecision(name, device.type, scaler=scaler, autocast_kwargs=autocast_kwargs)
+
+
+def cuda_computes_bf16() -> bool:
+    """Whether the current GPU computes in bfloat16 natively (compute capability 8.0 and up).
+
+    ``torch.cuda.is_bf16_supported()`` also counts emulation by default, which says yes on a V100 or a T4.
+    """
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # a torch without the argument (before 2.4) does not count emulation
+        return bool(torch.cuda.is_bf16_supported())

@@ -11,6 +11,8 @@ torch tensor-parallel plans over them are refused.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -60,7 +62,41 @@ def recipe_from(handler: TERecipeKwargs | None) -> Any:
         return te_recipe.MXFP8BlockScaling(fp8_format=getattr(te_recipe.Format, kwargs.get("fp8_format", "E4M3")))
     if "fp8_format" in kwargs:
         kwargs["fp8_format"] = getattr(te_recipe.Format, kwargs["fp8_format"])
-    return te_recipe.DelayedScaling(**kwargs)
+    accepted = {field.name for field in dataclasses.fields(te_recipe.DelayedScaling)}
+    return te_recipe.DelayedScaling(**delayed_scaling_kwargs(kwargs, accepted))
+
+
+# TERecipeKwargs's fields that some Transformer-Engine versions' DelayedScaling lacks, and the value meaning "unset".
+_VERSION_DEPENDENT = {"interval": 1, "override_linear_precision": (False, False, False)}
+
+
+def delayed_scaling_kwargs(settings: dict[str, Any], accepted: Collection[str]) -> dict[str, Any]:
+    """``settings`` as arguments of a ``DelayedScaling`` whose fields are ``accepted``.
+
+    Transformer-Engine 2 dropped ``interval`` and ``override_linear_precision``, and its recipe (a pydantic
+    dataclass) ignores unknown arguments silently: a setting it would drop is refused here instead, unless it
+    is the value that changes nothing.
+    """
+    kwargs = dict(settings)
+    for name, unset in _VERSION_DEPENDENT.items():
+        if name in accepted or name not in kwargs:
+            continue
+        value = kwargs.pop(name)
+        if _is_set(value, unset):
+            raise ValueError(
+                f"TERecipeKwargs({name}={value!r}): this Transformer-Engine's DelayedScaling has no {name!r} (removed "
+                f"in Transformer-Engine 2; it would be ignored). Leave {name} unset (or {unset!r}), or install a "
+                "Transformer-Engine 1.x that has it."
+            )
+    return kwargs
+
+
+def _is_set(value: Any, unset: Any) -> bool:
+    if value is None:
+        return False
+    if isinstance(unset, tuple):
+        return tuple(value) != unset
+    return value != unset
 
 
 def convert_model(

@@ -1,0 +1,35 @@
+"""bf16 on a GPU that only emulates it (V100, T4) is refused with the fix named; the GPU's answers are faked.
+
+torch.cuda.is_bf16_supported() says yes there by default (it counts emulation); asked without emulation it says
+no, which is what the check asks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accel_core.precision import AutocastPrecision
+from accel_core.precision_choice import choose_precision, cuda_computes_bf16
+from accel_core.strategies import create_strategy
+
+
+def _gpu(monkeypatch: pytest.MonkeyPatch, native_bf16: bool) -> None:
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return native_bf16 or including_emulation  # emulation: always possible on a CUDA GPU
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+
+
+def test_an_emulating_gpu_is_refused_with_fp16_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    _gpu(monkeypatch, native_bf16=False)
+    assert torch.cuda.is_bf16_supported()  # torch's default answer: yes, by emulation
+    assert not cuda_computes_bf16()
+    with pytest.raises(ValueError, match=r"only emulates it.*mixed_precision='fp16'"):
+        choose_precision("bf16", create_strategy("ddp"), torch.device("cuda", 0), {}, True)
+
+
+def test_a_native_bf16_gpu_gets_bf16_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    _gpu(monkeypatch, native_bf16=True)
+    precision = choose_precision("bf16", create_strategy("ddp"), torch.device("cuda", 0), {}, True)
+    assert isinstance(precision, AutocastPrecision) and precision.dtype == torch.bfloat16
