@@ -6,7 +6,8 @@ those calls sent to the CPU (``cuda_calls_on_cpu``, test-only), PP=2 (1F1B) and 
 stages (interleaved 1F1B) train 20 steps each, every loss within 1e-5 of one process training the
 whole model (and the global gradient norm, clipped), and the gathered weights too; then save_state,
 2 steps, load_state, the same 2 steps exactly (one file set per TP x PP rank); a checkpoint of another
-vp_degree is refused. On 4 processes: TP=2 x PP=2 likewise.
+vp_degree is refused; under bf16 autocast the stages send bf16 (the pipeline dtype). On 4 processes:
+TP=2 x PP=2 likewise.
 The last line printed on each rank is "MEGATRON PP CHECKS PASSED <rank>".
 """
 
@@ -178,12 +179,46 @@ def check_matches_one_process(plugin: MegatronLMPlugin, reference) -> None:
     parallel_state.destroy_model_parallel()
 
 
+def check_bf16_activations(reference) -> None:
+    """Under bf16 autocast a stage sends bf16, the dtype of Megatron's receive buffers (the autocast wrapper returns
+    fp32: sent as it is, the bytes would not match the buffer). What Accelerator(mixed_precision="bf16") sets up on
+    GPUs is set up by hand here (the strategy refuses bf16 on CPU for its TP layers' backward, not for the pipeline):
+    autocast around each stage, bf16 as the pipeline dtype; the model has no TP layer."""
+    from megatron.core import parallel_state
+
+    from accel_core.precision import AutocastPrecision
+
+    initial, losses, _ = reference
+    accelerator = Accelerator(megatron_lm_plugin=MegatronLMPlugin(pp_degree=2, num_micro_batches=4))
+    model = accelerator.prepare(Net())  # plain layers: Megatron's TP layers re-enter autocast in backward on CUDA only
+    model.load_full_state_dict(initial)
+    for stage in model.stage_modules:
+        AutocastPrecision("bf16", "cpu").wrap_forward(stage)
+    model.config.pipeline_dtype = torch.bfloat16
+    x, y = batches()[0]
+    with cuda_calls_on_cpu():
+        loss = accelerator.forward_backward(model, x, y, F.mse_loss)
+    stage = model.chunks[0]
+    if parallel_state.is_pipeline_first_stage():
+        with torch.no_grad():
+            sent = stage(x)
+        check(sent.dtype == torch.bfloat16, f"the first stage sends {sent.dtype}, the pipeline dtype is bfloat16")
+    else:
+        received = stage.input_tensor
+        check(received is not None and received.dtype == torch.bfloat16, f"the last stage received {received}")
+        check(not stage.sends_activation, "the last stage's output is the loss function's input, not sent")
+    expected = losses[0][0]
+    check(abs(loss.item() - expected) <= 2e-2 * abs(expected), f"bf16 pipeline loss {loss.item()} vs fp32 {expected}")
+    parallel_state.destroy_model_parallel()
+
+
 if __name__ == "__main__":
     reference = reference_run()
     world = int(os.environ["WORLD_SIZE"])
     if world == 2:
         check_refused_on_cpu(reference[0])
         check_matches_one_process(MegatronLMPlugin(pp_degree=2, num_micro_batches=4), reference)
+        check_bf16_activations(reference)
         check_matches_one_process(MegatronLMPlugin(pp_degree=2, vp_degree=2, num_micro_batches=4), reference)
     else:
         check_matches_one_process(MegatronLMPlugin(tp_degree=2, pp_degree=2, num_micro_batches=4), reference)

@@ -58,9 +58,13 @@ def check_device(device: torch.device) -> None:
 
 class MegatronStage(nn.Module):
     """One model chunk as Megatron's schedules call it: ``set_input_tensor`` (the activation received from the
-    previous stage), ``config`` and ``model_type``. The first stage reads the batch, the others the activation."""
+    previous stage), ``config`` and ``model_type``. The first stage reads the batch, the others the activation.
 
-    def __init__(self, module: nn.Module, config: Any, vp_stage: int | None) -> None:
+    sends_activation: the chunk's output goes to another stage (every chunk but the model's last), so it
+    leaves in ``config.pipeline_dtype``, the dtype of Megatron's receive buffers.
+    """
+
+    def __init__(self, module: nn.Module, config: Any, vp_stage: int | None, sends_activation: bool) -> None:
         from megatron.core.enums import ModelType
 
         super().__init__()
@@ -68,6 +72,7 @@ class MegatronStage(nn.Module):
         self.config = config
         self.model_type = ModelType.encoder_or_decoder
         self.vp_stage = vp_stage
+        self.sends_activation = sends_activation
         self.input_tensor: torch.Tensor | None = None
 
     def set_input_tensor(self, tensor: torch.Tensor | list[torch.Tensor | None] | None) -> None:
@@ -75,8 +80,23 @@ class MegatronStage(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.input_tensor is not None:
-            return self.module(self.input_tensor)
-        return self.module(*args, **kwargs)
+            return self._as_sent(self.module(self.input_tensor))
+        return self._as_sent(self.module(*args, **kwargs))
+
+    def _as_sent(self, output: Any) -> Any:
+        # Under mixed precision the chunk's forward runs in the autocast wrapper, which returns fp32; the next
+        # stage receives into buffers of pipeline_dtype (bf16), and point-to-point sends carry bytes, not dtypes:
+        # an fp32 tensor there is garbage or a hang under NCCL. The cast is differentiable (grads come back bf16).
+        dtype = self.config.pipeline_dtype
+        if (
+            self.sends_activation
+            and dtype is not None
+            and isinstance(output, torch.Tensor)
+            and output.is_floating_point()
+            and output.dtype != dtype
+        ):
+            return output.to(dtype)
+        return output
 
 
 def _split_batch(tree: Any, pieces: int) -> list[Any]:
@@ -121,10 +141,16 @@ class MegatronPipelinedModel(StagedModel):
         device: torch.device,
         finish_gradients: Callable[[list[nn.Parameter]], None],
     ) -> None:
+        from megatron.core import parallel_state
+
         super().__init__()
         vp = len(chunks)
+        last_rank = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
         self.chunks = nn.ModuleList(
-            MegatronStage(chunk, config, index if vp > 1 else None) for index, chunk in enumerate(chunks)
+            MegatronStage(
+                chunk, config, index if vp > 1 else None, sends_activation=not (last_rank and index == vp - 1)
+            )
+            for index, chunk in enumerate(chunks)
         )
         self._stage_modules = list(chunks)
         self.config = config
@@ -203,7 +229,7 @@ class MegatronPipelinedModel(StagedModel):
                 # Megatron divides what it backpropagates by the number of micro-batches; accumulation is ours.
                 return loss / divisor, {"loss": loss.detach()}
 
-            if isinstance(output, torch.Tensor) and output.dim() != 3 and not self._is_last(stage):
+            if isinstance(output, torch.Tensor) and output.dim() != 3 and stage.sends_activation:
                 raise ValueError(
                     "A Megatron pipeline stage sends one 3-dimensional tensor to the next ([batch, sequence, "
                     f"hidden]); this stage returned a tensor of shape {tuple(output.shape)}. Reshape the activations "
@@ -234,12 +260,6 @@ class MegatronPipelinedModel(StagedModel):
             group=pipeline_parallel_group(),
         )
         return loss
-
-    def _is_last(self, stage: MegatronStage) -> bool:
-        from megatron.core import parallel_state
-
-        last_chunk = stage is self.chunks[-1]
-        return last_chunk and parallel_state.is_pipeline_last_stage(ignore_virtual=True)
 
 
 def schedule_config(tp_degree: int, pp_degree: int, vp_degree: int, dtype: torch.dtype, sequence_parallel: bool) -> Any:
