@@ -76,7 +76,15 @@ def results(model, optimizer, losses):
 
 
 def full(folder: str) -> None:
+    from accel_checkpoint.coordination import Coordinator
+    from accel_core.strategies import groups
+
     accelerator, model, optimizer, loader, scheduler = build(folder)
+    # The coordinator's gloo group exists once the Accelerator is set up (on several machines a gloo network problem
+    # shows in the first seconds, not at the first save), and the first save uses it instead of making one.
+    made = groups._COORDINATION.get("group")  # the cache itself: asking coordination_group() would create it
+    assert made is not None and dist.get_backend(made) == "gloo" and dist.get_world_size(made) == 2, made
+    assert Coordinator().group is made
     losses = run(accelerator, model, optimizer, loader, scheduler, 0, os.path.join(folder, "step_k"))
     assert accelerator.wait_for_checkpoint() == os.path.join(folder, "step_k")  # joins the writer thread
     torch.save(results(model, optimizer, losses), os.path.join(folder, f"full_{accelerator.process_index}.pt"))

@@ -15,20 +15,12 @@ from typing import Any
 
 from .errors import CheckpointError
 
-_GROUP_CACHE: dict[str, Any] = {}
-
 
 def _world_group() -> Any:
-    import torch.distributed as dist
+    # accel-core's, which the Accelerator creates at setup (collective): a gloo failure shows at the start.
+    from accel_core.strategies.groups import coordination_group
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return None
-    world = dist.group.WORLD
-    if _GROUP_CACHE.get("world") is not world:
-        # Collective: every process creates it, in the same order (first save/load happens on all ranks).
-        _GROUP_CACHE["group"] = dist.new_group(backend="gloo")
-        _GROUP_CACHE["world"] = world
-    return _GROUP_CACHE["group"]
+    return coordination_group()
 
 
 class Coordinator:

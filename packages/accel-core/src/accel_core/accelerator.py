@@ -76,6 +76,7 @@ from .strategies import (
     create_strategy,
     resolve_plan,
 )
+from .strategies.groups import coordination_group
 from .strategies.selection import PLUGIN_ARGUMENTS
 from .triggers import Triggers
 
@@ -265,6 +266,9 @@ class Accelerator(
             dynamo_plugin=self.dynamo_plugin,
         )
         self.strategy.setup(self._context)
+        if self.state.collectives is None:  # torch.distributed's processes (a backend's own runtime aside)
+            # Collective, at the same point on every process: a gloo network problem fails here, not at the first save.
+            coordination_group()
         plugin_of = {
             arg: self.strategy.plugin if name == self.strategy.name else None for arg, name in PLUGIN_ARGUMENTS.items()
         }
