@@ -297,3 +297,89 @@ def test_accel_config_default_names_a_path_it_cannot_write(cli, tmp_path: Path) 
         assert result.returncode == 2, cli.describe(result)
         assert f"cannot write the config file {path}" in result.stderr and "--config-file" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+# What `accelerate config` writes for FSDP1 (Accelerate 1.x, fsdp_version 1).
+ACCELERATE_FSDP1 = """\
+compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: FSDP
+downcast_bf16: 'no'
+enable_cpu_affinity: false
+fsdp_config:
+  fsdp_activation_checkpointing: false
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_backward_prefetch: BACKWARD_PRE
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_forward_prefetch: false
+  fsdp_offload_params: false
+  fsdp_sharding_strategy: SHARD_GRAD_OP
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_sync_module_states: true
+  fsdp_transformer_layer_cls_to_wrap: Block
+  fsdp_use_orig_params: true
+  fsdp_version: 1
+machine_rank: 0
+main_training_function: main
+mixed_precision: bf16
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: true
+"""
+
+
+def test_accel_to_fsdp2_converts_accelerate_and_accel_fsdp1_files(cli, tmp_path: Path) -> None:
+    from accel_fsdp import FullyShardedDataParallelPlugin
+
+    accelerate_file = tmp_path / "accelerate_fsdp1.yaml"
+    accelerate_file.write_text(ACCELERATE_FSDP1)
+    # An Accelerate file stays an Accelerate file, with Accelerate's FSDP2 keys.
+    converted = tmp_path / "accelerate_fsdp2.yaml"
+    result = cli.run("to-fsdp2", "--config-file", str(accelerate_file), "--output-file", str(converted))
+    assert result.returncode == 0, cli.describe(result)
+    section = yaml.safe_load(converted.read_text())["fsdp_config"]
+    assert section["fsdp_version"] == 2 and section["fsdp_reshard_after_forward"] is False
+    for dropped in (
+        "fsdp_sharding_strategy",
+        "fsdp_backward_prefetch",
+        "fsdp_forward_prefetch",
+        "fsdp_use_orig_params",
+    ):
+        assert dropped not in section and f"fsdp_config.{dropped}" in result.stderr, dropped
+    assert section["fsdp_transformer_layer_cls_to_wrap"] == "Block" and section["fsdp_sync_module_states"] is True
+    assert accelerate_file.read_text() == ACCELERATE_FSDP1  # the input is left alone
+    again = cli.run("to-fsdp2", "--config-file", str(accelerate_file), "--output-file", str(converted))
+    assert again.returncode == 2 and "pass --overwrite" in again.stderr
+
+    # accel's own file (imported from the same Accelerate file), rewritten in place; launch then runs FSDP2.
+    assert cli.run("config", "import", str(accelerate_file)).returncode == 0
+    assert "version: 1" in (cli.config_dir / "default_config.yaml").read_text()
+    rewritten = cli.run("to-fsdp2", "--overwrite")
+    assert rewritten.returncode == 0, cli.describe(rewritten)
+    assert "fsdp.sharding_strategy: SHARD_GRAD_OP became reshard_after_forward: false" in rewritten.stderr
+    dry = cli.run("launch", "--dry-run", "train.py")
+    assert dry.returncode == 0, cli.describe(dry)
+    pairs = dict(line.strip().split("=", 1) for line in dry.stdout.splitlines() if line.startswith("  ACCEL_FSDP_"))
+    assert "ACCEL_FSDP_BACKWARD_PREFETCH" not in pairs and "ACCEL_FSDP_SHARDING_STRATEGY" not in pairs, pairs
+    plugin = FullyShardedDataParallelPlugin.from_env(pairs)  # what the workers build from it
+    assert (plugin.fsdp_version, plugin.reshard_after_forward, plugin.transformer_cls_names_to_wrap) == (
+        2, False, ["Block"])  # fmt: skip
+    done = cli.run("to-fsdp2", "--overwrite")
+    assert done.returncode == 0 and "already sets FSDP2" in done.stdout
+
+
+def test_to_fsdp2_keeps_hybrid_sharding_and_refuses_no_shard() -> None:
+    from accel.commands.to_fsdp2 import convert_section
+
+    hybrid, notes = convert_section({"sharding_strategy": "HYBRID_SHARD", "limit_all_gathers": True, "version": 1})
+    assert hybrid == {"sharding_strategy": "HYBRID_SHARD", "reshard_after_forward": True, "version": 2}
+    assert any("limit_all_gathers" in note for note in notes)
+    unversioned, _ = convert_section({"fsdp_sharding_strategy": "FULL_SHARD"}, "fsdp_")  # Accelerate's default is 1
+    assert unversioned == {"fsdp_reshard_after_forward": True, "fsdp_version": 2}
+    with pytest.raises(ValueError, match="NO_SHARD does not exist in FSDP2"):
+        convert_section({"sharding_strategy": "NO_SHARD"})

@@ -47,6 +47,13 @@ plain = Net()
 load_model(plain, merged)
 check(torch.equal(probe(plain), expected["saved_out"]), "merged sharded checkpoint: other outputs")
 
+# The same, merged by `accel merge-weights` (test_fsdp_multiprocess.py ran it) into the file named on its command line.
+cli_merged = TMP / "cli_merged.safetensors"
+plain = Net()
+check(not torch.equal(probe(plain), expected["saved_out"]), "a fresh module already gives the saved outputs")
+load_model(plain, str(cli_merged))
+check(torch.equal(probe(plain), expected["saved_out"]), "accel merge-weights: the merged file gives other outputs")
+
 # The same checkpoint loaded by the fsdp strategy on one process (DCP reshards 2 -> 1).
 accelerator = Accelerator()
 check(isinstance(accelerator.strategy, FSDPStrategy), f"--use-fsdp gave {type(accelerator.strategy).__name__}")

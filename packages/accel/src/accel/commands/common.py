@@ -155,6 +155,5 @@ def write_config_file(path: Path, config: dict[str, Any], flag: str = "--config-
     except OSError as error:
         reason = error.strerror or type(error).__name__
         raise ValueError(
-            f"cannot write the config file {path} ({reason}): pass {flag} with a path in a folder you can "
-            "write to."
+            f"cannot write the config file {path} ({reason}): pass {flag} with a path in a folder you can write to."
         ) from None
