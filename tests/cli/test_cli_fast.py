@@ -36,6 +36,9 @@ print(json.dumps({"code": code, "torch": "torch" in sys.modules, "out": out.getv
         (["config"], "Wrote "),  # the questions, all answered by Enter
         (["env"], "- devices: "),
         (["test", "--help"], "usage"),
+        (["estimate-memory", "--help"], "usage"),
+        (["merge-weights", "--help"], "usage"),
+        (["to-fsdp2", "--help"], "usage"),
     ],
 )
 def test_help_config_and_env_do_not_import_torch(cli, argv: list[str], expected: str) -> None:
@@ -121,6 +124,11 @@ def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:
         bare = cli.run(*no_script)
         assert bare.returncode == 2 and "the script to run is missing" in bare.stderr, cli.describe(bare)
         assert "script_args" not in bare.stderr
+    gone = cli.run("merge-weights", str(tmp_path / "no_checkpoint"), str(tmp_path / "out"))
+    assert gone.returncode == 2 and f"checkpoint folder {tmp_path / 'no_checkpoint'} does not exist" in gone.stderr
+    (tmp_path / "empty").mkdir()
+    empty = cli.run("merge-weights", str(tmp_path / "empty"), str(tmp_path / "out"))
+    assert empty.returncode == 2 and "holds no model weights to merge" in empty.stderr, cli.describe(empty)
     # accel test's own usage line, not the page of launch settings.
     bogus = cli.run("test", "--bogus")
     assert bogus.returncode == 2 and "unrecognized arguments: --bogus" in bogus.stderr, cli.describe(bogus)
@@ -181,3 +189,16 @@ def test_runner_runs_like_python_and_records_the_users_traceback(cli, tmp_path: 
 
     module = _runner("module", "probe_pkg.missing_module", cwd=cli.scripts, error_file=error_file)
     assert module.returncode == 1 and "No module named probe_pkg.missing_module" in module.stderr
+
+
+# The commands of Accelerate 1.15's `accelerate` CLI.
+ACCELERATE_COMMANDS = ("config", "env", "launch", "test", "estimate-memory", "merge-weights", "to-fsdp2", "tpu-config")
+
+
+def test_every_accelerate_command_exists_or_is_listed_as_left_out() -> None:
+    from accel.cli import COMMANDS
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "coming_from_accelerate.md").read_text()
+    left_out = page.split("### Commands", 1)[1].split("Left out:", 1)[1].split("\n\n", 1)[0]
+    for name in ACCELERATE_COMMANDS:
+        assert name in COMMANDS or f"`accelerate {name}`" in left_out, name

@@ -82,10 +82,23 @@ def ddp_reference(rank: int, world: int, steps: int = STEPS) -> dict:
         loss.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(ddp.parameters(), MAX_NORM).item())
         optimizer.step()
+        held = held_bytes(model, optimizer)  # gradients still there, as during a step
         optimizer.zero_grad()
         losses.append(loss.item())
     dist.barrier()
-    return {"losses": losses, "norms": norms, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {"losses": losses, "norms": norms, "state": state, "held_bytes": held}
+
+
+def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """This process's bytes of parameters, gradients and optimizer state (step counters included), as
+    `accel estimate-memory --json` reports them."""
+    states = (v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+    return {
+        "parameters": local_nbytes(model.parameters()),
+        "gradients": local_nbytes(p.grad for p in model.parameters()),
+        "optimizer_state": local_nbytes(states),
+    }
 
 
 def local_nbytes(tensors) -> int:

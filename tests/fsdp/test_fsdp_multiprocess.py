@@ -3,15 +3,18 @@
 train_checks.py: FSDP2 and FSDP1 follow plain DDP's loss trajectory and clip norms (with an
 optimizer and scheduler built before prepare), hold half the parameter / gradient / optimizer
 bytes, accumulate gradients without reducing them on micro-steps, keep ``generate`` working,
-materialise meta-device models shard by shard, and handle bf16 / fp16 / activation checkpointing.
+materialise meta-device models shard by shard, and handle bf16 / fp16 / activation checkpointing;
+`accel estimate-memory` on the same model gives the bytes each held with DDP and FSDP2.
 
 checkpoint_checks.py + single_process_checks.py: sharded save -> load gives identical outputs and
 an identical continuation; FULL_STATE_DICT and FSDP1 round-trip too; save_model's file loads into a
-plain module; the 2-process checkpoint loads on 1 process and training continues on the same path.
+plain module; `accel merge-weights` merges the sharded checkpoint into a file a plain module loads; the
+2-process checkpoint loads on 1 process and training continues on the same path.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,6 +31,20 @@ def test_training_matches_ddp_on_two_processes(torchrun):
     result = torchrun(HERE / "train_checks.py", timeout=300)
     assert "FSDP TRAIN CHECKS PASSED 0" in result.stdout and "FSDP TRAIN CHECKS PASSED 1" in result.stdout
 
+    # `accel estimate-memory` on the same model gives the bytes the largest process held, for DDP and FSDP2.
+    held = [json.loads(line.split("HELD BYTES ", 1)[1]) for line in result.stdout.splitlines() if "HELD BYTES " in line]
+    assert sorted(h["rank"] for h in held) == [0, 1], result.stdout[-3000:]
+    command = [str(Path(sys.executable).with_name("accel")), "estimate-memory", f"{HERE / 'fsdp_testlib.py'}:Net"]
+    command += ["-n", "2", "--strategies", "ddp", "fsdp", "--dtypes", "float32", "--json"]
+    estimated = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert estimated.returncode == 0, estimated.stderr
+    rows = {row["strategy"]: row for row in map(json.loads, estimated.stdout.splitlines())}
+    for strategy in ("ddp", "fsdp"):
+        for key in ("parameters", "gradients", "optimizer_state"):
+            largest = max(h[strategy][key] for h in held)
+            assert rows[strategy][key] == largest, (strategy, key, rows[strategy], [h[strategy] for h in held])
+    assert rows["fsdp"]["parameters"] * 2 == rows["ddp"]["parameters"]  # the sharding was engaged
+
 
 def test_sharded_checkpoints_two_processes_then_one(torchrun, tmp_path):
     # The same LR schedule on 2 processes and on 1 (the default steps it once per process per optimizer step):
@@ -40,8 +57,20 @@ def test_sharded_checkpoints_two_processes_then_one(torchrun, tmp_path):
     result = torchrun(HERE / "checkpoint_checks.py", str(tmp_path), env=env, timeout=300)
     assert "FSDP CHECKPOINT CHECKS PASSED 0" in result.stdout and "FSDP CHECKPOINT CHECKS PASSED 1" in result.stdout
 
-    # One process, through the real launcher and its --use-fsdp flags (no torchrun, no RANK/WORLD_SIZE).
     accel = Path(sys.executable).with_name("accel")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    # `accel merge-weights` on the 2-process sharded checkpoint: single_process_checks.py loads the file it writes.
+    merged = subprocess.run(
+        [str(accel), "merge-weights", str(tmp_path / "ckpt"), str(tmp_path / "cli_merged.safetensors")],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert merged.returncode == 0, f"{merged.stdout}\n{merged.stderr}"
+    assert f"wrote {tmp_path / 'cli_merged.safetensors'}" in merged.stdout
+
+    # One process, through the real launcher and its --use-fsdp flags (no torchrun, no RANK/WORLD_SIZE).
     command = [
         str(accel),
         "launch",
@@ -56,7 +85,6 @@ def test_sharded_checkpoints_two_processes_then_one(torchrun, tmp_path):
         str(HERE / "single_process_checks.py"),
         str(tmp_path),
     ]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
     try:
         single = subprocess.run(
             command, env={**environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=180

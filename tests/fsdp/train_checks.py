@@ -6,6 +6,7 @@ Every check raises on failure; each rank ends with "FSDP TRAIN CHECKS PASSED <ra
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 
@@ -19,6 +20,7 @@ from fsdp_testlib import (
     data,
     ddp_reference,
     full_nbytes,
+    held_bytes,
     local,
     local_nbytes,
     make_net,
@@ -176,6 +178,9 @@ def run_version(version: int) -> None:
             state_bytes == 2 * full // world,
             f"{name}: AdamW state takes {state_bytes} bytes, expected {2 * full // world}",
         )
+        # test_fsdp_multiprocess.py compares these with `accel estimate-memory`.
+        held = {"ddp": REF["held_bytes"], "fsdp": held_bytes(model, raw)}
+        print(f"HELD BYTES {json.dumps({'rank': rank, **held})}", flush=True)
         inf_norm = float(accelerator.clip_grad_norm_(model.parameters(), 1e9, norm_type=math.inf))
         local_max = max(p.grad.to_local().abs().max().item() for p in model.parameters())
         gathered = [None, None]

@@ -1,7 +1,8 @@
-"""The ``accel`` command: ``launch``, ``config``, ``env``, ``test``.
+"""The ``accel`` command: ``launch``, ``config``, ``env``, ``test``, ``estimate-memory``,
+``merge-weights``, ``to-fsdp2``.
 
-Each command lives in ``accel.commands.<name>`` and is imported only when used, so ``accel --help``
-costs a Python start-up and nothing else (no torch, no YAML).
+Each command lives in ``accel.commands.<name>`` (``-`` written ``_``) and is imported only when used,
+so ``accel --help`` costs a Python start-up and nothing else (no torch, no YAML).
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ COMMANDS = {
     "config": "write, show or import (from Accelerate) the launch config file",
     "env": "print versions, devices and the resolved config, for a bug report",
     "test": "launch a built-in check of the install with the current config (2 CPU processes by default)",
+    "estimate-memory": "per-process bytes of a model's parameters, gradients and optimizer state, per strategy",
+    "merge-weights": "merge a sharded (FSDP / DCP) checkpoint into one safetensors file",
+    "to-fsdp2": "convert the fsdp section of a config file from FSDP1 to FSDP2 settings",
 }
 
 USAGE = """usage: accel <command> [options]
@@ -28,6 +32,8 @@ examples:
   accel launch -m mypackage.train
   accel config            (answer a few questions; `accel config default` asks none)
   accel test
+  accel estimate-memory models.py:build_model -n 8
+  accel merge-weights outputs/checkpoints/checkpoint_3 merged/
 
 `accel <command> --help` describes a command's options."""
 
@@ -60,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"accel: unknown command {name!r}.\n\n{_usage()}", file=sys.stderr)
         return 2
-    command = importlib.import_module(f"accel.commands.{name}")
+    command = importlib.import_module(f"accel.commands.{name.replace('-', '_')}")
     try:
         return int(command.main(rest) or 0)
     except (ValueError, ImportError) as error:
