@@ -1,8 +1,11 @@
 """Writes reference_surface.json: the public names of Hugging Face Accelerate that scripts use.
 
-Run once by hand (not in CI) against a bare clone of huggingface/accelerate; it reads files with
-``git show`` and parses them with ``ast`` (nothing of Accelerate is imported or installed):
+Run once by hand (not in CI) against the released wheel, unpacked (the released 1.15.0 has names the
+development tree before it lacks, ``utils.get_model_tp_size`` for one), or a bare clone of
+huggingface/accelerate at a revision; files are parsed with ``ast`` (nothing of Accelerate is imported):
 
+    pip download accelerate==1.15.0 --no-deps -d /tmp/ref && unzip -q /tmp/ref/*.whl -d /tmp/ref/whl
+    python tests/compat/gen_reference_surface.py /tmp/ref/whl
     python tests/compat/gen_reference_surface.py /work/.mirror/huggingface+accelerate/repo [REV]
 
 Sections (each a sorted list of dotted names):
@@ -11,6 +14,8 @@ Sections (each a sorted list of dotted names):
 - ``accelerate.utils.<Enum>.<MEMBER>``: the members of the enums ``accelerate.utils`` exports;
 - ``accelerate.Accelerator``: public methods and properties, public attributes set in ``__init__``,
   and the constructor's arguments (``accelerate.Accelerator(<argument>)``);
+- ``accelerate.PartialState``, ``accelerate.AcceleratorState``, ``accelerate.GradientState``: the same
+  for the state classes;
 - ``accelerate.logging`` and ``accelerate.local_sgd``: module-level public names, plus
   ``LocalSGD``'s methods and constructor arguments.
 """
@@ -27,9 +32,24 @@ OUTPUT = Path(__file__).with_name("reference_surface.json")
 
 
 def show(repo: str, rev: str, path: str) -> str:
+    """The text of ``path`` (``src/accelerate/...``) at ``rev`` of a bare clone, or in an unpacked wheel."""
+    unpacked = Path(repo) / path.removeprefix("src/")
+    if (Path(repo) / "accelerate" / "__init__.py").is_file():
+        return unpacked.read_text()
     return subprocess.run(
         ["git", f"--git-dir={repo}", "show", f"{rev}:{path}"], capture_output=True, text=True, check=True
     ).stdout
+
+
+def describe(repo: str, rev: str) -> dict[str, str]:
+    """Where the names come from: the wheel's file name, or the clone's commit."""
+    if (Path(repo) / "accelerate" / "__init__.py").is_file():
+        wheel = next(Path(repo).glob("accelerate-*.dist-info")).name.removesuffix(".dist-info")
+        return {"repository": "huggingface/accelerate", "distribution": f"{wheel}-py3-none-any.whl"}
+    commit = subprocess.run(
+        ["git", f"--git-dir={repo}", "rev-parse", rev], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return {"repository": "huggingface/accelerate", "commit": commit}
 
 
 def bound_by_imports(source: str) -> list[str]:
@@ -94,15 +114,15 @@ def enum_members(source: str, exported: set[str]) -> list[str]:
 
 
 def main(repo: str, rev: str = "HEAD") -> None:
-    commit = subprocess.run(
-        ["git", f"--git-dir={repo}", "rev-parse", rev], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    source = describe(repo, rev)
+    commit = source.get("commit", rev)
     init = show(repo, commit, "src/accelerate/__init__.py")
     version = next(line.split('"')[1] for line in init.splitlines() if line.startswith("__version__"))
     utils = bound_by_imports(show(repo, commit, "src/accelerate/utils/__init__.py"))
     local_sgd = show(repo, commit, "src/accelerate/local_sgd.py")
+    state = show(repo, commit, "src/accelerate/state.py")
     surface = {
-        "reference": {"repository": "huggingface/accelerate", "commit": commit, "version": version},
+        "reference": {**source, "version": version},
         "accelerate": [f"accelerate.{n}" for n in bound_by_imports(init)],
         "accelerate.utils": [f"accelerate.utils.{n}" for n in utils],
         "accelerate.utils enum members": enum_members(
@@ -111,6 +131,10 @@ def main(repo: str, rev: str = "HEAD") -> None:
         "accelerate.Accelerator": class_surface(
             find_class(show(repo, commit, "src/accelerate/accelerator.py"), "Accelerator"), "accelerate.Accelerator"
         ),
+        **{
+            f"accelerate.{name}": class_surface(find_class(state, name), f"accelerate.{name}")
+            for name in ("PartialState", "AcceleratorState", "GradientState")
+        },
         "accelerate.logging": [
             f"accelerate.logging.{n}" for n in module_public_names(show(repo, commit, "src/accelerate/logging.py"))
         ],
@@ -119,7 +143,7 @@ def main(repo: str, rev: str = "HEAD") -> None:
     }
     OUTPUT.write_text(json.dumps(surface, indent=1) + "\n")
     counts = {k: len(v) for k, v in surface.items() if k != "reference"}
-    print(f"wrote {OUTPUT} from {commit[:12]} (version {version}): {counts}")
+    print(f"wrote {OUTPUT} from {source} (version {version}): {counts}")
 
 
 if __name__ == "__main__":

@@ -38,14 +38,24 @@ def allowlist() -> dict[str, Any]:
 
 @cache
 def _instances() -> dict[str, Any]:
-    """An Accelerator and a LocalSGD on one CPU process, for the attributes set in ``__init__``."""
+    """An Accelerator, its state objects and a LocalSGD on one CPU process, for the attributes set in ``__init__``."""
     import torch
 
-    from accel import Accelerator
+    from accel import Accelerator, GradientState, PartialState
     from accel.local_sgd import LocalSGD
 
     accelerator = Accelerator(cpu=True)
-    return {"Accelerator": accelerator, "LocalSGD": LocalSGD(accelerator, torch.nn.Linear(1, 1), 1)}
+    return {
+        "Accelerator": accelerator,
+        "LocalSGD": LocalSGD(accelerator, torch.nn.Linear(1, 1), 1),
+        "PartialState": PartialState(),
+        "AcceleratorState": accelerator.state,
+        "GradientState": GradientState(),
+    }
+
+
+# Classes whose members (methods, properties, attributes set by __init__) the reference surface lists.
+_CLASSES = ("Accelerator", "LocalSGD", "PartialState", "AcceleratorState", "GradientState")
 
 
 def _resolve(dotted: str) -> Any:
@@ -68,7 +78,7 @@ def provided(reference_name: str) -> bool:
             owner, argument = name[:-1].split("(")
             return argument in inspect.signature(_resolve(owner).__init__).parameters
         owner, _, member = name.rpartition(".")
-        cls = _resolve(owner) if owner.rsplit(".", 1)[-1] in ("Accelerator", "LocalSGD") else None
+        cls = _resolve(owner) if owner.rsplit(".", 1)[-1] in _CLASSES else None
         if cls is not None:  # a method, property or class attribute, else an attribute set by __init__
             try:
                 inspect.getattr_static(cls, member)

@@ -26,7 +26,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset,
 from accel_core import ops
 from accel_core.accelerator import Accelerator
 from accel_core.state import GradientState
-from accel_data import DispatchError, prepare_data_loader, skip_first_batches
+from accel_data import DataLoaderDispatcher, DispatchError, prepare_data_loader, skip_first_batches
 
 
 class Items(Dataset):
@@ -314,10 +314,15 @@ def check_dispatch_large_batches_grow_the_slot() -> None:
         width = 3000 * (1 + samples[0] % 5)  # 4 x 3000..15000 floats: 48..240 KB per share
         return {"x": torch.stack([torch.full((width,), float(i)) for i in samples]), "i": samples}
 
-    sharded = epoch_batches(prepare_data_loader(DataLoader(list(range(30)), batch_size=4, collate_fn=collate)))
+    sharding = prepare_data_loader(DataLoader(list(range(30)), batch_size=4, collate_fn=collate))
+    sharded = epoch_batches(sharding)
     loader = prepare_data_loader(DataLoader(list(range(30)), batch_size=4, collate_fn=collate), dispatch_batches=True)
     dispatched = epoch_batches(loader)
     check("dispatch of growing shares", dispatched == sharded, "dispatched batches differ")
+    check(
+        "isinstance(loader, DataLoaderDispatcher) says whether batches are dispatched",
+        isinstance(loader, DataLoaderDispatcher) and not isinstance(sharding, DataLoaderDispatcher),
+    )
     check("dispatch slot grew", loader._dispatcher.capacity > 1 << 16, str(loader._dispatcher.capacity))
 
 
@@ -326,6 +331,9 @@ def check_data_parallel_subgroup() -> None:
     groups = [dist.new_group([0]), dist.new_group([1])]  # every process creates every group
     loader = prepare_data_loader(DataLoader(Items(10), batch_size=3), group=groups[RANK], dispatch_batches=True)
     check("data-parallel group of one", [i for b in loader for i in b["idx"].tolist()] == list(range(10)))
+    check(
+        "a group of one reads its own batches: not a DataLoaderDispatcher", not isinstance(loader, DataLoaderDispatcher)
+    )
 
 
 def check_dispatch_error_fails_everywhere() -> None:

@@ -27,7 +27,7 @@ import contextlib
 import gc
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -64,7 +64,7 @@ from .random import synchronize_rng_states
 from .resumption import Resumption
 from .scheduler import AcceleratedScheduler
 from .services import Checkpointing, Tracking, normalize_log_with
-from .state import AcceleratorState, GradientState, collective_timeout
+from .state import AcceleratorSetup, AcceleratorState, GradientState, PartialState, collective_timeout
 from .strategies import (
     BackwardSyncControl,
     OwnsOptimizerStep,
@@ -205,9 +205,10 @@ class Accelerator(
                 init_kwargs["timeout"] = collective_timeout(init_kwargs.get("timeout"))
             self.strategy.init_process_group(**init_kwargs)
         placement = self.strategy.process_placement() if isinstance(self.strategy, PlacesProcess) else None
-        self.state = AcceleratorState(
+        self._state = AcceleratorState(
             mixed_precision=plan.mixed_precision, cpu=plan.cpu, placement=placement, **init_kwargs
         )
+        self._state_resets = PartialState._resets
         if placement is not None and self.state.device != placement.device:
             raise ValueError(
                 f"The process state already exists on {self.state.device} (a PartialState made before this "
@@ -272,7 +273,16 @@ class Accelerator(
         plugin_of = {
             arg: self.strategy.plugin if name == self.strategy.name else None for arg, name in PLUGIN_ARGUMENTS.items()
         }
-        self.state.record_choice(self.strategy.distributed_type, plugin_of)
+        setup = AcceleratorSetup(
+            dynamo_plugin=self.dynamo_plugin,
+            parallelism_config=self.parallel_dims.config,
+            device_mesh=self.parallel_dims.mesh,
+            # as given (a dict naming the plugin), else the strategy's plugin, as the reference keeps it
+            deepspeed_plugins=deepspeed_plugins
+            if isinstance(deepspeed_plugins, Mapping)
+            else plugin_of["deepspeed_plugin"],
+        )
+        self.state.record_choice(self.strategy.distributed_type, plugin_of, setup)
 
         self.rng_types = [str(r) for r in rng_types] if rng_types is not None else ["generator"]
         self.log_with = normalize_log_with(log_with)
@@ -282,6 +292,19 @@ class Accelerator(
         self._save_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
         self._load_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
         self._setup_resumption(resume)
+
+    @property
+    def state(self) -> AcceleratorState:  # pyright: ignore[reportIncompatibleVariableOverride]  # the mixins declare it; a checked property here
+        """The process's ``AcceleratorState``. Refuses once the state was reset (``AcceleratorState._reset_state()``
+        or ``PartialState._reset_state()``) after this Accelerator was made, as the reference does: what it set
+        up no longer describes the process."""
+        if PartialState._resets != self._state_resets:
+            raise RuntimeError(
+                "This Accelerator was created before `AcceleratorState._reset_state()` (or "
+                "`PartialState._reset_state()`) was called: the state it set up is gone. Create a new `Accelerator()` "
+                "after resetting the state, and use that one."
+            )
+        return self._state
 
     def _make_nonfinite_guard(self, skip_nonfinite: bool | None) -> NonFiniteGuard | None:
         if skip_nonfinite is None:

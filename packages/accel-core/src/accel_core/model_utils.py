@@ -135,3 +135,20 @@ def is_peft_model(model: nn.Module) -> bool:
     from peft import PeftModel  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
 
     return isinstance(model, PeftModel)
+
+
+def get_model_tp_size(model: nn.Module) -> int | None:
+    """The tensor-parallel degree a ``transformers`` model was sharded with (``from_pretrained(tp_plan=...)``),
+    or None when it was not sharded.
+
+    ``transformers`` < 5 records it as ``model.tp_size``; 5 and later in ``model.config.distributed_config``
+    (a dict or an object), leaving ``model.tp_size`` as None.
+    """
+    # Attributes of transformers' own classes, read where each version keeps them.
+    tp_size = getattr(model, "tp_size", None)
+    if tp_size is not None:
+        return tp_size
+    distributed_config = getattr(getattr(model, "config", None), "distributed_config", None)
+    if isinstance(distributed_config, dict):
+        return distributed_config.get("tp_size")
+    return getattr(distributed_config, "tp_size", None)

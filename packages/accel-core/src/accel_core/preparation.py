@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .mesh import ParallelDims
     from .nonfinite import NonFiniteGuard
     from .precision import Precision
+    from .state import AcceleratorState
     from .strategies import PreparedObjects, Strategy, StrategyContext
 
 _SUPPORTED = (
@@ -38,6 +39,7 @@ class Preparation:
     """Mixin of the Accelerator: ``prepare`` and its per-kind parts."""
 
     strategy: Strategy
+    state: AcceleratorState
     precision: Precision
     prepared: PreparedObjects
     device_placement: bool
@@ -58,6 +60,7 @@ class Preparation:
         An object prepared before (the prepared wrapper, or the model, optimizer or scheduler it
         wraps) comes back as the prepared object, registered once (checkpoints count each once).
         """
+        _ = self.state  # refuses, naming the reset, when the state was reset after this Accelerator was made
         if device_placement is None:
             device_placement = [None] * len(args)
         elif len(device_placement) != len(args):

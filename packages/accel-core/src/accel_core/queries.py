@@ -16,7 +16,7 @@ from .configuration import (
     InitProcessGroupKwargs,
     ProfileKwargs,
 )
-from .enums import DistributedType, FP8BackendType
+from .enums import FP8BackendType
 from .fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs, fp8_backend_of, fp8_recipe_handler
 
 if TYPE_CHECKING:
@@ -51,8 +51,7 @@ class SetupQueries:
     @property
     def is_fsdp2(self) -> bool:
         """Whether models are sharded with FSDP2 (``fully_shard``)."""
-        plugin = self.state.fsdp_plugin
-        return self.state.distributed_type == DistributedType.FSDP and plugin is not None and plugin.fsdp_version == 2
+        return self.state.is_fsdp2
 
     @property
     def multi_device(self) -> bool:

@@ -12,7 +12,8 @@ import atexit
 import contextlib
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial, wraps
 from typing import Any, ClassVar
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from . import cluster_env
 from . import environment as env
+from .configuration import GradientAccumulationPlugin
 from .enums import DistributedType
 from .placement import Collectives, ProcessPlacement
 
@@ -99,12 +101,20 @@ class PartialState:
     """
 
     _shared_state: ClassVar[dict[str, Any]] = {}
+    _resets: ClassVar[int] = 0  # resets of the shared state so far (an Accelerator made before one refuses work)
+    # What every complete state has, and the properties reading it: after a reset, each raises an
+    # AttributeError that names the reset (a property's AttributeError ends in __getattr__).
+    _known_attrs: ClassVar[frozenset[str]] = frozenset(
+        {"world_size", "rank", "local_rank", "local_world_size", "cpu", "debug", "device", "backend"}
+        | {"num_processes", "process_index", "local_process_index", "use_distributed", "distributed_type"}
+        | {"is_main_process", "is_local_main_process", "is_last_process"}
+    )
 
     def __init__(
         self, cpu: bool = False, placement: ProcessPlacement | None = None, **init_process_group_kwargs: Any
     ) -> None:
         self.__dict__ = self._shared_state
-        if self.initialized:
+        if "device" in self._shared_state:
             return
         if placement is not None:
             self._take_placement(placement, cpu)
@@ -193,12 +203,36 @@ class PartialState:
 
     @property
     def distributed_type(self) -> DistributedType:
-        """NO for one process, else MULTI_CPU / MULTI_GPU / MULTI_XPU by device."""
+        """What the Accelerator chose (FSDP, DEEPSPEED, ...) or a script assigned; before that NO for one
+        process, else MULTI_CPU / MULTI_GPU / MULTI_XPU by device."""
+        chosen = self._shared_state.get("chosen_distributed_type")
+        if chosen is not None:
+            return chosen
         if not self.use_distributed:
             return DistributedType.NO
         return {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}.get(
             self.device.type, DistributedType.MULTI_CPU
         )
+
+    @distributed_type.setter
+    def distributed_type(self, value: DistributedType | str) -> None:
+        # A plain attribute in the reference, which scripts and test suites assign.
+        self._shared_state["chosen_distributed_type"] = DistributedType(value)
+
+    @property
+    def default_device(self) -> torch.device:
+        """The device type this machine offers (``cuda``, ``xpu``, ``mps`` or ``cpu``), without an index
+        and whatever ``cpu=True`` says: the reference's ``default_device``."""
+        for kind in ("cuda", "xpu"):
+            backend = getattr(torch, kind, None)
+            if backend is not None and backend.is_available():
+                return torch.device(kind)
+        return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
+
+    def set_device(self) -> None:
+        """Makes ``self.device`` the current device of its kind (``torch.cuda.set_device``); a no-op on CPU."""
+        if self.device.type in ("cuda", "xpu"):
+            getattr(torch, self.device.type).set_device(self.device)
 
     @property
     def is_main_process(self) -> bool:
@@ -309,6 +343,17 @@ class PartialState:
     def _reset_state(cls) -> None:
         """Forgets the shared state (tests only; does not leave the process group)."""
         cls._shared_state.clear()
+        PartialState._resets += 1
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for a name the shared state lacks: say why when it is one the state always has.
+        if name in self._known_attrs:
+            raise AttributeError(
+                f"`{type(self).__name__}` object has no attribute `{name}`. This happens if "
+                f"`{type(self).__name__}._reset_state()` was called and an `Accelerator` or `PartialState` was not "
+                "created again."
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- copies ---------------------------------------------------------------------------
     # The state is one per process: a copy is the same object, and an unpickled one (a DataLoader
@@ -407,43 +452,151 @@ class AcceleratorState(PartialState):
     ) -> None:
         super().__init__(cpu=cpu, placement=placement, **init_process_group_kwargs)
         if "mixed_precision" not in self._shared_state or mixed_precision is not None:
-            self.mixed_precision = mixed_precision or env.get_str(env.MIXED_PRECISION, "no")
+            self.mixed_precision = mixed_precision or env.get_str(env.MIXED_PRECISION, "no") or "no"
 
     @property
     def distributed_type(self) -> DistributedType:
-        """The distributed type the Accelerator chose (FSDP, DEEPSPEED, ...), else the process state's."""
-        chosen = self._shared_state.get("chosen_distributed_type")
-        return chosen if chosen is not None else super().distributed_type
+        """What the Accelerator chose (FSDP, DEEPSPEED, ...) or a script assigned, else the process state's."""
+        self._chosen("distributed_type")  # raises after a reset
+        return super().distributed_type
 
-    def record_choice(self, distributed_type: DistributedType, plugins: dict[str, Any]) -> None:
-        """What an Accelerator decided: its distributed type and its backend plugin (``{"fsdp_plugin": p}``)."""
+    @distributed_type.setter
+    def distributed_type(self, value: DistributedType | str) -> None:
+        self._shared_state["chosen_distributed_type"] = DistributedType(value)
+
+    def record_choice(
+        self, distributed_type: DistributedType, plugins: dict[str, Any], setup: AcceleratorSetup
+    ) -> None:
+        """What an Accelerator decided: its distributed type, its backend plugin (``{"fsdp_plugin": p}``) and
+        the rest of its setup the reference API reads here."""
         self._shared_state["chosen_distributed_type"] = distributed_type
         self._shared_state["plugins"] = dict(plugins)
+        self._shared_state["setup"] = setup
+
+    def _chosen(self, key: str) -> Any:
+        if "mixed_precision" not in self._shared_state:  # every AcceleratorState() sets it: gone after a reset
+            raise AttributeError(key)  # __getattr__ turns it into the error that names the reset
+        return self._shared_state.get(key)
+
+    @property
+    def fsdp_plugin(self) -> Any:
+        """The ``FullyShardedDataParallelPlugin`` of an FSDP run, else None."""
+        return (self._chosen("plugins") or {}).get("fsdp_plugin")
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The ``DeepSpeedPlugin`` of a DeepSpeed run, else None."""
+        return (self._chosen("plugins") or {}).get("deepspeed_plugin")
+
+    @property
+    def megatron_lm_plugin(self) -> Any:
+        """The ``MegatronLMPlugin`` of a Megatron run, else None."""
+        return (self._chosen("plugins") or {}).get("megatron_lm_plugin")
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether models are sharded with FSDP2 (``fully_shard``)."""
+        plugin = self.fsdp_plugin
+        return self.distributed_type == DistributedType.FSDP and plugin is not None and plugin.fsdp_version == 2
+
+    def _setup(self) -> AcceleratorSetup:
+        return self._chosen("setup") or AcceleratorSetup()
+
+    @property
+    def deepspeed_plugins(self) -> Any:
+        """The DeepSpeed plugin(s) as given to the Accelerator: a dict naming one, or the plugin; None without
+        DeepSpeed."""
+        return self._setup().deepspeed_plugins
+
+    @property
+    def dynamo_plugin(self) -> Any:
+        """The Accelerator's ``TorchDynamoPlugin`` (None before an Accelerator exists)."""
+        return self._setup().dynamo_plugin
+
+    @property
+    def parallelism_config(self) -> Any:
+        """The Accelerator's resolved ``ParallelismConfig`` (None before an Accelerator exists)."""
+        return self._setup().parallelism_config
+
+    @property
+    def device_mesh(self) -> Any:
+        """The Accelerator's ``DeviceMesh`` (None for one process, or before an Accelerator exists)."""
+        return self._setup().device_mesh
+
+    def _require_deepspeed(self, what: str) -> None:
+        if self.distributed_type != DistributedType.DEEPSPEED:
+            raise ValueError(f"{what} needs DeepSpeed: create the Accelerator with a DeepSpeedPlugin.")
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """The DeepSpeed plugin given under ``name`` in ``Accelerator(deepspeed_plugins={name: plugin})``."""
+        self._require_deepspeed("get_deepspeed_plugin")
+        given = self.deepspeed_plugins
+        if not isinstance(given, Mapping):
+            raise ValueError(
+                f"get_deepspeed_plugin({name!r}): the DeepSpeed plugin was not given a name (deepspeed_plugin=...): "
+                "read `state.deepspeed_plugin`."
+            )
+        if name not in given:
+            raise ValueError(f"get_deepspeed_plugin({name!r}): no plugin of that name; given: {sorted(given)}.")
+        return given[name]
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Activates the plugin named ``name``. accel runs one DeepSpeed configuration per Accelerator, so
+        this accepts only the plugin that is already active."""
+        plugin = self.get_deepspeed_plugin(str(name))
+        if plugin is not self.deepspeed_plugin:  # pragma: no cover - one plugin per Accelerator (arguments.py)
+            raise ValueError(f"select_deepspeed_plugin({name!r}): accel runs one DeepSpeed configuration at a time.")
+
+    @property
+    def mixed_precision(self) -> str:
+        """The precision the Accelerator runs in: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``."""
+        return self._chosen("mixed_precision")
+
+    @mixed_precision.setter
+    def mixed_precision(self, value: str) -> None:
+        self._shared_state["mixed_precision"] = value
+
+    _known_attrs = PartialState._known_attrs | {
+        "mixed_precision",
+        "fsdp_plugin",
+        "deepspeed_plugin",
+        "megatron_lm_plugin",
+        "is_fsdp2",
+        "deepspeed_plugins",
+        "dynamo_plugin",
+        "parallelism_config",
+        "device_mesh",
+    }
 
     # What AcceleratorState adds to the shared state; the rest is PartialState's.
-    _ACCELERATOR_KEYS = ("mixed_precision", "strategy")
+    _ACCELERATOR_KEYS = ("mixed_precision", "chosen_distributed_type", "plugins", "setup")
 
     @classmethod
     def _reset_state(cls, reset_partial_state: bool = False) -> None:
         """Forgets what the Accelerator chose (tests only); the process state (device, process group)
-        stays unless ``reset_partial_state``, as in Accelerate."""
+        stays unless ``reset_partial_state``, as in Accelerate. An Accelerator made before the reset
+        then refuses to work, with an error that says so."""
         if reset_partial_state:
             PartialState._reset_state()
             return
         for key in cls._ACCELERATOR_KEYS:
             cls._shared_state.pop(key, None)
-
-    def __getattr__(self, name: str) -> Any:
-        # Scripts written for the reference API read `state.fsdp_plugin` / `state.deepspeed_plugin`:
-        # the active backend's plugin, None for the others.
-        from .strategies.selection import PLUGIN_ARGUMENTS
-
-        if name in PLUGIN_ARGUMENTS:
-            return self._shared_state.get("plugins", {}).get(name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        PartialState._resets += 1
 
 
-_GRADIENT_SETTINGS = frozenset({"sync_gradients", "num_steps", "sync_with_dataloader", "sync_each_batch"})
+@dataclass(frozen=True)
+class AcceleratorSetup:
+    """What an Accelerator set up that the reference API reads from ``AcceleratorState``."""
+
+    dynamo_plugin: Any = None
+    parallelism_config: Any = None
+    device_mesh: Any = None
+    deepspeed_plugins: Any = None
+
+
+_GRADIENT_SETTINGS = frozenset(
+    {"sync_gradients", "num_steps", "sync_with_dataloader", "sync_each_batch", "adjust_scheduler_given"}
+)
 
 
 def _restore_gradient_state(settings: dict[str, Any]) -> GradientState:
@@ -464,7 +617,7 @@ class GradientState:
 
     _shared_state: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, gradient_accumulation_plugin: Any | None = None) -> None:
+    def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None) -> None:
         self.__dict__ = self._shared_state
         if not self._shared_state:
             self.sync_gradients = True
@@ -473,11 +626,36 @@ class GradientState:
             self.num_steps = 1
             self.sync_with_dataloader = True
             self.sync_each_batch = False
+            self.adjust_scheduler_given = True
         if gradient_accumulation_plugin is not None:  # a new Accelerator starts a fresh accumulation cycle
             self.sync_gradients = True
             self.num_steps = gradient_accumulation_plugin.num_steps
             self.sync_with_dataloader = gradient_accumulation_plugin.sync_with_dataloader
             self.sync_each_batch = gradient_accumulation_plugin.sync_each_batch
+            self.adjust_scheduler_given = gradient_accumulation_plugin.adjust_scheduler
+
+    @property
+    def initialized(self) -> bool:
+        """Whether the gradient state has been set up in this process."""
+        return bool(self._shared_state)
+
+    @property
+    def plugin_kwargs(self) -> dict[str, Any]:
+        """The accumulation settings that differ from ``GradientAccumulationPlugin``'s defaults (its
+        ``to_kwargs()``), as the reference keeps them."""
+        return GradientAccumulationPlugin(
+            num_steps=self.num_steps,
+            adjust_scheduler=self.adjust_scheduler_given,
+            sync_with_dataloader=self.sync_with_dataloader,
+            sync_each_batch=self.sync_each_batch,
+        ).to_kwargs()
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        """``plugin_kwargs.get("adjust_scheduler", False)``, as the reference reads it: the plugin's default
+        (True) is left out of ``plugin_kwargs``, so this is False either way. The scheduler never steps on
+        accumulation micro-steps, whatever the plugin says (``GradientAccumulationPlugin``)."""
+        return bool(self.plugin_kwargs.get("adjust_scheduler", False))
 
     @property
     def end_of_dataloader(self) -> bool:

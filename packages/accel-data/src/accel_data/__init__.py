@@ -20,6 +20,7 @@ _EXPORTS = {
     "prepare_data_loader": "prepare",
     "skip_first_batches": "prepare",
     "DataLoaderShard": "loader",
+    "DataLoaderDispatcher": "dispatcher_check",
     "ShardedLoaderMixin": "loader",
     "BatchSamplerShard": "samplers",
     "SeedableRandomSampler": "samplers",
@@ -32,6 +33,7 @@ _EXPORTS = {
 
 __all__ = [
     "BatchSamplerShard",
+    "DataLoaderDispatcher",
     "DataLoaderShard",
     "DispatchError",
     "SeedableRandomSampler",
@@ -46,6 +48,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .dispatch import DispatchError
+    from .dispatcher_check import DataLoaderDispatcher
     from .loader import DataLoaderShard, ShardedLoaderMixin
     from .prepare import prepare_data_loader, skip_first_batches
     from .rng import synchronize_rng_states

@@ -85,6 +85,7 @@ _EXPORTS = {
     "extract_model_from_parallel": "accel_core.model_utils",
     "is_compiled_module": "accel_core.model_utils",
     "has_compiled_regions": "accel_core.model_utils",
+    "get_model_tp_size": "accel_core.model_utils",
     "model_has_dtensor": "accel_core.model_utils",
     "get_module_children_bottom_up": "accel_core.model_utils",
     "recursive_getattr": "accel_core.model_utils",
