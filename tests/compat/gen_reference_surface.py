@@ -17,7 +17,10 @@ Sections (each a sorted list of dotted names):
 - ``accelerate.PartialState``, ``accelerate.AcceleratorState``, ``accelerate.GradientState``: the same
   for the state classes;
 - ``accelerate.logging`` and ``accelerate.local_sgd``: module-level public names, plus
-  ``LocalSGD``'s methods and constructor arguments.
+  ``LocalSGD``'s methods and constructor arguments;
+- ``accelerate modules``: the module paths scripts import from (``accelerate.state``,
+  ``accelerate.utils.operations``, ...), each with the public names it defines; for ``utils``'
+  submodules only those ``accelerate.utils`` exports (the rest are the module's own helpers).
 """
 
 from __future__ import annotations
@@ -73,6 +76,33 @@ def module_public_names(source: str) -> list[str]:
         elif isinstance(node, ast.Assign):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
     return sorted(n for n in names if not n.startswith("_") and n != "logger")
+
+
+def module_paths(repo: str, rev: str, utils: set[str]) -> list[str]:
+    """``accelerate.<module>`` and ``accelerate.utils.<module>``, each followed by the names it defines."""
+    names = []
+    for package, only in (("accelerate", None), ("accelerate/utils", utils)):
+        for module in list_modules(repo, rev, f"src/{package}"):
+            if module in ("__init__", "logging", "local_sgd"):  # logging and local_sgd have sections of their own
+                continue
+            dotted = f"{package.replace('/', '.')}.{module}"
+            defined = module_public_names(show(repo, rev, f"src/{package}/{module}.py"))
+            names += [dotted] + [f"{dotted}.{n}" for n in defined if only is None or n in only]
+    return names
+
+
+def list_modules(repo: str, rev: str, folder: str) -> list[str]:
+    """The ``.py`` modules directly in ``folder`` (``src/accelerate/...``), without the suffix."""
+    unpacked = Path(repo) / folder.removeprefix("src/")
+    if (Path(repo) / "accelerate" / "__init__.py").is_file():
+        return sorted(p.stem for p in unpacked.glob("*.py"))
+    listing = subprocess.run(
+        ["git", f"--git-dir={repo}", "ls-tree", "--name-only", f"{rev}:{folder}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return sorted(n.removesuffix(".py") for n in listing if n.endswith(".py"))
 
 
 def find_class(source: str, name: str) -> ast.ClassDef:
@@ -140,6 +170,7 @@ def main(repo: str, rev: str = "HEAD") -> None:
         ],
         "accelerate.local_sgd": [f"accelerate.local_sgd.{n}" for n in module_public_names(local_sgd)]
         + class_surface(find_class(local_sgd, "LocalSGD"), "accelerate.local_sgd.LocalSGD"),
+        "accelerate modules": module_paths(repo, commit, set(utils)),
     }
     OUTPUT.write_text(json.dumps(surface, indent=1) + "\n")
     counts = {k: len(v) for k, v in surface.items() if k != "reference"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -37,7 +39,8 @@ def test_every_reference_name_is_provided_or_explained() -> None:
     )
     print(
         f"\nreference names: {report.total}, provided: {len(report.provided)}, allow-listed: {len(report.allowed)}, "
-        f"enum members of allow-listed enums: {len(report.covered_by_enum)}"
+        f"enum members of allow-listed enums: {len(report.covered_by_enum)}, module copies of allow-listed names: "
+        f"{len(report.covered_by_alias)}"
     )
 
 
@@ -48,3 +51,25 @@ def test_docs_are_current() -> None:
         "docs/coming_from_accelerate.md is out of date with surface_allowlist.yaml: "
         "run python tests/compat/gen_coming_from_accelerate.py"
     )
+
+
+def test_module_paths_are_light_and_give_accels_objects() -> None:
+    """``from accel.state import PartialState`` & co: importing a module path does not import torch, and each name is
+    the object accel exports at the top level or in ``accel.utils``."""
+    modules = [n.replace("accelerate", "accel", 1) for n in surface.module_paths() if surface.provided(n)]
+    code = f"import sys, importlib\nfor m in {modules!r}: importlib.import_module(m)\nprint('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False", f"importing the module paths imported torch: {result.stderr}"
+
+    import accel
+    import accel.utils
+
+    checked = 0
+    for module_name in modules:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            for home in (accel, accel.utils):
+                if name in home.__all__:
+                    assert getattr(module, name) is getattr(home, name), f"{module_name}.{name}"
+                    checked += 1
+    assert checked > 200, checked

@@ -49,8 +49,15 @@ _EXPORTS = {
     "disk_offload": "accel_checkpoint.big_modeling",
 }
 
-# submodules, as in the reference: `from accel.logging import get_logger`, `accel.local_sgd.LocalSGD`
-_SUBMODULES = {"utils": ".utils", "logging": ".logging", "local_sgd": ".local_sgd", "big_modeling": ".big_modeling"}
+# submodules, as in the reference: `from accel.logging import get_logger`, `accel.local_sgd.LocalSGD`,
+# `from accel.state import PartialState`
+_SUBMODULES = {
+    name: f".{name}"
+    for name in (
+        "utils", "logging", "local_sgd", "big_modeling", "accelerator", "state", "data_loader", "optimizer",
+        "scheduler", "parallelism_config", "launchers", "memory_utils", "tracking", "hooks",
+    )
+}  # fmt: skip
 
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 from accel_core.lazy import lazy_exports
 
 _EXPORTS = {
@@ -195,5 +198,44 @@ _EXPORTS.update(
 
 __all__ = sorted(_EXPORTS)
 
+# The reference's submodules (`from accel.utils.operations import gather`): each re-exports its share of the names
+# above, so `accel.utils.operations.gather is accel.utils.gather`.
+_SUBMODULES = {
+    name: f".{name}"
+    for name in (
+        "ao",
+        "constants",
+        "dataclasses",
+        "deepspeed",
+        "environment",
+        "fsdp_utils",
+        "imports",
+        "megatron_lm",
+        "memory",
+        "modeling",
+        "offload",
+        "operations",
+        "other",
+        "random",
+        "tqdm",
+        "transformer_engine",
+        "versions",
+    )
+}
 
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+
+def _submodule_exports(
+    namespace: dict[str, Any], names: Iterable[str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for the submodule whose ``globals()`` is ``namespace``: ``names`` of this module."""
+    return lazy_exports(namespace, {name: _EXPORTS[name] for name in names})
+
+
+# `accel.utils.tqdm` is the function, as in the reference, also once the submodule of that name is imported: loaded
+# here (before __getattr__ exists, which would answer the function), so that a later `import accel.utils.tqdm` does
+# not rebind the package's attribute to the module.
+from . import tqdm as _tqdm_module  # noqa: E402, F401 - needs _submodule_exports above; loaded for its side effect
+
+del globals()["tqdm"]
+
+__getattr__, __dir__ = lazy_exports(globals(), {**_SUBMODULES, **_EXPORTS})

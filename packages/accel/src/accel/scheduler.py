@@ -1,0 +1,13 @@
+"""``accel.scheduler``: the prepared scheduler (``accelerate.scheduler``) under the reference's module path."""
+
+from __future__ import annotations
+
+from accel_core.lazy import lazy_exports
+
+_EXPORTS = {
+    "AcceleratedScheduler": "accel_core.scheduler",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

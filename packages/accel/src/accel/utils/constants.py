@@ -1,0 +1,33 @@
+"""``accel.utils.constants``: the names of ``accelerate.utils.constants``, from ``accel.utils``.
+
+The same objects as ``accel.utils``'s, imported on first use.
+"""
+
+from __future__ import annotations
+
+from accel.utils import _submodule_exports
+
+_NAMES = (
+    "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION",
+    "MODEL_NAME",
+    "OPTIMIZER_NAME",
+    "PROFILE_PATTERN_NAME",
+    "RNG_STATE_NAME",
+    "SAFE_MODEL_NAME",
+    "SAFE_WEIGHTS_INDEX_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "SAFE_WEIGHTS_PATTERN_NAME",
+    "SAMPLER_NAME",
+    "SCALER_NAME",
+    "SCHEDULER_NAME",
+    "TORCH_DISTRIBUTED_OPERATION_TYPES",
+    "TORCH_LAUNCH_PARAMS",
+    "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME",
+    "WEIGHTS_PATTERN_NAME",
+    "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION",
+)
+
+__all__ = sorted(_NAMES)
+
+__getattr__, __dir__ = _submodule_exports(globals(), _NAMES)

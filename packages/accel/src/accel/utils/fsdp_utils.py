@@ -1,0 +1,14 @@
+"""``accel.utils.fsdp_utils``: the names of ``accelerate.utils.fsdp_utils``, from ``accel.utils``.
+
+The same objects as ``accel.utils``'s, imported on first use.
+"""
+
+from __future__ import annotations
+
+from accel.utils import _submodule_exports
+
+_NAMES = ("merge_fsdp_weights",)
+
+__all__ = sorted(_NAMES)
+
+__getattr__, __dir__ = _submodule_exports(globals(), _NAMES)

@@ -1,0 +1,14 @@
+"""``accel.utils.memory``: the names of ``accelerate.utils.memory``, from ``accel.utils``.
+
+The same objects as ``accel.utils``'s, imported on first use.
+"""
+
+from __future__ import annotations
+
+from accel.utils import _submodule_exports
+
+_NAMES = ("find_executable_batch_size", "release_memory")
+
+__all__ = sorted(_NAMES)
+
+__getattr__, __dir__ = _submodule_exports(globals(), _NAMES)

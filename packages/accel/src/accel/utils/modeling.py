@@ -1,0 +1,37 @@
+"""``accel.utils.modeling``: the names of ``accelerate.utils.modeling``, from ``accel.utils``.
+
+The same objects as ``accel.utils``'s, imported on first use.
+"""
+
+from __future__ import annotations
+
+from accel.utils import _submodule_exports
+
+_NAMES = (
+    "WEIGHTS_INDEX_NAME",
+    "align_module_device",
+    "calculate_maximum_sizes",
+    "check_device_map",
+    "check_tied_parameters_in_config",
+    "check_tied_parameters_on_same_device",
+    "compute_module_sizes",
+    "convert_file_size_to_int",
+    "dtype_byte_size",
+    "find_tied_parameters",
+    "get_balanced_memory",
+    "get_max_layer_size",
+    "get_max_memory",
+    "has_offloaded_params",
+    "id_tensor_storage",
+    "infer_auto_device_map",
+    "is_peft_model",
+    "load_checkpoint_in_model",
+    "load_state_dict",
+    "named_module_tensors",
+    "retie_parameters",
+    "set_module_tensor_to_device",
+)
+
+__all__ = sorted(_NAMES)
+
+__getattr__, __dir__ = _submodule_exports(globals(), _NAMES)

@@ -1,0 +1,14 @@
+"""``accel.utils.versions``: the names of ``accelerate.utils.versions``, from ``accel.utils``.
+
+The same objects as ``accel.utils``'s, imported on first use.
+"""
+
+from __future__ import annotations
+
+from accel.utils import _submodule_exports
+
+_NAMES = ("compare_versions", "is_torch_version")
+
+__all__ = sorted(_NAMES)
+
+__getattr__, __dir__ = _submodule_exports(globals(), _NAMES)
