@@ -37,6 +37,12 @@ def render() -> str:
         for group in groups:
             names = ", ".join(f"`{_short(n)}`" for n in group["names"])
             lines += [f"- {' '.join(group['reason'].split())}", f"  {names}", ""]
+    defaults = data.get("defaults") or []
+    if defaults:
+        lines += ["### Defaults that differ", ""]
+        for group in defaults:
+            names = ", ".join(f"`{_short(n)}`" for n in group["names"])
+            lines += [f"- {' '.join(group['reason'].split())}", f"  {names}", ""]
     pending = data.get("pending") or []
     if pending:
         lines += ["### Being added now", ""]

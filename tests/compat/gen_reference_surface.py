@@ -20,7 +20,10 @@ Sections (each a sorted list of dotted names):
   ``LocalSGD``'s methods and constructor arguments;
 - ``accelerate modules``: the module paths scripts import from (``accelerate.state``,
   ``accelerate.utils.operations``, ...), each with the public names it defines; for ``utils``'
-  submodules only those ``accelerate.utils`` exports (the rest are the module's own helpers).
+  submodules only those ``accelerate.utils`` exports (the rest are the module's own helpers);
+- ``defaults``: ``{"accelerate.X(argument)": default}`` for the functions and classes of ``accelerate`` and
+  ``accelerate.utils`` (constructor, or dataclass fields) and the ``Accelerator``'s methods, where the
+  default is a literal (a string, number, bool or None).
 """
 
 from __future__ import annotations
@@ -105,6 +108,66 @@ def list_modules(repo: str, rev: str, folder: str) -> list[str]:
     return sorted(n.removesuffix(".py") for n in listing if n.endswith(".py"))
 
 
+def _literal_defaults(function: ast.FunctionDef) -> dict[str, ast.expr]:
+    arguments = function.args
+    positional = arguments.posonlyargs + arguments.args
+    found = dict(
+        zip((a.arg for a in positional[len(positional) - len(arguments.defaults) :]), arguments.defaults, strict=True)
+    )
+    found.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True) if d is not None})
+    return found
+
+
+def _dataclass_defaults(cls: ast.ClassDef) -> dict[str, ast.expr]:
+    found: dict[str, ast.expr] = {}
+    for statement in cls.body:
+        if (
+            isinstance(statement, ast.AnnAssign)
+            and statement.value is not None
+            and isinstance(statement.target, ast.Name)
+        ):
+            value = statement.value
+            if isinstance(value, ast.Call) and ast.unparse(value.func) == "field":
+                keywords = {k.arg: k.value for k in value.keywords}
+                if "default" in keywords:
+                    found[statement.target.id] = keywords["default"]
+            else:
+                found[statement.target.id] = value
+    return found
+
+
+def defaults(repo: str, rev: str, exported: dict[str, str]) -> dict[str, object]:
+    """Literal defaults of ``exported`` (name -> its reference prefix) and of the Accelerator's methods."""
+    definitions: dict[str, ast.FunctionDef | ast.ClassDef] = {}
+    for package in ("accelerate", "accelerate/utils"):
+        for module in list_modules(repo, rev, f"src/{package}"):
+            for node in ast.parse(show(repo, rev, f"src/{package}/{module}.py")).body:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in exported:
+                    definitions.setdefault(node.name, node)
+    found: dict[str, ast.expr] = {}
+    for name, node in definitions.items():
+        prefix = exported[name]
+        if isinstance(node, ast.FunctionDef):
+            items = _literal_defaults(node)
+        else:
+            init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+            items = _literal_defaults(init) if init is not None else _dataclass_defaults(node)
+            if name == "Accelerator":
+                for method in node.body:
+                    if isinstance(method, ast.FunctionDef) and not method.name.startswith("_"):
+                        found.update({f"{prefix}.{method.name}({k})": d for k, d in _literal_defaults(method).items()})
+        found.update({f"{prefix}({k})": d for k, d in items.items()})
+    literal: dict[str, object] = {}
+    for key, node in sorted(found.items()):
+        try:
+            value = ast.literal_eval(node)
+        except ValueError:
+            continue
+        if value is None or isinstance(value, (str, int, float, bool)):
+            literal[key] = value
+    return literal
+
+
 def find_class(source: str, name: str) -> ast.ClassDef:
     return next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == name)
 
@@ -172,6 +235,8 @@ def main(repo: str, rev: str = "HEAD") -> None:
         + class_surface(find_class(local_sgd, "LocalSGD"), "accelerate.local_sgd.LocalSGD"),
         "accelerate modules": module_paths(repo, commit, set(utils)),
     }
+    exported = {n: f"accelerate.utils.{n}" for n in utils} | {n: f"accelerate.{n}" for n in bound_by_imports(init)}
+    surface["defaults"] = defaults(repo, commit, exported)  # a mapping, where the other sections are lists
     OUTPUT.write_text(json.dumps(surface, indent=1) + "\n")
     counts = {k: len(v) for k, v in surface.items() if k != "reference"}
     print(f"wrote {OUTPUT} from {source} (version {version}): {counts}")

@@ -12,6 +12,7 @@ import importlib
 import inspect
 import json
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -26,7 +27,7 @@ ALLOWLIST_FILE = HERE / "surface_allowlist.yaml"
 
 def reference_names() -> list[str]:
     data = json.loads(REFERENCE_FILE.read_text())
-    return [name for section, names in data.items() if section != "reference" for name in names]
+    return [name for section, names in data.items() if section not in ("reference", "defaults") for name in names]
 
 
 def reference_info() -> dict[str, str]:
@@ -156,4 +157,58 @@ def compare() -> Report:
             report.covered_by_alias.append(name)
         else:
             report.unexplained.append(name)
+    return report
+
+
+def _default_of(reference_key: str) -> Any:
+    """accel's default for ``accelerate.X(arg)`` / ``accelerate.Accelerator.m(arg)``; ``inspect.Parameter.empty``
+    when accel requires the argument, None's stand-in ``_ABSENT`` when accel has no such argument or object."""
+    owner, argument = reference_key[:-1].split("(")
+    try:
+        signature = inspect.signature(_resolve("accel" + owner[len("accelerate") :]))
+    except (AttributeError, ImportError, TypeError, ValueError):
+        return _ABSENT
+    parameter = signature.parameters.get(argument)
+    if parameter is None:
+        return _ABSENT
+    default = parameter.default
+    # An enum default compares by its value (accel's str enums against the reference's strings).
+    return default.value if isinstance(default, Enum) else default
+
+
+_ABSENT = object()
+
+
+@dataclass
+class DefaultsReport:
+    compared: int = 0
+    differing: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # key -> (reference's, accel's)
+    unexplained: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)  # listed, but accel's default is the reference's now
+    unknown: list[str] = field(default_factory=list)  # listed, but not a reference default
+
+
+def compare_defaults() -> DefaultsReport:
+    """Each literal default of the reference against accel's (where accel has the argument)."""
+    reference = json.loads(REFERENCE_FILE.read_text())["defaults"]
+    listed = {name for group in allowlist().get("defaults") or [] for name in group["names"]}
+    report = DefaultsReport(unknown=sorted(listed - set(reference)))
+    for key, expected in reference.items():
+        actual = _default_of(key)
+        if actual is _ABSENT:
+            continue
+        report.compared += 1
+        # 2 and 2.0 are the same default; True and 1 are not.
+        same = (
+            actual is not inspect.Parameter.empty
+            and isinstance(actual, bool) == isinstance(expected, bool)
+            and (actual is None) == (expected is None)
+            and actual == expected
+        )
+        if same and key in listed:
+            report.stale.append(key)
+        elif not same:
+            report.differing[key] = (expected, actual)
+            if key not in listed:
+                report.unexplained.append(key)
     return report

@@ -73,3 +73,21 @@ def test_module_paths_are_light_and_give_accels_objects() -> None:
                     assert getattr(module, name) is getattr(home, name), f"{module_name}.{name}"
                     checked += 1
     assert checked > 200, checked
+
+
+def test_every_reference_default_is_accels_or_explained() -> None:
+    report = surface.compare_defaults()
+    assert not report.unknown, f"allow-listed defaults that are not reference defaults (typos?): {report.unknown}"
+    assert not report.unexplained, (
+        "defaults that differ from the reference's and are not in surface_allowlist.yaml:\n  "
+        + (
+            "\n  ".join(
+                f"{k}: reference {report.differing[k][0]!r}, accel {report.differing[k][1]!r}"
+                for k in report.unexplained
+            )
+        )
+    )
+    assert not report.stale, (
+        f"these defaults are the reference's now: remove them from surface_allowlist.yaml: {report.stale}"
+    )
+    assert report.compared > 300, report.compared

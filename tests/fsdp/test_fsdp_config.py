@@ -264,7 +264,22 @@ def test_state_dict_configs_as_accelerate_takes_them():
         "offload_to_cpu": False
     }
     with pytest.raises(ValueError, match="does not match state_dict_type=SHARDED_STATE_DICT"):
-        FullyShardedDataParallelPlugin(state_dict_config=FullStateDictConfig())
+        FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT", state_dict_config=FullStateDictConfig())
+    # Without a type (Accelerate's fsdp_with_peak_mem_tracking example): the configs' kind, else sharded.
+    inferred = FullyShardedDataParallelPlugin(
+        state_dict_config=FullStateDictConfig(offload_to_cpu=False, rank0_only=False),
+        optim_state_dict_config=FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=False),
+    )
+    assert inferred.state_dict_type == "FULL_STATE_DICT"
+    assert FullyShardedDataParallelPlugin().state_dict_type == "SHARDED_STATE_DICT"
+    assert (
+        FullyShardedDataParallelPlugin(state_dict_config=ShardedStateDictConfig()).state_dict_type
+        == "SHARDED_STATE_DICT"
+    )
+    with pytest.raises(ValueError, match="different kinds"):
+        FullyShardedDataParallelPlugin(
+            state_dict_config=FullStateDictConfig(), optim_state_dict_config=ShardedStateDictConfig()
+        )
     with pytest.raises(ValueError, match="unknown keys"):
         FullyShardedDataParallelPlugin(optim_state_dict_config={"offload": True})
     with pytest.raises(TypeError, match="state dict config or a dict"):

@@ -102,7 +102,7 @@ class Accelerator(
     as ``"ddp"``, or a Strategy object) and ``scheduler_stepping``: ``"per_process"`` (the default,
     as Accelerate: each optimizer step advances a prepared LR scheduler once per data-parallel
     process, once with ``split_batches``) or ``"per_optimizer_step"`` (once; see
-    ``accel_core.scheduler``). ``gradient_accumulation_steps``, ``mixed_precision``,
+    ``accel_core.scheduler``). ``gradient_accumulation_steps`` (left at 1), ``mixed_precision``,
     ``scheduler_stepping`` and the sizes of ``parallelism_config`` default to the ``ACCEL_*``
     environment that ``accel launch`` writes, then to 1, ``"no"``, ``"per_process"`` and all
     processes data-parallel. ``skip_nonfinite=True`` (or ``ACCEL_SKIP_NONFINITE=1``) skips the
@@ -127,7 +127,7 @@ class Accelerator(
         device_placement: bool = True,
         split_batches: bool = False,
         mixed_precision: str | None = None,
-        gradient_accumulation_steps: int | None = None,
+        gradient_accumulation_steps: int | None = 1,
         cpu: bool = False,
         deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,

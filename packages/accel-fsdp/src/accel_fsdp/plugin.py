@@ -69,7 +69,8 @@ class FullyShardedDataParallelPlugin:
         not sharded, and their gradients are not reduced.
     state_dict_type: what ``save_state`` writes: SHARDED_STATE_DICT (DCP, each process its shard;
         loads on any number of processes) or FULL_STATE_DICT (model as safetensors, optimizer gathered
-        on process 0).
+        on process 0). ``None`` (the default, as in Accelerate) takes the kind of the state dict configs
+        given (``FullStateDictConfig`` -> FULL_STATE_DICT), else SHARDED_STATE_DICT.
     state_dict_config / optim_state_dict_config: Accelerate's torch ``FullStateDictConfig`` /
         ``ShardedStateDictConfig`` (``Full``/``ShardedOptimStateDictConfig``), or dicts of their fields;
         ``None`` means the one ``state_dict_type`` implies. Their kind must match ``state_dict_type``.
@@ -106,7 +107,7 @@ class FullyShardedDataParallelPlugin:
     forward_prefetch: bool = False
     mixed_precision_policy: Any = None
     ignored_modules: Iterable[Any] | str | None = None
-    state_dict_type: Any = "SHARDED_STATE_DICT"
+    state_dict_type: Any = None
     state_dict_config: Any = None
     optim_state_dict_config: Any = None
     limit_all_gathers: bool = True
@@ -142,6 +143,8 @@ class FullyShardedDataParallelPlugin:
             raise ValueError(f"min_num_params must be a non-negative integer, got {self.min_num_params!r}.")
         if self.backward_prefetch is not None:
             self.backward_prefetch = _choice(self.backward_prefetch, BACKWARD_PREFETCH, "backward_prefetch")
+        if self.state_dict_type is None:
+            self.state_dict_type = self._state_dict_type_of_configs()
         self.state_dict_type = _choice(self.state_dict_type, STATE_DICT_TYPES, "state_dict_type")
         self._check_state_dict_configs()
         if isinstance(self.ignored_modules, str):
@@ -176,6 +179,20 @@ class FullyShardedDataParallelPlugin:
                 and not type(config).__name__.lower().startswith(kind)
             ):
                 setattr(self, name, None)
+
+    def _state_dict_type_of_configs(self) -> str:
+        # Scripts written for Accelerate pass FullStateDictConfig(...) without a type: they mean a full state dict.
+        kinds = {
+            type(config).__name__.lower().startswith("full")
+            for config in (self.state_dict_config, self.optim_state_dict_config)
+            if config is not None and not isinstance(config, Mapping)
+        }
+        if len(kinds) > 1:
+            raise ValueError(
+                "state_dict_config and optim_state_dict_config are of different kinds (one full, one sharded): pass "
+                "both of one kind, or state_dict_type."
+            )
+        return "FULL_STATE_DICT" if kinds == {True} else "SHARDED_STATE_DICT"
 
     def _check_state_dict_configs(self) -> None:
         # Checked by name and fields: torch's config classes are not imported here.

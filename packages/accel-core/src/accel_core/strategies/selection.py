@@ -60,6 +60,8 @@ def resolve_plan(
     if precision not in PrecisionType.list():
         raise ValueError(f"Unknown mixed_precision mode: {precision!r}. Choose between {PrecisionType.list()}.")
 
+    if gradient_accumulation_steps == 1:  # the Accelerator's default, as the reference's: the environment may say more
+        gradient_accumulation_steps = None
     if gradient_accumulation_plugin is not None:
         if (
             gradient_accumulation_steps is not None
