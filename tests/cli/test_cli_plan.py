@@ -148,7 +148,7 @@ def test_torchrun_arguments() -> None:
     port = torchrun_argv(
         resolve_plan({"num_processes": 2, "main_process_port": 1234, "max_restarts": 2}, {}, {}), target
     )
-    assert {"--master-port=1234", "--master-addr=127.0.0.1", "--max-restarts=2"} <= set(port)
+    assert {"--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1234", "--max-restarts=2"} <= set(port)
     flags = {
         "num_processes": 16,
         "num_machines": 2,

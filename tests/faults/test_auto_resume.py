@@ -14,6 +14,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -35,14 +36,26 @@ def _accel() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "accel.cli"]
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _launch(
-    project: Path, plan: dict[str, list[object]] | None, restarts: int, sigterm_checkpoint: bool = False
+    project: Path,
+    plan: dict[str, list[object]] | None,
+    restarts: int,
+    sigterm_checkpoint: bool = False,
+    port: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
     project.mkdir(exist_ok=True)
     # SIGKILL loses a process, not the page cache: fsync would only slow the 9 saves down.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCEL_CHECKPOINT_FSYNC": "0", "FAULT_PLAN": json.dumps(plan or {})}
     env["CHECKPOINT_ON_SIGTERM"] = "1" if sigterm_checkpoint else "0"
     command = [*_accel(), "launch", "--cpu", "-n", "2", "--max-restarts", str(restarts), "--auto-resume"]
+    if port is not None:
+        command += ["--main-process-port", str(port)]
     return subprocess.run(
         [*command, str(SCRIPT), str(project)], env=env, capture_output=True, text=True, timeout=900, check=False
     )
@@ -133,12 +146,18 @@ def test_sigterm_saves_an_emergency_checkpoint_and_the_next_launch_continues_exa
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_sigkilled_workers_restart_and_resume_bit_identically(tmp_path: Path, reference: Path) -> None:
+@pytest.mark.parametrize("fixed_port", [False, True], ids=["free-port", "main-process-port"])
+def test_sigkilled_workers_restart_and_resume_bit_identically(
+    tmp_path: Path, reference: Path, fixed_port: bool
+) -> None:
+    """With --main-process-port too: every attempt's workers must set their groups up afresh (the
+    coordinator group once read a killed attempt's gloo address from a store kept for all attempts)."""
     seed = random.SystemRandom().randrange(2**32)
     plan = _fault_plan(random.Random(seed))
-    why = f"seed {seed}, plan {plan}"
+    port = _free_port() if fixed_port else None
+    why = f"seed {seed}, plan {plan}, port {port}"
     shutil.copytree(reference, tmp_path / "reference")
-    faulty = _launch(tmp_path / "faulty", plan, restarts=3)
+    faulty = _launch(tmp_path / "faulty", plan, restarts=3, port=port)
     assert faulty.returncode == 0, f"{why}\n{faulty.stdout}\n{faulty.stderr}"
 
     # Each of the first three attempts lost a worker to SIGKILL; the fourth finished.

@@ -38,6 +38,8 @@ LOCAL_RANK = "LOCAL_RANK"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"  # attempts before this one (0 in the first)
+USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"  # "True": the agent serves the store at MASTER_ADDR:PORT
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

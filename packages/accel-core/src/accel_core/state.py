@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from . import cluster_env
 from . import environment as env
+from .attempt_store import attempt_store
 from .configuration import GradientAccumulationPlugin
 from .enums import DistributedType
 from .placement import Collectives, ProcessPlacement
@@ -166,6 +167,10 @@ class PartialState:
         kwargs["timeout"] = collective_timeout(kwargs.get("timeout"))
         if backend == "nccl" and self.device.type == "cuda":
             kwargs.setdefault("device_id", self.device)
+        if kwargs.get("init_method") is None and kwargs.get("store") is None:
+            store = attempt_store(self.world_size, kwargs["timeout"])
+            if store is not None:  # the agent's store outlives the attempt: keys of this attempt only
+                kwargs.update(store=store, rank=self.rank, world_size=self.world_size)
         dist.init_process_group(backend=backend, **{k: v for k, v in kwargs.items() if v is not None})
         self.backend = backend
 

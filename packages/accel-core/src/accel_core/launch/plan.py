@@ -426,7 +426,10 @@ def torchrun_argv(plan: LaunchPlan, target: LaunchTarget) -> list[str]:
         else:
             argv += [f"--rdzv-backend={plan.rdzv_backend}", f"--rdzv-endpoint={address}"]
     elif port is not None:
-        argv += [f"--master-addr={plan.main_process_ip or '127.0.0.1'}", f"--master-port={port}"]
+        # One machine: the c10d rendezvous on that port, as torchrun does on a free port when none is given.
+        # Not the static one: its agent serves one store to every attempt, where a restarted worker that
+        # joins a group with torch's env:// (DeepSpeed, a plain script) reads the killed attempt's keys.
+        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={plan.main_process_ip or '127.0.0.1'}:{port}"]
     # One machine and no port: torchrun rendezvous on a free local port by itself.
     argv += ["-m", "accel_core.launch.runner", "module" if target.module else "path", target.script]
     return argv + list(target.args)
