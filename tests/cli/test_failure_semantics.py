@@ -12,6 +12,7 @@ import pytest
 
 from accel_core import cluster_env
 from accel_core.launch.failures import JobFailedError, RankFailure
+from accel_core.launch.finish_records import FINISH_RECORDS, FinishedRank, read_finishes, record_finish
 from accel_core.launch.plan import LaunchTarget, resolve_plan, torchrun_argv
 
 
@@ -58,6 +59,37 @@ def test_a_rank_that_raised_because_its_peer_vanished_is_not_blamed() -> None:
     error = JobFailedError([raised, exit3], world_size=2, tracebacks_printed=True)
     assert error.root.rank == 1 and error.exit_code == 3
     assert "Traceback of rank 1:" in str(error) and "SystemExit: 3" in str(error)  # Python does not print it itself
+
+
+def test_a_rank_that_ended_cleanly_before_its_peer_failed_is_named() -> None:
+    # Rank 1's script returned at 100.1 while rank 0 waited in an all_reduce; rank 0 raised at 100.3.
+    raised = _failure(0, 1, traceback=GLOO_CLOSED, failed_at=100.3)
+    early = FinishedRank(rank=1, local_rank=1, pid=1001, attempt=0, finished_at=100.1)
+    error = JobFailedError([raised], world_size=2, tracebacks_printed=True, finished=[early])
+    assert error.root.rank == 0 and error.exit_code == 1 and error.finished_early == [early]
+    lines = str(error).splitlines()
+    assert lines[0] == "The job failed: rank 0 (local rank 0, pid 1000) exited with code 1."
+    assert lines[1].startswith(
+        "Before that, rank 1 (local rank 1, pid 1001) had already ended: its script returned (exit code 0) while the "
+        "other ranks still ran."
+    )
+    # A rank that ended after the failure (it finished its work; the failure was elsewhere) is no cause.
+    late = FinishedRank(rank=1, local_rank=1, pid=1001, attempt=0, finished_at=100.5)
+    error = JobFailedError([raised], world_size=2, finished=[late])
+    assert error.finished_early == [] and "had already ended" not in str(error)
+
+
+def test_finish_records_are_read_for_the_attempt_that_failed(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FINISH_RECORDS, str(tmp_path))
+    for attempt, rank in ((0, 1), (1, 0)):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(attempt))
+        record_finish()
+    (record,) = read_finishes(tmp_path, attempt=1)
+    assert (record.rank, record.attempt) == (0, 1) and abs(record.finished_at - time.time()) < 60
+    assert [r.rank for r in read_finishes(tmp_path, attempt=0)] == [1]
+    assert read_finishes(tmp_path, attempt=2) == []
 
 
 def test_an_error_certainly_earlier_than_a_signal_is_the_cause() -> None:

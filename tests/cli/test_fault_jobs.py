@@ -92,6 +92,17 @@ def test_the_first_failing_rank_is_named_when_its_peer_then_fails_in_a_collectiv
     assert [(run["rank"], run["exit_code"]) for run in runs] == [(1, exit_code)] * 5, runs
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_rank_that_ends_early_is_named_when_its_peer_then_fails_in_a_collective(cli) -> None:
+    # Rank 1's script returns while rank 0 waits in a gloo barrier: rank 0 fails, and the summary says why.
+    runs = _first_failures(cli, "finish", "collective", 2)
+    assert [(run["rank"], run["exit_code"]) for run in runs] == [(0, 1)] * 2, runs
+    for run in runs:
+        assert "Before that, rank 1 (local rank 1, pid" in run["text"], run["text"]
+        assert "had already ended: its script returned (exit code 0)" in run["text"], run["text"]
+
+
 def _launch_sleepers(cli, tmp_path: Path, nproc: int) -> tuple[subprocess.Popen[str], list[int]]:
     prefix = tmp_path / "pid"
     launcher = subprocess.Popen(

@@ -1,5 +1,6 @@
-"""Two ranks, no torch: rank 1 dies (``kill``: SIGKILL, as the out-of-memory killer does; ``exit``: sys.exit(3));
-rank 0 sleeps until the launcher stops it, or (``collective``) waits in a gloo barrier, which fails when rank 1 dies."""
+"""Two ranks, no torch: rank 1 dies (``kill``: SIGKILL, as the out-of-memory killer does; ``exit``: sys.exit(3);
+``finish``: its script ends cleanly, too early); rank 0 sleeps until the launcher stops it, or (``collective``) waits
+in a gloo barrier, which fails when rank 1 is gone."""
 
 import os
 import signal
@@ -15,7 +16,7 @@ if os.environ["RANK"] == "1":
     time.sleep(0.3)
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    sys.exit(3)
+    sys.exit(0 if mode == "finish" else 3)
 if how == "collective":
     dist.barrier()  # raises "Connection closed by peer" once rank 1 is gone
 time.sleep(60)

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .finish_records import FinishedRank
+
 # The signal the agent stops the surviving workers with: such a worker is a victim, not the cause.
 # SIGKILL is not one: the agent sends it only to a worker that ignored SIGTERM for 30 s, and it is what
 # the out-of-memory killer sends, so a SIGKILLed worker is a root-cause candidate, ordered by time.
@@ -86,6 +88,7 @@ class JobFailedError(RuntimeError):
         restarts: int = 0,
         monitor_interval: float | None = None,
         tracebacks_printed: bool = False,
+        finished: list[FinishedRank] | None = None,
     ) -> None:
         if not failures:
             raise ValueError("JobFailedError needs at least one failure.")
@@ -108,6 +111,9 @@ class JobFailedError(RuntimeError):
             failures, key=lambda f: (f.stopped_by_launcher, failed_no_later_than(f), f.order, f.rank)
         )
         self.root = self.rank_failures[0]
+        # Ranks whose script had ended cleanly before the root cause failed: their peers' collectives had no partner.
+        root_failed = failed_no_later_than(self.root)
+        self.finished_early = [f for f in finished or [] if f.finished_at < root_failed]
         self.world_size = world_size
         self.restarts = restarts
         self.tracebacks_printed = tracebacks_printed
@@ -121,6 +127,16 @@ class JobFailedError(RuntimeError):
     def summary(self) -> str:
         root = self.root
         lines = [f"The job failed: {root.describe()}."]
+        if self.finished_early:
+            early = self.finished_early
+            names = "; ".join(f.describe() for f in early)
+            which = "their scripts" if len(early) > 1 else "its script"
+            lines.append(
+                f"Before that, {names} had already ended: {which} returned (exit code 0) while the other ranks still "
+                'ran. A rank that ends while its peers still call collectives makes those fail ("Connection closed '
+                'by peer", a timeout). Check why it stopped early: fewer batches or steps on that rank, a condition '
+                "on the rank, an early return or sys.exit(0)."
+            )
         others = [f for f in self.rank_failures[1:] if not f.stopped_by_launcher]
         if others:
             lines.append("Also failed: " + "; ".join(f.describe() for f in others) + ".")
@@ -163,6 +179,7 @@ class JobFailedError(RuntimeError):
         monitor_interval: float | None = None,
         tracebacks_printed: bool = False,
         alive_at: Mapping[int, float] | None = None,
+        finished: list[FinishedRank] | None = None,
     ) -> JobFailedError:
         """Builds the error from torch's ``ChildFailedError`` (``error.failures``: global rank -> ProcessFailure).
 
@@ -175,6 +192,7 @@ class JobFailedError(RuntimeError):
             restarts=restarts,
             monitor_interval=monitor_interval,
             tracebacks_printed=tracebacks_printed,
+            finished=finished,
         )
 
 

@@ -14,10 +14,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 
 from .exit_watch import ChildExitWatch
 from .failures import JobFailedError
+from .finish_records import FINISH_RECORDS, read_finishes
 from .lifeline import LAUNCHER_PID, preexec_die_with_parent
 from .plan import LaunchPlan, LaunchTarget, torchrun_argv
 
@@ -161,8 +163,10 @@ def run_torchrun(plan: LaunchPlan, target: LaunchTarget) -> int:
     _check_target(target)
     check_port_free(plan)
     argv = torchrun_argv(plan, target)
+    finishes = tempfile.TemporaryDirectory(prefix="accel-finished-")
     # Each worker's runner arms its parent-death signal when this process is its parent.
-    with patched_environ({**plan.env, LAUNCHER_PID: str(os.getpid())}), preserved_signal_handlers():
+    launch_env = {**plan.env, LAUNCHER_PID: str(os.getpid()), FINISH_RECORDS: finishes.name}
+    with finishes, patched_environ(launch_env), preserved_signal_handlers():
         # Heavy: torch. Imported only once a job is really about to start.
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -180,6 +184,7 @@ def run_torchrun(plan: LaunchPlan, target: LaunchTarget) -> int:
                 monitor_interval=plan.monitor_interval,
                 tracebacks_printed=True,
                 alive_at=watch.alive_at,
+                finished=read_finishes(finishes.name, attempt=plan.max_restarts),
             ) from None
         except SignalException as error:
             # Ctrl-C or a scheduler's SIGTERM: the agent stopped the workers; report like a shell.

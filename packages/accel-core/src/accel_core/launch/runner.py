@@ -30,6 +30,7 @@ import traceback
 from types import TracebackType
 from typing import NoReturn
 
+from .finish_records import record_finish
 from .lifeline import die_with_launcher
 
 # Frames of this wrapper and of runpy are noise in the user's traceback.
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         run(argv[0], argv[1], argv[2:])
     except SystemExit as exit:
         if exit.code in (None, 0):
+            record_finish()
             exit_without_finalization(0)
         record_error(exit, _user_frames(exit.__traceback__))  # when it failed, and where it called sys.exit
         raise
@@ -136,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as error:  # KeyboardInterrupt and kin keep their own exit status
         record_error(error, _user_frames(error.__traceback__))
         raise
+    record_finish()
     exit_without_finalization(0)
 
 
