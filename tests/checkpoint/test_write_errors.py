@@ -2,8 +2,9 @@
 
 save_state into a folder it cannot write (a file in the way, read-only, the file-size limit
 reached: EFBIG, what a full disk's ENOSPC also becomes) raises ``CheckpointWriteError`` naming the
-checkpoint, never its hidden ``.partial-`` folder; load_state of an empty folder says no checkpoint is
-there, instead of "holds 0 models".
+checkpoint, never its hidden ``.partial-`` folder; a disk that fills up inside ``torch.save`` (which
+says only "unexpected pos") is named full, with the room there and the room needed; load_state of an
+empty folder says no checkpoint is there, instead of "holds 0 models".
 """
 
 from __future__ import annotations
@@ -79,6 +80,52 @@ def test_save_state_past_the_file_size_limit_names_the_target(tmp_path: Path) ->
     assert f"ERROR Cannot write the checkpoint {tmp_path / 'ckpt'}: File too large (EFBIG)" in result.stdout
     assert "Free space" in result.stdout and ".partial" not in result.stdout.split("LEFT")[0]
     assert "LEFT []" in result.stdout  # the hidden folder was removed
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    """A real 1 MB file system (tmpfs), where a checkpoint runs out of space; needs the right to mount."""
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+@pytest.mark.slow  # the first AdamW step of the process (its lazy imports) dominates
+def test_a_disk_full_in_the_middle_of_a_save_says_so_and_keeps_the_previous_checkpoint(tiny_disk: Path) -> None:
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(torch.randn(2, 64)).sum().backward()
+    optimizer.step()
+    previous = accelerator.save_state(str(tiny_disk / "ckpt_0"))
+    saved_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    # Leave 8 kB: the optimizer's file (64 kB of AdamW moments, written first) runs out of room inside torch.save.
+    stat = os.statvfs(tiny_disk)
+    (tiny_disk / "filler").write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 8192))
+    with pytest.raises(CheckpointWriteError) as caught:
+        accelerator.save_state(str(tiny_disk / "ckpt_1"))
+    message = str(caught.value)
+    assert message.startswith(f"Cannot write the checkpoint {tiny_disk / 'ckpt_1'}: the disk is full (ENOSPC).")
+    assert f"The file system of {tiny_disk} has 8.2 kB free without this save's partial files" in message
+    assert "files still to write need about 65.0 kB" in message and "Free space on that file system" in message
+    # torch.save's own error names no reason: the translation read the file system.
+    assert isinstance(caught.value.__cause__, RuntimeError) and "unexpected pos" in str(caught.value.__cause__)
+    assert sorted(os.listdir(tiny_disk)) == ["ckpt_0", "filler"]  # the hidden folder is gone
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)
+    accelerator.load_state(previous)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, saved_weights[name]), name
 
 
 def test_load_state_of_a_folder_without_a_checkpoint_says_so(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ reference implementation's errors keeps working; each message says which file an
 from __future__ import annotations
 
 import errno
+import os
+import shutil
 
 
 class CheckpointError(ValueError):
@@ -41,6 +43,7 @@ class CheckpointWriteError(CheckpointError, OSError):
 
 
 _FULL = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+_NO_ROOM = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
 
 
@@ -69,4 +72,42 @@ def write_error(error: OSError, target: str) -> CheckpointWriteError:
     )
     result.errno = code
     result.__cause__ = error  # the original, with the temporary path, for a traceback
+    return result
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
+
+
+def out_of_space(
+    error: BaseException, folder: str, needed: int, target: str, partial: int = 0
+) -> CheckpointWriteError | None:
+    """``error`` as "the disk is full" when the file system holding ``folder`` is, else None.
+
+    torch.save into a full disk raises no ``OSError`` but ``RuntimeError: [enforce fail at
+    inline_container.cc] unexpected pos ...`` (its zip writer notices the short write, not why): a
+    failed write while the file system has less room than the files still to write is taken for a
+    full disk. ``needed``: the bytes of the files not yet written, the failed one included.
+    """
+    code = error.errno if isinstance(error, OSError) else None
+    try:
+        free: int | None = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    no_room = code in _NO_ROOM  # not EFBIG: a file-size limit, where write_error's message fits
+    full = no_room or (isinstance(error, RuntimeError) and free is not None and free < needed)
+    if not full:
+        return None
+    room = f"has {_size(free + partial)} free without this save's partial files" if free is not None else "is full"
+    result = CheckpointWriteError(
+        f"Cannot write the checkpoint {target}: the disk is full ({errno.errorcode.get(code or errno.ENOSPC)}). "
+        f"The file system of {os.path.dirname(os.path.abspath(target))} {room}; the checkpoint's files still to "
+        f"write need about {_size(needed)}. Free space on that file system (ProjectConfiguration(total_limit=...) "
+        "keeps fewer checkpoints), or save elsewhere. The checkpoints already there are untouched."
+    )
+    result.errno = code or errno.ENOSPC
+    result.__cause__ = error
     return result

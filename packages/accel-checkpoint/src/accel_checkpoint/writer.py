@@ -26,7 +26,7 @@ from . import constants as C
 from . import layout
 from .content_hash import ALGORITHM, hash_files
 from .coordination import Coordinator
-from .errors import CheckpointError, write_error
+from .errors import CheckpointError, out_of_space, write_error
 from .fsio import BackgroundSync, file_sizes, fsync_dir, remove_tree, token, torch_save, write_json
 from .safetensors_io import write_safetensors
 from .save_plan import FileJob, SaveJob
@@ -63,8 +63,17 @@ def write_files(job: SaveJob) -> None:
                 for name in names:
                     syncer.submit(os.path.join(root, name))
                 syncer.submit(root)  # the folder's entries: its files' names
-        for file_job in sorted(job.files, key=lambda f: _tensor_bytes(f.payload), reverse=True):
-            job.written[file_job.name] = write_file(file_job, job.temp_dir, durable=False)
+        ordered = sorted(job.files, key=lambda f: _tensor_bytes(f.payload), reverse=True)
+        for index, file_job in enumerate(ordered):
+            try:
+                job.written[file_job.name] = write_file(file_job, job.temp_dir, durable=False)
+            except Exception as error:
+                needed = sum(_tensor_bytes(f.payload) for f in ordered[index:])
+                partial = sum(file_sizes(job.temp_dir).values())
+                full = out_of_space(error, job.temp_dir, needed, job.final_dir, partial)
+                if full is None:
+                    raise
+                raise full from error
             if job.durable:
                 syncer.submit(os.path.join(job.temp_dir, file_job.name))
     finally:
