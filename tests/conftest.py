@@ -1,7 +1,9 @@
 """Shared test helpers: launching a script under torchrun with a timeout, so a hang fails the test.
 
 Markers (registered in the root pyproject.toml): a test that uses the ``torchrun`` fixture is marked
-``multiprocess`` here; ``slow`` (over ~10 s on the 2-core CI machine) and ``gpu`` are set by hand.
+``multiprocess`` and ``slow`` here (each launch imports torch in every process: seconds of CPU); ``slow`` for other
+tests (another process that imports torch, or over ~3 s on the 2-core CI machine) and ``gpu`` are set by hand.
+The fast lane, ``-m "not slow"``, stays under 5 minutes.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # fixturenames includes the fixtures a test uses through other fixtures.
         if "torchrun" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.multiprocess)
+            item.add_marker(pytest.mark.slow)
     gpu_tests = [item for item in items if item.get_closest_marker("gpu") is not None]
     if gpu_tests:
         import torch  # only when a gpu test was collected: collection stays free of torch otherwise

@@ -55,6 +55,7 @@ def test_save_state_into_a_read_only_folder_names_the_target(tmp_path: Path) -> 
         locked.chmod(0o700)
 
 
+@pytest.mark.slow
 def test_save_state_past_the_file_size_limit_names_the_target(tmp_path: Path) -> None:
     """RLIMIT_FSIZE makes the kernel refuse the write (EFBIG), as a full disk refuses it with ENOSPC."""
     code = textwrap.dedent(

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
 
+
+@pytest.mark.slow
 def test_a_finished_two_process_job_exits_cleanly_under_warnings_as_errors(cli) -> None:
     result = cli.run(
         "launch",

@@ -88,6 +88,7 @@ def test_pending_names_real_runs():
     assert known >= CI_RUNS, f"CI_RUNS names runs that do not exist: {sorted(CI_RUNS - known)}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("example", "run_id"), _params())
 def test_example_matches_reference(example, run_id):
     for module in example.needs:

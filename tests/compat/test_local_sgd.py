@@ -6,6 +6,7 @@ import pytest
 import torch
 
 
+@pytest.mark.slow
 def test_parameters_average_every_local_sgd_steps_on_two_processes(two_process_run) -> None:
     """scripts/api_checks.py's LocalSGD section (its docstring says what each check means)."""
     checks = two_process_run.checks(

@@ -172,6 +172,7 @@ def test_extract_model_from_parallel_keeps_or_drops_compile() -> None:
     assert utils.is_compiled_module(kept) and kept._orig_mod is model
 
 
+@pytest.mark.slow
 def test_backend_wrappers_unwrap_once_their_library_is_imported() -> None:
     """accel-deepspeed and accel-megatron register their wrappers (accel.model_wrappers); unwrapping
     imports neither library, and finds DeepSpeed's engine once DeepSpeed is imported."""

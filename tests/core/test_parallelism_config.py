@@ -111,6 +111,7 @@ def test_whole_engine_strategies_refuse_a_mesh_they_cannot_honour() -> None:
             deepspeed.parallelism(config, 4, 4)
 
 
+@pytest.mark.slow
 def test_refusing_a_deepspeed_mesh_imports_neither_deepspeed_nor_starts_processes() -> None:
     code = (
         "import sys\n"

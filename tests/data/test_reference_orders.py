@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent / "reference"
 FIXTURE = HERE / "accelerate_1_15_orders.json"
 
@@ -59,6 +61,7 @@ def _still_matching(name: str, got: list, want: list) -> bool:
     return all(samples(got, e) == samples(want, e) for e in range(3))
 
 
+@pytest.mark.slow
 def test_orders_match_accelerate_1_15(torchrun, tmp_path) -> None:
     out = tmp_path / "accel_orders.json"
     torchrun(HERE / "loader_orders.py", "--lib", "accel", "--out", str(out), timeout=400)

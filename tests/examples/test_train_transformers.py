@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 ACCEL = Path(sys.executable).parent / "accel"
 
 
+@pytest.mark.slow
 def test_tiny_bert_trains_on_two_processes():
     command = [str(ACCEL), "launch", "--cpu", "-n", "2", "examples/train_transformers.py", "--epochs", "4"]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)

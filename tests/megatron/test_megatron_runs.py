@@ -18,6 +18,7 @@ def test_tensor_and_data_parallel_follow_plain_torch(torchrun, tmp_path) -> None
         assert f"MEGATRON CHECKS PASSED {rank}" in result.stdout, result.stdout + result.stderr[-4000:]
 
 
+@pytest.mark.slow
 def test_megatron_dummy_scheduler_follows_megatrons_schedule(torchrun) -> None:
     """Accelerate's MegatronLMDummyScheduler in prepare: Megatron's warm-up + cosine lrs, stepped per DP process."""
     result = torchrun(HERE / "dummy_scheduler_checks.py", timeout=240)

@@ -19,6 +19,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
+@pytest.mark.slow
 def test_layouts_checkpoints_and_errors_on_four_processes_then_one(torchrun, tmp_path):
     result = torchrun(HERE / "mesh_checks.py", str(tmp_path), nproc=4, timeout=900)
     assert all(f"MESH CHECKS PASSED {rank}" in result.stdout for rank in range(4)), result.stdout[-3000:]

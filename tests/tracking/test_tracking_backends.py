@@ -84,6 +84,7 @@ def test_tensorboard_event_files_read_back(tmp_path: Path) -> None:
     assert hparams == {"lr": 0.01, "optim/name": "adam", "optim/betas": "[0.9, 0.99]", "epochs": 3.0}
 
 
+@pytest.mark.slow
 def test_wandb_offline_history_read_back(offline_env: Path, tmp_path: Path) -> None:
     from accel_tracking import WandBTracker
     from accel_tracking.base import LoggerType
@@ -134,6 +135,7 @@ def test_wandb_uses_logging_dir_when_no_wandb_dir(
     assert len(logs) == 1 and wandb_reader.history(logs[0])[0]["x"] == 1.0
 
 
+@pytest.mark.slow
 def test_mlflow_local_store_read_back(offline_env: Path, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
@@ -173,6 +175,7 @@ def test_mlflow_local_store_read_back(offline_env: Path, tmp_path: Path) -> None
         assert table["columns"] == ["x", "y"] and table["data"] == [[1, 2], [3, 4]]
 
 
+@pytest.mark.slow
 def test_comet_offline_archive_read_back(offline_env: Path, tmp_path: Path) -> None:
     import comet_ml
 
