@@ -161,3 +161,30 @@ def test_nonfinite_loss_on_one_rank_skips_the_step_on_both(torchrun):
     result = torchrun(SCRIPT)
     assert "NONFINITE CHECKS PASSED 0" in result.stdout and "NONFINITE CHECKS PASSED 1" in result.stdout
     assert "ok nan loss on rank 1" in result.stdout and "ok inf loss on rank 1" in result.stdout
+
+
+def test_an_optimizer_over_another_models_parameters_is_refused_at_prepare():
+    accelerator = Accelerator(cpu=True)
+    model, other = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+    with pytest.raises(ValueError, match=r"The optimizer SGD holds none of the parameters of the model\(s\) prepared"):
+        accelerator.prepare(model, torch.optim.SGD(other.parameters(), lr=0.1))
+    # An extra optimizer over parameters outside the model (a learnable temperature) beside the model's own is fine.
+    temperature = torch.nn.Parameter(torch.ones(()))
+    extra = torch.nn.Linear(4, 2)
+    accelerator.prepare(extra, torch.optim.SGD(extra.parameters(), lr=0.1), torch.optim.SGD([temperature], lr=0.1))
+    # Its own model's optimizer, in the same call or a later one, is prepared as before.
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    later = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert later.optimizer.param_groups[0]["params"][0] is next(model.parameters())
+
+
+def test_backward_of_a_number_names_the_tensor_to_pass():
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(torch.nn.Linear(4, 1))
+    loss = model(torch.ones(2, 4)).sum()
+    with pytest.raises(TypeError, match=r"needs the loss tensor the model's output produced, got float 1\.0: pass"):
+        accelerator.backward(1.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got float .*before \.item\(\) or float\(\)"):
+        accelerator.backward(loss.item())  # type: ignore[arg-type]
+    accelerator.backward(loss)
+    assert model.weight.grad is not None

@@ -416,6 +416,12 @@ class Accelerator(
     # -- the training step ------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Use instead of ``loss.backward()``: divides by the accumulation steps and applies the loss scale."""
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(
+                f"accelerator.backward(loss) needs the loss tensor the model's output produced, got "
+                f"{type(loss).__name__} {loss!r}: pass the tensor itself, before .item() or float(), e.g. "
+                "`loss = loss_fn(model(inputs), targets); accelerator.backward(loss)`."
+            )
         owns_step = isinstance(self.strategy, OwnsOptimizerStep) and self.strategy.owns_optimizer_step()
         if not owns_step and self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps

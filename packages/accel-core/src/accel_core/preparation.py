@@ -150,6 +150,7 @@ class Preparation:
             if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
                 if originals and not any(ids & optimizer_parameter_ids(obj) for ids, _ in originals):
                     _check_same_device(obj, [model for _, model in originals])
+                    self._check_trains_a_prepared_model(obj, originals, objects)
                 if self._replaces_parameters(originals):
                     new = self._rebuild_for_wrapped_model(obj, originals)
                     rebuilt[id(obj)] = new
@@ -161,6 +162,31 @@ class Preparation:
                     obj.optimizer = rebuilt[id(obj.optimizer)]
                 objects[i] = self.prepare_scheduler(obj)
         return objects
+
+    def _check_trains_a_prepared_model(
+        self, optimizer: torch.optim.Optimizer, originals: list[tuple[set[int], torch.nn.Module]], objects: list[Any]
+    ) -> None:
+        """Refuses an optimizer over none of the models prepared with it when a model of the call is then left with no
+        optimizer at all: it was built on another model (``AdamW(other.parameters())``), and the losses would not move,
+        silently. An extra optimizer over parameters outside the models (a learnable temperature) next to the
+        model's own optimizer stays allowed."""
+        owned = optimizer_parameter_ids(optimizer)
+        if not owned or owned & {id(p) for model in self.prepared.models for p in model.parameters()}:
+            return
+        covered: set[int] = set()
+        for obj in [*objects, *(prepared.optimizer for prepared in self.prepared.optimizers)]:
+            if isinstance(obj, torch.optim.Optimizer):
+                covered |= optimizer_parameter_ids(obj)
+        untrained = [model for ids, model in originals if ids and not ids & covered]
+        if not untrained:
+            return
+        names = ", ".join(type(self.strategy.unwrap_model(model)).__name__ for model in untrained)
+        raise ValueError(
+            f"The optimizer {type(optimizer).__name__} holds none of the parameters of the model(s) prepared with it, "
+            f"and no optimizer holds those of {names}: it was built on another model's parameters, so training would "
+            "update nothing the prepared model uses. Build it on the model you prepare, e.g. `optimizer = "
+            "torch.optim.AdamW(model.parameters())`, and pass both to accelerator.prepare(model, optimizer)."
+        )
 
     def _replaces_parameters(self, originals: list[tuple[set[int], torch.nn.Module]]) -> bool:
         """Whether preparing put new parameter objects in the models (sharding, tensor parallelism)."""
