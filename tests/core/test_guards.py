@@ -173,7 +173,7 @@ def test_an_optimizer_over_another_models_parameters_is_refused_at_prepare():
     extra = torch.nn.Linear(4, 2)
     accelerator.prepare(extra, torch.optim.SGD(extra.parameters(), lr=0.1), torch.optim.SGD([temperature], lr=0.1))
     # Its own model's optimizer, in the same call or a later one, is prepared as before.
-    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     later = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
     assert later.optimizer.param_groups[0]["params"][0] is next(model.parameters())
 
