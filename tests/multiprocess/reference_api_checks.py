@@ -288,6 +288,20 @@ def check_join_with_iterable_loader() -> None:
     )
     check(mapped.even_batches == mapped_before, "restored after the block")
 
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with accelerator.join_uneven_inputs([model, torch.nn.Linear(1, 1)]):
+            pass
+    messages = [str(w.message) for w in caught]
+    check(
+        any(
+            "Linear (position 1) passed to it is not torch Joinable" in m and "model accelerator.prepare returned" in m
+            for m in messages
+        )
+        and not any("strategy's are" in m for m in messages),
+        f"a join of an object that cannot join names that object: {messages}",
+    )
+
 
 if __name__ == "__main__":
     checks = [

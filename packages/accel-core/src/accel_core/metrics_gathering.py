@@ -76,10 +76,20 @@ class MetricsGathering:
         if not self.state.use_distributed:
             yield
             return
-        if not all(isinstance(j, Joinable) for j in joinables):
+        not_joinable = [
+            f"{type(j).__name__} (position {i})" for i, j in enumerate(joinables) if not isinstance(j, Joinable)
+        ]
+        if not_joinable:
+            # Name what was passed: the usual mistake is the unprepared model, not the strategy.
+            why = (
+                "pass the model accelerator.prepare returned"
+                if self.strategy.name == "ddp"
+                else f"the {self.strategy.name} strategy's prepared models are not Joinable; only DDP's are"
+            )
             warnings.warn(
-                f"join_uneven_inputs needs Joinable objects (a DDP model); the {self.strategy.name} strategy's are "
-                "not, so it has no effect.",
+                f"join_uneven_inputs has no effect: {', '.join(not_joinable)} passed to it "
+                f"{'is' if len(not_joinable) == 1 else 'are'} not torch Joinable (a DDP-wrapped model or a "
+                f"ZeroRedundancyOptimizer is): {why}.",
                 stacklevel=3,
             )
             yield
