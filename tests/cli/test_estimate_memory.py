@@ -103,3 +103,29 @@ def test_the_table_names_the_model_and_each_layout(tmp_path: Path, capsys: pytes
     for title in ("2 processes, parameters in float32", "4 processes, parameters in bfloat16"):
         assert title in out
     assert "tp2 + fsdp" in out and "zero3" in out
+
+
+@pytest.mark.slow  # imports transformers
+def test_a_hugging_face_config_folder_with_its_own_tp_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from transformers import LlamaConfig
+
+    LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=50,
+        tie_word_embeddings=True,
+    ).save_pretrained(tmp_path)
+    model = build_on_meta(str(tmp_path))
+    assert type(model).__name__ == "LlamaForCausalLM"
+    shapes = {s.name: s for s in parameter_shapes(model, need_plan=True)}
+    assert "lm_head.weight" not in shapes  # tied to the embedding: counted once
+    assert shapes["model.layers.0.self_attn.q_proj.weight"].tp_dim == 0  # colwise in transformers' plan
+    assert shapes["model.layers.0.self_attn.o_proj.weight"].tp_dim == 1  # rowwise
+    rows = run_json(capsys, str(tmp_path), "-n", "2", "--dtypes", "float32", "--strategies", "ddp", "--tp-sizes", "2")
+    by_tp = {r["tp_size"]: r for r in rows}
+    assert by_tp[1]["parameters"] == 4 * sum(p.numel() for p in model.parameters())
+    split = sum(s.numel for s in shapes.values() if s.tp_dim is not None)
+    assert by_tp[2]["parameters"] == by_tp[1]["parameters"] - 4 * split // 2
