@@ -97,7 +97,8 @@ def test_user_errors_name_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 def test_the_table_names_the_model_and_each_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "models.py").write_text(MODELS)
-    assert main(["estimate-memory", f"{tmp_path / 'models.py'}:build", "-n", "2", "4", "--tp-sizes", "2"]) == 0
+    # Options before MODEL work too (-n takes one count, repeated for several tables).
+    assert main(["estimate-memory", "-n", "2", "-n", "4", "--tp-sizes", "2", f"{tmp_path / 'models.py'}:build"]) == 0
     out = capsys.readouterr().out
     assert "model: Tiny from" in out and "86 parameters (76 trainable)" in out
     for title in ("2 processes, parameters in float32", "4 processes, parameters in bfloat16"):

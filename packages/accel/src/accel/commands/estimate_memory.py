@@ -38,13 +38,15 @@ With --mixed-precision bf16 the parameters stay float32: read the float32 rows."
 
 EPILOG = """examples:
   accel estimate-memory models.py:build_model -n 8
-  accel estimate-memory ./llama-config/ -n 8 --dtypes bfloat16 --tp-sizes 2 4
+  accel estimate-memory ./llama-config/ -n 8 --dtypes bfloat16 --tp-sizes 2 --tp-sizes 4
   accel estimate-memory mypackage.models:Net -n 2 --strategies ddp fsdp --json"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accel estimate-memory",
+        usage="accel estimate-memory MODEL [-n N] [--dtypes DTYPE ...] [--strategies NAME ...] [--tp-sizes TP] "
+        "[--optimizer NAME] [--json]",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -56,10 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--num_processes",
         dest="num_processes",
         type=int,
-        nargs="+",
-        default=[8],
+        action="append",
         metavar="N",
-        help="processes in the job (several: a table each; default 8)",
+        help="processes in the job (default 8; repeat for a table each: -n 2 -n 8)",
     )
     parser.add_argument(
         "--dtypes",
@@ -74,10 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--tp_sizes",
         dest="tp_sizes",
         type=int,
-        nargs="+",
+        action="append",
         default=[],
         metavar="TP",
-        help="tensor-parallel sizes to add, with ddp and fsdp over the other processes (needs the model's tp_plan)",
+        help="a tensor-parallel size to add (repeatable), with ddp and fsdp over the other processes (needs the "
+        "model's tp_plan)",
     )
     parser.add_argument("--optimizer", choices=list(OPTIMIZERS), default="adamw", help="default: adamw")
     parser.add_argument("--json", action="store_true", help="print the byte counts as JSON, one object per row")
@@ -86,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    args.num_processes = args.num_processes or [8]
     if any(n < 1 for n in args.num_processes):
         raise ValueError("--num-processes takes counts of at least 1.")
     model = build_on_meta(args.model)
