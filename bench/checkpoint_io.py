@@ -14,8 +14,16 @@ AdamW state (about 3x the model on disk):
   Before each load, freed heap memory is handed back to the kernel (``malloc_trim``), so that no
   variant profits from pages another one happened to leave mapped. Goal: >= 0.8 of raw.
 - async save: time ``save_state(async_save=True)`` blocks the caller vs a synchronous save. Goal: <= 0.2.
-- content hashes: ``save_state`` / ``load_state`` against the same calls with the per-file SHA-256
+- content hashes: ``save_state`` / ``load_state`` against the same calls with the per-file
   hashing (save) and verification (load) switched off in this process, to show what they add.
+- the limit: the disk's own sequential bandwidth in the same run, alternating with the rest: one
+  file of the checkpoint's size written from memory and fsynced, then read back after dropping it
+  from the page cache (``posix_fadvise``), and read again from the cache. Saves are shown as a
+  fraction of the write figure (durable save against write + fsync), loads of the read figures.
+
+Every figure is the median of ``--repeats`` alternating rounds, with its range (min to max), and
+the CPU time the process spent (user + system, all threads): on a loaded machine CPU time moves
+far less than wall time, so it shows a change in the work done when wall times overlap.
 
 Usage: python bench/checkpoint_io.py [--mb 256] [--repeats 3] [--dir /tmp]
 Everything is written under a temporary folder that is deleted at the end.
@@ -42,15 +50,51 @@ def folder_bytes(folder: str) -> int:
     return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(folder) for f in fs)
 
 
-def median_time(fn, repeats: int, before=None) -> float:
+def median_time(fn, repeats: int, before=None, cpu: list[float] | None = None) -> float:
+    """Median wall time of ``fn``; appends the process CPU time of each call to ``cpu`` when given."""
     times = []
     for _ in range(repeats):
         if before is not None:
             before()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - start)
+        if cpu is not None:
+            cpu.append(time.process_time() - start_cpu)
     return statistics.median(times)
+
+
+class DiskLimit:
+    """The disk's sequential bandwidth: one file of ``nbytes`` written from memory + fsynced, read cold and warm."""
+
+    def __init__(self, folder: str, nbytes: int) -> None:
+        self.path = os.path.join(folder, "disk-limit.bin")
+        self.chunk = bytearray(os.urandom(1 << 20) * 64)  # 64 MiB of incompressible bytes
+        self.nbytes = nbytes
+
+    def write(self) -> None:
+        with open(self.path, "wb", buffering=0) as handle:
+            left = self.nbytes
+            while left > 0:
+                left -= handle.write(memoryview(self.chunk)[: min(left, len(self.chunk))]) or 0
+            os.fsync(handle.fileno())
+
+    def drop_cache(self) -> None:
+        """Clean pages (the file was fsynced) leave the page cache: the next read comes from the disk."""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+    def read(self) -> None:
+        with open(self.path, "rb", buffering=0) as handle:
+            while handle.readinto(self.chunk):
+                pass
+
+    def remove(self) -> None:
+        if os.path.exists(self.path):
+            os.remove(self.path)
 
 
 def release_free_memory() -> None:
@@ -124,19 +168,28 @@ def main() -> None:
             accelerator.save_state(target, async_save=True)
 
         import accel_checkpoint.content_hash as loading
+        import accel_checkpoint.file_sink as sinks
         import accel_checkpoint.writer as writing
+
+        class NoDigest:
+            def update(self, data: object) -> None:
+                pass
+
+            def hexdigest(self) -> str:
+                return ""
 
         def without_hashes(fn):  # the same call with the content hashes switched off (bench only)
             def run() -> None:
-                hash_files, verify_file = writing.hash_files, loading.verify_file
-                writing.hash_files, loading.verify_file = (
+                hash_files, verify_file, new_digest = writing.hash_files, loading.verify_file, sinks.new_digest
+                writing.hash_files, loading.verify_file, sinks.new_digest = (
                     (lambda folder, names: {}),
                     (lambda path, expected, algorithm=None: None),
+                    NoDigest,
                 )
                 try:
                     fn()
                 finally:
-                    writing.hash_files, loading.verify_file = hash_files, verify_file
+                    writing.hash_files, loading.verify_file, sinks.new_digest = hash_files, verify_file, new_digest
 
             return run
 
@@ -159,73 +212,83 @@ def main() -> None:
             "save_nosync": lambda: accelerator.save_state(target, durable=False),
             "async": async_save,
         }
-        runs: dict[str, list[float]] = {k: [] for k in (*saves, "memcpy", *loads)}
+        disk = DiskLimit(root, total)
+        limits = {"disk_write": (disk.write, disk.remove), "disk_read": (disk.read, disk.drop_cache)}
+        runs: dict[str, list[float]] = {k: [] for k in (*saves, "memcpy", *loads, *limits, "disk_read_cached")}
+        cpu: dict[str, list[float]] = {k: [] for k in runs}
         # Interleaved, so that load changes on this shared machine hit every variant alike.
         for repeat in range(args.repeats):
             for name, fn in saves.items():
                 clean()
-                runs[name].append(median_time(fn, 1))
+                runs[name].append(median_time(fn, 1, cpu=cpu[name]))
                 wait_for_checkpoint(accelerator)
+            clean()
+            for name, (fn, before) in limits.items():
+                runs[name].append(median_time(fn, 1, before, cpu=cpu[name]))
+            runs["disk_read_cached"].append(median_time(disk.read, 1, cpu=cpu["disk_read_cached"]))
+            disk.remove()
             runs["memcpy"].append(median_time(memcpy, 1))
             raw_save(True)
             accelerator.save_state(target)  # with hashes, for the loads (load_nohash skips verifying them)
             order = list(loads) if repeat % 2 == 0 else list(reversed(loads))  # no variant always goes first
             for name in order:
                 load, before = loads[name]
-                runs[name].append(median_time(load, 1, before))
-        (
-            t_raw,
-            t_raw_sync,
-            t_save,
-            t_nosync,
-            t_async,
-            t_copy,
-            t_raw_load,
-            t_load,
-            t_raw_fresh,
-            t_fresh,
-            t_save_nh,
-            t_load_nh,
-        ) = (
-            statistics.median(runs[k])
-            for k in (
-                "raw",
-                "raw_fsync",
-                "save",
-                "save_nosync",
-                "async",
-                "memcpy",
-                "raw_load",
-                "load",
-                "raw_load_fresh",
-                "load_fresh",
-                "save_nohash",
-                "load_nohash",
-            )
-        )
+                runs[name].append(median_time(load, 1, before, cpu=cpu[name]))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
+    report(runs, cpu, total, layers, width, args.repeats)
+
+
+def report(
+    runs: dict[str, list[float]], cpu: dict[str, list[float]], total: int, layers: int, width: int, repeats: int
+) -> None:
     mb = total / 1e6
-    print(f"model {layers}x{width}x{width} fp32 + AdamW: checkpoint {mb:.0f} MB, median of {args.repeats}")
+    t = {k: statistics.median(v) for k, v in runs.items()}
+    print(f"model {layers}x{width}x{width} fp32 + AdamW: checkpoint {mb:.0f} MB, median of {repeats} (range; CPU s)")
 
-    def row(label: str, seconds: float, note: str = "") -> None:
-        print(f"{label:38s} {seconds:6.2f} s  {mb / seconds:6.0f} MB/s   {note}")
+    def row(label: str, key: str, note: str = "") -> None:
+        spread = f"({min(runs[key]):.2f} to {max(runs[key]):.2f})"
+        print(
+            f"{label:38s} {t[key]:6.2f} s {spread:16s} {mb / t[key]:6.0f} MB/s  "
+            f"cpu {statistics.median(cpu[key]):5.2f} s   {note}"
+        )
 
-    row("save  raw (no fsync)", t_raw)
-    row("save  raw + fsync", t_raw_sync)
-    row("save  save_state", t_save, f"ratio {t_raw_sync / t_save:.2f} of raw + fsync  (goal >= 0.8)")
-    row("save  save_state(durable=False)", t_nosync, f"ratio {t_raw / t_nosync:.2f} of raw  (goal >= 0.8)")
-    row("load  raw, running optimizer", t_raw_load)
-    row("load  load_state, running optimizer", t_load, f"ratio {t_raw_load / t_load:.2f}  (goal >= 0.8)")
-    row("load  raw, fresh optimizer", t_raw_fresh)
-    row("load  load_state, fresh optimizer", t_fresh, f"ratio {t_raw_fresh / t_fresh:.2f}  (goal >= 0.8)")
-    row("save  save_state without hashes", t_save_nh, f"hashing adds {t_save / t_save_nh - 1:+.0%} to save_state")
-    row("load  load_state without verifying", t_load_nh, f"verifying adds {t_load / t_load_nh - 1:+.0%} to load_state")
-    print(f"{'async save blocks':38s} {t_async:6.2f} s  ratio {t_async / t_save:.2f} of a sync save  (goal <= 0.2)")
+    write, read, cached = t["disk_write"], t["disk_read"], t["disk_read_cached"]
+    row("limit disk write + fsync", "disk_write", "one file, the checkpoint's size")
+    row("limit disk read (not cached)", "disk_read")
+    row("limit read from the page cache", "disk_read_cached")
+    row("save  raw (no fsync)", "raw")
+    row("save  raw + fsync", "raw_fsync", f"{write / t['raw_fsync']:.2f} of the disk's write + fsync")
+    row(
+        "save  save_state",
+        "save",
+        f"ratio {t['raw_fsync'] / t['save']:.2f} of raw + fsync (goal >= 0.8); {write / t['save']:.2f} of the disk's "
+        f"write + fsync; {t['save'] / t['save_nosync']:.2f}x durable=False (goal <= 1.3)",
+    )
+    row(
+        "save  save_state(durable=False)",
+        "save_nosync",
+        f"ratio {t['raw'] / t['save_nosync']:.2f} of raw (goal >= 0.8)",
+    )
+    row("load  raw, running optimizer", "raw_load")
+    row(
+        "load  load_state, running optimizer",
+        "load",
+        f"ratio {t['raw_load'] / t['load']:.2f} (goal >= 0.8); {cached / t['load']:.2f} of a cached read, "
+        f"{read / t['load']:.2f} of a disk read",
+    )
+    row("load  raw, fresh optimizer", "raw_load_fresh")
+    row("load  load_state, fresh optimizer", "load_fresh", f"ratio {t['raw_load_fresh'] / t['load_fresh']:.2f}")
+    row("save  save_state without hashes", "save_nohash", f"hashing adds {t['save'] / t['save_nohash'] - 1:+.0%}")
+    row("load  load_state without verifying", "load_nohash", f"verifying adds {t['load'] / t['load_nohash'] - 1:+.0%}")
     print(
-        f"  (its floor, a plain copy of the same tensors: {t_copy:.2f} s = {mb / t_copy / 1000:.1f} GB/s memory "
-        f"bandwidth here, {t_copy / t_save:.2f} of a sync save)"
+        f"{'async save blocks':38s} {t['async']:6.2f} s  ratio {t['async'] / t['save']:.2f} of a sync save "
+        "(goal <= 0.2)"
+    )
+    print(
+        f"  (its floor, a plain copy of the same tensors: {t['memcpy']:.2f} s = {mb / t['memcpy'] / 1000:.1f} GB/s "
+        f"memory bandwidth here, {t['memcpy'] / t['save']:.2f} of a sync save)"
     )
 
 

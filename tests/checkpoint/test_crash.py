@@ -57,11 +57,9 @@ def test_sigkill_mid_save_then_a_new_process_resumes(tmp_path):
         assert sorted(os.listdir(base))[-1] == "checkpoint_0" and not (base / "checkpoint_1").exists(), mode
         (partial,) = glob.glob(str(base / ".checkpoint_1.partial-*"))
         written = set(os.listdir(partial))
-        # Killed mid-write: earlier files are there, the one being written is open, no marker.
-        assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "custom_checkpoint_0.pt"} <= written, (
-            mode,
-            written,
-        )
+        # Killed mid-write: the stalled file is open (files are written several at once, so which of the others
+        # have been started by then varies), no marker.
+        assert "custom_checkpoint_0.pt" in written, (mode, written)
         assert "COMPLETE" not in written and "accel_checkpoint.json" not in written
 
         # A new process (this one) resumes from the newest complete checkpoint and trains on.

@@ -6,9 +6,10 @@ size check and loads silently — NaN or garbage in the weights. Each file's dig
 longer match is refused with the same ``CorruptCheckpointError`` as a truncated one. Checkpoints
 written before hashes existed have no ``"hashes"`` and load as before.
 
-The completing process hashes every file of the folder, several at a time on threads (the digests
-release the GIL), while they are still in the page cache: that covers the files each process
-wrote and those a strategy's own writer (DCP, DeepSpeed) wrote, with no extra collective.
+Each file the completing process wrote itself is hashed while it is written (``file_sink``); the
+others (another process's RNG state, a strategy's own shards written by DCP or DeepSpeed) are
+read back and hashed, several at a time on threads (the digests release the GIL), while they are
+still in the page cache, with no extra collective.
 
 Why xxh3_128 (the ``xxhash`` package): this guards against corruption, not against an attacker
 (who could rewrite the manifest too), so a fast non-cryptographic 128-bit hash is the right tool.
@@ -35,6 +36,11 @@ ALGORITHM = "xxh3_128"
 _DIGESTS: dict[str, Any] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 
 _CHUNK = 4 * 2**20
+
+
+def new_digest() -> Any:
+    """A running digest of ``ALGORITHM`` (``update(bytes)``, ``hexdigest()``): what the writer hashes files with."""
+    return _DIGESTS[ALGORITHM]()
 
 
 def hash_file(path: str, algorithm: str = ALGORITHM) -> str:

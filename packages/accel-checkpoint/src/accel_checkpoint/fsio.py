@@ -70,30 +70,6 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
-class BackgroundSync:
-    """fsyncs written files on a helper thread while the next file is being written.
-
-    The disk flushes one file while Python fills the page cache with the next; ``wait()`` returns
-    once every submitted file is on disk (and raises the first error).
-    """
-
-    def __init__(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accel-fsync")
-        self._futures: list[Any] = []
-
-    def submit(self, path: str) -> None:
-        self._futures.append(self._pool.submit(fsync_path, path))
-
-    def wait(self) -> None:
-        try:
-            for future in self._futures:
-                future.result()
-        finally:
-            self._pool.shutdown(wait=True)
-
-
 def torch_save(obj: Any, path: str, durable: bool = True) -> int:
     """``torch.save`` to ``path`` (fsynced when ``durable``); returns the size written."""
     import torch

@@ -16,7 +16,7 @@ import os
 import struct
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import CheckpointNotFoundError, CorruptCheckpointError
 from .fsio import durable_open
@@ -25,6 +25,13 @@ if TYPE_CHECKING:
     import torch
 
 ALIASES_KEY = "accel.aliases"
+
+
+class SupportsWrite(Protocol):
+    """A binary file, or anything that takes bytes like one (``file_sink.FileSink``)."""
+
+    def write(self, data: Any, /) -> Any: ...
+
 
 _DTYPES: dict[str, str] = {
     "float64": "F64",
@@ -126,13 +133,21 @@ def write_safetensors(
         unique, aliases = dedupe(model.state_dict())
         write_safetensors(unique, "model.safetensors", {"format": "pt"})
     """
-    import torch
-
     if sys.byteorder != "little":  # safetensors is little-endian; let the library convert
         from safetensors.torch import save_file
 
         save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata=dict(metadata or {}))
         return os.path.getsize(path)
+    with durable_open(path, durable=durable) as handle:
+        return write_safetensors_to(handle, tensors, metadata)
+
+
+def write_safetensors_to(
+    handle: SupportsWrite, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> int:
+    """Writes the safetensors bytes of CPU tensors to an open binary ``handle`` (little-endian machines only:
+    ``write_safetensors`` handles the others); returns the number of bytes written."""
+    import torch
 
     header: dict[str, Any] = {}
     if metadata:
@@ -155,13 +170,11 @@ def write_safetensors(
         ordered.append(tensor)
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as the reference writer does
-    with durable_open(path, durable=durable) as handle:
-        handle.write(struct.pack("<Q", len(raw)))
-        handle.write(raw)
-        for tensor in ordered:
-            if tensor.numel():
-                # An ndarray is a buffer; numpy's stubs declare __buffer__ only for Python >= 3.12.
-                handle.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))  # pyright: ignore[reportArgumentType]
+    handle.write(struct.pack("<Q", len(raw)) + raw)
+    for tensor in ordered:
+        if tensor.numel():
+            # An ndarray is a buffer; numpy's stubs declare __buffer__ only for Python >= 3.12.
+            handle.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))  # pyright: ignore[reportArgumentType]
     return 8 + len(raw) + offset
 
 

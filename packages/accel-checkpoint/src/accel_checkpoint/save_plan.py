@@ -54,6 +54,7 @@ class SaveJob:
     total_limit: int | None = None
     durable: bool = True  # fsync every file before the checkpoint counts (survives a power cut)
     written: dict[str, int] = field(default_factory=dict)
+    hashes: dict[str, str] = field(default_factory=dict)  # digests of the files written, taken while writing
 
 
 @functools.cache

@@ -2,8 +2,9 @@
 
 Order on disk, which is what makes a crash at any moment harmless:
 
-1. every process writes its files into ``.<name>.partial-<token>/`` (each file fsynced, unless
-   ``durable=False``: then a killed process is covered, a power cut is not);
+1. every process writes its files into ``.<name>.partial-<token>/`` (several at once, each hashed
+   as it is written and fsynced, unless ``durable=False``: then a killed process is covered, a power
+   cut is not);
 2. all processes agree that every write succeeded (one failing process fails them all);
 3. process 0 (and the first process of each other folder, when processes write to several)
    writes ``accel_checkpoint.json`` (with every file's size) and then ``COMPLETE``, fsyncs the
@@ -19,26 +20,46 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
+
+import torch
 
 from . import constants as C
 from . import layout
 from .content_hash import ALGORITHM, hash_files
 from .coordination import Coordinator
 from .errors import CheckpointError, out_of_space, write_error
-from .fsio import BackgroundSync, file_sizes, fsync_dir, remove_tree, token, torch_save, write_json
-from .safetensors_io import write_safetensors
+from .file_sink import FileSink, torch_save_without_crc
+from .fsio import file_sizes, fsync_dir, fsync_path, remove_tree, token, write_json
+from .safetensors_io import write_safetensors, write_safetensors_to
 from .save_plan import FileJob, SaveJob
 
 logger = logging.getLogger(__name__)
 
+_WRITERS = 4  # files written at once: a model's and an optimizer's state fill the page cache side by side
 
-def write_file(job: FileJob, folder: str, durable: bool = True) -> int:
-    path = os.path.join(folder, job.name)
-    if job.kind == "safetensors":
-        return write_safetensors(job.payload, path, job.metadata, durable=durable)
-    return torch_save(job.payload, path, durable=durable)
+
+def write_file(job: FileJob, folder: str, durable: bool = True, syncer: ThreadPoolExecutor | None = None) -> FileSink:
+    """Writes one file of the checkpoint (fsynced when ``durable``); returns its closed sink (size and digest)."""
+    sink = FileSink(os.path.join(folder, job.name), durable, syncer)
+    try:
+        if job.kind == "safetensors" and sys.byteorder == "little":
+            write_safetensors_to(sink, job.payload, job.metadata)
+        elif job.kind == "safetensors":  # big-endian: the library converts (hashed when the checkpoint completes)
+            sink.abandon()
+            write_safetensors(job.payload, sink.path, job.metadata, durable=durable)
+            return sink
+        else:
+            with torch_save_without_crc():
+                torch.save(job.payload, sink)  # pyright: ignore[reportArgumentType] - a file-like object
+    except BaseException:
+        sink.abandon()
+        raise
+    sink.digest = sink.close()
+    return sink
 
 
 def _tensor_bytes(obj: Any) -> int:
@@ -52,32 +73,39 @@ def _tensor_bytes(obj: Any) -> int:
 
 
 def write_files(job: SaveJob) -> None:
-    """Writes the job's files, largest first, each fsynced on a helper thread while the next is written
-    (unless ``job.durable`` is off)."""
-    syncer = BackgroundSync()
-    try:
+    """Writes the job's files, several at once (largest first), each hashed as it is written and, unless
+    ``job.durable`` is off, fsynced as it goes (``file_sink``)."""
+    files = sorted(job.files, key=lambda f: _tensor_bytes(f.payload), reverse=True)
+    writers = max(1, min(_WRITERS, os.cpu_count() or 1, len(files)))
+    with (
+        ThreadPoolExecutor(max_workers=writers, thread_name_prefix="accel-write") as pool,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="accel-fsync") as syncer,
+    ):
+        futures = []
         if job.durable:
             # A strategy's shards are already written (during planning), not all by a writer that
             # fsyncs (DeepSpeed's does not): sync them too, while our own files are written.
             for root, _dirs, names in os.walk(os.path.join(job.temp_dir, C.SHARDED_DIR)):
-                for name in names:
-                    syncer.submit(os.path.join(root, name))
-                syncer.submit(root)  # the folder's entries: its files' names
-        ordered = sorted(job.files, key=lambda f: _tensor_bytes(f.payload), reverse=True)
-        for index, file_job in enumerate(ordered):
+                futures += [syncer.submit(fsync_path, os.path.join(root, name)) for name in names]
+                futures.append(syncer.submit(fsync_path, root))  # the folder's entries: its files' names
+        written = {f.name: pool.submit(write_file, f, job.temp_dir, job.durable, syncer) for f in files}
+        for future in futures:
+            future.result()
+        for file_job in files:
             try:
-                job.written[file_job.name] = write_file(file_job, job.temp_dir, durable=False)
+                sink = written[file_job.name].result()
             except Exception as error:
-                needed = sum(_tensor_bytes(f.payload) for f in ordered[index:])
+                wait(written.values())  # the other files end (or fail) before the folder is measured
+                unfinished = [f for f in files if written[f.name].exception() is not None]
+                needed = sum(_tensor_bytes(f.payload) for f in unfinished)
                 partial = sum(file_sizes(job.temp_dir).values())
                 full = out_of_space(error, job.temp_dir, needed, job.final_dir, partial)
                 if full is None:
                     raise
                 raise full from error
-            if job.durable:
-                syncer.submit(os.path.join(job.temp_dir, file_job.name))
-    finally:
-        syncer.wait()
+            job.written[file_job.name] = sink.size
+            if sink.digest is not None:
+                job.hashes[file_job.name] = sink.digest
 
 
 def _install(temp: str, final: str, replace: bool) -> None:
@@ -99,7 +127,10 @@ def _install(temp: str, final: str, replace: bool) -> None:
 def _finish(job: SaveJob) -> None:
     """Metadata, then the marker, then the rename: the marker's presence implies everything else."""
     sizes = file_sizes(job.temp_dir)
-    metadata = dict(job.metadata, files=sizes, hashes=hash_files(job.temp_dir, sizes), hash_algorithm=ALGORITHM)
+    # This process's own files were hashed while written; the others (other processes', a strategy's) are read.
+    hashes = {name: job.hashes[name] for name in sizes if name in job.hashes}
+    hashes.update(hash_files(job.temp_dir, [name for name in sizes if name not in hashes]))
+    metadata = dict(job.metadata, files=sizes, hashes=hashes, hash_algorithm=ALGORITHM)
     write_json(os.path.join(job.temp_dir, C.METADATA_NAME), metadata)
     write_json(os.path.join(job.temp_dir, C.COMPLETE_NAME), {"complete": True, "files": len(metadata["files"]) + 1})
     fsync_dir(job.temp_dir)
