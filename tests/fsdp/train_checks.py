@@ -245,6 +245,25 @@ def check_meta_init() -> None:
             "cpu_ram_efficient_loading: weights differ from process 0's",
         )
 
+    # With CPU offload: the shards are allocated and filled on the compute device (process 0's broadcast runs
+    # there), then the sharded parameters go to the CPU, where FSDP2's offload policy wants them at the first
+    # forward. (On a GPU the buffers stay on it: bench/gpu_lane.py's fsdp2_offload_meta_init case.)
+    for loading in (False, True):
+        accelerator = Accelerator(fsdp_plugin=plugin(cpu_offload=True, cpu_ram_efficient_loading=loading))
+        if loading and rank == 0:
+            model = make_net(seed=7)
+        else:
+            with torch.device("meta"):
+                model = Net()
+        model = accelerator.prepare(model)
+        where = {p.to_local().device.type for p in model.parameters()}
+        check(where == {"cpu"}, f"offload (process 0's weights: {loading}): shards on {where}")
+        nn.functional.mse_loss(model(x), y).backward()  # FSDP2's first forward checks the offloaded shards
+        state = accelerator.get_state_dict(model)
+        if loading and rank == 0:
+            expected = make_net(seed=7).state_dict()
+            check(all(torch.equal(state[k], expected[k]) for k in expected), "offload: weights differ from process 0's")
+
 
 VARIANTS = [
     {"activation_checkpointing": True},

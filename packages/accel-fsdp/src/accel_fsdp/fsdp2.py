@@ -58,13 +58,49 @@ def source_rank(group: Any) -> int:
 
 
 def _broadcast_states(model: nn.Module, group: Any) -> None:
-    """``sync_module_states``: every process starts from process 0's parameters and buffers."""
+    """``sync_module_states``: every process starts from process 0's parameters and buffers.
+
+    The model may still be on the CPU (``fully_shard`` moves it to the GPU afterwards): each tensor then
+    travels through a copy on the device the backend takes (NCCL refuses CPU tensors: "No backend type
+    associated with device type cpu"), one tensor at a time.
+    """
+    from accel_core.grads import communication_device
+
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
     source = source_rank(group)
     with torch.no_grad():
         for tensor in list(model.parameters()) + list(model.buffers()):
-            dist.broadcast(tensor.data, src=source, group=group)
+            target = communication_device(tensor.device)
+            if target == tensor.device:
+                dist.broadcast(tensor.data, src=source, group=group)
+                continue
+            sent = tensor.data.to(target)
+            dist.broadcast(sent, src=source, group=group)
+            tensor.data.copy_(sent)
+
+
+def _buffers_to(model: nn.Module, device: torch.device) -> None:
+    """Every buffer on the compute device, as ``fully_shard`` leaves a real model's: an ``init_weights`` that
+    assigns a new tensor to a buffer (a rotary table computed on the CPU) would otherwise leave it there."""
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None and buffer.device != device:
+                module._buffers[name] = buffer.to(device)
+
+
+def _offload_parameters(model: nn.Module) -> None:
+    """Moves the sharded parameters to the CPU, where FSDP2's ``CPUOffloadPolicy`` keeps them between uses (it
+    refuses others at the first forward; it pins them itself when its policy says so). Buffers stay where they
+    are: FSDP2 offloads parameters only, so a buffer on the CPU would meet GPU activations in the forward."""
+    from torch.distributed.tensor import DTensor
+
+    for param in model.parameters():
+        if not isinstance(param, DTensor) or param.device.type == "cpu":
+            continue  # there already, or a parameter FSDP ignores (whole, on the compute device)
+        with torch.no_grad():  # as fully_shard moves a DTensor parameter: swapped, so FSDP keeps the same object
+            moved = nn.Parameter(param.to("cpu"), requires_grad=param.requires_grad)
+        torch.utils.swap_tensors(param, moved)
 
 
 def _non_persistent_buffers(model: nn.Module) -> list[tuple[nn.Module, str]]:
@@ -130,12 +166,17 @@ def shard_model(
     fully_shard(model, **options, ignored_params=ignored_params or None)
 
     if layout != "real":
-        # Memory for this process's shards only (CPU when offloading), then values.
-        model.to_empty(device=torch.device("cpu") if offload_to_cpu else device)
+        # Memory for this process's shards only, on the compute device even when offloading: the initialisers
+        # and process 0's broadcast run there (NCCL sends GPU tensors only), and buffers stay there (FSDP2
+        # offloads parameters, not buffers). Then the offload policy's shards go to the CPU.
+        model.to_empty(device=device)
         if layout == "meta":
             initialise(model, plugin.param_init_fn)
         else:
             _scatter_from_rank0(model, held, saved_buffers, group)
+        _buffers_to(model, device)
+        if isinstance(offload, CPUOffloadPolicy):
+            _offload_parameters(model)
 
     for name in plugin.forward_methods:
         if callable(getattr(type(model), name, None)):
