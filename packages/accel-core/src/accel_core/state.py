@@ -166,6 +166,11 @@ class PartialState:
         backend = kwargs.pop("backend", None) or default_backend(self.device)
         kwargs["timeout"] = collective_timeout(kwargs.get("timeout"))
         if backend == "nccl" and self.device.type == "cuda":
+            # device_id binds the default group to this GPU: NCCL connects it now (a network problem fails here,
+            # not at the first collective) and later groups are split from it. The cost: every group made after
+            # (the mesh's and its flattened views, a backend's own) connects as it is made, each with its GPU
+            # buffers, used or not. Kept until bench/gpu_lane.py's process_groups_* cases have measured both ways on
+            # a many-GPU node; a script that wants lazy groups calls dist.init_process_group("nccl") first (adopted).
             kwargs.setdefault("device_id", self.device)
         if kwargs.get("init_method") is None and kwargs.get("store") is None:
             store = attempt_store(self.world_size, kwargs["timeout"])
