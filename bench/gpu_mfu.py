@@ -4,11 +4,17 @@ PyTorch (fully_shard + MixedPrecisionPolicy + per-block compile, torchtitan's re
     torchrun --nproc_per_node 8 bench/gpu_mfu.py                    # a GPU machine, unchanged
     ACCEL_USE_CPU=true torchrun --nproc_per_node 2 bench/gpu_mfu.py --tiny --no-compile   # proves it runs (CPU)
 
-Both variants build the same model from the same seed and train on the same random tokens; rounds alternate
-(which one goes first swaps each round). MFU = model FLOPs per second / (processes x peak bf16 FLOP/s), with
-model FLOPs per token = 6 x parameters + 12 x layers x hidden x sequence (attention), PaLM's accounting. The peak
-comes from --peak-tflops or, on a known GPU, from the table below (dense bf16); on a CPU MFU is not reported.
-Prints one JSON line per variant and the ratio accel / raw. Not yet run on a GPU (no GPU machine was available).
+Both variants build the same model from the same seed and train on the same random tokens, with the same FSDP2
+settings (like for like): every block and the root reshard after forward, as accel's FSDP2 does (its plugin's
+FULL_SHARD; a root left gathered would hand its unsharded tensors to an evaluation between steps), where
+fully_shard's default would keep the root gathered and save one all-gather of the root per step. Each JSON line
+says what its variant ran with (``reshard_after_forward`` of the root and of the blocks, read back from FSDP2).
+Rounds alternate (which one goes first swaps each round). MFU = model FLOPs per second / (processes x peak bf16
+FLOP/s), with model FLOPs per token = 6 x non-embedding parameters + 12 x layers x hidden x sequence (attention),
+PaLM's accounting (the embedding is a lookup, not a matmul; the output projection counts). The peak comes from
+--peak-tflops or, on a known GPU, from the table below (dense bf16, by the name's most specific match: an H100
+PCIe or NVL is not an SXM H100); on a CPU MFU is not reported. Prints one JSON line per variant and the ratio
+accel / raw. Not yet run on a GPU (no GPU machine was available); bench/gpu_lane.py runs it as one case.
 """
 
 from __future__ import annotations
@@ -25,7 +31,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "L40S": 362.0, "B200": 2250.0}
+# Dense bf16 peaks (NVIDIA's data sheets, without sparsity). Matched against torch.cuda.get_device_name: the longest
+# key found in the name wins, so "NVIDIA H100 PCIe" is a PCIe part, "NVIDIA H100 80GB HBM3" an SXM one.
+PEAK_BF16_TFLOPS = {
+    "H100": 989.0,
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "H200": 989.0,
+    "H200 NVL": 835.0,
+    "H800": 989.0,
+    "H800 PCIe": 756.0,
+    "GH200": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "B200": 2250.0,
+}
 
 
 class Attention(nn.Module):
@@ -93,16 +113,46 @@ def build(config: dict, device: torch.device) -> Llama:
         return Llama(**config)
 
 
-def raw_prepare(model: Llama, compile_blocks: bool) -> Llama:
+def raw_prepare(model: Llama, compile_blocks: bool, reshard_after_forward: bool | int) -> Llama:
+    """torchtitan's recipe by hand, with accel's reshard_after_forward (given) on every block and on the root."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.layers:
         if compile_blocks:
             block.compile()
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     return model
+
+
+def reshards_after_forward(module: nn.Module) -> bool:
+    """Whether FSDP2 frees ``module``'s gathered parameters after its forward (read from FSDP2's state: what ran)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule):
+        return False
+    group = module._get_fsdp_state()._fsdp_param_group
+    return group is not None and group.post_forward_mesh_info is not None
+
+
+def fsdp_settings(model: Llama) -> dict[str, bool]:
+    return {
+        "root_reshard_after_forward": reshards_after_forward(model),
+        "blocks_reshard_after_forward": all(reshards_after_forward(block) for block in model.layers),
+    }
+
+
+def flops_per_token(model: Llama, seq: int) -> int:
+    """6 x non-embedding parameters (forward and backward matmuls) + 12 x layers x hidden x sequence (attention)."""
+    dense = sum(p.numel() for p in model.parameters()) - model.embed.weight.numel()
+    return 6 * dense + 12 * len(model.layers) * model.embed.embedding_dim * seq
+
+
+def peak_tflops_of(name: str) -> float | None:
+    """The dense bf16 peak of the GPU named ``name`` (torch.cuda.get_device_name), by its most specific key."""
+    found = [key for key in PEAK_BF16_TFLOPS if key in name]
+    return PEAK_BF16_TFLOPS[max(found, key=len)] if found else None
 
 
 def peak_flops(device: torch.device, override: float | None) -> float | None:
@@ -110,8 +160,8 @@ def peak_flops(device: torch.device, override: float | None) -> float | None:
         return override * 1e12
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((tf * 1e12 for key, tf in PEAK_BF16_TFLOPS.items() if key in name), None)
+    tflops = peak_tflops_of(torch.cuda.get_device_name(device))
+    return tflops * 1e12 if tflops is not None else None
 
 
 def main() -> None:
@@ -134,22 +184,25 @@ def main() -> None:
 
     from accel import Accelerator
     from accel.utils import FullyShardedDataParallelPlugin
+    from accel_fsdp.policies import reshard_after_forward
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    accelerator = Accelerator(
-        fsdp_plugin=FullyShardedDataParallelPlugin(
-            fsdp_version=2, mixed_precision_policy=policy, transformer_cls_names_to_wrap=["LlamaBlock"]
-        ),
-        dynamo_backend=None if args.no_compile else "inductor",
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, mixed_precision_policy=policy, transformer_cls_names_to_wrap=["LlamaBlock"]
     )
+    accelerator = Accelerator(fsdp_plugin=plugin, dynamo_backend=None if args.no_compile else "inductor")
     device, world = accelerator.device, accelerator.num_processes
-    params = sum(p.numel() for p in build(config, torch.device("meta")).parameters())
-    flops_per_token = 6 * params + 12 * config["layers"] * config["dim"] * config["seq"]
+    meta_model = build(config, torch.device("meta"))
+    params = sum(p.numel() for p in meta_model.parameters())
+    model_flops_per_token = flops_per_token(meta_model, config["seq"])
 
     acc_model = build(config, device)
     acc_opt = torch.optim.AdamW(acc_model.parameters(), lr=1e-4, fused=device.type == "cuda")
     acc_model, acc_opt = accelerator.prepare(acc_model, acc_opt)
-    raw_model = raw_prepare(build(config, device), compile_blocks=not args.no_compile)
+    raw_model = raw_prepare(
+        build(config, device), compile_blocks=not args.no_compile, reshard_after_forward=reshard_after_forward(plugin)
+    )
+    settings = {"accel": fsdp_settings(accelerator.unwrap_model(acc_model)), "raw": fsdp_settings(raw_model)}
     raw_opt = torch.optim.AdamW(raw_model.parameters(), lr=1e-4, fused=device.type == "cuda")
 
     generator = torch.Generator(device="cpu").manual_seed(accelerator.process_index)
@@ -194,10 +247,12 @@ def main() -> None:
     for name, values in times.items():
         step_s = statistics.median(values)
         tokens_per_s = batch * config["seq"] * world / step_s
-        mfu = flops_per_token * tokens_per_s / (world * peak) if peak else None
+        mfu = model_flops_per_token * tokens_per_s / (world * peak) if peak else None
         results[name] = {
             "variant": name,
             "params": params,
+            "flops_per_token": model_flops_per_token,
+            **settings[name],
             "processes": world,
             "device": str(device.type),
             "step_s": step_s,
@@ -221,6 +276,7 @@ def main() -> None:
             )
         )
         assert math.isfinite(ratio)
+        assert settings["accel"] == settings["raw"], f"not like for like: {settings}"
     dist.destroy_process_group()
 
 
