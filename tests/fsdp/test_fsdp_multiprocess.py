@@ -32,7 +32,13 @@ def test_training_matches_ddp_on_two_processes(torchrun):
     assert "FSDP TRAIN CHECKS PASSED 0" in result.stdout and "FSDP TRAIN CHECKS PASSED 1" in result.stdout
 
     # `accel estimate-memory` on the same model gives the bytes the largest process held, for DDP and FSDP2.
-    held = [json.loads(line.split("HELD BYTES ", 1)[1]) for line in result.stdout.splitlines() if "HELD BYTES " in line]
+    # raw_decode, every report of a line: under `python -u` a rank's print writes the text and its newline apart,
+    # so the other rank's report can follow on the same line.
+    held = [
+        json.JSONDecoder().raw_decode(part)[0]
+        for line in result.stdout.splitlines()
+        for part in line.split("HELD BYTES ")[1:]
+    ]
     assert sorted(h["rank"] for h in held) == [0, 1], result.stdout[-3000:]
     command = [str(Path(sys.executable).with_name("accel")), "estimate-memory", f"{HERE / 'fsdp_testlib.py'}:Net"]
     command += ["-n", "2", "--strategies", "ddp", "fsdp", "--dtypes", "float32", "--json"]
