@@ -69,6 +69,7 @@ class Example:
     reference: str  # the Accelerate example it follows
     runs: tuple[Run, ...] = (Run("default"),)
     needs: tuple[str, ...] = ()  # modules the script imports beyond torch/numpy
+    accel_prints: str = ""  # a line the accel run prints when the feature it shows is engaged ("FSDP")
 
     def run_id(self, label: str) -> str:
         return self.name if label == "default" else f"{self.name}[{label}]"
@@ -189,6 +190,14 @@ EXAMPLES: tuple[Example, ...] = (
         runs=(Run("default", ("--record_shapes", "--output_trace_dir", "{out}/traces")),),
     ),
     Example("schedule_free", "examples/by_feature/schedule_free.py", needs=("schedulefree",)),
+    # Accelerate runs it as MULTI_CPU data parallelism on --cpu (its FSDP needs accelerator devices), accel under
+    # real FSDP2: the same averaged gradients, so the same numbers.
+    Example(
+        "fsdp_with_peak_mem_tracking",
+        "examples/by_feature/fsdp_with_peak_mem_tracking.py",
+        needs=("psutil",),
+        accel_prints="FSDP",  # its print(accelerator.distributed_type)
+    ),
     Example(
         "tracking",
         "examples/by_feature/tracking.py",
@@ -197,10 +206,6 @@ EXAMPLES: tuple[Example, ...] = (
 )
 
 SKIPPED: dict[str, str] = {
-    "examples/by_feature/fsdp_with_peak_mem_tracking.py": (
-        "GPU only: Accelerate turns an fsdp_plugin on only for GPU-type devices (on --cpu it silently runs DDP), "
-        "and the example's memory tracking reads torch.cuda counters"
-    ),
     "examples/by_feature/deepspeed_with_config_support.py": "needs DeepSpeed and a DeepSpeed JSON config on GPUs",
     "examples/by_feature/megatron_lm_gpt_pretraining.py": "needs Megatron-LM on GPUs and a hub GPT-2 checkpoint",
     "examples/finetune_lm_tpu.py": "TPU (torch_xla) only",
@@ -314,6 +319,7 @@ def run_one(
         }
     metrics = parse_final_metrics(done.stdout)
     ok = done.returncode == 0 and metrics is not None
+    engaged = example.accel_prints in done.stdout.splitlines() if lib == "accel" and example.accel_prints else None
     error = None if ok else error_summary(done.stderr) if done.returncode else "finished without a final_metrics line"
     return {
         "ok": ok,
@@ -321,6 +327,7 @@ def run_one(
         "error": error,
         "seconds": round(time.monotonic() - started, 1),
         "stderr_tail": None if ok else done.stderr[-1500:],
+        **({} if engaged is None else {"engaged": engaged}),
     }
 
 

@@ -36,7 +36,8 @@ PENDING: dict[str, set[str]] = {}
 # The examples CI runs (one launch each, ~8-10 s on a quiet 2-core machine, 25-55 s on a loaded one): one per
 # distinct behaviour (reference scheduler stepping, exact resume, find_executable_batch_size with the
 # accumulation setter, comm hooks, early stopping's trigger and next-epoch order, accumulation, LocalSGD,
-# schedule-free). The other 11 make the same calls in other combinations: ACCEL_COMPAT_EXAMPLES=all runs them.
+# schedule-free). The other 12 make the same calls in other combinations (fsdp_with_peak_mem_tracking under real
+# FSDP2): ACCEL_COMPAT_EXAMPLES=all runs them.
 CI_RUNS: set[str] = {
     "nlp_example",
     "checkpointing[steps]",
@@ -106,6 +107,10 @@ def test_example_matches_reference(example, run_id):
     assert result["ok"], (
         f"{run_id} did not run to the end on accel: {result['error']}\n{result.get('stderr_tail') or ''}"
     )
+    if example.accel_prints:
+        assert result["engaged"], (
+            f"{run_id} did not print {example.accel_prints!r}: the feature it shows was not engaged"
+        )
     differences = harness.differences(recorded["reference"]["metrics"], result["metrics"], ignore=ignore)
     assert not differences, (
         f"{run_id} final metrics differ from Accelerate's {target_id} ({harness.TOLERANCE_TEXT}): {differences}"
