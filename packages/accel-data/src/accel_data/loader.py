@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from . import lookahead_rng
 from ._tree import to_device
 from .comm import Comm
 from .dispatch import Dispatcher
@@ -357,10 +358,24 @@ class ShardedLoaderMixin(ResumableMixin):
                 return item
             return to_device(item, device, non_blocking)  # pyright: ignore[reportArgumentType]  # placed only with a device
 
+        # Without workers the look-ahead read draws from this process's RNGs (random transforms, a random
+        # collate): the states before it travel with the position, so a resume reads that batch again alike.
+        track_rng = self._shard is not None and self._dispatcher is None and self.num_workers == 0  # pyright: ignore[reportAttributeAccessIssue]  # a DataLoader mixin: its num_workers
+        resume_rng, p.resume_lookahead_rng = p.resume_lookahead_rng, None
         try:
-            pending = placed(next(source, _END))
+            if track_rng and resume_rng is not None:
+                after = lookahead_rng.capture()  # the checkpoint's states: for the step and the reads after it
+                lookahead_rng.restore(resume_rng)
+                try:
+                    pending = placed(next(source, _END))
+                finally:
+                    lookahead_rng.restore(after)
+            else:
+                pending = placed(next(source, _END))
             while pending is not _END:
                 current = pending
+                if track_rng:
+                    p.lookahead_rng = lookahead_rng.capture()
                 pending = placed(next(source, _END))  # one batch ahead: is ``current`` the last?
                 if pending is _END:
                     self.end_of_dataloader = True
@@ -379,7 +394,7 @@ class ShardedLoaderMixin(ResumableMixin):
                 self._shard.skip, self._shard.sink = self._skip, None
             if completed:
                 p.epoch += 1
-                p.position, p.in_epoch, p.inner_state = 0, False, None
+                p.position, p.in_epoch, p.inner_state, p.lookahead_rng = 0, False, None, None
         if completed:
             # The epoch's end is a boundary too: a checkpoint taken here resumes at the next epoch.
             gradient_state.batch_boundary(self)

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .lookahead_rng import RawStates, from_plain, to_plain
+
 if TYPE_CHECKING:
     from .sharding import Head
 
@@ -30,6 +32,10 @@ class _Progress:
     # which pad the last step, travel in the state too.
     head: Head[Any] | None = None
     resume_head: list[Any] | None = None
+    # The RNG states just before the look-ahead read of the next batch (see lookahead_rng); None where the
+    # read draws nothing here (worker processes) or is not tracked.
+    lookahead_rng: RawStates | None = None
+    resume_lookahead_rng: RawStates | None = None
 
 
 class ResumableMixin:
@@ -69,6 +75,7 @@ class ResumableMixin:
             "base_seed_state": p.seed_state if in_epoch else None,
             "inner": p.inner_state if in_epoch else None,
             "head": list(p.head.batches) if in_epoch and p.inner_state is not None and p.head is not None else None,
+            "lookahead_rng": to_plain(p.lookahead_rng) if in_epoch and p.lookahead_rng is not None else None,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -105,6 +112,9 @@ class ResumableMixin:
         seed_state = state_dict.get("base_seed_state")
         p.resume_seed_state = seed_state if position > 0 else None
         p.seed_state = p.resume_seed_state
+        lookahead = state_dict.get("lookahead_rng")
+        p.resume_lookahead_rng = from_plain(lookahead) if lookahead is not None and position > 0 else None
+        p.lookahead_rng = p.resume_lookahead_rng
         # Saving again before iterating must give back the same position.
         p.position, p.in_epoch = position, position > 0
         p.generator_state = self._generator.get_state() if self._generator is not None else None
