@@ -22,13 +22,11 @@ REPO = HERE.parents[1]
 RUN_TIMEOUT = 300  # seconds for one launch once the ops are compiled (about 45 s on 2 busy cores)
 
 _BUILD_OPS = """
-import sys
-sys.modules["mlflow"] = None  # see accel_deepspeed._deepspeed
-from deepspeed.accelerator import get_accelerator
-for name in ("ShareMemCommBuilder", "CPUAdamBuilder"):
-    builder = get_accelerator().create_op_builder(name)
-    if builder is not None and builder.is_compatible():
-        builder.load(verbose=False)
+from accel_deepspeed._deepspeed import import_deepspeed
+from accel_deepspeed.ops import CPU_ADAM, SHM_COMM, load_op
+import_deepspeed()
+for name in (SHM_COMM, CPU_ADAM):
+    load_op(name)  # accel's build: announced, and safe from a lock left by a killed build
 print("OPS READY")
 """
 

@@ -23,6 +23,7 @@ from accel_core.strategies import JointResult
 from ._deepspeed import import_deepspeed
 from .config import get_value, is_auto, is_enabled, remaining_auto
 from .dummy import DummyOptim, DummyScheduler
+from .ops import CPU_ADAM, load_op
 from .wrappers import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 
 if TYPE_CHECKING:
@@ -379,6 +380,8 @@ def _offload_ready(config: dict[str, Any], optimizer: torch.optim.Optimizer, sch
     (DeepSpeed refuses other client optimizers with offload unless ``zero_force_ds_cpu_optimizer`` is false.)
     """
     device = get_value(config, "zero_optimization.offload_optimizer.device", "none")
+    if device in ("cpu", "nvme"):
+        load_op(CPU_ADAM)  # DeepSpeedCPUAdam's op, ours or DeepSpeed's: compiled the first time (minutes), announced
     forced = config.get("zero_force_ds_cpu_optimizer", True)
     if device not in ("cpu", "nvme") or not is_enabled(forced):
         return optimizer

@@ -43,6 +43,7 @@ from accel_core.strategies import (
 )
 
 from ._deepspeed import ds_accelerator, import_deepspeed
+from .ops import SHM_COMM, load_op, without_loaded_op_message
 from .plugin import DeepSpeedPlugin
 
 if TYPE_CHECKING:
@@ -117,6 +118,13 @@ class DeepSpeedStrategy(Strategy):
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read once, when deepspeed picks its accelerator
         deepspeed = import_deepspeed()
         backend = kwargs.get("backend") or ds_accelerator().communication_backend_name()
+        # deepspeed.comm builds its shared-memory op on the CPU the first time (minutes): announced, built once.
+        load_op(SHM_COMM)
+        with without_loaded_op_message():
+            self._init_distributed(deepspeed, backend, kwargs)
+
+    def _init_distributed(self, deepspeed: Any, backend: str | None, kwargs: dict[str, Any]) -> None:
+        """``deepspeed.init_distributed``: adopting a started group, joining torchrun's, or a group of one."""
         timeout = kwargs.get("timeout") or timedelta(minutes=30)
         os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine reads it
         if torch.distributed.is_initialized():
