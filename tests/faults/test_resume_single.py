@@ -245,7 +245,8 @@ def test_nonfinite_skip_count_continues_after_load_state(tmp_path):
 
     # A checkpoint saved without the guard leaves the count at 0.
     plain = Accelerator(cpu=True)
-    plain.prepare(torch.nn.Linear(3, 1), torch.optim.SGD(torch.nn.Linear(3, 1).parameters(), lr=0.1))
+    plain_model = torch.nn.Linear(3, 1)
+    plain.prepare(plain_model, torch.optim.SGD(plain_model.parameters(), lr=0.1))
     plain.save_state(str(tmp_path / "plain"))
     guarded, _, _, _ = start()
     guarded.load_state(str(tmp_path / "plain"))
