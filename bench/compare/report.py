@@ -24,6 +24,8 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     ("checkpoint", "1", "save_nofsync_s", "save_state without fsync (like for like with the others)", "s"),
     ("checkpoint", "1", "load_s", "load_state (Fabric: load; raw: torch.load)", "s"),
     ("checkpoint", "1", "async_blocked_s", "async save: time the caller is blocked", "s"),
+    ("checkpoint", "1", "disk_write_s", "limit: the disk's own write + fsync of as many bytes (one file)", "s"),
+    ("checkpoint", "1", "disk_read_s", "limit: the disk's own read of as many bytes (not cached)", "s"),
     ("resume", "2", "exact", "exact resume mid-epoch (bitwise weights), 2 processes", "yes/no"),
     ("crash", "1", "safe", "SIGKILL during an overwriting save, then resume", "yes/no"),
     ("fsdp2", "2", "memory_fraction", "FSDP2: bytes held per process / unsharded (params+grads+AdamW)", "x"),

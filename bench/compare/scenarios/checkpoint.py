@@ -3,6 +3,9 @@ raw: torch.save / torch.load), and the time an asynchronous save blocks the call
 
 accel fsyncs every file by default (a checkpoint that survives a power cut); the others do not, so accel's
 save is also measured with ACCEL_CHECKPOINT_FSYNC=0 (`save_nofsync_s`), the like-for-like figure.
+
+The limit, in accel's launch, each round: the disk's own sequential write of the checkpoint's size from memory +
+fsync (`disk_write_s`) and read back after dropping it from the page cache (`disk_read_s`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,26 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
+def _disk_limit(folder: str, nbytes: int) -> tuple[float, float]:
+    """Seconds to write ``nbytes`` of incompressible bytes to one file + fsync, and to read it back uncached."""
+    path, chunk = os.path.join(folder, "disk-limit.bin"), bytearray(os.urandom(1 << 20) * 64)
+    start = time.perf_counter()
+    with open(path, "wb", buffering=0) as handle:
+        left = nbytes
+        while left > 0:
+            left -= handle.write(memoryview(chunk)[: min(left, len(chunk))]) or 0
+        os.fsync(handle.fileno())
+        written = time.perf_counter() - start
+        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages leave the cache
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as handle:
+        while handle.readinto(chunk):
+            pass
+    read = time.perf_counter() - start
+    os.remove(path)
+    return written, read
+
+
 def run(harness, quick: bool = False, dir: str | None = None, **_: str) -> dict:
     layers, rounds = (2, 1) if quick else (16, 2)  # 805 MB with the AdamW moments in full
     width = 2048
@@ -41,7 +64,7 @@ def run(harness, quick: bool = False, dir: str | None = None, **_: str) -> dict:
     optimizer.zero_grad()
     root = tempfile.mkdtemp(prefix=f"bench-ckpt-{harness.name}-", dir=dir)
     path = os.path.join(root, "ckpt")
-    saves, loads, nofsync, blocked = [], [], [], []
+    saves, loads, nofsync, blocked, disk_write, disk_read = [], [], [], [], [], []
     try:
         harness.save(path, model, optimizer, None)  # warm-up
         size = _size(path)
@@ -65,10 +88,15 @@ def run(harness, quick: bool = False, dir: str | None = None, **_: str) -> dict:
                 harness.save_async(path)
                 blocked.append(time.perf_counter() - start)
                 harness.wait_async()
+                written, read = _disk_limit(root, size)
+                disk_write.append(written)
+                disk_read.append(read)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result = {"save_s": statistics.median(saves), "load_s": statistics.median(loads), "mb": size / 1e6}
     if nofsync:
         result["save_nofsync_s"] = statistics.median(nofsync)
         result["async_blocked_s"] = statistics.median(blocked)
+        result["disk_write_s"] = statistics.median(disk_write)
+        result["disk_read_s"] = statistics.median(disk_read)
     return result
