@@ -291,6 +291,8 @@ class RawHarness(Harness):
         self.micro += 1
         accumulating = self.micro % self.grad_accum != 0
         no_sync = model.no_sync() if accumulating and self.world > 1 and not self.strategy else contextlib.nullcontext()
+        if self.strategy == "fsdp2":  # FSDP2's own switch: no reduce-scatter while accumulating (as torchtitan does)
+            model.set_requires_gradient_sync(not accumulating)
         with no_sync:
             loss = torch.nn.functional.mse_loss(model(x), y)
             (loss / self.grad_accum).backward()
