@@ -1,82 +1,180 @@
-"""Every distribution builds its own wheel, and `accel` installs from those wheels into a fresh
-virtual environment and imports: a broken package boundary fails here before users see it."""
+"""Every distribution builds from a clone with the README's command, ships its LICENSE and py.typed, declares
+what its README says it depends on, and installs with the README's commands into fresh virtual environments,
+where it runs: accel-core alone trains a step, accel-data shards a loader over 2 processes, `accel[deepspeed]`
+and `accel[fp8]` train a step. A broken package boundary or install instruction fails here before users see it.
+
+The commands are read from the READMEs and run as written (`uv pip install`, into the environment named by
+VIRTUAL_ENV, as an activated one). UV_CONSTRAINT pins every third-party package to uv.lock's version, so uv
+links them from its cache instead of downloading a newer torch."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import shlex
 import subprocess
 import sys
+import tarfile
 import zipfile
+from email.parser import HeaderParser
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = sorted(p.name for p in (REPO / "packages").iterdir() if (p / "pyproject.toml").exists())
+# The repository README's build command; its install lines read the wheels from `dist`.
+BUILD = ["uv", "build", "--all-packages", "-o", "dist"]
+# DeepSpeed compiles its CPU shared-memory op (deepspeed_shm_comm) when it starts, whatever the optimizer, and
+# the build embeds the environment's paths: the deepspeed environment lives at the same path on every run, with
+# an extensions folder of its own (sharing the workspace's would rebuild the op each time the two alternate), so
+# the op is compiled on the first run only (minutes) and reused after.
+STABLE_VENVS = Path.home() / ".cache" / "accel-ci" / "packaging-venvs" / hashlib.sha1(bytes(REPO)).hexdigest()[:12]
 
 
 def _version_of(package: str) -> str:
     text = (REPO / "packages" / package / "pyproject.toml").read_text()
-    return re.search(r'^version = "([^"]+)"', text, re.M).group(1)
+    match = re.search(r'^version = "([^"]+)"', text, re.M)
+    assert match is not None
+    return match.group(1)
+
+
+def _readme(package: str | None) -> str:
+    return (REPO / "README.md" if package is None else REPO / "packages" / package / "README.md").read_text()
+
+
+def _section(text: str, heading: str) -> str:
+    """The text under the Markdown heading ``heading`` (e.g. ``"## Install"``), up to the next heading of its level."""
+    level = heading.split(" ")[0]
+    start = text.index(f"\n{heading}\n") + len(heading) + 2
+    end = text.find(f"\n{level} ", start)
+    return text[start:] if end == -1 else text[start:end]
+
+
+def _code_blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.M | re.S)
+
+
+def _install_lines(package: str | None) -> list[str]:
+    """The `uv pip install` lines of a README's Install section (the root README: between its snippet markers)."""
+    text = _readme(package)
+    if package is None:
+        text = text.split("<!-- --8<-- [start:install] -->")[1].split("<!-- --8<-- [end:install] -->")[0]
+    else:
+        text = _section(text, "## Install") if "\n## Install\n" in text else text
+    lines = [line for block in _code_blocks(text, "bash") for line in block.splitlines()]
+    return [line for line in lines if line.startswith("uv pip install ")]
+
+
+def _documented(package: str | None, needle: str) -> str:
+    matches = [line for line in _install_lines(package) if needle in line]
+    assert len(matches) == 1, f"{package or 'README.md'}: one install line with {needle!r} expected, got {matches}"
+    return matches[0]
+
+
+def _metadata(wheel: Path):
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        return HeaderParser().parsestr(archive.read(name).decode())
+
+
+def _requirement_key(requirement: Requirement) -> str:
+    extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
+    return f"{canonicalize_name(requirement.name)}{extras}"
+
+
+def _declared(wheel: Path) -> dict[str, set[str]]:
+    """Requires-Dist of ``wheel`` by extra ('' for the unconditional ones), names with their extras."""
+    metadata = _metadata(wheel)
+    declared: dict[str, set[str]] = {"": set()}
+    for extra in metadata.get_all("Provides-Extra") or []:
+        declared[canonicalize_name(extra)] = set()
+    for text in metadata.get_all("Requires-Dist") or []:
+        requirement = Requirement(text)
+        marker = str(requirement.marker or "")
+        extra = re.search(r"""extra == ['"]([^'"]+)['"]""", marker)
+        declared[canonicalize_name(extra.group(1)) if extra else ""].add(_requirement_key(requirement))
+    return declared
+
+
+def _stated(package: str) -> dict[str, set[str]]:
+    """What the README's "Requires ..." paragraph says: backticked names, each `[extra]` starting that extra's list."""
+    paragraphs = [p for p in re.split(r"\n\s*\n", _readme(package)) if p.startswith("Requires ")]
+    assert len(paragraphs) == 1, f"{package}'s README needs one paragraph starting 'Requires ' naming its dependencies"
+    stated: dict[str, set[str]] = {"": set()}
+    current = ""
+    for token in re.findall(r"`([^`]+)`", paragraphs[0]):
+        if token.startswith("["):
+            current = canonicalize_name(token.strip("[]"))
+            stated[current] = set()
+        else:
+            stated[current].add(_requirement_key(Requirement(token)))
+    return stated
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("dist")
-    for package in PACKAGES:
-        subprocess.run(["uv", "build", "--package", package, "--wheel", "-o", str(out), "-q"], cwd=REPO, check=True)
-    found = {}
-    for wheel in out.glob("*.whl"):
-        found[wheel.name.split("-")[0].replace("_", "-")] = wheel
-    return found
+def clone(tmp_path_factory) -> Path:
+    """A folder holding `dist/`, built by the README's command from this checkout (the clone)."""
+    folder = tmp_path_factory.mktemp("clone")
+    subprocess.run([*BUILD[:-1], str(folder / "dist"), "-q"], cwd=REPO, check=True, timeout=600)
+    return folder
 
 
-def test_each_distribution_has_its_own_versioned_wheel(wheels):
-    assert sorted(wheels) == PACKAGES
-    for package, wheel in wheels.items():
-        assert f"-{_version_of(package)}-" in wheel.name
+@pytest.fixture(scope="module")
+def wheels(clone) -> dict[str, Path]:
+    return {w.name.split("-")[0].replace("_", "-"): w for w in (clone / "dist").glob("*.whl")}
 
 
-def test_each_wheel_ships_py_typed(wheels):
-    # PEP 561: without the marker, type checkers ignore the annotations of an installed package.
-    for package, wheel in wheels.items():
-        marker = f"{package.replace('-', '_')}/py.typed"
-        with zipfile.ZipFile(wheel) as archive:
-            assert marker in archive.namelist(), f"{wheel.name} lacks {marker}"
+@pytest.fixture(scope="module")
+def sdists(clone) -> dict[str, Path]:
+    return {s.name.rsplit("-", 1)[0].replace("_", "-"): s for s in (clone / "dist").glob("*.tar.gz")}
 
 
-def test_meta_package_depends_on_compatible_ranges(wheels):
-    with zipfile.ZipFile(wheels["accel"]) as archive:
-        metadata = next(archive.read(n).decode() for n in archive.namelist() if n.endswith("METADATA"))
-    requirements = re.findall(r"^Requires-Dist: (accel-[a-z]+)(.*)$", metadata, re.M)
-    assert {name for name, _ in requirements} >= {"accel-core", "accel-data", "accel-checkpoint", "accel-tracking"}
-    for name, spec in requirements:
-        assert re.search(r">=\d", spec) and re.search(r"<\d", spec), f"{name}{spec} needs a compatible range"
+@pytest.fixture(scope="module")
+def constraints(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("constraints") / "uv-lock.txt"
+    export = ["uv", "export", "--frozen", "--all-packages", "--no-hashes", "--no-emit-workspace", "--no-header"]
+    subprocess.run([*export, "--no-annotate", "-q", "-o", str(path)], cwd=REPO, check=True)
+    return path
 
 
-def test_accel_installs_from_wheels_into_a_fresh_venv(wheels, tmp_path):
-    venv = tmp_path / "venv"
-    subprocess.run(["uv", "venv", "-q", "--python", sys.executable, str(venv)], check=True)
-    python = venv / "bin" / "python"
-    base = [wheels[name] for name in ("accel", "accel-core", "accel-data", "accel-checkpoint", "accel-tracking")]
-    subprocess.run(["uv", "pip", "install", "-q", "--python", str(python), *map(str, base)], check=True, timeout=900)
-    code = (
-        "import accel, accel.utils\n"
-        "from importlib.metadata import entry_points\n"
-        "from accel import Accelerator\n"
-        "assert {'dataloader'} <= {e.name for e in entry_points(group='accel.preparers')}\n"
-        "assert {'state'} <= {e.name for e in entry_points(group='accel.checkpoint')}\n"
-        "assert {'local'} <= {e.name for e in entry_points(group='accel.trackers')}\n"
-        "import torch\n"
-        "from torch.utils.data import DataLoader\n"
-        "acc = Accelerator(cpu=True)\n"
-        "model, loader = acc.prepare(torch.nn.Linear(2, 1), DataLoader(list(range(6)), batch_size=2))\n"
-        "assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]\n"
-        "print('installed accel', accel.__version__)\n"
-    )
-    result = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "installed accel 0.1.0" in result.stdout
+IGNORED_ENVIRONMENT = {"UV_LOCKED", "UV_FROZEN", "UV_COMPILE_BYTECODE", "UV_PROJECT_ENVIRONMENT", "PYTHONPATH"}
+
+
+class Venv:
+    """A fresh virtual environment that the README's install lines target, as an activated one."""
+
+    def __init__(self, path: Path, clone: Path, constraints: Path) -> None:
+        subprocess.run(["uv", "venv", "-q", "--clear", "--python", sys.executable, str(path)], check=True)
+        self.python = path / "bin" / "python"
+        self.clone = clone
+        # Not the workspace's settings (.ci/run's UV_LOCKED, UV_COMPILE_BYTECODE: seconds of bytecode per venv).
+        env = {k: v for k, v in os.environ.items() if k not in IGNORED_ENVIRONMENT}
+        self.env = {**env, "VIRTUAL_ENV": str(path), "UV_CONSTRAINT": str(constraints)}
+        self.env["PATH"] = f"{path / 'bin'}{os.pathsep}{os.environ['PATH']}"
+
+    def install(self, line: str) -> None:
+        result = subprocess.run(
+            shlex.split(line, comments=True), cwd=self.clone, env=self.env, capture_output=True, text=True, timeout=600
+        )
+        assert result.returncode == 0, f"{line}\n{result.stderr}"
+
+    def run(self, args: list[str], timeout: float = 300) -> str:
+        result = subprocess.run(
+            [str(self.python), *args], cwd=self.clone, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        assert result.returncode == 0, f"{args}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}"
+        return result.stdout
+
+    def installed(self) -> set[str]:
+        out = subprocess.run(["uv", "pip", "list", "--format=freeze"], env=self.env, capture_output=True, text=True)
+        return {canonicalize_name(line.split("==")[0]) for line in out.stdout.splitlines() if "==" in line}
+
+
+# ---- checks of the files (one build, no installs) ------------------------------------------------------------
 
 
 def test_each_distribution_ships_the_repository_license():
@@ -86,3 +184,168 @@ def test_each_distribution_ships_the_repository_license():
     for package in PACKAGES:
         copy = REPO / "packages" / package / "LICENSE"
         assert copy.exists() and copy.read_text() == license_text, f"{copy} must be a copy of the repository's LICENSE"
+
+
+@pytest.mark.slow
+def test_each_distribution_has_its_own_versioned_wheel_and_sdist(wheels, sdists):
+    assert sorted(wheels) == PACKAGES and sorted(sdists) == PACKAGES
+    for package, wheel in wheels.items():
+        assert f"-{_version_of(package)}-" in wheel.name
+
+
+@pytest.mark.slow
+def test_each_wheel_and_sdist_ships_license_and_py_typed(wheels, sdists):
+    license_text = (REPO / "LICENSE").read_text()
+    for package, wheel in wheels.items():
+        module = package.replace("-", "_")
+        with zipfile.ZipFile(wheel) as archive:
+            names = archive.namelist()
+            # PEP 561: without the marker, type checkers ignore the annotations of an installed package.
+            assert f"{module}/py.typed" in names, f"{wheel.name} lacks {module}/py.typed"
+            licenses = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+            assert len(licenses) == 1, f"{wheel.name} lacks its LICENSE"
+            assert archive.read(licenses[0]).decode() == license_text
+        assert _metadata(wheel)["License-Expression"] == "Apache-2.0"
+    for sdist in sdists.values():
+        with tarfile.open(sdist) as archive:
+            member = archive.extractfile(f"{sdist.name.removesuffix('.tar.gz')}/LICENSE")
+            assert member is not None and member.read().decode() == license_text, f"{sdist.name} lacks its LICENSE"
+
+
+@pytest.mark.slow
+def test_each_wheel_names_its_authors_urls_and_classifiers(wheels):
+    for package, wheel in wheels.items():
+        metadata = _metadata(wheel)
+        assert metadata["Author"] == "accel developers", wheel.name
+        urls = dict(url.split(", ", 1) for url in metadata.get_all("Project-URL") or [])
+        assert {"Homepage", "Repository", "Issues", "Changelog"} <= set(urls), f"{wheel.name}: {urls}"
+        assert urls["Changelog"].endswith(f"/packages/{package}/CHANGELOG.md")
+        classifiers = metadata.get_all("Classifier") or []
+        assert "Typing :: Typed" in classifiers and any(c.startswith("Development Status") for c in classifiers)
+
+
+@pytest.mark.slow
+def test_meta_package_depends_on_compatible_ranges(wheels):
+    requirements = [Requirement(r) for r in _metadata(wheels["accel"]).get_all("Requires-Dist") or []]
+    names = {r.name for r in requirements if r.marker is None}
+    assert names >= {"accel-core", "accel-data", "accel-checkpoint", "accel-tracking"}
+    for requirement in requirements:
+        if requirement.name.startswith("accel-"):
+            spec = str(requirement.specifier)
+            assert re.search(r">=\d", spec) and re.search(r"<\d", spec), f"{requirement} needs a compatible range"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("package", PACKAGES)
+def test_readme_states_the_wheels_dependencies(wheels, package):
+    # Requires-Dist of the built wheel, per extra (hatchling writes an extra's whole closure), against the README.
+    assert _stated(package) == _declared(wheels[package]), f"{package}/README.md's 'Requires' paragraph vs its wheel"
+
+
+def test_every_readme_install_line_pins_the_meta_package():
+    # PyPI's `accel` is another project with higher versions: an unpinned or 0.1.* `accel` would install it.
+    lines = [line for package in (None, *PACKAGES) for line in _install_lines(package)]
+    assert len(lines) >= 12
+    for line in lines:
+        arguments = shlex.split(line, comments=True)[3:]
+        assert arguments[:2] == ["--find-links", "dist"], f"{line!r}: the accel-* distributions come from the wheels"
+        for requirement in map(Requirement, arguments[2:]):
+            if requirement.name == "accel":
+                assert str(requirement.specifier) == f"=={_version_of('accel')}", f"{line!r}: pin accel exactly"
+
+
+# ---- installs into fresh environments, with the documented commands -----------------------------------------
+
+CORE_WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = None  # any `import torch` now raises ImportError
+import accel_core
+assert accel_core.__version__ == "{version}"
+print("IMPORTED WITHOUT TORCH")
+"""
+
+BEFORE_STEP = "before = [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()]"
+AFTER_STEP = """
+after = list(accelerator.unwrap_model(model).parameters())
+assert any(not torch.equal(a.detach().float(), b.float()) for a, b in zip(after, before)), "no parameter moved"
+print("STEP", accelerator.distributed_type, type(model).__name__)
+"""
+
+
+def _with_step_check(example: str) -> str:
+    """``example`` with its parameters copied before its first backward (or the loop holding it) and compared after
+    it ends: the step it documents must have trained."""
+    lines = example.splitlines()
+    start = next(i for i, line in enumerate(lines) if "accelerator.backward(" in line)
+    while lines[start].startswith(" "):
+        start -= 1
+    return "\n".join([*lines[:start], BEFORE_STEP, *lines[start:], AFTER_STEP])
+
+
+@pytest.mark.slow
+def test_accel_core_alone_trains_a_step_and_imports_without_torch(clone, constraints, tmp_path):
+    venv = Venv(tmp_path / "venv", clone, constraints)
+    venv.install(_documented("accel-core", "accel-core"))
+    assert not {"accel-data", "accel-checkpoint", "accel-tracking", "accel"} & venv.installed()
+    # accel-core's README: "`import accel_core` does not import torch"; its example is a step with core alone.
+    assert "IMPORTED WITHOUT TORCH" in venv.run(["-c", CORE_WITHOUT_TORCH.format(version=_version_of("accel-core"))])
+    example = _code_blocks(_section(_readme("accel-core"), "## Install"), "python")[0]
+    assert "STEP NO Linear" in venv.run(["-c", _with_step_check(example)])
+
+
+@pytest.mark.slow
+def test_accel_data_shards_a_loader_over_two_processes(clone, constraints, tmp_path):
+    venv = Venv(tmp_path / "venv", clone, constraints)
+    venv.install(_documented("accel-data", "accel-data"))
+    assert "accel-core" in venv.installed() and "accel" not in venv.installed()
+    # The README's standalone example asserts that the 2 epochs gathered over the processes hold every sample
+    # once; each process reporting 7 steps (99 samples, 8 per process per step) shows the loader was sharded.
+    script = tmp_path / "train.py"
+    example = _code_blocks(_section(_readme("accel-data"), "## Standalone use"), "python")[0]
+    script.write_text(example + '\nprint("SHARDED", dist.get_rank(), len(loader), len(seen))\n')
+    out = venv.run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)], timeout=300)
+    for rank in (0, 1):
+        assert f"SHARDED {rank} 7 198" in out, out
+
+
+@pytest.mark.slow
+def test_accel_installs_with_the_readme_command(clone, constraints, tmp_path):
+    venv = Venv(tmp_path / "venv", clone, constraints)
+    venv.install(_documented(None, '"accel==0.1.0"'))
+    code = (
+        "import sys, accel, accel.utils\n"
+        "from importlib.metadata import entry_points\n"
+        "assert 'torch' not in sys.modules\n"
+        "assert {'dataloader'} <= {e.name for e in entry_points(group='accel.preparers')}\n"
+        "assert {'state'} <= {e.name for e in entry_points(group='accel.checkpoint')}\n"
+        "assert {'local'} <= {e.name for e in entry_points(group='accel.trackers')}\n"
+        "print('installed accel', accel.__version__)\n"
+    )
+    assert f"installed accel {_version_of('accel')}" in venv.run(["-c", code])
+    example = _code_blocks(_section(_readme("accel"), "## Install"), "python")[0]
+    assert "STEP NO Linear" in venv.run(["-c", _with_step_check(example)])
+
+
+@pytest.mark.slow
+def test_accel_deepspeed_trains_a_step(clone, constraints):
+    venv = Venv(STABLE_VENVS / "deepspeed", clone, constraints)
+    venv.env["TORCH_EXTENSIONS_DIR"] = str(STABLE_VENVS / "torch_extensions")
+    venv.install(_documented("accel-deepspeed", '"accel[deepspeed]==0.1.0"'))
+    assert {"accel-deepspeed", "deepspeed"} <= venv.installed()
+    # The README's smallest run: torch's AdamW (a client optimizer), so DeepSpeed compiles no optimizer op.
+    example = _code_blocks(_section(_readme("accel-deepspeed"), "## Install"), "python")[0]
+    assert "STEP DEEPSPEED DeepSpeedEngine" in venv.run(["-c", _with_step_check(example)], 900)
+
+
+@pytest.mark.slow
+def test_accel_fp8_trains_a_step(clone, constraints, tmp_path):
+    venv = Venv(tmp_path / "venv", clone, constraints)
+    venv.install(_documented("accel-fp8", '"accel[fp8]==0.1.0"'))
+    assert {"accel-fp8", "torchao"} <= venv.installed()
+    example = _code_blocks(_section(_readme("accel-fp8"), "## Install"), "python")[0]
+    check = (
+        "\nfrom torchao.float8 import Float8Linear\n"
+        "converted = [m for m in accelerator.unwrap_model(model).modules() if isinstance(m, Float8Linear)]\n"
+        "assert len(converted) == 2, accelerator.precision.report  # the middle two; first and last stay\n"
+    )
+    assert "STEP" in venv.run(["-c", _with_step_check(example) + check])
