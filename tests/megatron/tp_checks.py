@@ -165,6 +165,12 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
         torch.utils.data.DataLoader(torch.utils.data.TensorDataset(eval_x), batch_size=BATCH)
     )
     gathered = torch.cat([accelerator.gather_for_metrics(b[0]) for b in eval_loader])
+    plugin = accelerator.state.megatron_lm_plugin
+    check(
+        (plugin.micro_batch_size, plugin.data_parallel_size, plugin.global_batch_size) == (BATCH, 1, BATCH),
+        "TP=2 on 2 processes: micro_batch_size = the loader's batch size, one DP replica, global = micro x 1 x 1: "
+        f"{(plugin.micro_batch_size, plugin.data_parallel_size, plugin.global_batch_size)}",
+    )
     check(
         torch.equal(gathered, eval_x),
         f"gather_for_metrics under TP=2: {tuple(gathered.shape)} rows, expected the 10 samples once",
@@ -246,6 +252,11 @@ def check_data_parallel() -> None:
     reference = DistributedDataParallel(FullMLP())
     model, optimizer, train_loader = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR), loader())
     check(isinstance(model, DistributedDataParallel), "DP replicas are wrapped in DDP")
+    plugin = accelerator.state.megatron_lm_plugin
+    check(
+        (plugin.data_parallel_size, plugin.global_batch_size) == (2, 2 * BATCH),
+        f"TP=1 on 2 processes: global_batch_size = 2 replicas x micro: {plugin.global_batch_size}",
+    )
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=LR)
     batches = list(train_loader)[:6]
     seen = [None, None]

@@ -19,7 +19,14 @@ from .optimizer_rebuild import ParameterNames
 from .optimizer_rebuild import parameter_ids as optimizer_parameter_ids
 from .pipelining import StagedModel
 from .scheduler import AcceleratedScheduler
-from .strategies import BatchTransfer, JointPreparation, PreparesOwnTypes, ReducesGradients, WrapsBeforeOptimizer
+from .strategies import (
+    BatchTransfer,
+    JointPreparation,
+    ObservesDataloaders,
+    PreparesOwnTypes,
+    ReducesGradients,
+    WrapsBeforeOptimizer,
+)
 from .strategies.base import ConvertsOwnTypes
 
 if TYPE_CHECKING:
@@ -300,6 +307,8 @@ class Preparation:
         if transfer is not None and device_placement:
             prepared = transfer.wrap_dataloader(prepared)
         self.prepared.dataloaders.append(prepared)
+        if isinstance(self.strategy, ObservesDataloaders):
+            self.strategy.dataloader_prepared(data_loader)
         return prepared
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:

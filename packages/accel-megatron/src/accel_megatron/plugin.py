@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from accel_core import environment as env
@@ -53,6 +53,10 @@ ENV_OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "seed": ("seed", lambda raw: int(raw.strip())),
     "lr_decay_style": ("lr_decay_style", lambda raw: raw.strip()),
     "min_lr": ("min_lr", _nonnegative_float),
+    "is_train_batch_min": ("is_train_batch_min", env.parse_flag),
+    "seq_length": ("seq_length", _positive_int),
+    "encoder_seq_length": ("encoder_seq_length", _positive_int),
+    "decoder_seq_length": ("decoder_seq_length", _positive_int),
 }
 
 
@@ -83,6 +87,17 @@ class MegatronLMPlugin:
         lr_decay_style: the shape of the schedule a ``MegatronLMDummyScheduler`` becomes (linear,
             cosine, constant, inverse-square-root).
         min_lr: that schedule's final learning rate.
+        is_train_batch_min: with several dataloaders prepared, the smallest batch size is the
+            ``micro_batch_size`` (else the largest), as in Accelerate.
+        seq_length: the sequence length scripts read: ``decoder_seq_length`` (else
+            ``encoder_seq_length``) when given, as Accelerate sets it.
+        encoder_seq_length: the encoder's sequence length (encoder-decoder models).
+        decoder_seq_length: the decoder's sequence length.
+
+    Set when a dataloader is prepared, as Accelerate computes them: ``micro_batch_size`` (the
+    dataloader's batch size per process), ``data_parallel_size`` (processes / (tp_degree x pp_degree))
+    and ``global_batch_size`` (``data_parallel_size x micro_batch_size x num_micro_batches``): the
+    samples of one optimizer step, which scripts use for their step counts.
 
     Example::
 
@@ -100,6 +115,14 @@ class MegatronLMPlugin:
     seed: int = 1234
     lr_decay_style: str = "linear"
     min_lr: float = 0.0
+    is_train_batch_min: bool = True
+    seq_length: int | None = None
+    encoder_seq_length: int | None = None
+    decoder_seq_length: int | None = None
+    # Set by set_training_args when a dataloader is prepared (not constructor arguments, as in the reference).
+    micro_batch_size: int | None = field(default=None, init=False)
+    data_parallel_size: int | None = field(default=None, init=False)
+    global_batch_size: int | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         for name in ("tp_degree", "pp_degree", "vp_degree", "num_micro_batches"):
@@ -138,6 +161,8 @@ class MegatronLMPlugin:
                 "MegatronLMPlugin(sequence_parallelism=True) needs tp_degree > 1: it splits activations over the TP "
                 "group."
             )
+        # The decoder's length, else the encoder's, is the sequence length (Accelerate's GPT / BERT parsers).
+        self.seq_length = self.decoder_seq_length or self.encoder_seq_length or self.seq_length
         if self.lr_decay_style not in ("linear", "cosine", "constant", "inverse-square-root"):
             raise ValueError(
                 f"MegatronLMPlugin(lr_decay_style={self.lr_decay_style!r}): use linear, cosine, constant or "
@@ -151,6 +176,12 @@ class MegatronLMPlugin:
             raise ValueError(
                 f"MegatronLMPlugin(gradient_clipping={self.gradient_clipping!r}): expected a number >= 0, or None."
             )
+
+    def set_training_args(self, micro_batch_size: int, dp_degree: int) -> None:
+        """Records the batch arguments: ``global_batch_size = dp_degree x micro_batch_size x num_micro_batches``."""
+        self.data_parallel_size = dp_degree
+        self.micro_batch_size = micro_batch_size
+        self.global_batch_size = dp_degree * micro_batch_size * self.num_micro_batches
 
     def check_world_size(self, world_size: int) -> int:
         """The data-parallel size for ``world_size`` processes; a clear error when ``tp_degree x pp_degree`` does
@@ -177,6 +208,8 @@ class MegatronLMPlugin:
         defaults = type(self)()
         result: dict[str, str] = {}
         for f in fields(self):
+            if not f.init:  # set while preparing, in each process
+                continue
             value = getattr(self, f.name)
             if value == getattr(defaults, f.name):
                 continue

@@ -78,6 +78,7 @@ class MegatronStrategy(Strategy):
         self.ddp_kwargs = ddp_kwargs
         self.last_grad_norm: torch.Tensor | None = None
         self._warned_replicated = False
+        self._batch_sizes: list[int] = []  # of the dataloaders prepared so far
 
     @classmethod
     def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> MegatronStrategy:
@@ -251,6 +252,16 @@ class MegatronStrategy(Strategy):
             self.last_grad_norm = grads.clip_grad_norm_(params, self.plugin.gradient_clipping)
 
     # -- Megatron's own types in prepare (PreparesOwnTypes, ConvertsOwnTypes) -----------------
+    def dataloader_prepared(self, dataloader: Any) -> None:
+        """Sets the plugin's ``micro_batch_size``, ``data_parallel_size`` and ``global_batch_size`` as Accelerate
+        does: the smallest batch size of the dataloaders prepared (the largest with ``is_train_batch_min=False``)."""
+        batch_size = getattr(dataloader, "batch_size", None)  # None for a loader made from a batch sampler
+        if not isinstance(batch_size, int):
+            return
+        self._batch_sizes.append(batch_size)
+        micro = min(self._batch_sizes) if self.plugin.is_train_batch_min else max(self._batch_sizes)
+        self.plugin.set_training_args(micro, self.plugin.check_world_size(self.state.num_processes))
+
     def accepts_object(self, obj: Any) -> bool:
         """``prepare`` takes a ``MegatronLMDummyScheduler``."""
         from .scheduler import MegatronLMDummyScheduler

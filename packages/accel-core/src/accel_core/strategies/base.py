@@ -289,6 +289,14 @@ class BatchTransfer(Protocol):
 
 
 @runtime_checkable
+class ObservesDataloaders(Protocol):
+    """The strategy hears of each dataloader ``prepare`` is given (the user's, before preparing): its batch size
+    sets the backend's batch arguments (Megatron's ``micro_batch_size`` and ``global_batch_size``)."""
+
+    def dataloader_prepared(self, dataloader: Any) -> None: ...
+
+
+@runtime_checkable
 class PreparesOwnTypes(Protocol):
     """``prepare`` also accepts objects of the backend's own types, which are not torch ones
     (DeepSpeed's LR schedule classes); they reach ``prepare_jointly`` like the others."""
