@@ -242,5 +242,8 @@ def test_the_exit_watch_sees_a_killed_child_stop_running() -> None:
         killed_at = time.time()
         child.kill()
         child.wait()
+        reaped_at = time.time()
         time.sleep(0.1)
-    assert killed_at - 0.5 < watch.alive_at[child.pid] <= killed_at
+    # SIGKILL lands when the kernel next runs the child, which can be just after kill() returned (seen under
+    # load, 0.2 ms late): the last sighting falls between the kill and the reaping.
+    assert killed_at - 0.5 < watch.alive_at[child.pid] <= reaped_at
