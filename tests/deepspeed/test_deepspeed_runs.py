@@ -21,30 +21,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RUN_TIMEOUT = 300  # seconds for one launch once the ops are compiled (about 45 s on 2 busy cores)
 
-_BUILD_OPS = """
-from accel_deepspeed._deepspeed import import_deepspeed
-from accel_deepspeed.ops import CPU_ADAM, SHM_COMM, load_op
-import_deepspeed()
-for name in (SHM_COMM, CPU_ADAM):
-    load_op(name)  # accel's build: announced, and safe from a lock left by a killed build
-print("OPS READY")
-"""
-
 
 def _env() -> dict[str, str]:
     return {**os.environ, "ACCEL_USE_CPU": "true", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-
-
-@pytest.fixture(scope="session")
-def deepspeed_ops() -> None:
-    """Compiles (or finds in TORCH_EXTENSIONS_DIR) DeepSpeed's CPU ops before any timed run."""
-    try:
-        result = subprocess.run(
-            [sys.executable, "-c", _BUILD_OPS], env=_env(), capture_output=True, text=True, timeout=1200, cwd=REPO
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail("Compiling DeepSpeed's CPU ops took over 20 minutes")
-    assert "OPS READY" in result.stdout, result.stderr[-4000:]
 
 
 def _figures(output: str) -> dict:
