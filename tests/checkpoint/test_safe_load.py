@@ -36,6 +36,27 @@ def test_plain_data_loads(tmp_path):
     assert torch.equal(loaded["t"], torch.arange(3)) and loaded["betas"] == (0.9, 0.99)
 
 
+def test_numpy_arrays_load_and_other_registrations_are_left_alone(tmp_path):
+    """numpy arrays are data whatever the process imported before; a global another library allow-listed
+    (megatron-core registers numpy's at import) stays registered after accel's load."""
+    import numpy as np
+
+    from accel_checkpoint.user_io import load
+
+    path = str(tmp_path / "arrays.pt")
+    torch.save({"state": np.random.get_state(), "values": np.arange(4.0)}, path)
+    registered = np.ndarray
+    torch.serialization.add_safe_globals([registered])
+    try:
+        assert np.array_equal(load_torch_file(path)["values"], np.arange(4.0))
+        assert np.array_equal(load(path)["values"], np.arange(4.0))
+        assert any(g is registered for g in torch.serialization.get_safe_globals())
+    finally:
+        torch.serialization.clear_safe_globals()
+    assert np.array_equal(load_torch_file(path)["values"], np.arange(4.0))
+    assert torch.serialization.get_safe_globals() == []
+
+
 @pytest.mark.parametrize("raw_pickle", [False, True])
 def test_malicious_pickle_is_refused_and_never_runs(tmp_path, raw_pickle, monkeypatch):
     monkeypatch.delenv(UNSAFE_PICKLE_ENV, raising=False)

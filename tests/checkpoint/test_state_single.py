@@ -266,7 +266,9 @@ def test_async_failure_is_raised_on_wait_and_leaves_nothing(tmp_path):
     accelerator.load_state(str(tmp_path / "c"))
 
 
-def test_reference_layout_checkpoint_needs_the_opt_in_for_its_pickles(tmp_path):
+def test_reference_layout_checkpoint_loads_its_numpy_rng_pickles_as_data(tmp_path):
+    """Accelerate's layout keeps numpy's RNG state as an array in random_states_0.pkl: data, loaded as such
+    (as Accelerate does), whatever else the process imported; a class in the same file is still refused."""
     import random
 
     import numpy as np
@@ -280,6 +282,9 @@ def test_reference_layout_checkpoint_needs_the_opt_in_for_its_pickles(tmp_path):
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(legacy / "model.safetensors"))
     torch.save(optimizer.state_dict(), legacy / "optimizer.bin")
     torch.save(scheduler.state_dict(), legacy / "scheduler.bin")
+    np.random.seed(5)
+    expected = np.random.rand(3)
+    np.random.seed(5)
     torch.save(
         {
             "random_state": random.getstate(),
@@ -288,10 +293,32 @@ def test_reference_layout_checkpoint_needs_the_opt_in_for_its_pickles(tmp_path):
         },
         legacy / "random_states_0.pkl",
     )
-    with pytest.warns(UserWarning, match="legacy"), pytest.raises(UnsafeCheckpointError, match=r"random_states_0\.pkl"):
+    np.random.seed(99)
+    before = set(map(id, torch.serialization.get_safe_globals()))
+    with pytest.warns(UserWarning, match="legacy"):
         accelerator.load_state(str(legacy))
+    assert np.array_equal(np.random.rand(3), expected)
+    assert set(map(id, torch.serialization.get_safe_globals())) == before  # nothing left allow-listed, nothing taken
+    with open(legacy / "random_states_0.pkl", "wb") as handle:  # the same state with a class in it
+        torch.save(
+            {
+                "random_state": random.getstate(),
+                "numpy_random_seed": np.random.get_state(),
+                "torch_manual_seed": torch.get_rng_state(),
+                "extra": TrustedLegacyThing(),
+            },
+            handle,
+        )
+    refused = pytest.raises(UnsafeCheckpointError, match=r"random_states_0\.pkl")
+    with pytest.warns(UserWarning, match="legacy"), refused as info:
+        accelerator.load_state(str(legacy))
+    assert "TrustedLegacyThing" in str(info.value) and "numpy" not in str(info.value)
     with pytest.warns(UserWarning):
         accelerator.load_state(str(legacy), allow_unsafe_pickle=True)
+
+
+class TrustedLegacyThing:
+    pass
 
 
 def test_save_model_through_the_accelerator(tmp_path):

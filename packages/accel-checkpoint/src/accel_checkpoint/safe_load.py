@@ -1,7 +1,7 @@
 """Loading ``.pt`` / ``.bin`` files without running code from them.
 
-Everything is read with ``torch.load(weights_only=True)``, which only rebuilds tensors and plain
-Python values. A file that needs anything else (a class, a function: what a malicious pickle uses
+Everything is read with ``torch.load(weights_only=True)``, which only rebuilds tensors, numpy arrays
+and plain Python values. A file that needs anything else (a class, a function: what a malicious pickle uses
 to run code) is refused with ``UnsafeCheckpointError`` naming what it asks for, unless the caller
 opted in with ``allow_unsafe_pickle=True`` or ``ACCEL_ALLOW_UNSAFE_PICKLE=1`` (trusted legacy files).
 """
@@ -17,6 +17,7 @@ from typing import Any
 
 from .constants import UNSAFE_PICKLE_ENV
 from .errors import CheckpointNotFoundError, CorruptCheckpointError, UnsafeCheckpointError
+from .numpy_data import numpy_arrays_allowed
 
 _OPT_IN = f"load_state(..., allow_unsafe_pickle=True) or set {UNSAFE_PICKLE_ENV}=1"
 
@@ -44,7 +45,8 @@ def _unsafe_globals(path: str) -> list[str] | None:
     if finder is None:
         return None
     try:
-        return list(finder(path))
+        with numpy_arrays_allowed():  # name only what is refused, not the numpy arrays that would load
+            return list(finder(path))
     except Exception:  # noqa: BLE001 - any failure of the scan means "unknown", never an error
         return None
 
@@ -68,7 +70,8 @@ def load_torch_file(path: str, allow_unsafe_pickle: bool | None = None, mmap: bo
         raise _corrupt(path, EOFError("the file is empty"))
     is_zip = zipfile.is_zipfile(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and is_zip)
+        with numpy_arrays_allowed():
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and is_zip)
     except pickle.UnpicklingError as error:
         if unsafe_pickle_allowed(allow_unsafe_pickle):
             return _load_unsafe(path, is_zip)

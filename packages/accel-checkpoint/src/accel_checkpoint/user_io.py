@@ -17,6 +17,8 @@ from typing import IO, Any, cast
 
 import torch
 
+from .numpy_data import numpy_arrays_allowed
+
 
 def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
     """``(device, storage address, storage bytes)``: equal for tensors sharing one storage (tied weights).
@@ -76,18 +78,6 @@ def save(
     save_file(obj, os.fspath(cast("str | os.PathLike[str]", f)), metadata={"format": "pt"})  # a path, not a stream
 
 
-def _numpy_safe_globals() -> list[Any]:
-    # Plain numpy arrays (in RNG states, metrics) are data, not code: allow them under weights_only=True.
-    import codecs
-
-    import numpy as np
-
-    core = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core to np._core
-    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype, codecs.encode]  # pyright: ignore[reportAttributeAccessIssue]
-    allowed += [getattr(np.dtypes, n) for n in ("UInt32DType", "Float64DType", "Int64DType") if hasattr(np, "dtypes")]
-    return allowed
-
-
 def load(f: str | os.PathLike[str] | IO[bytes], map_location: Any = None, **kwargs: Any) -> Any:
     """``torch.load`` with ``weights_only=True`` unless told otherwise, numpy arrays allowed.
 
@@ -97,5 +87,5 @@ def load(f: str | os.PathLike[str] | IO[bytes], map_location: Any = None, **kwar
     kwargs.setdefault("weights_only", True)
     if not kwargs["weights_only"]:
         return torch.load(f, map_location=map_location, **kwargs)
-    with torch.serialization.safe_globals(_numpy_safe_globals()):
+    with numpy_arrays_allowed():
         return torch.load(f, map_location=map_location, **kwargs)
