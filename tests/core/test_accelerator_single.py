@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
+import accel_core
 from accel_core import (
     Accelerator,
     DistributedDataParallelKwargs,
@@ -12,6 +15,8 @@ from accel_core import (
     GradientState,
     MissingPluginError,
 )
+
+VERSION = re.escape(accel_core.__version__)  # the hints pin accel's own release
 
 
 def small_setup(accelerator, lr=0.1):
@@ -40,7 +45,7 @@ def test_preparing_an_unsupported_object():
 
 def test_missing_backend_package_names_the_extra(monkeypatch):
     monkeypatch.setenv("ACCEL_STRATEGY", "xla")  # a backend whose package is not installed here
-    with pytest.raises(ImportError, match=r'pip install "accel\[xla\]"'):
+    with pytest.raises(ImportError, match=rf'pip install "accel\[xla\]=={VERSION}"'):
         Accelerator()
     monkeypatch.delenv("ACCEL_STRATEGY")
     # accel-fp8 is installed in the workspace: hide the precision plugins as if it were not.

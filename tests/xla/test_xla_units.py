@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+import accel_core
 from accel.commands import env as env_command
 from accel.commands.common import plan_from_namespace
 from accel.commands.launch import build_parser
@@ -27,6 +29,8 @@ from accel_xla.spmd import fsdp_spec, partition_specs, process_layout, resolve_s
 from accel_xla.versions import check_versions, release
 
 from .conftest import HAS_TORCH_XLA
+
+VERSION = re.escape(accel_core.__version__)  # the hints pin accel's own release
 
 
 def launch_env(argv: list[str], tmp_path: Path, config: str = "") -> dict[str, str]:
@@ -79,7 +83,7 @@ def test_torch_and_torch_xla_releases_must_match() -> None:
 
 @pytest.mark.skipif(HAS_TORCH_XLA, reason="torch-xla is installed here")
 def test_missing_torch_xla_names_the_install_command() -> None:
-    with pytest.raises(ImportError, match=r'pip install "accel\[xla\]"'):
+    with pytest.raises(ImportError, match=rf'pip install "accel\[xla\]=={VERSION}"'):
         XlaStrategy().init_process_group()
 
 

@@ -23,6 +23,7 @@ from . import environment as env
 from .configuration import KwargsHandler
 from .enums import FP8BackendType
 from .imports import is_torchao_available, is_transformer_engine_available
+from .install_hints import accel_extra
 
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
 AMAX_COMPUTE_ALGORITHMS = ("max", "most_recent")
@@ -65,7 +66,7 @@ class AORecipeKwargs(KwargsHandler):
 
     def __post_init__(self) -> None:
         if not is_torchao_available():
-            raise ImportError('AORecipeKwargs needs torchao: pip install "accel[fp8]" (or accel-fp8).')
+            raise ImportError(f"AORecipeKwargs needs torchao: {accel_extra('fp8')} (or pip install accel-fp8).")
         if self.config is None:
             if self.recipe_name is None:
                 self.recipe_name = os.environ.get(_PREFIX + "RECIPE") or None

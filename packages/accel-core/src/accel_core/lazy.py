@@ -9,6 +9,8 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .install_hints import accel_extra
+
 
 def lazy_exports(
     namespace: dict[str, Any], exports: Mapping[str, str]
@@ -36,8 +38,8 @@ def lazy_exports(
                 raise
             distribution, extra = provider.replace("_", "-"), provider[len("accel_") :]
             raise ImportError(
-                f'{name} comes from {distribution}, which is not installed: pip install "accel[{extra}]" (or '
-                f"{distribution})."
+                f"{name} comes from {distribution}, which is not installed: {accel_extra(extra)} (or "
+                f"pip install {distribution})."
             ) from None
         # A submodule exported under its own name ("utils": ".utils") is the module itself.
         value = imported if imported.__name__ == f"{package}.{name}" else getattr(imported, name)

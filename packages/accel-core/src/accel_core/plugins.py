@@ -20,6 +20,8 @@ from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from .install_hints import accel_extra
+
 # Which distribution provides which feature, for the error message when it is missing.
 _PROVIDERS: dict[tuple[str, str], str] = {
     ("accel.strategies", "fsdp"): "fsdp",
@@ -73,7 +75,7 @@ def install_hint(group: str, name: str) -> str:
         return "install the package that provides it"
     if extra in _INCLUDED_IN_ACCEL:
         return f"pip install {_PACKAGE_OF_EXTRA[extra]}  (included in the `accel` package)"
-    return f'pip install "accel[{extra}]"  (or {_PACKAGE_OF_EXTRA[extra]})'
+    return f"{accel_extra(extra)}  (or pip install {_PACKAGE_OF_EXTRA[extra]})"
 
 
 _loaded: set[tuple[str, str]] = set()

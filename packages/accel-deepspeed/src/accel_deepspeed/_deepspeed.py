@@ -6,10 +6,12 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, cast
 
+from accel_core.install_hints import accel_extra
+
 if TYPE_CHECKING:
     from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
 
-_INSTALL_HINT = 'DeepSpeed is not installed: pip install "accel[deepspeed]" (or pip install accel-deepspeed deepspeed).'
+_INSTALL_HINT = f"DeepSpeed is not installed: {accel_extra('deepspeed')} (or pip install accel-deepspeed deepspeed)."
 
 
 def import_deepspeed() -> ModuleType:

@@ -16,6 +16,7 @@ import torch
 from accel_core.configuration import AutocastKwargs
 from accel_core.enums import FP8BackendType
 from accel_core.fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs, fp8_backend_of, fp8_recipe_handler
+from accel_core.install_hints import accel_extra
 from accel_core.precision import Precision, PrecisionContext
 
 logger = logging.getLogger("accel")
@@ -85,6 +86,6 @@ def make_precision(context: PrecisionContext) -> Precision:
         te_handler = handler if isinstance(handler, (TERecipeKwargs, FP8RecipeKwargs)) else None
         return TEFloat8Precision(device.type, te_handler, context.is_main_process, autocast_kwargs)
     raise ImportError(
-        'mixed_precision="fp8" needs torchao or Transformer-Engine: pip install "accel[fp8]" (torchao, CPU and GPU), '
-        'or "accel-fp8[te]" on a CUDA machine.'
+        f'mixed_precision="fp8" needs torchao or Transformer-Engine: {accel_extra("fp8")} (torchao, CPU and GPU), '
+        'or pip install "accel-fp8[te]" on a CUDA machine.'
     )

@@ -11,10 +11,12 @@ import importlib
 from types import ModuleType
 from typing import NamedTuple
 
+from accel_core.install_hints import accel_extra
+
 from .versions import check_versions, install_command, installed_version
 
 # `accel[xla]` pins the pair it is tested with (accel-xla's `xla` extra).
-INSTALL_HINT = 'pip install "accel[xla]"'
+INSTALL_HINT = accel_extra("xla")
 
 
 class TorchXla(NamedTuple):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from importlib import metadata
 
+from accel_core.install_hints import accel_extra
+
 DISTRIBUTION = "accel-xla"
 EXTRA = "xla"
 PAIR = ("torch", "torch-xla")
@@ -74,7 +76,7 @@ def check_versions(torch_version: str, torch_xla_version: str) -> None:
         major, minor = release(torch_xla_version)
         raise ImportError(
             f"torch-xla {torch_xla_version} runs only with torch {major}.{minor}, but torch {torch_version} is "
-            f'installed: {install_command()} (the pair `pip install "accel[xla]"` installs), or '
+            f"installed: {install_command()} (the pair `{accel_extra('xla')}` installs), or "
             f"pip install torch=={major}.{minor}.* to keep this torch-xla."
         )
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import torch
 
 from ..enums import DistributedType
+from ..install_hints import accel_extra
 from ..parallelism import ParallelismConfig, resolve_parallelism
 from .context import JointResult, PreparedObjects, StrategyContext
 
@@ -114,7 +115,7 @@ class Strategy:
         if needs_fsdp:
             raise ValueError(
                 f"{', '.join(needs_fsdp)} needs FSDP2 (parameters sharded over dp_shard x cp), which the {self.name} "
-                'strategy does not do: pass fsdp_plugin=FullyShardedDataParallelPlugin() (pip install "accel[fsdp]") '
+                f"strategy does not do: pass fsdp_plugin=FullyShardedDataParallelPlugin() ({accel_extra('fsdp')}) "
                 "or accel launch --use-fsdp."
             )
 
