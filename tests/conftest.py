@@ -1,4 +1,6 @@
-"""Shared test helpers: launching a script under torchrun with a timeout, so a hang fails the test.
+"""Shared test fixtures: launching a script under torchrun with a timeout, so a hang fails the test, and launching a
+check script whose checks pytest reports one by one (the harness in tests/harness/, on ``sys.path`` through the
+``pythonpath`` setting of the root pyproject.toml).
 
 Markers (registered in the root pyproject.toml): a test that uses the ``torchrun`` fixture is marked
 ``multiprocess`` and ``slow`` here (each launch imports torch in every process: seconds of CPU); ``slow`` for other
@@ -8,26 +10,14 @@ The fast lane, ``-m "not slow"``, stays under 5 minutes.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from checkrun import CheckRun, launch, run_check_script, torchrun_command, worker_env
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def rendezvous_args() -> list[str]:
-    """torchrun options for a job on this host whose port torchrun picks and holds itself.
-
-    A c10d rendezvous on port 0 binds a free port and keeps it (as ``--standalone`` does), where
-    picking a free port here and releasing it for torchrun left a window for another job to take
-    it. ``--local-addr`` keeps the workers on the loopback address instead of the host's FQDN.
-    """
-    return ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1", f"--rdzv-id={uuid.uuid4()}"]
 
 
 def run_torchrun(
@@ -39,34 +29,41 @@ def run_torchrun(
     check: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """Runs ``script`` on ``nproc`` CPU processes (gloo) with torch.distributed.run; fails on timeout."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        *rendezvous_args(),
-        str(script),
-        *args,
-    ]
-    full_env = {**os.environ, "ACCEL_USE_CPU": "true", "OMP_NUM_THREADS": "1", **(env or {})}
-    try:
-        result = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    except subprocess.TimeoutExpired as error:
+    launched = launch(torchrun_command(script, *args, nproc=nproc), worker_env(env), timeout)
+    if launched.timed_out:
         pytest.fail(
-            f"{script} did not finish within {timeout}s (a hang?)\nstdout:\n{error.stdout}\nstderr:\n{error.stderr}"
+            f"{script} did not finish within {timeout}s (a hang?)\nstdout:\n{launched.stdout}\n"
+            f"stderr:\n{launched.stderr}"
         )
-    if check and result.returncode != 0:
+    if check and launched.returncode != 0:
         pytest.fail(
             f"{script} failed with exit code "
-            f"{result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}"
+            f"{launched.returncode}\nstdout:\n{launched.stdout}\nstderr:\n{launched.stderr[-6000:]}"
         )
-    return result
+    return subprocess.CompletedProcess(launched.command, launched.returncode, launched.stdout, launched.stderr)
 
 
 @pytest.fixture(scope="session")
 def torchrun() -> Callable[..., subprocess.CompletedProcess[str]]:
     """``run_torchrun``; session-scoped, so a module-scoped fixture can launch once for several tests."""
     return run_torchrun
+
+
+@pytest.fixture(scope="session")
+def torchrun_checks(torchrun, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., CheckRun]:
+    """Launches a check script (tests/harness/checklist.py) under torchrun and returns its per-check records.
+
+    ``torchrun_checks(script, *args, nproc=2, env=None, timeout=240)``; a failed check or a non-zero exit does not
+    fail here: each check's test reports its own outcome (tests/harness/checkrun.py)."""
+
+    def run(
+        script: str | Path, *args: str, nproc: int = 2, env: dict[str, str] | None = None, timeout: float = 240
+    ) -> CheckRun:
+        results = tmp_path_factory.mktemp(f"{Path(script).stem}-results")
+        command = torchrun_command(script, *args, nproc=nproc)
+        return run_check_script(command, script, nproc=nproc, env=env, timeout=timeout, results=results)
+
+    return run
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,0 +1,86 @@
+"""The check harness itself (checklist.py, checkrun.py): pytest reports one test per check, a failing check by its
+name and message, and the checks after it still run; a failure that leaves a peer in a collective aborts the run
+within the sync timeout instead of hanging, naming the check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from checkrun import REPO, checks_in
+
+SELFTEST = Path(__file__).resolve().parent / "selftest"
+
+
+def test_checks_are_read_from_the_source_in_order() -> None:
+    assert checks_in(SELFTEST / "demo_checks.py") == [
+        "first_passes",
+        "fails_on_rank_1",
+        "raises_on_every_rank",
+        "runs_after_the_failures",
+    ]
+    with pytest.raises(ValueError, match="no @check"):
+        checks_in(Path(__file__))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_each_check_is_a_test_and_a_failed_one_hides_none_after_it(tmp_path: Path) -> None:
+    report = tmp_path / "report.xml"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            f"--basetemp={tmp_path / 'inner'}",
+            f"--junitxml={report}",
+            str(SELFTEST / "demo_checks_suite.py"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    cases = {case.get("name"): case for case in ET.parse(report).getroot().iter("testcase")}
+    outcomes = {name: "failed" if case.find("failure") is not None else "passed" for name, case in cases.items()}
+    assert outcomes == {
+        "test_check[first_passes]": "passed",
+        "test_check[fails_on_rank_1]": "failed",
+        "test_check[raises_on_every_rank]": "failed",
+        "test_check[runs_after_the_failures]": "passed",
+    }, result.stdout[-4000:]
+    one_rank = cases["test_check[fails_on_rank_1]"].find("failure").text or ""  # type: ignore[union-attr]
+    assert "check fails_on_rank_1 of demo_checks.py failed" in one_rank
+    assert "--- rank 1: rank 1 disagrees: the sum is 1" in one_rank and "--- rank 0" not in one_rank
+    assert "demo_checks.py:35 in fails_on_rank_1" in one_rank
+    every_rank = cases["test_check[raises_on_every_rank]"].find("failure").text or ""  # type: ignore[union-attr]
+    assert "--- rank 0: ValueError: not a number" in every_rank and "--- rank 1: ValueError: not a number" in every_rank
+    assert result.returncode == 1
+
+
+def test_a_failure_before_a_peers_collective_aborts_the_run_naming_the_check(torchrun_checks) -> None:
+    script = SELFTEST / "abort_checks.py"
+    started = time.monotonic()
+    run = torchrun_checks(script, env={"ACCEL_CHECK_SYNC_TIMEOUT": "3"}, timeout=120)
+    assert time.monotonic() - started < 100, "the launch waited for its timeout: a hang"
+    assert run.launched.returncode != 0 and not run.launched.timed_out
+    assert run.failures("first_passes") == {}
+    failed = run.failures("fails_before_a_collective")
+    assert failed[1].startswith("rank 1 fails before the all_reduce rank 0 waits in"), failed
+    # Rank 0 is stopped in its all_reduce: killed by the launcher, or (first) told by gloo that its peer is gone.
+    assert failed[0].startswith("started but did not finish: rank(s) [0] did not finish fails_before_a_collective") or (
+        "rank 1 aborted the run here: rank(s) [0] did not finish fails_before_a_collective" in failed[0]
+    ), failed
+    never = run.failures("never_reached")
+    assert set(never) == {0, 1} and all(
+        why.startswith("not run: the run was aborted at check fails_before_a_collective") for why in never.values()
+    ), never
+    with pytest.raises(AssertionError, match=r"check fails_before_a_collective of abort_checks\.py failed"):
+        run.assert_passed("fails_before_a_collective")
