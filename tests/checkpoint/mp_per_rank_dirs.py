@@ -10,26 +10,24 @@ Written as an Accelerate user writes it (only the import differs). Checks:
    every process (one process's newest being unfinished makes all of them take the previous one).
 3. A folder missing on one process only: every process raises, none hangs, nothing is modified.
 4. Sharded (DTensor) state into folders of their own: a clear error on every process, nothing left behind.
+Each ``@check`` is one test of test_per_rank_dirs.py (the harness: tests/harness/checklist.py).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 
 import torch
+from checklist import check, expect, run_checks
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Accelerator
 from accel.utils import ProjectConfiguration, set_seed
 
 BASE = sys.argv[1]
-failures: list[str] = []
-
-
-def check(name: str, condition: bool, detail: str = "") -> None:
-    if not condition:
-        failures.append(f"{name}: {detail}")
+faulthandler.dump_traceback_later(200, exit=True)  # a hang shows where it is, then fails
 
 
 def build(project_config: ProjectConfiguration | None = None):
@@ -41,6 +39,10 @@ def build(project_config: ProjectConfiguration | None = None):
     loader = DataLoader(data, batch_size=2, shuffle=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     return accelerator, model, optimizer, loader
+
+
+# One prepared run, shared by the own-folder and the missing-folder checks (built first, as it always was).
+accelerator, model, optimizer, loader = build()
 
 
 def steps(accelerator, model, optimizer, iterator, count: int) -> list[tuple[list[float], float, float]]:
@@ -56,13 +58,14 @@ def steps(accelerator, model, optimizer, iterator, count: int) -> list[tuple[lis
     return out
 
 
-def own_folders(accelerator, model, optimizer, loader) -> None:
+@check
+def own_folders_hold_whole_checkpoints_that_replay_exactly() -> None:
     rank = accelerator.process_index
     torch.manual_seed(100 + rank)  # each process its own RNG stream: reading another's shows
     it = iter(loader)
     steps(accelerator, model, optimizer, it, 3)
     folder = os.path.join(BASE, f"rank{rank}")
-    check("save_state returns the process's folder", accelerator.save_state(folder) == folder)
+    expect(accelerator.save_state(folder) == folder, "save_state returns the process's folder")
     expected = steps(accelerator, model, optimizer, it, 4)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     names = set(os.listdir(folder))
@@ -73,28 +76,27 @@ def own_folders(accelerator, model, optimizer, loader) -> None:
         f"random_states_{rank}.pt",
         f"dataloader_0_rank_{rank}.pt",
     ):
-        check(f"rank {rank} folder holds {name}", name in names, str(sorted(names)))
-    check(
-        f"rank {rank} folder holds only its own per-process files",
+        expect(name in names, f"rank {rank} folder holds {name}: {sorted(names)}")
+    expect(
         f"random_states_{1 - rank}.pt" not in names,
-        str(sorted(names)),
+        f"rank {rank} folder holds only its own per-process files: {sorted(names)}",
     )
-    check(
-        f"rank {rank} leaves no partial folder",
+    expect(
         not [n for n in os.listdir(BASE) if n.startswith(".")],
-        str(os.listdir(BASE)),
+        f"rank {rank} leaves no partial folder: {os.listdir(BASE)}",
     )
 
     steps(accelerator, model, optimizer, it, 2)  # go on, then come back
     torch.manual_seed(999)
     del it
-    check("load_state returns the process's folder", accelerator.load_state(folder) == folder)
+    expect(accelerator.load_state(folder) == folder, "load_state returns the process's folder")
     replay = steps(accelerator, model, optimizer, iter(loader), 4)
-    check(f"rank {rank} replays its batches, losses and RNG", replay == expected, f"{replay}\n!= {expected}")
-    check(f"rank {rank} weights", all(torch.equal(v, weights[k]) for k, v in model.state_dict().items()))
+    expect(replay == expected, f"rank {rank} replays its batches, losses and RNG: {replay}\n!= {expected}")
+    expect(all(torch.equal(v, weights[k]) for k, v in model.state_dict().items()), f"rank {rank} weights")
 
 
-def automatic_naming() -> None:
+@check
+def automatic_naming_numbers_and_prunes_per_folder() -> None:
     rank = int(os.environ["RANK"])
     project = os.path.join(BASE, f"project{rank}")
     config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, total_limit=2)
@@ -107,31 +109,31 @@ def automatic_naming() -> None:
         accelerator.save_state()
         draws.append(torch.rand(1).item())
     found = sorted(os.listdir(os.path.join(project, "checkpoints")))
-    check(f"rank {rank} total_limit per folder", found == ["checkpoint_1", "checkpoint_2"], str(found))
+    expect(found == ["checkpoint_1", "checkpoint_2"], f"rank {rank} total_limit per folder: {found}")
     for name in found:
         files = set(os.listdir(os.path.join(project, "checkpoints", name)))
-        check(
-            f"rank {rank} {name} complete with its files",
+        expect(
             {"COMPLETE", f"random_states_{rank}.pt", "model.safetensors"} <= files,
-            str(files),
+            f"rank {rank} {name} complete with its files: {files}",
         )
 
     torch.manual_seed(5)
     loaded = accelerator.load_state()
-    check(f"rank {rank} loads its newest", loaded == os.path.join(project, "checkpoints", "checkpoint_2"), loaded)
-    check(f"rank {rank} newest RNG", torch.rand(1).item() == draws[2])
-    check(f"rank {rank} numbering continues", config.iteration == 3, str(config.iteration))
+    expect(loaded == os.path.join(project, "checkpoints", "checkpoint_2"), f"rank {rank} loads its newest: {loaded}")
+    expect(torch.rand(1).item() == draws[2], f"rank {rank} newest RNG")
+    expect(config.iteration == 3, f"rank {rank} numbering continues: {config.iteration}")
 
     accelerator.wait_for_everyone()
     if rank == 0:  # process 0's newest was interrupted before its marker: nobody may load checkpoint_2
         os.remove(os.path.join(project, "checkpoints", "checkpoint_2", "COMPLETE"))
     accelerator.wait_for_everyone()
     loaded = accelerator.load_state()
-    check(f"rank {rank} falls back to the newest complete everywhere", loaded.endswith("checkpoint_1"), loaded)
-    check(f"rank {rank} previous RNG", torch.rand(1).item() == draws[1])
+    expect(loaded.endswith("checkpoint_1"), f"rank {rank} falls back to the newest complete everywhere: {loaded}")
+    expect(torch.rand(1).item() == draws[1], f"rank {rank} previous RNG")
 
 
-def missing_on_one(accelerator, model) -> None:
+@check
+def a_folder_missing_on_one_process_fails_every_process() -> None:
     rank = accelerator.process_index
     before = {k: v.clone() for k, v in model.state_dict().items()}
     folder = os.path.join(BASE, f"rank{rank}")
@@ -139,13 +141,14 @@ def missing_on_one(accelerator, model) -> None:
     try:
         accelerator.load_state(target)
     except ValueError as error:
-        check("the error names the missing folder", rank == 0 or "rank1_missing" in str(error), str(error))
+        expect(rank == 0 or "rank1_missing" in str(error), f"the error names the missing folder: {error}")
     else:
-        check("a folder missing on one process fails every process", False)
-    check("nothing modified", all(torch.equal(v, before[k]) for k, v in model.state_dict().items()))
+        expect(False, "a folder missing on one process fails every process")
+    expect(all(torch.equal(v, before[k]) for k, v in model.state_dict().items()), "nothing modified")
 
 
-def sharded_needs_one_folder() -> None:
+@check
+def sharded_state_into_folders_of_their_own_is_refused() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from mp_checkpoint import FullyShardStrategy
 
@@ -157,38 +160,13 @@ def sharded_needs_one_folder() -> None:
     try:
         accelerator.save_state(os.path.join(BASE, f"sharded{rank}"))
     except CheckpointError as error:
-        check("sharded: the error says why", "one folder that every process sees" in str(error), str(error))
+        expect("one folder that every process sees" in str(error), f"sharded: the error says why: {error}")
     else:
-        check("sharded state into folders of their own is refused", False)
+        expect(False, "sharded state into folders of their own is refused")
     accelerator.wait_for_everyone()
     left = [n for n in os.listdir(BASE) if n.startswith(".") or n.startswith("sharded")]
-    check("sharded: nothing left behind", not left, str(left))
-
-
-def main() -> None:
-    import faulthandler
-
-    faulthandler.dump_traceback_later(200, exit=True)
-    accelerator, model, optimizer, loader = build()
-    rank = accelerator.process_index
-    for fn in (
-        lambda: own_folders(accelerator, model, optimizer, loader),
-        automatic_naming,
-        lambda: missing_on_one(accelerator, model),
-        sharded_needs_one_folder,
-    ):
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - reported below; stop rather than hang in a collective
-            import traceback
-
-            failures.append(traceback.format_exc())
-            break
-    if failures:
-        print(f"PER-RANK CHECKS FAILED {rank}:\n" + "\n".join(failures), flush=True)
-        sys.exit(1)
-    print(f"PER-RANK CHECKS PASSED {rank}", flush=True)
+    expect(not left, f"sharded: nothing left behind: {left}")
 
 
 if __name__ == "__main__":
-    main()
+    run_checks()

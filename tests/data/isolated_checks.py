@@ -3,30 +3,25 @@
 
 Launched by test_data_isolated_env.py. Checks a hand-written loop over prepared loaders (map-style
 shuffled, iterable, dispatch) sees every sample once with the remainder rule; torchdata's
-StatefulDataLoader is accepted and a stateful iterable dataset resumes without re-reading.
+StatefulDataLoader is accepted and a stateful iterable dataset resumes without re-reading. Each ``@check`` is one
+test there (the harness: tests/harness/checklist.py, on PYTHONPATH; it needs only the standard library).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import sys
-import traceback
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from checklist import check, expect, run_checks
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from accel_data import prepare_data_loader
 
 RANK = int(os.environ["RANK"])
-failures: list[str] = []
-
-
-def check(name: str, condition: bool, detail: str = "") -> None:
-    if not condition:
-        failures.append(f"{name}: {detail}")
+dist.init_process_group("gloo")
 
 
 class Items(Dataset):
@@ -72,25 +67,47 @@ def gathered_epoch(loader) -> list[int]:
     return seen
 
 
-def check_hand_written_loops() -> None:
+@check
+def only_accel_core_and_accel_data() -> None:
+    expect(
+        importlib.util.find_spec("accel") is None and importlib.util.find_spec("accel_checkpoint") is None,
+        "only accel-core and accel-data",
+    )
+
+
+@check
+def hand_written_loop_over_a_shuffled_map_style_loader() -> None:
     torch.manual_seed(RANK)  # differently seeded processes: the loader synchronises the shuffle
     shuffled = prepare_data_loader(DataLoader(Items(), batch_size=5, shuffle=True))
-    check("map-style shuffled", sorted(gathered_epoch(shuffled)) == list(range(53)))
-    for dispatch in (False, True):
-        stream = prepare_data_loader(DataLoader(CountingStream(53), batch_size=5), dispatch_batches=dispatch)
-        check(f"iterable dispatch={dispatch}", gathered_epoch(stream) == list(range(53)))
-        mapped = prepare_data_loader(DataLoader(Items(), batch_size=5), dispatch_batches=dispatch)
-        check(f"map-style dispatch={dispatch}", gathered_epoch(mapped) == list(range(53)))
+    expect(sorted(gathered_epoch(shuffled)) == list(range(53)), "map-style shuffled")
 
 
-def check_stateful_dataloader() -> None:
+def expect_every_sample_once(dispatch: bool) -> None:
+    stream = prepare_data_loader(DataLoader(CountingStream(53), batch_size=5), dispatch_batches=dispatch)
+    expect(gathered_epoch(stream) == list(range(53)), f"iterable dispatch={dispatch}")
+    mapped = prepare_data_loader(DataLoader(Items(), batch_size=5), dispatch_batches=dispatch)
+    expect(gathered_epoch(mapped) == list(range(53)), f"map-style dispatch={dispatch}")
+
+
+@check
+def hand_written_loops_each_process_loading() -> None:
+    expect_every_sample_once(dispatch=False)
+
+
+@check
+def hand_written_loops_with_dispatched_batches() -> None:
+    expect_every_sample_once(dispatch=True)
+
+
+@check
+def stateful_dataloader_is_prepared_and_resumes_without_rereading() -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     def make(dataset):
         return prepare_data_loader(StatefulDataLoader(dataset, batch_size=4))
 
     reference = [b["idx"].tolist() for b in make(CountingStream(45))]
-    check("StatefulDataLoader prepared", isinstance(make(CountingStream(3)), StatefulDataLoader))
+    expect(isinstance(make(CountingStream(3)), StatefulDataLoader), "StatefulDataLoader prepared")
     for stop in (1, 3, len(reference) - 1):
         run = make(CountingStream(45))
         it = iter(run)
@@ -101,37 +118,16 @@ def check_stateful_dataloader() -> None:
         resumed = make(dataset)
         resumed.load_state_dict(state)
         rest = [b["idx"].tolist() for b in resumed]
-        check(f"stateful iterable resume at {stop}", head + rest == reference, f"{head + rest} vs {reference}")
+        expect(head + rest == reference, f"stateful iterable resume at {stop}: {head + rest} vs {reference}")
         consumed = stop * dist.get_world_size() * 4  # samples of the steps before the checkpoint
-        check(
-            f"stateful resume reads only the rest at {stop}",
+        expect(
             dataset.reads <= 45 - consumed,
-            f"read {dataset.reads}, {45 - consumed} left",
+            f"stateful resume reads only the rest at {stop}: read {dataset.reads}, {45 - consumed} left",
         )
     plain = prepare_data_loader(DataLoader(Items(), batch_size=4), use_stateful_dataloader=True)
-    check("use_stateful_dataloader=True", isinstance(plain, StatefulDataLoader))
-    check("use_stateful_dataloader loop", sorted(gathered_epoch(plain)) == list(range(53)))
-
-
-def main() -> None:
-    dist.init_process_group("gloo")
-    check(
-        "only accel-core and accel-data",
-        importlib.util.find_spec("accel") is None and importlib.util.find_spec("accel_checkpoint") is None,
-    )
-    for fn in (check_hand_written_loops, check_stateful_dataloader):
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - reported below, then the run stops
-            failures.append(f"{fn.__name__} raised:\n{traceback.format_exc()}")
-            break
-    if failures:
-        print(f"ISOLATED CHECKS FAILED {RANK}:\n" + "\n".join(failures), flush=True)
-        sys.exit(1)
-    print(f"ISOLATED CHECKS PASSED {RANK}", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    expect(isinstance(plain, StatefulDataLoader), "use_stateful_dataloader=True")
+    expect(sorted(gathered_epoch(plain)) == list(range(53)), "use_stateful_dataloader loop")
 
 
 if __name__ == "__main__":
-    main()
+    run_checks(teardown=dist.destroy_process_group)

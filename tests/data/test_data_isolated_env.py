@@ -14,23 +14,19 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
+from checkrun import HARNESS, CheckRun, checks_in, launch, torchrun_command
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "isolated_checks.py"
 
 
-# As tests/conftest.py's rendezvous_args: torchrun binds a free port itself and keeps it (no
-# bind-then-release race with other jobs); conftest helpers cannot be imported under importlib mode.
-RENDEZVOUS = ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1"]
-
-
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_accel_data_alone_in_a_fresh_environment(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def isolated_run(tmp_path_factory: pytest.TempPathFactory) -> CheckRun:
+    """Builds the environment and launches isolated_checks.py in it, 2 processes; the run's per-check records."""
+    tmp_path = tmp_path_factory.mktemp("isolated")
     uv = shutil.which("uv")
     assert uv is not None, "uv is needed to build the isolated environment (pip install uv)"
     venv = tmp_path / "venv"
@@ -70,22 +66,15 @@ def test_accel_data_alone_in_a_fresh_environment(tmp_path: Path) -> None:
     names = {line.split()[0].lower() for line in installed.stdout.splitlines()[2:] if line.strip()}
     assert {"accel-core", "accel-data", "torch", "torchdata"} <= names
     assert not names & {"accel", "accel-checkpoint", "accel-tracking"}, names
-    env.update(OMP_NUM_THREADS="1")
-    command = [
-        str(python),
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        *RENDEZVOUS,
-        f"--rdzv-id={uuid.uuid4()}",
-        str(SCRIPT),
-    ]
-    try:
-        result = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False
-        )
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"isolated run did not finish (a hang?)\nstdout:\n{error.stdout}\nstderr:\n{error.stderr}")
-    output = result.stdout + result.stderr[-6000:]
-    assert result.returncode == 0, output
-    assert "ISOLATED CHECKS PASSED 0" in result.stdout and "ISOLATED CHECKS PASSED 1" in result.stdout, output
+    # Only the harness (standard library alone) on the path besides the environment's own packages.
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(HARNESS), ACCEL_CHECK_RESULTS=str(tmp_path / "results"))
+    command = torchrun_command(SCRIPT, python=str(python))
+    # From the temporary folder: nothing of the workspace is importable from the working directory.
+    return CheckRun.read(SCRIPT, 2, launch(command, env, timeout=300, cwd=tmp_path), tmp_path / "results")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", checks_in(SCRIPT))
+def test_accel_data_alone_in_a_fresh_environment(isolated_run: CheckRun, name: str) -> None:
+    isolated_run.assert_passed(name)

@@ -1,27 +1,24 @@
 """skip_nonfinite on 2 processes (DDP, gloo): a non-finite loss on rank 1 only skips the step on both ranks.
 
-Run: torchrun --nproc_per_node 2 tests/multiprocess/nonfinite_checks.py
-Also: preparing the same model (or its DDP wrapper) twice registers it once.
-The last line printed on each rank is "NONFINITE CHECKS PASSED <rank>".
+Run: PYTHONPATH=tests/harness torchrun --nproc_per_node 2 tests/multiprocess/nonfinite_checks.py
+Also: preparing the same model (or its DDP wrapper) twice registers it once. Each ``@check`` is one test of
+tests/core/test_guards.py (the harness: tests/harness/checklist.py).
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from checklist import check, expect, run_checks
 
 from accel_core import Accelerator, GradScalerKwargs, PartialState
 
 STEPS, BAD_STEP = 5, 2
 state = PartialState()
 rank = state.process_index
-
-
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {rank}] {message}")
 
 
 def batch(step: int) -> torch.Tensor:
@@ -54,7 +51,7 @@ def train(poison: str | None, leave_out: bool, mixed_precision: str = "no") -> t
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
-        check(optimizer.step_was_skipped == (step == BAD_STEP and poison is not None), f"step {step} skipped?")
+        expect(optimizer.step_was_skipped == (step == BAD_STEP and poison is not None), f"step {step} skipped?")
         lrs.append(scheduler.get_last_lr()[0])
     return acc, model, lrs
 
@@ -66,45 +63,57 @@ def weights(model: Any) -> torch.Tensor:
 def same_on_both_ranks(tensor: torch.Tensor, what: str) -> None:
     everyone = [torch.empty_like(tensor) for _ in range(2)]
     dist.all_gather(everyone, tensor)
-    check(torch.equal(everyone[0], everyone[1]), f"{what}: weights differ across ranks: {everyone}")
+    expect(torch.equal(everyone[0], everyone[1]), f"{what}: weights differ across ranks: {everyone}")
 
 
-def check_skips() -> None:
-    _, reference, reference_lrs = train(None, leave_out=True)
-    for poison in ("nan", "inf"):
-        acc, model, lrs = train(poison, leave_out=False)
-        check(acc.nonfinite_skips == 1, f"{poison}: {acc.nonfinite_skips} skips counted")
-        same_on_both_ranks(weights(model), poison)
-        check(torch.equal(weights(model), weights(reference)), f"{poison}: not the run without step {BAD_STEP}")
-        # The scheduler did not step on the skipped step: the same schedule as the run without it, one entry longer.
-        check(lrs[:BAD_STEP] + lrs[BAD_STEP + 1 :] == reference_lrs, f"{poison}: learning rates {lrs}")
-        check(lrs[BAD_STEP] == lrs[BAD_STEP - 1], f"{poison}: the scheduler stepped on the skipped step: {lrs}")
-        if rank == 0:
-            print(f"ok {poison} loss on rank 1: skipped on both ranks, weights equal the run without the step")
+@cache
+def reference_run(mixed_precision: str = "no") -> tuple[torch.Tensor, list[float]]:
+    """The weights and learning rates of the run that leaves step BAD_STEP out on every rank."""
+    _, reference, reference_lrs = train(None, leave_out=True, mixed_precision=mixed_precision)
+    return weights(reference), reference_lrs
+
+
+def expect_skipped(poison: str) -> None:
+    reference_weights, reference_lrs = reference_run()
+    acc, model, lrs = train(poison, leave_out=False)
+    expect(acc.nonfinite_skips == 1, f"{poison}: {acc.nonfinite_skips} skips counted")
+    same_on_both_ranks(weights(model), poison)
+    expect(torch.equal(weights(model), reference_weights), f"{poison}: not the run without step {BAD_STEP}")
+    # The scheduler did not step on the skipped step: the same schedule as the run without it, one entry longer.
+    expect(lrs[:BAD_STEP] + lrs[BAD_STEP + 1 :] == reference_lrs, f"{poison}: learning rates {lrs}")
+    expect(lrs[BAD_STEP] == lrs[BAD_STEP - 1], f"{poison}: the scheduler stepped on the skipped step: {lrs}")
+
+
+@check
+def nan_loss_on_one_rank_skips_the_step_on_both() -> None:
+    expect_skipped("nan")
+
+
+@check
+def inf_loss_on_one_rank_skips_the_step_on_both() -> None:
+    expect_skipped("inf")
+
+
+@check
+def fp16_the_guards_skip_composes_with_the_grad_scaler() -> None:
     # fp16: the GradScaler checks the gradients; the guard adds the losses (an inf constant here).
-    _, reference16, _ = train(None, leave_out=True, mixed_precision="fp16")
+    reference16, _ = reference_run("fp16")
     acc, model, _ = train("inf", leave_out=False, mixed_precision="fp16")
-    check(acc.nonfinite_skips == 1, f"fp16: {acc.nonfinite_skips} skips counted")
+    expect(acc.nonfinite_skips == 1, f"fp16: {acc.nonfinite_skips} skips counted")
     same_on_both_ranks(weights(model), "fp16")
-    check(torch.equal(weights(model), weights(reference16)), "fp16: not the run without the step")
-    check(acc.scaler.get_scale() == 2.0**8, f"fp16: the loss's skip changed the loss scale: {acc.scaler.get_scale()}")
-    if rank == 0:
-        print("ok fp16: the guard's skip composes with the GradScaler")
+    expect(torch.equal(weights(model), reference16), "fp16: not the run without the step")
+    expect(acc.scaler.get_scale() == 2.0**8, f"fp16: the loss's skip changed the loss scale: {acc.scaler.get_scale()}")
 
 
-def check_prepare_twice() -> None:
+@check
+def prepare_twice_under_ddp_registers_the_model_once() -> None:
     acc = Accelerator()
     model = torch.nn.Linear(3, 2)
     wrapped = acc.prepare(model)
-    check(isinstance(wrapped, torch.nn.parallel.DistributedDataParallel), f"not DDP: {type(wrapped)}")
-    check(acc.prepare(model) is wrapped and acc.prepare(wrapped) is wrapped, "prepare twice: not the same wrapper")
-    check(len(acc._models) == 1, f"{len(acc._models)} models registered")
-    if rank == 0:
-        print("ok prepare(model) twice under DDP: the same wrapper, registered once")
+    expect(isinstance(wrapped, torch.nn.parallel.DistributedDataParallel), f"not DDP: {type(wrapped)}")
+    expect(acc.prepare(model) is wrapped and acc.prepare(wrapped) is wrapped, "prepare twice: not the same wrapper")
+    expect(len(acc._models) == 1, f"{len(acc._models)} models registered")
 
 
 if __name__ == "__main__":
-    check_skips()
-    check_prepare_twice()
-    print(f"NONFINITE CHECKS PASSED {rank}", flush=True)
-    state.destroy_process_group()
+    run_checks(teardown=state.destroy_process_group)

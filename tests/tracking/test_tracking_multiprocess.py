@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from checkrun import CheckRun, checks_in
 
 from accel_tracking import read_config, read_metrics
 
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "tracking_two_process.py"
 
 
 def _event_files(folder: Path) -> list[Path]:
@@ -23,9 +24,9 @@ def _event_files(folder: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def two_process_run(
-    tmp_path_factory: pytest.TempPathFactory, torchrun: Callable[..., subprocess.CompletedProcess[str]]
-) -> tuple[Path, Path, str]:
+def two_process_launch(
+    tmp_path_factory: pytest.TempPathFactory, torchrun_checks: Callable[..., CheckRun]
+) -> tuple[Path, CheckRun]:
     """One torchrun launch for every check below (trackers direct, via the Accelerator, the example)."""
     tmp = tmp_path_factory.mktemp("two_process")
     wandb_dir = tmp / "wandb_home"
@@ -38,20 +39,24 @@ def two_process_run(
         "WANDB_CACHE_DIR": str(wandb_dir / "cache"),
     }
     project = tmp / "project"
-    # One launch shared by the module's tests (the `torchrun` fixture is session-scoped for this).
-    result = torchrun(
-        HERE / "tracking_two_process.py",
-        str(tmp / "out"),
-        "--project-dir",
-        str(project),
-        "--epochs",
-        "3",
-        "--tensorboard",
-        env=env,
-        timeout=240,
+    launch = torchrun_checks(
+        SCRIPT, str(tmp / "out"), "--project-dir", str(project), "--epochs", "3", "--tensorboard", env=env, timeout=240
     )
-    assert "RANK0 OK" in result.stdout and "RANK1 OK" in result.stdout, result.stdout
-    return tmp, project, result.stdout
+    return tmp, launch
+
+
+@pytest.fixture(scope="module")
+def two_process_run(two_process_launch: tuple[Path, CheckRun]) -> tuple[Path, Path, str]:
+    """The launch's folder, its example's project folder and its output, once every check passed."""
+    tmp, launch = two_process_launch
+    for name in launch.names:
+        launch.assert_passed(name)
+    return tmp, tmp / "project", launch.stdout
+
+
+@pytest.mark.parametrize("name", checks_in(SCRIPT))
+def test_two_process_checks(two_process_launch: tuple[Path, CheckRun], name: str) -> None:
+    two_process_launch[1].assert_passed(name)
 
 
 def test_only_rank0_writes(two_process_run: tuple[Path, Path, str]) -> None:

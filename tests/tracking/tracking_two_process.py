@@ -3,7 +3,8 @@
 Part 1 uses the trackers directly on every rank (as a user script may), with PartialState.
 Part 2 drives them through ``Accelerator(log_with=[...])``. Part 3 runs examples/tracking_local.py
 in the same processes (one launch instead of two: each costs seconds of torch import).
-The pytest side counts the files.
+The pytest side counts the files; each ``@check`` here is one test of test_tracking_multiprocess.py
+(the harness: tests/harness/checklist.py).
 Usage: tracking_two_process.py <out_dir> [example args...]   (WANDB_MODE=offline, WANDB_DIR set by the caller)
 """
 
@@ -11,9 +12,10 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from checklist import check, expect, run_checks
 
 from accel_core.state import PartialState
 from accel_tracking import GeneralTracker, LocalTracker, TensorBoardTracker, WandBTracker, is_main_process, progress_bar
@@ -49,20 +51,20 @@ class MainOnlyCustom(PerRankTracker):
     main_process_only = True
 
 
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {PartialState().process_index}] {message}")
+OUT = Path(sys.argv[1])
+state = PartialState(cpu=True)
+rank = state.process_index
 
 
-def main() -> None:
-    started = time.perf_counter()
-    out = Path(sys.argv[1])
-    state = PartialState(cpu=True)
-    rank = state.process_index
-    check(state.num_processes == 2, "expected 2 processes")
-    check(is_main_process() == (rank == 0), "is_main_process disagrees with PartialState")
+@check
+def two_processes_and_rank_0_is_main() -> None:
+    expect(state.num_processes == 2, "expected 2 processes")
+    expect(is_main_process() == (rank == 0), "is_main_process disagrees with PartialState")
 
-    # -- Part 1: trackers built on every rank --------------------------------------------
+
+@check
+def trackers_built_on_every_rank_are_active_on_rank_0_only() -> None:
+    out = OUT
     trackers = [
         LocalTracker("direct_local", out / "direct"),
         TensorBoardTracker("direct_tb", out / "direct"),
@@ -72,9 +74,9 @@ def main() -> None:
     ]
     for tracker in trackers:
         active = tracker.is_active
-        check(active == (rank == 0 or not tracker.main_process_only), f"{tracker.name} active={active}")
+        expect(active == (rank == 0 or not tracker.main_process_only), f"{tracker.name} active={active}")
         if not active:
-            check(tracker.tracker is None, f"{tracker.name} built a backend object on rank {rank}")
+            expect(tracker.tracker is None, f"{tracker.name} built a backend object on rank {rank}")
     for tracker in trackers:
         tracker.store_init_configuration({"lr": 0.1, "world": state.num_processes})
     for step in progress_bar(range(5), desc="direct"):
@@ -83,18 +85,19 @@ def main() -> None:
     for tracker in trackers:
         tracker.finish()
     bar = progress_bar(range(2))
-    check(bar.disable == (rank != 0), f"progress bar disable={bar.disable} on rank {rank}")
+    expect(bar.disable == (rank != 0), f"progress bar disable={bar.disable} on rank {rank}")
     bar.close()
     everywhere = progress_bar(range(2), main_process_only=False)
-    check(not everywhere.disable and f"rank {rank}" in everywhere.desc, "main_process_only=False bar")
+    expect(not everywhere.disable and f"rank {rank}" in everywhere.desc, "main_process_only=False bar")
     everywhere.close()
     state.wait_for_everyone()
 
-    part1 = time.perf_counter()
 
-    # -- Part 2: through the Accelerator ----------------------------------------------------
+@check
+def accelerator_trackers_are_real_on_rank_0_and_inert_elsewhere() -> None:
     from accel_core.accelerator import Accelerator
 
+    out = OUT
     custom = MainOnlyCustom("acc_custom", str(out / "acc"))
     accelerator = Accelerator(cpu=True, log_with=["local", "tensorboard", custom], project_dir=out / "acc")
     accelerator.init_trackers(
@@ -107,30 +110,25 @@ def main() -> None:
     local = accelerator.get_tracker("local")
     writer = accelerator.get_tracker("tensorboard", unwrap=True)
     if rank == 0:
-        check(isinstance(local, LocalTracker) and local.is_active, "rank 0 get_tracker('local')")
-        check(type(writer).__name__ == "SummaryWriter", f"unwrap gave {type(writer).__name__}")
-        check(accelerator.get_tracker("main_only") is custom and len(custom.rows) == 4, "custom tracker rows")
+        expect(isinstance(local, LocalTracker) and local.is_active, "rank 0 get_tracker('local')")
+        expect(type(writer).__name__ == "SummaryWriter", f"unwrap gave {type(writer).__name__}")
+        expect(accelerator.get_tracker("main_only") is custom and len(custom.rows) == 4, "custom tracker rows")
     else:
         # As in the reference API, rank 1 gets an inert stand-in (unwrap or not) whose calls do nothing.
-        check(local.tracker is None and writer.tracker is None, "rank 1 must get an inactive tracker")
+        expect(local.tracker is None and writer.tracker is None, "rank 1 must get an inactive tracker")
         local.log({"loss": 123.0}, step=99)
-        check(accelerator.trackers == [], "rank 1 started trackers")
+        expect(accelerator.trackers == [], "rank 1 started trackers")
     accelerator.end_training()
     accelerator.wait_for_everyone()
 
-    part2 = time.perf_counter()
 
-    # -- Part 3: the example, as a user would run it -------------------------------------------
+@check
+def the_example_runs_as_a_user_would_run_it() -> None:
     import runpy
 
     example = runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "tracking_local.py"))
     example["main"](sys.argv[2:])
-    done = time.perf_counter()
-    print(
-        f"RANK{rank} OK (direct {part1 - started:.1f}s, accelerator {part2 - part1:.1f}s, example {done - part2:.1f}s)",
-        flush=True,
-    )
 
 
 if __name__ == "__main__":
-    main()
+    run_checks()
