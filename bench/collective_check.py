@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import torch
 
-import accel_core.metrics_gathering as gathering_module
+import accel_core.accelerator.metrics_gathering as gathering_module
 from accel_core import Accelerator, ops
 
 Payload = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]

@@ -15,8 +15,8 @@ from torch import nn
 
 from accel_core.launch.accelerate_import import convert_accelerate_config
 from accel_core.launch.plan import resolve_plan as resolve_launch_plan
-from accel_core.mesh import mesh_dims
-from accel_core.parallelism import ParallelismConfig, resolve_parallelism
+from accel_core.parallel.config import ParallelismConfig, resolve_parallelism
+from accel_core.parallel.dims import mesh_dims
 from accel_core.strategies import DDPStrategy, create_strategy, resolve_plan
 
 

@@ -42,7 +42,7 @@ def test_api_reference_lists_exactly_the_public_names(reference: ModuleType) -> 
     # names exported twice link to the first.
     targets = re.findall(r"^::: (\S+)$", "\n".join(pages.values()), re.M)
     assert len(targets) == len(set(targets))
-    assert "::: accel_core.accelerator.Accelerator" in pages["reference/api/accel.md"]
+    assert "::: accel_core.accelerator.accelerator.Accelerator" in pages["reference/api/accel.md"]
     assert (
         "The same object as [`accel.DistributedType`](accel.md#accel.DistributedType)"
         in pages["reference/api/accel.utils.md"]

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from accel import Accelerator
-from accel_core.parallelism import ParallelismConfig
+from accel_core.parallel.config import ParallelismConfig
 from accel_core.state import AcceleratorState, GradientState
 from accel_xla.spmd import sharding_of
 

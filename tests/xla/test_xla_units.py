@@ -19,7 +19,7 @@ from accel.commands.common import plan_from_namespace
 from accel.commands.launch import build_parser
 from accel_core import ops
 from accel_core.launch.extensions import load_extensions
-from accel_core.parallelism import ParallelismConfig
+from accel_core.parallel.config import ParallelismConfig
 from accel_core.placement import ProcessPlacement
 from accel_core.state import PartialState
 from accel_core.strategies import resolve_plan

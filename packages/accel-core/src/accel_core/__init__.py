@@ -37,7 +37,7 @@ _EXPORTS = {
     "TorchDynamoPlugin": ".configuration",
     "DDPCommunicationHookType": ".enums",
     "SchedulerStepping": ".enums",
-    "ParallelismConfig": ".parallelism",
+    "ParallelismConfig": ".parallel.config",
     "Strategy": ".strategies",
     "DistributedOperationException": ".ops",
     "set_seed": ".random",

@@ -27,7 +27,7 @@ SCHEDULER_STEPPING = "ACCEL_SCHEDULER_STEPPING"  # "per_process" (as Accelerate)
 # (SPMD), so `accel launch` does not check them against --num-processes; the strategy checks them in the process.
 MESH_OVER_DEVICES = "ACCEL_MESH_OVER_DEVICES"
 AUTO_RESUME = "ACCEL_AUTO_RESUME"  # "1"/"true": Accelerator(resume="auto") unless the script passes resume=
-# The mesh sizes travel as ACCEL_<DIM>_SIZE (ACCEL_TP_SIZE, ...): see ``accel_core.parallelism.ENV_VARS``.
+# The mesh sizes travel as ACCEL_<DIM>_SIZE (ACCEL_TP_SIZE, ...): see ``accel_core.parallel.config.ENV_VARS``.
 # A backend's own options travel as ACCEL_<BACKEND>_<OPTION>, e.g. ACCEL_FSDP_SHARDING_STRATEGY;
 # the backend package reads them in its plugin's ``from_env``.
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-    from .mesh import MeshGroup
+    from .parallel.dims import MeshGroup
 
 
 def _copies(grad: DTensor, world: int) -> int:

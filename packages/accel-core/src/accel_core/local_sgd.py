@@ -27,7 +27,7 @@ from .enums import DistributedType
 if TYPE_CHECKING:
     import torch
 
-    from .accelerator import Accelerator
+    from .accelerator.accelerator import Accelerator
 
 # Plain data parallelism only: sharded or model-parallel strategies have no whole parameters to average.
 _SUPPORTED = {

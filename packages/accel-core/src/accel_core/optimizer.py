@@ -12,7 +12,7 @@ from .precision import Precision
 from .state import GradientState
 
 if TYPE_CHECKING:
-    from .nonfinite import NonFiniteGuard
+    from .accelerator.nonfinite_guard import NonFiniteGuard
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from .configuration import DataLoaderConfiguration, ProjectConfiguration
-    from .mesh import ParallelDims
+    from .parallel.dims import ParallelDims
     from .strategies import PreparedObjects, Strategy
 
 

@@ -34,7 +34,7 @@ import torch
 
 from accel_core import environment as env
 from accel_core.enums import DistributedType
-from accel_core.parallelism import ParallelismConfig
+from accel_core.parallel.config import ParallelismConfig
 from accel_core.strategies import (
     JointResult,
     PreparedObjects,

@@ -25,8 +25,8 @@ from torch import nn
 
 from accel_core.enums import DistributedType
 from accel_core.grads import clip_grad_norm_
-from accel_core.mesh import adopt_mesh
-from accel_core.parallelism import SIZE_FIELDS, ParallelismConfig, resolve_parallelism
+from accel_core.parallel.config import SIZE_FIELDS, ParallelismConfig, resolve_parallelism
+from accel_core.parallel.dims import adopt_mesh
 from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
 from accel_core.strategies.ddp import data_parallel_no_sync
 from accel_core.strategies.groups import join_group_of_one

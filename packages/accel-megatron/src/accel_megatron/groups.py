@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, cast
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from accel_core.mesh import ParallelDims
+    from accel_core.parallel.dims import ParallelDims
 
     from .plugin import MegatronLMPlugin
 

@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from accel_core.configuration import DistributedDataParallelKwargs
 from accel_core.enums import DistributedType
-from accel_core.parallelism import (
+from accel_core.parallel.config import (
     ParallelismConfig,
     requested_size,
     resolve_parallelism,

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from accel_core import environment as env
-from accel_core.parallelism import ENV_VARS, ParallelismConfig
+from accel_core.parallel.config import ENV_VARS, ParallelismConfig
 from accel_core.transforms.tensor_parallel import plan_targets
 
 from .runtime import TorchXla

@@ -36,7 +36,7 @@ import torch
 
 from accel_core import environment as env
 from accel_core.enums import DistributedType
-from accel_core.parallelism import ParallelismConfig
+from accel_core.parallel.config import ParallelismConfig
 from accel_core.placement import ProcessPlacement
 from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
 from accel_core.strategies.base import on_device

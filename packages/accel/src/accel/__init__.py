@@ -26,7 +26,7 @@ _EXPORTS = {
     "AutocastKwargs": "accel_core.configuration",
     "ProfileKwargs": "accel_core.configuration",
     "DDPCommunicationHookType": "accel_core.enums",
-    "ParallelismConfig": "accel_core.parallelism",
+    "ParallelismConfig": "accel_core.parallel.config",
     "notebook_launcher": "accel_core.launch",
     "debug_launcher": "accel_core.launch",
     "skip_first_batches": "accel_data",

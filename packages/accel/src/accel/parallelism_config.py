@@ -5,7 +5,7 @@ from __future__ import annotations
 from accel_core.lazy import lazy_exports
 
 _EXPORTS = {
-    "ParallelismConfig": "accel_core.parallelism",
+    "ParallelismConfig": "accel_core.parallel.config",
 }
 
 __all__ = sorted(_EXPORTS)

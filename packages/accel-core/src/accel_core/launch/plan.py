@@ -91,7 +91,7 @@ SETTINGS: tuple[Setting, ...] = (
         tuple(SchedulerStepping.list()),
         "LR scheduler steps per optimizer step: per_process (as Accelerate, the default) or per_optimizer_step (one)",
     ),
-    # The job's mesh (accel_core.parallelism): unset sizes are 1, except the data-parallel one, which fills the rest.
+    # The job's mesh (accel_core.parallel.config): unset sizes are 1, but the data-parallel one fills the rest.
     Setting("dp_replicate_size", int, None, "ACCEL_DP_REPLICATE_SIZE", help="model replicas (DDP; HSDP's replicas)"),
     Setting("dp_shard_size", int, None, "ACCEL_DP_SHARD_SIZE", help="FSDP2 shards of each replica"),
     Setting("tp_size", int, None, "ACCEL_TP_SIZE", help="tensor-parallel degree"),

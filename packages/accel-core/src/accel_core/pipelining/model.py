@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 if TYPE_CHECKING:
-    from ..mesh import MeshGroup
+    from ..parallel.dims import MeshGroup
     from .schedule import PipelineLayout
 
 _TRAINING_FORWARD = (

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ..mesh import MeshGroup
-    from ..parallelism import ParallelismConfig
+    from ..parallel.config import ParallelismConfig
+    from ..parallel.dims import MeshGroup
 
 SINGLE_STAGE = ("gpipe", "1f1b")
 

@@ -39,7 +39,7 @@ import torch
 
 from ..enums import DistributedType
 from ..install_hints import accel_extra
-from ..parallelism import ParallelismConfig, resolve_parallelism
+from ..parallel.config import ParallelismConfig, resolve_parallelism
 from .context import JointResult, PreparedObjects, StrategyContext
 
 if TYPE_CHECKING:

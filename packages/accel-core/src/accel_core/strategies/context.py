@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..configuration import TorchDynamoPlugin
-    from ..mesh import ParallelDims
+    from ..parallel.dims import ParallelDims
     from ..precision import Precision
     from ..state import AcceleratorState, GradientState
     from .selection import Plan

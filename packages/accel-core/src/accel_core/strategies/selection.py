@@ -14,7 +14,7 @@ from typing import Any
 from .. import environment as env
 from ..configuration import GradientAccumulationPlugin
 from ..enums import DynamoBackend, PrecisionType, SchedulerStepping
-from ..parallelism import ParallelismConfig, requested_size
+from ..parallel.config import ParallelismConfig, requested_size
 
 # The Accelerator arguments that select a backend, and the strategy each one selects.
 PLUGIN_ARGUMENTS = {"deepspeed_plugin": "deepspeed", "fsdp_plugin": "fsdp", "megatron_lm_plugin": "megatron"}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 if TYPE_CHECKING:
-    from ..mesh import ParallelDims
+    from ..parallel.dims import ParallelDims
 
 
 def is_replicated(model: nn.Module) -> bool:

@@ -17,7 +17,7 @@ from torch import nn
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from ..parallelism import ParallelismConfig
+    from ..parallel.config import ParallelismConfig
     from ..precision import Precision
 
 STYLE_NAMES = ("colwise", "rowwise", "colwise_rep", "sequence_parallel")

@@ -57,7 +57,7 @@ _EXPORTS = {
     "GradientAccumulationPlugin": "accel_core.configuration",
     "DataLoaderConfiguration": "accel_core.configuration",
     "ProjectConfiguration": "accel_core.configuration",
-    "ParallelismConfig": "accel_core.parallelism",
+    "ParallelismConfig": "accel_core.parallel.config",
     # backend plugins (extras: accel[fsdp], accel[deepspeed], accel[megatron])
     "FullyShardedDataParallelPlugin": "accel_fsdp",
     "DeepSpeedPlugin": "accel_deepspeed",

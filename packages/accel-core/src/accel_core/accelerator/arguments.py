@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from .configuration import (
+from ..configuration import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
     GradScalerKwargs,
@@ -19,7 +19,7 @@ from .configuration import (
     ProfileKwargs,
     TorchDynamoPlugin,
 )
-from .fp8_recipes import RECIPE_HANDLERS
+from ..fp8_recipes import RECIPE_HANDLERS
 
 # The kwargs handler types accel applies.
 APPLIED_HANDLERS: tuple[type[KwargsHandler], ...] = (

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import ops
-from .collective_check import check_agreement, contains_tensor
+from .. import ops
+from ..collective_check import check_agreement, contains_tensor
 
 if TYPE_CHECKING:
-    from .configuration import DataLoaderConfiguration
-    from .mesh import ParallelDims
-    from .state import AcceleratorState, GradientState
-    from .strategies import PreparedObjects, Strategy
+    from ..configuration import DataLoaderConfiguration
+    from ..parallel.dims import ParallelDims
+    from ..state import AcceleratorState, GradientState
+    from ..strategies import PreparedObjects, Strategy
 
 
 class MetricsGathering:

@@ -4,7 +4,7 @@ Every process belongs to one point of a mesh whose dimensions are, outermost fir
 (pipeline stages), ``dp_replicate`` (model replicas), ``dp_shard`` (FSDP shards), ``cp`` (context
 parallel: sequence chunks) and ``tp`` (tensor parallel). Their sizes multiply to the number of
 processes. Data parallelism is ``dp = dp_replicate x dp_shard``: processes that differ only in
-``cp`` / ``tp`` (/ ``pp``) read the same batch. The Accelerator builds the mesh (``accel_core.mesh``)
+``cp`` / ``tp`` (/ ``pp``) read the same batch. The Accelerator builds the mesh (``accel_core.parallel.dims``)
 with flattened views ``dp``, ``dp_shard_cp`` and ``dp_cp``.
 
 Resolution (``resolve_parallelism``) is a pure function: each size comes from the argument, else
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import environment as env
+from .. import environment as env
 
 # Mesh dimensions, outermost first (torchtitan's order): tp innermost, so that tensor-parallel
 # peers are neighbouring ranks (the same machine), and pipeline stages outermost.

@@ -33,10 +33,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from . import cluster_env
-from . import environment as env
-from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
-from .configuration import (
+from .. import cluster_env
+from .. import environment as env
+from ..configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -45,27 +44,18 @@ from .configuration import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from .enums import DistributedType, SchedulerStepping
-from .fp8_recipes import fp8_recipe_handler
-from .mesh import ParallelDims, make_dims
-from .metrics_gathering import MetricsGathering
-from .nonfinite import NonFiniteGuard
-from .optimizer import AcceleratedOptimizer
-from .optimizer_rebuild import ParameterNames
-from .parallel import Parallelism
-from .parallelism import ParallelismConfig
-from .precision import AutocastPrecision, unwrap_forward
-from .precision_choice import choose_precision
-from .preparation import Preparation
-from .process_control import ProcessControl
-from .profiling import Profiling
-from .queries import SetupQueries
-from .random import synchronize_rng_states
-from .resumption import Resumption
-from .scheduler import AcceleratedScheduler
-from .services import Checkpointing, Tracking, normalize_log_with
-from .state import AcceleratorSetup, AcceleratorState, GradientState, PartialState, collective_timeout
-from .strategies import (
+from ..enums import DistributedType, SchedulerStepping
+from ..fp8_recipes import fp8_recipe_handler
+from ..optimizer import AcceleratedOptimizer
+from ..optimizer_rebuild import ParameterNames
+from ..parallel.config import ParallelismConfig
+from ..parallel.dims import ParallelDims, make_dims
+from ..precision import AutocastPrecision, unwrap_forward
+from ..precision_choice import choose_precision
+from ..random import synchronize_rng_states
+from ..scheduler import AcceleratedScheduler
+from ..state import AcceleratorSetup, AcceleratorState, GradientState, PartialState, collective_timeout
+from ..strategies import (
     BackwardSyncControl,
     OwnsOptimizerStep,
     PlacesProcess,
@@ -76,12 +66,22 @@ from .strategies import (
     create_strategy,
     resolve_plan,
 )
-from .strategies.groups import coordination_group
-from .strategies.selection import PLUGIN_ARGUMENTS
+from ..strategies.groups import coordination_group
+from ..strategies.selection import PLUGIN_ARGUMENTS
+from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
+from .checkpoint_and_tracking import Checkpointing, Tracking, normalize_log_with
+from .metrics_gathering import MetricsGathering
+from .nonfinite_guard import NonFiniteGuard
+from .parallel_layout import Parallelism
+from .preparation import Preparation
+from .process_control import ProcessControl
+from .profiling import Profiling
+from .resumption import Resumption
+from .setup_queries import SetupQueries
 from .triggers import Triggers
 
 if TYPE_CHECKING:
-    from .protocols import CheckpointAccelerator, DataAccelerator
+    from ..protocols import CheckpointAccelerator, DataAccelerator
 
 
 class Accelerator(
@@ -107,13 +107,13 @@ class Accelerator(
     environment that ``accel launch`` writes, then to 1, ``"no"``, ``"per_process"`` and all
     processes data-parallel. ``skip_nonfinite=True`` (or ``ACCEL_SKIP_NONFINITE=1``) skips the
     optimizer and scheduler step on every process when any process's loss or any gradient is not
-    finite, counting the skips in ``nonfinite_skips`` (``accel_core.nonfinite``).
+    finite, counting the skips in ``nonfinite_skips`` (``accel_core.accelerator.nonfinite_guard``).
     ``deepspeed_plugins`` takes one plugin, or a dict naming one (accel
     runs one DeepSpeed configuration per Accelerator).
 
     ``resume="auto"`` (accel's; default from ``ACCEL_AUTO_RESUME``, which ``accel launch
     --auto-resume`` sets) continues from the newest complete automatic checkpoint of
-    ``project_config`` once everything it holds is prepared again (see ``accel_core.resumption``);
+    ``project_config`` once everything it holds is prepared again (see ``accel_core.accelerator.resumption``);
     ``resumed_from`` is its folder (None on a fresh start) and ``completed_steps`` counts optimizer steps.
 
     One named ``DeviceMesh`` per job (``device_mesh``) is built from ``parallelism_config``;
@@ -516,7 +516,7 @@ class Accelerator(
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The full state dict of a prepared model (gathered where the strategy shards it, and over the pipeline
         stages: valid on the main process), fp16 cast to fp32."""
-        from .pipelining import StagedModel
+        from ..pipelining import StagedModel
 
         if isinstance(model, StagedModel):
             state_dict = model.full_state_dict() if unwrap else model.state_dict()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .configuration import (
+from ..configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -16,11 +16,11 @@ from .configuration import (
     InitProcessGroupKwargs,
     ProfileKwargs,
 )
-from .enums import FP8BackendType
-from .fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs, fp8_backend_of, fp8_recipe_handler
+from ..enums import FP8BackendType
+from ..fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs, fp8_backend_of, fp8_recipe_handler
 
 if TYPE_CHECKING:
-    from .state import AcceleratorState
+    from ..state import AcceleratorState
 
 # Distributed types with one accelerator device per process (the reference's `multi_device` list;
 # names accel has no backend for count too, so a comparison never depends on what is installed).

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from . import ops, plugins
-from .configuration import ProjectConfiguration
+from .. import ops, plugins
+from ..configuration import ProjectConfiguration
 
 if TYPE_CHECKING:
-    from .nonfinite import NonFiniteGuard
-    from .state import AcceleratorState
-    from .strategies import PreparedObjects
+    from ..state import AcceleratorState
+    from ..strategies import PreparedObjects
+    from .nonfinite_guard import NonFiniteGuard
 
 
 class _InactiveTracker:

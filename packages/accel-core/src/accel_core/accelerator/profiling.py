@@ -7,10 +7,10 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .configuration import ProfileKwargs
+from ..configuration import ProfileKwargs
 
 if TYPE_CHECKING:
-    from .state import AcceleratorState
+    from ..state import AcceleratorState
 
 # One trace file per process in ``output_trace_dir`` (Accelerate's name).
 PROFILE_PATTERN_NAME = "profile_{suffix}.json"

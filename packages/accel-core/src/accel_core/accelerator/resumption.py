@@ -28,17 +28,17 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import environment as env
-from . import plugins
-from .configuration import ProjectConfiguration
-from .preemption import EXIT_CODE, PreemptionWatch
-from .protocols import ContinuableTracker, RewindableTracker
+from .. import environment as env
+from .. import plugins
+from ..configuration import ProjectConfiguration
+from ..preemption import EXIT_CODE, PreemptionWatch
+from ..protocols import ContinuableTracker, RewindableTracker
 
 if TYPE_CHECKING:
-    from .nonfinite import NonFiniteGuard
-    from .protocols import ResumePoint
-    from .state import AcceleratorState, GradientState
-    from .strategies import PreparedObjects
+    from ..protocols import ResumePoint
+    from ..state import AcceleratorState, GradientState
+    from ..strategies import PreparedObjects
+    from .nonfinite_guard import NonFiniteGuard
 
 logger = logging.getLogger(__name__)
 

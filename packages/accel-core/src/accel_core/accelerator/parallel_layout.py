@@ -8,23 +8,23 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .strategies import OwnsOptimizerStep
+from ..strategies import OwnsOptimizerStep
 
 if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
-    from .mesh import ParallelDims
-    from .parallelism import ParallelismConfig
-    from .precision import Precision
-    from .state import GradientState
-    from .strategies import Strategy
+    from ..parallel.config import ParallelismConfig
+    from ..parallel.dims import ParallelDims
+    from ..precision import Precision
+    from ..state import GradientState
+    from ..strategies import Strategy
 
 logger = logging.getLogger("accel")
 
 
 class Parallelism:
-    """Mixin of the Accelerator: one named device mesh per job (see ``accel_core.mesh``), and the training step
+    """Mixin of the Accelerator: one named device mesh per job (see ``accel_core.parallel.dims``), and the training step
     that works under pipeline parallelism too (``forward_backward``)."""
 
     parallel_dims: ParallelDims
@@ -102,7 +102,7 @@ class Parallelism:
                     loss = accelerator.forward_backward(model, inputs, targets, torch.nn.functional.cross_entropy)
                     optimizer.step(); scheduler.step(); optimizer.zero_grad()
         """
-        from .pipelining import StagedModel, as_call_arguments
+        from ..pipelining import StagedModel, as_call_arguments
 
         if isinstance(model, StagedModel):
             owns_step = isinstance(self.strategy, OwnsOptimizerStep) and self.strategy.owns_optimizer_step()
@@ -143,7 +143,7 @@ class Parallelism:
                 )
             yield
             return
-        from .transforms.context_parallel import context_parallel_block
+        from ..transforms.context_parallel import context_parallel_block
 
         with context_parallel_block(
             self.parallel_dims.submesh("cp"), buffers, buffer_seq_dims, no_restore_buffers, config.cp_comm_strategy

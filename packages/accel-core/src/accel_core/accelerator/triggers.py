@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from . import ops
+from .. import ops
 
 if TYPE_CHECKING:
-    from .state import AcceleratorState
+    from ..state import AcceleratorState
 
 
 class Triggers:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .parallelism import MESH_DIMS, ParallelismConfig, config_from_sizes
+from .config import MESH_DIMS, ParallelismConfig, config_from_sizes
 
 if TYPE_CHECKING:
     import torch.distributed as dist

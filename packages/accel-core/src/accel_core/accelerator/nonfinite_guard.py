@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .ops import any_process
+from ..ops import any_process
 
 LOG_KEY = "train/nonfinite_skips"
 """The name under which ``accelerator.log`` reports the number of skipped steps."""

@@ -6,12 +6,12 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import ops
+from .. import ops
 
 if TYPE_CHECKING:
     import torch
 
-    from .state import AcceleratorState
+    from ..state import AcceleratorState
 
 
 class ProcessControl:

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from . import plugins, transforms
-from .enums import SchedulerStepping
-from .optimizer import AcceleratedOptimizer
-from .optimizer_rebuild import ParameterNames
-from .optimizer_rebuild import parameter_ids as optimizer_parameter_ids
-from .pipelining import StagedModel
-from .scheduler import AcceleratedScheduler
-from .strategies import (
+from .. import plugins, transforms
+from ..enums import SchedulerStepping
+from ..optimizer import AcceleratedOptimizer
+from ..optimizer_rebuild import ParameterNames
+from ..optimizer_rebuild import parameter_ids as optimizer_parameter_ids
+from ..pipelining import StagedModel
+from ..scheduler import AcceleratedScheduler
+from ..strategies import (
     BatchTransfer,
     JointPreparation,
     ObservesDataloaders,
@@ -27,15 +27,15 @@ from .strategies import (
     ReducesGradients,
     WrapsBeforeOptimizer,
 )
-from .strategies.base import ConvertsOwnTypes
+from ..strategies.base import ConvertsOwnTypes
 
 if TYPE_CHECKING:
-    from .configuration import DataLoaderConfiguration
-    from .mesh import ParallelDims
-    from .nonfinite import NonFiniteGuard
-    from .precision import Precision
-    from .state import AcceleratorState
-    from .strategies import PreparedObjects, Strategy, StrategyContext
+    from ..configuration import DataLoaderConfiguration
+    from ..parallel.dims import ParallelDims
+    from ..precision import Precision
+    from ..state import AcceleratorState
+    from ..strategies import PreparedObjects, Strategy, StrategyContext
+    from .nonfinite_guard import NonFiniteGuard
 
 _SUPPORTED = (
     "torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler and torch.utils.data.DataLoader"
@@ -204,7 +204,7 @@ class Preparation:
     def _rebuild_for_wrapped_model(
         self, optimizer: torch.optim.Optimizer, originals: list[tuple[set[int], torch.nn.Module]]
     ) -> torch.optim.Optimizer:
-        from .optimizer_rebuild import rebuild
+        from ..optimizer_rebuild import rebuild
 
         owned = optimizer_parameter_ids(optimizer)
         owners = [model for parameter_ids, model in originals if parameter_ids & owned]
@@ -218,7 +218,7 @@ class Preparation:
                 "optimizer on it."
             )
         if isinstance(owners[0], StagedModel):
-            from .pipelining.optimizer import rebuild_for_stages
+            from ..pipelining.optimizer import rebuild_for_stages
 
             return rebuild_for_stages(optimizer, owners[0], self._parameter_names)
         if isinstance(self.strategy, WrapsBeforeOptimizer):
@@ -318,7 +318,7 @@ class Preparation:
 
 def _only_moved(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> bool:
     """Whether the model's new parameters are plain tensors of the same sizes on another device (nothing sharded)."""
-    from .transforms.state_dict import has_dtensors
+    from ..transforms.state_dict import has_dtensors
 
     old = [p for group in optimizer.param_groups for p in group["params"]]
     new = list(model.parameters())
