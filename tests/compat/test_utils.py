@@ -66,7 +66,7 @@ def test_batch_size_errors() -> None:
 
 
 def test_out_of_memory_errors_of_every_device_are_recognised() -> None:
-    from accel_core.memory import should_reduce_batch_size
+    from accel_core.compat.memory import should_reduce_batch_size
 
     assert should_reduce_batch_size(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert should_reduce_batch_size(RuntimeError("XPU out of memory. Tried to allocate 1 GiB"))

@@ -319,12 +319,3 @@ class ProjectConfiguration:
         self.project_dir = None if project_dir is None else os.fspath(project_dir)
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
-
-
-def __getattr__(name: str) -> Any:
-    # FP8RecipeKwargs moved to fp8_recipes (with AORecipeKwargs and TERecipeKwargs); still importable from here.
-    if name == "FP8RecipeKwargs":
-        from .fp8_recipes import FP8RecipeKwargs
-
-        return FP8RecipeKwargs
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

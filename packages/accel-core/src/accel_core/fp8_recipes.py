@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import environment as env
+from .compat.availability import is_torchao_available, is_transformer_engine_available
 from .configuration import KwargsHandler
 from .enums import FP8BackendType
-from .imports import is_torchao_available, is_transformer_engine_available
 from .install_hints import accel_extra
 
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")

@@ -11,6 +11,6 @@ from __future__ import annotations
 
 def accel_extra(extra: str) -> str:
     """``pip install "accel[<extra>]==<this release>"``: the meta-package with one extra, pinned to this accel."""
-    from accel_core import __version__
+    from importlib.metadata import version  # the installed release; importing accel_core here would be circular
 
-    return f'pip install "accel[{extra}]=={__version__}"'
+    return f'pip install "accel[{extra}]=={version("accel-core")}"'

@@ -128,7 +128,7 @@ def recursive_getattr(obj: Any, attr: str) -> Any:
 
 def is_peft_model(model: nn.Module) -> bool:
     """Whether ``model`` is a PEFT (LoRA, ...) ``PeftModel``; False when peft is not installed."""
-    from .imports import is_peft_available
+    from .compat.availability import is_peft_available
 
     if not is_peft_available():
         return False

@@ -36,9 +36,9 @@ _EXPORTS = {
     "DeepSpeedPlugin": "accel_deepspeed",
     "MegatronLMPlugin": "accel_megatron",
     # the reference's other top-level names (issue 18)
-    "find_executable_batch_size": "accel_core.memory",
+    "find_executable_batch_size": "accel_core.compat.memory",
     "synchronize_rng_states": "accel_core.random",
-    "is_rich_available": "accel_core.imports",
+    "is_rich_available": "accel_core.compat.availability",
     "init_empty_weights": "accel_checkpoint.big_modeling",
     "init_on_device": "accel_checkpoint.big_modeling",
     "infer_auto_device_map": "accel_checkpoint.big_modeling",

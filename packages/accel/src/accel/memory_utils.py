@@ -5,7 +5,7 @@ from __future__ import annotations
 from accel_core.lazy import lazy_exports
 
 _EXPORTS = {
-    "find_executable_batch_size": "accel_core.memory",
+    "find_executable_batch_size": "accel_core.compat.memory",
 }
 
 __all__ = sorted(_EXPORTS)

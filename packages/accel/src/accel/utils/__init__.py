@@ -82,8 +82,8 @@ _EXPORTS = {
     "find_device": "accel_core.structures",
     "convert_outputs_to_fp32": "accel_core.structures",
     # memory
-    "find_executable_batch_size": "accel_core.memory",
-    "release_memory": "accel_core.memory",
+    "find_executable_batch_size": "accel_core.compat.memory",
+    "release_memory": "accel_core.compat.memory",
     # models
     "extract_model_from_parallel": "accel_core.model_utils",
     "is_compiled_module": "accel_core.model_utils",
@@ -94,26 +94,26 @@ _EXPORTS = {
     "recursive_getattr": "accel_core.model_utils",
     "is_peft_model": "accel_core.model_utils",
     # processes and small helpers
-    "wait_for_everyone": "accel_core.utilities",
-    "get_pretty_name": "accel_core.utilities",
-    "merge_dicts": "accel_core.utilities",
-    "is_port_in_use": "accel_core.utilities",
-    "convert_bytes": "accel_core.utilities",
-    "check_os_kernel": "accel_core.utilities",
+    "wait_for_everyone": "accel_core.compat.reference_utils",
+    "get_pretty_name": "accel_core.compat.reference_utils",
+    "merge_dicts": "accel_core.compat.reference_utils",
+    "is_port_in_use": "accel_core.compat.reference_utils",
+    "convert_bytes": "accel_core.compat.reference_utils",
+    "check_os_kernel": "accel_core.compat.reference_utils",
     # environment
-    "patch_environment": "accel_core.env_utils",
-    "clear_environment": "accel_core.env_utils",
-    "purge_accelerate_environment": "accel_core.env_utils",
-    "str_to_bool": "accel_core.env_utils",
-    "parse_flag_from_env": "accel_core.env_utils",
-    "parse_choice_from_env": "accel_core.env_utils",
-    "get_int_from_env": "accel_core.env_utils",
-    "convert_dict_to_env_variables": "accel_core.env_utils",
-    "are_libraries_initialized": "accel_core.env_utils",
-    "get_current_device_type": "accel_core.env_utils",
+    "patch_environment": "accel_core.compat.env_utils",
+    "clear_environment": "accel_core.compat.env_utils",
+    "purge_accelerate_environment": "accel_core.compat.env_utils",
+    "str_to_bool": "accel_core.compat.env_utils",
+    "parse_flag_from_env": "accel_core.compat.env_utils",
+    "parse_choice_from_env": "accel_core.compat.env_utils",
+    "get_int_from_env": "accel_core.compat.env_utils",
+    "convert_dict_to_env_variables": "accel_core.compat.env_utils",
+    "are_libraries_initialized": "accel_core.compat.env_utils",
+    "get_current_device_type": "accel_core.compat.env_utils",
     # versions and constants
-    "compare_versions": "accel_core.versions",
-    "is_torch_version": "accel_core.versions",
+    "compare_versions": "accel_core.compat.versions",
+    "is_torch_version": "accel_core.compat.versions",
     "TORCH_DISTRIBUTED_OPERATION_TYPES": "accel_core.constants",
     "TORCH_LAUNCH_PARAMS": "accel_core.constants",
     "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION": "accel_core.constants",
@@ -175,7 +175,7 @@ _EXPORTS = {
 # The `is_*_available` checks and the decorators that use them.
 _EXPORTS.update(
     {
-        name: "accel_core.imports"
+        name: "accel_core.compat.availability"
         for name in (
             "is_4bit_bnb_available", "is_8bit_bnb_available", "is_aim_available", "is_amdsmi_available",
             "is_bf16_available", "is_bitsandbytes_multi_backend_available", "is_bnb_available", "is_boto3_available",
@@ -191,10 +191,13 @@ _EXPORTS.update(
             "is_torchdata_stateful_dataloader_available", "is_torchvision_available", "is_trackio_available",
             "is_transformer_engine_available", "is_transformer_engine_mxfp8_available", "is_transformers_available",
             "is_triton_available", "is_wandb_available", "is_weights_only_available", "is_xccl_available",
-            "is_xpu_available", "deepspeed_required", "torchao_required",
+            "is_xpu_available",
         )
     }
 )  # fmt: skip
+_EXPORTS.update(
+    {"deepspeed_required": "accel_core.compat.requirements", "torchao_required": "accel_core.compat.requirements"}
+)
 
 __all__ = sorted(_EXPORTS)
 

@@ -21,7 +21,7 @@ from packaging.version import Version
 
 def wait_for_everyone() -> None:
     """Blocks until every process reaches this line (a no-op on one process). Every process must call it."""
-    from .state import PartialState
+    from ..state import PartialState
 
     PartialState().wait_for_everyone()
 

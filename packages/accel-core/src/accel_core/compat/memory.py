@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import imports
+from . import availability as imports
 
 # Messages of the allocation failures that a smaller batch can cure (the reference's list).
 _OUT_OF_MEMORY_MESSAGES = (

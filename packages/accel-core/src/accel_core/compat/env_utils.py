@@ -157,7 +157,7 @@ def get_current_device_type() -> tuple[str, str]:
 
     The order of preference is the reference's: MLU, SDAA, MUSA, NPU, HPU, XPU, Neuron, then CUDA.
     """
-    from . import imports
+    from . import availability as imports
 
     for kind, available in (
         ("mlu", imports.is_mlu_available),

@@ -18,11 +18,9 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
-from functools import lru_cache, wraps
-from typing import Any
+from functools import lru_cache
 
-from .environment import parse_flag
+from ..environment import parse_flag
 from .versions import compare_versions, is_torch_version
 
 
@@ -276,10 +274,16 @@ def is_cuda_available() -> bool:
     """Whether a CUDA device is usable, asked through NVML so the CUDA driver is not initialised."""
     import torch
 
-    from .env_utils import patch_environment
-
-    with patch_environment(PYTORCH_NVML_BASED_CUDA_CHECK="1"):
+    # Set for this call only (env_utils.patch_environment would import this module back).
+    previous = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    try:
         return torch.cuda.is_available()
+    finally:
+        if previous is None:
+            os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+        else:
+            os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = previous
 
 
 def is_rocm_available() -> bool:
@@ -440,34 +444,3 @@ def is_fp16_available() -> bool:
 def is_fp8_available() -> bool:
     """Whether a library accel could run fp8 with is installed (MS-AMP, Transformer-Engine or torchao)."""
     return is_msamp_available() or is_transformer_engine_available() or is_torchao_available()
-
-
-# -- decorators ------------------------------------------------------------------------------------
-def torchao_required(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator: calling ``func`` without torchao installed raises an ImportError naming the fix."""
-
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not is_torchao_available():
-            raise ImportError(f"{func.__name__} needs torchao (>= 0.6.1): pip install torchao")
-        return func(*args, **kwargs)
-
-    return wrapper
-
-
-def deepspeed_required(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator: calling ``func`` raises ValueError when an Accelerator exists and does not run DeepSpeed."""
-
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from .enums import DistributedType
-        from .state import AcceleratorState
-
-        if AcceleratorState._shared_state and AcceleratorState().distributed_type != DistributedType.DEEPSPEED:
-            raise ValueError(
-                f"{func.__name__} needs DeepSpeed: create the Accelerator with a DeepSpeedPlugin "
-                "(or `accel launch --strategy deepspeed`) before calling it."
-            )
-        return func(*args, **kwargs)
-
-    return wrapper
