@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from checklist import RESULTS_ENV
 from checkrun import HARNESS, CheckRun, checks_in, launch, torchrun_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +68,7 @@ def isolated_run(tmp_path_factory: pytest.TempPathFactory) -> CheckRun:
     assert {"accel-core", "accel-data", "torch", "torchdata"} <= names
     assert not names & {"accel", "accel-checkpoint", "accel-tracking"}, names
     # Only the harness (standard library alone) on the path besides the environment's own packages.
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(HARNESS), ACCEL_CHECK_RESULTS=str(tmp_path / "results"))
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(HARNESS), RESULTS_ENV: str(tmp_path / "results")})
     command = torchrun_command(SCRIPT, python=str(python))
     # From the temporary folder: nothing of the workspace is importable from the working directory.
     return CheckRun.read(SCRIPT, 2, launch(command, env, timeout=300, cwd=tmp_path), tmp_path / "results")

@@ -3,25 +3,31 @@
 A script launched under torchrun (or plain ``python``) declares its checks as functions and ends with
 ``run_checks()``::
 
-    from checklist import check, expect, run_checks
+    from checklist import check, expect, run_checks, skip
 
     @check
     def gather_returns_every_sample() -> None:
         expect(len(gathered) == 10, f"{len(gathered)} samples")
+
+    @check
+    def four_process_layout() -> None:
+        if WORLD_SIZE != 4:
+            skip("needs 4 processes")  # every check is declared in every launch; pytest reports this one skipped
+        ...
 
     if __name__ == "__main__":
         run_checks()
 
 ``run_checks`` runs the checks in the order they are defined, on every rank. A failed ``expect`` (or any exception)
 fails that check only: the result (passed or failed, the message, where it was raised, a traceback) is written as a
-JSON line to ``$ACCEL_CHECK_RESULTS/rank<N>.jsonl``, and the next check runs. pytest reads those lines and reports
+JSON line to ``$CHECK_RESULTS/rank<N>.jsonl``, and the next check runs. pytest reads those lines and reports
 one test per check (tests/harness/checkrun.py). The script exits 1 when a check failed on any rank.
 
 Collectives. All ranks run the same checks in the same order, and after each check every rank waits (through files in
 the results folder, never through a collective, which could pair with a collective a peer is still in) until every
 rank has finished it. A check that fails on every rank, or after its last collective, leaves the ranks in step and
 the run goes on. A check that fails on one rank *before* a collective its peers enter leaves them waiting in that
-collective: then the failing rank stops waiting after ``ACCEL_CHECK_SYNC_TIMEOUT`` seconds (default 120), records
+collective: then the failing rank stops waiting after ``CHECK_SYNC_TIMEOUT`` seconds (default 120), records
 that the run was aborted at that check, and exits, and the launcher stops the others. The checks after it are
 reported as not run, the failed one by its name and message.
 
@@ -42,8 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-RESULTS_ENV = "ACCEL_CHECK_RESULTS"
-SYNC_TIMEOUT_ENV = "ACCEL_CHECK_SYNC_TIMEOUT"
+RESULTS_ENV = "CHECK_RESULTS"
+SYNC_TIMEOUT_ENV = "CHECK_SYNC_TIMEOUT"
 DEFAULT_SYNC_TIMEOUT = 120.0
 
 
@@ -55,6 +61,15 @@ def expect(condition: object, message: str) -> None:
     """Fails the running check with ``message`` unless ``condition`` holds."""
     if not condition:
         raise CheckFailed(message)
+
+
+class CheckSkipped(Exception):
+    """Raised by ``skip``: the check does not apply to this launch (e.g. another number of processes)."""
+
+
+def skip(reason: str) -> None:
+    """Ends the running check as skipped; pytest reports it skipped with ``reason`` when every rank skipped it."""
+    raise CheckSkipped(reason)
 
 
 @dataclass(frozen=True)
@@ -86,7 +101,7 @@ def world_size() -> int:
 
 
 def _results_folder() -> Path:
-    """``$ACCEL_CHECK_RESULTS`` (set by the pytest side), else one folder per torchrun job (its run id) for a run
+    """``$CHECK_RESULTS`` (set by the pytest side), else one folder per torchrun job (its run id) for a run
     started by hand; every rank of a job must agree on it."""
     if folder := os.environ.get(RESULTS_ENV):
         return Path(folder)
@@ -157,13 +172,19 @@ def run_checks(teardown: Callable[[], None] | None = None) -> NoReturn:
         recorder.write("start", check=item.name)
         started = time.perf_counter()
         error: Exception | None = None
+        skipped: str | None = None
         try:
             item.function()
-        # Any exception fails this check only; the run goes on (see the module's docstring).
+        except CheckSkipped as reason:
+            skipped = str(reason)
+        # Any other exception fails this check only; the run goes on (see the module's docstring).
         except Exception as raised:  # noqa: BLE001
             error = raised
         seconds = round(time.perf_counter() - started, 3)
-        if error is None:
+        if skipped is not None:
+            recorder.write("end", check=item.name, passed=True, skipped=skipped, seconds=seconds)
+            print(f"check {item.name}: skipped on rank {recorder.rank}: {skipped}", flush=True)
+        elif error is None:
             recorder.write("end", check=item.name, passed=True, seconds=seconds)
             print(f"check {item.name}: passed on rank {recorder.rank} ({seconds} s)", flush=True)
         else:

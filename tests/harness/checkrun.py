@@ -32,13 +32,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from checklist import RESULTS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).resolve().parent
 
 
+# The test that follows a script's checks: every rank reached the end of run_checks (teardown included) and the launch
+# exited as the checks say (0, or 1 after a failed check), as a plain torchrun launch's exit code was checked before.
+ENDED = "run_ends_cleanly"
+
+
 def checks_in(script: str | Path) -> list[str]:
+    """The tests of ``script``: its checks in the order it runs them (its top-level functions decorated ``@check``),
+    then ``ENDED``."""
+    return [*declared_checks(script), ENDED]
+
+
+def declared_checks(script: str | Path) -> list[str]:
     """The names of ``script``'s checks in the order it runs them: its top-level functions decorated ``@check``."""
     tree = ast.parse(Path(script).read_text(encoding="utf-8"))
     names = [
@@ -52,11 +64,13 @@ def checks_in(script: str | Path) -> list[str]:
     return names
 
 
-def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a launched test process: CPU only, one OpenMP thread per process (2 shared cores), and
-    this folder on ``PYTHONPATH`` so the script can import ``checklist``; then ``extra``."""
-    path = os.pathsep.join(p for p in (str(HARNESS), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "ACCEL_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **(extra or {})}
+def worker_env(extra: dict[str, str] | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a launched test process: ``base`` (this process's environment by default), CPU only, one
+    OpenMP thread per process (2 shared cores), and this folder on ``PYTHONPATH`` so the script can import
+    ``checklist``; then ``extra``."""
+    base = dict(os.environ) if base is None else base
+    path = os.pathsep.join(p for p in (str(HARNESS), base.get("PYTHONPATH", "")) if p)
+    return {**base, "ACCEL_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **(extra or {})}
 
 
 def rendezvous_args() -> list[str]:
@@ -118,10 +132,12 @@ class CheckRun:
             path = folder / f"rank{rank}.jsonl"
             lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
             records[rank] = [json.loads(line) for line in lines if line.strip()]
-        return cls(script, checks_in(script), nproc, launched, records)
+        return cls(script, declared_checks(script), nproc, launched, records)
 
     def outcome(self, name: str, rank: int) -> str | None:
         """None when ``name`` passed on ``rank``, else why not (its message, place and traceback)."""
+        if name == ENDED:
+            return self._ending(rank)
         mine = self.records[rank]
         registered = next((r["checks"] for r in mine if r["event"] == "registered"), None)
         if registered is not None and registered != self.names:
@@ -143,6 +159,15 @@ class CheckRun:
             return f"not run: the run was aborted at check {aborts[0]['check']}: {aborts[0]['reason']}"
         return f"not run: {self._how_it_ended()}"
 
+    def _ending(self, rank: int) -> str | None:
+        done = next((r for r in self.records[rank] if r["event"] == "done"), None)
+        if done is None:
+            return f"this rank did not reach the end of run_checks: {self._how_it_ended()}"
+        any_failed = any(r["any_failed"] for records in self.records.values() for r in records if r["event"] == "done")
+        if self.launched.returncode != int(any_failed):
+            return f"the launch exited with code {self.launched.returncode} after the checks ({any_failed=})"
+        return None
+
     def _how_it_ended(self) -> str:
         launched = self.launched
         if launched.timed_out:
@@ -152,13 +177,27 @@ class CheckRun:
     def failures(self, name: str) -> dict[int, str]:
         return {rank: why for rank in range(self.nproc) if (why := self.outcome(name, rank)) is not None}
 
+    def skipped(self, name: str) -> str | None:
+        """Why ``name`` was skipped, when every rank skipped it (``checklist.skip``)."""
+        reasons = {
+            r.get("skipped")
+            for rank_records in self.records.values()
+            for r in rank_records
+            if r["event"] == "end" and r["check"] == name
+        }
+        ended = sum(1 for rank in range(self.nproc) if self.outcome(name, rank) is None)
+        return reasons.pop() if ended == self.nproc and len(reasons) == 1 and None not in reasons else None
+
     def assert_passed(self, name: str) -> None:
-        """Fails (pytest's assertion) unless check ``name`` passed on every rank, with each rank's reason."""
+        """Fails (pytest's assertion) unless check ``name`` passed on every rank, with each rank's reason; skips the
+        test when every rank skipped the check."""
         failures = self.failures(name)
         if not failures:
+            if (reason := self.skipped(name)) is not None:
+                pytest.skip(f"check {name}: {reason}")
             return
         report = "\n".join(f"--- rank {rank}: {why}" for rank, why in failures.items())
-        if any(why.startswith(("not run", "started")) for why in failures.values()):
+        if name == ENDED or any(why.startswith(("not run", "started")) for why in failures.values()):
             report += f"\n--- stdout (tail):\n{self.launched.stdout[-3000:]}\n--- stderr (tail):\n"
             report += self.launched.stderr[-6000:]
         raise AssertionError(f"check {name} of {self.script.name} failed:\n{report}")
@@ -176,10 +215,12 @@ def run_check_script(
     env: dict[str, str] | None = None,
     timeout: float = 240,
     results: Path | None = None,
+    base_env: dict[str, str] | None = None,
 ) -> CheckRun:
     """Runs ``command`` (which starts ``script`` on ``nproc`` processes: torchrun, ``accel launch`` or ``python``)
-    with its records written to ``results`` (a fresh folder when None) and reads them back."""
+    with its records written to ``results`` (a fresh folder when None) and reads them back; the environment is
+    ``worker_env(env, base_env)``."""
     folder = Path(tempfile.mkdtemp(prefix="accel-checks-")) if results is None else results
     folder.mkdir(parents=True, exist_ok=True)
-    launched = launch(command, worker_env({**(env or {}), RESULTS_ENV: str(folder)}), timeout)
+    launched = launch(command, worker_env({**(env or {}), RESULTS_ENV: str(folder)}, base_env), timeout)
     return CheckRun.read(Path(script), nproc, launched, folder)

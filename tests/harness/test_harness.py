@@ -1,6 +1,6 @@
 """The check harness itself (checklist.py, checkrun.py): pytest reports one test per check, a failing check by its
-name and message, and the checks after it still run; a failure that leaves a peer in a collective aborts the run
-within the sync timeout instead of hanging, naming the check."""
+name and message, a skipped one as skipped, and the checks after them still run; a failure that leaves a peer in a
+collective aborts the run within the sync timeout instead of hanging, naming the check."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ def test_checks_are_read_from_the_source_in_order() -> None:
         "first_passes",
         "fails_on_rank_1",
         "raises_on_every_rank",
+        "skipped_on_every_rank",
         "runs_after_the_failures",
+        "run_ends_cleanly",  # every rank reached the end, and the launch's exit code says a check failed
     ]
     with pytest.raises(ValueError, match="no @check"):
         checks_in(Path(__file__))
@@ -49,12 +51,17 @@ def test_each_check_is_a_test_and_a_failed_one_hides_none_after_it(tmp_path: Pat
         timeout=300,
     )
     cases = {case.get("name"): case for case in ET.parse(report).getroot().iter("testcase")}
-    outcomes = {name: "failed" if case.find("failure") is not None else "passed" for name, case in cases.items()}
+    outcomes = {
+        name: next((kind for kind in ("failure", "skipped") if case.find(kind) is not None), "passed")
+        for name, case in cases.items()
+    }
     assert outcomes == {
         "test_check[first_passes]": "passed",
-        "test_check[fails_on_rank_1]": "failed",
-        "test_check[raises_on_every_rank]": "failed",
+        "test_check[fails_on_rank_1]": "failure",
+        "test_check[raises_on_every_rank]": "failure",
+        "test_check[skipped_on_every_rank]": "skipped",
         "test_check[runs_after_the_failures]": "passed",
+        "test_check[run_ends_cleanly]": "passed",
     }, result.stdout[-4000:]
     one_rank = cases["test_check[fails_on_rank_1]"].find("failure").text or ""  # type: ignore[union-attr]
     assert "check fails_on_rank_1 of demo_checks.py failed" in one_rank
@@ -68,7 +75,7 @@ def test_each_check_is_a_test_and_a_failed_one_hides_none_after_it(tmp_path: Pat
 def test_a_failure_before_a_peers_collective_aborts_the_run_naming_the_check(torchrun_checks) -> None:
     script = SELFTEST / "abort_checks.py"
     started = time.monotonic()
-    run = torchrun_checks(script, env={"ACCEL_CHECK_SYNC_TIMEOUT": "3"}, timeout=120)
+    run = torchrun_checks(script, env={"CHECK_SYNC_TIMEOUT": "3"}, timeout=120)
     assert time.monotonic() - started < 100, "the launch waited for its timeout: a hang"
     assert run.launched.returncode != 0 and not run.launched.timed_out
     assert run.failures("first_passes") == {}
@@ -84,3 +91,4 @@ def test_a_failure_before_a_peers_collective_aborts_the_run_naming_the_check(tor
     ), never
     with pytest.raises(AssertionError, match=r"check fails_before_a_collective of abort_checks\.py failed"):
         run.assert_passed("fails_before_a_collective")
+    assert set(run.failures("run_ends_cleanly")) == {0, 1}  # neither rank reached the end of run_checks

@@ -1,5 +1,5 @@
 """The harness's own 2-process script (gloo) for the one unsafe case: rank 1 fails before a collective that rank 0
-enters. Rank 1 waits ACCEL_CHECK_SYNC_TIMEOUT for rank 0, records the abort and exits; the launcher stops rank 0.
+enters. Rank 1 waits CHECK_SYNC_TIMEOUT for rank 0, records the abort and exits; the launcher stops rank 0.
 Run by tests/harness/test_harness.py.
 """
 

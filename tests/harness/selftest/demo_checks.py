@@ -1,5 +1,5 @@
 """The harness's own 2-process script (gloo): a check that fails on rank 1 only, after its collectives, between
-checks that pass; the checks after it run, in step, and their collectives still pair up.
+checks that pass, and one skipped; the checks after it run, in step, and their collectives still pair up.
 
 Run by tests/harness/test_harness.py (under pytest, through selftest/demo_checks_suite.py). ``DEMO_FAIL=0`` makes
 every check pass.
@@ -11,7 +11,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from checklist import check, expect, run_checks
+from checklist import check, expect, run_checks, skip
 
 FAIL = os.environ.get("DEMO_FAIL", "1") == "1"
 dist.init_process_group("gloo")
@@ -40,6 +40,12 @@ def raises_on_every_rank() -> None:
     world_sum(1.0)
     if FAIL:
         raise ValueError("not a number")
+
+
+@check
+def skipped_on_every_rank() -> None:
+    world_sum(1.0)
+    skip("a check that does not apply to this launch")
 
 
 @check
