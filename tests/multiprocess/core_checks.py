@@ -1,7 +1,7 @@
 """Many accel-core checks in one 2-process launch (each launch costs seconds of torch import).
 
-Run: torchrun --nproc_per_node 2 tests/multiprocess/core_checks.py <tmp_dir>
-Every check raises on failure; the last line printed on each rank is "CORE CHECKS PASSED <rank>".
+Run: PYTHONPATH=tests/harness torchrun --nproc_per_node 2 tests/multiprocess/core_checks.py <tmp_dir>
+Each ``@check`` is one test of tests/core/test_multiprocess_core.py (the harness: tests/harness/checklist.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from checklist import check, expect, run_checks
 
 from accel_core import Accelerator, DistributedDataParallelKwargs, DistributedType, PartialState, ops
 from accel_core.random import synchronize_rng_states
@@ -24,62 +25,60 @@ if __name__ == "__main__":  # not in a DataLoader worker started with spawn, whi
     rank, world = acc.process_index, acc.num_processes
 
 
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {rank}] {message}")
+@check
+def two_processes_over_gloo() -> None:
+    expect(world == 2, f"expected 2 processes, got {world}")
+    expect(dist.is_initialized() and dist.get_backend() == "gloo", "gloo process group expected")
+    expect(acc.distributed_type == DistributedType.MULTI_CPU, f"distributed_type {acc.distributed_type}")
+    expect(acc.device.type == "cpu", "cpu device expected")
+    expect(acc.is_main_process == (rank == 0) and acc.is_last_process == (rank == 1), "main/last process flags")
+    expect(acc.local_process_index == rank and acc.is_local_main_process == (rank == 0), "local indices")
 
 
-def check_setup() -> None:
-    check(world == 2, f"expected 2 processes, got {world}")
-    check(dist.is_initialized() and dist.get_backend() == "gloo", "gloo process group expected")
-    check(acc.distributed_type == DistributedType.MULTI_CPU, f"distributed_type {acc.distributed_type}")
-    check(acc.device.type == "cpu", "cpu device expected")
-    check(acc.is_main_process == (rank == 0) and acc.is_last_process == (rank == 1), "main/last process flags")
-    check(acc.local_process_index == rank and acc.is_local_main_process == (rank == 0), "local indices")
-
-
-def check_collectives() -> None:
+@check
+def collectives() -> None:
     t = torch.tensor([rank, rank + 10])
-    check(acc.gather(t).tolist() == [0, 10, 1, 11], "gather 1-d")
-    check(acc.gather(torch.tensor(rank * 1.0)).tolist() == [0.0, 1.0], "gather 0-d")
+    expect(acc.gather(t).tolist() == [0, 10, 1, 11], "gather 1-d")
+    expect(acc.gather(torch.tensor(rank * 1.0)).tolist() == [0.0, 1.0], "gather 0-d")
     Pair = namedtuple("Pair", ["a", "b"])
     nested = {"x": [torch.full((1, 2), rank)], "p": Pair(torch.tensor([rank]), torch.tensor([[rank]]))}
     g = acc.gather(nested)
-    check(g["x"][0].tolist() == [[0, 0], [1, 1]], "gather nested list in dict")
-    check(isinstance(g["p"], Pair) and g["p"].a.tolist() == [0, 1] and g["p"].b.shape == (2, 1), "gather namedtuple")
-    check(acc.gather_object([f"r{rank}"]) == ["r0", "r1"], "gather_object of lists concatenates")
-    check(acc.gather_object({"r": rank}) == [{"r": 0}, {"r": 1}], "gather_object of dicts lists them")
-    check(acc.reduce(torch.tensor([1.0 + rank])).tolist() == [3.0], "reduce sum")
-    check(acc.reduce(torch.tensor([1.0 + rank]), reduction="mean").tolist() == [1.5], "reduce mean")
-    check(acc.reduce({"a": torch.tensor([rank])}, reduction="sum")["a"].tolist() == [1], "reduce nested")
+    expect(g["x"][0].tolist() == [[0, 0], [1, 1]], "gather nested list in dict")
+    expect(isinstance(g["p"], Pair) and g["p"].a.tolist() == [0, 1] and g["p"].b.shape == (2, 1), "gather namedtuple")
+    expect(acc.gather_object([f"r{rank}"]) == ["r0", "r1"], "gather_object of lists concatenates")
+    expect(acc.gather_object({"r": rank}) == [{"r": 0}, {"r": 1}], "gather_object of dicts lists them")
+    expect(acc.reduce(torch.tensor([1.0 + rank])).tolist() == [3.0], "reduce sum")
+    expect(acc.reduce(torch.tensor([1.0 + rank]), reduction="mean").tolist() == [1.5], "reduce mean")
+    expect(acc.reduce({"a": torch.tensor([rank])}, reduction="sum")["a"].tolist() == [1], "reduce nested")
     b = ops.broadcast({"w": torch.tensor([rank + 5.0])}, from_process=1)
-    check(b["w"].tolist() == [6.0], "broadcast from process 1")
+    expect(b["w"].tolist() == [6.0], "broadcast from process 1")
     objs = [f"from {rank}", rank]
     ops.broadcast_object_list(objs, from_process=0)
-    check(objs == ["from 0", 0], "broadcast_object_list")
+    expect(objs == ["from 0", 0], "broadcast_object_list")
     # Uneven shapes: pad, then gather.
     uneven = torch.arange(rank + 1) + 1  # rank 0: [1], rank 1: [1, 2]
     padded = acc.pad_across_processes(uneven)
-    check(padded.tolist() == ([1, 0] if rank == 0 else [1, 2]), f"pad end: {padded.tolist()}")
+    expect(padded.tolist() == ([1, 0] if rank == 0 else [1, 2]), f"pad end: {padded.tolist()}")
     first = acc.pad_across_processes(uneven, pad_index=-1, pad_first=True)
-    check(first.tolist() == ([-1, 1] if rank == 0 else [1, 2]), "pad first")
+    expect(first.tolist() == ([-1, 1] if rank == 0 else [1, 2]), "pad first")
     both = acc.gather(acc.pad_across_processes({"u": uneven.view(1, -1)}, dim=1))
-    check(both["u"].tolist() == [[1, 0], [1, 2]], "pad dim=1 then gather nested")
+    expect(both["u"].tolist() == [[1, 0], [1, 2]], "pad dim=1 then gather nested")
     moved = ops.send_to_device({"a": [torch.ones(1)], "s": "keep"}, "cpu")
-    check(moved["s"] == "keep" and moved["a"][0].device.type == "cpu", "send_to_device")
+    expect(moved["s"] == "keep" and moved["a"][0].device.type == "cpu", "send_to_device")
 
 
-def check_process_control() -> None:
-    check(acc.on_main_process(lambda: "main")() == ("main" if rank == 0 else None), "on_main_process")
-    check(acc.on_last_process(lambda: "last")() == ("last" if rank == 1 else None), "on_last_process")
-    check(acc.on_process(lambda: 1, process_index=1)() == (1 if rank == 1 else None), "on_process")
-    check(acc.on_local_main_process(lambda: 2)() == (2 if rank == 0 else None), "on_local_main_process")
+@check
+def process_control() -> None:
+    expect(acc.on_main_process(lambda: "main")() == ("main" if rank == 0 else None), "on_main_process")
+    expect(acc.on_last_process(lambda: "last")() == ("last" if rank == 1 else None), "on_last_process")
+    expect(acc.on_process(lambda: 1, process_index=1)() == (1 if rank == 1 else None), "on_process")
+    expect(acc.on_local_main_process(lambda: 2)() == (2 if rank == 0 else None), "on_local_main_process")
 
     @acc.on_local_process(local_process_index=1)
     def local_one() -> str:
         return "one"
 
-    check(local_one() == ("one" if rank == 1 else None), "on_local_process as decorator factory")
+    expect(local_one() == ("one" if rank == 1 else None), "on_local_process as decorator factory")
     order = TMP / "order.txt"
     with acc.main_process_first():
         if rank == 0:
@@ -87,26 +86,27 @@ def check_process_control() -> None:
         with order.open("a") as f:
             f.write(f"{rank}\n")
     acc.wait_for_everyone()
-    check(order.read_text().split() == ["0", "1"], f"main_process_first order: {order.read_text().split()}")
+    expect(order.read_text().split() == ["0", "1"], f"main_process_first order: {order.read_text().split()}")
     with acc.split_between_processes(["a", "b", "c", "d", "e"]) as mine:
-        check(mine == (["a", "b", "c"] if rank == 0 else ["d", "e"]), f"split list {mine}")
+        expect(mine == (["a", "b", "c"] if rank == 0 else ["d", "e"]), f"split list {mine}")
     with acc.split_between_processes(["a", "b", "c"], apply_padding=True) as mine:
-        check(mine == (["a", "b"] if rank == 0 else ["c", "c"]), f"split padded {mine}")
+        expect(mine == (["a", "b"] if rank == 0 else ["c", "c"]), f"split padded {mine}")
     with acc.split_between_processes({"k": [1, 2, 3, 4], "v": [5, 6, 7, 8]}) as mine:
-        check(mine == ({"k": [1, 2], "v": [5, 6]} if rank == 0 else {"k": [3, 4], "v": [7, 8]}), "split dict")
+        expect(mine == ({"k": [1, 2], "v": [5, 6]} if rank == 0 else {"k": [3, 4], "v": [7, 8]}), "split dict")
     with acc.split_between_processes(torch.arange(5), apply_padding=True) as mine:
-        check(mine.tolist() == ([0, 1, 2] if rank == 0 else [3, 4, 4]), f"split tensor {mine.tolist()}")
+        expect(mine.tolist() == ([0, 1, 2] if rank == 0 else [3, 4, 4]), f"split tensor {mine.tolist()}")
 
 
-def check_rng_sync() -> None:
+@check
+def rng_sync() -> None:
     torch.manual_seed(100 + rank)
     synchronize_rng_states(["torch"])
     draws = acc.gather(torch.rand(3))
-    check(torch.equal(draws[:3], draws[3:]), "torch RNG synchronised")
+    expect(torch.equal(draws[:3], draws[3:]), "torch RNG synchronised")
     generator = torch.Generator().manual_seed(7 + rank)
     acc.synchronize_rng_states(generator)
     values = acc.gather(torch.rand(2, generator=generator))
-    check(torch.equal(values[:2], values[2:]), "generator RNG synchronised")
+    expect(torch.equal(values[:2], values[2:]), "generator RNG synchronised")
 
 
 def make_model() -> torch.nn.Module:
@@ -114,7 +114,8 @@ def make_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
 
-def check_training_parity() -> None:
+@check
+def training_parity() -> None:
     """2 processes x accumulation 2 x micro-batch 4 == one process on the full batch of 16."""
     torch.manual_seed(1)
     x, y = torch.randn(48, 6), torch.randn(48, 1)
@@ -132,7 +133,7 @@ def check_training_parity() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)  # counts steps, keeps lr
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    check(isinstance(model, torch.nn.parallel.DistributedDataParallel), "model wrapped in DDP")
+    expect(isinstance(model, torch.nn.parallel.DistributedDataParallel), "model wrapped in DDP")
     before = copy.deepcopy(accelerator.unwrap_model(model).state_dict())
     for step in range(3):
         for micro in range(2):
@@ -141,31 +142,32 @@ def check_training_parity() -> None:
                 loss = torch.nn.functional.mse_loss(model(x[start : start + 4]), y[start : start + 4])
                 accelerator.backward(loss)
                 if micro == 0:
-                    check(not accelerator.sync_gradients, "first micro-batch must not sync")
+                    expect(not accelerator.sync_gradients, "first micro-batch must not sync")
                     grads = accelerator.gather(next(model.parameters()).grad.flatten()[None])
-                    check(not torch.allclose(grads[0], grads[1]), "no_sync: gradients differ across ranks")
+                    expect(not torch.allclose(grads[0], grads[1]), "no_sync: gradients differ across ranks")
                 else:
-                    check(accelerator.sync_gradients, "second micro-batch syncs")
+                    expect(accelerator.sync_gradients, "second micro-batch syncs")
                     grads = accelerator.gather(next(model.parameters()).grad.flatten()[None])
-                    check(torch.allclose(grads[0], grads[1]), "synced gradients equal across ranks")
+                    expect(torch.allclose(grads[0], grads[1]), "synced gradients equal across ranks")
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
             if step == 0 and micro == 0:
                 after_micro = accelerator.unwrap_model(model).state_dict()
-                check(
+                expect(
                     all(torch.equal(before[k], after_micro[k]) for k in before), "no optimizer step while accumulating"
                 )
     # 3 optimizer steps, each one scheduler step per process (Accelerate's stepping, the default).
-    check(scheduler.scheduler.last_epoch == 6, f"scheduler stepped {scheduler.scheduler.last_epoch} times, want 3 x 2")
+    expect(scheduler.scheduler.last_epoch == 6, f"scheduler stepped {scheduler.scheduler.last_epoch} times, want 3 x 2")
     got = accelerator.unwrap_model(model).state_dict()
     for name, value in reference.state_dict().items():
-        check(
+        expect(
             torch.allclose(got[name], value, atol=1e-6), f"parity: {name} differs by {(got[name] - value).abs().max()}"
         )
 
 
-def check_mixed_precision() -> None:
+@check
+def mixed_precision() -> None:
     for precision in ("bf16", "fp16"):
         accelerator = Accelerator(mixed_precision=precision)
         model = make_model()
@@ -177,19 +179,20 @@ def check_mixed_precision() -> None:
         losses = []
         for _ in range(15):
             out = model(x)
-            check(out.dtype == torch.float32, f"{precision}: outputs converted back to fp32")
+            expect(out.dtype == torch.float32, f"{precision}: outputs converted back to fp32")
             loss = torch.nn.functional.mse_loss(out, y)
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
             losses.append(loss.item())
-        check(losses[-1] < losses[0], f"{precision}: loss should fall, {losses[0]:.4f} -> {losses[-1]:.4f}")
-        check((accelerator.scaler is not None) == (precision == "fp16"), f"{precision}: GradScaler only for fp16")
+        expect(losses[-1] < losses[0], f"{precision}: loss should fall, {losses[0]:.4f} -> {losses[-1]:.4f}")
+        expect((accelerator.scaler is not None) == (precision == "fp16"), f"{precision}: GradScaler only for fp16")
         with accelerator.autocast():
-            check(torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype != torch.float32, "autocast() lowers precision")
+            expect(torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype != torch.float32, "autocast() lowers precision")
 
 
-def check_join_uneven_inputs() -> None:
+@check
+def join_uneven_inputs() -> None:
     accelerator = Accelerator()
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -204,7 +207,8 @@ def check_join_uneven_inputs() -> None:
     accelerator.wait_for_everyone()
 
 
-def check_tracker_failure_stops_every_rank() -> None:
+@check
+def tracker_failure_stops_every_rank() -> None:
     class BrokenTracker:
         name = "broken"
 
@@ -221,7 +225,7 @@ def check_tracker_failure_stops_every_rank() -> None:
         raised = ""
     except (OSError, RuntimeError) as error:
         raised = str(error)
-    check("disk full" in raised, f"init_trackers failure must raise on every rank, got {raised!r}")
+    expect("disk full" in raised, f"init_trackers failure must raise on every rank, got {raised!r}")
 
 
 class StateReader(torch.utils.data.Dataset):
@@ -244,26 +248,27 @@ class StateReader(torch.utils.data.Dataset):
         ]
 
 
-def check_copies_behave_as_the_original() -> None:
+@check
+def copies_behave_as_the_original() -> None:
     """A pickled, deep-copied or spawned copy of an Accelerator (or its state) is the same job."""
     import pickle
 
     accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=3)
     model = accelerator.prepare(torch.nn.Linear(2, 2))  # a DDP model: it cannot travel to a process without a group
-    check(
+    expect(
         copy.deepcopy(accelerator) is accelerator and copy.deepcopy(accelerator.state) is accelerator.state, "deepcopy"
     )
     clone = pickle.loads(pickle.dumps(accelerator))
-    check(isinstance(clone.unwrap_model(clone.prepared.models[0]), torch.nn.Linear), "the copy's prepared model")
+    expect(isinstance(clone.unwrap_model(clone.prepared.models[0]), torch.nn.Linear), "the copy's prepared model")
     accelerator.gradient_state._set_sync_gradients(False)
-    check(clone.sync_gradients is False, "a copy must see the process's accumulation state, not a snapshot")
+    expect(clone.sync_gradients is False, "a copy must see the process's accumulation state, not a snapshot")
     accelerator.gradient_state._set_sync_gradients(True)
-    check(
+    expect(
         (clone.process_index, clone.num_processes, clone.parallel_dims.dp.size) == (rank, 2, 2),
         "copy's place in the job",
     )
     gathered = clone.gather_for_metrics(torch.tensor([rank]))
-    check(gathered.tolist() == [0, 1], f"gather_for_metrics through the copy: {gathered}")
+    expect(gathered.tolist() == [0, 1], f"gather_for_metrics through the copy: {gathered}")
     # A worker started with spawn unpickles the state in a process with no process group of its own.
     loader = torch.utils.data.DataLoader(
         StateReader(accelerator.state, accelerator.gradient_state),
@@ -272,27 +277,10 @@ def check_copies_behave_as_the_original() -> None:
         batch_size=None,
     )
     seen = next(iter(loader))
-    check(seen == [rank, 2, "MULTI_CPU", "bf16", 3], f"the spawned worker's state: {seen}")
+    expect(seen == [rank, 2, "MULTI_CPU", "bf16", 3], f"the spawned worker's state: {seen}")
     del model
     accelerator.free_memory()
 
 
 if __name__ == "__main__":
-    for check_function in (
-        check_setup,
-        check_collectives,
-        check_process_control,
-        check_rng_sync,
-        check_training_parity,
-        check_mixed_precision,
-        check_join_uneven_inputs,
-        check_tracker_failure_stops_every_rank,
-        check_copies_behave_as_the_original,
-    ):
-        check_function()
-        acc.wait_for_everyone()
-        if rank == 0:
-            print(f"ok {check_function.__name__}", flush=True)
-
-    print(f"CORE CHECKS PASSED {rank}", flush=True)
-    PartialState().destroy_process_group()
+    run_checks(teardown=PartialState().destroy_process_group)

@@ -4,15 +4,16 @@ Accelerate's rule (the default): each real optimizer step advances a prepared sc
 process (once with split_batches), never on accumulation micro-steps or fp16-skipped steps, and
 never past OneCycleLR's total_steps. The expected learning rates come from closed-form schedules
 evaluated at the scheduler step the rule gives, not from accel's wrapper.
+Each ``@check`` is one test of tests/core/test_scheduler_stepping.py (the harness: tests/harness/checklist.py).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import sys
 
 import torch
+from checklist import check, expect, run_checks
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Accelerator
@@ -20,13 +21,6 @@ from accel.utils import GradientAccumulationPlugin, GradScalerKwargs
 
 BASE_LR = 0.1
 rank = int(os.environ["RANK"])
-failures: list[str] = []
-
-
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        failures.append(message)
-        print(f"[rank {rank}] FAIL: {message}", file=sys.stderr, flush=True)
 
 
 def fresh(**kwargs):
@@ -75,27 +69,29 @@ def close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def check_default_per_process() -> None:
+@check
+def default_per_process() -> None:
     # The script sizes the schedule from the loader before prepare: 64 / 8 = 8 batches.
     loader = DataLoader(data(), batch_size=8)
     total, warmup = len(loader), 2
     accelerator = fresh()
-    check(accelerator.scheduler_stepping == "per_process", f"default stepping {accelerator.scheduler_stepping}")
+    expect(accelerator.scheduler_stepping == "per_process", f"default stepping {accelerator.scheduler_stepping}")
     lrs, scheduler = train(
         accelerator, loader, lambda o: torch.optim.lr_scheduler.LambdaLR(o, warmup_then_linear(total, warmup))
     )
-    check(len(lrs) == 4, f"4 batches per process, got {len(lrs)}")
+    expect(len(lrs) == 4, f"4 batches per process, got {len(lrs)}")
     factor = warmup_then_linear(total, warmup)
     expected = [BASE_LR * factor(2 * (i + 1)) for i in range(4)]  # 2 scheduler steps per optimizer step
-    check(all(close(a, b) for a, b in zip(lrs, expected, strict=True)), f"per-process trajectory {lrs} vs {expected}")
-    check(
+    expect(all(close(a, b) for a, b in zip(lrs, expected, strict=True)), f"per-process trajectory {lrs} vs {expected}")
+    expect(
         scheduler.scheduler.last_epoch == total,
         f"the schedule ends with training: {scheduler.scheduler.last_epoch} vs {total}",
     )
-    check(lrs[-1] == 0.0, "linear decay reaches 0 at the last batch, as on one process")
+    expect(lrs[-1] == 0.0, "linear decay reaches 0 at the last batch, as on one process")
 
 
-def check_accumulation_and_adjust_scheduler() -> None:
+@check
+def accumulation_and_adjust_scheduler() -> None:
     for plugin in (
         None,
         GradientAccumulationPlugin(num_steps=2, adjust_scheduler=True),
@@ -108,28 +104,31 @@ def check_accumulation_and_adjust_scheduler() -> None:
         )
         # 4 micro-batches per process = 2 optimizer steps, each 2 scheduler steps: factors 1, 4, 4, 16 (x 1/..)
         expected = [BASE_LR, BASE_LR * 0.5**2, BASE_LR * 0.5**2, BASE_LR * 0.5**4]
-        check(
+        expect(
             all(close(a, b) for a, b in zip(lrs, expected, strict=True)),
             f"accumulation ({plugin}): {lrs} vs {expected}",
         )
-        check(scheduler.scheduler.last_epoch == 4, f"accumulation: last_epoch {scheduler.scheduler.last_epoch}")
+        expect(scheduler.scheduler.last_epoch == 4, f"accumulation: last_epoch {scheduler.scheduler.last_epoch}")
 
 
-def check_split_batches_once() -> None:
+@check
+def split_batches_once() -> None:
     accelerator = fresh(split_batches=True)
     loader = DataLoader(data(), batch_size=16)  # split: each process gets 8 of each 16
     lrs, _scheduler = train(accelerator, loader, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
-    check(lrs == [BASE_LR * 0.5 ** (i + 1) for i in range(4)], f"split_batches steps once: {lrs}")
+    expect(lrs == [BASE_LR * 0.5 ** (i + 1) for i in range(4)], f"split_batches steps once: {lrs}")
 
 
-def check_step_with_optimizer_false() -> None:
+@check
+def step_with_optimizer_false() -> None:
     accelerator = fresh(gradient_accumulation_steps=2, step_scheduler_with_optimizer=False)
     loader = DataLoader(data(), batch_size=8)
     lrs, scheduler = train(accelerator, loader, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
-    check(scheduler.scheduler.last_epoch == 4, f"step_scheduler_with_optimizer=False steps on every call: {lrs}")
+    expect(scheduler.scheduler.last_epoch == 4, f"step_scheduler_with_optimizer=False steps on every call: {lrs}")
 
 
-def check_fp16_skipped_step() -> None:
+@check
+def fp16_skipped_step() -> None:
     # A scale below fp16's range, so only the poisoned step overflows (65536, the default, overflows
     # fp16 gradients at once and skips the first steps too: that is GradScaler finding its scale).
     accelerator = fresh(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=256.0)])
@@ -139,10 +138,11 @@ def check_fp16_skipped_step() -> None:
     )
     # Step 1 was skipped on both processes (the scaler's inf check is all-reduced by DDP's gradients).
     expected = [BASE_LR * 0.5**2, BASE_LR * 0.5**2, BASE_LR * 0.5**4, BASE_LR * 0.5**6]
-    check(lrs == expected, f"fp16 skipped step keeps the lr: {lrs} vs {expected}")
+    expect(lrs == expected, f"fp16 skipped step keeps the lr: {lrs} vs {expected}")
 
 
-def check_one_cycle_total_steps() -> None:
+@check
+def one_cycle_total_steps() -> None:
     # 60 samples, batch 8: 8 batches before prepare (the last one short), 4 per process. A script
     # that sized total_steps one short of the 2 x 8 scheduler steps of two epochs: OneCycleLR
     # raises when stepped past it, so the last step must be left out, not taken.
@@ -160,20 +160,23 @@ def check_one_cycle_total_steps() -> None:
             if reference.last_epoch < total:
                 reference.step()
         expected.append(reference.get_last_lr()[0])
-    check(len(lrs) == 8, f"8 optimizer steps per process over two epochs, got {len(lrs)}")
-    check(all(close(a, b) for a, b in zip(lrs, expected, strict=True)), f"OneCycleLR trajectory {lrs} vs {expected}")
-    check(scheduler.scheduler.last_epoch == total, f"OneCycleLR stops at total_steps: {scheduler.scheduler.last_epoch}")
+    expect(len(lrs) == 8, f"8 optimizer steps per process over two epochs, got {len(lrs)}")
+    expect(all(close(a, b) for a, b in zip(lrs, expected, strict=True)), f"OneCycleLR trajectory {lrs} vs {expected}")
+    expect(
+        scheduler.scheduler.last_epoch == total, f"OneCycleLR stops at total_steps: {scheduler.scheduler.last_epoch}"
+    )
 
 
-def check_per_optimizer_step_option() -> None:
+@check
+def per_optimizer_step_option() -> None:
     accelerator = fresh(scheduler_stepping="per_optimizer_step")
     loader = DataLoader(data(), batch_size=8)
     lrs, _ = train(accelerator, loader, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
-    check(lrs == [BASE_LR * 0.5 ** (i + 1) for i in range(4)], f"per_optimizer_step steps once: {lrs}")
+    expect(lrs == [BASE_LR * 0.5 ** (i + 1) for i in range(4)], f"per_optimizer_step steps once: {lrs}")
     os.environ["ACCEL_SCHEDULER_STEPPING"] = "per_optimizer_step"  # what `accel launch --scheduler-stepping` writes
     try:
-        check(fresh().scheduler_steps_per_optimizer_step == 1, "ACCEL_SCHEDULER_STEPPING is read")
-        check(
+        expect(fresh().scheduler_steps_per_optimizer_step == 1, "ACCEL_SCHEDULER_STEPPING is read")
+        expect(
             fresh(scheduler_stepping="per_process").scheduler_steps_per_optimizer_step == 2,
             "the argument beats the variable",
         )
@@ -181,19 +184,10 @@ def check_per_optimizer_step_option() -> None:
         del os.environ["ACCEL_SCHEDULER_STEPPING"]
     try:
         fresh(scheduler_stepping="twice")
-        check(False, "an unknown scheduler_stepping must raise")
+        expect(False, "an unknown scheduler_stepping must raise")
     except ValueError as error:
-        check("per_optimizer_step" in str(error), f"the error names the choices: {error}")
+        expect("per_optimizer_step" in str(error), f"the error names the choices: {error}")
 
 
 if __name__ == "__main__":
-    check_default_per_process()
-    check_accumulation_and_adjust_scheduler()
-    check_split_batches_once()
-    check_step_with_optimizer_false()
-    check_fp16_skipped_step()
-    check_one_cycle_total_steps()
-    check_per_optimizer_step_option()
-    if failures:
-        sys.exit(1)
-    print(f"SCHEDULER CHECKS PASSED {rank}", flush=True)
+    run_checks()

@@ -1,0 +1,54 @@
+"""A collective on rank 0 only, under ACCEL_DEBUG_MODE=1 (2 processes, gloo): torch's TORCH_DISTRIBUTED_DEBUG=DETAIL
+checks report the missing rank within seconds instead of hanging.
+
+Run: ACCEL_DEBUG_MODE=1 PYTHONPATH=tests/harness torchrun --nproc_per_node 2 \
+     tests/multiprocess/collective_subset_checks.py <folder>
+Each ``@check`` is one test of tests/core/test_collective_checks.py (the harness: tests/harness/checklist.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from checklist import check, expect, run_checks
+
+from accel_core import Accelerator, InitProcessGroupKwargs
+
+# A short collective timeout, so torch's check names the missing rank within seconds.
+acc = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=10))])
+rank = acc.process_index
+FOLDER = Path(sys.argv[1])  # where rank 0 says it saw the report
+
+
+@check
+def a_collective_on_one_rank_is_reported() -> None:
+    """ACCEL_DEBUG_MODE=1 turns on TORCH_DISTRIBUTED_DEBUG=DETAIL: a collective on rank 0 only is reported."""
+    expect(dist.get_debug_level() == dist.DebugLevel.DETAIL, f"debug level {dist.get_debug_level()}")
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            acc.gather(torch.ones(2))
+        except RuntimeError as error:
+            took = time.monotonic() - start
+            expect("Ranks 1 failed to pass monitoredBarrier" in str(error), f"torch's message: {error}")
+            expect(took < 30, f"reported after {took:.0f}s")
+            print(f"ok a gather on rank 0 only, reported after {took:.1f}s: {error}", flush=True)
+            (FOLDER / "reported").touch()
+        else:
+            raise AssertionError("a gather on rank 0 only returned")
+    else:
+        # Never joins; rank 0 must not wait for it past the timeout. It stays up until rank 0 has seen
+        # the report (a file, not a collective), so that rank 0 sees a missing rank, not an exited one.
+        reported = FOLDER / "reported"
+        deadline = time.monotonic() + 40
+        while not reported.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    run_checks()  # no teardown: the group is left with rank 0's unmatched gather
