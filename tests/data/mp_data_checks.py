@@ -7,20 +7,20 @@ differently on each process; mid-epoch resume after load_state_dict (with worker
 drawing random transforms, too); dispatch of variable-length sequences; a reading error on
 process 0 failing every process instead of hanging; a loader whose sampler yields index batches
 (``sampler=BatchSampler(...), batch_size=None``) sharded like any other;
-``split_between_processes`` on a ``datasets.Dataset``.
+``split_between_processes`` on a ``datasets.Dataset``. Each ``@check`` is one test of test_data_multiprocess.py (the
+harness: tests/harness/checklist.py).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import sys
-import time
-import traceback
 from collections.abc import Iterator
+from functools import cache
 
 import torch
 import torch.distributed as dist
+from checklist import check, expect, run_checks
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
 
 from accel_core import ops
@@ -90,20 +90,37 @@ def pad_collate(samples: list[dict]) -> dict:
 
 
 RANK = int(os.environ["RANK"])
-failures: list[str] = []
-
-
-def check(name: str, condition: bool, detail: str = "") -> None:
-    if not condition:
-        failures.append(f"{name}: {detail}")
 
 
 def epoch_batches(loader) -> list:
     return [{k: (v.tolist() if torch.is_tensor(v) else v) for k, v in b.items()} for b in loader]
 
 
-def check_gather_for_metrics(accelerator: Accelerator) -> None:
+@cache
+def shared_accelerator() -> Accelerator:
+    """The Accelerator of the checks that use one; built by the first of them, in the process, never on import (a
+    DataLoader worker started by spawn imports this file again)."""
+    return Accelerator(cpu=True)
+
+
+def make_resume_loader(case: str):
+    if case == "iterable":
+        return prepare_data_loader(DataLoader(Stream(45), batch_size=4))
+    if case == "iterable-dispatch":
+        return prepare_data_loader(DataLoader(Stream(45), batch_size=4), dispatch_batches=True)
+    seedable = case == "seedable"
+    torch.manual_seed(77 + RANK)
+    dl = DataLoader(Items(45), batch_size=4, shuffle=True)
+    return prepare_data_loader(
+        dl, use_seedable_sampler=seedable, data_seed=11 if seedable else None, dispatch_batches=case == "dispatch"
+    )
+
+
+@check
+def gather_for_metrics() -> None:
+    accelerator = shared_accelerator()
     combos = list(itertools.product(["map", "iterable"], [99, 512], [6, 10], [False, True], [False, True]))
+    wrong: list[str] = []
     for kind, length, size, split, dispatch in combos:
         config = accelerator.dataloader_config
         config.split_batches, config.dispatch_batches = split, dispatch
@@ -121,50 +138,21 @@ def check_gather_for_metrics(accelerator: Accelerator) -> None:
             whole_ids += whole["idx"].tolist()
             whole_names += whole["name"]
         label = f"gather_for_metrics {kind} len={length} bs={size} split={split} dispatch={dispatch}"
-        check(
-            label,
-            ids == list(range(length)),
-            f"got {len(ids)} ids, first wrong at "
-            f"{next((i for i, (a, b) in enumerate(zip(ids, range(length), strict=False)) if a != b), len(ids))}",
-        )
-        check(label + " names", names == [f"s{i}" for i in ids], f"{names[:5]}...")
-        check(
-            label + " dict",
-            whole_ids == ids and whole_names == names,
-            f"{len(whole_ids)} ids, {len(whole_names)} names",
-        )
+        first_wrong = next((i for i, (a, b) in enumerate(zip(ids, range(length), strict=False)) if a != b), len(ids))
+        # Every combination is tried; the check fails at the end naming each one that went wrong.
+        if ids != list(range(length)):
+            wrong.append(f"{label}: got {len(ids)} ids, first wrong at {first_wrong}")
+        if names != [f"s{i}" for i in ids]:
+            wrong.append(f"{label} names: {names[:5]}...")
+        if not (whole_ids == ids and whole_names == names):
+            wrong.append(f"{label} dict: {len(whole_ids)} ids, {len(whole_names)} names")
     config.split_batches, config.dispatch_batches = False, None
+    expect(not wrong, "\n".join(wrong))
 
 
-def check_standalone_with_ops_gather() -> None:
-    """prepare_data_loader without an Accelerator, the remainder rule applied by hand."""
-    for kind, dispatch in itertools.product(["map", "iterable"], [False, True]):
-        dataset = Items(99) if kind == "map" else Stream(99)
-        loader = prepare_data_loader(DataLoader(dataset, batch_size=8), dispatch_batches=dispatch)
-        seen: list[int] = []
-        for batch in loader:
-            gathered = ops.gather(batch["idx"])
-            state = GradientState()
-            if state.end_of_dataloader and state.remainder > 0:
-                gathered = gathered[: state.remainder]
-            seen += gathered.tolist()
-        check(f"standalone {kind} dispatch={dispatch}", seen == list(range(99)), str(seen[-10:]))
-
-
-def check_rng_sync_of_shuffled_loaders() -> None:
-    torch.manual_seed(1000 + RANK)  # processes seeded differently on purpose
-    loader = prepare_data_loader(DataLoader(Items(64), batch_size=5, shuffle=True))
-    for epoch in range(2):
-        ids = [i for b in loader for i in ops.gather(b["idx"]).tolist()]
-        check(f"rng sync epoch {epoch}", sorted(ids[:64]) == list(range(64)), f"{len(set(ids[:64]))} distinct")
-    torch.manual_seed(2000 + RANK)
-    synced = prepare_data_loader(DataLoader(Items(8), batch_size=2), rng_types=["torch"])
-    next(iter(synced))
-    values = ops.gather_object([torch.rand(1).item()])
-    check("rng_types=['torch'] synchronises the global RNG", values[0] == values[1], str(values))
-
-
-def check_index_batch_sampler(accelerator: Accelerator) -> None:
+@check
+def index_batch_sampler() -> None:
+    accelerator = shared_accelerator()
     """``DataLoader(sampler=BatchSampler(RandomSampler(...)), batch_size=None)`` on processes seeded differently."""
     config = accelerator.dataloader_config
     for even, drop_last in itertools.product([True, False], [False, True]):
@@ -182,59 +170,77 @@ def check_index_batch_sampler(accelerator: Accelerator) -> None:
             count = 0
             for batch in loader:
                 count += 1
-                check(label + " batch", batch["idx"].tolist() == batch["x"].long().tolist() and len(batch["idx"]) <= 4)
+                expect(batch["idx"].tolist() == batch["x"].long().tolist() and len(batch["idx"]) <= 4, f"{label} batch")
                 mine += batch["idx"].tolist()
                 if even:  # equal batches on every process: a plain gather works (it aborted gloo before)
                     gathered += accelerator.gather_for_metrics(batch["idx"]).tolist()
             everyone = ops.gather_object([mine])
             counts = ops.gather_object([count])
-            check(f"{label} epoch {epoch} len", count == len(loader), f"{count} batches, len {len(loader)}")
+            expect(count == len(loader), f"{label} epoch {epoch} len: {count} batches, len {len(loader)}")
             distinct = set(i for ids in everyone for i in ids)
-            check(
-                f"{label} epoch {epoch} every sample",
+            expect(
                 len(distinct) == real and distinct <= set(range(50)),
-                str(sorted(distinct)),
+                f"{label} epoch {epoch} every sample: {sorted(distinct)}",
             )
             if even:
-                check(f"{label} epoch {epoch} same steps", counts[0] == counts[1], str(counts))
-                check(
-                    f"{label} epoch {epoch} gather_for_metrics once each",
+                expect(counts[0] == counts[1], f"{label} epoch {epoch} same steps: {counts}")
+                expect(
                     sorted(gathered) == sorted(distinct),
-                    f"{len(gathered)} ids",
+                    f"{label} epoch {epoch} gather_for_metrics once each: {len(gathered)} ids",
                 )
             else:
-                check(f"{label} epoch {epoch} no repeat", sum(map(len, everyone)) == real, str(everyone))
+                expect(sum(map(len, everyone)) == real, f"{label} epoch {epoch} no repeat: {everyone}")
     config.even_batches = True
 
 
-def check_split_a_datasets_dataset(accelerator: Accelerator) -> None:
+@check
+def split_a_datasets_dataset() -> None:
+    accelerator = shared_accelerator()
     """``split_between_processes`` on a Hugging Face ``datasets.Dataset``: each process its rows."""
     import datasets
 
     table = datasets.Dataset.from_dict({"prompt": [f"p{i}" for i in range(5)], "idx": list(range(5))})
     with accelerator.split_between_processes(table) as rows:
-        check("split Dataset gives a Dataset", isinstance(rows, datasets.Dataset), type(rows).__name__)
+        expect(isinstance(rows, datasets.Dataset), f"split Dataset gives a Dataset: {type(rows).__name__}")
         everyone = ops.gather_object([rows["prompt"]])
-    check("split Dataset: each row once, in order", everyone == [["p0", "p1", "p2"], ["p3", "p4"]], str(everyone))
+    expect(everyone == [["p0", "p1", "p2"], ["p3", "p4"]], f"split Dataset: each row once, in order: {everyone}")
     with accelerator.split_between_processes(table, apply_padding=True) as rows:
         everyone = ops.gather_object([rows["idx"]])
-    check("split Dataset padded with the last row", everyone == [[0, 1, 2], [3, 4, 4]], str(everyone))
+    expect(everyone == [[0, 1, 2], [3, 4, 4]], f"split Dataset padded with the last row: {everyone}")
 
 
-def make_resume_loader(case: str):
-    if case == "iterable":
-        return prepare_data_loader(DataLoader(Stream(45), batch_size=4))
-    if case == "iterable-dispatch":
-        return prepare_data_loader(DataLoader(Stream(45), batch_size=4), dispatch_batches=True)
-    seedable = case == "seedable"
-    torch.manual_seed(77 + RANK)
-    dl = DataLoader(Items(45), batch_size=4, shuffle=True)
-    return prepare_data_loader(
-        dl, use_seedable_sampler=seedable, data_seed=11 if seedable else None, dispatch_batches=case == "dispatch"
-    )
+@check
+def standalone_with_ops_gather() -> None:
+    """prepare_data_loader without an Accelerator, the remainder rule applied by hand."""
+    for kind, dispatch in itertools.product(["map", "iterable"], [False, True]):
+        dataset = Items(99) if kind == "map" else Stream(99)
+        loader = prepare_data_loader(DataLoader(dataset, batch_size=8), dispatch_batches=dispatch)
+        seen: list[int] = []
+        for batch in loader:
+            gathered = ops.gather(batch["idx"])
+            state = GradientState()
+            if state.end_of_dataloader and state.remainder > 0:
+                gathered = gathered[: state.remainder]
+            seen += gathered.tolist()
+        expect(seen == list(range(99)), f"standalone {kind} dispatch={dispatch}: {seen[-10:]}")
 
 
-def check_resume() -> None:
+@check
+def rng_sync_of_shuffled_loaders() -> None:
+    torch.manual_seed(1000 + RANK)  # processes seeded differently on purpose
+    loader = prepare_data_loader(DataLoader(Items(64), batch_size=5, shuffle=True))
+    for epoch in range(2):
+        ids = [i for b in loader for i in ops.gather(b["idx"]).tolist()]
+        expect(sorted(ids[:64]) == list(range(64)), f"rng sync epoch {epoch}: {len(set(ids[:64]))} distinct")
+    torch.manual_seed(2000 + RANK)
+    synced = prepare_data_loader(DataLoader(Items(8), batch_size=2), rng_types=["torch"])
+    next(iter(synced))
+    values = ops.gather_object([torch.rand(1).item()])
+    expect(values[0] == values[1], f"rng_types=['torch'] synchronises the global RNG: {values}")
+
+
+@check
+def resume() -> None:
     for case in ["shuffle", "seedable", "dispatch", "iterable", "iterable-dispatch"]:
         reference = make_resume_loader(case)
         epoch_batches(reference)
@@ -250,10 +256,11 @@ def check_resume() -> None:
             resumed.load_state_dict(state)
             rest = epoch_batches(resumed)
             got = [{k: (v.tolist() if torch.is_tensor(v) else v) for k, v in b.items()} for b in head] + rest
-            check(f"resume {case} at {stop}", got == expected, f"{len(got)} vs {len(expected)} batches")
+            expect(got == expected, f"resume {case} at {stop}: {len(got)} vs {len(expected)} batches")
 
 
-def check_resume_with_workers() -> None:
+@check
+def resume_with_workers() -> None:
     """Workers draw augmentation from their own RNG: a resumed epoch (load_state_dict, and then also
     skip_first_batches as Accelerate's scripts do) must give the remaining batches the same random
     values as the uninterrupted epoch, at odd and even stops (which worker loads the next batch)."""
@@ -279,18 +286,19 @@ def check_resume_with_workers() -> None:
                 resumed = skip_first_batches(resumed, stop)
             rest = epoch_batches(resumed)
             got = [{k: v.tolist() for k, v in b.items()} for b in head] + rest
-            check(
-                f"resume with workers at {stop} ({how}): same samples",
+            expect(
                 [b["idx"] for b in got] == [b["idx"] for b in expected],
+                f"resume with workers at {stop} ({how}): same samples",
             )
-            check(
-                f"resume with workers at {stop} ({how}): same worker draws",
+            expect(
                 got == expected,
+                f"resume with workers at {stop} ({how}): same worker draws: "
                 f"{[b['x'] for b in got[stop:]]} vs {[b['x'] for b in expected[stop:]]}",
             )
 
 
-def check_dispatch_variable_lengths() -> None:
+@check
+def dispatch_variable_lengths() -> None:
     for split in (False, True):
         sharded = epoch_batches(
             prepare_data_loader(DataLoader(Sequences(), batch_size=6, collate_fn=pad_collate), split_batches=split)
@@ -302,12 +310,13 @@ def check_dispatch_variable_lengths() -> None:
                 dispatch_batches=True,
             )
         )
-        check(f"dispatch variable lengths split={split}", dispatched == sharded, "dispatched batches differ")
+        expect(dispatched == sharded, f"dispatch variable lengths split={split}: dispatched batches differ")
         widths = {len(b["ids"][0]) for b in dispatched}
-        check(f"dispatch shapes vary split={split}", len(widths) > 1, str(widths))
+        expect(len(widths) > 1, f"dispatch shapes vary split={split}: {widths}")
 
 
-def check_dispatch_large_batches_grow_the_slot() -> None:
+@check
+def dispatch_large_batches_grow_the_slot() -> None:
     """Shares larger than the dispatcher's slot (64 KiB at first) make it grow, sizes up and down."""
 
     def collate(samples: list[int]) -> dict:
@@ -318,75 +327,42 @@ def check_dispatch_large_batches_grow_the_slot() -> None:
     sharded = epoch_batches(sharding)
     loader = prepare_data_loader(DataLoader(list(range(30)), batch_size=4, collate_fn=collate), dispatch_batches=True)
     dispatched = epoch_batches(loader)
-    check("dispatch of growing shares", dispatched == sharded, "dispatched batches differ")
-    check(
-        "isinstance(loader, DataLoaderDispatcher) says whether batches are dispatched",
+    expect(dispatched == sharded, "dispatch of growing shares: dispatched batches differ")
+    expect(
         isinstance(loader, DataLoaderDispatcher) and not isinstance(sharding, DataLoaderDispatcher),
+        "isinstance(loader, DataLoaderDispatcher) says whether batches are dispatched",
     )
-    check("dispatch slot grew", loader._dispatcher.capacity > 1 << 16, str(loader._dispatcher.capacity))
+    expect(loader._dispatcher.capacity > 1 << 16, f"dispatch slot grew: {loader._dispatcher.capacity}")
 
 
-def check_data_parallel_subgroup() -> None:
+@check
+def data_parallel_subgroup() -> None:
     """Tensor-parallel peers share a batch: sharding over a group of one gives each the whole data."""
     groups = [dist.new_group([0]), dist.new_group([1])]  # every process creates every group
     loader = prepare_data_loader(DataLoader(Items(10), batch_size=3), group=groups[RANK], dispatch_batches=True)
-    check("data-parallel group of one", [i for b in loader for i in b["idx"].tolist()] == list(range(10)))
-    check(
-        "a group of one reads its own batches: not a DataLoaderDispatcher", not isinstance(loader, DataLoaderDispatcher)
+    expect([i for b in loader for i in b["idx"].tolist()] == list(range(10)), "data-parallel group of one")
+    expect(
+        not isinstance(loader, DataLoaderDispatcher), "a group of one reads its own batches: not a DataLoaderDispatcher"
     )
 
 
-def check_dispatch_error_fails_everywhere() -> None:
+@check
+def dispatch_error_fails_everywhere() -> None:
     loader = prepare_data_loader(DataLoader(Items(40, fail_at=21), batch_size=4), dispatch_batches=True)
     try:
         for _ in loader:
             pass
     except DispatchError as error:
-        check("dispatch error on the receiver", RANK != 0 and "corrupt" in str(error), str(error))
+        expect(RANK != 0 and "corrupt" in str(error), f"dispatch error on the receiver: {error}")
     except KeyError:
-        check("dispatch error on process 0", RANK == 0)
+        expect(RANK == 0, "dispatch error on process 0")
     else:
-        check("dispatch error", False, "no error raised")
+        expect(False, "dispatch error: no error raised")
     dist.barrier()  # both processes got here: nobody hung
 
 
-def main() -> None:
+if __name__ == "__main__":
     import faulthandler
 
     faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where it is, then fails
-    accelerator = Accelerator(cpu=True)
-    checks = [
-        check_gather_for_metrics,
-        check_index_batch_sampler,
-        check_split_a_datasets_dataset,
-        check_standalone_with_ops_gather,
-        check_rng_sync_of_shuffled_loaders,
-        check_resume,
-        check_resume_with_workers,
-        check_dispatch_variable_lengths,
-        check_dispatch_large_batches_grow_the_slot,
-        check_data_parallel_subgroup,
-        check_dispatch_error_fails_everywhere,
-    ]
-    for fn in checks:
-        start = time.perf_counter()
-        try:
-            fn(accelerator) if fn in (
-                check_gather_for_metrics,
-                check_index_batch_sampler,
-                check_split_a_datasets_dataset,
-            ) else fn()
-        except Exception:  # noqa: BLE001 - reported below, then the run stops
-            failures.append(f"{fn.__name__} raised:\n{traceback.format_exc()}")
-            break  # the other process may now wait in a collective: stop rather than hang
-        print(f"[{RANK}] {fn.__name__}: {time.perf_counter() - start:.2f}s", flush=True)
-    if failures:
-        print(f"DATA CHECKS FAILED {RANK}:\n" + "\n".join(failures), flush=True)
-        sys.exit(1)
-    print(f"DATA CHECKS PASSED {RANK}", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+    run_checks(teardown=dist.destroy_process_group)
