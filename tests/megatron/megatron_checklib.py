@@ -1,4 +1,4 @@
-"""What pp_checks.py and tp_checks.py (torchrun scripts of this folder) both use to check and report per rank."""
+"""What pp_checks.py and tp_checks.py (torchrun check scripts of this folder) both use: the rank, and ``raises``."""
 
 from __future__ import annotations
 
@@ -7,15 +7,11 @@ import os
 from collections.abc import Iterator
 
 import torch.distributed as dist
+from checklist import expect
 
 
 def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else int(os.environ["RANK"])
-
-
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {rank()}] {message}")
 
 
 @contextlib.contextmanager
@@ -24,6 +20,6 @@ def raises(kind: type[BaseException], text: str) -> Iterator[None]:
     try:
         yield
     except kind as error:
-        check(text in str(error), f"expected {text!r} in: {error}")
+        expect(text in str(error), f"expected {text!r} in: {error}")
         return
     raise AssertionError(f"[rank {rank()}] expected {kind.__name__} ({text!r})")

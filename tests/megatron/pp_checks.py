@@ -1,6 +1,6 @@
 """Megatron-core pipeline parallelism through accelerator.forward_backward, against one process, on gloo.
 
-Run: torchrun --nproc_per_node 2 (or 4) tests/megatron/pp_checks.py <tmp_dir>
+Run: PYTHONPATH=tests/harness torchrun --nproc_per_node 2 (or 4) tests/megatron/pp_checks.py <tmp_dir>
 On 2 processes: a CPU run is refused with the CUDA calls named (before any communication); then, with
 those calls sent to the CPU (``cuda_calls_on_cpu``, test-only), PP=2 (1F1B) and PP=2 x 2 virtual
 stages (interleaved 1F1B) train 20 steps each, every loss within 1e-5 of one process training the
@@ -8,19 +8,22 @@ whole model (and the global gradient norm, clipped), and the gathered weights to
 2 steps, load_state, the same 2 steps exactly (one file set per TP x PP rank); a checkpoint of another
 vp_degree is refused; under bf16 autocast the stages send bf16 (the pipeline dtype). On 4 processes:
 TP=2 x PP=2 likewise.
-The last line printed on each rank is "MEGATRON PP CHECKS PASSED <rank>".
+Each ``@check`` is one test of test_megatron_runs.py, skipped in the launch it does not run in (the harness:
+tests/harness/checklist.py).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from functools import cache
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from checklist import check, expect, run_checks, skip
 from cuda_calls_on_cpu import cuda_calls_on_cpu
-from megatron_checklib import check, raises, rank
+from megatron_checklib import raises
 from torch import nn
 
 from accel_checkpoint.errors import CheckpointMismatchError
@@ -109,7 +112,7 @@ def megatron_run(plugin: MegatronLMPlugin, initial: dict[str, torch.Tensor]):
     return accelerator, model, optimizer, parallel_state
 
 
-def check_refused_on_cpu(initial: dict[str, torch.Tensor]) -> None:
+def expect_refused_on_cpu(initial: dict[str, torch.Tensor]) -> None:
     with raises(ValueError, "vp_degree=2) needs pp_degree > 1"):
         MegatronLMPlugin(vp_degree=2)
     with raises(ValueError, "num_micro_batches to be a multiple of pp_degree=2"):
@@ -141,25 +144,25 @@ def replay_from_checkpoint(accelerator: Accelerator, model, optimizer, plugin: M
     expected = two_steps()
     accelerator.load_state(folder)
     again = two_steps()
-    check(again == expected, f"replayed losses {again} vs {expected}")
+    expect(again == expected, f"replayed losses {again} vs {expected}")
     other = TMP / "tp1_pp2_vp1"
     if plugin.vp_degree > 1 and other.is_dir():
         with raises(CheckpointMismatchError, "vp_degree=1, this run uses tp_degree=1, pp_degree=2, vp_degree=2"):
             accelerator.load_state(other)
 
 
-def check_matches_one_process(plugin: MegatronLMPlugin, reference) -> None:
+def expect_matches_one_process(plugin: MegatronLMPlugin, reference) -> None:
     initial, losses, final = reference
     accelerator, model, optimizer, parallel_state = megatron_run(plugin, initial)
     stages = plugin.pp_degree * plugin.vp_degree
     dims = accelerator.parallel_dims
-    check(
+    expect(
         (dims.config.size("pp"), dims.tp.size, dims.dp.size) == (plugin.pp_degree, plugin.tp_degree, 1),
         f"the job's mesh follows Megatron's groups: {dims}",
     )
     held = {name for stage in model.stage_modules for name, _ in stage.named_parameters()}
-    check(len(held) < len(initial), f"each rank holds its stages only: {sorted(held)}")
-    check({p for p in optimizer.param_groups[0]["params"]} <= set(model.parameters()), "optimizer on local stages")
+    expect(len(held) < len(initial), f"each rank holds its stages only: {sorted(held)}")
+    expect({p for p in optimizer.param_groups[0]["params"]} <= set(model.parameters()), "optimizer on local stages")
     with cuda_calls_on_cpu():
         for step, (x, y) in enumerate(batches()):
             loss = accelerator.forward_backward(model, x, y, F.mse_loss)
@@ -168,18 +171,18 @@ def check_matches_one_process(plugin: MegatronLMPlugin, reference) -> None:
             optimizer.zero_grad()
             got, expected = (loss.item(), norm.item()), losses[step]
             worst = max(abs(a - b) for a, b in zip(got, expected, strict=True))
-            check(worst <= 1e-5, f"{stages} stages, step {step}: (loss, norm) {got} vs {expected}")
+            expect(worst <= 1e-5, f"{stages} stages, step {step}: (loss, norm) {got} vs {expected}")
     full = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        check(sorted(full) == sorted(final), f"gathered keys {sorted(full)}")
+        expect(sorted(full) == sorted(final), f"gathered keys {sorted(full)}")
         for key, value in final.items():
-            check(torch.allclose(full[key], value, atol=1e-5, rtol=1e-5), f"{key} differs after training")
+            expect(torch.allclose(full[key], value, atol=1e-5, rtol=1e-5), f"{key} differs after training")
     with cuda_calls_on_cpu():
         replay_from_checkpoint(accelerator, model, optimizer, plugin)
     parallel_state.destroy_model_parallel()
 
 
-def check_bf16_activations(reference) -> None:
+def expect_bf16_activations(reference) -> None:
     """Under bf16 autocast a stage sends bf16, the dtype of Megatron's receive buffers (the autocast wrapper returns
     fp32: sent as it is, the bytes would not match the buffer). What Accelerator(mixed_precision="bf16") sets up on
     GPUs is set up by hand here (the strategy refuses bf16 on CPU for its TP layers' backward, not for the pipeline):
@@ -202,24 +205,58 @@ def check_bf16_activations(reference) -> None:
     if parallel_state.is_pipeline_first_stage():
         with torch.no_grad():
             sent = stage(x)
-        check(sent.dtype == torch.bfloat16, f"the first stage sends {sent.dtype}, the pipeline dtype is bfloat16")
+        expect(sent.dtype == torch.bfloat16, f"the first stage sends {sent.dtype}, the pipeline dtype is bfloat16")
     else:
         received = stage.input_tensor
-        check(received is not None and received.dtype == torch.bfloat16, f"the last stage received {received}")
-        check(not stage.sends_activation, "the last stage's output is the loss function's input, not sent")
+        expect(received is not None and received.dtype == torch.bfloat16, f"the last stage received {received}")
+        expect(not stage.sends_activation, "the last stage's output is the loss function's input, not sent")
     expected = losses[0][0]
-    check(abs(loss.item() - expected) <= 2e-2 * abs(expected), f"bf16 pipeline loss {loss.item()} vs fp32 {expected}")
+    expect(abs(loss.item() - expected) <= 2e-2 * abs(expected), f"bf16 pipeline loss {loss.item()} vs fp32 {expected}")
     parallel_state.destroy_model_parallel()
 
 
+WORLD = int(os.environ["WORLD_SIZE"])
+
+
+@cache
+def reference() -> tuple[dict[str, torch.Tensor], list[tuple[float, float]], dict[str, torch.Tensor]]:
+    return reference_run()
+
+
+def on_processes(count: int) -> None:
+    if count != WORLD:
+        skip(f"runs in the {count}-process launch")
+
+
+@check
+def a_cpu_run_is_refused_naming_the_cuda_calls() -> None:
+    on_processes(2)
+    expect_refused_on_cpu(reference()[0])
+
+
+@check
+def pp2_1f1b_matches_one_process() -> None:
+    on_processes(2)
+    expect_matches_one_process(MegatronLMPlugin(pp_degree=2, num_micro_batches=4), reference())
+
+
+@check
+def bf16_autocast_stages_send_bf16() -> None:
+    on_processes(2)
+    expect_bf16_activations(reference())
+
+
+@check
+def pp2_with_2_virtual_stages_interleaved_matches_one_process() -> None:
+    on_processes(2)
+    expect_matches_one_process(MegatronLMPlugin(pp_degree=2, vp_degree=2, num_micro_batches=4), reference())
+
+
+@check
+def tp2_x_pp2_matches_one_process() -> None:
+    on_processes(4)
+    expect_matches_one_process(MegatronLMPlugin(tp_degree=2, pp_degree=2, num_micro_batches=4), reference())
+
+
 if __name__ == "__main__":
-    reference = reference_run()
-    world = int(os.environ["WORLD_SIZE"])
-    if world == 2:
-        check_refused_on_cpu(reference[0])
-        check_matches_one_process(MegatronLMPlugin(pp_degree=2, num_micro_batches=4), reference)
-        check_bf16_activations(reference)
-        check_matches_one_process(MegatronLMPlugin(pp_degree=2, vp_degree=2, num_micro_batches=4), reference)
-    else:
-        check_matches_one_process(MegatronLMPlugin(tp_degree=2, pp_degree=2, num_micro_batches=4), reference)
-    print(f"MEGATRON PP CHECKS PASSED {rank()}", flush=True)
+    run_checks()

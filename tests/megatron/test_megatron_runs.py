@@ -1,43 +1,51 @@
-"""Real Megatron-core tensor + data parallelism on CPU: one 2-process gloo launch runs every check in tp_checks.py."""
+"""Real Megatron-core tensor, data and pipeline parallelism on CPU (gloo): each check script launched once (pp_checks.py
+once on 2 and once on 4 processes), each of its checks one test."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from checkrun import checks_in
 
 HERE = Path(__file__).resolve().parent
+TP_SCRIPT = HERE / "tp_checks.py"
+DUMMY_SCHEDULER_SCRIPT = HERE / "dummy_scheduler_checks.py"
+PP_SCRIPT = HERE / "pp_checks.py"
 
 
-@pytest.mark.slow
-def test_tensor_and_data_parallel_follow_plain_torch(torchrun, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def tp_run(torchrun_checks, tmp_path_factory):
+    return torchrun_checks(TP_SCRIPT, str(tmp_path_factory.mktemp("tp")), timeout=240)
+
+
+@pytest.mark.parametrize("name", checks_in(TP_SCRIPT))
+def test_tensor_and_data_parallel_follow_plain_torch(tp_run, name) -> None:
     """TP=2 vs the unsplit model (AdamW, clipping), RNG streams, full-weight export, checkpoint replay,
     DP=2 vs torch DDP, and the refused settings (distributed optimizer, tp_degree=3, another TP degree on load)."""
-    result = torchrun(HERE / "tp_checks.py", str(tmp_path), timeout=240)
-    for rank in (0, 1):
-        assert f"MEGATRON CHECKS PASSED {rank}" in result.stdout, result.stdout + result.stderr[-4000:]
+    tp_run.assert_passed(name)
 
 
-@pytest.mark.slow
-def test_megatron_dummy_scheduler_follows_megatrons_schedule(torchrun) -> None:
+@pytest.fixture(scope="module")
+def dummy_scheduler_run(torchrun_checks):
+    return torchrun_checks(DUMMY_SCHEDULER_SCRIPT, timeout=240)
+
+
+@pytest.mark.parametrize("name", checks_in(DUMMY_SCHEDULER_SCRIPT))
+def test_megatron_dummy_scheduler_follows_megatrons_schedule(dummy_scheduler_run, name) -> None:
     """Accelerate's MegatronLMDummyScheduler in prepare: Megatron's warm-up + cosine lrs, stepped per DP process."""
-    result = torchrun(HERE / "dummy_scheduler_checks.py", timeout=240)
-    for rank in (0, 1):
-        assert f"MEGATRON SCHEDULER CHECKS PASSED {rank}" in result.stdout, result.stdout + result.stderr[-4000:]
+    dummy_scheduler_run.assert_passed(name)
 
 
-@pytest.mark.slow
-def test_pipeline_stages_follow_one_process(torchrun, tmp_path) -> None:
-    """PP=2 (1F1B) and PP=2 x 2 virtual stages (interleaved) through Megatron-core's schedules, 20 steps within
-    1e-5 of one process, checkpoint replay; the CPU refusal naming megatron-core's CUDA calls (pp_checks.py)."""
-    result = torchrun(HERE / "pp_checks.py", str(tmp_path), timeout=300)
-    for rank in (0, 1):
-        assert f"MEGATRON PP CHECKS PASSED {rank}" in result.stdout, result.stdout + result.stderr[-4000:]
+@pytest.fixture(scope="module", params=[2, 4], ids=["2_processes", "4_processes"])
+def pp_run(request, torchrun_checks, tmp_path_factory):
+    """2 processes: PP=2 (1F1B) and PP=2 x 2 virtual stages (interleaved) through Megatron-core's schedules, 20 steps
+    within 1e-5 of one process, checkpoint replay, the CPU refusal naming megatron-core's CUDA calls, bf16 stages.
+    4 processes: TP=2 x PP=2 likewise. A check of the other launch is reported skipped."""
+    folder = tmp_path_factory.mktemp(f"pp{request.param}")
+    return torchrun_checks(PP_SCRIPT, str(folder), nproc=request.param, timeout=300)
 
 
-@pytest.mark.slow
-def test_tensor_by_pipeline_parallel_follows_one_process(torchrun, tmp_path) -> None:
-    """TP=2 x PP=2 on 4 processes: 20 steps within 1e-5 of one process, gathered weights too (pp_checks.py)."""
-    result = torchrun(HERE / "pp_checks.py", str(tmp_path), nproc=4, timeout=300)
-    for rank in range(4):
-        assert f"MEGATRON PP CHECKS PASSED {rank}" in result.stdout, result.stdout + result.stderr[-4000:]
+@pytest.mark.parametrize("name", checks_in(PP_SCRIPT))
+def test_pipeline_stages_follow_one_process(pp_run, name) -> None:
+    pp_run.assert_passed(name)

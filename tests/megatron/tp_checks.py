@@ -1,12 +1,12 @@
 """Megatron-core TP + DP through the Accelerator, against plain torch, in one 2-process gloo launch.
 
-Run: torchrun --nproc_per_node 2 tests/megatron/tp_checks.py <tmp_dir>
+Run: PYTHONPATH=tests/harness torchrun --nproc_per_node 2 tests/megatron/tp_checks.py <tmp_dir>
 Checks, in order: refused settings (the distributed optimizer, tp_degree=3 on 2 processes, sequence parallelism
 and bf16 on CPU) fail on every process; TP=2 training (AdamW, clipping) follows one process
 training the unsplit model; Megatron's RNG streams; full-weight export; save_state / load_state
 replays the same steps; DP=2 with the plugin's gradient_clipping and accumulation follows torch
 DDP; a TP=2 checkpoint refuses to load under TP=1.
-Every check raises on failure; the last line printed on each rank is "MEGATRON CHECKS PASSED <rank>".
+Each ``@check`` is one test of test_megatron_runs.py (the harness: tests/harness/checklist.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from megatron_checklib import check, raises, rank
+from checklist import check, expect, run_checks
+from megatron_checklib import raises, rank
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -96,7 +97,7 @@ def step(accelerator, model, optimizer, batch, clip: float | None = None):
     return loss.detach(), norm
 
 
-def check_refused_settings() -> None:
+def expect_refused_settings() -> None:
     with raises(ValueError, "use_distributed_optimizer=True): Megatron's distributed optimizer is not supported"):
         MegatronLMPlugin(use_distributed_optimizer=True)
     # Before any communication, so each process raises on its own: nobody waits for the others.
@@ -108,23 +109,23 @@ def check_refused_settings() -> None:
         Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=2), mixed_precision="bf16")
 
 
-def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimizer]:
+def expect_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimizer]:
     """(a) TP=2 follows the unsplit model: losses, clipping norms, final gathered weights."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
     accelerator = Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=2))
     strategy = accelerator.strategy
-    check(
+    expect(
         accelerator.distributed_type == DistributedType.MEGATRON_LM, f"distributed_type {accelerator.distributed_type}"
     )
-    check(
+    expect(
         parallel_state.get_tensor_model_parallel_rank() == rank(),
         "TP rank = process index with tp_degree=2 on 2 processes",
     )
     dims = accelerator.parallel_dims
-    check((dims.dp.size, dims.dp.rank, dims.tp.size) == (1, 0, 2), "TP peers form one DP replica on the job's mesh")
-    check(accelerator.state.megatron_lm_plugin is strategy.plugin, "state.megatron_lm_plugin is the plugin")
+    expect((dims.dp.size, dims.dp.rank, dims.tp.size) == (1, 0, 2), "TP peers form one DP replica on the job's mesh")
+    expect(accelerator.state.megatron_lm_plugin is strategy.plugin, "state.megatron_lm_plugin is the plugin")
 
     # Megatron's RNG streams: inside fork() TP ranks draw differently, outside they agree, and fork leaves the default
     # stream alone.
@@ -133,10 +134,10 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
         inside = torch.rand(4)
     outside = torch.rand(4)
     torch.manual_seed(7)
-    check(torch.equal(outside, torch.rand(4)), "fork() must not consume the default stream")
+    expect(torch.equal(outside, torch.rand(4)), "fork() must not consume the default stream")
     draws = [torch.empty(8) for _ in range(2)]
     dist.all_gather(draws, torch.cat([inside, outside]))
-    check(
+    expect(
         not torch.equal(draws[0][:4], draws[1][:4]) and torch.equal(draws[0][4:], draws[1][4:]),
         f"RNG streams per TP rank: {draws}",
     )
@@ -145,20 +146,20 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
     reference = FullMLP()
     torch.manual_seed(1)  # other weights on purpose: load_model_state_dict must give each rank its block
     model = TPMLP(strategy.model_parallel_config())
-    check(
+    expect(
         model.col.weight.shape == (HIDDEN // 2, FEATURES) and model.row.weight.shape == (OUT, HIDDEN // 2),
         "weights split in two",
     )
     strategy.load_model_state_dict(model, reference.state_dict())
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, loader())
-    check(accelerator.unwrap_model(model) is model, "no DDP wrapper with a single DP replica")
+    expect(accelerator.unwrap_model(model) is model, "no DDP wrapper with a single DP replica")
 
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=LR)
     batches = list(train_loader)
     seen = [None, None]
     dist.all_gather_object(seen, [b[0].sum().item() for b in batches])
-    check(seen[0] == seen[1] and len(batches) == SAMPLES // BATCH, "TP peers read the same batches, all of them")
+    expect(seen[0] == seen[1] and len(batches) == SAMPLES // BATCH, "TP peers read the same batches, all of them")
     # gather_for_metrics gathers over the DP group: TP peers hold the same samples, so the world would repeat them.
     eval_x = dataset().tensors[0][:10]
     eval_loader = accelerator.prepare(
@@ -166,12 +167,12 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
     )
     gathered = torch.cat([accelerator.gather_for_metrics(b[0]) for b in eval_loader])
     plugin = accelerator.state.megatron_lm_plugin
-    check(
+    expect(
         (plugin.micro_batch_size, plugin.data_parallel_size, plugin.global_batch_size) == (BATCH, 1, BATCH),
         "TP=2 on 2 processes: micro_batch_size = the loader's batch size, one DP replica, global = micro x 1 x 1: "
         f"{(plugin.micro_batch_size, plugin.data_parallel_size, plugin.global_batch_size)}",
     )
-    check(
+    expect(
         torch.equal(gathered, eval_x),
         f"gather_for_metrics under TP=2: {tuple(gathered.shape)} rows, expected the 10 samples once",
     )
@@ -183,14 +184,14 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
         ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP)
         ref_optimizer.step()
         ref_optimizer.zero_grad()
-        check(close(loss, ref_loss), f"step {i}: loss {loss.item()} vs unsplit {ref_loss.item()}")
-        check(close(norm, ref_norm), f"step {i}: clip norm {norm.item()} vs unsplit {ref_norm.item()}")
+        expect(close(loss, ref_loss), f"step {i}: loss {loss.item()} vs unsplit {ref_loss.item()}")
+        expect(close(norm, ref_norm), f"step {i}: clip norm {norm.item()} vs unsplit {ref_norm.item()}")
         clipped += int(ref_norm > CLIP)
-    check(clipped >= 2, f"clipping must act in the test ({clipped} clipped steps)")
+    expect(clipped >= 2, f"clipping must act in the test ({clipped} clipped steps)")
     full = accelerator.get_state_dict(model)
-    check(sorted(full) == sorted(reference.state_dict()), f"gathered keys {sorted(full)}")
+    expect(sorted(full) == sorted(reference.state_dict()), f"gathered keys {sorted(full)}")
     for key, value in reference.state_dict().items():
-        check(
+        expect(
             full[key].shape == value.shape and close(full[key], value),
             f"gathered {key} differs from the unsplit model's",
         )
@@ -201,14 +202,14 @@ def check_tensor_parallel() -> tuple[Accelerator, nn.Module, torch.optim.Optimiz
         from safetensors.torch import load_file
 
         exported = load_file(TMP / "export" / "model.safetensors")
-        check(
+        expect(
             all(torch.equal(exported[k], full[k]) for k in full) and sorted(exported) == sorted(full),
             "save_model wrote the gathered weights",
         )
     return accelerator, model, optimizer
 
 
-def check_checkpoint_replay(accelerator: Accelerator, model: nn.Module, optimizer) -> None:
+def expect_checkpoint_replay(accelerator: Accelerator, model: nn.Module, optimizer) -> None:
     """(c) save_state, 3 more steps (with dropout on the TP stream), load_state, the same 3 steps again: identical."""
     accelerator.unwrap_model(model).dropout = 0.3
     batches = list(accelerator._dataloaders[0])[6:9]
@@ -221,10 +222,10 @@ def check_checkpoint_replay(accelerator: Accelerator, model: nn.Module, optimize
     first_losses, first_weights = run()
     accelerator.load_state(TMP / "ckpt")
     second_losses, second_weights = run()
-    check(first_losses == second_losses, f"replayed losses {second_losses} vs {first_losses}")
-    check(all(torch.equal(first_weights[k], second_weights[k]) for k in first_weights), "replayed weights differ")
+    expect(first_losses == second_losses, f"replayed losses {second_losses} vs {first_losses}")
+    expect(all(torch.equal(first_weights[k], second_weights[k]) for k in first_weights), "replayed weights differ")
     files = sorted(p.relative_to(TMP / "ckpt").as_posix() for p in (TMP / "ckpt" / "sharded").rglob("*") if p.is_file())
-    check(
+    expect(
         files
         == ["sharded/megatron.json"]
         + [f"sharded/tp_rank_0{r}/{n}" for r in (0, 1) for n in ("model_0.pt", "optimizer_0.pt", "rng_tracker.pt")],
@@ -232,7 +233,7 @@ def check_checkpoint_replay(accelerator: Accelerator, model: nn.Module, optimize
     )
 
 
-def check_data_parallel() -> None:
+def expect_data_parallel() -> None:
     """(b) TP=1 on 2 processes is DP=2: follows torch DDP (accumulation 2, the plugin's gradient_clipping).
     Then (d) the TP=2 checkpoint refuses to load here."""
     from megatron.core import parallel_state
@@ -242,7 +243,7 @@ def check_data_parallel() -> None:
         megatron_lm_plugin=MegatronLMPlugin(tp_degree=1, gradient_clipping=CLIP), gradient_accumulation_steps=2
     )
     strategy = accelerator.strategy
-    check(
+    expect(
         (accelerator.parallel_dims.dp.size, accelerator.parallel_dims.dp.rank) == (2, rank()),
         "TP=1 on 2 processes is DP=2",
     )
@@ -251,9 +252,9 @@ def check_data_parallel() -> None:
     torch.manual_seed(0)
     reference = DistributedDataParallel(FullMLP())
     model, optimizer, train_loader = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR), loader())
-    check(isinstance(model, DistributedDataParallel), "DP replicas are wrapped in DDP")
+    expect(isinstance(model, DistributedDataParallel), "DP replicas are wrapped in DDP")
     plugin = accelerator.state.megatron_lm_plugin
-    check(
+    expect(
         (plugin.data_parallel_size, plugin.global_batch_size) == (2, 2 * BATCH),
         f"TP=1 on 2 processes: global_batch_size = 2 replicas x micro: {plugin.global_batch_size}",
     )
@@ -261,32 +262,51 @@ def check_data_parallel() -> None:
     batches = list(train_loader)[:6]
     seen = [None, None]
     dist.all_gather_object(seen, [b[0].sum().item() for b in batches])
-    check(seen[0] != seen[1], "DP ranks read different batches")
+    expect(seen[0] != seen[1], "DP ranks read different batches")
     for i, batch in enumerate(batches):
         loss, _ = step(accelerator, model, optimizer, batch)
         boundary = i % 2 == 1
         with contextlib.nullcontext() if boundary else reference.no_sync():
             ref_loss = F.mse_loss(reference(batch[0]), batch[1])
             (ref_loss / 2).backward()
-        check(close(loss, ref_loss), f"step {i}: loss {loss.item()} vs DDP {ref_loss.item()}")
+        expect(close(loss, ref_loss), f"step {i}: loss {loss.item()} vs DDP {ref_loss.item()}")
         if boundary:
             ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP)
-            check(
+            expect(
                 close(strategy.last_grad_norm, ref_norm),
                 f"step {i}: plugin clip norm {strategy.last_grad_norm} vs DDP {ref_norm}",
             )
             ref_optimizer.step()
             ref_optimizer.zero_grad()
     for key, value in reference.module.state_dict().items():
-        check(close(accelerator.get_state_dict(model)[key], value), f"{key} differs from DDP's")
+        expect(close(accelerator.get_state_dict(model)[key], value), f"{key} differs from DDP's")
 
     with raises(CheckpointMismatchError, "saved with tp_degree=2, pp_degree=1, vp_degree=1, this run uses tp_degree=1"):
         accelerator.load_state(TMP / "ckpt")
 
 
+RUN: dict = {}  # the TP=2 run, for the replay check after it
+
+
+@check
+def refused_settings_fail_on_every_process() -> None:
+    expect_refused_settings()
+
+
+@check
+def tensor_parallel_follows_the_unsplit_model() -> None:
+    RUN["accelerator"], RUN["model"], RUN["optimizer"] = expect_tensor_parallel()
+
+
+@check
+def save_state_load_state_replays_the_same_steps() -> None:
+    expect_checkpoint_replay(RUN["accelerator"], RUN["model"], RUN["optimizer"])
+
+
+@check
+def data_parallel_follows_torch_ddp() -> None:
+    expect_data_parallel()
+
+
 if __name__ == "__main__":
-    check_refused_settings()
-    accelerator, model, optimizer = check_tensor_parallel()
-    check_checkpoint_replay(accelerator, model, optimizer)
-    check_data_parallel()
-    print(f"MEGATRON CHECKS PASSED {rank()}", flush=True)
+    run_checks()
