@@ -2,9 +2,10 @@
 
 Run with the strategy chosen by the environment, as ``accel launch --use-fsdp`` does:
     ACCEL_STRATEGY=fsdp ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP=Block \
-        torchrun --nproc_per_node 2 tests/fsdp/checkpoint_checks.py <tmp_dir>
+        PYTHONPATH=tests/harness torchrun --nproc_per_node 2 tests/fsdp/checkpoint_checks.py <tmp_dir>
 Writes <tmp_dir>/ckpt (sharded), <tmp_dir>/export (save_model) and <tmp_dir>/expected.pt for
-single_process_checks.py. Each rank ends with "FSDP CHECKPOINT CHECKS PASSED <rank>".
+single_process_checks.py. Each ``@check`` is one test of test_fsdp_multiprocess.py (the harness:
+tests/harness/checklist.py); later checks use what earlier ones trained, kept in ``RUNS``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from checklist import check, expect, run_checks
 from fsdp_testlib import LR, Net, data, local, make_net, param_groups
 from torch import nn
 
@@ -35,11 +37,7 @@ def new_accelerator(**plugin_kwargs) -> Accelerator:
 
 acc = new_accelerator()
 rank, world = acc.process_index, acc.num_processes
-
-
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {rank}] {message}")
+RUNS: dict[str, dict] = {}  # each round trip's results, for the checks after it
 
 
 def setup(accelerator: Accelerator, seed: int):
@@ -81,18 +79,18 @@ def round_trip(accelerator_factory, folder: Path, what: str, first: range, then:
     train(accelerator, model, optimizer, scheduler, first)
     saved_out = probe(model)  # a forward without backward first: SHARD_GRAD_OP units stay gathered
     accelerator.save_state(folder)
-    check(torch.equal(probe(model), saved_out), f"{what}: saving changed the model")
+    expect(torch.equal(probe(model), saved_out), f"{what}: saving changed the model")
     straight = train(accelerator, model, optimizer, scheduler, then)
     straight_out = probe(model)
 
     resumed_acc = accelerator_factory()
     model2, optimizer2, scheduler2 = setup(resumed_acc, seed=123)
-    check(not torch.equal(probe(model2), saved_out), f"{what}: a fresh model already gives the saved outputs")
+    expect(not torch.equal(probe(model2), saved_out), f"{what}: a fresh model already gives the saved outputs")
     resumed_acc.load_state(folder)
-    check(torch.equal(probe(model2), saved_out), f"{what}: outputs after load_state differ")
+    expect(torch.equal(probe(model2), saved_out), f"{what}: outputs after load_state differ")
     resumed = train(resumed_acc, model2, optimizer2, scheduler2, then)
-    check(resumed == straight, f"{what}: continued losses {resumed} != uninterrupted {straight}")
-    check(torch.equal(probe(model2), straight_out), f"{what}: weights after continued training differ")
+    expect(resumed == straight, f"{what}: continued losses {resumed} != uninterrupted {straight}")
+    expect(torch.equal(probe(model2), straight_out), f"{what}: weights after continued training differ")
     return {
         "model": model,
         "accelerator": accelerator,
@@ -102,67 +100,82 @@ def round_trip(accelerator_factory, folder: Path, what: str, first: range, then:
     }
 
 
-# 1. The strategy chosen and configured by the environment alone.
-check(isinstance(acc.strategy, FSDPStrategy), f"ACCEL_STRATEGY=fsdp gave {type(acc.strategy).__name__}")
-check(
-    acc.strategy.plugin.transformer_cls_names_to_wrap == ["Block"], "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP not read"
-)
-check(acc.strategy.plugin.state_dict_type == "SHARDED_STATE_DICT", "default state_dict_type")
-
-# 2. Sharded (DCP) save -> load -> identical outputs and identical continued training.
-ckpt = TMP / "ckpt"
-reuse = iter([acc])  # the environment-configured accelerator first, then fresh ones like it
-result = round_trip(lambda: next(reuse, None) or new_accelerator(), ckpt, "sharded", range(0, 3), range(3, 6))
-shards = sorted(os.listdir(ckpt / "sharded" / "model_0"))
-check(".metadata" in shards and "__0_0.distcp" in shards and "__1_0.distcp" in shards, f"DCP files: {shards}")
-sizes = [os.path.getsize(ckpt / "sharded" / "model_0" / f"__{r}_0.distcp") for r in range(2)]
-check(abs(sizes[0] - sizes[1]) < 0.2 * max(sizes), f"each process should write half the weights: {sizes}")
-check(
-    not any(name.startswith("model") and name.endswith(".safetensors") for name in os.listdir(ckpt)),
-    "a full model file was written",
-)
-
-# 3. save_model: consolidated weights for a plain nn.Module (checked in the single-process script too).
-model, accelerator = result["model"], result["accelerator"]
-accelerator.save_model(model, TMP / "export")
-full = accelerator.get_state_dict(model)
-if rank == 0:
-    from accel_checkpoint import load_model
-
-    plain = Net()
-    load_model(plain, str(TMP / "export"))
-    check(
-        all(torch.equal(plain.state_dict()[k], full[k]) for k in full), "save_model: weights differ from get_state_dict"
+@check
+def the_environment_chooses_and_configures_fsdp() -> None:
+    expect(isinstance(acc.strategy, FSDPStrategy), f"ACCEL_STRATEGY=fsdp gave {type(acc.strategy).__name__}")
+    expect(
+        acc.strategy.plugin.transformer_cls_names_to_wrap == ["Block"],
+        "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP not read",
     )
-    check(torch.equal(probe(plain), result["straight_out"]), "save_model: a plain module gives other outputs")
+    expect(acc.strategy.plugin.state_dict_type == "SHARDED_STATE_DICT", "default state_dict_type")
 
-expected = {
-    "probe": PROBE,
-    "saved_out": result["saved_out"],
-    "continued_global_losses": global_mean(result["straight"]),
-    "final_out": result["straight_out"],
-}
 
-# 4. FULL_STATE_DICT: model files gathered on process 0, optimizer gathered too; loads the same way.
-# (with SHARD_GRAD_OP, whose units keep their parameters gathered after a forward without backward)
-full_result = round_trip(
-    lambda: new_accelerator(state_dict_type="FULL_STATE_DICT", sharding_strategy="SHARD_GRAD_OP"),
-    TMP / "full",
-    "full state dict",
-    range(0, 2),
-    range(2, 4),
-)
-names = os.listdir(TMP / "full")
-check("model.safetensors" in names, f"FULL_STATE_DICT: no model.safetensors in {names}")
-check(
-    os.listdir(TMP / "full" / "sharded") == ["optimizer_0.bin"],
-    f"FULL_STATE_DICT sharded/: {os.listdir(TMP / 'full' / 'sharded')}",
-)
+@check
+def sharded_save_load_gives_identical_outputs_and_continuation() -> None:
+    ckpt = TMP / "ckpt"
+    reuse = iter([acc])  # the environment-configured accelerator first, then fresh ones like it
+    result = round_trip(lambda: next(reuse, None) or new_accelerator(), ckpt, "sharded", range(0, 3), range(3, 6))
+    RUNS["sharded"] = result
+    shards = sorted(os.listdir(ckpt / "sharded" / "model_0"))
+    expect(".metadata" in shards and "__0_0.distcp" in shards and "__1_0.distcp" in shards, f"DCP files: {shards}")
+    sizes = [os.path.getsize(ckpt / "sharded" / "model_0" / f"__{r}_0.distcp") for r in range(2)]
+    expect(abs(sizes[0] - sizes[1]) < 0.2 * max(sizes), f"each process should write half the weights: {sizes}")
+    expect(
+        not any(name.startswith("model") and name.endswith(".safetensors") for name in os.listdir(ckpt)),
+        "a full model file was written",
+    )
 
-# 5. FSDP1 sharded checkpoints round-trip too.
-round_trip(lambda: new_accelerator(fsdp_version=1), TMP / "fsdp1", "FSDP1 sharded", range(0, 2), range(2, 4))
 
-if rank == 0:
-    torch.save(expected, TMP / "expected.pt")
-dist.barrier()
-print(f"FSDP CHECKPOINT CHECKS PASSED {rank}", flush=True)
+@check
+def save_model_writes_weights_a_plain_module_loads() -> None:
+    # Consolidated weights for a plain nn.Module (checked in the single-process script too).
+    result = RUNS["sharded"]
+    model, accelerator = result["model"], result["accelerator"]
+    accelerator.save_model(model, TMP / "export")
+    full = accelerator.get_state_dict(model)
+    if rank == 0:
+        from accel_checkpoint import load_model
+
+        plain = Net()
+        load_model(plain, str(TMP / "export"))
+        expect(
+            all(torch.equal(plain.state_dict()[k], full[k]) for k in full),
+            "save_model: weights differ from get_state_dict",
+        )
+        expect(torch.equal(probe(plain), result["straight_out"]), "save_model: a plain module gives other outputs")
+    expected = {
+        "probe": PROBE,
+        "saved_out": result["saved_out"],
+        "continued_global_losses": global_mean(result["straight"]),
+        "final_out": result["straight_out"],
+    }
+    if rank == 0:  # for single_process_checks.py
+        torch.save(expected, TMP / "expected.pt")
+
+
+@check
+def full_state_dict_round_trips() -> None:
+    # Model files gathered on process 0, optimizer gathered too; loads the same way.
+    # (with SHARD_GRAD_OP, whose units keep their parameters gathered after a forward without backward)
+    round_trip(
+        lambda: new_accelerator(state_dict_type="FULL_STATE_DICT", sharding_strategy="SHARD_GRAD_OP"),
+        TMP / "full",
+        "full state dict",
+        range(0, 2),
+        range(2, 4),
+    )
+    names = os.listdir(TMP / "full")
+    expect("model.safetensors" in names, f"FULL_STATE_DICT: no model.safetensors in {names}")
+    expect(
+        os.listdir(TMP / "full" / "sharded") == ["optimizer_0.bin"],
+        f"FULL_STATE_DICT sharded/: {os.listdir(TMP / 'full' / 'sharded')}",
+    )
+
+
+@check
+def fsdp1_sharded_checkpoints_round_trip() -> None:
+    round_trip(lambda: new_accelerator(fsdp_version=1), TMP / "fsdp1", "FSDP1 sharded", range(0, 2), range(2, 4))
+
+
+if __name__ == "__main__":
+    run_checks()

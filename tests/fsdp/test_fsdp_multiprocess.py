@@ -21,25 +21,39 @@ import sys
 from pathlib import Path
 
 import pytest
+from checkrun import CheckRun, checks_in, run_check_script
 
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 
 
-def test_training_matches_ddp_on_two_processes(torchrun):
-    result = torchrun(HERE / "train_checks.py", timeout=300)
-    assert "FSDP TRAIN CHECKS PASSED 0" in result.stdout and "FSDP TRAIN CHECKS PASSED 1" in result.stdout
+TRAIN_SCRIPT = HERE / "train_checks.py"
+CHECKPOINT_SCRIPT = HERE / "checkpoint_checks.py"
+SINGLE_PROCESS_SCRIPT = HERE / "single_process_checks.py"
 
+
+@pytest.fixture(scope="module")
+def train_run(torchrun_checks) -> CheckRun:
+    return torchrun_checks(TRAIN_SCRIPT, timeout=300)
+
+
+@pytest.mark.parametrize("name", checks_in(TRAIN_SCRIPT))
+def test_training_matches_ddp_on_two_processes(train_run: CheckRun, name: str) -> None:
+    train_run.assert_passed(name)
+
+
+def test_estimate_memory_gives_the_bytes_each_process_held(train_run: CheckRun) -> None:
     # `accel estimate-memory` on the same model gives the bytes the largest process held, for DDP and FSDP2.
     # raw_decode, every report of a line: under `python -u` a rank's print writes the text and its newline apart,
     # so the other rank's report can follow on the same line.
+    train_run.assert_passed("fsdp2_follows_ddp")  # the check that prints the bytes held
     held = [
         json.JSONDecoder().raw_decode(part)[0]
-        for line in result.stdout.splitlines()
+        for line in train_run.stdout.splitlines()
         for part in line.split("HELD BYTES ")[1:]
     ]
-    assert sorted(h["rank"] for h in held) == [0, 1], result.stdout[-3000:]
+    assert sorted(h["rank"] for h in held) == [0, 1], train_run.stdout[-3000:]
     command = [str(Path(sys.executable).with_name("accel")), "estimate-memory", f"{HERE / 'fsdp_testlib.py'}:Net"]
     command += ["-n", "2", "--strategies", "ddp", "fsdp", "--dtypes", "float32", "--json"]
     estimated = subprocess.run(command, capture_output=True, text=True, timeout=120)
@@ -52,7 +66,13 @@ def test_training_matches_ddp_on_two_processes(torchrun):
     assert rows["fsdp"]["parameters"] * 2 == rows["ddp"]["parameters"]  # the sharding was engaged
 
 
-def test_sharded_checkpoints_two_processes_then_one(torchrun, tmp_path):
+@pytest.fixture(scope="module")
+def checkpoint_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fsdp_checkpoints")
+
+
+@pytest.fixture(scope="module")
+def checkpoint_run(torchrun_checks, checkpoint_folder: Path) -> CheckRun:
     # The same LR schedule on 2 processes and on 1 (the default steps it once per process per optimizer step):
     # the continuation on one process is compared with the two-process one.
     env = {
@@ -60,9 +80,22 @@ def test_sharded_checkpoints_two_processes_then_one(torchrun, tmp_path):
         "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP": "Block",
         "ACCEL_SCHEDULER_STEPPING": "per_optimizer_step",
     }
-    result = torchrun(HERE / "checkpoint_checks.py", str(tmp_path), env=env, timeout=300)
-    assert "FSDP CHECKPOINT CHECKS PASSED 0" in result.stdout and "FSDP CHECKPOINT CHECKS PASSED 1" in result.stdout
+    return torchrun_checks(CHECKPOINT_SCRIPT, str(checkpoint_folder), env=env, timeout=300)
 
+
+@pytest.mark.parametrize("name", checks_in(CHECKPOINT_SCRIPT))
+def test_sharded_checkpoints_on_two_processes(checkpoint_run: CheckRun, name: str) -> None:
+    checkpoint_run.assert_passed(name)
+
+
+@pytest.fixture(scope="module")
+def single_process_run(
+    checkpoint_run: CheckRun, checkpoint_folder: Path, tmp_path_factory: pytest.TempPathFactory
+) -> CheckRun:
+    """`accel merge-weights`, then single_process_checks.py on one process, on what the 2-process run wrote."""
+    for name in checkpoint_run.names:
+        checkpoint_run.assert_passed(name)
+    tmp_path = checkpoint_folder
     accel = Path(sys.executable).with_name("accel")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
     # `accel merge-weights` on the 2-process sharded checkpoint: single_process_checks.py loads the file it writes.
@@ -88,14 +121,13 @@ def test_sharded_checkpoints_two_processes_then_one(torchrun, tmp_path):
         "Block",
         "--scheduler-stepping",
         "per_optimizer_step",
-        str(HERE / "single_process_checks.py"),
+        str(SINGLE_PROCESS_SCRIPT),
         str(tmp_path),
     ]
-    try:
-        single = subprocess.run(
-            command, env={**environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=180
-        )
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"single-process run did not finish within 180s\n{error.stdout}\n{error.stderr}")
-    assert single.returncode == 0, f"{single.stdout}\n{single.stderr[-6000:]}"
-    assert "FSDP SINGLE PROCESS CHECKS PASSED" in single.stdout
+    results = tmp_path_factory.mktemp("single_process_results")
+    return run_check_script(command, SINGLE_PROCESS_SCRIPT, nproc=1, timeout=180, results=results, base_env=environ)
+
+
+@pytest.mark.parametrize("name", checks_in(SINGLE_PROCESS_SCRIPT))
+def test_the_two_process_checkpoint_on_one_process(single_process_run: CheckRun, name: str) -> None:
+    single_process_run.assert_passed(name)

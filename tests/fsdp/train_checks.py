@@ -1,7 +1,7 @@
 """accel-fsdp training checks in one 2-process launch (gloo, CPU).
 
-Run: torchrun --nproc_per_node 2 tests/fsdp/train_checks.py
-Every check raises on failure; each rank ends with "FSDP TRAIN CHECKS PASSED <rank>".
+Run: PYTHONPATH=tests/harness torchrun --nproc_per_node 2 tests/fsdp/train_checks.py
+Each ``@check`` is one test of test_fsdp_multiprocess.py (the harness: tests/harness/checklist.py).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import math
 
 import torch
 import torch.distributed as dist
+from checklist import check, expect, run_checks
 from fsdp_testlib import (
     LR,
     MAX_NORM,
@@ -59,27 +60,26 @@ rank, world = first.process_index, first.num_processes
 REF = ddp_reference(rank, world)
 
 
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {rank}] {message}")
-
-
-# Scripts written for the reference API reach the plugin through the state.
-check(first.state.fsdp_plugin is first.strategy.plugin and first.state.deepspeed_plugin is None, "state.fsdp_plugin")
+@check
+def scripts_reach_the_plugin_through_the_state() -> None:
+    # Scripts written for the reference API reach the plugin through the state.
+    expect(
+        first.state.fsdp_plugin is first.strategy.plugin and first.state.deepspeed_plugin is None, "state.fsdp_plugin"
+    )
 
 
 def close(a: float, b: float, what: str, tol: float = TOL) -> None:
-    check(abs(a - b) <= tol * max(1.0, abs(b)), f"{what}: {a} != {b}")
+    expect(abs(a - b) <= tol * max(1.0, abs(b)), f"{what}: {a} != {b}")
 
 
 def compare_state(accelerator: Accelerator, model: nn.Module, what: str, tol: float = TOL) -> None:
     state = accelerator.get_state_dict(model)  # gathered on process 0 only
     if rank == 0:
-        check(set(state) == set(REF["state"]), f"{what}: state dict keys {sorted(state)[:4]}...")
+        expect(set(state) == set(REF["state"]), f"{what}: state dict keys {sorted(state)[:4]}...")
         worst = max((state[k].float() - REF["state"][k]).abs().max().item() for k in REF["state"])
-        check(worst <= tol, f"{what}: final weights differ from DDP's by {worst}")
+        expect(worst <= tol, f"{what}: final weights differ from DDP's by {worst}")
     else:
-        check(state == {}, f"{what}: get_state_dict should gather on process 0 only")
+        expect(state == {}, f"{what}: get_state_dict should gather on process 0 only")
 
 
 def train(
@@ -103,7 +103,7 @@ def train(
                     norms.append(float(accelerator.clip_grad_norm_(model.parameters(), MAX_NORM)))
                 elif unreduced:
                     # FSDP2 keeps the unreduced gradients to itself until the synced micro-step.
-                    check(all(p.grad is None for p in model.parameters()), "no_sync: gradients were reduced anyway")
+                    expect(all(p.grad is None for p in model.parameters()), "no_sync: gradients were reduced anyway")
                 optimizer.step()
                 if scheduler is not None:
                     scheduler.step()
@@ -113,17 +113,17 @@ def train(
 
 
 def compare_run(what: str, losses: list[float], norms: list[float]) -> None:
-    check(len(norms) == STEPS, f"{what}: {len(norms)} clip calls")
+    expect(len(norms) == STEPS, f"{what}: {len(norms)} clip calls")
     for step in range(STEPS):
         close(losses[step], REF["losses"][step], f"{what}: loss at step {step}")
         close(norms[step], REF["norms"][step], f"{what}: clip norm at step {step}")
 
 
-def run_version(version: int) -> None:
+def expect_version_follows_ddp(version: int) -> None:
     name = f"FSDP{version}"
     records.messages.clear()
     accelerator = first if version == 2 else Accelerator(fsdp_plugin=plugin(fsdp_version=1))
-    check(
+    expect(
         accelerator.distributed_type == DistributedType.FSDP, f"{name}: distributed_type {accelerator.distributed_type}"
     )
     model = make_net()
@@ -133,48 +133,48 @@ def run_version(version: int) -> None:
 
     raw = optimizer.optimizer
     live = {id(p) for p in model.parameters()}
-    check(
+    expect(
         all(id(p) in live for g in raw.param_groups for p in g["params"]),
         f"{name}: optimizer not on the sharded parameters",
     )
-    check([g["weight_decay"] for g in raw.param_groups] == [0.1, 0.0], f"{name}: param groups lost")
-    check([g["lr"] for g in raw.param_groups] == [LR, LR / 2], f"{name}: per-group lr lost")
-    check(scheduler.scheduler.optimizer is raw, f"{name}: scheduler still points at the old optimizer")
+    expect([g["weight_decay"] for g in raw.param_groups] == [0.1, 0.0], f"{name}: param groups lost")
+    expect([g["lr"] for g in raw.param_groups] == [LR, LR / 2], f"{name}: per-group lr lost")
+    expect(scheduler.scheduler.optimizer is raw, f"{name}: scheduler still points at the old optimizer")
     if rank == 0 and version == 2:  # FSDP1 with use_orig_params keeps the Parameter objects: nothing to rebuild
-        check(
+        expect(
             any("rebuilt" in m for m in records.messages), f"{name}: the rebuild was not announced: {records.messages}"
         )
 
     full = full_nbytes(make_net())
     held = local_nbytes(model.parameters())
-    check(abs(held - full / world) <= 0.01 * full, f"{name}: holds {held} of {full} parameter bytes")
+    expect(abs(held - full / world) <= 0.01 * full, f"{name}: holds {held} of {full} parameter bytes")
     if version == 2:
         from torch.distributed.fsdp import FSDPModule
 
         unwrapped = accelerator.unwrap_model(model)
-        check(
+        expect(
             isinstance(unwrapped, Net) and isinstance(unwrapped, FSDPModule),
             f"{name}: unwrap_model gave {type(unwrapped)}",
         )
-        check(all(isinstance(b, FSDPModule) for b in model.blocks), f"{name}: blocks not wrapped")
+        expect(all(isinstance(b, FSDPModule) for b in model.blocks), f"{name}: blocks not wrapped")
     else:
-        check(
+        expect(
             type(accelerator.unwrap_model(model)) is Net,
             f"{name}: unwrap_model gave {type(accelerator.unwrap_model(model))}",
         )
 
     losses, norms = train(accelerator, model, optimizer, scheduler)
     compare_run(name, losses, norms)
-    check(any(n > MAX_NORM for n in norms), f"{name}: clipping never active, the check proves nothing")
+    expect(any(n > MAX_NORM for n in norms), f"{name}: clipping never active, the check proves nothing")
     compare_state(accelerator, model, name)
     if version == 2:
-        check(all(p.grad is None for p in model.parameters()), "zero_grad left gradients")
+        expect(all(p.grad is None for p in model.parameters()), "zero_grad left gradients")
         x, y = data(0)
         nn.functional.mse_loss(model(local(x, rank, world)), local(y, rank, world)).backward()
         grad_bytes = local_nbytes(p.grad for p in model.parameters())
-        check(grad_bytes == full // world, f"{name}: gradients take {grad_bytes} bytes, expected {full // world}")
+        expect(grad_bytes == full // world, f"{name}: gradients take {grad_bytes} bytes, expected {full // world}")
         state_bytes = optimizer_state_nbytes(raw)
-        check(
+        expect(
             state_bytes == 2 * full // world,
             f"{name}: AdamW state takes {state_bytes} bytes, expected {2 * full // world}",
         )
@@ -193,7 +193,7 @@ def run_version(version: int) -> None:
     reference = make_net()
     reference.load_state_dict(REF["state"])
     with torch.no_grad():
-        check(torch.equal(model.generate(x), reference.generate(x)), f"{name}: generate() after wrapping")
+        expect(torch.equal(model.generate(x), reference.generate(x)), f"{name}: generate() after wrapping")
 
     # Gradient accumulation: two micro-batches per step follow the same trajectory.
     accumulating = Accelerator(fsdp_plugin=plugin(fsdp_version=version), gradient_accumulation_steps=2)
@@ -205,28 +205,39 @@ def run_version(version: int) -> None:
     compare_state(accumulating, model, f"{name} accumulation")
 
 
-def check_meta_init() -> None:
+@check
+def fsdp2_follows_ddp() -> None:
+    expect_version_follows_ddp(2)
+
+
+@check
+def fsdp1_follows_ddp() -> None:
+    expect_version_follows_ddp(1)
+
+
+@check
+def meta_device_init() -> None:
     """A model built on the meta device is materialised shard by shard."""
     accelerator = Accelerator(fsdp_plugin=plugin())
     with torch.device("meta"):
         model = Net()
     model = accelerator.prepare(model)
-    check(not any(p.is_meta for p in model.parameters()), "meta parameters left after prepare")
-    check(local_nbytes(model.parameters()) == full_nbytes(make_net()) // world, "meta init: shard sizes")
+    expect(not any(p.is_meta for p in model.parameters()), "meta parameters left after prepare")
+    expect(local_nbytes(model.parameters()) == full_nbytes(make_net()) // world, "meta init: shard sizes")
     weights = [p.full_tensor() for p in model.parameters()]
-    check(all(torch.isfinite(w).all() for w in weights), "meta init: non-finite weights (uninitialised memory?)")
+    expect(all(torch.isfinite(w).all() for w in weights), "meta init: non-finite weights (uninitialised memory?)")
     # reset_parameters ran: Linear weights are uniform within 1/sqrt(fan_in), LayerNorm weights are ones.
-    check(torch.equal(model.blocks[0].norm.weight.full_tensor(), torch.ones(16)), "meta init: LayerNorm not reset")
+    expect(torch.equal(model.blocks[0].norm.weight.full_tensor(), torch.ones(16)), "meta init: LayerNorm not reset")
     bound = 1 / math.sqrt(16)
     w = model.blocks[0].fc1.weight.full_tensor()
-    check(
+    expect(
         w.abs().max() <= bound and w.std() > bound / 4, f"meta init: fc1 weights look uninitialised ({w.abs().max()})"
     )
     x, y = data(0)
     out = model(x)
     gathered = [None, None]
     dist.all_gather_object(gathered, out.detach())
-    check(torch.equal(gathered[0], gathered[1]), "meta init: processes hold different models")
+    expect(torch.equal(gathered[0], gathered[1]), "meta init: processes hold different models")
     nn.functional.mse_loss(out, y).backward()
 
     # cpu_ram_efficient_loading: only process 0 has real weights; they are scattered to the shards.
@@ -240,7 +251,7 @@ def check_meta_init() -> None:
     state = accelerator.get_state_dict(model)
     if rank == 0:
         expected = make_net(seed=7).state_dict()
-        check(
+        expect(
             all(torch.equal(state[k], expected[k]) for k in expected),
             "cpu_ram_efficient_loading: weights differ from process 0's",
         )
@@ -257,12 +268,14 @@ def check_meta_init() -> None:
                 model = Net()
         model = accelerator.prepare(model)
         where = {p.to_local().device.type for p in model.parameters()}
-        check(where == {"cpu"}, f"offload (process 0's weights: {loading}): shards on {where}")
+        expect(where == {"cpu"}, f"offload (process 0's weights: {loading}): shards on {where}")
         nn.functional.mse_loss(model(x), y).backward()  # FSDP2's first forward checks the offloaded shards
         state = accelerator.get_state_dict(model)
         if loading and rank == 0:
             expected = make_net(seed=7).state_dict()
-            check(all(torch.equal(state[k], expected[k]) for k in expected), "offload: weights differ from process 0's")
+            expect(
+                all(torch.equal(state[k], expected[k]) for k in expected), "offload: weights differ from process 0's"
+            )
 
 
 VARIANTS = [
@@ -278,7 +291,8 @@ VARIANTS = [
 ]
 
 
-def check_variants() -> None:
+@check
+def plugin_variants() -> None:
     """Sharding layouts, offload and activation checkpointing change memory, not results: first step vs DDP."""
     x, y = data(0)
     xl, yl = local(x, rank, world), local(y, rank, world)
@@ -297,19 +311,21 @@ def check_variants() -> None:
         if variant.get("use_orig_params", True):
             close(next_loss, REF["losses"][1], f"{variant}: loss after one step")
         else:  # flat parameters: the two param groups became one (and the user was told)
-            check(len(optimizer.param_groups) == 1, f"{variant}: {len(optimizer.param_groups)} param groups")
-            check(
+            expect(len(optimizer.param_groups) == 1, f"{variant}: {len(optimizer.param_groups)} param groups")
+            expect(
                 rank != 0 or any("one group" in m for m in records.messages),
                 f"{variant}: conflated groups not announced",
             )
         state = accelerator.get_state_dict(model)
-        check(rank != 0 or set(state) == set(REF["state"]), f"{variant}: parameter names changed: {sorted(state)[:3]}")
+        expect(rank != 0 or set(state) == set(REF["state"]), f"{variant}: parameter names changed: {sorted(state)[:3]}")
 
     # Ignored modules stay whole and unsharded on every process.
     accelerator = Accelerator(fsdp_plugin=plugin(ignored_modules="head"))
     model = accelerator.prepare(make_net())
-    check(not hasattr(model.head.weight, "to_local") and model.head.weight.shape == (4, 16), "ignored head was sharded")
-    check(hasattr(model.inp.weight, "to_local"), "the rest should be sharded")
+    expect(
+        not hasattr(model.head.weight, "to_local") and model.head.weight.shape == (4, 16), "ignored head was sharded"
+    )
+    expect(hasattr(model.inp.weight, "to_local"), "the rest should be sharded")
 
     # sync_module_states: every process starts from process 0's weights.
     accelerator = Accelerator(fsdp_plugin=plugin(sync_module_states=True))
@@ -317,24 +333,25 @@ def check_variants() -> None:
     state = accelerator.get_state_dict(model)
     if rank == 0:
         expected = make_net(seed=0).state_dict()
-        check(
+        expect(
             all(torch.equal(state[k], expected[k]) for k in expected),
             "sync_module_states: weights differ from process 0's",
         )
 
 
-def check_precision() -> None:
+@check
+def mixed_precision_bf16_and_fp16() -> None:
     x, y = data(0)
     xl, yl = local(x, rank, world), local(y, rank, world)
     # bf16: parameters gathered in bf16, fp32 master shards, fp32 outputs, loss close to fp32.
     accelerator = Accelerator(fsdp_plugin=plugin(), mixed_precision="bf16")
     model = accelerator.prepare(make_net())
     out = model(xl)
-    check(out.dtype == torch.float32, f"bf16: outputs are {out.dtype}, expected fp32")
+    expect(out.dtype == torch.float32, f"bf16: outputs are {out.dtype}, expected fp32")
     loss = nn.functional.mse_loss(out, yl)
     close(loss.item(), REF["losses"][0], "bf16 loss vs fp32", tol=5e-2)
     accelerator.backward(loss)
-    check(
+    expect(
         all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters()),
         "bf16: master shards not fp32",
     )
@@ -343,7 +360,7 @@ def check_precision() -> None:
     accelerator = Accelerator(fsdp_plugin=plugin(), mixed_precision="fp16")
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    check(isinstance(accelerator.scaler, ShardedGradScaler), f"fp16: scaler is {type(accelerator.scaler)}")
+    expect(isinstance(accelerator.scaler, ShardedGradScaler), f"fp16: scaler is {type(accelerator.scaler)}")
     model = make_net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -354,32 +371,33 @@ def check_precision() -> None:
         optimizer.zero_grad()
     skipped = [None, None]
     dist.all_gather_object(skipped, (accelerator.scaler.get_scale(), accelerator.optimizer_step_was_skipped))
-    check(skipped[0] == skipped[1], f"fp16: processes disagree on the scaler: {skipped}")
+    expect(skipped[0] == skipped[1], f"fp16: processes disagree on the scaler: {skipped}")
 
 
-def check_errors() -> None:
+@check
+def bad_settings_fail_on_every_rank() -> None:
     # fp8 composes with FSDP2 (accel-fp8, tests/fp8); FSDP1's flat parameters cannot hold its layers.
     try:
         Accelerator(fsdp_plugin=plugin(fsdp_version=1), mixed_precision="fp8")
     except ValueError as error:
-        check("fsdp_version=2" in str(error), f"fp8 error message: {error}")
+        expect("fsdp_version=2" in str(error), f"fp8 error message: {error}")
     else:
-        check(False, "fp8 with FSDP1 should be refused")
+        expect(False, "fp8 with FSDP1 should be refused")
     accelerator = Accelerator(fsdp_plugin=plugin(fsdp_version=1))
     model = accelerator.prepare(make_net())
     try:
         accelerator.clip_grad_norm_(list(model.parameters())[:2], 1.0)
     except ValueError as error:
-        check("model.parameters()" in str(error), f"FSDP1 partial clip message: {error}")
+        expect("model.parameters()" in str(error), f"FSDP1 partial clip message: {error}")
     else:
-        check(False, "FSDP1 partial clip should be refused")
+        expect(False, "FSDP1 partial clip should be refused")
     try:
         FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Missing"])
         Accelerator(fsdp_plugin=plugin(transformer_cls_names_to_wrap=["Missing"])).prepare(make_net())
     except ValueError as error:
-        check("Missing" in str(error), f"missing class message: {error}")
+        expect("Missing" in str(error), f"missing class message: {error}")
     else:
-        check(False, "an unknown layer class should be refused")
+        expect(False, "an unknown layer class should be refused")
     # A model on the meta device on one process only fails on both, instead of hanging.
     accelerator = Accelerator(fsdp_plugin=plugin())
     if rank == 0:  # (process 0 alone real is cpu_ram_efficient_loading; process 0 alone meta is a mistake)
@@ -390,16 +408,10 @@ def check_errors() -> None:
     try:
         accelerator.prepare(model)
     except ValueError as error:
-        check("meta device on processes [0]" in str(error), f"meta mismatch message: {error}")
+        expect("meta device on processes [0]" in str(error), f"meta mismatch message: {error}")
     else:
-        check(False, "a meta model on one process only should be refused")
+        expect(False, "a meta model on one process only should be refused")
 
 
-run_version(2)
-run_version(1)
-check_meta_init()
-check_variants()
-check_precision()
-check_errors()
-dist.barrier()
-print(f"FSDP TRAIN CHECKS PASSED {rank}", flush=True)
+if __name__ == "__main__":
+    run_checks()
