@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+LOCAL_SGD_CHECKS = [
+    "start_equal", "different_between_averaging_steps", "equal_after_averaging_steps", "averaging_is_the_mean",
+    "different_before_exit", "equal_after_exit", "num_steps", "disabled_keeps_ddp_sync",
+]  # fmt: skip
 
-@pytest.mark.slow
-def test_parameters_average_every_local_sgd_steps_on_two_processes(two_process_run) -> None:
+
+@pytest.mark.parametrize("name", LOCAL_SGD_CHECKS)
+def test_parameters_average_every_local_sgd_steps_on_two_processes(two_process_run, name) -> None:
     """scripts/api_checks.py's LocalSGD section (its docstring says what each check means)."""
-    checks = two_process_run.checks(
-        "start_equal", "different_between_averaging_steps", "equal_after_averaging_steps", "averaging_is_the_mean",
-        "different_before_exit", "equal_after_exit", "num_steps", "disabled_keeps_ddp_sync",
-    )  # fmt: skip
-    assert all(results == [True, True] for results in checks.values()), (checks, two_process_run.output)
+    two_process_run.run.assert_passed(name)
 
 
 def test_one_process_counts_steps_and_changes_nothing() -> None:

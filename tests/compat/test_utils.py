@@ -13,15 +13,18 @@ import torch
 
 import accel.utils as utils
 
+UTILS_CHECKS = [
+    "tqdm_main_only", "tqdm_everywhere", "extract_model_from_parallel_unwraps_ddp", "save_main_process_only",
+    "load_back", "gather_object_concatenates_lists", "send_to_device_keywords", "convert_to_fp32_keyword",
+    "slice_tensors_keywords", "synchronize_rng_states_continues_with_process_0s",
+    "find_executable_batch_size_shrinks_each_process_batch", "release_memory_returns_nones",
+]  # fmt: skip
 
-def test_utils_on_two_processes(two_process_run) -> None:
+
+@pytest.mark.parametrize("name", UTILS_CHECKS)
+def test_utils_on_two_processes(two_process_run, name) -> None:
     """scripts/api_checks.py's accel.utils section."""
-    checks = two_process_run.checks(
-        "tqdm_main_only", "tqdm_everywhere", "extract_model_from_parallel", "save_main_process_only", "load_back",
-        "gather_object", "send_to_device_keywords", "convert_to_fp32_keyword", "slice_tensors_keywords",
-        "synchronize_rng_states", "find_executable_batch_size", "release_memory",
-    )  # fmt: skip
-    assert all(results == [True, True] for results in checks.values()), (checks, two_process_run.output)
+    two_process_run.run.assert_passed(name)
 
 
 # -- find_executable_batch_size -------------------------------------------------------------------

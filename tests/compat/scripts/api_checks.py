@@ -1,8 +1,9 @@
 """Accelerate-style uses of get_logger, accel.utils and LocalSGD (only the imports changed), in one
 2-process torchrun launch (each launch costs seconds of `import torch`).
 
-Prints CHECK <name> <ok> lines and log records; test_logging.py, test_utils.py and test_local_sgd.py
-read them (conftest.py's two_process_run runs this once). The output folder is the first argument.
+Each ``@check`` is one test of test_utils.py or test_local_sgd.py (the harness: tests/harness/checklist.py); the
+log records it prints are read by test_logging.py (conftest.py's two_process_run runs this once). The output folder
+is the first argument.
 
 LocalSGD checks: between averaging steps the processes' parameters differ (no gradient all-reduce);
 every local_sgd_steps-th step makes them equal, to the mean of what each process had; leaving the
@@ -14,6 +15,7 @@ import os
 import sys
 
 import torch
+from checklist import check, expect, run_checks
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Accelerator
@@ -36,10 +38,6 @@ from accel.utils import (
     tqdm,
     wait_for_everyone,
 )
-
-
-def check(name, ok):
-    print(f"CHECK {name} {bool(ok)}", flush=True)
 
 
 def flat(model):
@@ -74,40 +72,77 @@ accelerator.wait_for_everyone()
 
 # -- accel.utils ----------------------------------------------------------------------------------
 out = sys.argv[1]
-
-# tqdm draws on the main process only, unless asked
-check("tqdm_main_only", tqdm(range(3)).disable == (rank != 0))
-check("tqdm_everywhere", tqdm(range(3), main_process_only=False).disable is False)
-
-# save: one file per job (or per machine with save_on_each_node), safetensors or torch
 model = torch.nn.Linear(3, 3)
-prepared = accelerator.prepare(model)
-check("extract_model_from_parallel", extract_model_from_parallel(prepared) is model and prepared is not model)
-state_dict = extract_model_from_parallel(prepared).state_dict()
-save(state_dict, os.path.join(out, f"rank{rank}_{SAFE_WEIGHTS_NAME}"), safe_serialization=True)
-save({"rank": rank}, os.path.join(out, f"rank{rank}_{WEIGHTS_NAME}"))
-save({"rank": rank}, os.path.join(out, f"node_rank{rank}.bin"), save_on_each_node=True)
-wait_for_everyone()
-check("save_main_process_only", sorted(os.listdir(out)) == sorted([
-    "rank0_model.safetensors", "rank0_pytorch_model.bin", "node_rank0.bin"]))  # fmt: skip
-check("load_back", load(os.path.join(out, "rank0_pytorch_model.bin")) == {"rank": 0})
 
-# gather_object: lists concatenated across processes
-check("gather_object", gather_object([rank, rank * 10]) == [0, 0, 1, 10])
 
-# the reference's keyword names
-batch = {"x": torch.ones(4, 2, dtype=torch.float16), "mask": torch.zeros(4)}
-moved = send_to_device(tensor=batch, device=accelerator.device, non_blocking=False, skip_keys="mask")
-check("send_to_device_keywords", moved["x"].device == accelerator.device)
-check("convert_to_fp32_keyword", convert_to_fp32(tensor=batch)["x"].dtype == torch.float32)
-sliced = slice_tensors(batch, slice(0, 2), process_index=rank, num_processes=accelerator.num_processes)
-check("slice_tensors_keywords", sliced["x"].shape == (2, 2))
+@check
+def tqdm_main_only():
+    # tqdm draws on the main process only, unless asked
+    expect(tqdm(range(3)).disable == (rank != 0), "tqdm draws on process 0 only")
 
-# synchronize_rng_states: every process continues with process 0's torch RNG
-torch.manual_seed(100 + rank)
-synchronize_rng_states(["torch"])
-draws = gather_object([torch.rand(1).item()])
-check("synchronize_rng_states", draws[0] == draws[1])
+
+@check
+def tqdm_everywhere():
+    expect(tqdm(range(3), main_process_only=False).disable is False, "main_process_only=False draws everywhere")
+
+
+@check
+def extract_model_from_parallel_unwraps_ddp():
+    prepared = accelerator.prepare(model)
+    expect(extract_model_from_parallel(prepared) is model and prepared is not model, "the DDP wrapper's module")
+
+
+@check
+def save_main_process_only():
+    # save: one file per job (or per machine with save_on_each_node), safetensors or torch
+    state_dict = model.state_dict()
+    save(state_dict, os.path.join(out, f"rank{rank}_{SAFE_WEIGHTS_NAME}"), safe_serialization=True)
+    save({"rank": rank}, os.path.join(out, f"rank{rank}_{WEIGHTS_NAME}"))
+    save({"rank": rank}, os.path.join(out, f"node_rank{rank}.bin"), save_on_each_node=True)
+    wait_for_everyone()
+    written = sorted(os.listdir(out))
+    expect(written == sorted(["rank0_model.safetensors", "rank0_pytorch_model.bin", "node_rank0.bin"]), f"{written}")
+
+
+@check
+def load_back():
+    expect(load(os.path.join(out, "rank0_pytorch_model.bin")) == {"rank": 0}, "the saved object loads back")
+
+
+@check
+def gather_object_concatenates_lists():
+    # gather_object: lists concatenated across processes
+    expect(gather_object([rank, rank * 10]) == [0, 0, 1, 10], "lists concatenated across processes")
+
+
+BATCH = {"x": torch.ones(4, 2, dtype=torch.float16), "mask": torch.zeros(4)}
+
+
+@check
+def send_to_device_keywords():
+    # the reference's keyword names
+    moved = send_to_device(tensor=BATCH, device=accelerator.device, non_blocking=False, skip_keys="mask")
+    expect(moved["x"].device == accelerator.device, "send_to_device(tensor=, non_blocking=, skip_keys=)")
+
+
+@check
+def convert_to_fp32_keyword():
+    expect(convert_to_fp32(tensor=BATCH)["x"].dtype == torch.float32, "convert_to_fp32(tensor=)")
+
+
+@check
+def slice_tensors_keywords():
+    sliced = slice_tensors(BATCH, slice(0, 2), process_index=rank, num_processes=accelerator.num_processes)
+    expect(sliced["x"].shape == (2, 2), "slice_tensors(process_index=, num_processes=)")
+
+
+@check
+def synchronize_rng_states_continues_with_process_0s():
+    # synchronize_rng_states: every process continues with process 0's torch RNG
+    torch.manual_seed(100 + rank)
+    synchronize_rng_states(["torch"])
+    draws = gather_object([torch.rand(1).item()])
+    expect(draws[0] == draws[1], f"draws after synchronizing: {draws}")
 
 
 # find_executable_batch_size: each process shrinks its own batch on a real CPU out-of-memory error
@@ -118,57 +153,109 @@ def allocate(batch_size, label):
     return batch_size, label
 
 
-sizes = gather_object([allocate("run")])
-check("find_executable_batch_size", sizes == [(40, "run"), (40, "run")])  # 64, 57, 51, 45, 40
-a, b = release_memory(torch.ones(3), model)
-check("release_memory", a is None and b is None)
+@check
+def find_executable_batch_size_shrinks_each_process_batch():
+    sizes = gather_object([allocate("run")])
+    expect(sizes == [(40, "run"), (40, "run")], f"{sizes}")  # 64, 57, 51, 45, 40
+
+
+@check
+def release_memory_returns_nones():
+    a, b = release_memory(torch.ones(3), model)
+    expect(a is None and b is None, "release_memory returns Nones")
 
 
 # -- LocalSGD -------------------------------------------------------------------------------------
 LOCAL_SGD_STEPS = 3
+SGD: dict = {}  # the LocalSGD run's results, for the checks after the one that runs it
 
-set_seed(0)
-net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-generator = torch.Generator().manual_seed(1)
-x = torch.randn(64, 4, generator=generator)
-loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True) ** 2), batch_size=4)
-model, optimizer, loader = accelerator.prepare(net, optimizer, loader)
-check("start_equal", torch.equal(*accelerator.gather(flat(model)[None])))
 
-steps_equal, steps_different, mean_ok = [], [], []
-with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=LOCAL_SGD_STEPS, enabled=True) as local_sgd:
-    for step, (inputs, targets) in enumerate(loader):
-        with accelerator.accumulate(model):
-            loss = torch.nn.functional.mse_loss(model(inputs), targets)
-            accelerator.backward(loss)
+@check
+def start_equal():
+    set_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 4, generator=generator)
+    loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True) ** 2), batch_size=4)
+    sgd_model, optimizer, loader = accelerator.prepare(net, optimizer, loader)
+    SGD.update(model=sgd_model, optimizer=optimizer, loader=loader)
+    expect(torch.equal(*accelerator.gather(flat(sgd_model)[None])), "the processes start from the same weights")
+    steps_equal, steps_different, mean_ok = [], [], []
+    with LocalSGD(accelerator=accelerator, model=sgd_model, local_sgd_steps=LOCAL_SGD_STEPS, enabled=True) as local:
+        for step, (inputs, targets) in enumerate(loader):
+            with accelerator.accumulate(sgd_model):
+                loss = torch.nn.functional.mse_loss(sgd_model(inputs), targets)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+                before = accelerator.gather(flat(sgd_model)[None])
+                local.step()
+                after = accelerator.gather(flat(sgd_model)[None])
+            if local.num_steps % LOCAL_SGD_STEPS == 0:
+                steps_equal.append(torch.equal(after[0], after[1]))
+                mean_ok.append(torch.allclose(after[0], before.mean(dim=0), atol=1e-6))
+            else:
+                steps_different.append(not torch.equal(after[0], after[1]))
+            if step == 6:
+                break
+        last_before_exit = accelerator.gather(flat(sgd_model)[None])
+    final = accelerator.gather(flat(sgd_model)[None])
+    SGD.update(
+        steps_equal=steps_equal,
+        steps_different=steps_different,
+        mean_ok=mean_ok,
+        last_before_exit=last_before_exit,
+        final=final,
+        num_steps=local.num_steps,
+    )
+
+
+@check
+def different_between_averaging_steps():
+    expect(SGD["steps_different"] and all(SGD["steps_different"]), f"{SGD['steps_different']}")
+
+
+@check
+def equal_after_averaging_steps():
+    expect(len(SGD["steps_equal"]) == 2 and all(SGD["steps_equal"]), f"{SGD['steps_equal']}")
+
+
+@check
+def averaging_is_the_mean():
+    expect(all(SGD["mean_ok"]), f"{SGD['mean_ok']}")
+
+
+@check
+def different_before_exit():
+    expect(not torch.equal(SGD["last_before_exit"][0], SGD["last_before_exit"][1]), "equal before leaving the block")
+
+
+@check
+def equal_after_exit():
+    expect(torch.equal(SGD["final"][0], SGD["final"][1]), "leaving the block averages once more")
+
+
+@check
+def num_steps():
+    expect(SGD["num_steps"] == 7, f"{SGD['num_steps']} steps counted")
+
+
+@check
+def disabled_keeps_ddp_sync():
+    sgd_model, optimizer, loader = SGD["model"], SGD["optimizer"], SGD["loader"]
+    with LocalSGD(accelerator=accelerator, model=sgd_model, local_sgd_steps=1, enabled=False) as disabled:
+        for inputs, targets in loader:
+            loss = torch.nn.functional.mse_loss(sgd_model(inputs), targets)
+            accelerator.backward(loss)  # synced by DDP as usual
             optimizer.step()
             optimizer.zero_grad()
-            before = accelerator.gather(flat(model)[None])
-            local_sgd.step()
-            after = accelerator.gather(flat(model)[None])
-        if local_sgd.num_steps % LOCAL_SGD_STEPS == 0:
-            steps_equal.append(torch.equal(after[0], after[1]))
-            mean_ok.append(torch.allclose(after[0], before.mean(dim=0), atol=1e-6))
-        else:
-            steps_different.append(not torch.equal(after[0], after[1]))
-        if step == 6:
-            break
-    last_before_exit = accelerator.gather(flat(model)[None])
+            disabled.step()
+    expect(
+        torch.equal(*accelerator.gather(flat(sgd_model)[None])) and disabled.num_steps == 8,
+        "enabled=False: DDP keeps the processes in sync",
+    )
 
-final = accelerator.gather(flat(model)[None])
-check("different_between_averaging_steps", steps_different and all(steps_different))
-check("equal_after_averaging_steps", len(steps_equal) == 2 and all(steps_equal))
-check("averaging_is_the_mean", all(mean_ok))
-check("different_before_exit", not torch.equal(last_before_exit[0], last_before_exit[1]))
-check("equal_after_exit", torch.equal(final[0], final[1]))
-check("num_steps", local_sgd.num_steps == 7)
 
-with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=1, enabled=False) as disabled:
-    for inputs, targets in loader:
-        loss = torch.nn.functional.mse_loss(model(inputs), targets)
-        accelerator.backward(loss)  # synced by DDP as usual
-        optimizer.step()
-        optimizer.zero_grad()
-        disabled.step()
-check("disabled_keeps_ddp_sync", torch.equal(*accelerator.gather(flat(model)[None])) and disabled.num_steps == 8)
+if __name__ == "__main__":
+    run_checks()
