@@ -17,7 +17,7 @@ from accel_core.launch.accelerate_import import convert_accelerate_config
 from accel_core.launch.plan import resolve_plan as resolve_launch_plan
 from accel_core.parallel.config import ParallelismConfig, resolve_parallelism
 from accel_core.parallel.dims import mesh_dims
-from accel_core.strategies import DDPStrategy, create_strategy, resolve_plan
+from accel_core.strategies import DDPStrategy, create_strategy, resolve_strategy_plan
 
 
 def test_unset_sizes_fill_the_world_with_the_strategys_data_parallel_dimension() -> None:
@@ -84,11 +84,14 @@ def test_config_checks_its_own_fields(kwargs, fragment) -> None:
 
 
 def test_sharding_or_context_parallelism_selects_fsdp_unless_a_strategy_is_named() -> None:
-    assert resolve_plan(world_size=4, parallelism=ParallelismConfig(dp_shard_size=2)).strategy == "fsdp"
-    assert resolve_plan(world_size=4, parallelism=ParallelismConfig(cp_size=2)).strategy == "fsdp"
-    assert resolve_plan(world_size=4, environ={"ACCEL_DP_SHARD_SIZE": "4"}).strategy == "fsdp"
-    assert resolve_plan(world_size=4, parallelism=ParallelismConfig(tp_size=2)).strategy == "ddp"
-    assert resolve_plan(world_size=4, strategy="ddp", parallelism=ParallelismConfig(dp_shard_size=2)).strategy == "ddp"
+    assert resolve_strategy_plan(world_size=4, parallelism=ParallelismConfig(dp_shard_size=2)).strategy == "fsdp"
+    assert resolve_strategy_plan(world_size=4, parallelism=ParallelismConfig(cp_size=2)).strategy == "fsdp"
+    assert resolve_strategy_plan(world_size=4, environ={"ACCEL_DP_SHARD_SIZE": "4"}).strategy == "fsdp"
+    assert resolve_strategy_plan(world_size=4, parallelism=ParallelismConfig(tp_size=2)).strategy == "ddp"
+    chosen = resolve_strategy_plan(
+        world_size=4, strategy="ddp", parallelism=ParallelismConfig(dp_shard_size=2)
+    ).strategy
+    assert chosen == "ddp"
 
 
 def test_core_strategies_refuse_sharding_and_name_the_fix() -> None:

@@ -171,14 +171,14 @@ def test_cli_and_plugin_do_not_import_torch():
 
 
 def test_selected_through_core():
-    from accel_core.strategies import create_strategy, resolve_plan
+    from accel_core.strategies import create_strategy, resolve_strategy_plan
 
     plugin = FullyShardedDataParallelPlugin(fsdp_version=1)
-    plan = resolve_plan(world_size=2, plugins={"fsdp_plugin": plugin})
+    plan = resolve_strategy_plan(world_size=2, plugins={"fsdp_plugin": plugin})
     assert plan.strategy == "fsdp"
     strategy = create_strategy(plan.strategy, plan.strategy_plugin, {})
     assert isinstance(strategy, FSDPStrategy) and strategy.plugin is plugin
-    assert resolve_plan(world_size=2, environ={"ACCEL_STRATEGY": "fsdp"}).strategy == "fsdp"
+    assert resolve_strategy_plan(world_size=2, environ={"ACCEL_STRATEGY": "fsdp"}).strategy == "fsdp"
     with pytest.raises(TypeError, match="FullyShardedDataParallelPlugin"):
         create_strategy("fsdp", {"sharding_strategy": "FULL_SHARD"}, {})
 

@@ -22,7 +22,7 @@ from accel_core.launch.extensions import load_extensions
 from accel_core.parallel.config import ParallelismConfig
 from accel_core.placement import ProcessPlacement
 from accel_core.state import PartialState
-from accel_core.strategies import resolve_plan
+from accel_core.strategies import resolve_strategy_plan
 from accel_xla import XlaLaunchOptions, XlaStrategy
 from accel_xla.collectives import pack_object, unpack_objects, xla_reduce_type
 from accel_xla.spmd import fsdp_spec, partition_specs, process_layout, resolve_spmd_layout, spmd_requested
@@ -64,13 +64,15 @@ def test_config_file_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_xla_is_chosen_when_an_xla_device_is_configured_and_torch_xla_installed() -> None:
     # In the main environment (no torch-xla) a stray PJRT_DEVICE must not select a strategy that cannot run.
     expected = "xla" if importlib.util.find_spec("torch_xla") is not None else "single_device"
-    assert resolve_plan(world_size=1, environ={"PJRT_DEVICE": "TPU"}).strategy == expected
-    assert resolve_plan(world_size=4, environ={"PJRT_DEVICE": "TPU"}).strategy == (
+    assert resolve_strategy_plan(world_size=1, environ={"PJRT_DEVICE": "TPU"}).strategy == expected
+    assert resolve_strategy_plan(world_size=4, environ={"PJRT_DEVICE": "TPU"}).strategy == (
         "xla" if expected == "xla" else "ddp"
     )
-    assert resolve_plan(world_size=1, environ={"PJRT_DEVICE": "TPU", "ACCEL_USE_CPU": "true"}).strategy != "xla"
-    assert resolve_plan(world_size=1, environ={}).strategy == "single_device"
-    assert resolve_plan(world_size=2, environ={"PJRT_DEVICE": "TPU", "ACCEL_STRATEGY": "ddp"}).strategy == "ddp"
+    chosen = resolve_strategy_plan(world_size=1, environ={"PJRT_DEVICE": "TPU", "ACCEL_USE_CPU": "true"}).strategy
+    assert chosen != "xla"
+    assert resolve_strategy_plan(world_size=1, environ={}).strategy == "single_device"
+    chosen = resolve_strategy_plan(world_size=2, environ={"PJRT_DEVICE": "TPU", "ACCEL_STRATEGY": "ddp"}).strategy
+    assert chosen == "ddp"
 
 
 def test_torch_and_torch_xla_releases_must_match() -> None:

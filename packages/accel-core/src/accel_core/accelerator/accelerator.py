@@ -64,7 +64,7 @@ from ..strategies import (
     Strategy,
     StrategyContext,
     create_strategy,
-    resolve_plan,
+    resolve_strategy_plan,
 )
 from ..strategies.groups import coordination_group
 from ..strategies.selection import PLUGIN_ARGUMENTS
@@ -170,7 +170,7 @@ class Accelerator(
         strategy_name = strategy.name if isinstance(strategy, Strategy) else strategy
         cluster_env.adopt()  # started by srun / mpirun / a PyTorchJob: their variables as torchrun's
         world_size = env.get_int(env.WORLD_SIZE, 1) or 1
-        plan = resolve_plan(
+        plan = resolve_strategy_plan(
             world_size=world_size,
             mixed_precision=None if mixed_precision is None else str(mixed_precision),
             gradient_accumulation_steps=gradient_accumulation_steps,

@@ -22,7 +22,7 @@ from .base import (
 )
 from .context import JointResult, PreparedObjects, StrategyContext
 from .ddp import DDPStrategy, SingleDeviceStrategy
-from .selection import Plan, resolve_plan
+from .selection import StrategyPlan, resolve_strategy_plan
 
 _BUILTIN: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "single_device": SingleDeviceStrategy}
 
@@ -49,7 +49,6 @@ __all__ = [
     "ObservesDataloaders",
     "OwnsOptimizerStep",
     "PlacesProcess",
-    "Plan",
     "PreparedObjects",
     "PreparesOwnTypes",
     "ProcessGroupSetup",
@@ -58,8 +57,9 @@ __all__ = [
     "SingleDeviceStrategy",
     "Strategy",
     "StrategyContext",
+    "StrategyPlan",
     "WrapsBeforeOptimizer",
     "create_strategy",
-    "resolve_plan",
+    "resolve_strategy_plan",
     "strategy_class",
 ]

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..parallel.dims import ParallelDims
     from ..precision import Precision
     from ..state import AcceleratorState, GradientState
-    from .selection import Plan
+    from .selection import StrategyPlan
 
 
 @dataclass
@@ -56,7 +56,7 @@ class StrategyContext:
     state: AcceleratorState
     dims: ParallelDims
     precision: Precision
-    plan: Plan
+    plan: StrategyPlan
     gradient_state: GradientState
     prepared: PreparedObjects
     handlers: Mapping[type, Any] = field(default_factory=dict)

@@ -21,7 +21,7 @@ PLUGIN_ARGUMENTS = {"deepspeed_plugin": "deepspeed", "fsdp_plugin": "fsdp", "meg
 
 
 @dataclass(frozen=True)
-class Plan:
+class StrategyPlan:
     """What the Accelerator will set up."""
 
     strategy: str  # an ``accel.strategies`` name, or "ddp" / "single_device"
@@ -33,7 +33,7 @@ class Plan:
     scheduler_stepping: str = SchedulerStepping.PER_PROCESS.value
 
 
-def resolve_plan(
+def resolve_strategy_plan(
     *,
     world_size: int,
     mixed_precision: str | None = None,
@@ -46,7 +46,7 @@ def resolve_plan(
     scheduler_stepping: str | None = None,
     environ: Mapping[str, str] | None = None,
     parallelism: ParallelismConfig | None = None,
-) -> Plan:
+) -> StrategyPlan:
     """Resolves the plan; raises ValueError with the fix for contradictory inputs.
 
     plugins: the backend-selecting constructor arguments, e.g. ``{"fsdp_plugin": plugin}``.
@@ -117,7 +117,7 @@ def resolve_plan(
         origin = "scheduler_stepping" if scheduler_stepping is not None else env.SCHEDULER_STEPPING
         raise ValueError(f"Unknown {origin} {stepping!r}. Choose between {SchedulerStepping.list()}.")
 
-    return Plan(
+    return StrategyPlan(
         strategy=name,
         strategy_plugin=strategy_plugin,
         mixed_precision=precision,
