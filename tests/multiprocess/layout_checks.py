@@ -1,6 +1,6 @@
 """Helpers shared by the multi-process layout scripts (tests/parallelism/mesh_checks.py,
-tests/pipeline/pipeline_checks.py): a failing check names its rank, rank 0 narrates, and every
-rank rebuilds the step's global batch to train the one-process reference on.
+tests/pipeline/pipeline_checks.py): rank 0 narrates, and every rank rebuilds the step's global batch to train the
+one-process reference on (expecting, as it does, that peers of one data-parallel rank got the same rows).
 
 The scripts run under torchrun from their own folder; they put this folder on ``sys.path`` first.
 """
@@ -12,16 +12,12 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from checklist import expect
 
 if TYPE_CHECKING:
     from accel import Accelerator
 
 RANK = int(os.environ["RANK"])
-
-
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {RANK}] {message}")
 
 
 def say(message: str) -> None:
@@ -36,10 +32,10 @@ def global_batch(accelerator: Accelerator, batch: torch.Tensor) -> torch.Tensor:
     dist.all_gather_object(everyone, (accelerator.parallel_dims.dp.rank, batch.tolist()))
     by_dp: dict[int, list] = {}
     for dp_rank, rows in everyone:
-        check(
+        expect(
             by_dp.setdefault(dp_rank, rows) == rows, f"processes of data-parallel rank {dp_rank} got different batches"
         )
-    check(
+    expect(
         len(by_dp) == accelerator.parallel_dims.dp.size,
         f"{len(by_dp)} distinct dp ranks, expected {accelerator.parallel_dims.dp.size}",
     )

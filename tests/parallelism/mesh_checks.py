@@ -1,6 +1,6 @@
 """Mesh-first parallelism, for real: one 4-process launch (gloo, CPU) through every layout.
 
-Run: torchrun --nproc_per_node 4 tests/parallelism/mesh_checks.py <folder>
+Run: PYTHONPATH=tests/harness torchrun --nproc_per_node 4 tests/parallelism/mesh_checks.py <folder>
 
 For TP2 x FSDP2, HSDP 2 x 2, TP2 x DDP2, TP4 and FSDP2 on a 2-D mesh given in the plugin, a small
 Llama-style model follows the same model trained on one process (each rank trains that reference
@@ -11,7 +11,7 @@ evaluation sample exactly once. Then: bad layouts fail with a clear error on eve
 parallelism builds its mesh and splits the batch (its CPU attention is unsupported by torch);
 a TP2 x FSDP2 checkpoint resumes bit-identically on the same layout and within 1e-6 on FSDP4
 (the one-process continuation is checked by single_process_load.py from the numbers written here).
-Every rank ends with "MESH CHECKS PASSED <rank>".
+Each ``@check`` is one test of test_mesh_multiprocess.py (the harness: tests/harness/checklist.py).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from checklist import check, expect, run_checks
 from tinyllama import SEQ, loss_of, make_model, token_data
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -32,7 +33,7 @@ from accel import Accelerator, DataLoaderConfiguration, ParallelismConfig
 from accel_fsdp import FullyShardedDataParallelPlugin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "multiprocess"))
-from layout_checks import RANK, check, global_batch, mean_over_world, say
+from layout_checks import RANK, global_batch, mean_over_world, say
 
 # torch's own notices, not failures: FSDP2 seeing the replicated logits view, DTensor's CPU random ops.
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
@@ -74,12 +75,12 @@ def run_layout(name: str, steps: int = STEPS, **accelerator_kwargs) -> None:
         ref_optimizer.zero_grad()
         worst_loss = max(worst_loss, abs(mean_over_world(loss) - ref_loss.item()))
         worst_norm = max(worst_norm, abs(norm.item() - ref_norm.item()))
-    check(worst_loss <= TOL, f"{name}: loss differs from one process by {worst_loss:.2e}")
-    check(worst_norm <= TOL, f"{name}: global grad norm differs from one process by {worst_norm:.2e}")
+    expect(worst_loss <= TOL, f"{name}: loss differs from one process by {worst_loss:.2e}")
+    expect(worst_norm <= TOL, f"{name}: global grad norm differs from one process by {worst_norm:.2e}")
     seen: list[int] = []
     for (ids,) in evaluation:
         seen += accelerator.gather_for_metrics(ids).tolist()
-    check(seen == list(range(10)), f"{name}: gather_for_metrics gave {seen}")
+    expect(seen == list(range(10)), f"{name}: gather_for_metrics gave {seen}")
     nbytes = torch.tensor([float(local_bytes(model, optimizer))])
     dist.all_reduce(nbytes, op=dist.ReduceOp.MAX)
     say(
@@ -93,7 +94,7 @@ def expect_error(what: str, fragment: str, action) -> None:
     try:
         action()
     except ValueError as error:
-        check(fragment in str(error), f"{what}: unexpected message {error}")
+        expect(fragment in str(error), f"{what}: unexpected message {error}")
     else:
         raise AssertionError(f"[rank {RANK}] {what}: no error")
     dist.barrier()  # every rank raised and got here: no rank is left waiting in a collective
@@ -108,10 +109,10 @@ def layout_from_launcher_variables() -> None:
     finally:
         del os.environ["ACCEL_DP_SHARD_SIZE"], os.environ["ACCEL_TP_SIZE"]
     dims = accelerator.parallel_dims
-    check(
+    expect(
         accelerator.strategy.name == "fsdp" and (dims.dp.size, dims.tp.size) == (2, 2), f"layout from ACCEL_*: {dims}"
     )
-    check(
+    expect(
         accelerator.device_mesh.mesh_dim_names == ("dp_replicate", "dp_shard", "tp"), f"mesh {accelerator.device_mesh}"
     )
     say("LAYOUT FROM ACCEL_* VARIABLES: fsdp, dp_shard=2 x tp=2")
@@ -172,7 +173,7 @@ def context_parallel() -> None:
     """cp=2 x dp_shard=2: the mesh, the batches (cp peers alike), the sequence split; attention needs a GPU."""
     accelerator = Accelerator(dataloader_config=SPLIT, parallelism_config=ParallelismConfig(dp_shard_size=2, cp_size=2))
     dims = accelerator.parallel_dims
-    check((dims.dp.size, dims.cp.size, accelerator.strategy.device_mesh.size()) == (2, 2, 4), "cp mesh")
+    expect((dims.dp.size, dims.cp.size, accelerator.strategy.device_mesh.size()) == (2, 2, 4), "cp mesh")
     model = accelerator.prepare(make_model())
     loader = accelerator.prepare(DataLoader(TensorDataset(token_data(16, seed=5)), batch_size=8))
     batch = next(iter(loader))[0]
@@ -180,20 +181,20 @@ def context_parallel() -> None:
     tokens = batch[:, :SEQ].contiguous()
     original = tokens.clone()
     with accelerator.maybe_context_parallel(buffers=[tokens], buffer_seq_dims=[1]):
-        check(tokens.shape[1] == SEQ // 2, f"cp shard of the sequence has {tokens.shape[1]} tokens")
+        expect(tokens.shape[1] == SEQ // 2, f"cp shard of the sequence has {tokens.shape[1]} tokens")
         pieces: list = [None] * 2
         dist.all_gather_object(pieces, tokens.tolist(), group=dims.cp.group)
         # torch's load balancing: of 4 chunks, cp rank 0 holds chunks 0 and 3, cp rank 1 chunks 1 and 2.
         q = SEQ // 4
         rebuilt = [a[:q] + b[:q] + b[q:] + a[q:] for a, b in zip(*pieces, strict=True)]
-        check(rebuilt == original.tolist(), "the cp shards do not make up the sequence")
+        expect(rebuilt == original.tolist(), "the cp shards do not make up the sequence")
         try:
             model(tokens)
         except NotImplementedError as error:  # torch shards only its GPU attention kernels
-            check("sharding strategy" in str(error), f"unexpected CPU attention error: {error}")
+            expect("sharding strategy" in str(error), f"unexpected CPU attention error: {error}")
         else:
             raise AssertionError("context-parallel attention ran on the CPU: update the docs, torch supports it now")
-    check(torch.equal(tokens, original), "the buffer was not restored after the block")
+    expect(torch.equal(tokens, original), "the buffer was not restored after the block")
     say("CONTEXT PARALLEL: mesh, batches and sequence split checked (attention needs a GPU)")
     accelerator.free_memory()
 
@@ -232,7 +233,7 @@ def checkpoint_round_trip() -> None:
     accelerator, model, optimizer, loader = setup(tp_fsdp, seed=7)  # other weights: all must come from the checkpoint
     accelerator.load_state(folder)
     same = train(accelerator, model, optimizer, iter(loader), 5)
-    check(same == expected, f"TP2xFSDP2 -> TP2xFSDP2 continuation {same} != {expected}")
+    expect(same == expected, f"TP2xFSDP2 -> TP2xFSDP2 continuation {same} != {expected}")
     accelerator.free_memory()
 
     accelerator, model, optimizer, loader = setup(ParallelismConfig(dp_shard_size=4), seed=7)
@@ -240,7 +241,7 @@ def checkpoint_round_trip() -> None:
     other = train(accelerator, model, optimizer, iter(loader), 5)
     # Relative: fp32 losses near 4 are 4.8e-7 apart at the last bit; other reduction orders move a bit or two.
     worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(other, expected, strict=True))
-    check(worst <= 1e-6, f"TP2xFSDP2 -> FSDP4 continuation differs by {worst:.2e} (relative)")
+    expect(worst <= 1e-6, f"TP2xFSDP2 -> FSDP4 continuation differs by {worst:.2e} (relative)")
     accelerator.free_memory()
     if RANK == 0:
         with open(os.path.join(FOLDER, "expected.json"), "w") as handle:
@@ -248,14 +249,31 @@ def checkpoint_round_trip() -> None:
     say(f"CHECKPOINT: TP2xFSDP2 -> same layout bit-identical; -> FSDP4 max relative |dloss|={worst:.2e}")
 
 
-if __name__ == "__main__":
+@check
+def tp2_x_fsdp2_follows_one_process() -> None:
     run_layout("TP2xFSDP2", parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2))
+
+
+@check
+def hsdp_2_x_2_follows_one_process() -> None:
     run_layout("HSDP2x2", parallelism_config=ParallelismConfig(dp_replicate_size=2, dp_shard_size=2))
+
+
+@check
+def tp2_x_ddp2_with_activation_checkpointing_follows_one_process() -> None:
     # With activation checkpointing of each block (after tensor parallelism, before the replicas).
     run_layout(
         "TP2xDDP2", parallelism_config=ParallelismConfig(dp_replicate_size=2, tp_size=2, activation_checkpointing=True)
     )
+
+
+@check
+def tp4_follows_one_process() -> None:
     run_layout("TP4", parallelism_config=ParallelismConfig(tp_size=4))
+
+
+@check
+def fsdp2_on_a_2d_mesh_given_in_the_plugin_follows_one_process() -> None:
     # The latent bug: a 2-D mesh in the FSDP plugin used to shard data over the whole world.
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -265,8 +283,27 @@ if __name__ == "__main__":
         steps=5,
         fsdp_plugin=FullyShardedDataParallelPlugin(device_mesh=plugin_mesh),
     )
+
+
+@check
+def the_layout_from_the_launchers_variables() -> None:
     layout_from_launcher_variables()
+
+
+@check
+def bad_layouts_fail_on_every_rank() -> None:
     bad_layouts()
+
+
+@check
+def context_parallelism_builds_its_mesh_and_splits_the_batch() -> None:
     context_parallel()
+
+
+@check
+def a_tp2_x_fsdp2_checkpoint_resumes_on_the_same_layout_and_on_fsdp4() -> None:
     checkpoint_round_trip()
-    print(f"MESH CHECKS PASSED {RANK}", flush=True)
+
+
+if __name__ == "__main__":
+    run_checks()

@@ -15,18 +15,38 @@ import sys
 from pathlib import Path
 
 import pytest
+from checkrun import CheckRun, checks_in
 
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.slow
-def test_layouts_checkpoints_and_errors_on_four_processes_then_one(torchrun, tmp_path):
-    result = torchrun(HERE / "mesh_checks.py", str(tmp_path), nproc=4, timeout=900)
-    assert all(f"MESH CHECKS PASSED {rank}" in result.stdout for rank in range(4)), result.stdout[-3000:]
-    for layout in ("TP2xFSDP2", "HSDP2x2", "TP2xDDP2", "TP4", "FSDP2-plugin-mesh"):
-        assert f"LAYOUT {layout}" in result.stdout
-    assert result.stdout.count("ERROR ON EVERY RANK") == 8
+SCRIPT = HERE / "mesh_checks.py"
 
+
+@pytest.fixture(scope="module")
+def mesh_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mesh")
+
+
+@pytest.fixture(scope="module")
+def mesh_run(torchrun_checks, mesh_folder: Path) -> CheckRun:
+    return torchrun_checks(SCRIPT, str(mesh_folder), nproc=4, timeout=900)
+
+
+@pytest.mark.parametrize("name", checks_in(SCRIPT))
+def test_layouts_checkpoints_and_errors_on_four_processes(mesh_run: CheckRun, name: str) -> None:
+    mesh_run.assert_passed(name)
+
+
+def test_rank_0_reports_every_layout_and_error(mesh_run: CheckRun) -> None:
+    for layout in ("TP2xFSDP2", "HSDP2x2", "TP2xDDP2", "TP4", "FSDP2-plugin-mesh"):
+        assert f"LAYOUT {layout}" in mesh_run.stdout
+    assert mesh_run.stdout.count("ERROR ON EVERY RANK") == 8
+
+
+def test_the_checkpoint_loads_on_one_process(mesh_run: CheckRun, mesh_folder: Path) -> None:
+    mesh_run.assert_passed("a_tp2_x_fsdp2_checkpoint_resumes_on_the_same_layout_and_on_fsdp4")
+    tmp_path = mesh_folder
     environ = {
         k: v
         for k, v in os.environ.items()

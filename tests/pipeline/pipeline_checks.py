@@ -1,6 +1,6 @@
 """Pipeline parallelism, for real: one 4-process launch (gloo, CPU) through the pipeline layouts.
 
-Run: torchrun --nproc_per_node 4 tests/pipeline/pipeline_checks.py <folder>
+Run: PYTHONPATH=tests/harness torchrun --nproc_per_node 4 tests/pipeline/pipeline_checks.py <folder>
 
 Each layout trains a small transformer (pipemodel.py) for 20 steps through
 ``accelerator.forward_backward`` and follows the same model trained on one process (every rank
@@ -13,8 +13,7 @@ once; ``get_state_dict`` gathers the whole trained model, equal to the reference
 training mode fails with the same error on every rank; with 2 stages per rank, ``save_state`` then
 ``load_state`` replays the next steps exactly. A PP2 x DP2 ``save_state`` (DCP, each
 stage its own keys) continues exactly after ``load_state`` on the same layout, and within 1e-5
-on PP4. Every rank ends with
-"PIPELINE CHECKS PASSED <rank>".
+on PP4. Each ``@check`` is one test of test_pipeline_multiprocess.py (the harness: tests/harness/checklist.py).
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from checklist import check, expect, run_checks
 from pipemodel import SEQ, lm_loss, make_model, token_data
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -33,7 +33,7 @@ from accel import Accelerator, DataLoaderConfiguration, ParallelismConfig
 from accel_fsdp import FullyShardedDataParallelPlugin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "multiprocess"))
-from layout_checks import RANK, check, global_batch, mean_over_world, say
+from layout_checks import RANK, global_batch, mean_over_world, say
 
 warnings.filterwarnings("ignore", message=".*may not have complete support.*")
 
@@ -54,14 +54,14 @@ def run_layout(name: str, config: ParallelismConfig, accumulation: int = 1, **kw
     evaluation = DataLoader(TensorDataset(token_data(12, seed=7)), batch_size=4)
     torch.manual_seed(1000 + RANK)  # every process differently: the prepared loader must still agree
     model, optimizer, loader, evaluation = accelerator.prepare(model, optimizer, loader, evaluation)
-    check(accelerator.pipeline_parallel_rank == model.layout.rank, f"{name}: pipeline_parallel_rank")
+    expect(accelerator.pipeline_parallel_rank == model.layout.rank, f"{name}: pipeline_parallel_rank")
 
     stages = accelerator.parallelism_config.size("pp") * (config.pp_stages_per_rank or 1)
     local = torch.tensor([float(sum(stage_bytes(model)))])
     dist.all_reduce(local, op=dist.ReduceOp.MAX)
     share = local.item() / whole_bytes
     dense = accelerator.parallelism_config.size("tp") * accelerator.parallelism_config.size("dp_shard")
-    check(share < 1.5 / (stages // (config.pp_stages_per_rank or 1)) / dense, f"{name}: {share:.3f} of the model")
+    expect(share < 1.5 / (stages // (config.pp_stages_per_rank or 1)) / dense, f"{name}: {share:.3f} of the model")
 
     worst_loss = worst_norm = 0.0
     for (batch,) in loader:
@@ -79,8 +79,8 @@ def run_layout(name: str, config: ParallelismConfig, accumulation: int = 1, **kw
             ref_optimizer.step()
             ref_optimizer.zero_grad()
             worst_norm = max(worst_norm, abs(norm.item() - ref_norm.item()))
-    check(worst_loss <= TOL, f"{name}: loss differs from one process by {worst_loss:.2e}")
-    check(worst_norm <= TOL, f"{name}: global grad norm differs from one process by {worst_norm:.2e}")
+    expect(worst_loss <= TOL, f"{name}: loss differs from one process by {worst_loss:.2e}")
+    expect(worst_norm <= TOL, f"{name}: global grad norm differs from one process by {worst_norm:.2e}")
 
     model.eval()
     reference.eval()
@@ -92,14 +92,14 @@ def run_layout(name: str, config: ParallelismConfig, accumulation: int = 1, **kw
             worst_eval = max(worst_eval, (logits - expected).abs().max().item())
             seen += logits.shape[0]
     # Logits (magnitude ~10) after 20 steps; tensor parallelism sums in another order: 1e-4 absolute.
-    check(seen == 12 and worst_eval <= 1e-4, f"{name}: evaluation saw {seen} samples, off by {worst_eval:.2e}")
+    expect(seen == 12 and worst_eval <= 1e-4, f"{name}: evaluation saw {seen} samples, off by {worst_eval:.2e}")
 
     full = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         expected_state = reference.state_dict()
-        check(sorted(full) == sorted(expected_state), f"{name}: state dict keys {sorted(full)[:4]}...")
+        expect(sorted(full) == sorted(expected_state), f"{name}: state dict keys {sorted(full)[:4]}...")
         worst_state = max((full[k] - expected_state[k]).abs().max().item() for k in expected_state)
-        check(worst_state <= 1e-4, f"{name}: gathered weights differ from one process by {worst_state:.2e}")
+        expect(worst_state <= 1e-4, f"{name}: gathered weights differ from one process by {worst_state:.2e}")
     say(
         f"LAYOUT {name}: {accelerator.parallelism_config.describe()} schedule={config.pp_schedule} "
         f"strategy={accelerator.strategy.name} steps={STEPS} max|dloss|={worst_loss:.2e} max|dnorm|={worst_norm:.2e} "
@@ -132,7 +132,7 @@ def interleaved_checkpoint_replays(accelerator: Accelerator, model, optimizer) -
     expected = two_steps()
     accelerator.load_state(folder)
     again = two_steps()
-    check(again == expected, f"interleaved checkpoint: continuation {again} != {expected}")
+    expect(again == expected, f"interleaved checkpoint: continuation {again} != {expected}")
     say("INTERLEAVED CHECKPOINT: save, 2 steps, load, the same 2 steps exactly")
 
 
@@ -145,12 +145,12 @@ def meta_device_construction() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     model, optimizer = accelerator.prepare(model, optimizer)
     tensors = [t for stage in model.stage_modules for t in [*stage.parameters(), *stage.buffers()]]
-    check(not any(t.is_meta for t in tensors), "meta tensors left after prepare")
-    check(all(bool(torch.isfinite(t).all()) for t in tensors), "uninitialised stage tensors")
+    expect(not any(t.is_meta for t in tensors), "meta tensors left after prepare")
+    expect(all(bool(torch.isfinite(t).all()) for t in tensors), "uninitialised stage tensors")
     from accel_core.pipelining import parameter_bytes
 
     share = parameter_bytes(model.stage_modules) / whole_bytes
-    check(share < 0.6, f"a meta-built stage holds {share:.3f} of the model")
+    expect(share < 0.6, f"a meta-built stage holds {share:.3f} of the model")
     data = token_data(8 * 8, seed=3)
     losses = []
     for step in range(8):
@@ -158,7 +158,7 @@ def meta_device_construction() -> None:
         losses.append(accelerator.forward_backward(model, rows[:, :-1], rows[:, 1:], lm_loss).item())
         optimizer.step()
         optimizer.zero_grad()
-    check(losses[-1] < losses[0], f"a meta-built pipeline does not train: {losses}")
+    expect(losses[-1] < losses[0], f"a meta-built pipeline does not train: {losses}")
     accelerator.free_memory()
     say(f"META-DEVICE PIPELINE: stage holds {share:.3f} of the model, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
@@ -174,7 +174,7 @@ def training_forward_refused(accelerator: Accelerator, model) -> None:
     try:
         model(torch.zeros(4, SEQ, dtype=torch.long))
     except RuntimeError as error:
-        check("accelerator.forward_backward" in str(error), f"unexpected message {error}")
+        expect("accelerator.forward_backward" in str(error), f"unexpected message {error}")
     else:
         raise AssertionError(f"[rank {RANK}] a training-mode forward of a pipelined model ran")
     dist.barrier()
@@ -213,32 +213,55 @@ def checkpoint_round_trip(folder: str) -> None:
     accelerator, model, optimizer = setup(same, 5)  # other initial weights: all must come from the checkpoint
     accelerator.load_state(folder)
     again = train(accelerator, model, optimizer, range(6, 10))
-    check(again == expected, f"same-layout continuation {again} != {expected}")
+    expect(again == expected, f"same-layout continuation {again} != {expected}")
     accelerator.free_memory()
     accelerator, model, optimizer = setup(ParallelismConfig(pp_size=4, pp_schedule="1f1b"), 5)
     accelerator.load_state(folder)
     other = train(accelerator, model, optimizer, range(6, 10))
     worst = max(abs(a - b) for a, b in zip(other, expected, strict=True))
-    check(worst <= TOL, f"PP4 continuation of a PP2 x DP2 checkpoint differs by {worst:.2e}")
+    expect(worst <= TOL, f"PP4 continuation of a PP2 x DP2 checkpoint differs by {worst:.2e}")
     accelerator.free_memory()
     say(f"CHECKPOINT PP2xDP2 -> same layout exact, -> PP4 max|dloss|={worst:.2e}")
 
 
-def main() -> None:
+@check
+def a_pp2_x_dp2_checkpoint_continues_on_the_same_layout_and_on_pp4() -> None:
     checkpoint_round_trip(os.path.join(sys.argv[1], "pp_checkpoint"))
+
+
+@check
+def a_meta_device_model_builds_each_stage_on_its_rank() -> None:
     meta_device_construction()
+
+
+@check
+def pp2_x_dp2_gpipe_follows_one_process() -> None:
     run_layout("PP2xDP2-gpipe", ParallelismConfig(pp_size=2, pp_schedule="gpipe"))
+
+
+@check
+def pp2_x_dp2_1f1b_with_accumulation_follows_one_process() -> None:
     run_layout("PP2xDP2-1f1b-accumulate2", ParallelismConfig(pp_size=2, pp_schedule="1f1b"), accumulation=2)
+
+
+@check
+def pp2_x_tp2_1f1b_follows_one_process() -> None:
     run_layout("PP2xTP2-1f1b", ParallelismConfig(pp_size=2, tp_size=2, pp_schedule="1f1b", pp_microbatches=4))
+
+
+@check
+def pp2_x_fsdp2_interleaved_follows_one_process() -> None:
     run_layout(
         "PP2xFSDP2-interleaved",
         ParallelismConfig(pp_size=2, dp_shard_size=2, pp_schedule="interleaved_1f1b", pp_stages_per_rank=2),
         fsdp_plugin=FullyShardedDataParallelPlugin(),
     )
+
+
+@check
+def pp4_1f1b_follows_one_process() -> None:
     run_layout("PP4-1f1b", ParallelismConfig(pp_size=4, pp_schedule="1f1b"))
-    print(f"PIPELINE CHECKS PASSED {RANK}", flush=True)
 
 
 if __name__ == "__main__":
-    main()
-    dist.destroy_process_group()
+    run_checks(teardown=dist.destroy_process_group)

@@ -8,19 +8,31 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from checkrun import CheckRun, checks_in
 
 HERE = Path(__file__).resolve().parent
 
 LAYOUTS = ("PP2xDP2-gpipe", "PP2xDP2-1f1b-accumulate2", "PP2xTP2-1f1b", "PP2xFSDP2-interleaved", "PP4-1f1b")
 
 
-@pytest.mark.slow
-def test_pipeline_layouts_match_one_process_on_four_processes(torchrun, tmp_path):
-    result = torchrun(HERE / "pipeline_checks.py", str(tmp_path), nproc=4, timeout=1200)
-    assert all(f"PIPELINE CHECKS PASSED {rank}" in result.stdout for rank in range(4)), result.stdout[-3000:]
+SCRIPT = HERE / "pipeline_checks.py"
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(torchrun_checks, tmp_path_factory: pytest.TempPathFactory) -> CheckRun:
+    return torchrun_checks(SCRIPT, str(tmp_path_factory.mktemp("pipeline")), nproc=4, timeout=1200)
+
+
+@pytest.mark.parametrize("name", checks_in(SCRIPT))
+def test_pipeline_layouts_match_one_process_on_four_processes(pipeline_run: CheckRun, name: str) -> None:
+    pipeline_run.assert_passed(name)
+
+
+def test_rank_0_reports_every_layout(pipeline_run: CheckRun) -> None:
+    stdout = pipeline_run.stdout
     for layout in LAYOUTS:
-        assert f"LAYOUT {layout}:" in result.stdout, result.stdout[-3000:]
-    assert result.stdout.count("TRAINING FORWARD REFUSED ON EVERY RANK") == len(LAYOUTS)
-    assert "CHECKPOINT PP2xDP2 -> same layout exact" in result.stdout
-    assert "INTERLEAVED CHECKPOINT: save, 2 steps, load, the same 2 steps exactly" in result.stdout
-    assert "META-DEVICE PIPELINE" in result.stdout
+        assert f"LAYOUT {layout}:" in stdout, stdout[-3000:]
+    assert stdout.count("TRAINING FORWARD REFUSED ON EVERY RANK") == len(LAYOUTS)
+    assert "CHECKPOINT PP2xDP2 -> same layout exact" in stdout
+    assert "INTERLEAVED CHECKPOINT: save, 2 steps, load, the same 2 steps exactly" in stdout
+    assert "META-DEVICE PIPELINE" in stdout
