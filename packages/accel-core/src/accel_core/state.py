@@ -191,6 +191,12 @@ class PartialState:
         """Whether the process state has been set up in this process."""
         return "device" in self._shared_state
 
+    @classmethod
+    def is_initialized(cls) -> bool:
+        """Whether ``PartialState()`` (or an ``Accelerator``) has set up this process's state, asked without
+        setting it up: ``PartialState()`` itself would (and would join the process group)."""
+        return "device" in cls._shared_state
+
     @property
     def num_processes(self) -> int:
         """The number of processes of the job (all machines)."""

@@ -61,7 +61,7 @@ def process_index() -> int:
     ``torch.distributed`` group; otherwise torchrun's ``RANK`` (0 when run alone).
     """
     state_module = sys.modules.get("accel_core.state")
-    if state_module is not None and state_module.PartialState._shared_state.get("device") is not None:
+    if state_module is not None and state_module.PartialState.is_initialized():
         return int(state_module.PartialState().process_index)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
@@ -72,7 +72,7 @@ def process_index() -> int:
 def local_process_index() -> int:
     """This process's rank on its machine, asked the same way as ``process_index``."""
     state_module = sys.modules.get("accel_core.state")
-    if state_module is not None and state_module.PartialState._shared_state.get("device") is not None:
+    if state_module is not None and state_module.PartialState.is_initialized():
         return int(state_module.PartialState().local_process_index)
     return int(os.environ.get("LOCAL_RANK", "0") or 0)
 
