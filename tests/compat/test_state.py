@@ -74,6 +74,36 @@ def test_gradient_state_plugin_kwargs_and_adjust_scheduler() -> None:
     assert not GradientState._shared_state
 
 
+def test_gradient_state_keeps_the_reference_loader_registration_names() -> None:
+    """Loaders written for Accelerate register with ``_add_dataloader`` / ``_remove_dataloader``; accel's own
+    loaders use the public ``register_dataloader`` / ``unregister_dataloader``: both reach the same stack."""
+
+    class Outer:
+        end_of_dataloader, remainder = False, -1
+
+    class Inner:
+        end_of_dataloader, remainder = True, 3
+
+    state = GradientState()
+    outer, inner = Outer(), Inner()
+    state._add_dataloader(outer)
+    state.register_dataloader(inner)
+    assert state.active_dataloader is inner and state.end_of_dataloader and state.remainder == 3
+    state._remove_dataloader(inner)
+    assert state.active_dataloader is outer and not state.end_of_dataloader
+    state.unregister_dataloader(outer)
+    assert not state.in_dataloader and state.remainder == -1
+
+
+def test_partial_state_is_initialized_is_asked_without_setting_up() -> None:
+    assert not PartialState.is_initialized()
+    assert not PartialState.is_initialized()  # asking did not set it up
+    PartialState(cpu=True)
+    assert PartialState.is_initialized() and AcceleratorState.is_initialized() and PartialState().initialized
+    PartialState._reset_state()
+    assert not PartialState.is_initialized()
+
+
 def test_an_accelerator_made_before_a_reset_says_so() -> None:
     accelerator = Accelerator(cpu=True)
     model = torch.nn.Linear(2, 2)

@@ -116,12 +116,12 @@ def test_end_of_data_forces_a_sync():
     model, _optimizer, _ = small_setup(accelerator)
     state = GradientState()
     signal = _LastBatchSignal()
-    state._add_dataloader(signal)
+    state.register_dataloader(signal)
     try:
         with accelerator.accumulate(model):
             assert accelerator.sync_gradients, "the last batch of the data must sync whatever the step count"
     finally:
-        state._remove_dataloader(signal)
+        state.unregister_dataloader(signal)
     with accelerator.accumulate(model):
         assert not accelerator.sync_gradients
 

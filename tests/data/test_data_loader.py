@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -338,6 +339,35 @@ def test_integration_preparer_is_discoverable() -> None:
 
     preparer = plugins.load("accel.preparers", "dataloader")
     assert isinstance(preparer, DataLoaderPreparer)
+
+
+def test_boundary_hook_hears_each_request_for_a_batch_and_the_epoch_end() -> None:
+    """Where the Accelerator takes its periodic checkpoints: the position then counts exactly the batches consumed."""
+    heard: list[tuple[int, int]] = []
+    callers: list[object] = []
+
+    def hook(loader: Any) -> None:
+        callers.append(loader)
+        heard.append((loader.epoch, loader.state_dict()["batches_yielded"]))
+
+    prepared = prepare_data_loader(
+        DataLoader(range(6), batch_size=2), num_processes=1, process_index=0, boundary_hook=hook
+    )
+    assert prepared.batch_boundary_hook is hook
+    assert len(list(prepared)) == 3
+    assert heard == [(0, 0), (0, 1), (0, 2), (1, 0)]  # before each batch, then after the epoch ended
+    assert all(caller is prepared for caller in callers)
+    heard.clear()
+    for _ in prepared:  # a loop that stops early has no epoch end
+        break
+    assert heard == [(1, 0)]
+    heard.clear()
+    skipping = skip_first_batches(prepared, 2)
+    callers.clear()
+    assert [b.tolist() for b in skipping] == [[4, 5]]  # a derived loader reports alike, itself
+    # First heard where the loop that stopped early left the epoch (one batch in), before the skip applies.
+    assert heard == [(1, 1), (2, 0)] and callers == [skipping, skipping]
+    assert prepare_data_loader(DataLoader(range(6))).batch_boundary_hook is None
 
 
 def test_even_batches_can_be_switched_between_epochs() -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import os
+import pickle
 import signal
 
 import pytest
@@ -13,6 +16,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from accel_core import Accelerator
 from accel_core.configuration import ProjectConfiguration
 from accel_core.launch.plan import RDZV_STORE_SHARING_OFF, resolve_plan
+from accel_core.protocols import ReportsBatchBoundaries
+from accel_data import prepare_data_loader
 from accel_tracking.local import LocalTracker, read_metrics
 
 STEPS_PER_EPOCH = 4  # 16 samples, batches of 2, 2 micro-batches per step
@@ -78,6 +83,60 @@ def test_a_restarted_script_resumes_where_its_last_periodic_save_left_it(tmp_pat
         assert torch.equal(final[name], reference[name]), name
     # The numbering went on (7 -> checkpoint_3 ...), total_limit=3 rotated the oldest away.
     assert sorted(os.listdir(project / "checkpoints")) == ["checkpoint_3", "checkpoint_4", "checkpoint_5"]
+
+
+def _train_steps(accelerator, model, optimizer, loader, steps):
+    """Trains until ``completed_steps == steps``, one optimizer step per batch, over as many epochs as that takes."""
+    while accelerator.completed_steps < steps:
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            if accelerator.completed_steps == steps:
+                break
+
+
+def test_two_accelerators_each_save_through_the_hooks_of_their_own_loaders(tmp_path, monkeypatch, caplog):
+    """Each Accelerator hands the loaders it prepared its own boundary hook: the newer one takes nothing over."""
+    monkeypatch.setenv("ACCEL_CHECKPOINT_FSYNC", "0")
+    caplog.set_level(logging.INFO, logger="accel_core")
+    jobs = {}
+    for name, every in (("a", 2), ("b", 3)):  # "b" is made after "a" has prepared its loader
+        accelerator = Accelerator(cpu=True, project_config=_config(tmp_path / name, every))
+        data = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = DataLoader(TensorDataset(data, data.sum(1)), batch_size=2)  # 4 batches an epoch
+        jobs[name] = (accelerator, *accelerator.prepare(model, optimizer, loader))
+    (a, *job_a), (b, *job_b) = jobs["a"], jobs["b"]
+    loader_a, loader_b = job_a[2], job_b[2]
+    assert isinstance(loader_a, ReportsBatchBoundaries) and isinstance(loader_b, ReportsBatchBoundaries)
+    hook_a, hook_b = loader_a.batch_boundary_hook, loader_b.batch_boundary_hook
+    assert hook_a is not None and hook_b is not None and hook_a is not hook_b
+    assert a.skip_first_batches(loader_a, 1).batch_boundary_hook is hook_a  # a resumed epoch reports alike
+    assert copy.deepcopy(loader_a).batch_boundary_hook is hook_a
+    assert pickle.loads(pickle.dumps(loader_a)).batch_boundary_hook is None  # for another process: no Accelerator
+    assert prepare_data_loader(loader_b, boundary_hook=hook_a) is loader_b  # prepared again: keeps its hook
+    assert loader_b.batch_boundary_hook is hook_b
+
+    # a's loop, after b exists: saves after step 2 (asked for batch 3) and step 4 (the epoch's end), in a's folder.
+    _train_steps(a, *job_a, steps=5)
+    assert sorted(os.listdir(tmp_path / "a" / "checkpoints")) == ["checkpoint_0", "checkpoint_1"]
+    assert not (tmp_path / "b" / "checkpoints").exists()
+    _train_steps(b, *job_b, steps=4)  # saves after step 3, in b's folder
+    assert sorted(os.listdir(tmp_path / "b" / "checkpoints")) == ["checkpoint_0"]
+    assert sorted(os.listdir(tmp_path / "a" / "checkpoints")) == ["checkpoint_0", "checkpoint_1"]
+    manifest = json.loads((tmp_path / "b" / "checkpoints" / "checkpoint_0" / "accel_checkpoint.json").read_text())
+    assert manifest["progress"]["completed_steps"] == 3
+
+    saves = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "Periodic" in r.getMessage()]
+    expected = [("a", 2, 2, 0), ("a", 2, 4, 1), ("b", 3, 3, 0)]  # (project, every, step, checkpoint number)
+    assert saves == [
+        f"Periodic checkpoint (save_every_n_steps={every}) after optimizer step {step}, taken at a step boundary "
+        f"of its DataLoaderShard: {tmp_path / name / 'checkpoints' / f'checkpoint_{number}'}"
+        for name, every, step, number in expected
+    ]
 
 
 def test_without_resume_the_same_restart_starts_over_and_collides_with_its_checkpoints(tmp_path):

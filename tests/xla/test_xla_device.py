@@ -16,6 +16,7 @@ torch_xla = pytest.importorskip("torch_xla", reason="needs torch-xla: run tests/
 import torch  # noqa: E402
 
 from accel import Accelerator  # noqa: E402
+from accel_core.configuration import ProjectConfiguration  # noqa: E402
 from accel_core.enums import DistributedType  # noqa: E402
 from accel_core.state import AcceleratorState, GradientState  # noqa: E402
 from accel_xla import XlaDeviceLoader, XlaStrategy  # noqa: E402
@@ -154,6 +155,27 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     # save_model exports ordinary CPU safetensors.
     accelerator.save_model(model, str(tmp_path / "export"))
     assert any(name.endswith(".safetensors") for name in os.listdir(tmp_path / "export"))
+
+
+def test_periodic_checkpoints_are_taken_at_the_loops_boundaries(tmp_path: Path) -> None:
+    """save_every_n_steps through the device loader: it took the wrapped loader's boundary hook (that loader is read on
+    torch-xla's threads), so each save happens on the loop's thread with the position of the batches it received."""
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, save_every_n_steps=2)
+    accelerator = Accelerator(strategy="xla", project_config=config)
+    model, optimizer, loader = accelerator.prepare(*make_job())
+    assert isinstance(loader, XlaDeviceLoader)
+    assert loader.batch_boundary_hook is not None and loader.dataloader.batch_boundary_hook is None
+    for step, (x, y) in enumerate(loader, start=1):  # 6 batches, one optimizer step each
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 5:
+            break
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_0", "checkpoint_1"]  # after steps 2 and 4
+    accelerator.load_state(str(tmp_path / "checkpoints" / "checkpoint_1"))
+    assert accelerator.completed_steps == 4
+    assert loader.dataloader.state_dict()["batches_yielded"] == 4  # the loop's position, not the read-ahead's
 
 
 def test_collectives_on_one_replica() -> None:

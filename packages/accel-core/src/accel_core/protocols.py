@@ -1,8 +1,9 @@
 """The contracts between accel-core and the packages it discovers (see ``plugins``), as typing protocols.
 
 Both directions are declared here: what core calls on a package (``DataLoaderPreparer``,
-``CheckpointHandler``, ``Tracker``), and what such a package may read of the Accelerator it is
-given (``DataAccelerator``, ``CheckpointAccelerator``). Core calls these and nothing else, so a
+``CheckpointHandler``, ``Tracker``), what it hands a package to call back (``BatchBoundaryHook``), and
+what such a package may read of the Accelerator it is given (``DataAccelerator``,
+``CheckpointAccelerator``). Core calls these and nothing else, so a
 package can be replaced by any object that answers them; a package reads the Accelerator through
 these and nothing else. Packages import them under ``TYPE_CHECKING``: this module must not import
 torch at run time.
@@ -117,19 +118,55 @@ class ResumePoint:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+class BatchBoundaryHook(Protocol):
+    """What the Accelerator gives each loader it prepares, called at the loop's step boundaries.
+
+    A prepared loader calls ``hook(loader)`` each time the training loop asks it for a batch (before
+    the first one too), and once after its epoch has ended (when its epoch count has moved on). The
+    loop's previous step is complete there (optimizer, scheduler, logging) and the loader's position
+    counts exactly the batches it consumed: the Accelerator takes its periodic checkpoint
+    (``save_every_n_steps``) and a pending ``resume="auto"`` there. So the call may be collective
+    (every process's loader reaches it at the same step) and is made on the thread that iterates the
+    loader the training loop holds. It is called per batch: when nothing is due it returns at once.
+    """
+
+    def __call__(self, dataloader: Any) -> None: ...
+
+
+@runtime_checkable
+class ReportsBatchBoundaries(Protocol):
+    """A prepared loader that calls ``batch_boundary_hook`` at its step boundaries (see ``BatchBoundaryHook``).
+
+    ``None`` when no Accelerator prepared it (``accel_data.prepare_data_loader`` called directly). A loader that
+    wraps a prepared one and reads it on other threads (torch-xla's device loader) takes the hook over: the
+    wrapped loader's becomes ``None`` and the wrapper calls it on the loop's thread.
+    """
+
+    batch_boundary_hook: BatchBoundaryHook | None
+
+
 @runtime_checkable
 class DataLoaderPreparer(Protocol):
     """Registered as ``accel.preparers: dataloader`` (accel-data)."""
 
-    def prepare(self, dataloader: Any, accelerator: DataAccelerator, device_placement: bool) -> Any:
+    def prepare(
+        self,
+        dataloader: Any,
+        accelerator: DataAccelerator,
+        device_placement: bool,
+        boundary_hook: BatchBoundaryHook | None = None,
+    ) -> Any:
         """Returns the loader sharded over the mesh's data parallelism.
 
         Reads of the Accelerator: ``DataAccelerator``. Tensor- and context-parallel peers have the
         same ``parallel_dims.dp.rank`` and must get the same batches.
 
         The prepared loader registers itself with ``GradientState`` while it iterates
-        (``_add_dataloader`` / ``_remove_dataloader``) and exposes ``end_of_dataloader`` (bool) and
-        ``remainder`` (real samples in the last global batch, -1 when unknown).
+        (``register_dataloader`` / ``unregister_dataloader``) and exposes ``end_of_dataloader`` (bool) and
+        ``remainder`` (real samples in the last global batch, -1 when unknown). It keeps ``boundary_hook``
+        as its ``batch_boundary_hook`` (``ReportsBatchBoundaries``), and so do the loaders
+        ``skip_first_batches`` derives from it. Given a loader it prepared before, it returns that loader,
+        which keeps the hook it has (it gets ``boundary_hook`` only if it had none).
         """
 
     def skip_first_batches(self, dataloader: Any, num_batches: int) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -627,8 +626,9 @@ class GradientState:
     """Gradient accumulation bookkeeping and the prepared dataloaders' end-of-data signal.
 
     Shared by every instance in the process. A prepared dataloader registers itself while it
-    iterates (``_add_dataloader`` / ``_remove_dataloader``); the innermost active one answers
-    ``end_of_dataloader`` and ``remainder``.
+    iterates (``register_dataloader`` / ``unregister_dataloader``); the innermost active one answers
+    ``end_of_dataloader`` and ``remainder``. Step boundaries (periodic checkpoints) do not pass through
+    here: each Accelerator hands its own loaders a ``protocols.BatchBoundaryHook``.
     """
 
     _shared_state: ClassVar[dict[str, Any]] = {}
@@ -693,34 +693,22 @@ class GradientState:
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
 
-    def set_batch_boundary_listener(self, listener: Callable[[Any], None] | None) -> None:
-        """Who hears ``batch_boundary``: the newest Accelerator's (held weakly, so it does not keep it alive)."""
-        if listener is None:
-            self.__dict__["boundary_listener"] = None
-        else:
-            self.__dict__["boundary_listener"] = weakref.WeakMethod(listener)
-
-    def batch_boundary(self, dataloader: Any) -> None:
-        """Called by a prepared dataloader when the training loop asks it for the next batch.
-
-        Also called once an epoch has ended (after the epoch count moved on). The loop's previous
-        step is complete there (optimizer, scheduler, logging), and the loader's position counts
-        exactly the batches it consumed: the point where a periodic checkpoint is taken. Collective
-        when it saves: every process's loader reaches it at the same step.
-        """
-        reference = self.__dict__.get("boundary_listener")
-        listener = reference() if reference is not None else None
-        if listener is not None:
-            listener(dataloader)
-
-    def _add_dataloader(self, dataloader: Any) -> None:
+    def register_dataloader(self, dataloader: Any) -> None:
+        """A prepared loader starts handing out batches: it answers ``end_of_dataloader`` and ``remainder``
+        until ``unregister_dataloader``. Loaders iterated inside another one's loop (an evaluation loop
+        during training) stack: the innermost answers, and the outer one again once it is unregistered."""
         self.active_dataloader = dataloader
         self.dataloader_references.append(dataloader)
 
-    def _remove_dataloader(self, dataloader: Any) -> None:
+    def unregister_dataloader(self, dataloader: Any) -> None:
+        """The loader's iteration ended or was abandoned (call it in a ``finally``)."""
         if dataloader in self.dataloader_references:
             self.dataloader_references.remove(dataloader)
         self.active_dataloader = self.dataloader_references[-1] if self.dataloader_references else None
+
+    # The reference's names, which loaders written for Accelerate call.
+    _add_dataloader = register_dataloader
+    _remove_dataloader = unregister_dataloader
 
     @classmethod
     def _reset_state(cls) -> None:

@@ -12,13 +12,19 @@ from typing import TYPE_CHECKING, Any
 from .prepare import prepare_data_loader, skip_first_batches
 
 if TYPE_CHECKING:
-    from accel_core.protocols import DataAccelerator
+    from accel_core.protocols import BatchBoundaryHook, DataAccelerator
 
 
 class DataLoaderPreparer:
     """Implements ``accel_core.protocols.DataLoaderPreparer`` with accel-data's loaders."""
 
-    def prepare(self, dataloader: Any, accelerator: DataAccelerator, device_placement: bool) -> Any:
+    def prepare(
+        self,
+        dataloader: Any,
+        accelerator: DataAccelerator,
+        device_placement: bool,
+        boundary_hook: BatchBoundaryHook | None = None,
+    ) -> Any:
         config = accelerator.dataloader_config
         dp = accelerator.parallel_dims.dp
         return prepare_data_loader(
@@ -37,6 +43,7 @@ class DataLoaderPreparer:
             use_stateful_dataloader=config.use_stateful_dataloader,
             group=dp.group,
             rng_over_world=True,  # tensor/context-parallel peers sit in different dp groups: one permutation for all
+            boundary_hook=boundary_hook,
         )
 
     def skip_first_batches(self, dataloader: Any, num_batches: int) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -26,6 +26,9 @@ from .resume import ResumableMixin, _Progress
 from .rng import synchronize_rng_states
 from .samplers import BatchSamplerShard, LastGroup, SeedableRandomSampler, _last_batch_size
 from .sharding import BatchOps, ShardPlan, batches_for_process, head_for, iter_groups
+
+if TYPE_CHECKING:
+    from accel_core.protocols import BatchBoundaryHook
 
 _END = object()
 
@@ -91,10 +94,15 @@ class ShardedLoaderMixin(ResumableMixin):
         ``even_batches`` added (``gather_for_metrics`` does this when ``remainder > 0``). It equals
         the whole step when nothing was padded. -1 before the end, or when batches cannot be
         measured (a custom batch type).
+
+    batch_boundary_hook: called with the loader at each request for a batch (the first included) and
+        once after the epoch ended (``accel_core.protocols.BatchBoundaryHook``): the Accelerator that
+        prepared the loader takes its periodic checkpoints there. None when prepared without one.
     """
 
     end_of_dataloader: bool = False
     remainder: int = -1
+    batch_boundary_hook: BatchBoundaryHook | None = None
 
     def _accel_setup(
         self,
@@ -116,8 +124,10 @@ class ShardedLoaderMixin(ResumableMixin):
         seedable: SeedableRandomSampler | None,
         stateful: bool,
         rng_comm: Comm | None = None,
+        boundary_hook: BatchBoundaryHook | None = None,
     ) -> None:
         self.base_dataloader = base
+        self.batch_boundary_hook = boundary_hook
         self._kind = kind
         self._shard = shard
         self._plan = plan
@@ -337,16 +347,18 @@ class ShardedLoaderMixin(ResumableMixin):
         from accel_core.state import GradientState
 
         gradient_state = GradientState()
-        # Each request for a batch is a step boundary (see GradientState.batch_boundary): a periodic
-        # checkpoint due from the previous step is taken there, before the position moves on.
-        gradient_state.batch_boundary(self)
+        # Each request for a batch is a step boundary (see BatchBoundaryHook): a periodic checkpoint due
+        # from the previous step is taken there, before the position moves on.
+        boundary = self.batch_boundary_hook
+        if boundary is not None:
+            boundary(self)
         skip, _ = self._begin()
         p = self._progress
         tail = LastGroup()
         source = self._source(skip, tail)
         place, device, non_blocking = self._place, self.device, self.non_blocking
         self.end_of_dataloader, self.remainder = False, -1
-        gradient_state._add_dataloader(self)
+        gradient_state.register_dataloader(self)
         completed = False
 
         def placed(item: Any) -> Any:
@@ -385,19 +397,20 @@ class ShardedLoaderMixin(ResumableMixin):
                     p.inner_state = current.state
                     current = current.batch
                 yield current
-                if pending is not _END:  # after the last batch, the boundary is the epoch's end (below)
-                    gradient_state.batch_boundary(self)
+                # After the last batch, the boundary is the epoch's end (below).
+                if pending is not _END and boundary is not None:
+                    boundary(self)
             completed = True
         finally:
-            gradient_state._remove_dataloader(self)
+            gradient_state.unregister_dataloader(self)
             if self._shard is not None:
                 self._shard.skip, self._shard.sink = self._skip, None
             if completed:
                 p.epoch += 1
                 p.position, p.in_epoch, p.inner_state, p.lookahead_rng = 0, False, None, None
-        if completed:
+        if completed and boundary is not None:
             # The epoch's end is a boundary too: a checkpoint taken here resumes at the next epoch.
-            gradient_state.batch_boundary(self)
+            boundary(self)
 
     def __len__(self) -> int:
         plan = self._current_plan()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,9 @@ from .samplers import (
     seedable_copy,
 )
 from .sharding import ShardPlan
+
+if TYPE_CHECKING:
+    from accel_core.protocols import BatchBoundaryHook
 
 
 @lru_cache(maxsize=1)
@@ -103,6 +106,7 @@ def prepare_data_loader(
     use_stateful_dataloader: bool = False,
     group: Any | None = None,
     rng_over_world: bool = False,
+    boundary_hook: BatchBoundaryHook | None = None,
 ) -> DataLoader:
     """Returns a loader yielding this process's share of every step of ``dataloader``.
 
@@ -124,6 +128,9 @@ def prepare_data_loader(
         of ``group``: every data-parallel group then draws the same permutation, so processes with the
         same rank in different groups (tensor- or context-parallel peers) get the same batches. Every
         process of the world must prepare the loader (the Accelerator does).
+    boundary_hook: called with the loader at each request for a batch and at the end of each epoch
+        (``accel_core.protocols.BatchBoundaryHook``); kept as ``loader.batch_boundary_hook``. The
+        Accelerator passes its own, which takes the periodic checkpoints there.
 
     Example::
 
@@ -137,7 +144,10 @@ def prepare_data_loader(
             ...  # each process gets different samples; together exactly one epoch
     """
     if isinstance(dataloader, ShardedLoaderMixin):
-        return dataloader  # already prepared: preparing twice would shard twice
+        # Already prepared: preparing twice would shard twice. It keeps the hook it has (no silent take-over).
+        if dataloader.batch_boundary_hook is None:
+            dataloader.batch_boundary_hook = boundary_hook
+        return dataloader
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare_data_loader expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}.")
     n, rank = _resolve_processes(num_processes, process_index, group)
@@ -241,6 +251,7 @@ def prepare_data_loader(
         generator=generator,
         seedable=seedable,
         stateful=cls is not DataLoaderShard,
+        boundary_hook=boundary_hook,
     )
     return loader
 

@@ -6,7 +6,9 @@ the previous batch runs). Its threads read ahead, so what the wrapped loader rep
 the data, position for a checkpoint) is about a later batch than the one the training loop holds.
 So each batch travels with a ticket: the reading thread notes, as the wrapped loader yields it,
 whether it is the last one, the real samples of the last step and the loader's ``state_dict``;
-the loop's side answers from the ticket of the batch it received.
+the loop's side answers from the ticket of the batch it received. For the same reason the step
+boundaries (where the Accelerator takes its periodic checkpoints, a collective) are the loop's:
+the wrapper takes the wrapped loader's ``batch_boundary_hook`` over and calls it on the loop's thread.
 """
 
 from __future__ import annotations
@@ -15,13 +17,17 @@ import itertools
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from accel_core.protocols import ReportsBatchBoundaries
 from accel_core.state import GradientState
 
 from .runtime import TorchXla, require_torch_xla
+
+if TYPE_CHECKING:
+    from accel_core.protocols import BatchBoundaryHook
 
 
 @dataclass(frozen=True)
@@ -61,8 +67,10 @@ class XlaDeviceLoader:
             ``device_prefetch_size``, ``host_to_device_transfer_threads``, ...).
 
     Attributes read by ``GradientState`` while iterating: ``end_of_dataloader`` and ``remainder``,
-    about the batch the loop holds. Everything else (``batch_size``, ``dataset``, ``set_epoch``,
-    ...) is the wrapped loader's.
+    about the batch the loop holds. ``batch_boundary_hook``: the wrapped loader's, taken over (see
+    ``accel_core.protocols.ReportsBatchBoundaries``) and called before each batch the loop asks for
+    and after the epoch, as the wrapped loader would have. Everything else (``batch_size``,
+    ``dataset``, ``set_epoch``, ...) is the wrapped loader's.
 
     Example::
 
@@ -77,6 +85,9 @@ class XlaDeviceLoader:
         self._xla = xla if xla is not None else require_torch_xla()
         self.dataloader = dataloader
         self.device = device
+        self.batch_boundary_hook: BatchBoundaryHook | None = None
+        if isinstance(dataloader, ReportsBatchBoundaries):  # read on torch-xla's threads: its boundaries are ours
+            self.batch_boundary_hook, dataloader.batch_boundary_hook = dataloader.batch_boundary_hook, None
         self._current: _Ticket | None = None
         self._tickets: dict[int, _Ticket] = {}
         self._numbers = itertools.count()
@@ -105,26 +116,35 @@ class XlaDeviceLoader:
 
     def __iter__(self) -> Iterator[Any]:
         gradient_state = GradientState()
+        boundary = self.batch_boundary_hook
+        if boundary is not None:  # before the ticket of a loop that stopped early is dropped: state_dict reads it
+            boundary(self)
         self._current = None
         with self._lock:
             self._tickets.clear()
         batches = iter(self._device_loader)
         registered = False
+        completed = False
         try:
             for batch, number in batches:
+                if registered and boundary is not None:  # the loop asks for the next batch: the last one's step is done
+                    boundary(self)
                 self._current = self._redeem(int(number))
                 if not registered:
                     # After the first batch: by then the wrapped loader (started on the reading thread) has
                     # registered itself, so this wrapper is the innermost active loader in GradientState.
-                    gradient_state._add_dataloader(self)
+                    gradient_state.register_dataloader(self)
                     registered = True
                 yield batch
             # The whole epoch was read: the wrapped loader's own position (the next epoch) is the right one now.
             self._current = None
+            completed = True
         finally:
             # A loop that stopped early (break) keeps the ticket of the last batch it received, for state_dict.
             if registered:
-                gradient_state._remove_dataloader(self)
+                gradient_state.unregister_dataloader(self)
+        if completed and boundary is not None:  # the epoch's end: a checkpoint here resumes at the next epoch
+            boundary(self)
 
     def __len__(self) -> int:
         return len(self.dataloader)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ..configuration import DataLoaderConfiguration
     from ..parallel.dims import ParallelDims
     from ..precision import Precision
+    from ..protocols import BatchBoundaryHook
     from ..state import AcceleratorState
     from ..strategies import PreparedObjects, Strategy, StrategyContext
     from .nonfinite_guard import NonFiniteGuard
@@ -59,6 +60,7 @@ class Preparation:
     _nonfinite_guard: NonFiniteGuard | None
     _after_prepare: Callable[[], None]  # Resumption's: resume="auto" loads once everything is prepared again
     _optimizer_stepped: Callable[[], None]  # Resumption's: counts optimizer steps
+    _batch_boundary_hook: BatchBoundaryHook  # Resumption's: given to each loader prepared here
 
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
         """Prepares models, optimizers, schedulers and dataloaders; returns them in the order given.
@@ -303,7 +305,9 @@ class Preparation:
         transfer = self.strategy if isinstance(self.strategy, BatchTransfer) else None
         # A strategy with its own device loader moves the batches itself: the loader leaves them on the CPU.
         preparer = plugins.load("accel.preparers", "dataloader")
-        prepared = preparer.prepare(data_loader, self, device_placement and transfer is None)
+        # The loader calls this Accelerator's hook at each step boundary (periodic checkpoints); a device loader
+        # wrapping it takes the hook over (protocols.ReportsBatchBoundaries).
+        prepared = preparer.prepare(data_loader, self, device_placement and transfer is None, self._batch_boundary_hook)
         if transfer is not None and device_placement:
             prepared = transfer.wrap_dataloader(prepared)
         self.prepared.dataloaders.append(prepared)

@@ -18,13 +18,17 @@ When a periodic checkpoint is taken: a real optimizer step (at an accumulation b
 optimizers stepping on one batch count once) makes one due, and it is written when the training
 loop next asks the dataloader that was iterating for a batch, or when that loader's epoch ends.
 By then the step's scheduler step and logging are done and the loader's position counts exactly
-the batches consumed, so resuming repeats nothing and skips nothing. Without a prepared loader the
-next ``accumulate()`` is the boundary.
+the batches consumed, so resuming repeats nothing and skips nothing. The loaders this Accelerator
+prepared report those points through the hook it gave them (``protocols.BatchBoundaryHook``, a
+``StepBoundaryHook``): another Accelerator's loaders report to theirs. Without such a loader (a
+plain DataLoader, or one prepared elsewhere) the next ``accumulate()`` is the boundary. Each
+periodic save is logged at INFO (``accel_core.accelerator.resumption``) with its step and folder.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -92,7 +96,7 @@ class Resumption:
                     "project_dir='runs/exp', automatic_checkpoint_naming=True, checkpoint_on_sigterm=True)."
                 )
             self._preemption = PreemptionWatch(self.state.device)
-        self.gradient_state.set_batch_boundary_listener(self._on_batch_boundary)
+        self._batch_boundary_hook = StepBoundaryHook(self)
 
     # -- what a checkpoint keeps of the run (read and written by accel-checkpoint) --------------
     def training_progress(self) -> dict[str, Any]:
@@ -186,32 +190,46 @@ class Resumption:
     def _optimizer_stepped(self) -> None:
         """A prepared optimizer really stepped (called by ``AcceleratedOptimizer.step``)."""
         if self._stepped_in is _NO_STEP:  # several optimizers stepping on one batch make one step
-            self._stepped_in = self.gradient_state.active_dataloader
+            loader = self.gradient_state.active_dataloader
+            # The loader's next boundary ends the step if it reports to this Accelerator (the attribute of
+            # protocols.ReportsBatchBoundaries, read without an isinstance check: this runs every step);
+            # else (a plain DataLoader, one prepared elsewhere) the next accumulate() does.
+            reports_here = getattr(loader, "batch_boundary_hook", None) is self._batch_boundary_hook
+            self._stepped_in = loader if reports_here else None
             self.completed_steps += 1
 
     def _on_batch_boundary(self, dataloader: Any) -> None:
-        """A prepared loader was asked for its next batch (``GradientState.batch_boundary``)."""
+        """A loader this Accelerator prepared was asked for its next batch (``StepBoundaryHook``)."""
         if self._resume_pending:
             # Training started before everything the checkpoint holds was prepared: load_state names what differs.
             self.resume_if_possible()
         if self._stepped_in is not _NO_STEP and self._stepped_in is dataloader:
-            self._finish_step()
+            self._finish_step(f"at a step boundary of its {type(dataloader).__name__}")
 
     def _accumulate_boundary(self) -> None:
-        """``accumulate()`` was entered: the boundary of loops that iterate no prepared loader."""
+        """``accumulate()`` was entered: the boundary of loops that iterate no loader of this Accelerator."""
         if self._resume_pending:
             self.resume_if_possible()
         if self._stepped_in is None:
-            self._finish_step()
+            self._finish_step("on entering accumulate()")
 
-    def _finish_step(self) -> None:
+    def _finish_step(self, where: str) -> None:
         self._stepped_in = _NO_STEP
         config = self.project_configuration
         every = config.save_every_n_steps
         if self._preemption is not None and self._preemption.agreed():
             self._save_and_exit_on_preemption()
         if every and self.completed_steps % every == 0:
-            self.save_state(async_save=config.save_async)
+            path = self.save_state(async_save=config.save_async)
+            if self.state.is_main_process:
+                logger.info(
+                    "Periodic checkpoint (save_every_n_steps=%d) after optimizer step %d, taken %s: %s%s",
+                    every,
+                    self.completed_steps,
+                    where,
+                    path,
+                    " (written in the background)" if config.save_async else "",
+                )
 
     def _save_and_exit_on_preemption(self) -> NoReturn:
         """Some process got SIGTERM (``checkpoint_on_sigterm``): every process saves this step, then exits 143."""
@@ -225,3 +243,38 @@ class Resumption:
         assert self._preemption is not None
         self._preemption.close()
         raise SystemExit(EXIT_CODE)
+
+
+class StepBoundaryHook:
+    """The ``protocols.BatchBoundaryHook`` an Accelerator gives each loader it prepares.
+
+    Calls that Accelerator's ``_on_batch_boundary``: a periodic checkpoint due from the previous step
+    is written there (see the module docstring). Holds the Accelerator weakly, so a loader kept after
+    its Accelerator is gone does not keep the Accelerator (and its models) alive. A copy of the
+    loader keeps the hook; a pickled loader (unpickled in another process, which has other
+    Accelerators) arrives without one.
+    """
+
+    __slots__ = ("_accelerator",)
+
+    def __init__(self, accelerator: Resumption) -> None:
+        self._accelerator = weakref.ref(accelerator)
+
+    def __call__(self, dataloader: Any) -> None:
+        accelerator = self._accelerator()
+        if accelerator is not None:
+            accelerator._on_batch_boundary(dataloader)
+
+    def __copy__(self) -> StepBoundaryHook:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> StepBoundaryHook:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_no_hook, ())
+
+
+def _no_hook() -> None:
+    """What an unpickled ``StepBoundaryHook`` becomes: no hook."""
+    return None
