@@ -29,7 +29,7 @@ LOG_LEVEL_ENV = ("ACCEL_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")
 def _initialised_state() -> Any:
     """The process state, or a RuntimeError when neither ``PartialState()`` nor ``Accelerator()`` has run."""
     state_module = sys.modules.get("accel_core.state")
-    if state_module is None or not state_module.PartialState._shared_state:
+    if state_module is None or not state_module.PartialState.is_initialized():
         raise RuntimeError(
             "You must initialize the accel state by calling either `PartialState()` or `Accelerator()` before "
             "using the logging utility."
