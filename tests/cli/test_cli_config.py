@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accel_core.launch.accelerate_import import convert_accelerate_config
-from accel_core.launch.config import config_path, default_config_path, load_config, read_config, write_config
+from accel_launch.accelerate_import import convert_accelerate_config
+from accel_launch.config import config_path, default_config_path, load_config, read_config, write_config
 
 ACCELERATE_FSDP = """\
 compute_environment: LOCAL_MACHINE
@@ -153,7 +153,7 @@ def test_accel_config_import_writes_a_config_that_launch_uses(cli, tmp_path: Pat
         and "ACCEL_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP=LlamaDecoderLayer" in dry.stdout
     )
     assert "ACCEL_MIXED_PRECISION=fp16" in dry.stdout  # the environment beats the file's bf16
-    assert "--nproc-per-node=2 -m accel_core.launch.runner path train.py --lr 1" in dry.stdout  # the flag beats 8
+    assert "--nproc-per-node=2 -m accel_launch.runner path train.py --lr 1" in dry.stdout  # the flag beats 8
 
 
 def test_accel_config_questions_keep_defaults_and_reask_bad_answers(cli) -> None:

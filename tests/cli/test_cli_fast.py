@@ -138,7 +138,7 @@ def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:
 def _runner(*args: str, cwd: Path, error_file: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
     return subprocess.run(
-        [sys.executable, "-m", "accel_core.launch.runner", *args],
+        [sys.executable, "-m", "accel_launch.runner", *args],
         cwd=cwd,
         env=env,
         capture_output=True,

@@ -7,9 +7,9 @@ import signal
 
 import pytest
 
-from accel_core.launch.extensions import add_extension_arguments, extension_env, load_extensions
-from accel_core.launch.failures import JobFailedError, RankFailure, drop_wrapper_frames
-from accel_core.launch.plan import (
+from accel_launch.extensions import add_extension_arguments, extension_env, load_extensions
+from accel_launch.failures import JobFailedError, RankFailure, drop_wrapper_frames
+from accel_launch.plan import (
     CONFIG,
     DEFAULT,
     ENVIRONMENT,
@@ -139,7 +139,7 @@ def test_torchrun_arguments() -> None:
         "--nnodes=1",
         "--nproc-per-node=2",
         "-m",
-        "accel_core.launch.runner",
+        "accel_launch.runner",
         "path",
         "train.py",
         "--lr",
@@ -159,7 +159,7 @@ def test_torchrun_arguments() -> None:
     static = torchrun_argv(resolve_plan(flags, {}, {}), LaunchTarget("pkg.train", module=True))
     assert static[:2] == ["--nnodes=2", "--nproc-per-node=8"]
     assert {"--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29500", "--monitor-interval=0.5"} <= set(static)
-    assert static[-3:] == ["accel_core.launch.runner", "module", "pkg.train"]
+    assert static[-3:] == ["accel_launch.runner", "module", "pkg.train"]
     c10d = torchrun_argv(resolve_plan({**flags, "rdzv_backend": "c10d", "main_process_port": 4000}, {}, {}), target)
     assert {"--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:4000"} <= set(c10d)
     assert not any(arg.startswith("--node-rank") for arg in c10d)
@@ -249,7 +249,7 @@ def test_torch_wrapper_frames_are_dropped_from_tracebacks() -> None:
 def test_option_table_extension_parses_both_spellings_and_selects_the_backend():
     import argparse as _argparse
 
-    from accel_core.launch.extensions import OptionTable, bool_text, choice_text, nonnegative_int_text
+    from accel_core.launch_options import OptionTable, bool_text, choice_text, nonnegative_int_text
 
     class ToyOptions(OptionTable):
         name = "toy"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from accel_core.launch import devices
-from accel_core.launch.devices import detect_devices, torch_build, visible
+from accel_launch import devices
+from accel_launch.devices import detect_devices, torch_build, visible
 
 GPUS = [("GPU-aaaa-1111", "NVIDIA H100"), ("GPU-bbbb-2222", "NVIDIA H100"), ("GPU-cccc-3333", "NVIDIA A10")]
 

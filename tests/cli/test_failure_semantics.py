@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 
 from accel_core import cluster_env
-from accel_core.launch.failures import JobFailedError, RankFailure
-from accel_core.launch.finish_records import FINISH_RECORDS, FinishedRank, read_finishes, record_finish
-from accel_core.launch.plan import LaunchTarget, resolve_plan, torchrun_argv
+from accel_launch.failures import JobFailedError, RankFailure
+from accel_launch.finish_records import FINISH_RECORDS, FinishedRank, read_finishes, record_finish
+from accel_launch.plan import LaunchTarget, resolve_plan, torchrun_argv
 
 
 def _failure(
@@ -234,7 +234,7 @@ def test_the_launchers_last_look_bounds_a_signal_death_however_late_the_agent_lo
 def test_the_exit_watch_sees_a_killed_child_stop_running() -> None:
     import subprocess
 
-    from accel_core.launch.exit_watch import ChildExitWatch
+    from accel_launch.exit_watch import ChildExitWatch
 
     with ChildExitWatch(rescan=0.05) as watch:
         child = subprocess.Popen(["sleep", "30"])

@@ -154,7 +154,7 @@ def test_patch_and_clear_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_write_basic_config(tmp_path: Path) -> None:
-    from accel_core.launch.config import read_config
+    from accel_launch.config import read_config
 
     path = tmp_path / "config.yaml"
     assert utils.write_basic_config(mixed_precision="BF16", save_location=str(path)) == path

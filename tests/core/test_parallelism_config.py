@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from accel_core.launch.accelerate_import import convert_accelerate_config
-from accel_core.launch.plan import resolve_plan as resolve_launch_plan
 from accel_core.parallel.config import ParallelismConfig, resolve_parallelism
 from accel_core.parallel.dims import mesh_dims
 from accel_core.strategies import DDPStrategy, create_strategy, resolve_strategy_plan
+from accel_launch.accelerate_import import convert_accelerate_config
+from accel_launch.plan import resolve_plan as resolve_launch_plan
 
 
 def test_unset_sizes_fill_the_world_with_the_strategys_data_parallel_dimension() -> None:

@@ -115,7 +115,7 @@ def test_to_env_round_trip():
 def test_config_file_and_launch_flags_reach_the_plugin():
     """accel launch: a config file's fsdp section (or Accelerate's fsdp_config) and --fsdp-* flags become
     ACCEL_FSDP_* variables, from which the workers build the same plugin."""
-    from accel_core.launch import convert_accelerate_config, resolve_plan
+    from accel_launch import convert_accelerate_config, resolve_plan
 
     accelerate = {
         "distributed_type": "FSDP",

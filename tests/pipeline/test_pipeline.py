@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from accel_core.launch.plan import resolve_plan as resolve_launch_plan
 from accel_core.parallel.config import ParallelismConfig, resolve_parallelism
 from accel_core.pipelining import chain_units, resolve_layout, split_model, stage_boundaries
+from accel_launch.plan import resolve_plan as resolve_launch_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipemodel import SEQ, lm_loss, make_model, token_data

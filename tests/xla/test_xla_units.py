@@ -18,11 +18,11 @@ from accel.commands import env as env_command
 from accel.commands.common import plan_from_namespace
 from accel.commands.launch import build_parser
 from accel_core import ops
-from accel_core.launch.extensions import load_extensions
 from accel_core.parallel.config import ParallelismConfig
 from accel_core.placement import ProcessPlacement
 from accel_core.state import PartialState
 from accel_core.strategies import resolve_strategy_plan
+from accel_launch.extensions import load_extensions
 from accel_xla import XlaLaunchOptions, XlaStrategy
 from accel_xla.collectives import pack_object, unpack_objects, xla_reduce_type
 from accel_xla.spmd import fsdp_spec, partition_specs, process_layout, resolve_spmd_layout, spmd_requested

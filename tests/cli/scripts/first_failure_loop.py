@@ -1,4 +1,4 @@
-"""Launches rank1_dies.py ``runs`` times on 2 processes through ``accel_core.launch.launch`` (what `accel launch`
+"""Launches rank1_dies.py ``runs`` times on 2 processes through ``accel_launch.launch`` (what `accel launch`
 runs, in one process so torch is imported once) and prints, per run, the rank the failure names and its exit code."""
 
 import json
@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from accel_core.launch import JobFailedError, LaunchTarget, launch, resolve_plan
+from accel_launch import JobFailedError, LaunchTarget, launch, resolve_plan
 
 mode, how, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 plan = resolve_plan({"num_processes": 2, "use_cpu": True}, os.environ, {})

@@ -6,7 +6,7 @@ import time
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from accel_core.launch import JobFailedError, debug_launcher, notebook_launcher
+from accel_launch import JobFailedError, debug_launcher, notebook_launcher
 
 
 def work(scale: int) -> dict:

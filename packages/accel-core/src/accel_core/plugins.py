@@ -6,7 +6,8 @@ Groups:
 - ``accel.trackers``: tracker name -> tracker class (``local``, ``tensorboard``, ``wandb``, ...).
 - ``accel.checkpoint``: ``state`` -> an object implementing ``CheckpointHandler``.
 - ``accel.precisions``: ``fp8`` -> a precision class for fp8 training (Transformer-Engine).
-- ``accel.cli``: name -> callable adding a backend's flags to ``accel launch`` (see accel_core.launch).
+- ``accel.cli``: name -> callable adding a backend's flags to ``accel launch`` (the contract is
+  accel_core.launch_options; accel_launch loads them).
 - ``accel.model_wrappers``: module name -> a class of that module that wraps the user's model in
   ``.module`` (``deepspeed`` -> ``DeepSpeedEngine``), unwrapped by ``extract_model_from_parallel``
   once the module is imported.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from accel_core.launch.extensions import OptionTable, bool_text, nonnegative_number_text
+from accel_core.launch_options import OptionTable, bool_text, nonnegative_number_text
 
 
 def _stage_text(value: str) -> str:
@@ -31,7 +31,7 @@ def _device_text(value: str) -> str:
 
 
 class DeepSpeedLaunchOptions(OptionTable):
-    """The deepspeed strategy's ``accel launch`` flags (``accel_core.launch.extensions.OptionTable``)."""
+    """The deepspeed strategy's ``accel launch`` flags (``accel_core.launch_options.OptionTable``)."""
 
     name = "deepspeed"
     # (flag, ACCEL_DEEPSPEED_<OPTION>, parser, metavar, help)

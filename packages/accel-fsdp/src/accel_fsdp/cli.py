@@ -11,7 +11,7 @@ Example::
 
 from __future__ import annotations
 
-from accel_core.launch.extensions import OptionTable, bool_text, choice_text, nonnegative_int_text
+from accel_core.launch_options import OptionTable, bool_text, choice_text, nonnegative_int_text
 
 from .plugin import AUTO_WRAP_POLICIES, BACKWARD_PREFETCH, SHARDING_STRATEGIES, STATE_DICT_TYPES
 
@@ -24,7 +24,7 @@ def _bool_or_int_text(value: str) -> str:
 
 
 class FSDPLaunchOptions(OptionTable):
-    """The fsdp strategy's ``accel launch`` flags (``accel_core.launch.extensions.OptionTable``)."""
+    """The fsdp strategy's ``accel launch`` flags (``accel_core.launch_options.OptionTable``)."""
 
     name = "fsdp"
     # (flag, ACCEL_FSDP_<OPTION>, parser, metavar, help)

@@ -12,11 +12,11 @@ Example::
 
 from __future__ import annotations
 
-from accel_core.launch.extensions import OptionTable, bool_text, nonnegative_int_text, nonnegative_number_text
+from accel_core.launch_options import OptionTable, bool_text, nonnegative_int_text, nonnegative_number_text
 
 
 class MegatronLaunchOptions(OptionTable):
-    """The megatron strategy's ``accel launch`` flags (``accel_core.launch.extensions.OptionTable``)."""
+    """The megatron strategy's ``accel launch`` flags (``accel_core.launch_options.OptionTable``)."""
 
     name = "megatron"
     # (flag, ACCEL_MEGATRON_<OPTION>, parser, metavar, help)

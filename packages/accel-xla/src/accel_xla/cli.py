@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from accel_core.launch.extensions import OptionTable, choice_text
+from accel_core.launch_options import OptionTable, choice_text
 
 from .versions import check_installed_pair
 
@@ -23,7 +23,7 @@ PJRT_DEVICES = ("TPU", "CPU", "CUDA")
 
 
 class XlaLaunchOptions(OptionTable):
-    """The xla strategy's ``accel launch`` flags (``accel_core.launch.extensions.OptionTable``)."""
+    """The xla strategy's ``accel launch`` flags (``accel_core.launch_options.OptionTable``)."""
 
     name = "xla"
     # (flag, ACCEL_XLA_<OPTION>, parser, metavar, help)

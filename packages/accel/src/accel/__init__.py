@@ -27,8 +27,8 @@ _EXPORTS = {
     "ProfileKwargs": "accel_core.configuration",
     "DDPCommunicationHookType": "accel_core.enums",
     "ParallelismConfig": "accel_core.parallel.config",
-    "notebook_launcher": "accel_core.launch",
-    "debug_launcher": "accel_core.launch",
+    "notebook_launcher": "accel_launch",
+    "debug_launcher": "accel_launch",
     "skip_first_batches": "accel_data",
     "prepare_data_loader": "accel_data",
     # backend plugins (extras: accel[fsdp], accel[deepspeed], accel[megatron])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from accel_core.lazy import lazy_exports
 
 _EXPORTS = {
-    "notebook_launcher": "accel_core.launch",
-    "debug_launcher": "accel_core.launch",
+    "notebook_launcher": "accel_launch",
+    "debug_launcher": "accel_launch",
 }
 
 __all__ = sorted(_EXPORTS)

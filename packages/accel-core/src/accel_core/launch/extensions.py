@@ -1,228 +1,26 @@
-"""Backend flags for ``accel launch``: the ``accel.cli`` entry-point group. No torch.
-
-A backend package registers one object (or a class/factory that takes no argument and returns
-one) under ``accel.cli``::
-
-    [project.entry-points."accel.cli"]
-    fsdp = "accel_fsdp.cli:FSDPLaunchOptions"
-
-The object answers ``LaunchExtension``: ``name``, ``add_arguments(group)`` and ``to_env(namespace)``.
-The module it lives in must not import torch or the backend's heavy library: ``accel launch
---help`` loads it.
-"""
+"""The old path of the backend flag contract, kept for backends written against it: import from
+``accel_core.launch_options`` (the launcher's loading of the entry points is ``accel_launch.extensions``)."""
 
 from __future__ import annotations
 
-import argparse
-import sys
-from collections.abc import Iterable
-from typing import Any, Protocol, runtime_checkable
+from ..launch_options import (
+    GROUP,
+    LaunchExtension,
+    LaysMeshOverDevices,
+    OptionTable,
+    bool_text,
+    choice_text,
+    nonnegative_int_text,
+    nonnegative_number_text,
+)
 
-from ..environment import MESH_OVER_DEVICES
-
-GROUP = "accel.cli"
-
-
-@runtime_checkable
-class LaunchExtension(Protocol):
-    """What a backend contributes to ``accel launch``.
-
-    ``name`` is the backend's name: the title of its flag group in ``--help``, its config-file
-    section (``fsdp:``), and the prefix of its variables (``ACCEL_FSDP_*``).
-
-    Example::
-
-        class FSDPLaunchOptions:
-            name = "fsdp"
-
-            def add_arguments(self, group):
-                # dests prefixed with the backend's name, defaults None ("not given")
-                group.add_argument("--fsdp-sharding-strategy", dest="fsdp_sharding_strategy", default=None)
-
-            def to_env(self, namespace):
-                # only what was given; ACCEL_STRATEGY too if a flag implies the backend
-                value = namespace.fsdp_sharding_strategy
-                return {} if value is None else {"ACCEL_FSDP_SHARDING_STRATEGY": value}
-    """
-
-    name: str
-
-    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
-        """Adds the backend's flags; each defaults to ``None`` so an absent flag overrides nothing."""
-
-    def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
-        """The variables the given flags set for the workers (they win over environment and config)."""
-        ...
-
-
-@runtime_checkable
-class LaysMeshOverDevices(Protocol):
-    """Optional capability of a ``LaunchExtension``: its strategy lays the mesh over the devices each process
-    drives (XLA's SPMD: one process, every device), so ``--dp-shard-size`` / ``--tp-size`` count devices and
-    the launcher must not check them against ``--num-processes`` (the strategy checks them in the process).
-
-    Read for the strategy the workers will run, however it was chosen: a flag, the environment or the
-    config file's ``strategy:``.
-    """
-
-    def lays_mesh_over_devices(self) -> bool:
-        """True: the launcher leaves the mesh sizes to the strategy (``ACCEL_MESH_OVER_DEVICES``)."""
-        ...
-
-
-def mesh_over_devices_env(extensions: Iterable[LaunchExtension], strategy: str | None) -> dict[str, str]:
-    """``{"ACCEL_MESH_OVER_DEVICES": "true"}`` when ``strategy`` is an extension's that lays the mesh over devices."""
-    over_devices = any(
-        extension.name == strategy and isinstance(extension, LaysMeshOverDevices) and extension.lays_mesh_over_devices()
-        for extension in extensions
-    )
-    return {MESH_OVER_DEVICES: "true"} if over_devices else {}
-
-
-def load_extensions(names: Iterable[str] | None = None) -> list[LaunchExtension]:
-    """The installed ``accel.cli`` extensions, in name order.
-
-    A broken extension is reported on stderr and skipped: one backend must not break the command line.
-    """
-    from .. import plugins  # importlib.metadata: only for the commands that take backend flags
-
-    extensions: list[LaunchExtension] = []
-    for name in plugins.available(GROUP) if names is None else names:
-        try:
-            obj: Any = plugins.load(GROUP, name)
-            if isinstance(obj, type) or (not isinstance(obj, LaunchExtension) and callable(obj)):
-                obj = obj()  # a class or a factory: build the object
-            if not isinstance(obj, LaunchExtension):
-                raise TypeError("it needs `name`, `add_arguments(group)` and `to_env(namespace)`")
-        except Exception as error:  # noqa: BLE001 - any failure of third-party code is reported, not fatal
-            print(f"accel: ignoring the {GROUP} entry point '{name}': {error}", file=sys.stderr)
-            continue
-        extensions.append(obj)
-    return extensions
-
-
-def add_extension_arguments(parser: argparse.ArgumentParser, extensions: Iterable[LaunchExtension]) -> None:
-    """Adds one argument group per extension, titled with its name."""
-    for extension in extensions:
-        group = parser.add_argument_group(f"{extension.name} options")
-        try:
-            extension.add_arguments(group)
-        except argparse.ArgumentError as error:
-            print(f"accel: ignoring the flags of '{extension.name}': {error}", file=sys.stderr)
-
-
-def extension_env(extensions: Iterable[LaunchExtension], namespace: argparse.Namespace) -> dict[str, str]:
-    """The variables every extension derives from the parsed flags, checked to be strings."""
-    result: dict[str, str] = {}
-    for extension in extensions:
-        produced = extension.to_env(namespace) or {}
-        for key, value in produced.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise TypeError(
-                    f"The {GROUP} extension '{extension.name}' returned {key!r}: {value!r} from to_env; "
-                    "variables and values must be strings."
-                )
-        result.update(produced)
-    return result
-
-
-# -- a table-driven LaunchExtension -----------------------------------------------------------------
-# Value parsers for backend flags: each checks the text and returns what travels in the environment.
-_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
-
-
-def bool_text(value: str) -> str:
-    """``true`` / ``false`` from any usual spelling."""
-    lowered = value.strip().lower()
-    if lowered in _TRUE:
-        return "true"
-    if lowered in _FALSE:
-        return "false"
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-
-
-def nonnegative_int_text(value: str) -> str:
-    """A whole number >= 0 (``1e6`` accepted)."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-    if not number.is_integer() or number < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value!r}")
-    return str(int(number))
-
-
-def nonnegative_number_text(value: str) -> str:
-    """A number >= 0, kept as written."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}")
-    return value.strip()
-
-
-def choice_text(choices: tuple[str, ...]) -> Any:
-    """One of ``choices`` (case-insensitive), or its 1-based position in the list, as Accelerate allows."""
-
-    def parse(value: str) -> str:
-        name = value.strip().upper()
-        if name.isdigit() and 1 <= int(name) <= len(choices):
-            return choices[int(name) - 1]
-        if name not in choices:
-            raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(choices)}")
-        return name
-
-    return parse
-
-
-class OptionTable:
-    """A ``LaunchExtension`` described by a table; a backend subclasses it and fills two attributes.
-
-    name: the backend (flag group, config section, ``ACCEL_<NAME>_*`` prefix, ``--use-<name>``).
-    options: ``(flag, OPTION, parse, metavar, help)`` rows; ``--<flag>`` sets ``ACCEL_<NAME>_<OPTION>``
-        (Accelerate's ``--<flag_with_underscores>`` spelling is accepted too, hidden from help).
-    Any option given also selects the backend (``ACCEL_STRATEGY``): it only makes sense with it.
-
-    Example::
-
-        class ToyLaunchOptions(OptionTable):
-            name = "toy"
-            options = (("toy-level", "LEVEL", nonnegative_int_text, "N", "how much toy"),)
-    """
-
-    name: str = ""
-    options: tuple[tuple[str, str, Any, str, str], ...] = ()
-
-    def _dest(self, option: str) -> str:
-        return f"{self.name}_{option.lower()}"
-
-    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
-        use = f"use_{self.name}"
-        group.add_argument(
-            f"--use-{self.name}",
-            dest=use,
-            action="store_true",
-            default=None,
-            help=f"train with the {self.name} strategy",
-        )
-        group.add_argument(f"--use_{self.name}", dest=use, action="store_true", default=None, help=argparse.SUPPRESS)
-        for flag, option, parse, metavar, text in self.options:
-            group.add_argument(
-                f"--{flag}", dest=self._dest(option), type=parse, default=None, metavar=metavar, help=text
-            )
-            if "-" in flag:
-                alias = "--" + flag.replace("-", "_")
-                group.add_argument(alias, dest=self._dest(option), type=parse, default=None, help=argparse.SUPPRESS)
-
-    def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
-        prefix = f"ACCEL_{self.name.upper()}_"
-        result = {
-            prefix + option: str(value)
-            for _, option, _, _, _ in self.options
-            if (value := getattr(namespace, self._dest(option), None)) is not None
-        }
-        if getattr(namespace, f"use_{self.name}", None) or result:
-            result["ACCEL_STRATEGY"] = self.name
-        return result
+__all__ = [
+    "GROUP",
+    "LaunchExtension",
+    "LaysMeshOverDevices",
+    "OptionTable",
+    "bool_text",
+    "choice_text",
+    "nonnegative_int_text",
+    "nonnegative_number_text",
+]

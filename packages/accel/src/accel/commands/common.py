@@ -12,10 +12,10 @@ from typing import Any
 
 from accel_core.enums import DynamoBackend, SchedulerStepping
 from accel_core.environment import STRATEGY
-from accel_core.launch.config import load_config, write_config
-from accel_core.launch.extensions import LaunchExtension, extension_env, mesh_over_devices_env
-from accel_core.launch.plan import SETTINGS, LaunchPlan, LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
-from accel_core.launch.run import direct_command
+from accel_launch.config import load_config, write_config
+from accel_launch.extensions import LaunchExtension, extension_env, mesh_over_devices_env
+from accel_launch.plan import SETTINGS, LaunchPlan, LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
+from accel_launch.run import direct_command
 
 _DEFAULT_PATH_TEXT = "$XDG_CONFIG_HOME/accel/default_config.yaml (~/.config/accel/...)"
 

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from accel_core.enums import DynamoBackend
-from accel_core.launch.config import (
+from accel_launch.config import (
     config_path,
     dump_config,
     read_config,
     read_yaml_file,
     validate_config,
 )
-from accel_core.launch.plan import SETTINGS, resolve_plan
+from accel_launch.plan import SETTINGS, resolve_plan
 
 from .common import format_env, format_settings, write_config_file
 from .questions import Asker
@@ -117,7 +117,7 @@ def _readable_part(data: Any, origin: str) -> tuple[dict[str, Any], list[str]]:
 
 def default_config() -> dict[str, Any]:
     """A config for this machine: one process per GPU (XPU), else one process; the CPU when nothing else."""
-    from accel_core.launch.devices import detect_devices
+    from accel_launch.devices import detect_devices
 
     devices = detect_devices()
     many = devices.kind in ("cuda", "xpu")
@@ -157,7 +157,7 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
 
 def import_accelerate(source: Path) -> dict[str, Any]:
     """The accel config converted from an Accelerate ``default_config.yaml`` (warns about what does not map)."""
-    from accel_core.launch.accelerate_import import convert_accelerate_config
+    from accel_launch.accelerate_import import convert_accelerate_config
 
     data = read_yaml_file(
         source,
@@ -227,7 +227,7 @@ def ask_config(existing: dict[str, Any] | None, asker: Asker | None = None) -> d
 def ask_backend_options(asker: Asker, backend: str, existing: dict[str, Any] | None) -> dict[str, Any] | None:
     """The backend's section of the config file, asked option by option from its ``accel launch``
     flag table (``OptionTable.options``); Enter keeps the current value, or the backend's default."""
-    from accel_core.launch.extensions import load_extensions
+    from accel_launch.extensions import load_extensions
 
     table = next(iter(load_extensions([backend])), None)
     options = getattr(table, "options", ())

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, distributions, version
 
 from accel_core import plugins
-from accel_core.launch.config import load_config
-from accel_core.launch.plan import resolve_plan
+from accel_launch.config import load_config
+from accel_launch.plan import resolve_plan
 
 from .common import format_env, format_settings
 
@@ -33,7 +33,7 @@ def _accel_distributions() -> list[str]:
 
 def _devices() -> str:
     try:
-        from accel_core.launch.devices import detect_devices
+        from accel_launch.devices import detect_devices
 
         devices = detect_devices()
     except Exception as error:  # noqa: BLE001 - a report must still come out

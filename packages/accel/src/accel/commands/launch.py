@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from accel_core.launch.extensions import LaunchExtension, add_extension_arguments, load_extensions
-from accel_core.launch.failures import JobFailedError
-from accel_core.launch.plan import LaunchTarget
-from accel_core.launch.run import launch
+from accel_launch.extensions import LaunchExtension, add_extension_arguments, load_extensions
+from accel_launch.failures import JobFailedError
+from accel_launch.plan import LaunchTarget
+from accel_launch.run import launch
 
 from .common import add_settings_arguments, format_command, format_env, format_settings, plan_from_namespace
 

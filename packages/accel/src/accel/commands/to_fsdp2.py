@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from accel_core.launch.config import config_path, read_yaml_file, validate_config
+from accel_launch.config import config_path, read_yaml_file, validate_config
 
 from .common import write_config_file
 

@@ -1,4 +1,4 @@
-"""Worker-side entry of ``accel launch``: ``python -m accel_core.launch.runner path|module <target> [args]``.
+"""Worker-side entry of ``accel launch``: ``python -m accel_launch.runner path|module <target> [args]``.
 
 Runs the target exactly as ``python <script>`` / ``python -m <module>`` would (``sys.argv``,
 ``sys.path[0]``, ``__main__``), and when it raises, writes the traceback to the file torchrun's
@@ -119,7 +119,7 @@ def exit_without_finalization(code: int = 0) -> NoReturn:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2:
-        raise SystemExit("usage: python -m accel_core.launch.runner path|module <target> [args...]")
+        raise SystemExit("usage: python -m accel_launch.runner path|module <target> [args...]")
     die_with_launcher()
     faulthandler.enable(all_threads=True)  # a crash in native code still shows where
     try:

@@ -14,7 +14,8 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from .. import environment as env
+from accel_core import environment as env
+
 from .plan import encode_env_value
 from .run import patched_environ, preserved_signal_handlers
 

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import environment as env
-from ..enums import DynamoBackend, PrecisionType, SchedulerStepping
+from accel_core import environment as env
+from accel_core.enums import DynamoBackend, PrecisionType, SchedulerStepping
 
 FLAG = "flag"
 ENVIRONMENT = "environment"
@@ -398,14 +398,14 @@ def parse_env_pairs(pairs: Iterable[str]) -> dict[str, str]:
 def torchrun_argv(plan: LaunchPlan, target: LaunchTarget) -> list[str]:
     """The arguments of ``torch.distributed.run`` (torchrun) for ``plan``.
 
-    Each worker runs ``python -m accel_core.launch.runner path|module <target> <args>``, which
+    Each worker runs ``python -m accel_launch.runner path|module <target> <args>``, which
     runs the target as ``python <script>`` / ``python -m <module>`` would and records a failure's
     traceback where the agent reads it.
 
     Example::
 
         torchrun_argv(resolve_plan({"num_processes": 2}, {}, {}), LaunchTarget("train.py"))
-        # ['--nnodes=1', '--nproc-per-node=2', '-m', 'accel_core.launch.runner', 'path', 'train.py']
+        # ['--nnodes=1', '--nproc-per-node=2', '-m', 'accel_launch.runner', 'path', 'train.py']
     """
     argv = [f"--nnodes={plan.num_machines}", f"--nproc-per-node={plan.nproc_per_node}"]
     if plan.max_restarts:
@@ -431,5 +431,5 @@ def torchrun_argv(plan: LaunchPlan, target: LaunchTarget) -> list[str]:
         # joins a group with torch's env:// (DeepSpeed, a plain script) reads the killed attempt's keys.
         argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={plan.main_process_ip or '127.0.0.1'}:{port}"]
     # One machine and no port: torchrun rendezvous on a free local port by itself.
-    argv += ["-m", "accel_core.launch.runner", "module" if target.module else "path", target.script]
+    argv += ["-m", "accel_launch.runner", "module" if target.module else "path", target.script]
     return argv + list(target.args)

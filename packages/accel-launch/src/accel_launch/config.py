@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import environment as env
+from accel_core import environment as env
+
 from .plan import SETTINGS, SETTINGS_BY_NAME, coerce
 
 CONFIG_FILE_NAME = "default_config.yaml"
