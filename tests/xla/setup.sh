@@ -20,7 +20,7 @@ fi
 # The accel packages the XLA strategy runs with, resolved with their dependencies: the torch pair comes from the
 # `xla` extra, so this is the pin a user's `pip install "accel[xla]"` gets. PyPI's torch 2.9.0 brings its CUDA
 # libraries (most of the ~7 GB downloaded the first time): torch-xla's wheel is built against it.
-packages=(accel-core accel-data accel-checkpoint accel-tracking accel-xla)
+packages=(accel-core accel-data accel-checkpoint accel-tracking accel-launch accel-xla)
 args=()
 for p in "${packages[@]}"; do
     [[ -d "packages/$p" ]] && args+=(-e "packages/$p")
