@@ -263,6 +263,16 @@ def test_torchrun_processes_join_the_xla_backend(monkeypatch: pytest.MonkeyPatch
     assert os.environ["PJRT_DEVICE"] == "CPU"  # the config file's `xla: device:`
 
 
+def test_set_seed_seeds_xla_before_any_accelerator() -> None:
+    """A script may seed first: accel-xla's seeder is an entry point that set_seed finds, not the strategy's."""
+    import torch_xla.core.xla_model as xm
+
+    from accel_core.random import set_seed
+
+    set_seed(1234)
+    assert xm.get_rng_state() == 1234
+
+
 def test_set_seed_makes_xla_draws_repeatable() -> None:
     """set_seed seeds torch-xla's own generator: the same seed gives the same draws on the XLA device."""
     from accel_core.random import set_seed

@@ -277,3 +277,15 @@ def test_launch_mesh_sizes_count_devices_under_xla(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("ACCEL_STRATEGY", "ddp")  # another strategy: still checked against the processes
     with pytest.raises(ValueError, match="must divide 1, the number of processes"):
         launch_env(["--dp-shard-size", "4"], tmp_path)
+
+
+def test_set_seed_reaches_accel_xlas_seeder_through_its_entry_point() -> None:
+    """accel-core's set_seed seeds XLA through accel-xla's ``accel.seeders`` entry point, found by set_seed itself,
+    so a script that seeds before creating its Accelerator seeds XLA too (tests/xla/test_xla_device.py checks the
+    draws); without torch-xla the seeder does nothing."""
+    from accel_core.random import seeders
+    from accel_xla.seeding import seed_xla
+
+    assert seed_xla in seeders()
+    if not HAS_TORCH_XLA:
+        seed_xla(3)  # returns: importing torch_xla here would raise require_torch_xla's ImportError

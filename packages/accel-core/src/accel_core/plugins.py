@@ -8,6 +8,7 @@ Groups:
 - ``accel.precisions``: ``fp8`` -> a precision class for fp8 training (Transformer-Engine).
 - ``accel.cli``: name -> callable adding a backend's flags to ``accel launch`` (the contract is
   accel_core.launch_options; accel_launch loads them).
+- ``accel.seeders``: name -> a function of the seed that ``set_seed`` calls (XLA's own generator).
 - ``accel.model_wrappers``: module name -> a class of that module that wraps the user's model in
   ``.module`` (``deepspeed`` -> ``DeepSpeedEngine``), unwrapped by ``extract_model_from_parallel``
   once the module is imported.

@@ -1,19 +1,58 @@
-"""Seeding and RNG synchronisation across processes."""
+"""Seeding and RNG synchronisation across processes.
+
+``set_seed`` seeds python, numpy and torch itself; a backend whose devices draw from a generator of their own
+(torch-xla's) adds a *seeder*: a function of the seed, registered under the ``accel.seeders`` entry point (found
+on the first ``set_seed``, so a script may seed before it creates its ``Accelerator``) or with
+``register_seeder``. Core names no backend here.
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random as _random
 from collections.abc import Iterable
+from typing import Protocol
 
 import torch
 
 from .state import PartialState
 
+SEEDERS_GROUP = "accel.seeders"
+
+
+class Seeder(Protocol):
+    """Seeds one more random number generator with ``set_seed``'s seed (already offset by the process index when
+    ``device_specific``). Called in every process that calls ``set_seed``; it must do nothing where its backend's
+    library is not installed, and import that library only when it is."""
+
+    def __call__(self, seed: int) -> None: ...
+
+
+_seeders: list[Seeder] = []
+_entry_points_loaded = False
+
+
+def register_seeder(seeder: Seeder) -> None:
+    """Adds ``seeder`` to those ``set_seed`` calls (once, however often it is registered)."""
+    if seeder not in _seeders:
+        _seeders.append(seeder)
+
+
+def seeders() -> list[Seeder]:
+    """The registered seeders, the installed ``accel.seeders`` entry points first (loaded on the first call)."""
+    global _entry_points_loaded
+    if not _entry_points_loaded:
+        from . import plugins
+
+        for name in plugins.available(SEEDERS_GROUP):
+            register_seeder(plugins.load(SEEDERS_GROUP, name))
+        _entry_points_loaded = True
+    return list(_seeders)
+
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
-    """Seeds python, numpy and torch (all devices, XLA's too where torch-xla is installed).
+    """Seeds python, numpy and torch (all devices), and every registered seeder's generator (XLA's where
+    accel-xla and torch-xla are installed).
 
     device_specific: add the process index, so each process draws different numbers.
     deterministic: also ask torch for deterministic algorithms (slower; may raise on some ops).
@@ -28,11 +67,8 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     else:
         np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # seeds CUDA/XPU generators too
-    if importlib.util.find_spec("torch_xla") is not None:
-        # XLA devices draw from torch-xla's own seed, which torch.manual_seed leaves alone (as the reference).
-        import torch_xla.core.xla_model as xm  # pyright: ignore[reportMissingImports]
-
-        xm.set_rng_state(seed)
+    for seeder in seeders():
+        seeder(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
