@@ -1,7 +1,8 @@
 """Every distribution builds from a clone with the README's command, ships its LICENSE and py.typed, declares
 what its README says it depends on, and installs with the README's commands into fresh virtual environments,
-where it runs: accel-core alone trains a step, accel-data shards a loader over 2 processes, `accel[deepspeed]`
-and `accel[fp8]` train a step. A broken package boundary or install instruction fails here before users see it.
+where it runs: accel-core alone trains a step, accel-data shards a loader over 2 processes, accel-launch starts a
+2-process job, `accel[deepspeed]` and `accel[fp8]` train a step. A broken package boundary or install instruction
+fails here before users see it.
 
 The commands are read from the READMEs and run as written (`uv pip install`, into the environment named by
 VIRTUAL_ENV, as an activated one). UV_CONSTRAINT pins every third-party package to uv.lock's version, so uv
@@ -230,7 +231,7 @@ def test_each_wheel_names_its_authors_urls_and_classifiers(wheels):
 def test_meta_package_depends_on_compatible_ranges(wheels):
     requirements = [Requirement(r) for r in _metadata(wheels["accel"]).get_all("Requires-Dist") or []]
     names = {r.name for r in requirements if r.marker is None}
-    assert names >= {"accel-core", "accel-data", "accel-checkpoint", "accel-tracking"}
+    assert names >= {"accel-core", "accel-data", "accel-checkpoint", "accel-tracking", "accel-launch"}
     for requirement in requirements:
         if requirement.name.startswith("accel-"):
             spec = str(requirement.specifier)
@@ -308,6 +309,28 @@ def test_accel_data_shards_a_loader_over_two_processes(clone, constraints, tmp_p
     out = venv.run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)], timeout=300)
     for rank in (0, 1):
         assert f"SHARDED {rank} 7 198" in out, out
+
+
+TWO_RANKS = """
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+print("RANK", dist.get_rank(), "OF", dist.get_world_size(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_accel_launch_alone_starts_two_processes(clone, constraints, tmp_path):
+    # The launcher needs accel-core only: its README's example starts a 2-process gloo job, each worker through
+    # `python -m accel_launch.runner`, in an environment without the meta-package or the other distributions.
+    venv = Venv(tmp_path / "venv", clone, constraints)
+    venv.install(_documented("accel-launch", "accel-launch"))
+    assert "accel-core" in venv.installed() and not {"accel", "accel-data", "accel-checkpoint"} & venv.installed()
+    (clone / "train.py").write_text(TWO_RANKS)
+    example = _code_blocks(_section(_readme("accel-launch"), "## Install"), "python")[0]
+    out = venv.run(["-c", example + '\nprint("EXIT", exit_code)\n'], timeout=300)
+    assert "RANK 0 OF 2" in out and "RANK 1 OF 2" in out and "EXIT 0" in out, out
 
 
 @pytest.mark.slow
