@@ -10,19 +10,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from checkrun import checks_in
 
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("layout", "nproc"), [("ddp", 2), ("tp_fsdp", 4)])
-def test_fp8_trains_like_bf16_saves_and_loads(torchrun, tmp_path, layout, nproc):
-    result = torchrun(HERE / "fp8_checks.py", str(tmp_path), layout, nproc=nproc, timeout=600)
-    assert all(f"FP8 CHECKS PASSED {rank}" in result.stdout for rank in range(nproc)), result.stdout[-3000:]
-    for line in (
-        f"LOSS {layout}",
-        f"SAVE/LOAD STATE {layout}: identical outputs",
-        f"SAVE_MODEL {layout}",
-        "ERROR ON EVERY RANK",
-    ):
-        assert line in result.stdout, result.stdout[-3000:]
+SCRIPT = HERE / "fp8_checks.py"
+
+
+@pytest.fixture(scope="module", params=[("ddp", 2), ("tp_fsdp", 4)], ids=["ddp", "tp_fsdp"])
+def fp8_run(request, torchrun_checks, tmp_path_factory):
+    """One launch per layout: 2-process DDP, 4-process TP=2 x FSDP2=2."""
+    layout, nproc = request.param
+    return torchrun_checks(SCRIPT, str(tmp_path_factory.mktemp(f"fp8_{layout}")), layout, nproc=nproc, timeout=600)
+
+
+@pytest.mark.parametrize("name", checks_in(SCRIPT))
+def test_fp8_trains_like_bf16_saves_and_loads(fp8_run, name):
+    fp8_run.assert_passed(name)
