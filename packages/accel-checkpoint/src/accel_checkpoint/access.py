@@ -3,7 +3,8 @@
 What accel-checkpoint may read of the Accelerator is declared in accel-core by
 ``accel_core.protocols.CheckpointAccelerator`` (imported here for type checking only); the reads
 several modules share are named here. The strategy is asked what ``accel_core.strategies.base``
-declares (``model_state_dict``, ``load_model_state_dict``, ``ShardedCheckpointing``); prepared
+declares (``model_state_dict``, ``load_model_state_dict``; ``ShardedCheckpointing`` in
+``accel_core.checkpointing``); prepared
 objects are read from the Accelerator's public ``prepared`` (``PreparedObjects``).
 """
 
@@ -37,11 +38,6 @@ def load_model_state_dict(
     if isinstance(model, PipelinedModel):
         return model.load_full_state_dict(state_dict, strict=strict)
     return accelerator.strategy.load_model_state_dict(model, state_dict, strict=strict)
-
-
-def raw_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The user's optimizer inside an AcceleratedOptimizer (its state_dict is the same either way)."""
-    return getattr(optimizer, "optimizer", optimizer)
 
 
 _PREPARED = {

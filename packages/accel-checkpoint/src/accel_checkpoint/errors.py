@@ -1,5 +1,9 @@
-"""Errors raised by accel-checkpoint. All are ``ValueError`` subclasses so user code catching the
-reference implementation's errors keeps working; each message says which file and what to do."""
+"""Errors raised by accel-checkpoint, and the messages for a file system that refuses a checkpoint.
+
+The error classes are declared in accel-core (``accel_core.checkpointing.errors``), where the strategies that
+save their own shards raise them too, and are re-exported here: ``except accel_checkpoint.errors.X`` and
+``isinstance`` catch both. All are ``ValueError`` subclasses so user code catching the reference
+implementation's errors keeps working; each message says which file and what to do."""
 
 from __future__ import annotations
 
@@ -7,39 +11,27 @@ import errno
 import os
 import shutil
 
+from accel_core.checkpointing.errors import (
+    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    UnsafeCheckpointError,
+)
 
-class CheckpointError(ValueError):
-    """Base class: a checkpoint cannot be written or read as asked."""
-
-
-class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
-    """The folder (or a file it must contain) does not exist."""
-
-
-class IncompleteCheckpointError(CheckpointError):
-    """The folder has no completion marker: its save was interrupted."""
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A file exists but is truncated or unreadable."""
-
-
-class UnsafeCheckpointError(CheckpointError):
-    """A file needs arbitrary unpickling (it could run code) and the opt-in was not given."""
-
-
-class CheckpointMismatchError(CheckpointError):
-    """The checkpoint holds a different number of models/optimizers/... than was prepared."""
-
-
-class CheckpointWriteError(CheckpointError, OSError):
-    """The file system refused to hold a checkpoint (read-only, no permission, no space, file too large).
-
-    Also an ``OSError``, whose ``errno`` is the file system's reason.
-    """
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
+__all__ = [
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "CheckpointNotFoundError",
+    "CheckpointWriteError",
+    "CorruptCheckpointError",
+    "IncompleteCheckpointError",
+    "UnsafeCheckpointError",
+    "out_of_space",
+    "write_error",
+]
 
 
 _FULL = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}

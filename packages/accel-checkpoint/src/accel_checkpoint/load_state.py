@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import access, layout
 from . import constants as C
+from .checkpoint_io import SafeCheckpointIO
 from .content_hash import BackgroundVerifier
 from .coordination import Coordinator
 from .data_state import restore_dataloader_state
@@ -248,7 +249,10 @@ def load_state(
             # A DCP checkpoint loads into plain (unsharded) models too: DCP reshards to any layout.
             found = (DCPCheckpointing(), "dcp")
         found[0].load_sharded(
-            accelerator.prepared, os.path.join(folder, C.SHARDED_DIR), allow_unsafe_pickle=allow_unsafe_pickle
+            accelerator.prepared,
+            os.path.join(folder, C.SHARDED_DIR),
+            io=SafeCheckpointIO(coord, allow_unsafe_pickle),
+            allow_unsafe_pickle=allow_unsafe_pickle,
         )
 
     rank = accelerator.process_index

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import access
 from .errors import CheckpointMismatchError
 from .safe_load import load_torch_file
 
@@ -44,7 +43,9 @@ def _live_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
 
 def optimizer_class(optimizer: Any) -> str:
     """The qualified class name of the user's optimizer inside a prepared one (``torch.optim.adam.Adam``)."""
-    raw = type(access.raw_optimizer(optimizer))
+    from accel_core.optimizer import unwrap_optimizer
+
+    raw = type(unwrap_optimizer(optimizer))
     return f"{raw.__module__}.{raw.__qualname__}"
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import access, layout
 from . import constants as C
+from .checkpoint_io import SafeCheckpointIO
 from .coordination import Coordinator
 from .data_state import dataloader_state
 from .errors import CheckpointError, write_error
@@ -176,7 +177,10 @@ def plan_save(
         implementation, name = sharded
         covered = set(
             implementation.save_sharded(
-                accelerator.prepared, os.path.join(temp, C.SHARDED_DIR), **(sharded_kwargs or {})
+                accelerator.prepared,
+                os.path.join(temp, C.SHARDED_DIR),
+                io=SafeCheckpointIO(coord),
+                **(sharded_kwargs or {}),
             )
             or ()
         )

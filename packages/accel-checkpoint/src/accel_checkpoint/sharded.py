@@ -2,10 +2,11 @@
 
 A strategy whose models or optimizers are split across processes (FSDP, DeepSpeed ZeRO, Megatron)
 saves and loads them itself by implementing ``ShardedCheckpointing`` (declared with the rest of
-the Strategy contract in ``accel_core.strategies.base``; checked with ``isinstance``, never a
+the checkpoint contract in ``accel_core.checkpointing``; checked with ``isinstance``, never a
 backend's name). accel-checkpoint writes everything the strategy does not cover (RNG, schedulers,
 scaler, dataloaders, custom objects, metadata, the completion marker) around it, in the same
-crash-safe folder.
+crash-safe folder, and hands the strategy a ``CheckpointIO`` (``checkpoint_io.SafeCheckpointIO``:
+safe loading, agreement between processes, durable writes), so a backend never imports this package.
 
 Models whose parameters are DTensors (FSDP2 ``fully_shard``, tensor parallel) and whose strategy
 does not implement the protocol are saved with ``DCPCheckpointing``: each process writes its own
@@ -20,19 +21,16 @@ import os
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
+from accel_core.checkpointing import MODELS, OPTIMIZERS, SCHEDULERS, CheckpointIO, ShardedCheckpointing
+from accel_core.optimizer import unwrap_optimizer
 from accel_core.optimizer_rebuild import optimizer_owner
 from accel_core.pipelining import PipelinedModel
-from accel_core.strategies.base import ShardedCheckpointing
 
-from .access import listed, raw_optimizer
+from .access import listed
 
 if TYPE_CHECKING:
     from accel_core.protocols import CheckpointAccelerator
     from accel_core.strategies import PreparedObjects
-
-MODELS = "models"
-OPTIMIZERS = "optimizers"
-SCHEDULERS = "schedulers"
 
 
 def _has_dtensor(model: Any) -> bool:
@@ -63,7 +61,7 @@ def _options(prepared: PreparedObjects) -> Any:
     return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def find_sharded(accelerator: CheckpointAccelerator) -> tuple[Any, str] | None:
+def find_sharded(accelerator: CheckpointAccelerator) -> tuple[ShardedCheckpointing, str] | None:
     """The implementation to use and its name, or None for a plain (full state dict) checkpoint."""
     strategy = accelerator.strategy
     if any(isinstance(m, PipelinedModel) for m in listed(accelerator, "_models")):
@@ -85,7 +83,11 @@ class DCPCheckpointing:
     so that the stages' groups do not collide): together they are the whole model's.
     """
 
-    def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> Collection[str]:
+    def save_sharded(
+        self, prepared: PreparedObjects, folder: str, *, io: CheckpointIO | None = None, **kwargs: Any
+    ) -> Collection[str]:
+        """Collective. ``io`` is not needed to write (DCP writes its own files); a strategy delegating here may
+        leave it out."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             get_model_state_dict,
@@ -97,15 +99,22 @@ class DCPCheckpointing:
         for i, model in enumerate(models):
             dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(folder, f"model_{i}"))
         for i, wrapped in enumerate(prepared.optimizers):
-            optimizer = raw_optimizer(wrapped)
+            optimizer = unwrap_optimizer(wrapped)
             state = get_optimizer_state_dict(optimizer_owner(optimizer, models), optimizer, options=options)
             dcp.save({"optimizer": state}, checkpoint_id=os.path.join(folder, f"optimizer_{i}"))
         return (MODELS, OPTIMIZERS)
 
     def load_sharded(
-        self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any
+        self,
+        prepared: PreparedObjects,
+        folder: str,
+        *,
+        io: CheckpointIO | None = None,
+        allow_unsafe_pickle: bool | None = None,
+        **kwargs: Any,
     ) -> None:
-        import torch.distributed.checkpoint as dcp
+        """Collective. Without ``io`` (a strategy delegating here that leaves it out), the folder is read with
+        this package's safe loading under ``allow_unsafe_pickle``."""
         from torch.distributed.checkpoint.state_dict import (
             get_model_state_dict,
             get_optimizer_state_dict,
@@ -113,7 +122,11 @@ class DCPCheckpointing:
             set_optimizer_state_dict,
         )
 
-        from .dcp_safe import SafeFileSystemReader, SafeLoadPlanner
+        if io is None:
+            from .checkpoint_io import SafeCheckpointIO
+            from .coordination import Coordinator
+
+            io = SafeCheckpointIO(Coordinator(), allow_unsafe_pickle)
 
         def read(state: dict[str, Any], path: str) -> None:
             if not os.path.isdir(path):
@@ -122,11 +135,7 @@ class DCPCheckpointing:
                 raise CheckpointMismatchError(
                     f"{path} is missing: the checkpoint holds fewer sharded objects than were prepared."
                 )
-            dcp.load(
-                state,
-                storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle),
-                planner=SafeLoadPlanner(allow_unsafe_pickle),
-            )
+            io.load_dcp(state, path)
 
         models = [dcp_module(m) for m in prepared.models]
         options = _options(prepared)
@@ -135,7 +144,7 @@ class DCPCheckpointing:
             read(state, os.path.join(folder, f"model_{i}"))
             set_model_state_dict(model, state["model"])
         for i, wrapped in enumerate(prepared.optimizers):
-            optimizer = raw_optimizer(wrapped)
+            optimizer = unwrap_optimizer(wrapped)
             owner = optimizer_owner(optimizer, models)
             state = {"optimizer": get_optimizer_state_dict(owner, optimizer, options=options)}
             read(state, os.path.join(folder, f"optimizer_{i}"))

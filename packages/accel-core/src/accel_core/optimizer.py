@@ -143,3 +143,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"
+
+
+def unwrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The user's optimizer inside an ``AcceleratedOptimizer`` (a backend's subclass included); any other as it is.
+
+    Both have the same ``state_dict``; ``torch.distributed.checkpoint``'s optimizer functions need the user's
+    one, whose ``param_groups`` hold the model's (sharded) parameters.
+    """
+    return optimizer.optimizer if isinstance(optimizer, AcceleratedOptimizer) else optimizer

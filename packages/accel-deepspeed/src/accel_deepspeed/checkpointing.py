@@ -1,7 +1,7 @@
 """``save_state`` / ``load_state`` under DeepSpeed: the engine's own checkpoint inside accel-checkpoint's folder.
 
-accel-checkpoint calls ``save_sharded`` with the checkpoint's ``sharded/`` folder (see
-``accel_checkpoint.sharded.ShardedCheckpointing``) and writes everything else around it (RNG,
+accel-checkpoint calls ``save_sharded`` with the checkpoint's ``sharded/`` folder and a ``CheckpointIO`` (see
+``accel_core.checkpointing``) and writes everything else around it (RNG,
 dataloader positions, torch schedulers, custom objects, metadata, the completion marker). Layout::
 
     <checkpoint>/sharded/model_<i>/...       engine.save_checkpoint(tag="model_<i>"): weights, ZeRO
@@ -15,7 +15,8 @@ dataloader positions, torch schedulers, custom objects, metadata, the completion
 
 DeepSpeed writes its files with pickle and reads them with full unpickling. Before loading, every
 file is checked to import nothing but plain data and DeepSpeed's own checkpoint classes (listed
-below); anything else is refused unless ``allow_unsafe_pickle`` (accel-checkpoint's opt-in) is given.
+below); anything else is refused unless the user opted in (``io.allow_unsafe_pickle``: ``load_state``'s
+``allow_unsafe_pickle`` or ``ACCEL_ALLOW_UNSAFE_PICKLE=1``).
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from accel_core.checkpointing import MODELS, OPTIMIZERS, SCHEDULERS, CheckpointMismatchError, UnsafeCheckpointError
+
 if TYPE_CHECKING:
+    from accel_core.checkpointing import CheckpointIO
     from accel_core.strategies import PreparedObjects
 
     from .strategy import DeepSpeedStrategy
-
-MODELS, OPTIMIZERS, SCHEDULERS = "models", "optimizers", "schedulers"
 
 # Globals that DeepSpeed 0.16-0.19 checkpoints reference beyond torch's weights-only set: its
 # own plain data classes and enums (no code runs when they are rebuilt).
@@ -71,16 +73,8 @@ def save_sharded(strategy: DeepSpeedStrategy, prepared: PreparedObjects, folder:
     return covered
 
 
-def load_sharded(
-    strategy: DeepSpeedStrategy,
-    prepared: PreparedObjects,
-    folder: str,
-    allow_unsafe_pickle: bool | None = None,
-    **kwargs: Any,
-) -> None:
+def load_sharded(strategy: DeepSpeedStrategy, prepared: PreparedObjects, folder: str, io: CheckpointIO) -> None:
     """Collective. Restores what ``save_sharded`` wrote into the prepared engine and frozen models."""
-    from accel_checkpoint.errors import CheckpointMismatchError
-
     for index, model in enumerate(prepared.models):
         if model is strategy.engine:
             path = os.path.join(folder, _tag(index))
@@ -89,10 +83,8 @@ def load_sharded(
                     f"{path} is missing: the checkpoint has no DeepSpeed engine at position {index}. Prepare the same "
                     "models, in the same order, as in the run that saved it."
                 )
-            check_pickles(path, allow_unsafe_pickle)
-            loaded = _load_engine(
-                strategy.context.state.is_local_main_process, model, folder, _tag(index), allow_unsafe_pickle
-            )
+            check_pickles(path, io.allow_unsafe_pickle)
+            loaded = _load_engine(strategy.context.state.is_local_main_process, model, folder, _tag(index), io)
             if loaded is None:
                 raise CheckpointMismatchError(f"DeepSpeed could not load its checkpoint from {path}.")
         else:
@@ -104,9 +96,7 @@ def load_sharded(
             model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
-def _load_engine(
-    is_local_main_process: bool, engine: Any, folder: str, tag: str, allow_unsafe_pickle: bool | None
-) -> Any:
+def _load_engine(is_local_main_process: bool, engine: Any, folder: str, tag: str, io: CheckpointIO) -> Any:
     """engine.load_checkpoint; through a universal checkpoint when another number of processes saved it."""
     from .resharding import current_process_count, loading_universal, saved_process_count, universal_checkpoint
 
@@ -114,19 +104,17 @@ def _load_engine(
     if saved is None or saved == current_process_count(engine):
         loaded, _ = engine.load_checkpoint(folder, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
         return loaded
-    root = universal_checkpoint(is_local_main_process, engine, folder, tag, saved)
-    check_pickles(os.path.join(root, tag), allow_unsafe_pickle)
+    root = universal_checkpoint(is_local_main_process, engine, folder, tag, saved, io)
+    check_pickles(os.path.join(root, tag), io.allow_unsafe_pickle)
     with loading_universal(engine):
         loaded, _ = engine.load_checkpoint(root, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
     return loaded
 
 
-def check_pickles(path: str, allow_unsafe_pickle: bool | None) -> None:
-    """Refuses DeepSpeed checkpoint files that would import anything outside ``DEEPSPEED_CHECKPOINT_GLOBALS``."""
-    from accel_checkpoint.errors import UnsafeCheckpointError
-    from accel_checkpoint.safe_load import unsafe_pickle_allowed
-
-    if unsafe_pickle_allowed(allow_unsafe_pickle):
+def check_pickles(path: str, unsafe_allowed: bool) -> None:
+    """Refuses DeepSpeed checkpoint files that would import anything outside ``DEEPSPEED_CHECKPOINT_GLOBALS``,
+    unless ``unsafe_allowed`` (the user's opt-in, ``CheckpointIO.allow_unsafe_pickle``)."""
+    if unsafe_allowed:
         return
     finder = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
     if finder is None:  # torch < 2.5 cannot inspect a file without loading it

@@ -24,8 +24,14 @@ import contextlib
 import glob
 import io
 import os
+import shutil
 from argparse import Namespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from accel_core.checkpointing import CheckpointMismatchError
+
+if TYPE_CHECKING:
+    from accel_core.checkpointing import CheckpointIO
 
 UNIVERSAL_DIR = "universal"
 # One file per data-parallel process, written by every ZeRO stage and by bf16's optimizer (``bf16_`` prefix).
@@ -42,11 +48,13 @@ def current_process_count(engine: Any) -> int:
     return int(getattr(engine, "seq_dp_world_size", engine.dp_world_size))
 
 
-def universal_checkpoint(is_local_main_process: bool, engine: Any, folder: str, tag: str, saved: int) -> str:
-    """Collective. The universal checkpoint of ``folder/tag`` (converted when missing): its root folder."""
-    from accel_checkpoint.coordination import Coordinator
-    from accel_checkpoint.errors import CheckpointMismatchError
+def universal_checkpoint(
+    is_local_main_process: bool, engine: Any, folder: str, tag: str, saved: int, checkpoint_io: CheckpointIO
+) -> str:
+    """Collective. The universal checkpoint of ``folder/tag`` (converted when missing): its root folder.
 
+    ``checkpoint_io``: what accel-checkpoint handed ``load_sharded`` (its processes' agreement, hidden folders).
+    """
     now = current_process_count(engine)
     if engine.zero_nvme_offload_optimizer():
         # NVMe offload keeps each process's optimizer state in per-rank swap files, outside the ZeRO files.
@@ -57,13 +65,14 @@ def universal_checkpoint(is_local_main_process: bool, engine: Any, folder: str, 
         )
     root = os.path.join(folder, UNIVERSAL_DIR)
     target = os.path.join(root, tag)
-    coord = Coordinator()
+    coord = checkpoint_io.coordinator
     error: BaseException | None = None
     if coord.rank == 0 and not os.path.isdir(target):
-        error = _convert_guarded(os.path.join(folder, tag), root, tag, saved, now)
+        error = _convert_guarded(os.path.join(folder, tag), root, tag, saved, now, checkpoint_io)
     coord.agree(error, "converting the DeepSpeed checkpoint to a universal checkpoint")
     if is_local_main_process and not os.path.isdir(target):
-        error = _convert_guarded(os.path.join(folder, tag), root, tag, saved, now)  # this machine has its own copy
+        # this machine has its own copy
+        error = _convert_guarded(os.path.join(folder, tag), root, tag, saved, now, checkpoint_io)
     coord.agree(error, "converting the DeepSpeed checkpoint to a universal checkpoint on every machine")
     if not os.path.isdir(target):
         error = CheckpointMismatchError(f"{target} is not visible on this process after its conversion.")
@@ -71,11 +80,11 @@ def universal_checkpoint(is_local_main_process: bool, engine: Any, folder: str, 
     return root
 
 
-def _convert_guarded(source: str, root: str, tag: str, saved: int, now: int) -> BaseException | None:
-    from accel_checkpoint.errors import CheckpointMismatchError
-
+def _convert_guarded(
+    source: str, root: str, tag: str, saved: int, now: int, checkpoint_io: CheckpointIO
+) -> BaseException | None:
     try:
-        _convert(source, root, tag)
+        _convert(source, root, tag, checkpoint_io.partial_path(os.path.join(root, tag)))
     except Exception as caught:  # noqa: BLE001 - reported on every process by agree()
         error = CheckpointMismatchError(
             f"{source} was saved by {saved} processes and {now} run now; converting it to a DeepSpeed universal "
@@ -88,15 +97,12 @@ def _convert_guarded(source: str, root: str, tag: str, saved: int, now: int) -> 
     return None
 
 
-def _convert(source: str, root: str, tag: str) -> None:
-    """ds_to_universal into a hidden folder, then renamed to ``root/tag`` (a concurrent conversion may win)."""
+def _convert(source: str, root: str, tag: str, partial: str) -> None:
+    """ds_to_universal into the hidden folder ``partial``, then renamed to ``root/tag`` (a concurrent conversion may
+    win)."""
     from deepspeed.checkpoint import ds_to_universal
 
-    from accel_checkpoint.fsio import remove_tree, token
-    from accel_checkpoint.layout import partial_path
-
     os.makedirs(root, exist_ok=True)
-    partial = partial_path(os.path.join(root, tag), token())
     args = Namespace(
         input_folder=source,
         output_folder=os.path.join(partial, tag),
@@ -119,7 +125,7 @@ def _convert(source: str, root: str, tag: str) -> None:
     except Exception as error:
         raise RuntimeError(f"{error} (ds_to_universal's output: {output.getvalue()[-2000:]})") from error
     finally:
-        remove_tree(partial)
+        shutil.rmtree(partial, ignore_errors=True)  # gone already when another process removed it
 
 
 @contextlib.contextmanager

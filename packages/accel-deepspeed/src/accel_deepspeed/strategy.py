@@ -49,6 +49,8 @@ from .plugin import DeepSpeedPlugin
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
+    from accel_core.checkpointing import CheckpointIO
+
 logger = logging.getLogger(__name__)
 
 
@@ -246,18 +248,26 @@ class DeepSpeedStrategy(Strategy):
             return dict(state_dict) if state_dict is not None else {}
         return _engine_module(model).state_dict()
 
-    def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> Any:
+    def save_sharded(self, prepared: PreparedObjects, folder: str, *, io: CheckpointIO, **kwargs: Any) -> Any:
         """``ShardedCheckpointing``: the engine's ``save_checkpoint`` (frozen models as plain files). Collective."""
         from .checkpointing import save_sharded
 
         return save_sharded(self, prepared, folder, **kwargs)
 
-    def load_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> None:
-        """Restores what ``save_sharded`` wrote (through a universal checkpoint for another process count).
-        Collective."""
+    def load_sharded(
+        self,
+        prepared: PreparedObjects,
+        folder: str,
+        *,
+        io: CheckpointIO,
+        allow_unsafe_pickle: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Restores what ``save_sharded`` wrote (through a universal checkpoint for another process count), reading
+        through ``io`` (its ``allow_unsafe_pickle`` is the resolved opt-in). Collective."""
         from .checkpointing import load_sharded
 
-        load_sharded(self, prepared, folder, **kwargs)
+        load_sharded(self, prepared, folder, io)
 
     # -- ZeRO-3 -----------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""Sharded checkpoints for accel-checkpoint's ``ShardedCheckpointing`` protocol, and full state dicts.
+"""Sharded checkpoints for the ``ShardedCheckpointing`` protocol (``accel_core.checkpointing``), and full state dicts.
 
 Layout inside the folder accel-checkpoint hands over (the same as its DCP default, so
 ``merge_sharded_checkpoint`` reads it):
@@ -10,7 +10,8 @@ Layout inside the folder accel-checkpoint hands over (the same as its DCP defaul
   parameter name); the models are written by accel-checkpoint as safetensors from the gathered
   ``model_state_dict``.
 
-Loading looks at what the folder holds, not at the current plugin, so either kind loads.
+Loading looks at what the folder holds, not at the current plugin, so either kind loads. Files are read through
+the ``CheckpointIO`` accel-checkpoint hands over (DCP folders and ``torch.save`` files without unpickling code).
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from accel_checkpoint.access import raw_optimizer
+from accel_core.checkpointing import MODELS, OPTIMIZERS, CheckpointMismatchError
+from accel_core.optimizer import unwrap_optimizer
 from accel_core.optimizer_rebuild import optimizer_owner
 
 if TYPE_CHECKING:
+    from accel_core.checkpointing import CheckpointIO
     from accel_core.strategies import PreparedObjects
-
-MODELS = "models"
-OPTIMIZERS = "optimizers"
 
 
 def full_options(**extra: Any) -> Any:
@@ -74,7 +74,7 @@ def save(prepared: PreparedObjects, folder: str, state_dict_type: str, is_main_p
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     models = _resharded(prepared.models)
-    optimizers = [raw_optimizer(o) for o in prepared.optimizers]
+    optimizers = [unwrap_optimizer(o) for o in prepared.optimizers]
     if state_dict_type == "FULL_STATE_DICT":
         for i, optimizer in enumerate(optimizers):
             state = get_optimizer_state_dict(optimizer_owner(optimizer, models), optimizer, options=full_options())
@@ -91,33 +91,20 @@ def save(prepared: PreparedObjects, folder: str, state_dict_type: str, is_main_p
 
 
 def _missing(path: str) -> Exception:
-    from accel_checkpoint.errors import CheckpointMismatchError
-
     return CheckpointMismatchError(
         f"{path} is missing: the checkpoint holds fewer models or optimizers than were prepared. Prepare the same "
         "objects, in the same order, as the run that saved it."
     )
 
 
-def load(prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None) -> None:
-    """Restores what ``save`` wrote, on any number of processes (DCP reshards). Collective."""
-    import torch.distributed.checkpoint as dcp
+def load(prepared: PreparedObjects, folder: str, io: CheckpointIO) -> None:
+    """Restores what ``save`` wrote, on any number of processes (DCP reshards), reading through ``io``. Collective."""
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
         set_model_state_dict,
         set_optimizer_state_dict,
     )
-
-    from accel_checkpoint.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
-    from accel_checkpoint.safe_load import load_torch_file
-
-    def read_dcp(state: dict[str, Any], path: str) -> None:
-        dcp.load(
-            state,
-            storage_reader=SafeFileSystemReader(path, allow_unsafe_pickle),
-            planner=SafeLoadPlanner(allow_unsafe_pickle),
-        )
 
     models = _resharded(prepared.models)
     # FULL_STATE_DICT checkpoints have no model folders: accel-checkpoint loads their model files.
@@ -127,20 +114,20 @@ def load(prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | Non
             if not os.path.isdir(path):
                 raise _missing(path)
             state = {"model": get_model_state_dict(model)}
-            read_dcp(state, path)
+            io.load_dcp(state, path)
             set_model_state_dict(model, state["model"])
     for i, wrapped in enumerate(prepared.optimizers):
-        optimizer = raw_optimizer(wrapped)
+        optimizer = unwrap_optimizer(wrapped)
         owner = optimizer_owner(optimizer, models)
         sharded, full = os.path.join(folder, f"optimizer_{i}"), os.path.join(folder, f"optimizer_{i}.bin")
         if os.path.isdir(sharded):
             state = {"optimizer": get_optimizer_state_dict(owner, optimizer)}
-            read_dcp(state, sharded)
+            io.load_dcp(state, sharded)
             set_optimizer_state_dict(owner, optimizer, state["optimizer"])
         elif os.path.isfile(full):
             from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-            state = load_torch_file(full, allow_unsafe_pickle)
+            state = io.load_torch_file(full)
             set_optimizer_state_dict(owner, optimizer, state, options=StateDictOptions(full_state_dict=True))
         else:
             raise _missing(sharded)

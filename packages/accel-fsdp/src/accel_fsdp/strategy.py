@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from accel_core.checkpointing import CheckpointIO
 from accel_core.enums import DistributedType
 from accel_core.grads import clip_grad_norm_
 from accel_core.parallel.config import SIZE_FIELDS, ParallelismConfig, resolve_parallelism
@@ -238,15 +239,23 @@ class FSDPStrategy(Strategy):
         return ShardedGradScaler(device.type, **kwargs)
 
     # -- ShardedCheckpointing -----------------------------------------------------------------
-    def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> Collection[str]:
+    def save_sharded(
+        self, prepared: PreparedObjects, folder: str, *, io: CheckpointIO, **kwargs: Any
+    ) -> Collection[str]:
         """Writes models and optimizers (DCP shards, or gathered for FULL_STATE_DICT). Collective."""
         return checkpointing.save(prepared, folder, self.plugin.state_dict_type, self.context.state.is_main_process)
 
     def load_sharded(
-        self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any
+        self,
+        prepared: PreparedObjects,
+        folder: str,
+        *,
+        io: CheckpointIO,
+        allow_unsafe_pickle: bool | None = None,
+        **kwargs: Any,
     ) -> None:
         """Restores what ``save_sharded`` wrote, resharding to the current layout (DCP). Collective."""
-        checkpointing.load(prepared, folder, allow_unsafe_pickle)
+        checkpointing.load(prepared, folder, io)
 
     def __repr__(self) -> str:
         return f"FSDPStrategy(version={self.fsdp_version}, sharding={self.plugin.sharding_strategy})"

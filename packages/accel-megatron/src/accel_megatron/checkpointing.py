@@ -1,7 +1,7 @@
 """``save_state`` / ``load_state`` under Megatron TP + DP: one file set per TP shard, inside accel-checkpoint's folder.
 
-accel-checkpoint calls ``save_sharded`` with the checkpoint's ``sharded/`` folder (see
-``accel_checkpoint.sharded.ShardedCheckpointing``) and writes everything else around it (process
+accel-checkpoint calls ``save_sharded`` with the checkpoint's ``sharded/`` folder and a ``CheckpointIO`` (see
+``accel_core.checkpointing``) and writes everything else around it (process
 RNG, dataloader positions, schedulers, custom objects, metadata, the completion marker). Layout::
 
     sharded/megatron.json                 {"tp_degree", "pp_degree", "vp_degree", "dp_degree", "models", "optimizers"}
@@ -13,7 +13,8 @@ RNG, dataloader positions, schedulers, custom objects, metadata, the completion 
 Data-parallel replicas hold the same shard, so only DP rank 0 of each TP (x PP) rank writes; on load
 every process reads its shard's files, so the number of DP replicas may change. The TP, PP and
 virtual-stage degrees may not: another degree is a ``CheckpointMismatchError``. Files are read with
-accel-checkpoint's safe loader.
+accel-checkpoint's safe loader (``io.load_torch_file``), and a failure on one process raises on all of them
+(``io.coordinator.agree``).
 """
 
 from __future__ import annotations
@@ -26,17 +27,17 @@ from typing import TYPE_CHECKING
 import torch
 from megatron.core import parallel_state
 
-from accel_checkpoint.access import raw_optimizer
-from accel_checkpoint.fsio import write_json
+from accel_core.checkpointing import MODELS, OPTIMIZERS, CheckpointMismatchError
+from accel_core.optimizer import unwrap_optimizer
 
 from . import rng
 
 if TYPE_CHECKING:
+    from accel_core.checkpointing import CheckpointIO
     from accel_core.strategies import PreparedObjects
 
     from .strategy import MegatronStrategy
 
-MODELS, OPTIMIZERS = "models", "optimizers"
 METADATA = "megatron.json"
 
 
@@ -48,26 +49,27 @@ def _shard_folder(folder: str) -> str:
     return os.path.join(folder, name)
 
 
-def _on_every_process(what: str, work: Callable[[], None]) -> None:
+def _on_every_process(io: CheckpointIO, what: str, work: Callable[[], None]) -> None:
     """Runs ``work``; if it fails on any process, every process raises (none is left waiting in a collective)."""
-    from accel_checkpoint.coordination import Coordinator
-
-    coordinator = Coordinator()
     error: BaseException | None = None
     try:
         work()
     except Exception as caught:  # noqa: BLE001 - raised on every process by agree()
         error = caught
-    coordinator.agree(error, what)
+    io.coordinator.agree(error, what)
 
 
-def save_sharded(strategy: MegatronStrategy, prepared: PreparedObjects, folder: str) -> tuple[str, ...]:
+def save_sharded(
+    strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, io: CheckpointIO
+) -> tuple[str, ...]:
     """Collective. Returns the categories covered."""
-    _on_every_process(f"saving the Megatron shards in {folder}", lambda: _save_shard(strategy, prepared, folder))
+    _on_every_process(
+        io, f"saving the Megatron shards in {folder}", lambda: _save_shard(strategy, prepared, folder, io)
+    )
     return (MODELS, OPTIMIZERS)
 
 
-def _save_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: str) -> None:
+def _save_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, io: CheckpointIO) -> None:
     models, optimizers = list(prepared.models), list(prepared.optimizers)
     if strategy.context.state.process_index == 0:
         os.makedirs(folder, exist_ok=True)
@@ -79,32 +81,25 @@ def _save_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: s
             "models": len(models),
             "optimizers": len(optimizers),
         }
-        write_json(os.path.join(folder, METADATA), metadata)
+        io.write_json(os.path.join(folder, METADATA), metadata)
     if parallel_state.get_data_parallel_rank() == 0:
         shard = _shard_folder(folder)
         os.makedirs(shard, exist_ok=True)
         for i, model in enumerate(models):
             torch.save(strategy.unwrap_model(model).state_dict(), os.path.join(shard, f"model_{i}.pt"))
         for i, optimizer in enumerate(optimizers):
-            torch.save(raw_optimizer(optimizer).state_dict(), os.path.join(shard, f"optimizer_{i}.pt"))
+            torch.save(unwrap_optimizer(optimizer).state_dict(), os.path.join(shard, f"optimizer_{i}.pt"))
         torch.save(rng.tracker_states(), os.path.join(shard, "rng_tracker.pt"))
 
 
-def load_sharded(
-    strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None
-) -> None:
+def load_sharded(strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, io: CheckpointIO) -> None:
     """Collective: restores this process's TP shard."""
     _on_every_process(
-        f"loading the Megatron shards in {folder}", lambda: _load_shard(strategy, prepared, folder, allow_unsafe_pickle)
+        io, f"loading the Megatron shards in {folder}", lambda: _load_shard(strategy, prepared, folder, io)
     )
 
 
-def _load_shard(
-    strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None
-) -> None:
-    from accel_checkpoint.errors import CheckpointMismatchError
-    from accel_checkpoint.safe_load import load_torch_file
-
+def _load_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, io: CheckpointIO) -> None:
     path = os.path.join(folder, METADATA)
     if not os.path.isfile(path):
         raise CheckpointMismatchError(f"{path} is missing: this checkpoint was not written by the megatron strategy.")
@@ -131,11 +126,7 @@ def _load_shard(
         )
     shard = _shard_folder(folder)
     for i, model in enumerate(models):
-        strategy.unwrap_model(model).load_state_dict(
-            load_torch_file(os.path.join(shard, f"model_{i}.pt"), allow_unsafe_pickle)
-        )
+        strategy.unwrap_model(model).load_state_dict(io.load_torch_file(os.path.join(shard, f"model_{i}.pt")))
     for i, optimizer in enumerate(optimizers):
-        raw_optimizer(optimizer).load_state_dict(
-            load_torch_file(os.path.join(shard, f"optimizer_{i}.pt"), allow_unsafe_pickle)
-        )
-    rng.set_tracker_states(load_torch_file(os.path.join(shard, "rng_tracker.pt"), allow_unsafe_pickle))
+        unwrap_optimizer(optimizer).load_state_dict(io.load_torch_file(os.path.join(shard, f"optimizer_{i}.pt")))
+    rng.set_tracker_states(io.load_torch_file(os.path.join(shard, "rng_tracker.pt")))

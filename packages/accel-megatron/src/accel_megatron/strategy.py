@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from accel_core.checkpointing import CheckpointIO
 from accel_core.configuration import DistributedDataParallelKwargs
 from accel_core.enums import DistributedType
 from accel_core.parallel.config import (
@@ -321,19 +322,27 @@ class MegatronStrategy(Strategy):
             return model.load_full_state_dict(state_dict)
         return load_full_state_dict(self.unwrap_model(model), state_dict)
 
-    def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> tuple[str, ...]:
+    def save_sharded(
+        self, prepared: PreparedObjects, folder: str, *, io: CheckpointIO, **kwargs: Any
+    ) -> tuple[str, ...]:
         """``ShardedCheckpointing``: each TP shard written once (by DP rank 0). Collective."""
         from .checkpointing import save_sharded
 
-        return save_sharded(self, prepared, folder)
+        return save_sharded(self, prepared, folder, io)
 
     def load_sharded(
-        self, prepared: PreparedObjects, folder: str, allow_unsafe_pickle: bool | None = None, **kwargs: Any
+        self,
+        prepared: PreparedObjects,
+        folder: str,
+        *,
+        io: CheckpointIO,
+        allow_unsafe_pickle: bool | None = None,
+        **kwargs: Any,
     ) -> None:
         """Restores what ``save_sharded`` wrote; another ``tp_degree`` is a ``CheckpointMismatchError``. Collective."""
         from .checkpointing import load_sharded
 
-        load_sharded(self, prepared, folder, allow_unsafe_pickle)
+        load_sharded(self, prepared, folder, io)
 
     def __repr__(self) -> str:
         plugin = self.plugin

@@ -49,6 +49,8 @@ from .spmd import SpmdMesh, check_one_process, process_layout, resolve_spmd_layo
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+    from accel_core.checkpointing import CheckpointIO
+
 DOWNCAST_BF16 = "ACCEL_XLA_DOWNCAST_BF16"
 """Set by ``accel launch --downcast-bf16`` (Accelerate's ``ACCELERATE_DOWNCAST_BF16`` is read too)."""
 DEVICE = "ACCEL_XLA_DEVICE"
@@ -273,10 +275,12 @@ class XlaStrategy(Strategy):
         self.mark_step()
         return _tree_to_cpu(self.unwrap_model(model).state_dict())
 
-    def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> Collection[str]:
+    def save_sharded(
+        self, prepared: PreparedObjects, folder: str, *, io: CheckpointIO, **kwargs: Any
+    ) -> Collection[str]:
         """Writes ``model_<i>.bin`` and ``optimizer_<i>.bin`` into ``folder`` with ``xm.save`` (CPU copies, by the
         master ordinal of the whole job; whole tensors under SPMD), after running the pending step, and each
-        process's XLA RNG seed."""
+        process's XLA RNG seed. ``io`` (accel-checkpoint's services) is not needed: torch-xla writes the files."""
         if kwargs:
             raise TypeError(f"save_state: the xla strategy takes no save options, got {sorted(kwargs)}.")
         self.mark_step()
@@ -294,14 +298,22 @@ class XlaStrategy(Strategy):
             json.dump({"seed": int(xm.get_rng_state(self.context.device))}, handle)
         return {"models", "optimizers"}
 
-    def load_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> None:
+    def load_sharded(
+        self,
+        prepared: PreparedObjects,
+        folder: str,
+        *,
+        io: CheckpointIO,
+        allow_unsafe_pickle: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
         """Loads what ``save_sharded`` wrote: weights into the models, state into the optimizers (onto the device,
         sharded again under SPMD), and this process's XLA RNG seed (when the checkpoint has it).
 
         allow_unsafe_pickle: read the files with full pickle (``load_state(..., allow_unsafe_pickle=True)``);
             by default only tensors and plain values load.
         """
-        safe = not kwargs.get("allow_unsafe_pickle", False)
+        safe = not allow_unsafe_pickle
         for i, model in enumerate(prepared.models):
             state = torch.load(os.path.join(folder, f"model_{i}.bin"), map_location="cpu", weights_only=safe)
             self.unwrap_model(model).load_state_dict(state)

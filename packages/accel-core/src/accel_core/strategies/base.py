@@ -18,7 +18,8 @@ with ``isinstance``, never a backend's name:
 - ``ConvertsOwnTypes``: in a separate (not joint) preparation, such an object is first turned into
   the torch object that stands for it (Megatron's dummy scheduler into an LR scheduler).
 - ``ShardedCheckpointing``: the backend saves and loads its (sharded) models and optimizers itself
-  (accel-checkpoint writes everything else around them).
+  (accel-checkpoint writes everything else around them, and hands it a ``CheckpointIO``); declared with the
+  rest of the checkpoint contract in ``accel_core.checkpointing`` and re-exported here.
 - ``PlacesProcess``: the backend's runtime, not torchrun's environment, says which process this is,
   on which device, and moves tensors between processes (XLA's PJRT; ``accel_core.placement``).
 - ``ReducesGradients``: the gradients are reduced across processes right before the optimizer
@@ -32,15 +33,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from ..checkpointing.contract import ShardedCheckpointing as ShardedCheckpointing  # re-exported: declared there
 from ..enums import DistributedType
 from ..install_hints import accel_extra
 from ..parallel.config import ParallelismConfig, resolve_parallelism
-from .context import JointResult, PreparedObjects, StrategyContext
+from .context import JointResult, StrategyContext
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -312,17 +314,3 @@ class ConvertsOwnTypes(Protocol):
     prepares like the user's own."""
 
     def convert_object(self, obj: Any) -> Any: ...
-
-
-@runtime_checkable
-class ShardedCheckpointing(Protocol):
-    """The strategy saves its (sharded) models / optimizers itself; accel-checkpoint writes the rest around them.
-
-    ``save_sharded`` is called on every process with an empty folder inside the checkpoint being
-    written and returns what it covered: a subset of ``{"models", "optimizers", "schedulers"}``.
-    ``load_sharded`` gets the same folder back. Both are collective.
-    """
-
-    def save_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> Collection[str]: ...
-
-    def load_sharded(self, prepared: PreparedObjects, folder: str, **kwargs: Any) -> None: ...
