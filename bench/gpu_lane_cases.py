@@ -190,7 +190,7 @@ def megatron_pp_bf16() -> str:
     )
     model = accelerator.prepare(net())
     if DRY:  # what bf16 sets up on GPUs, by hand
-        from accel_core.precision import AutocastPrecision
+        from accel_core.precision.modes import AutocastPrecision
 
         for stage in model.stage_modules:
             AutocastPrecision("bf16", "cpu").wrap_forward(stage)

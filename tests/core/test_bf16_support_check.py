@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accel_core.precision import AutocastPrecision
-from accel_core.precision_choice import choose_precision, cuda_computes_bf16
+from accel_core.precision.choice import cuda_computes_bf16
+from accel_core.precision.modes import AutocastPrecision, PrecisionContext
 from accel_core.strategies import create_strategy
 
 
@@ -26,10 +26,10 @@ def test_an_emulating_gpu_is_refused_with_fp16_named(monkeypatch: pytest.MonkeyP
     assert torch.cuda.is_bf16_supported()  # torch's default answer: yes, by emulation
     assert not cuda_computes_bf16()
     with pytest.raises(ValueError, match=r"only emulates it.*mixed_precision='fp16'"):
-        choose_precision("bf16", create_strategy("ddp"), torch.device("cuda", 0), {}, True)
+        create_strategy("ddp").make_precision("bf16", PrecisionContext(torch.device("cuda", 0)))
 
 
 def test_a_native_bf16_gpu_gets_bf16_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
     _gpu(monkeypatch, native_bf16=True)
-    precision = choose_precision("bf16", create_strategy("ddp"), torch.device("cuda", 0), {}, True)
+    precision = create_strategy("ddp").make_precision("bf16", PrecisionContext(torch.device("cuda", 0)))
     assert isinstance(precision, AutocastPrecision) and precision.dtype == torch.bfloat16

@@ -267,7 +267,7 @@ def test_meta_device_models_are_initialised_or_refused_by_name() -> None:
 
 
 def test_precision_objects_give_fsdp_its_policy() -> None:
-    from accel_core.precision import AutocastPrecision, Precision
+    from accel_core.precision.modes import AutocastPrecision, Precision
 
     assert Precision().mixed_precision_policy().param_dtype is None
     policy = AutocastPrecision("bf16", "cpu").mixed_precision_policy()

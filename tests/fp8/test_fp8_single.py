@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from accel_core.enums import FP8BackendType
-from accel_core.fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, fp8_backend_of
+from accel_core.precision.fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, fp8_backend_of
 
 pytest.importorskip("torchao")
 
@@ -36,7 +36,7 @@ def test_fallback_decision_follows_compute_capability():
 
 def test_old_gpu_falls_back_to_fp16_with_a_warning(monkeypatch, caplog):
     # The decision and the fallback path of the factory, on a CPU machine: the GPU's capability is what is given.
-    from accel_core.precision import Precision, PrecisionContext
+    from accel_core.precision.modes import Precision, PrecisionContext
     from accel_fp8 import factory
 
     monkeypatch.setattr(factory, "device_capability", lambda device: (8, 0))
@@ -168,7 +168,7 @@ def test_recipe_without_fp8_and_te_on_cpu_fail_clearly():
 def test_transformer_engine_path_fails_clearly_without_te_or_gpu(monkeypatch):
     # The Transformer-Engine path needs CUDA and transformer_engine; here (CPU, no TE) every way in says what to do.
     from accel import Accelerator
-    from accel_core.fp8_recipes import TERecipeKwargs
+    from accel_core.precision.fp8_recipes import TERecipeKwargs
 
     te_installed = True
     try:

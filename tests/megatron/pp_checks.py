@@ -189,7 +189,7 @@ def expect_bf16_activations(reference) -> None:
     autocast around each stage, bf16 as the pipeline dtype; the model has no TP layer."""
     from megatron.core import parallel_state
 
-    from accel_core.precision import AutocastPrecision
+    from accel_core.precision.modes import AutocastPrecision
 
     initial, losses, _ = reference
     accelerator = Accelerator(megatron_lm_plugin=MegatronLMPlugin(pp_degree=2, num_micro_batches=4))

@@ -20,6 +20,7 @@ from accel.commands.launch import build_parser
 from accel_core import ops
 from accel_core.parallel.config import ParallelismConfig
 from accel_core.placement import ProcessPlacement
+from accel_core.precision.modes import PrecisionContext
 from accel_core.state import PartialState
 from accel_core.strategies import resolve_strategy_plan
 from accel_launch.extensions import load_extensions
@@ -102,11 +103,12 @@ def test_layout_and_precision_refusals() -> None:
     # SPMD is one process driving every device: refused for several, before the runtime starts.
     with pytest.raises(ValueError, match="one process driving every device, but 2 processes"):
         strategy.parallelism(ParallelismConfig(dp_shard_size=2), 2, 2)
-    assert strategy.resolve_precision("no") == "no"
+    cpu = PrecisionContext(torch.device("cpu"))
+    assert strategy.make_precision("no", cpu).name == "no"
     downcasting = XlaStrategy(downcast_bf16=True)
-    assert downcasting.resolve_precision("bf16") == "bf16"
+    assert downcasting.make_precision("bf16", cpu).name == "bf16"
     with pytest.raises(ValueError, match=r"Can only use `downcast_bf16` when using `mixed_precision='bf16'`"):
-        downcasting.resolve_precision("no")
+        downcasting.make_precision("no", cpu)
     assert "fp16" not in XlaStrategy.supported_precisions
     with pytest.raises(TypeError, match="takes no plugin"):
         XlaStrategy.from_plugin(object(), {})

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from torch._dynamo.eval_frame import OptimizedModule
 
 from . import plugins
-from .precision import unwrap_forward
+from .precision.modes import unwrap_forward
 
 
 def is_compiled_module(module: nn.Module) -> TypeGuard[OptimizedModule]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .ops import send_to_device
-from .precision import Precision
+from .precision.modes import Precision
 from .state import GradientState
 
 if TYPE_CHECKING:

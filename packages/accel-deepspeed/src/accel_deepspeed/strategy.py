@@ -35,6 +35,7 @@ import torch
 from accel_core import environment as env
 from accel_core.enums import DistributedType
 from accel_core.parallel.config import ParallelismConfig
+from accel_core.precision.modes import Precision, PrecisionContext
 from accel_core.strategies import (
     JointResult,
     PreparedObjects,
@@ -45,6 +46,7 @@ from accel_core.strategies import (
 from ._deepspeed import ds_accelerator, import_deepspeed
 from .ops import SHM_COMM, load_op, without_loaded_op_message
 from .plugin import DeepSpeedPlugin
+from .precision import DeepSpeedPrecision
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -63,7 +65,6 @@ class DeepSpeedStrategy(Strategy):
 
     name: ClassVar[str] = "deepspeed"
     supported_precisions: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16")
-    owns_precision: ClassVar[bool] = True
     data_parallel_dim: ClassVar[str] = "dp_shard"
 
     def __init__(self, plugin: DeepSpeedPlugin | None = None) -> None:
@@ -107,10 +108,11 @@ class DeepSpeedStrategy(Strategy):
                 "DeepSpeed, or use FSDP2 (fsdp_plugin) for tensor / context parallelism and HSDP on the mesh."
             )
 
-    def resolve_precision(self, requested: str) -> str:
-        """What DeepSpeed computes in: the config's fp16/bf16 section wins over ``mixed_precision``."""
-        self.mixed_precision = self.plugin.set_mixed_precision(requested)
-        return self.mixed_precision
+    def make_precision(self, name: str, context: PrecisionContext) -> Precision:
+        """What DeepSpeed computes in (the config's fp16/bf16 section wins over ``mixed_precision``): the engine
+        applies it, so the Precision is a pass-through named after it."""
+        self.mixed_precision = self.plugin.set_mixed_precision(name)
+        return DeepSpeedPrecision(self.mixed_precision)
 
     # -- processes --------------------------------------------------------------------------
     def init_process_group(self, **kwargs: Any) -> None:

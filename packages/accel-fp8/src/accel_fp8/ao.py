@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel_core.fp8_recipes import AORecipeKwargs
-from accel_core.precision import AutocastPrecision
+from accel_core.precision.fp8_recipes import AORecipeKwargs
+from accel_core.precision.modes import AutocastPrecision
 
 from .report import ConversionReport, RecordingFilter
 

@@ -15,9 +15,15 @@ import torch
 
 from accel_core.configuration import AutocastKwargs
 from accel_core.enums import FP8BackendType
-from accel_core.fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs, fp8_backend_of, fp8_recipe_handler
 from accel_core.install_hints import accel_extra
-from accel_core.precision import Precision, PrecisionContext
+from accel_core.precision.fp8_recipes import (
+    AORecipeKwargs,
+    FP8RecipeKwargs,
+    TERecipeKwargs,
+    fp8_backend_of,
+    fp8_recipe_handler,
+)
+from accel_core.precision.modes import Precision, PrecisionContext
 
 logger = logging.getLogger("accel")
 

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel_core.fp8_recipes import TERecipeKwargs
-from accel_core.precision import AutocastForward, AutocastPrecision
+from accel_core.precision.fp8_recipes import TERecipeKwargs
+from accel_core.precision.modes import AutocastForward, AutocastPrecision
 
 from .report import ConversionReport, fp8_shape_problem
 

@@ -28,6 +28,8 @@ from accel_core.enums import DistributedType
 from accel_core.grads import clip_grad_norm_
 from accel_core.parallel.config import SIZE_FIELDS, ParallelismConfig, resolve_parallelism
 from accel_core.parallel.dims import adopt_mesh
+from accel_core.precision.choice import default_precision
+from accel_core.precision.modes import Precision, PrecisionContext
 from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
 from accel_core.strategies.ddp import data_parallel_no_sync
 from accel_core.strategies.groups import join_group_of_one
@@ -62,7 +64,6 @@ class FSDPStrategy(Strategy):
 
     name: ClassVar[str] = "fsdp"
     supported_precisions: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16", "fp8")
-    owns_precision: ClassVar[bool] = False
     data_parallel_dim: ClassVar[str] = "dp_shard"
 
     def __init__(self, plugin: FullyShardedDataParallelPlugin | None = None) -> None:
@@ -119,13 +120,17 @@ class FSDPStrategy(Strategy):
         self.check_parallelism(config)
         return config, None
 
-    def resolve_precision(self, requested: str) -> str:
-        """fp8 (accel-fp8's layers, gathered in float8) needs FSDP2; FSDP1's flat parameters cannot hold them."""
-        if requested == "fp8" and self.fsdp_version == 1:
+    def make_precision(self, name: str, context: PrecisionContext) -> Precision:
+        """Core's precisions, with a ``ShardedGradScaler`` for fp16 (it agrees across processes on whether any shard
+        overflowed). fp8 (accel-fp8's layers, gathered in float8) needs FSDP2: FSDP1's flat parameters cannot hold
+        them."""
+        if name == "fp8" and self.fsdp_version == 1:
             raise ValueError(
                 "mixed_precision='fp8' with FSDP needs FSDP2: use FullyShardedDataParallelPlugin(fsdp_version=2)."
             )
-        return requested
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return default_precision(name, context, grad_scaler=ShardedGradScaler)
 
     def check_parallelism(self, config: ParallelismConfig) -> None:
         """FSDP2 composes with every dimension; FSDP1 only with data parallelism."""
@@ -231,12 +236,6 @@ class FSDPStrategy(Strategy):
     def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> Any:
         """Loads a full state dict (the same on every process) into the shards. Collective."""
         return checkpointing.load_full_model_state_dict(model, state_dict, strict=strict)
-
-    def make_grad_scaler(self, device: torch.device, **kwargs: Any) -> Any:
-        """fp16: a ``ShardedGradScaler``, which agrees across processes on whether any shard overflowed."""
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        return ShardedGradScaler(device.type, **kwargs)
 
     # -- ShardedCheckpointing -----------------------------------------------------------------
     def save_sharded(

@@ -63,7 +63,6 @@ class MegatronStrategy(Strategy):
     # fp16 would need the inf check of the loss scaler agreed over the TP group (Megatron's optimizer
     # does that); torch's GradScaler decides per process, so TP shards could step differently.
     supported_precisions: ClassVar[tuple[str, ...]] = ("no", "bf16")
-    owns_precision: ClassVar[bool] = False
     splits_model_itself: ClassVar[bool] = True  # Megatron's tensor_parallel layers, built by the user
 
     def __init__(

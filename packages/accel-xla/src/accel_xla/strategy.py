@@ -38,6 +38,8 @@ from accel_core import environment as env
 from accel_core.enums import DistributedType
 from accel_core.parallel.config import ParallelismConfig
 from accel_core.placement import ProcessPlacement
+from accel_core.precision.choice import default_precision
+from accel_core.precision.modes import Precision, PrecisionContext
 from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
 from accel_core.strategies.base import on_device
 
@@ -147,11 +149,11 @@ class XlaStrategy(Strategy):
                 "with one process), and cp / pp are not available in accel-xla. Drop those sizes."
             )
 
-    def resolve_precision(self, requested: str) -> str:
-        """``requested``; ValueError when ``downcast_bf16`` is asked for without ``mixed_precision="bf16"``."""
-        if self.downcast_bf16 and requested != "bf16":
+    def make_precision(self, name: str, context: PrecisionContext) -> Precision:
+        """Core's precisions; ValueError when ``downcast_bf16`` is asked for without ``mixed_precision="bf16"``."""
+        if self.downcast_bf16 and name != "bf16":
             raise ValueError("Can only use `downcast_bf16` when using `mixed_precision='bf16'` and on a TPU")
-        return requested
+        return default_precision(name, context)
 
     # -- processes ------------------------------------------------------------------------------
     def _prepare_runtime_environment(self) -> None:

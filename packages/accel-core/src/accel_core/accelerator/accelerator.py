@@ -45,13 +45,11 @@ from ..configuration import (
     TorchDynamoPlugin,
 )
 from ..enums import DistributedType, SchedulerStepping
-from ..fp8_recipes import fp8_recipe_handler
 from ..optimizer import AcceleratedOptimizer
 from ..optimizer_rebuild import ParameterNames
 from ..parallel.config import ParallelismConfig
 from ..parallel.dims import ParallelDims, make_dims
-from ..precision import AutocastPrecision, unwrap_forward
-from ..precision_choice import choose_precision
+from ..precision.modes import AutocastPrecision, PrecisionContext, unwrap_forward
 from ..random import synchronize_rng_states
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorSetup, AcceleratorState, GradientState, PartialState, collective_timeout
@@ -223,17 +221,15 @@ class Accelerator(
             given_mesh,
             dist.is_initialized(),
         )
-        self.state.mixed_precision = self.strategy.resolve_precision(plan.mixed_precision)
-        if (
-            self.state.mixed_precision != "fp8"
-            and fp8_recipe_handler(self.handlers) is not None
-            and not self.strategy.owns_precision
-        ):
-            raise ValueError("Passing in an FP8 configuration requires setting `mixed_precision='fp8'`.")
-        self.precision = choose_precision(
-            self.state.mixed_precision, self.strategy, self.state.device, self.handlers, self.state.is_main_process
+        if plan.mixed_precision not in self.strategy.supported_precisions:
+            raise ValueError(
+                f"mixed_precision={plan.mixed_precision!r} is not supported by the {self.strategy.name} strategy; "
+                f"use one of {list(self.strategy.supported_precisions)}."
+            )
+        self.precision = self.strategy.make_precision(
+            plan.mixed_precision, PrecisionContext(self.state.device, self.handlers, self.state.is_main_process)
         )
-        # fp8 on a device that cannot run it falls back (with a warning) to what the precision says.
+        # What runs: DeepSpeed's config may settle another mode, fp8 on a device without it falls back.
         self.state.mixed_precision = self.precision.name
         self.gradient_state = GradientState(plan.gradient_accumulation)
         self.prepared = PreparedObjects()

@@ -19,7 +19,7 @@ from ..configuration import (
     ProfileKwargs,
     TorchDynamoPlugin,
 )
-from ..fp8_recipes import RECIPE_HANDLERS
+from ..precision.fp8_recipes import RECIPE_HANDLERS
 
 # The kwargs handler types accel applies.
 APPLIED_HANDLERS: tuple[type[KwargsHandler], ...] = (

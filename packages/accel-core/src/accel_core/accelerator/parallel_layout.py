@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from ..parallel.config import ParallelismConfig
     from ..parallel.dims import ParallelDims
-    from ..precision import Precision
+    from ..precision.modes import Precision
     from ..state import GradientState
     from ..strategies import Strategy
 

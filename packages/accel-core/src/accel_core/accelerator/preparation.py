@@ -32,7 +32,7 @@ from ..strategies.base import ConvertsOwnTypes
 if TYPE_CHECKING:
     from ..configuration import DataLoaderConfiguration
     from ..parallel.dims import ParallelDims
-    from ..precision import Precision
+    from ..precision.modes import Precision
     from ..protocols import BatchBoundaryHook
     from ..state import AcceleratorState
     from ..strategies import PreparedObjects, Strategy, StrategyContext

@@ -17,7 +17,7 @@ from ..configuration import (
     ProfileKwargs,
 )
 from ..enums import FP8BackendType
-from ..fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs, fp8_backend_of, fp8_recipe_handler
+from ..precision.fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs, fp8_backend_of, fp8_recipe_handler
 
 if TYPE_CHECKING:
     from ..state import AcceleratorState

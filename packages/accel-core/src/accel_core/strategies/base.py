@@ -42,6 +42,8 @@ from ..checkpointing.contract import ShardedCheckpointing as ShardedCheckpointin
 from ..enums import DistributedType
 from ..install_hints import accel_extra
 from ..parallel.config import ParallelismConfig, resolve_parallelism
+from ..precision.choice import default_precision
+from ..precision.modes import Precision, PrecisionContext
 from .context import JointResult, StrategyContext
 
 if TYPE_CHECKING:
@@ -65,7 +67,6 @@ class Strategy:
     Class attributes:
         name: the ``accel.strategies`` entry-point name.
         supported_precisions: the ``mixed_precision`` values the strategy accepts.
-        owns_precision: the backend applies mixed precision itself (no autocast or GradScaler from core).
         data_parallel_dim: the mesh dimension that takes the processes no size claims.
         splits_model_itself: the backend's own layers split the model over ``tp`` (Megatron), and its
             ``prepare_model`` splits it over ``pp``, so the transform chain's tensor-parallel step and
@@ -78,7 +79,6 @@ class Strategy:
 
     name: ClassVar[str] = "base"
     supported_precisions: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16", "fp8")
-    owns_precision: ClassVar[bool] = False
     data_parallel_dim: ClassVar[str] = "dp_replicate"
     splits_model_itself: ClassVar[bool] = False
 
@@ -121,9 +121,17 @@ class Strategy:
                 "or accel launch --use-fsdp."
             )
 
-    def resolve_precision(self, requested: str) -> str:
-        """The precision the job runs in (a backend owning precision may settle it from its own config)."""
-        return requested
+    # -- precision --------------------------------------------------------------------------
+    def make_precision(self, name: str, context: PrecisionContext) -> Precision:
+        """The Precision this strategy trains with for ``mixed_precision=name`` (one of ``supported_precisions``).
+
+        Called once, before ``setup``; its ``name`` becomes ``accelerator.mixed_precision``. The default
+        is core's (``accel_core.precision.choice.default_precision``): fp8 from accel-fp8, autocast
+        for bf16 / fp16 with torch's GradScaler. A strategy that needs another GradScaler passes it
+        there; one that applies precision itself returns its own Precision subclass, named after
+        what it computes in (DeepSpeed settles that from its config).
+        """
+        return default_precision(name, context)
 
     # -- lifecycle --------------------------------------------------------------------------
     def setup(self, context: StrategyContext) -> None:
@@ -201,10 +209,6 @@ class Strategy:
         from ..transforms.state_dict import load_full_state_dict
 
         return load_full_state_dict(self.unwrap_model(model), state_dict, strict=strict)
-
-    def make_grad_scaler(self, device: torch.device, **kwargs: Any) -> Any:
-        """The GradScaler for fp16 on ``device`` (sharded strategies return a sharded one). Called before ``setup``."""
-        return torch.amp.GradScaler(device.type, **kwargs)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

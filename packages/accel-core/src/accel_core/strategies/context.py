@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from ..configuration import TorchDynamoPlugin
     from ..parallel.dims import ParallelDims
-    from ..precision import Precision
+    from ..precision.modes import Precision
     from ..state import AcceleratorState, GradientState
     from .selection import StrategyPlan
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from ..parallel.config import ParallelismConfig
-    from ..precision import Precision
+    from ..precision.modes import Precision
 
 STYLE_NAMES = ("colwise", "rowwise", "colwise_rep", "sequence_parallel")
 

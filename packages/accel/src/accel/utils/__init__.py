@@ -38,9 +38,9 @@ _EXPORTS = {
     "GradScalerKwargs": "accel_core.configuration",
     "InitProcessGroupKwargs": "accel_core.configuration",
     "AutocastKwargs": "accel_core.configuration",
-    "FP8RecipeKwargs": "accel_core.fp8_recipes",
-    "AORecipeKwargs": "accel_core.fp8_recipes",
-    "TERecipeKwargs": "accel_core.fp8_recipes",
+    "FP8RecipeKwargs": "accel_core.precision.fp8_recipes",
+    "AORecipeKwargs": "accel_core.precision.fp8_recipes",
+    "TERecipeKwargs": "accel_core.precision.fp8_recipes",
     "FP8BackendType": "accel_core.enums",
     # fp8 helpers (accel-fp8: pip install "accel[fp8]")
     "convert_model_to_fp8_ao": "accel_fp8.ao",

@@ -19,11 +19,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import environment as env
-from .compat.availability import is_torchao_available, is_transformer_engine_available
-from .configuration import KwargsHandler
-from .enums import FP8BackendType
-from .install_hints import accel_extra
+from .. import environment as env
+from ..compat.availability import is_torchao_available, is_transformer_engine_available
+from ..configuration import KwargsHandler
+from ..enums import FP8BackendType
+from ..install_hints import accel_extra
 
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
 AMAX_COMPUTE_ALGORITHMS = ("max", "most_recent")

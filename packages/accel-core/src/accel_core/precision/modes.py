@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .ops import convert_to_fp32
+from ..ops import convert_to_fp32
 
 
 class Precision:
