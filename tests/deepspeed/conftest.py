@@ -6,12 +6,12 @@ first time; CI keeps that folder between runs, so the build happens once per che
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from checkrun import worker_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,17 +25,13 @@ print("OPS READY")
 """
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "ACCEL_USE_CPU": "true", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-
-
 @pytest.fixture(scope="session")
 def deepspeed_ops() -> None:
     """Compiles (or finds in TORCH_EXTENSIONS_DIR) DeepSpeed's CPU ops before any timed run."""
     try:
         result = subprocess.run(
             [sys.executable, "-c", _BUILD_OPS],
-            env={**os.environ, "ACCEL_USE_CPU": "true", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},
+            env=worker_env({"DS_ACCELERATOR": "cpu"}),
             capture_output=True,
             text=True,
             timeout=1200,

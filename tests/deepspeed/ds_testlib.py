@@ -25,11 +25,6 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {rank()}] {message}")
-
-
 def close(a: list[float], b: list[float], rtol: float, atol: float) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= atol + rtol * abs(y) for x, y in zip(a, b, strict=True))
 

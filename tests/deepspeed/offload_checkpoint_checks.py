@@ -3,7 +3,7 @@
 Started by `accel launch --cpu -n 2 --use-deepspeed --zero-stage 2 --offload-optimizer-device cpu
 --gradient-clipping 1.0 tests/deepspeed/offload_checkpoint_checks.py <tmp_dir>`: the Accelerator is
 built without arguments, so the strategy and its plugin come from the launcher's ACCEL_* variables.
-The last line printed on each rank is "OFFLOAD CHECKPOINT CHECKS PASSED <rank>".
+Each ``@check`` is one test of test_deepspeed_runs.py (the harness: tests/harness/checklist.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import ds_testlib as T
 import torch
 import torch.distributed as dist
-from ds_testlib import check
+from checklist import check, expect, run_checks
 
 from accel_checkpoint.errors import UnsafeCheckpointError
 from accel_core import Accelerator
@@ -43,29 +43,29 @@ def build(seed: int):
     return accelerator, engine, optimizer, loader, scheduler
 
 
-def check_offload_from_launcher() -> tuple:
+def expect_offload_from_launcher() -> tuple:
     accelerator, engine, optimizer, loader, scheduler = build(seed=0)
     strategy = accelerator.strategy
-    check(isinstance(strategy, DeepSpeedStrategy), f"the launcher's --use-deepspeed selects DeepSpeed, got {strategy}")
+    expect(isinstance(strategy, DeepSpeedStrategy), f"the launcher's --use-deepspeed selects DeepSpeed, got {strategy}")
     plugin = strategy.plugin
-    check(
+    expect(
         plugin.zero_stage == 2 and plugin.offload_optimizer_device == "cpu" and plugin.gradient_clipping == 1.0,
         f"{plugin}",
     )
-    check(engine.zero_cpu_offload(), "the engine offloads the optimizer")
+    expect(engine.zero_cpu_offload(), "the engine offloads the optimizer")
     base = type(engine.optimizer.optimizer).__name__
-    check(base == "DeepSpeedCPUAdam", f"torch AdamW becomes DeepSpeedCPUAdam for offload, got {base}")
+    expect(base == "DeepSpeedCPUAdam", f"torch AdamW becomes DeepSpeedCPUAdam for offload, got {base}")
     losses, batches = T.train_accel(accelerator, engine, optimizer, loader, scheduler=scheduler, clip=1.0)
     reference, norms, _ = T.train_ddp(T.mlp, batches, clip=1.0, make_scheduler=schedule)
-    check(max(norms) > 1.5, "clipping must be active for this comparison")
-    check(T.close(losses, reference, 1e-4, 1e-5), f"offload losses {losses} vs DDP {reference}")
+    expect(max(norms) > 1.5, "clipping must be active for this comparison")
+    expect(T.close(losses, reference, 1e-4, 1e-5), f"offload losses {losses} vs DDP {reference}")
     expected_lr = 1.0 / (1.0 + 0.5 * len(batches)) * T.LR
-    check(abs(scheduler.get_last_lr()[0] - expected_lr) < 1e-12, f"lr {scheduler.get_last_lr()} vs {expected_lr}")
+    expect(abs(scheduler.get_last_lr()[0] - expected_lr) < 1e-12, f"lr {scheduler.get_last_lr()} vs {expected_lr}")
     FIGURES["offload_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
     return accelerator, engine, optimizer, loader, scheduler
 
 
-def check_round_trip(accelerator, engine, optimizer, loader, scheduler) -> None:
+def expect_round_trip(accelerator, engine, optimizer, loader, scheduler) -> None:
     folder = TMP / "ckpt"
     after_save: list[float] = []
     for i, (x, y) in enumerate(loader):  # second epoch: save part-way (end of an iteration), then keep training
@@ -80,7 +80,7 @@ def check_round_trip(accelerator, engine, optimizer, loader, scheduler) -> None:
             accelerator.save_state(folder)
             saved_step = engine.global_steps
     sharded = folder / "sharded" / "model_0"
-    check(
+    expect(
         sharded.is_dir() and any(sharded.glob("*optim_states.pt")),
         f"DeepSpeed files inside accel's layout: {list(sharded.glob('*'))}",
     )
@@ -88,12 +88,12 @@ def check_round_trip(accelerator, engine, optimizer, loader, scheduler) -> None:
         {name for f in sharded.glob("*.pt") for name in torch.serialization.get_unsafe_globals_in_checkpoint(str(f))}
     )
     FIGURES["checkpoint_globals"] = found
-    check(set(found) <= DEEPSPEED_CHECKPOINT_GLOBALS, f"DeepSpeed checkpoint globals outside the allowlist: {found}")
+    expect(set(found) <= DEEPSPEED_CHECKPOINT_GLOBALS, f"DeepSpeed checkpoint globals outside the allowlist: {found}")
 
     # A fresh run (other initial weights) resumes from the checkpoint and must continue identically.
     accelerator2, engine2, optimizer2, loader2, scheduler2 = build(seed=123)
     accelerator2.load_state(folder)
-    check(engine2.global_steps == saved_step, f"engine steps {engine2.global_steps} vs {saved_step} at save")
+    expect(engine2.global_steps == saved_step, f"engine steps {engine2.global_steps} vs {saved_step} at save")
     resumed: list[float] = []
     for x, y in loader2:  # the loader resumes at batch SAVE_AFTER of the saved epoch
         loss = torch.nn.functional.mse_loss(engine2(x), y)
@@ -102,8 +102,8 @@ def check_round_trip(accelerator, engine, optimizer, loader, scheduler) -> None:
         scheduler2.step()
         optimizer2.zero_grad()
         resumed.append(loss.item())
-    check(resumed == after_save, f"continuation after load_state {resumed} differs from the original {after_save}")
-    check(scheduler2.get_last_lr() == scheduler.get_last_lr(), "scheduler continues identically")
+    expect(resumed == after_save, f"continuation after load_state {resumed} differs from the original {after_save}")
+    expect(scheduler2.get_last_lr() == scheduler.get_last_lr(), "scheduler continues identically")
     FIGURES["resumed_steps_identical"] = len(resumed)
 
     # A checkpoint whose DeepSpeed files would import something else is refused on every rank.
@@ -115,14 +115,30 @@ def check_round_trip(accelerator, engine, optimizer, loader, scheduler) -> None:
     try:
         accelerator2.load_state(tampered)
     except UnsafeCheckpointError as error:
-        check("posix.getcwd" in str(error) or "getcwd" in str(error), f"the refusal names the import: {error}")
+        expect("posix.getcwd" in str(error) or "getcwd" in str(error), f"the refusal names the import: {error}")
     else:
         raise AssertionError("a DeepSpeed checkpoint importing os.getcwd must be refused")
 
 
+RUN: list = []  # the offloaded run's objects, for the round trip after it
+
+
+@check
+def optimizer_offload_from_the_launcher_follows_ddp() -> None:
+    RUN[:] = expect_offload_from_launcher()
+
+
+@check
+def save_state_load_state_continues_the_run() -> None:
+    expect_round_trip(*RUN)
+
+
+def print_figures() -> None:
+    """The figures the test module reads, printed once every check has run."""
+    if dist.get_rank() == 0:
+        print("FIGURES " + json.dumps(FIGURES), flush=True)
+
+
 if __name__ == "__main__":
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    check_round_trip(*check_offload_from_launcher())
-    if dist.get_rank() == 0:
-        print("FIGURES " + json.dumps(FIGURES))
-    print(f"OFFLOAD CHECKPOINT CHECKS PASSED {dist.get_rank()}", flush=True)
+    run_checks(teardown=print_figures)

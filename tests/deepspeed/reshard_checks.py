@@ -13,7 +13,7 @@ restored: a new AdamW would give other losses), same final weights. Every step u
 global batch whatever the number of processes (each process takes its slice), so the
 trajectories are comparable. The 2-process side also loads a checkpoint that cannot be converted:
 a clear error on both processes, the engine untouched.
-The last line printed on each rank is "RESHARD CHECKS PASSED <rank>".
+Each ``@check`` is one test of test_deepspeed_runs.py, per launch (the harness: tests/harness/checklist.py).
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ import os
 import shutil
 import sys
 import time
+from functools import cache
 from pathlib import Path
 
 import ds_testlib as T
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ds_testlib import check
+from checklist import check, expect, run_checks, skip
 
 from accel_core import Accelerator
 from accel_deepspeed import DeepSpeedPlugin
@@ -90,7 +91,7 @@ def full_weights(engine) -> dict[str, torch.Tensor]:
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    check(sorted(a) == sorted(b), f"parameter names {sorted(a)} vs {sorted(b)}")
+    expect(sorted(a) == sorted(b), f"parameter names {sorted(a)} vs {sorted(b)}")
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
@@ -113,18 +114,18 @@ def load_and_compare(case: str, saved_world: int) -> None:
     name = f"{case}_{saved_world}to{dist.get_world_size()}"
     record = torch.load(TMP / f"{case}_world{saved_world}.record.pt", weights_only=True)
     accelerator, engine, optimizer = build(case, seed=7)  # other weights, to be overwritten
-    check(max_diff(full_weights(engine), record["saved"]) > 1e-2, "the fresh model must start from other weights")
+    expect(max_diff(full_weights(engine), record["saved"]) > 1e-2, "the fresh model must start from other weights")
     accelerator.load_state(TMP / f"{case}_world{saved_world}")
     after_load = FIGURES[f"{name}_weights_after_load"] = max_diff(full_weights(engine), record["saved"])
     losses = train(accelerator, engine, optimizer, range(SAVE_AFTER, SAVE_AFTER + CONTINUE))
     final = FIGURES[f"{name}_final_weights"] = max_diff(full_weights(engine), record["final"])
     FIGURES[f"{name}_losses"] = losses
-    check(after_load < 1e-6, f"{name}: weights after load_state differ by {after_load}")
-    check(
+    expect(after_load < 1e-6, f"{name}: weights after load_state differ by {after_load}")
+    expect(
         T.close(losses, record["losses"], 1e-5, 1e-6), f"{name}: losses after load_state {losses} vs {record['losses']}"
     )
-    check(final < 1e-5, f"{name}: weights after continuing differ by {final}")
-    check(
+    expect(final < 1e-5, f"{name}: weights after continuing differ by {final}")
+    expect(
         not T.close(fresh_adam_losses(record["saved"]), record["losses"], 1e-3, 1e-4),
         "losses must depend on Adam's state",
     )
@@ -146,7 +147,7 @@ def fresh_adam_losses(weights: dict[str, torch.Tensor]) -> list[float]:
     return losses
 
 
-def check_failed_conversion_raises_everywhere(saved_world: int) -> None:
+def expect_failed_conversion_raises_everywhere(saved_world: int) -> None:
     """A checkpoint that cannot be converted: a clear error on every process, none left waiting."""
     from accel_checkpoint.errors import CheckpointError, CheckpointMismatchError
 
@@ -162,42 +163,60 @@ def check_failed_conversion_raises_everywhere(saved_world: int) -> None:
         accelerator.load_state(broken)
     except CheckpointError as error:  # process 0's own error; the others get it through accel-checkpoint's agreement
         message = str(error)
-        check(isinstance(error, CheckpointMismatchError) or "process 0" in message, f"unexpected error {error!r}")
-        check(f"saved by {saved_world} processes and {dist.get_world_size()} run now" in message, message)
-        check("ds_to_universal" in message, f"the error should name the manual conversion: {message}")
+        expect(isinstance(error, CheckpointMismatchError) or "process 0" in message, f"unexpected error {error!r}")
+        expect(f"saved by {saved_world} processes and {dist.get_world_size()} run now" in message, message)
+        expect("ds_to_universal" in message, f"the error should name the manual conversion: {message}")
     else:
         raise AssertionError("loading a checkpoint that cannot be converted must raise")
-    check(max_diff(full_weights(engine), before) == 0.0, "a failed conversion must leave the engine untouched")
+    expect(max_diff(full_weights(engine), before) == 0.0, "a failed conversion must leave the engine untouched")
     FIGURES[f"failed_conversion_error_rank{dist.get_rank()}"] = message[:160]
 
 
 def wait_for(path: Path) -> None:
     deadline = time.monotonic() + PEER_TIMEOUT
     while not path.exists():
-        check(time.monotonic() < deadline, f"{path} did not appear within {PEER_TIMEOUT}s: did the other launch fail?")
+        expect(time.monotonic() < deadline, f"{path} did not appear within {PEER_TIMEOUT}s: did the other launch fail?")
         time.sleep(0.5)
 
 
-def main() -> None:
+@cache
+def world() -> int:
     Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=1))  # starts the process group (of one under plain python)
-    world = dist.get_world_size()
-    other = 3 - world
+    return dist.get_world_size()
+
+
+@check
+def every_case_saves_a_checkpoint_of_its_own_process_count() -> None:
+    world()
     for case in CASES:
         start = time.perf_counter()
         save_and_record(case)
         FIGURES[f"seconds_save_{case}"] = round(time.perf_counter() - start, 1)
+
+
+@check
+def every_case_loads_the_other_launchs_checkpoint() -> None:
+    other = 3 - world()
     for case in CASES:
         wait_for(TMP / f"{case}_world{other}.record.pt")
         start = time.perf_counter()
         load_and_compare(case, other)
         FIGURES[f"seconds_load_{case}"] = round(time.perf_counter() - start, 1)
-    if world == 2:
-        check_failed_conversion_raises_everywhere(saved_world=1)
+
+
+@check
+def a_checkpoint_that_cannot_be_converted_fails_on_both_processes() -> None:
+    if world() != 2:
+        skip("the 2-process launch loads it")
+    expect_failed_conversion_raises_everywhere(saved_world=1)
+
+
+def print_figures() -> None:
+    """The figures the test module reads, printed once every check has run."""
     if dist.get_rank() == 0:
-        print("FIGURES " + json.dumps(FIGURES))
-    print(f"RESHARD CHECKS PASSED {dist.get_rank()}", flush=True)
+        print("FIGURES " + json.dumps(FIGURES), flush=True)
 
 
 if __name__ == "__main__":
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    main()
+    run_checks(teardown=print_figures)

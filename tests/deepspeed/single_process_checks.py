@@ -1,8 +1,8 @@
 """DeepSpeed started by plain `python` (a group of one): the contradictory-config errors, Dummy objects,
 a frozen teacher next to a ZeRO-3 student with a checkpoint round trip.
 
-Run: python tests/deepspeed/single_process_checks.py <tmp_dir>
-The last line printed is "SINGLE PROCESS CHECKS PASSED".
+Run: PYTHONPATH=tests/harness python tests/deepspeed/single_process_checks.py <tmp_dir>
+Each ``@check`` is one test of test_deepspeed_runs.py (the harness: tests/harness/checklist.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import ds_testlib as T
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ds_testlib import check
+from checklist import check, expect, run_checks
 
 from accel_core import Accelerator, DistributedType
 from accel_deepspeed import DeepSpeedPlugin, DummyOptim, DummyScheduler
@@ -47,16 +47,17 @@ def expect_error(build: Callable[[], Accelerator | None], action: Callable[[Acce
     try:
         action(accelerator)
     except ValueError as error:
-        check(needle in str(error), f"expected {needle!r} in: {error}")
-        check(accelerator.strategy.engine is None, f"an engine was built before the error {needle!r}")
+        expect(needle in str(error), f"expected {needle!r} in: {error}")
+        expect(accelerator.strategy.engine is None, f"an engine was built before the error {needle!r}")
     else:
         raise AssertionError(f"no error for: {needle}")
 
 
-def check_plain_python_start() -> None:
+@check
+def plain_python_start() -> None:
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
-    check(accelerator.num_processes == 1 and dist.is_initialized() and dist.get_world_size() == 1, "a group of one")
-    check(accelerator.distributed_type == DistributedType.DEEPSPEED, f"{accelerator.distributed_type}")
+    expect(accelerator.num_processes == 1 and dist.is_initialized() and dist.get_world_size() == 1, "a group of one")
+    expect(accelerator.distributed_type == DistributedType.DEEPSPEED, f"{accelerator.distributed_type}")
     model = T.mlp()
     engine, optimizer, data = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=T.LR), loader())
     losses, batches = T.train_accel(accelerator, engine, optimizer, data, max_batches=4)
@@ -69,22 +70,23 @@ def check_plain_python_start() -> None:
         ref_optimizer.step()
         ref_optimizer.zero_grad()
         expected.append(loss.item())
-    check(T.close(losses, expected, 1e-5, 1e-6), f"one-process ZeRO-2 {losses} vs plain torch {expected}")
+    expect(T.close(losses, expected, 1e-5, 1e-6), f"one-process ZeRO-2 {losses} vs plain torch {expected}")
     state = accelerator.get_state_dict(engine)
-    check(all(torch.equal(state[k], v) for k, v in reference.state_dict().items()), "get_state_dict under ZeRO-2")
+    expect(all(torch.equal(state[k], v) for k, v in reference.state_dict().items()), "get_state_dict under ZeRO-2")
     accelerator.free_memory()  # then the same Accelerator trains another model with a new engine
     model2 = T.mlp(5)
     engine2, _, _ = accelerator.prepare(model2, torch.optim.AdamW(model2.parameters(), lr=T.LR), loader())
-    check(engine2 is not engine and accelerator._models == [engine2], "a new engine after free_memory()")
+    expect(engine2 is not engine and accelerator._models == [engine2], "a new engine after free_memory()")
     try:
         accelerator.clip_grad_value_(engine.parameters(), 1.0)
     except ValueError as error:
-        check("clip_grad_norm_" in str(error), str(error))
+        expect("clip_grad_norm_" in str(error), str(error))
     else:
         raise AssertionError("clip_grad_value_ must be refused")
 
 
-def check_errors() -> None:
+@check
+def errors() -> None:
     def acc(**plugin_kwargs) -> Callable[[], Accelerator]:
         return lambda: Accelerator(deepspeed_plugin=DeepSpeedPlugin(**plugin_kwargs))
 
@@ -144,7 +146,7 @@ def check_errors() -> None:
     )
     expect_error(acc(), lambda a: a.prepare_model(T.mlp()), "pass the model to accelerator.prepare()")
     settled = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config(bf16={"enabled": True})))
-    check(
+    expect(
         settled.mixed_precision == "bf16",
         f"the DeepSpeed config's bf16 is reported before prepare: {settled.mixed_precision}",
     )
@@ -153,18 +155,19 @@ def check_errors() -> None:
             deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config(bf16={"enabled": True})), mixed_precision="fp16"
         )
     except ValueError as error:
-        check("cannot be set to `fp16` when `bf16` is set in the DeepSpeed config" in str(error), str(error))
+        expect("cannot be set to `fp16` when `bf16` is set in the DeepSpeed config" in str(error), str(error))
     else:
         raise AssertionError("fp16 with a bf16 DeepSpeed config must be refused")
     try:
         Accelerator(deepspeed_plugin=torch.nn.Linear(1, 1))
     except TypeError as error:
-        check("DeepSpeedPlugin" in str(error), str(error))
+        expect("DeepSpeedPlugin" in str(error), str(error))
     else:
         raise AssertionError("a deepspeed_plugin of the wrong type must be refused")
 
 
-def check_dummy_objects_and_accumulation() -> None:
+@check
+def dummy_objects_and_accumulation() -> None:
     plugin = DeepSpeedPlugin(hf_ds_config=config(optimizer=ADAMW, scheduler=WARMUP, zero_optimization={"stage": 1}))
     accelerator = Accelerator(deepspeed_plugin=plugin, gradient_accumulation_steps=2)
     model = T.mlp()
@@ -172,15 +175,15 @@ def check_dummy_objects_and_accumulation() -> None:
     scheduler = DummyScheduler(optimizer, warmup_num_steps=10)
     engine, optimizer, data, scheduler = accelerator.prepare(model, optimizer, loader(), scheduler)
     filled = accelerator.strategy.deepspeed_config
-    check(
+    expect(
         filled["optimizer"]["params"]["lr"] == 0.05 and filled["scheduler"]["params"]["warmup_max_lr"] == 0.05,
         f"{filled}",
     )
-    check(
+    expect(
         filled["scheduler"]["params"]["warmup_num_steps"] == 10 and filled["gradient_accumulation_steps"] == 2,
         f"{filled}",
     )
-    check(
+    expect(
         isinstance(scheduler, DeepSpeedSchedulerWrapper) and accelerator.strategy.engine_owns_scheduler, f"{scheduler}"
     )
     lrs = []
@@ -193,15 +196,16 @@ def check_dummy_objects_and_accumulation() -> None:
             scheduler.step()  # a no-op: the engine steps DeepSpeed's scheduler at each boundary
             optimizer.zero_grad()
         lrs.append(scheduler.get_last_lr()[0])
-    check(
+    expect(
         engine.global_steps == 3, f"6 micro-steps with accumulation 2 are 3 optimizer steps, got {engine.global_steps}"
     )
     # WarmupLR (log warm-up from 0) moves once per optimizer step, i.e. only at every second micro-step.
-    check(lrs[0] == lrs[1] == lrs[2] == 0 < lrs[3] == lrs[4] < lrs[5], f"lr per micro-step {lrs}")
+    expect(lrs[0] == lrs[1] == lrs[2] == 0 < lrs[3] == lrs[4] < lrs[5], f"lr per micro-step {lrs}")
     FIGURES["warmup_lrs"] = [round(v, 6) for v in lrs]
 
 
-def check_deepspeed_scheduler_object() -> None:
+@check
+def deepspeed_scheduler_object() -> None:
     """A DeepSpeed LR schedule built in code (not a torch LRScheduler) is handed to the engine, which steps it."""
     from deepspeed.runtime.lr_schedules import WarmupLR
 
@@ -210,18 +214,19 @@ def check_deepspeed_scheduler_object() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=T.LR)
     warmup = WarmupLR(optimizer, warmup_min_lr=0.0, warmup_max_lr=0.04, warmup_num_steps=10, warmup_type="linear")
     engine, optimizer, data, scheduler = accelerator.prepare(model, optimizer, loader(), warmup)
-    check(
+    expect(
         isinstance(scheduler, DeepSpeedSchedulerWrapper) and engine.lr_scheduler is warmup, "the engine owns WarmupLR"
     )
     T.train_accel(accelerator, engine, optimizer, data, scheduler=scheduler, max_batches=3)
     # DeepSpeed's schedules number the first step 0: after 3 optimizer steps, lr = 0.04 * 2 / 10.
-    check(
+    expect(
         abs(scheduler.get_last_lr()[0] - 0.04 * 2 / 10) < 1e-9,
         f"linear warm-up after 3 steps: {scheduler.get_last_lr()}",
     )
 
 
-def check_frozen_teacher_and_zero3_round_trip() -> None:
+@check
+def frozen_teacher_and_zero3_round_trip() -> None:
     def build(seed: int):
         plugin = DeepSpeedPlugin(zero_stage=3)
         accelerator = Accelerator(deepspeed_plugin=plugin)
@@ -240,8 +245,10 @@ def check_frozen_teacher_and_zero3_round_trip() -> None:
         return loss.item()
 
     accelerator, engine, optimizer, data, teacher = build(seed=0)
-    check(type(engine).__name__ == "DeepSpeedEngine" and type(teacher) is torch.nn.Sequential, "teacher stays a module")
-    check(len(accelerator._models) == 2 and accelerator.strategy.frozen_models == [teacher], "both models registered")
+    expect(
+        type(engine).__name__ == "DeepSpeedEngine" and type(teacher) is torch.nn.Sequential, "teacher stays a module"
+    )
+    expect(len(accelerator._models) == 2 and accelerator.strategy.frozen_models == [teacher], "both models registered")
     batches = [x for x, _ in data]
     for x in batches[:3]:
         step(accelerator, engine, optimizer, teacher, x)
@@ -250,7 +257,7 @@ def check_frozen_teacher_and_zero3_round_trip() -> None:
 
     accelerator2, engine2, optimizer2, _, teacher2 = build(seed=10)  # other weights for both models
     accelerator2.load_state(TMP / "distill", load_dataloader_state=False)
-    check(
+    expect(
         all(
             torch.equal(a, b)
             for a, b in zip(teacher.state_dict().values(), teacher2.state_dict().values(), strict=True)
@@ -258,7 +265,7 @@ def check_frozen_teacher_and_zero3_round_trip() -> None:
         "teacher restored",
     )
     resumed = [step(accelerator2, engine2, optimizer2, teacher2, x) for x in batches[3:6]]
-    check(resumed == after, f"ZeRO-3 continuation after load_state {resumed} vs {after}")
+    expect(resumed == after, f"ZeRO-3 continuation after load_state {resumed} vs {after}")
     globals_found = sorted(
         {
             g
@@ -269,12 +276,11 @@ def check_frozen_teacher_and_zero3_round_trip() -> None:
     FIGURES["zero3_checkpoint_globals"] = globals_found
 
 
+def print_figures() -> None:
+    """The figures the test module reads, printed once every check has run."""
+    print("FIGURES " + json.dumps(FIGURES), flush=True)
+
+
 if __name__ == "__main__":
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    check_plain_python_start()
-    check_errors()
-    check_dummy_objects_and_accumulation()
-    check_deepspeed_scheduler_object()
-    check_frozen_teacher_and_zero3_round_trip()
-    print("FIGURES " + json.dumps(FIGURES))
-    print("SINGLE PROCESS CHECKS PASSED", flush=True)
+    run_checks(teardown=print_figures)

@@ -8,22 +8,20 @@ so every run after it uses the cache (CI keeps that folder between runs).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from checkrun import CheckRun, checks_in, run_check_script, torchrun_command
 
 pytestmark = pytest.mark.slow  # every test here launches DeepSpeed (tens of seconds each)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+# DeepSpeed's accelerator on CPU, added to the harness's worker environment (tests/harness/checkrun.py).
+DEEPSPEED_CPU = {"DS_ACCELERATOR": "cpu"}
 RUN_TIMEOUT = 300  # seconds for one launch once the ops are compiled (about 45 s on 2 busy cores)
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "ACCEL_USE_CPU": "true", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
 
 
 def _figures(output: str) -> dict:
@@ -34,19 +32,32 @@ def _figures(output: str) -> dict:
     return json.JSONDecoder().raw_decode(output[start + len("FIGURES ") :])[0]
 
 
-def test_zero_stages_follow_ddp(deepspeed_ops, torchrun, tmp_path) -> None:
+ZERO_SCRIPT = HERE / "zero_checks.py"
+OFFLOAD_SCRIPT = HERE / "offload_checkpoint_checks.py"
+SINGLE_PROCESS_SCRIPT = HERE / "single_process_checks.py"
+RESHARD_SCRIPT = HERE / "reshard_checks.py"
+
+
+@pytest.fixture(scope="module")
+def zero_run(deepspeed_ops, torchrun_checks, tmp_path_factory) -> CheckRun:
     """ZeRO-1, ZeRO-2 (accumulation + clipping), ZeRO-3 (+ zero.Init, consolidated weights) and bf16 vs DDP."""
-    result = torchrun(HERE / "zero_checks.py", str(tmp_path), env={"DS_ACCELERATOR": "cpu"}, timeout=RUN_TIMEOUT)
-    for rank in (0, 1):
-        assert f"ZERO CHECKS PASSED {rank}" in result.stdout, result.stdout + result.stderr[-4000:]
-    figures = _figures(result.stdout)
+    return torchrun_checks(ZERO_SCRIPT, str(tmp_path_factory.mktemp("zero")), env=DEEPSPEED_CPU, timeout=RUN_TIMEOUT)
+
+
+@pytest.mark.parametrize("name", checks_in(ZERO_SCRIPT))
+def test_zero_stages_follow_ddp(zero_run: CheckRun, name: str) -> None:
+    zero_run.assert_passed(name)
+
+
+def test_zero_figures(zero_run: CheckRun) -> None:
+    figures = _figures(zero_run.stdout)
     print(figures)
     assert figures["zero1_max_rel_diff"] < 1e-4 and figures["zero3_consolidated_max_abs_diff"] < 1e-4
     assert 0 < figures["bf16_max_rel_diff"] < 5e-2, "bf16 must differ a little from fp32, not be it"
 
 
-@pytest.mark.multiprocess
-def test_offload_and_checkpoint_through_accel_launch(deepspeed_ops, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def offload_run(deepspeed_ops, tmp_path_factory) -> CheckRun:
     """`accel launch --use-deepspeed ...`: optimizer offload vs DDP, save_state/load_state continuation, unsafe files
     refused."""
     command = [
@@ -68,67 +79,65 @@ def test_offload_and_checkpoint_through_accel_launch(deepspeed_ops, tmp_path) ->
         "--scheduler-stepping",
         "per_optimizer_step",
         str(HERE / "offload_checkpoint_checks.py"),
-        str(tmp_path),
+        str(tmp_path_factory.mktemp("offload")),
     ]
-    try:
-        result = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=REPO)
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"accel launch did not finish within {RUN_TIMEOUT}s (a hang?)\n{error.stdout}\n{error.stderr}")
-    assert result.returncode == 0, result.stdout + result.stderr[-6000:]
-    for rank in (0, 1):
-        assert f"OFFLOAD CHECKPOINT CHECKS PASSED {rank}" in result.stdout
-    print(_figures(result.stdout))
-
-
-def test_single_process_errors_dummies_teacher(deepspeed_ops, tmp_path) -> None:
-    """Plain `python train.py`: contradictory-config errors, DummyOptim/DummyScheduler, frozen teacher + ZeRO-3
-    resume."""
-    try:
-        result = subprocess.run(
-            [sys.executable, str(HERE / "single_process_checks.py"), str(tmp_path)],
-            env=_env(),
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT,
-            cwd=REPO,
-        )
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"single_process_checks.py did not finish within {RUN_TIMEOUT}s\n{error.stdout}\n{error.stderr}")
-    assert result.returncode == 0 and "SINGLE PROCESS CHECKS PASSED" in result.stdout, (
-        result.stdout + result.stderr[-6000:]
-    )
+    results = tmp_path_factory.mktemp("offload_results")
+    run = run_check_script(command, OFFLOAD_SCRIPT, nproc=2, env=DEEPSPEED_CPU, timeout=RUN_TIMEOUT, results=results)
+    print(_figures(run.stdout))
+    return run
 
 
 @pytest.mark.multiprocess
-def test_checkpoints_load_with_another_process_count(deepspeed_ops, tmp_path) -> None:
+@pytest.mark.parametrize("name", checks_in(OFFLOAD_SCRIPT))
+def test_offload_and_checkpoint_through_accel_launch(offload_run: CheckRun, name: str) -> None:
+    offload_run.assert_passed(name)
+
+
+@pytest.fixture(scope="module")
+def single_process_run(deepspeed_ops, tmp_path_factory) -> CheckRun:
+    """Plain `python train.py`: contradictory-config errors, DummyOptim/DummyScheduler, frozen teacher + ZeRO-3
+    resume."""
+    command = [sys.executable, str(SINGLE_PROCESS_SCRIPT), str(tmp_path_factory.mktemp("single"))]
+    results = tmp_path_factory.mktemp("single_results")
+    return run_check_script(
+        command, SINGLE_PROCESS_SCRIPT, nproc=1, env=DEEPSPEED_CPU, timeout=RUN_TIMEOUT, results=results
+    )
+
+
+@pytest.mark.parametrize("name", checks_in(SINGLE_PROCESS_SCRIPT))
+def test_single_process_errors_dummies_teacher(single_process_run: CheckRun, name: str) -> None:
+    single_process_run.assert_passed(name)
+
+
+@pytest.fixture(scope="module")
+def reshard_runs(deepspeed_ops, tmp_path_factory) -> dict[int, CheckRun]:
     """ZeRO-1/2/3 (+ optimizer offload) checkpoints: 2 processes -> 1 and 1 -> 2 through universal checkpoints.
 
-    The 2-process and the 1-process launch run at the same time and wait for each other's checkpoints.
-    """
-    script = str(HERE / "reshard_checks.py")
-    commands = [
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script, str(tmp_path)],
-        [sys.executable, script, str(tmp_path)],
-    ]
-    launches = [
-        subprocess.Popen(c, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-        for c in commands
-    ]
-    outputs = []
-    for launch in launches:
-        try:
-            outputs.append(launch.communicate(timeout=RUN_TIMEOUT))
-        except subprocess.TimeoutExpired:
-            for other in launches:
-                other.kill()
-            pytest.fail(
-                f"reshard_checks.py did not finish within {RUN_TIMEOUT}s (a hang?)\n"
-                + "\n".join(o for pair in outputs for o in pair)
-            )
-    for launch, (stdout, stderr), passed in zip(launches, outputs, (("0", "1"), ("0",)), strict=True):
-        assert launch.returncode == 0, stdout + stderr[-6000:]
-        for rank in passed:
-            assert f"RESHARD CHECKS PASSED {rank}" in stdout, stdout + stderr[-4000:]
-        figures = _figures(stdout)
+    The 2-process and the 1-process launch run at the same time and wait for each other's checkpoints."""
+    folder = str(tmp_path_factory.mktemp("reshard"))
+    commands = {2: torchrun_command(RESHARD_SCRIPT, folder, nproc=2), 1: [sys.executable, str(RESHARD_SCRIPT), folder]}
+
+    def run(nproc: int) -> CheckRun:
+        results = tmp_path_factory.mktemp(f"reshard_results_{nproc}")
+        return run_check_script(
+            commands[nproc], RESHARD_SCRIPT, nproc=nproc, env=DEEPSPEED_CPU, timeout=RUN_TIMEOUT, results=results
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip((2, 1), pool.map(run, (2, 1)), strict=True))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("nproc", [2, 1], ids=["2_processes", "1_process"])
+@pytest.mark.parametrize("name", checks_in(RESHARD_SCRIPT))
+def test_checkpoints_load_with_another_process_count(reshard_runs: dict[int, CheckRun], nproc: int, name: str) -> None:
+    reshard_runs[nproc].assert_passed(name)
+
+
+@pytest.mark.multiprocess
+def test_resharded_weights_match(reshard_runs: dict[int, CheckRun]) -> None:
+    for run in reshard_runs.values():
+        figures = _figures(run.stdout)
         print(figures)
+        assert any(k.endswith("_weights") for k in figures), run.stdout[-3000:]
         assert all(v < 1e-5 for k, v in figures.items() if k.endswith("_weights")), figures

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from checkrun import worker_env
 from torch.utils.file_baton import FileBaton
 
 from accel_deepspeed.ops import ACCEL_LOCK, TORCH_LOCK, accel_build_lock, clear_stale_torch_lock
@@ -35,10 +36,9 @@ ANNOUNCED = "DeepSpeed compiles its C++ op deepspeed_shm_comm"
 
 def _env(extensions: Path | None) -> dict[str, str]:
     """The run's environment; `extensions` None keeps this session's TORCH_EXTENSIONS_DIR (or torch's default)."""
-    env = {**os.environ, "ACCEL_USE_CPU": "true", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    if extensions is not None:
-        env["TORCH_EXTENSIONS_DIR"] = str(extensions)
-    return env
+    return worker_env(
+        {"DS_ACCELERATOR": "cpu", **({} if extensions is None else {"TORCH_EXTENSIONS_DIR": str(extensions)})}
+    )
 
 
 def _stop_mid_build(extensions: Path, build_dir: Path, wait_for: tuple[str, ...]) -> str:
