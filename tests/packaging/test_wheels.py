@@ -305,7 +305,9 @@ def test_accel_data_shards_a_loader_over_two_processes(clone, constraints, tmp_p
     # once; each process reporting 7 steps (99 samples, 8 per process per step) shows the loader was sharded.
     script = tmp_path / "train.py"
     example = _code_blocks(_section(_readme("accel-data"), "## Standalone use"), "python")[0]
-    script.write_text(example + '\nprint("SHARDED", dist.get_rank(), len(loader), len(seen))\n')
+    # One string per print: the workers run unbuffered, so each argument of a print is its own write, and the two
+    # ranks' writes to the shared pipe interleave ("SHARDEDSHARDED 0 7 198").
+    script.write_text(example + '\nprint(f"SHARDED {dist.get_rank()} {len(loader)} {len(seen)}")\n')
     out = venv.run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)], timeout=300)
     for rank in (0, 1):
         assert f"SHARDED {rank} 7 198" in out, out
@@ -315,7 +317,7 @@ TWO_RANKS = """
 import torch.distributed as dist
 
 dist.init_process_group("gloo")
-print("RANK", dist.get_rank(), "OF", dist.get_world_size(), flush=True)
+print(f"RANK {dist.get_rank()} OF {dist.get_world_size()}", flush=True)  # one write: the ranks share the pipe
 dist.destroy_process_group()
 """
 
