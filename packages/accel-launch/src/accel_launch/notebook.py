@@ -23,7 +23,7 @@ from .run import patched_environ, preserved_signal_handlers
 def _check_parent_is_clean(uses_cuda: bool) -> None:
     """Forked workers inherit this process: it must not hold a process state or a CUDA context yet."""
     state_module = sys.modules.get("accel_core.state")
-    if state_module is not None and state_module.PartialState._shared_state:
+    if state_module is not None and state_module.PartialState.is_initialized():
         raise ValueError(
             "An Accelerator (or PartialState) already exists in this process, so the launched processes would "
             "inherit it: create the Accelerator inside the function you launch, and restart the notebook kernel."
