@@ -16,6 +16,7 @@ from accel_launch.plan import (
     FLAG,
     LaunchTarget,
     parse_env_pairs,
+    rendezvous_warning,
     resolve_plan,
     torchrun_argv,
 )
@@ -72,6 +73,17 @@ def test_yaml_bare_no_and_environment_booleans_are_read() -> None:
         ({}, {"ACCEL_MIXED_PRECISION": "fp12"}, {}, "environment variable ACCEL_MIXED_PRECISION"),
         ({}, {}, {"gradient_accumulation_steps": "many"}, "key 'gradient_accumulation_steps'"),
         ({"num_processes": 3, "num_machines": 2, "main_process_ip": "10.0.0.1"}, {}, {}, "multiple of num_machines"),
+        ({"num_machines": "1:2", "main_process_ip": "h"}, {}, {}, "all 2 \\(MAX\\) machines.*--num-processes 2"),
+        ({"num_machines": "3:2", "num_processes": 2, "main_process_ip": "h"}, {}, {}, "1 <= MIN <= MAX"),
+        ({"num_machines": "1:2", "num_processes": 2}, {}, {}, "elastic job.*--main-process-ip"),
+        ({"num_machines": "two"}, {}, {}, "--num-machines: expected a number of machines N or a range MIN:MAX"),
+        ({}, {}, {"num_machines": "1:x"}, "key 'num_machines'.*MIN:MAX"),
+        (
+            {"num_machines": "1:2", "num_processes": 2, "main_process_ip": "h", "rdzv_backend": "static"},
+            {},
+            {},
+            "static rendezvous fixes the number of machines.*--rdzv-backend c10d",
+        ),
         ({"num_machines": 2, "num_processes": 2, "machine_rank": 2, "main_process_ip": "h"}, {}, {}, "machine_rank"),
         ({"num_machines": 2, "num_processes": 2}, {}, {}, "--main-process-ip"),
         ({"num_processes": 0}, {}, {}, "at least 1"),
@@ -283,3 +295,56 @@ def test_scheduler_stepping_travels_from_flag_environment_or_config_file() -> No
     assert plan.env["ACCEL_SCHEDULER_STEPPING"] == "per_process"
     with pytest.raises(ValueError, match=r"scheduler_stepping.*per_optimizer_step"):
         resolve_plan({}, {}, {"scheduler_stepping": "per_epoch"})
+
+
+def test_several_machines_with_restarts_or_an_elastic_size_meet_at_a_c10d_rendezvous() -> None:
+    """The static rendezvous cannot take a lost machine's agent back (its restarted workers read the lost attempt's
+    addresses) nor change the number of machines: restarts and MIN:MAX choose c10d unless a backend is named."""
+    target = LaunchTarget("train.py")
+    two = {"num_machines": 2, "num_processes": 2, "main_process_ip": "127.0.0.1", "main_process_port": 4000}
+    assert resolve_plan(two, {}, {}).rdzv_backend == "static"  # no restarts: node ranks as given
+    restarting = resolve_plan({**two, "max_restarts": 2, "machine_rank": 1}, {}, {})
+    argv = torchrun_argv(restarting, target)
+    assert restarting.rdzv_backend == "c10d" and rendezvous_warning(restarting) is None
+    # A machine rank given says which agent serves the store (on one machine's loopback every agent would guess so).
+    assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:4000", "--rdzv-conf=is_host=false"} <= set(
+        argv
+    )
+    assert "--rdzv-conf=is_host=true" in torchrun_argv(
+        resolve_plan({**two, "max_restarts": 2, "machine_rank": 0}, {}, {}), target
+    )
+    assert not any("is_host" in arg for arg in torchrun_argv(resolve_plan({**two, "max_restarts": 2}, {}, {}), target))
+    static = resolve_plan({**two, "max_restarts": 2}, {}, {"rdzv_backend": "static"})  # asked for: kept, with a warning
+    assert static.rdzv_backend == "static"
+    assert "cannot rejoin" in (rendezvous_warning(static) or "") and "config key 'rdzv_backend'" in (
+        rendezvous_warning(static) or ""
+    )
+
+
+def test_an_elastic_job_counts_its_processes_over_max_machines_and_may_keep_the_global_batch() -> None:
+    flags = {"num_machines": "1:2", "num_processes": 4, "main_process_ip": "10.0.0.1", "keep_global_batch": True}
+    plan = resolve_plan(flags, {}, {})
+    assert (plan.min_machines, plan.num_machines, plan.nproc_per_node, plan.elastic) == (1, 2, 2, True)
+    assert plan.rdzv_backend == "c10d" and plan.settings()["num_machines"] == "1:2"
+    assert plan.env["ACCEL_GLOBAL_BATCH_PROCESSES"] == "4"  # the world the accumulation is meant for
+    argv = torchrun_argv(plan, LaunchTarget("train.py"))
+    assert {"--nnodes=1:2", "--nproc-per-node=2", "--rdzv-endpoint=10.0.0.1:29500"} <= set(argv)
+    fixed = resolve_plan({"num_machines": "2:2", "num_processes": 4, "main_process_ip": "h"}, {}, {})
+    assert (fixed.min_machines, fixed.elastic, fixed.rdzv_backend) == (None, False, "static")
+    assert "ACCEL_GLOBAL_BATCH_PROCESSES" not in resolve_plan({**flags, "keep_global_batch": False}, {}, {}).env
+
+
+def test_keep_global_batch_multiplies_the_accumulation_of_a_smaller_world() -> None:
+    from accel_core.strategies import resolve_strategy_plan
+
+    environ = {"ACCEL_GLOBAL_BATCH_PROCESSES": "4", "ACCEL_GRADIENT_ACCUMULATION_STEPS": "3"}
+    assert resolve_strategy_plan(world_size=4, environ=environ).gradient_accumulation.num_steps == 3
+    assert resolve_strategy_plan(world_size=2, environ=environ).gradient_accumulation.num_steps == 6
+    assert (
+        resolve_strategy_plan(
+            world_size=1, gradient_accumulation_steps=2, environ=environ
+        ).gradient_accumulation.num_steps
+        == 8
+    )
+    with pytest.raises(ValueError, match="3 processes of this round cannot keep the global batch of 4"):
+        resolve_strategy_plan(world_size=3, environ=environ)

@@ -5,8 +5,9 @@ Usage: ``restartable_train.py <project_dir>``. ``FAULT_PLAN`` (JSON, optional) m
 optimizer step, ``where`` being ``"step"`` (right after the optimizer step, before it is logged)
 or ``"save"`` (inside the periodic save of that step, once its hidden folder exists); with
 ``"sigterm"`` that rank sends itself SIGTERM there, with ``"sigterm-launcher"`` it sends SIGTERM to
-its launcher (a cluster's preemption notice), and ``CHECKPOINT_ON_SIGTERM=1`` turns on the emergency
-checkpoint.
+its launcher (a cluster's preemption notice), with ``"node"`` it SIGKILLs its launcher and then itself
+(a whole machine lost), and ``CHECKPOINT_ON_SIGTERM=1`` turns on the emergency checkpoint. A rank of
+``null`` means whichever rank this launch's process has (one node's launch of a multi-node job).
 
 Writes ``<project_dir>/final.safetensors`` (rank 0) and one line per attempt and rank to
 ``<project_dir>/attempts.jsonl``. The script itself has the three lines of auto-resume and no
@@ -48,9 +49,12 @@ rank = accelerator.process_index
 
 
 def die_here(where: str) -> None:
-    if plan is None or plan[0] != rank or plan[1] != accelerator.completed_steps:
+    if plan is None or plan[0] not in (None, rank) or plan[1] != accelerator.completed_steps:
         return
     sys.stdout.flush()
+    if where == "step" and plan[2] == "node":
+        os.kill(os.getppid(), signal.SIGKILL)  # the agent (`accel launch`): its workers die with it
+        os.kill(os.getpid(), signal.SIGKILL)
     if plan[2] == where:
         os.kill(os.getpid(), signal.SIGKILL)
     elif where == "step" and plan[2] == "sigterm":

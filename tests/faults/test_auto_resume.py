@@ -84,12 +84,10 @@ def _tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted run of the script: its final weights and metrics are what every faulty run must end with."""
-    project = tmp_path_factory.mktemp("faults") / "reference"
-    run = _launch(project, None, restarts=0)
-    assert run.returncode == 0, run.stdout + run.stderr
-    return project
+def reference(restartable_reference: Path) -> Path:
+    """An uninterrupted run of the script (tests/faults/conftest.py): its final weights and metrics are what every
+    faulty run must end with."""
+    return restartable_reference
 
 
 def _assert_same_end(project: Path, reference: Path, why: str) -> None:

@@ -27,6 +27,9 @@ SCHEDULER_STEPPING = "ACCEL_SCHEDULER_STEPPING"  # "per_process" (as Accelerate)
 # (SPMD), so `accel launch` does not check them against --num-processes; the strategy checks them in the process.
 MESH_OVER_DEVICES = "ACCEL_MESH_OVER_DEVICES"
 AUTO_RESUME = "ACCEL_AUTO_RESUME"  # "1"/"true": Accelerator(resume="auto") unless the script passes resume=
+# An elastic job's processes when all its machines take part (`accel launch --keep-global-batch`): a smaller
+# world multiplies gradient accumulation by GLOBAL_BATCH_PROCESSES / WORLD_SIZE to keep the global batch.
+GLOBAL_BATCH_PROCESSES = "ACCEL_GLOBAL_BATCH_PROCESSES"
 # The mesh sizes travel as ACCEL_<DIM>_SIZE (ACCEL_TP_SIZE, ...): see ``accel_core.parallel.config.ENV_VARS``.
 # A backend's own options travel as ACCEL_<BACKEND>_<OPTION>, e.g. ACCEL_FSDP_SHARDING_STRATEGY;
 # the backend package reads them in its plugin's ``from_env``.

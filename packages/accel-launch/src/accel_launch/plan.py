@@ -27,6 +27,34 @@ RDZV_STORE_SHARING_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 @dataclass(frozen=True)
+class MachineRange:
+    """``--num-machines``: N machines, or MIN:MAX for an elastic job (torchrun's ``--nnodes=MIN:MAX``)."""
+
+    minimum: int
+    maximum: int
+
+    @classmethod
+    def parse(cls, value: Any) -> MachineRange:
+        """From an integer, ``"N"`` or ``"MIN:MAX"``; ``ValueError`` (without the origin) otherwise."""
+        if isinstance(value, MachineRange):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(value, value)
+        match = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", value) if isinstance(value, str) else None
+        if match is None:
+            raise ValueError(f"expected a number of machines N or a range MIN:MAX such as 1:4, got {value!r}.")
+        low = int(match.group(1))
+        return cls(low, int(match.group(2)) if match.group(2) is not None else low)
+
+    @property
+    def elastic(self) -> bool:
+        return self.minimum != self.maximum
+
+    def __str__(self) -> str:
+        return f"{self.minimum}:{self.maximum}" if self.elastic else str(self.maximum)
+
+
+@dataclass(frozen=True)
 class Setting:
     """One launch setting: its name (flag dest and config key), type, default and ``ACCEL_*`` variable."""
 
@@ -39,13 +67,36 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("num_processes", int, 1, help="processes in total, over all machines"),
-    Setting("num_machines", int, 1, help="machines taking part"),
+    Setting(
+        "num_processes",
+        int,
+        1,
+        help="processes in total, over all machines (an elastic job: over MAX machines, the same number on each)",
+    ),
+    Setting(
+        "num_machines",
+        MachineRange,
+        1,
+        help="machines taking part: N, or MIN:MAX for an elastic job that continues on MIN to MAX machines",
+    ),
     Setting("machine_rank", int, 0, help="index of this machine, 0 for the main one"),
     Setting("main_process_ip", str, None, help="address of the machine of rank 0 (several machines)"),
     Setting("main_process_port", int, None, help="port of the rendezvous on the main machine"),
-    Setting("rdzv_backend", str, "static", help="torchrun rendezvous backend: static, c10d, etcd, ..."),
+    Setting(
+        "rdzv_backend",
+        str,
+        "static",
+        help="torchrun rendezvous backend of several machines: static (default), c10d (the default with "
+        "--max-restarts or MIN:MAX machines: a lost machine's agent can rejoin), etcd, ...",
+    ),
     Setting("max_restarts", int, 0, help="times the whole job restarts after a failure"),
+    Setting(
+        "keep_global_batch",
+        bool,
+        False,
+        help="an elastic job keeps its global batch when machines are missing: gradient accumulation grows by "
+        "(processes at MAX machines) / (processes now), which must divide",
+    ),
     Setting(
         "auto_resume",
         bool,
@@ -127,15 +178,21 @@ class LaunchPlan:
     ``env`` holds only what the launcher adds to the caller's environment (``ACCEL_*`` settings,
     backend options, ``--env`` pairs, ``OMP_NUM_THREADS``); the workers see the caller's
     environment updated with it.
+
+    ``num_machines`` is the most machines of the job and ``min_machines`` the fewest it runs on
+    (``None``: a fixed number, all of them); ``num_processes`` counts the processes when all
+    ``num_machines`` take part.
     """
 
     num_processes: int = 1
     num_machines: int = 1
+    min_machines: int | None = None
     machine_rank: int = 0
     main_process_ip: str | None = None
     main_process_port: int | None = None
     rdzv_backend: str = "static"
     max_restarts: int = 0
+    keep_global_batch: bool = False
     auto_resume: bool = False
     monitor_interval: float | None = None
     log_dir: str | None = None
@@ -164,6 +221,16 @@ class LaunchPlan:
         return self.num_processes // self.num_machines
 
     @property
+    def elastic(self) -> bool:
+        """Whether the job continues on fewer machines than ``num_machines`` (``--num-machines MIN:MAX``)."""
+        return self.min_machines is not None and self.min_machines != self.num_machines
+
+    @property
+    def nnodes(self) -> str:
+        """torchrun's ``--nnodes``: ``N`` or ``MIN:MAX``."""
+        return f"{self.min_machines}:{self.num_machines}" if self.elastic else str(self.num_machines)
+
+    @property
     def uses_torchrun(self) -> bool:
         """Whether the job needs torchrun's agent: several processes or machines, or restarts.
 
@@ -173,8 +240,11 @@ class LaunchPlan:
         return self.num_processes > 1 or self.num_machines > 1 or self.max_restarts > 0 or self.log_dir is not None
 
     def settings(self) -> dict[str, Any]:
-        """The settings as a plain dict (config-file keys)."""
-        return {s.name: getattr(self, s.name) for s in SETTINGS}
+        """The settings as a plain dict (config-file keys); ``num_machines`` as ``"MIN:MAX"`` when elastic."""
+        values = {s.name: getattr(self, s.name) for s in SETTINGS}
+        if self.elastic:
+            values["num_machines"] = self.nnodes
+        return values
 
 
 def encode_env_value(value: Any) -> str:
@@ -196,7 +266,14 @@ def coerce(setting: Setting, value: Any, origin: str) -> Any:
     if value is None:
         return None
     result: Any
-    if setting.kind is bool:
+    if setting.kind is MachineRange:
+        # Kept as a config file writes it: an integer, or "MIN:MAX" for an elastic job.
+        try:
+            machines = MachineRange.parse(value)
+        except ValueError as error:
+            raise ValueError(f"{origin}: {error}") from None
+        result = str(machines) if machines.elastic else machines.maximum
+    elif setting.kind is bool:
         try:
             result = env.parse_flag(value) if isinstance(value, str) else value
         except ValueError as error:
@@ -273,8 +350,11 @@ def resolve_plan(
         source, raw = next(((s, v) for s, v in candidates if v is not None), (DEFAULT, default))
         values[setting.name] = coerce(setting, raw, _origin(setting, source, config_file))
         sources[setting.name] = source
+    machines = MachineRange.parse(values["num_machines"])
+    values["num_machines"], values["min_machines"] = machines.maximum, machines.minimum if machines.elastic else None
     mesh_over_devices = env.flag(env.MESH_OVER_DEVICES, environ={**environ, **(flag_env or {})})
     _validate(values, sources, config_file, mesh_over_devices)
+    _choose_rendezvous(values, sources, config_file)
 
     child_env: dict[str, str] = {}
     # Lowest first: config file sections, then the resolved settings, then the command line's pairs.
@@ -301,6 +381,9 @@ def resolve_plan(
         # (pytorch/pytorch#135712; 2 of 8 restarts here). Without sharing, each attempt's rank 0
         # serves a fresh store. The agent reads it too: `launch` applies this env to its own process.
         child_env[RDZV_STORE_SHARING_OFF] = "1"
+    if values["keep_global_batch"] and values["min_machines"] is not None:
+        # The data-parallel world the user's batch and accumulation are meant for: all MAX machines.
+        child_env[env.GLOBAL_BATCH_PROCESSES] = str(values["num_processes"])
     nproc_per_node = values["num_processes"] // values["num_machines"]
     if nproc_per_node > 1 and "OMP_NUM_THREADS" not in environ and "OMP_NUM_THREADS" not in child_env:
         # torchrun would set 1 (and print a warning box); share this machine's CPUs instead.
@@ -318,6 +401,11 @@ def _validate(
     for name in ("num_processes", "num_machines", "gradient_accumulation_steps"):
         if values[name] < 1:
             raise ValueError(f"{where(name)}: {name} must be at least 1, got {values[name]}.")
+    if values["min_machines"] is not None and not 1 <= values["min_machines"] <= values["num_machines"]:
+        raise ValueError(
+            f"{where('num_machines')}: MIN:MAX needs 1 <= MIN <= MAX, got "
+            f"{values['min_machines']}:{values['num_machines']}; e.g. --num-machines 1:{values['num_machines']}."
+        )
     if values["max_restarts"] < 0:
         raise ValueError(f"{where('max_restarts')}: max_restarts must be 0 or more.")
     if values["collective_timeout"] is not None and values["collective_timeout"] <= 0:
@@ -326,9 +414,18 @@ def _validate(
         raise ValueError(f"{where('monitor_interval')}: monitor_interval must be a positive number of seconds.")
     machines, processes = values["num_machines"], values["num_processes"]
     if processes % machines:
+        elastic = values["min_machines"] is not None
         raise ValueError(
-            f"num_processes ({processes}, {where('num_processes')}) counts the processes of all machines and must be a "
-            f"multiple of num_machines ({machines}); e.g. --num-processes {machines * max(1, processes // machines)}."
+            f"num_processes ({processes}, {where('num_processes')}) counts the processes of all "
+            f"{f'{machines} (MAX) ' if elastic else ''}machines and must be a multiple of "
+            f"{'MAX' if elastic else 'num_machines'} ({machines}), the same number on each machine; e.g. "
+            f"--num-processes {machines * max(1, processes // machines)} for {max(1, processes // machines)} per "
+            "machine."
+        )
+    if values["min_machines"] is not None and machines > 1 and not values["main_process_ip"]:
+        raise ValueError(
+            "An elastic job (--num-machines MIN:MAX) meets at a rendezvous on one machine: pass --main-process-ip "
+            "<its address> and the same --main-process-port on every machine."
         )
     if not 0 <= values["machine_rank"] < machines:
         raise ValueError(
@@ -357,6 +454,43 @@ def _validate(
     if port == 0:
         values["main_process_port"] = None  # one machine: torchrun picks a free port by itself
     _validate_mesh(values, where, mesh_over_devices)
+
+
+def _choose_rendezvous(values: dict[str, Any], sources: dict[str, str], config_file: str | None) -> None:
+    """Several machines: the static rendezvous unless restarts or an elastic size need c10d's (or etcd's).
+
+    The static rendezvous fixes each machine's rank and the number of machines for the whole job, and
+    counts restarts per agent: a machine whose agent was lost and started again begins at restart 0
+    while the others are at 1, and its workers read the lost attempt's addresses (measured on two
+    agents over 127.0.0.1: ``Gloo connectFullMesh failed ... Connection refused``, the job fails).
+    It cannot change the number of machines either. The c10d rendezvous runs a new round for every
+    restart, where a restarted agent joins and an elastic job meets with the machines it has.
+    """
+    several = values["num_machines"] > 1 or values["min_machines"] is not None
+    if not several:
+        return
+    wants_dynamic = values["max_restarts"] > 0 or values["min_machines"] is not None
+    if sources["rdzv_backend"] == DEFAULT and wants_dynamic:
+        values["rdzv_backend"] = "c10d"
+    if values["rdzv_backend"] == "static" and values["min_machines"] is not None:
+        origin = _origin(SETTINGS_BY_NAME["rdzv_backend"], sources["rdzv_backend"], config_file)
+        raise ValueError(
+            f"{origin}: the static rendezvous fixes the number of machines, an elastic --num-machines "
+            f"{values['min_machines']}:{values['num_machines']} needs a dynamic one: pass --rdzv-backend c10d "
+            "(the default of an elastic job) or etcd."
+        )
+
+
+def rendezvous_warning(plan: LaunchPlan) -> str | None:
+    """What a launch should say before it starts: restarts of several machines under a static rendezvous asked for."""
+    if plan.rdzv_backend == "static" and plan.num_machines > 1 and plan.max_restarts > 0:
+        origin = _origin(SETTINGS_BY_NAME["rdzv_backend"], plan.sources.get("rdzv_backend", DEFAULT), plan.config_file)
+        return (
+            f"the static rendezvous ({origin}) restarts the workers after a worker fails, but a machine whose "
+            "`accel launch` is lost and started again cannot rejoin it (the job fails). Drop rdzv_backend or pass "
+            "--rdzv-backend c10d: with --max-restarts that is the default of several machines."
+        )
+    return None
 
 
 def _validate_mesh(values: dict[str, Any], where: Any, over_devices: bool = False) -> None:
@@ -407,7 +541,7 @@ def torchrun_argv(plan: LaunchPlan, target: LaunchTarget) -> list[str]:
         torchrun_argv(resolve_plan({"num_processes": 2}, {}, {}), LaunchTarget("train.py"))
         # ['--nnodes=1', '--nproc-per-node=2', '-m', 'accel_launch.runner', 'path', 'train.py']
     """
-    argv = [f"--nnodes={plan.num_machines}", f"--nproc-per-node={plan.nproc_per_node}"]
+    argv = [f"--nnodes={plan.nnodes}", f"--nproc-per-node={plan.nproc_per_node}"]
     if plan.max_restarts:
         argv.append(f"--max-restarts={plan.max_restarts}")
     if plan.monitor_interval is not None:
@@ -418,13 +552,18 @@ def torchrun_argv(plan: LaunchPlan, target: LaunchTarget) -> list[str]:
     elif plan.tee is not None:
         argv.append(f"--tee={plan.tee}")
     port = plan.main_process_port
-    if plan.num_machines > 1:
+    if plan.num_machines > 1 or plan.elastic:
         address = f"{plan.main_process_ip}:{port or DEFAULT_PORT}"
         if plan.rdzv_backend == "static":
             argv += [f"--node-rank={plan.machine_rank}", f"--master-addr={plan.main_process_ip}"]
             argv.append(f"--master-port={port or DEFAULT_PORT}")
         else:
             argv += [f"--rdzv-backend={plan.rdzv_backend}", f"--rdzv-endpoint={address}"]
+            if plan.rdzv_backend == "c10d" and plan.sources.get("machine_rank", DEFAULT) != DEFAULT:
+                # Which agent serves the rendezvous store: torch guesses from the endpoint's host name,
+                # and every agent of a job on one machine's loopback (or behind one name) would guess
+                # itself. A machine rank given says it: machine 0 serves, the others connect.
+                argv.append(f"--rdzv-conf=is_host={str(plan.machine_rank == 0).lower()}")
     elif port is not None:
         # One machine: the c10d rendezvous on that port, as torchrun does on a free port when none is given.
         # Not the static one: its agent serves one store to every attempt, where a restarted worker that

@@ -6,6 +6,7 @@ Precedence for every setting: the Accelerator's argument > the ``ACCEL_*`` envir
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ def resolve_strategy_plan(
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {steps!r}.")
         accumulation = GradientAccumulationPlugin(num_steps=steps)
+    accumulation = keep_global_batch(accumulation, world_size, environ)
 
     given = {arg: plugin for arg, plugin in (plugins or {}).items() if plugin is not None}
     unknown = set(given) - set(PLUGIN_ARGUMENTS)
@@ -126,6 +128,30 @@ def resolve_strategy_plan(
         dynamo_backend=dynamo,
         scheduler_stepping=stepping,
     )
+
+
+def keep_global_batch(
+    accumulation: GradientAccumulationPlugin, world_size: int, environ: Mapping[str, str]
+) -> GradientAccumulationPlugin:
+    """An elastic job running short of machines accumulates more micro-batches per optimizer step.
+
+    ``ACCEL_GLOBAL_BATCH_PROCESSES`` (``accel launch --keep-global-batch``) is the world the script's
+    accumulation is meant for, all machines taking part; with fewer processes each optimizer step
+    accumulates ``full / world_size`` times more, so it averages the gradient over as many samples as the
+    full world's step (the same samples, where the loader's position converts) and the step count of
+    an epoch, the LR schedule's clock, does not change with the world.
+    """
+    full = env.get_int(env.GLOBAL_BATCH_PROCESSES, 0, environ)
+    if not full or full == world_size:
+        return accumulation
+    if full % world_size:
+        raise ValueError(
+            f"{env.GLOBAL_BATCH_PROCESSES}={full} (--keep-global-batch): the {world_size} processes of this round "
+            f"cannot keep the global batch of {full} processes by accumulating a whole number of micro-batches "
+            "more; give every machine the same number of processes and use machine counts that divide the full "
+            "one, or drop --keep-global-batch."
+        )
+    return dataclasses.replace(accumulation, num_steps=accumulation.num_steps * (full // world_size))
 
 
 def _xla_configured(environ: Mapping[str, str]) -> bool:

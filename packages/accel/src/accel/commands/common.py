@@ -36,13 +36,26 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         "--cpu", dest="use_cpu", action=argparse.BooleanOptionalAction, default=None, help=helps["use_cpu"]
     )
     layout.add_argument("--use_cpu", dest="use_cpu", action="store_const", const=True, help=argparse.SUPPRESS)
-    _add(layout, "-n", dest="num_processes", type=int, metavar="N", help="processes in total, over all machines")
-    _add(layout, dest="num_machines", type=int, metavar="N", help=helps["num_machines"])
-    _add(layout, dest="machine_rank", type=int, metavar="RANK", help=helps["machine_rank"] + " (static rendezvous)")
+    _add(layout, "-n", dest="num_processes", type=int, metavar="N", help=helps["num_processes"])
+    _add(layout, dest="num_machines", metavar="N|MIN:MAX", help=helps["num_machines"])
+    _add(
+        layout,
+        dest="machine_rank",
+        type=int,
+        metavar="RANK",
+        help=helps["machine_rank"] + " (static rendezvous: the node's rank; c10d: machine 0 serves the rendezvous)",
+    )
     _add(layout, dest="main_process_ip", metavar="ADDRESS", help=helps["main_process_ip"])
     _add(layout, dest="main_process_port", type=int, metavar="PORT", help="rendezvous port (one machine: a free one)")
     _add(layout, dest="rdzv_backend", metavar="NAME", help=helps["rdzv_backend"])
     _add(layout, dest="max_restarts", type=int, metavar="N", help=helps["max_restarts"])
+    layout.add_argument(
+        "--keep-global-batch",
+        dest="keep_global_batch",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=helps["keep_global_batch"],
+    )
     layout.add_argument(
         "--auto-resume",
         dest="auto_resume",
@@ -125,8 +138,9 @@ def format_settings(plan: LaunchPlan) -> str:
     """One line per setting: value and where it came from."""
     width = max(len(s.name) for s in SETTINGS)
     lines = []
+    values = plan.settings()
     for setting in SETTINGS:
-        value = getattr(plan, setting.name)
+        value = values[setting.name]
         shown = "-" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
         lines.append(f"  {setting.name.ljust(width)}  {shown.ljust(10)}  ({plan.sources.get(setting.name, '?')})")
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from accel_launch.config import (
     read_yaml_file,
     validate_config,
 )
-from accel_launch.plan import SETTINGS, resolve_plan
+from accel_launch.plan import SETTINGS, MachineRange, resolve_plan
 
 from .common import format_env, format_settings, write_config_file
 from .questions import Asker
@@ -185,7 +185,8 @@ def ask_config(existing: dict[str, Any] | None, asker: Asker | None = None) -> d
     def current(name: str) -> Any:
         return base.get(name, next(s.default for s in SETTINGS if s.name == name))
 
-    config["num_machines"] = machines = asker.integer("How many machines?", current("num_machines"), minimum=1)
+    known_machines = MachineRange.parse(current("num_machines")).maximum  # an elastic MIN:MAX asks for MAX
+    config["num_machines"] = machines = asker.integer("How many machines?", known_machines, minimum=1)
     if machines > 1:
         config["machine_rank"] = asker.integer("Rank of this machine (0 for the main one)?", current("machine_rank"))
         config["main_process_ip"] = asker.text("Address of the main machine?", current("main_process_ip"))
@@ -196,7 +197,7 @@ def ask_config(existing: dict[str, Any] | None, asker: Asker | None = None) -> d
             "Rendezvous backend?", current("rdzv_backend"), ["static", "c10d", "etcd"]
         )
     config["use_cpu"] = asker.yes_no("Run on the CPU only?", current("use_cpu"))
-    per_machine = max(1, current("num_processes") // max(1, current("num_machines")))
+    per_machine = max(1, current("num_processes") // known_machines)
     config["num_processes"] = asker.integer(
         "How many processes in total, over all machines?", per_machine * machines, 1
     )

@@ -21,7 +21,9 @@ ACCEL_* variable already in the environment, the config file, the default."""
 EPILOG = """examples:
   accel launch --cpu -n 2 train.py --epochs 3
   accel launch -n 8 --mixed-precision bf16 -m mypackage.train
-  accel launch --num-machines 2 --machine-rank 0 --main-process-ip 10.0.0.1 -n 16 train.py"""
+  accel launch --num-machines 2 --machine-rank 0 --main-process-ip 10.0.0.1 -n 16 train.py
+  accel launch --num-machines 1:4 --main-process-ip 10.0.0.1 -n 32 --max-restarts 3 --auto-resume train.py
+      (elastic: 1 to 4 machines of 8 processes; -n counts all 4 machines' processes)"""
 
 
 def build_parser(extensions: list[LaunchExtension]) -> argparse.ArgumentParser:
