@@ -332,6 +332,8 @@ def test_an_elastic_job_counts_its_processes_over_max_machines_and_may_keep_the_
     fixed = resolve_plan({"num_machines": "2:2", "num_processes": 4, "main_process_ip": "h"}, {}, {})
     assert (fixed.min_machines, fixed.elastic, fixed.rdzv_backend) == (None, False, "static")
     assert "ACCEL_GLOBAL_BATCH_PROCESSES" not in resolve_plan({**flags, "keep_global_batch": False}, {}, {}).env
+    assert "--max-restarts N" in (rendezvous_warning(plan) or "")  # no restarts: a lost machine ends the job
+    assert rendezvous_warning(resolve_plan({**flags, "max_restarts": 2}, {}, {})) is None
 
 
 def test_keep_global_batch_multiplies_the_accumulation_of_a_smaller_world() -> None:

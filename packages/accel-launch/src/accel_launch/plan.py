@@ -482,7 +482,17 @@ def _choose_rendezvous(values: dict[str, Any], sources: dict[str, str], config_f
 
 
 def rendezvous_warning(plan: LaunchPlan) -> str | None:
-    """What a launch should say before it starts: restarts of several machines under a static rendezvous asked for."""
+    """What a launch should say before it starts: a layout that cannot survive what the user likely expects it to.
+
+    Restarts of several machines under a static rendezvous asked for; an elastic job without restarts (the
+    survivors' workers fail in their next collective, and only a restart shrinks the world).
+    """
+    if plan.elastic and plan.max_restarts == 0:
+        return (
+            f"an elastic job (--num-machines {plan.nnodes}) without --max-restarts ends when a machine is lost: the "
+            "others' workers fail in their next collective and only a restart continues on fewer machines. Pass "
+            "--max-restarts N (and --auto-resume to continue from the newest checkpoint)."
+        )
     if plan.rdzv_backend == "static" and plan.num_machines > 1 and plan.max_restarts > 0:
         origin = _origin(SETTINGS_BY_NAME["rdzv_backend"], plan.sources.get("rdzv_backend", DEFAULT), plan.config_file)
         return (
