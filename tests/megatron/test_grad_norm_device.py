@@ -3,6 +3,9 @@
 Under NCCL that is the current GPU (``accel_core.grads.communication_device``, tested in tests/core): before,
 such a process all-reduced a CPU zero, which NCCL refuses. One process (a group of one over gloo) and Megatron's
 groups of one; the helper is wrapped to record what it was asked and answered.
+
+Slow: importing Megatron-core in the pytest process takes many seconds (torch._dynamo, torchao), so the import is
+made by the fixture, not at collection, where every run of the suite, the fast lane included, would pay it.
 """
 
 from __future__ import annotations
@@ -12,19 +15,24 @@ import torch
 import torch.distributed as dist
 
 from accel_core.strategies.groups import join_group_of_one
-from accel_megatron import grads
-from accel_megatron.groups import import_megatron
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def megatron_groups_of_one():
+def grads():
+    """accel_megatron.grads, with Megatron's groups of one set up around the test."""
+    from accel_megatron.groups import import_megatron
+
     import_megatron()
     from megatron.core import parallel_state
+
+    from accel_megatron import grads
 
     started = not dist.is_initialized()
     join_group_of_one(backend="gloo")
     parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
-    yield
+    yield grads
     parallel_state.destroy_model_parallel()
     if started:
         dist.destroy_process_group()
@@ -32,7 +40,7 @@ def megatron_groups_of_one():
 
 @pytest.mark.parametrize("norm_type", [2.0, float("inf")])
 def test_a_process_without_gradients_reduces_where_the_backend_wants(
-    megatron_groups_of_one, monkeypatch: pytest.MonkeyPatch, norm_type: float
+    grads, monkeypatch: pytest.MonkeyPatch, norm_type: float
 ) -> None:
     asked: list[tuple[torch.device, torch.device]] = []
     real = grads.communication_device
