@@ -247,3 +247,62 @@ def test_the_exit_watch_sees_a_killed_child_stop_running() -> None:
     # SIGKILL lands when the kernel next runs the child, which can be just after kill() returned (seen under
     # load, 0.2 ms late): the last sighting falls between the kill and the reaping.
     assert killed_at - 0.5 < watch.alive_at[child.pid] <= reaped_at
+
+
+def test_stall_report_threshold_comes_from_the_script_then_the_launcher_then_60_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from accel_core import InitProcessGroupKwargs
+    from accel_core.stall_report import stall_report_after
+
+    monkeypatch.delenv("ACCEL_STALL_REPORT_AFTER", raising=False)
+    assert stall_report_after() == 60.0
+    monkeypatch.setenv("ACCEL_STALL_REPORT_AFTER", "0")
+    assert stall_report_after() == 0.0  # off
+    monkeypatch.setenv("ACCEL_STALL_REPORT_AFTER", "4.5")
+    assert stall_report_after(InitProcessGroupKwargs().to_kwargs().get("stall_report_after")) == 4.5
+    given = InitProcessGroupKwargs(stall_report_after=timedelta(seconds=20)).to_kwargs()["stall_report_after"]
+    assert stall_report_after(given) == 20.0
+    monkeypatch.setenv("ACCEL_STALL_REPORT_AFTER", "soon")
+    with pytest.raises(ValueError, match="ACCEL_STALL_REPORT_AFTER='soon': the stall report's threshold must be 0"):
+        stall_report_after()
+    plan = resolve_plan({"num_processes": 2, "stall_report_after": 3.0}, {}, {})
+    assert plan.env["ACCEL_STALL_REPORT_AFTER"] == "3.0"
+    with pytest.raises(ValueError, match=r"--stall-report-after: stall_report_after must be 0 \(off\) or a number"):
+        resolve_plan({"stall_report_after": -1.0}, {}, {})
+
+
+def test_the_stall_report_names_ranks_that_ended_or_do_not_answer_and_groups_those_waiting_alike() -> None:
+    # The live report is checked under `accel launch` (tests/cli/test_fault_jobs.py); here the cases a
+    # 2-process gloo job cannot show (a rank that exits or is killed fails gloo's collective at once).
+    from accel_core.stall_report import compose_report
+
+    def position(rank: int, state: str, seq: int, op: str = "gather", **more: object) -> dict[str, object]:
+        where = {"rank": rank, "answer": 1, "state": state, "seq": seq, "op": op, "via": op, "site": f"train.py:{seq}"}
+        return {**where, "since": 61.0, "now": [], "host": "node", "pid": 100 + rank, **more}
+
+    reporter = position(0, "in", 5)
+    positions = {
+        0: reporter,
+        1: position(1, "in", 5),
+        2: position(2, "in", 5),
+        3: position(3, "exited", 4, op="reduce", via="log_metrics"),
+        4: None,
+        5: position(5, "out", 4, op="reduce", now=["train.py:30 in loop: batch = next(it)"]),
+    }
+    report = compose_report(reporter, positions, 6, 1800.0)
+    assert report.startswith("accel: stall report from rank 0: it has waited 61 s in gather #5 at train.py:5.")
+    assert "3 rank(s) have not reached it:" in report
+    assert (
+        "- rank 3 (pid 103 on node): its script has ended; its last collective was reduce #4 at train.py:4, "
+        "called through log_metrics" in report
+    )
+    assert "- rank 4: did not answer (its process was killed" in report
+    assert (
+        "- rank 5 (pid 105 on node): is not in a collective; its last was reduce #4 at train.py:4, 61 s ago; "
+        "now at:\n      train.py:30 in loop: batch = next(it)" in report
+    )
+    assert "In it: rank(s) 0-2." in report
+    assert "fails when it has waited 1800 s" in report
+    alone = compose_report(reporter, {0: reporter}, 2, None, asked=False)
+    assert "- rank 1: position unknown (no rendezvous store at MASTER_ADDR:MASTER_PORT to ask)" in alone

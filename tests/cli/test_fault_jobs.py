@@ -159,12 +159,18 @@ def test_a_signal_to_the_launcher_leaves_no_worker(cli, tmp_path: Path, nproc: i
 def test_a_rank_stuck_outside_a_collective_ends_the_job_at_the_collective_timeout(cli, tmp_path: Path) -> None:
     prefix = tmp_path / "pid"
     start = time.monotonic()
+    script = SCRIPTS / "hang_in_collective.py"
     result = cli.run(
-        "launch", "--cpu", "-n", "2", "--collective-timeout", "8", str(SCRIPTS / "hang_in_collective.py"), str(prefix)
+        "launch", "--cpu", "-n", "2", "--collective-timeout", "8", "--stall-report-after", "2", str(script), str(prefix)
     )
     elapsed = time.monotonic() - start
     assert result.returncode == 1, cli.describe(result)
     assert "rank 0 passed a barrier" not in result.stdout
+    # The stall report came first (the flag's threshold) and did not end the job: the collective timeout did.
+    report = result.stderr[result.stderr.index("accel: stall report from rank 0") :]
+    assert f"in wait_for_everyone #2 at {_line_of(script, 'second barrier')}." in report, report
+    assert f"{_line_of(script, 'rank 1 stuck')} in <module>: time.sleep(300)" in report, report
+    assert report.index("rank 1 (pid") < report.index("accel launch: The job failed"), report
     summary = result.stderr[result.stderr.index("accel launch: The job failed") :]
     assert summary.startswith("accel launch: The job failed: rank 0 (local rank 0"), summary
     assert "Timed out waiting 8000ms" in summary and "in wait_for_everyone" in summary
@@ -253,3 +259,34 @@ def test_accelerator_joins_a_job_another_launcher_started(cli, tmp_path: Path, k
         assert report["env"]["MASTER_PORT"] == str(port)
     if kind == "slurm":
         assert reports[0]["env"]["MASTER_ADDR"] == "localhost"  # the first node of SLURM_STEP_NODELIST
+
+
+def _line_of(script: Path, marker: str) -> str:
+    """``<path>:<line>`` of the line of ``script`` carrying ``# LINE: <marker>``, the path as the stall report
+    writes it (relative to the working directory the launched workers share with the test)."""
+    lines = script.read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if text.endswith(f"# LINE: {marker}"))
+    return f"{os.path.relpath(script)}:{line}"
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_stalled_collective_is_reported_once_naming_the_late_rank_and_the_job_goes_on(cli) -> None:
+    # No flag: the report is on by default; the threshold comes from the environment (3 s instead of 60).
+    script = SCRIPTS / "stall_late_gather.py"
+    result = cli.run("launch", "--cpu", "-n", "2", str(script), "12", env_extra={"ACCEL_STALL_REPORT_AFTER": "3"})
+    assert result.returncode == 0, cli.describe(result)  # the report did not stop the job
+    assert "rank 0 finished with [0, 1]" in result.stdout and "rank 1 finished with [0, 1]" in result.stdout
+    output = result.stdout + result.stderr
+    assert output.count("accel: stall report") == 1, output  # once; the 1 s late barrier is under the threshold
+    report = output[output.index("accel: stall report") :]
+    head = report.splitlines()[0]
+    assert head.startswith("accel: stall report from rank 0: it has waited "), report
+    assert f"in gather #2 at {_line_of(script, 'the gather')}." in head, report
+    waited = int(head.split("it has waited ")[1].split(" s")[0])
+    assert 3 <= waited <= 12, report  # reported soon after the threshold (a poll and a loaded machine later)
+    assert "1 rank(s) have not reached it:" in report, report
+    assert "- rank 1 (pid" in report, report
+    assert f"its last was wait_for_everyone #1 at {_line_of(script, 'first barrier')}," in report
+    assert f"{_line_of(script, 'rank 1 late')} in <module>: time.sleep(late)" in report, report
+    assert "In it: rank(s) 0." in report, report

@@ -12,6 +12,6 @@ accelerator = Accelerator(cpu=True)
 Path(sys.argv[1] + str(accelerator.process_index)).write_text(str(os.getpid()))
 accelerator.wait_for_everyone()  # both here: the group works
 if accelerator.process_index == 1:
-    time.sleep(300)  # stuck: a hang in data loading, a deadlock, ...
-accelerator.wait_for_everyone()
+    time.sleep(300)  # LINE: rank 1 stuck
+accelerator.wait_for_everyone()  # LINE: second barrier
 print("rank 0 passed a barrier rank 1 never reached", flush=True)

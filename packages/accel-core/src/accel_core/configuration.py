@@ -95,11 +95,20 @@ class GradScalerKwargs(KwargsHandler):
 
 @dataclass
 class InitProcessGroupKwargs(KwargsHandler):
-    """Arguments of ``torch.distributed.init_process_group`` (backend and timeout)."""
+    """Arguments of ``torch.distributed.init_process_group`` (backend and timeout), and when to report a stall.
+
+    timeout: how long a collective waits for every rank before it fails (``accel launch
+        --collective-timeout`` when left at torch's 30 minutes).
+    stall_report_after: seconds (or a ``timedelta``) a rank waits in one of accel's collectives before
+        it prints which ranks have not reached it and where they are, once, without stopping the job
+        (``accel_core.stall_report``); 0 turns the report off. Default: ``ACCEL_STALL_REPORT_AFTER``
+        (``accel launch --stall-report-after``), else 60 s. Not an argument of ``init_process_group``.
+    """
 
     backend: str | None = None
     init_method: str | None = None
     timeout: timedelta = field(default_factory=lambda: timedelta(seconds=1800))
+    stall_report_after: float | timedelta | None = None
 
     def to_kwargs(self) -> dict[str, Any]:
         """The changed fields, and ``timeout`` always."""

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .collective_check import DistributedOperationException, check_agreement, checked_small_gather, unpack
+from .stall_report import watched
 from .state import PartialState
 
 __all__ = ["DistributedOperationException"]  # re-exported: its home is collective_check
@@ -142,6 +143,7 @@ def _gather_one(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     return out
 
 
+@watched("gather")
 def gather(tensor: Any, group: Any = None) -> Any:
     """Gathers tensors from every process (of ``group``, default all) and concatenates them on the first dimension.
 
@@ -206,6 +208,7 @@ def gather_unchecked(tensor: Any, group: Any = None) -> Any:
     return recursively_apply(lambda t: next(results), tensor, error_on_other_type=True)
 
 
+@watched("gather_object")
 def gather_object(object: Any, group: Any = None) -> Any:  # the reference's argument name
     """Gathers any picklable objects (from ``group``, default all processes); lists and tuples are
     concatenated, other objects listed per rank. On one process ``object`` comes back as it is."""
@@ -234,6 +237,7 @@ def any_process(flag: torch.Tensor) -> bool:
     return bool(flag.item() > 0)
 
 
+@watched("broadcast")
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """Copies the tensors of ``from_process`` into every process's tensors (same shapes needed)."""
     collectives = PartialState().collectives
@@ -252,6 +256,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
     return recursively_apply(_broadcast_one, tensor, error_on_other_type=True)
 
 
+@watched("broadcast_object_list")
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """Replaces, in place, the items of ``object_list`` by those of ``from_process`` (any picklable objects)."""
     collectives = PartialState().collectives
@@ -266,6 +271,7 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN", "product": "PRODUCT"}
 
 
+@watched("reduce")
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """Reduces tensors across processes; every process gets the result.
 
@@ -302,6 +308,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     return recursively_apply(_reduce_one, tensor, error_on_other_type=True)
 
 
+@watched("pad_across_processes")
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
     """Pads tensors along ``dim`` to the largest size any process has, so they can be gathered.
 

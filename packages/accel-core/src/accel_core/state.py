@@ -26,6 +26,7 @@ from .attempt_store import attempt_store
 from .configuration import GradientAccumulationPlugin
 from .enums import DistributedType
 from .placement import Collectives, ProcessPlacement
+from .stall_report import start_watch, watched
 
 
 def _pick_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
@@ -116,8 +117,11 @@ class PartialState:
         self.__dict__ = self._shared_state
         if "device" in self._shared_state:
             return
+        # Not an argument of init_process_group: when this process reports a collective that waits too long.
+        stall_after = init_process_group_kwargs.pop("stall_report_after", None)
         if placement is not None:
             self._take_placement(placement, cpu)
+            self._watch_stalls(stall_after, init_process_group_kwargs.get("timeout"))
             return
         cluster_env.adopt()  # started by srun / mpirun / a PyTorchJob: their variables as torchrun's
         self.world_size = env.get_int(env.WORLD_SIZE, 1) or 1
@@ -135,6 +139,11 @@ class PartialState:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.fork_launched = False
+        self._watch_stalls(stall_after, init_process_group_kwargs.get("timeout"))
+
+    def _watch_stalls(self, stall_after: float | timedelta | None, timeout: timedelta | None) -> None:
+        # The stall report's thread (accel_core.stall_report): a daemon that costs the steps nothing.
+        start_watch(self.rank, self.world_size, stall_after, collective_timeout(timeout).total_seconds())
 
     def _take_placement(self, placement: ProcessPlacement, cpu: bool) -> None:
         # The backend's runtime joined the processes already (its strategy's init_process_group).
@@ -265,6 +274,7 @@ class PartialState:
         return self.rank == self.world_size - 1
 
     # -- synchronisation --------------------------------------------------------------------
+    @watched("wait_for_everyone")
     def wait_for_everyone(self) -> None:
         """Blocks until every process reaches this line (a no-op on one process)."""
         if self.collectives is not None:

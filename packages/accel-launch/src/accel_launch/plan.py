@@ -133,6 +133,14 @@ SETTINGS: tuple[Setting, ...] = (
         env.COLLECTIVE_TIMEOUT,
         help="seconds a rank waits in a collective for the others before it fails (default 1800)",
     ),
+    Setting(
+        "stall_report_after",
+        float,
+        None,
+        env.STALL_REPORT_AFTER,
+        help="seconds a rank waits in one of accel's collectives before it prints which ranks have not reached "
+        "it and where they are, once, without stopping the job (default 60; 0: off)",
+    ),
     Setting("strategy", str, None, env.STRATEGY, help="an accel.strategies name (ddp, fsdp, ...); default: automatic"),
     Setting(
         "scheduler_stepping",
@@ -203,6 +211,7 @@ class LaunchPlan:
     dynamo_backend: str = "no"
     debug: bool = False
     collective_timeout: float | None = None
+    stall_report_after: float | None = None
     strategy: str | None = None
     scheduler_stepping: str | None = None
     dp_replicate_size: int | None = None
@@ -410,6 +419,8 @@ def _validate(
         raise ValueError(f"{where('max_restarts')}: max_restarts must be 0 or more.")
     if values["collective_timeout"] is not None and values["collective_timeout"] <= 0:
         raise ValueError(f"{where('collective_timeout')}: collective_timeout must be a positive number of seconds.")
+    if values["stall_report_after"] is not None and values["stall_report_after"] < 0:
+        raise ValueError(f"{where('stall_report_after')}: stall_report_after must be 0 (off) or a number of seconds.")
     if values["monitor_interval"] is not None and values["monitor_interval"] <= 0:
         raise ValueError(f"{where('monitor_interval')}: monitor_interval must be a positive number of seconds.")
     machines, processes = values["num_machines"], values["num_processes"]

@@ -201,7 +201,8 @@ class Accelerator(
         if isinstance(self.strategy, ProcessGroupSetup):
             if os.environ.get(env.COLLECTIVE_TIMEOUT):  # --collective-timeout reaches a backend's own group too
                 init_kwargs["timeout"] = collective_timeout(init_kwargs.get("timeout"))
-            self.strategy.init_process_group(**init_kwargs)
+            # The stall report's threshold is the process state's, not an argument of the backend's group.
+            self.strategy.init_process_group(**{k: v for k, v in init_kwargs.items() if k != "stall_report_after"})
         placement = self.strategy.process_placement() if isinstance(self.strategy, PlacesProcess) else None
         self._state = AcceleratorState(
             mixed_precision=plan.mixed_precision, cpu=plan.cpu, placement=placement, **init_kwargs

@@ -17,6 +17,7 @@ import torch
 
 from .. import ops
 from ..collective_check import check_agreement, contains_tensor
+from ..stall_report import watched
 
 if TYPE_CHECKING:
     from ..configuration import DataLoaderConfiguration
@@ -35,6 +36,7 @@ class MetricsGathering:
     prepared: PreparedObjects
     dataloader_config: DataLoaderConfiguration
 
+    @watched("gather_for_metrics")
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gathers predictions or labels for a metric, dropping the samples repeated to even out the last batch.
 

@@ -79,6 +79,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     _add(training, dest="scheduler_stepping", choices=SchedulerStepping.list(), help=helps["scheduler_stepping"])
     training.add_argument("--debug", action=argparse.BooleanOptionalAction, default=None, help=helps["debug"])
     _add(training, dest="collective_timeout", type=float, metavar="SECONDS", help=helps["collective_timeout"])
+    _add(training, dest="stall_report_after", type=float, metavar="SECONDS", help=helps["stall_report_after"])
     mesh = parser.add_argument_group(
         "parallelism (the job's device mesh; unset sizes are 1, the data-parallel one fills the rest)"
     )
