@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from accel_core import cluster_env
-from accel_core.state import _pick_device
+from accel_core.state.process_state import _pick_device
 
 
 def _slurm_task(local_id: int) -> dict[str, str]:

@@ -192,3 +192,27 @@ def test_backward_of_a_number_names_the_tensor_to_pass():
         accelerator.backward(loss.item())  # type: ignore[arg-type]
     accelerator.backward(loss)
     assert model.weight.grad is not None
+
+
+def test_deepspeed_required_refuses_only_once_an_accelerator_without_deepspeed_exists():
+    """``accelerate.utils.deepspeed_required``: a plain PartialState does not count as an Accelerator (asked through
+    ``AcceleratorState.is_initialized``, not the shared dict); an Accelerator that runs DDP / one process does."""
+    from accel_core.compat.requirements import deepspeed_required
+    from accel_core.state import AcceleratorState, PartialState
+
+    @deepspeed_required
+    def engine_only() -> str:
+        return "ran"
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        assert engine_only() == "ran"  # no state at all
+        PartialState(cpu=True)
+        assert not AcceleratorState.is_initialized() and PartialState.is_initialized()
+        assert engine_only() == "ran"
+        Accelerator(cpu=True)
+        assert AcceleratorState.is_initialized()
+        with pytest.raises(ValueError, match="engine_only needs DeepSpeed"):
+            engine_only()
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import accel_core
-from accel_core.state import _split
+from accel_core.state.splitting import split_inputs as _split
 
 VERSION = re.escape(accel_core.__version__)  # the hints pin accel's own release
 
@@ -55,7 +55,7 @@ def test_split_a_datasets_dataset_gives_its_rows(processes):
 
 
 def test_import_accel_does_not_import_torch():
-    code = "import sys, accel, accel_core, accel_core.environment, accel_core.plugins; print('torch' in sys.modules)"
+    code = "import sys, accel, accel_core, accel_core.environment, accel_core.discovery; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

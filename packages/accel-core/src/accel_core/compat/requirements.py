@@ -33,7 +33,7 @@ def deepspeed_required(func: Callable[..., Any]) -> Callable[..., Any]:
         from ..enums import DistributedType
         from ..state import AcceleratorState
 
-        if AcceleratorState._shared_state and AcceleratorState().distributed_type != DistributedType.DEEPSPEED:
+        if AcceleratorState.is_initialized() and AcceleratorState().distributed_type != DistributedType.DEEPSPEED:
             raise ValueError(
                 f"{func.__name__} needs DeepSpeed: create the Accelerator with a DeepSpeedPlugin "
                 "(or `accel launch --strategy deepspeed`) before calling it."

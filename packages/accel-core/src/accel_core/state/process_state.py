@@ -1,9 +1,8 @@
-"""Process state shared by everything in one process: who am I, how many are we, which device.
+"""``PartialState``: the process state shared by everything in one process: who am I, how many are we, which device.
 
-``PartialState`` is created once per process (later instances share the first one's state, so any
-module can ask ``PartialState().process_index`` cheaply). ``AcceleratorState`` adds what the
-``Accelerator`` decided (precision, strategy); ``GradientState`` tracks accumulation and the end of
-the data.
+Created once per process (later instances share the first one's state, so any module can ask
+``PartialState().process_index`` cheaply); it joins torchrun's process group, or takes the placement
+a backend's runtime gives (``accel_core.placement``).
 """
 
 from __future__ import annotations
@@ -11,8 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from functools import partial, wraps
 from typing import Any, ClassVar
@@ -20,13 +18,13 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from . import cluster_env
-from . import environment as env
-from .attempt_store import attempt_store
-from .configuration import GradientAccumulationPlugin
-from .enums import DistributedType
-from .placement import Collectives, ProcessPlacement
-from .stall_report import start_watch, watched
+from .. import cluster_env
+from .. import environment as env
+from ..attempt_store import attempt_store
+from ..enums import DistributedType
+from ..placement import Collectives, ProcessPlacement
+from ..stall_report import start_watch, watched
+from .splitting import split_inputs
 
 
 def _pick_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
@@ -312,7 +310,7 @@ class PartialState:
             with state.split_between_processes(["a", "b", "c"]) as prompts:
                 ...  # process 0 gets ["a", "b"], process 1 gets ["c"]
         """
-        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
+        yield split_inputs(inputs, self.num_processes, self.process_index, apply_padding)
 
     # -- decorators -------------------------------------------------------------------------
     def _only_if(self, condition: Callable[[], bool], function: Callable[..., Any]) -> Callable[..., Any]:
@@ -426,313 +424,3 @@ def _restore_state(cls: type[PartialState], values: dict[str, Any]) -> PartialSt
     state = cls.__new__(cls)
     state.__dict__ = cls._shared_state
     return state
-
-
-def _split(inputs: Any, n: int, index: int, apply_padding: bool) -> Any:
-    if n == 1:
-        return inputs
-    if isinstance(inputs, dict):
-        lengths = {len(v) for v in inputs.values()}
-        if len(lengths) > 1:
-            raise ValueError("split_between_processes: all values of the dict must have the same length.")
-        return {k: _split(v, n, index, apply_padding) for k, v in inputs.items()}
-    length = inputs.shape[0] if isinstance(inputs, torch.Tensor) else len(inputs)
-    base, extra = divmod(length, n)
-    start = index * base + min(index, extra)
-    end = start + base + (1 if index < extra else 0)
-    wanted = base + (1 if extra else 0)
-    select = getattr(inputs, "select", None)
-    if callable(select) and not isinstance(inputs, (torch.Tensor, list, tuple, str)):
-        # A table with its own row selection (a Hugging Face ``datasets.Dataset``): slicing it
-        # gives a dict of columns, so its rows are picked with ``select``.
-        rows = list(range(start, end))
-        if apply_padding and length > 0:
-            rows += [length - 1] * (wanted - len(rows))
-        return select(rows)
-    share = inputs[start:end]
-    if apply_padding and len(share) < wanted and length > 0:
-        # Short shares repeat the last item of the input (as Accelerate pads).
-        last = inputs[length - 1 : length]
-        missing = wanted - len(share)
-        if isinstance(share, torch.Tensor) and isinstance(last, torch.Tensor):
-            share = torch.cat([share] + [last] * missing)
-        else:
-            share = type(share)(list(share) + list(last) * missing)
-    return share
-
-
-class AcceleratorState(PartialState):
-    """``PartialState`` plus what the Accelerator chose: mixed precision, how the processes train
-    together (``distributed_type``) and the backend plugin the reference API exposes here.
-
-    Only plain values are shared: the strategy lives in its Accelerator, not in process state.
-    """
-
-    def __init__(
-        self,
-        mixed_precision: str | None = None,
-        cpu: bool = False,
-        placement: ProcessPlacement | None = None,
-        **init_process_group_kwargs: Any,
-    ) -> None:
-        super().__init__(cpu=cpu, placement=placement, **init_process_group_kwargs)
-        if "mixed_precision" not in self._shared_state or mixed_precision is not None:
-            self.mixed_precision = mixed_precision or env.get_str(env.MIXED_PRECISION, "no") or "no"
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        """What the Accelerator chose (FSDP, DEEPSPEED, ...) or a script assigned, else the process state's."""
-        self._chosen("distributed_type")  # raises after a reset
-        return super().distributed_type
-
-    @distributed_type.setter
-    def distributed_type(self, value: DistributedType | str) -> None:
-        self._shared_state["chosen_distributed_type"] = DistributedType(value)
-
-    def record_choice(
-        self, distributed_type: DistributedType, plugins: dict[str, Any], setup: AcceleratorSetup
-    ) -> None:
-        """What an Accelerator decided: its distributed type, its backend plugin (``{"fsdp_plugin": p}``) and
-        the rest of its setup the reference API reads here."""
-        self._shared_state["chosen_distributed_type"] = distributed_type
-        self._shared_state["plugins"] = dict(plugins)
-        self._shared_state["setup"] = setup
-
-    def _chosen(self, key: str) -> Any:
-        if "mixed_precision" not in self._shared_state:  # every AcceleratorState() sets it: gone after a reset
-            raise AttributeError(key)  # __getattr__ turns it into the error that names the reset
-        return self._shared_state.get(key)
-
-    @property
-    def fsdp_plugin(self) -> Any:
-        """The ``FullyShardedDataParallelPlugin`` of an FSDP run, else None."""
-        return (self._chosen("plugins") or {}).get("fsdp_plugin")
-
-    @property
-    def deepspeed_plugin(self) -> Any:
-        """The ``DeepSpeedPlugin`` of a DeepSpeed run, else None."""
-        return (self._chosen("plugins") or {}).get("deepspeed_plugin")
-
-    @property
-    def megatron_lm_plugin(self) -> Any:
-        """The ``MegatronLMPlugin`` of a Megatron run, else None."""
-        return (self._chosen("plugins") or {}).get("megatron_lm_plugin")
-
-    @property
-    def is_fsdp2(self) -> bool:
-        """Whether models are sharded with FSDP2 (``fully_shard``)."""
-        plugin = self.fsdp_plugin
-        return self.distributed_type == DistributedType.FSDP and plugin is not None and plugin.fsdp_version == 2
-
-    def _setup(self) -> AcceleratorSetup:
-        return self._chosen("setup") or AcceleratorSetup()
-
-    @property
-    def deepspeed_plugins(self) -> Any:
-        """The DeepSpeed plugin(s) as given to the Accelerator: a dict naming one, or the plugin; None without
-        DeepSpeed."""
-        return self._setup().deepspeed_plugins
-
-    @property
-    def dynamo_plugin(self) -> Any:
-        """The Accelerator's ``TorchDynamoPlugin`` (None before an Accelerator exists)."""
-        return self._setup().dynamo_plugin
-
-    @property
-    def parallelism_config(self) -> Any:
-        """The Accelerator's resolved ``ParallelismConfig`` (None before an Accelerator exists)."""
-        return self._setup().parallelism_config
-
-    @property
-    def device_mesh(self) -> Any:
-        """The Accelerator's ``DeviceMesh`` (None for one process, or before an Accelerator exists)."""
-        return self._setup().device_mesh
-
-    def _require_deepspeed(self, what: str) -> None:
-        if self.distributed_type != DistributedType.DEEPSPEED:
-            raise ValueError(f"{what} needs DeepSpeed: create the Accelerator with a DeepSpeedPlugin.")
-
-    def get_deepspeed_plugin(self, name: str) -> Any:
-        """The DeepSpeed plugin given under ``name`` in ``Accelerator(deepspeed_plugins={name: plugin})``."""
-        self._require_deepspeed("get_deepspeed_plugin")
-        given = self.deepspeed_plugins
-        if not isinstance(given, Mapping):
-            raise ValueError(
-                f"get_deepspeed_plugin({name!r}): the DeepSpeed plugin was not given a name (deepspeed_plugin=...): "
-                "read `state.deepspeed_plugin`."
-            )
-        if name not in given:
-            raise ValueError(f"get_deepspeed_plugin({name!r}): no plugin of that name; given: {sorted(given)}.")
-        return given[name]
-
-    def select_deepspeed_plugin(self, name: str | None = None) -> None:
-        """Activates the plugin named ``name``. accel runs one DeepSpeed configuration per Accelerator, so
-        this accepts only the plugin that is already active."""
-        plugin = self.get_deepspeed_plugin(str(name))
-        if plugin is not self.deepspeed_plugin:  # pragma: no cover - one plugin per Accelerator (arguments.py)
-            raise ValueError(f"select_deepspeed_plugin({name!r}): accel runs one DeepSpeed configuration at a time.")
-
-    @property
-    def mixed_precision(self) -> str:
-        """The precision the Accelerator runs in: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``."""
-        return self._chosen("mixed_precision")
-
-    @mixed_precision.setter
-    def mixed_precision(self, value: str) -> None:
-        self._shared_state["mixed_precision"] = value
-
-    _known_attrs = PartialState._known_attrs | {
-        "mixed_precision",
-        "fsdp_plugin",
-        "deepspeed_plugin",
-        "megatron_lm_plugin",
-        "is_fsdp2",
-        "deepspeed_plugins",
-        "dynamo_plugin",
-        "parallelism_config",
-        "device_mesh",
-    }
-
-    # What AcceleratorState adds to the shared state; the rest is PartialState's.
-    _ACCELERATOR_KEYS = ("mixed_precision", "chosen_distributed_type", "plugins", "setup")
-
-    @classmethod
-    def _reset_state(cls, reset_partial_state: bool = False) -> None:
-        """Forgets what the Accelerator chose (tests only); the process state (device, process group)
-        stays unless ``reset_partial_state``, as in Accelerate. An Accelerator made before the reset
-        then refuses to work, with an error that says so."""
-        if reset_partial_state:
-            PartialState._reset_state()
-            return
-        for key in cls._ACCELERATOR_KEYS:
-            cls._shared_state.pop(key, None)
-        PartialState._resets += 1
-
-
-@dataclass(frozen=True)
-class AcceleratorSetup:
-    """What an Accelerator set up that the reference API reads from ``AcceleratorState``."""
-
-    dynamo_plugin: Any = None
-    parallelism_config: Any = None
-    device_mesh: Any = None
-    deepspeed_plugins: Any = None
-
-
-_GRADIENT_SETTINGS = frozenset(
-    {"sync_gradients", "num_steps", "sync_with_dataloader", "sync_each_batch", "adjust_scheduler_given"}
-)
-
-
-def _restore_gradient_state(settings: dict[str, Any]) -> GradientState:
-    fresh = not GradientState._shared_state
-    state = GradientState()
-    if fresh:
-        state._shared_state.update(settings)
-    return state
-
-
-class GradientState:
-    """Gradient accumulation bookkeeping and the prepared dataloaders' end-of-data signal.
-
-    Shared by every instance in the process. A prepared dataloader registers itself while it
-    iterates (``register_dataloader`` / ``unregister_dataloader``); the innermost active one answers
-    ``end_of_dataloader`` and ``remainder``. Step boundaries (periodic checkpoints) do not pass through
-    here: each Accelerator hands its own loaders a ``protocols.BatchBoundaryHook``.
-    """
-
-    _shared_state: ClassVar[dict[str, Any]] = {}
-
-    def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None) -> None:
-        self.__dict__ = self._shared_state
-        if not self._shared_state:
-            self.sync_gradients = True
-            self.active_dataloader: Any | None = None
-            self.dataloader_references: list[Any] = []
-            self.num_steps = 1
-            self.sync_with_dataloader = True
-            self.sync_each_batch = False
-            self.adjust_scheduler_given = True
-        if gradient_accumulation_plugin is not None:  # a new Accelerator starts a fresh accumulation cycle
-            self.sync_gradients = True
-            self.num_steps = gradient_accumulation_plugin.num_steps
-            self.sync_with_dataloader = gradient_accumulation_plugin.sync_with_dataloader
-            self.sync_each_batch = gradient_accumulation_plugin.sync_each_batch
-            self.adjust_scheduler_given = gradient_accumulation_plugin.adjust_scheduler
-
-    @property
-    def initialized(self) -> bool:
-        """Whether the gradient state has been set up in this process."""
-        return bool(self._shared_state)
-
-    @property
-    def plugin_kwargs(self) -> dict[str, Any]:
-        """The accumulation settings that differ from ``GradientAccumulationPlugin``'s defaults (its
-        ``to_kwargs()``), as the reference keeps them."""
-        return GradientAccumulationPlugin(
-            num_steps=self.num_steps,
-            adjust_scheduler=self.adjust_scheduler_given,
-            sync_with_dataloader=self.sync_with_dataloader,
-            sync_each_batch=self.sync_each_batch,
-        ).to_kwargs()
-
-    @property
-    def adjust_scheduler(self) -> bool:
-        """``plugin_kwargs.get("adjust_scheduler", False)``, as the reference reads it: the plugin's default
-        (True) is left out of ``plugin_kwargs``, so this is False either way. The scheduler never steps on
-        accumulation micro-steps, whatever the plugin says (``GradientAccumulationPlugin``)."""
-        return bool(self.plugin_kwargs.get("adjust_scheduler", False))
-
-    @property
-    def end_of_dataloader(self) -> bool:
-        """Whether the active prepared dataloader is yielding its last batch."""
-        return bool(self.active_dataloader is not None and getattr(self.active_dataloader, "end_of_dataloader", False))
-
-    @property
-    def remainder(self) -> int:
-        """Real samples in the last global batch of the active dataloader (-1 when unknown)."""
-        if self.active_dataloader is None:
-            return -1
-        return getattr(self.active_dataloader, "remainder", -1)
-
-    @property
-    def in_dataloader(self) -> bool:
-        """Whether a prepared dataloader is being iterated."""
-        return self.active_dataloader is not None
-
-    def _set_sync_gradients(self, sync_gradients: bool) -> None:
-        self.sync_gradients = sync_gradients
-
-    def register_dataloader(self, dataloader: Any) -> None:
-        """A prepared loader starts handing out batches: it answers ``end_of_dataloader`` and ``remainder``
-        until ``unregister_dataloader``. Loaders iterated inside another one's loop (an evaluation loop
-        during training) stack: the innermost answers, and the outer one again once it is unregistered."""
-        self.active_dataloader = dataloader
-        self.dataloader_references.append(dataloader)
-
-    def unregister_dataloader(self, dataloader: Any) -> None:
-        """The loader's iteration ended or was abandoned (call it in a ``finally``)."""
-        if dataloader in self.dataloader_references:
-            self.dataloader_references.remove(dataloader)
-        self.active_dataloader = self.dataloader_references[-1] if self.dataloader_references else None
-
-    # The reference's names, which loaders written for Accelerate call.
-    _add_dataloader = register_dataloader
-    _remove_dataloader = unregister_dataloader
-
-    @classmethod
-    def _reset_state(cls) -> None:
-        cls._shared_state.clear()
-
-    # One per process, like PartialState: copies are the same object; unpickling gives the
-    # receiving process's own, set from the sender's settings when it has none (its dataloaders
-    # are not sent along).
-    def __reduce__(self) -> tuple[Any, ...]:
-        settings = {k: v for k, v in self._shared_state.items() if k in _GRADIENT_SETTINGS}
-        return (_restore_gradient_state, (settings,))
-
-    def __copy__(self) -> GradientState:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> GradientState:
-        return self
