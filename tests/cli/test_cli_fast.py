@@ -78,9 +78,9 @@ def test_launch_help_lists_every_flag_and_installed_backend_flags(cli) -> None:
         "--module",
     ):
         assert flag in text, flag
-    from accel_core import plugins
+    from accel_core import discovery
 
-    for backend in plugins.available("accel.cli"):
+    for backend in discovery.available("accel.cli"):
         assert f"{backend} options" in text
 
 
@@ -129,6 +129,11 @@ def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     empty = cli.run("merge-weights", str(tmp_path / "empty"), str(tmp_path / "out"))
     assert empty.returncode == 2 and "holds no model weights to merge" in empty.stderr, cli.describe(empty)
+    # The script's own flags after the script are its own, even a prefix of a launcher flag (no abbreviations).
+    own = cli.run("launch", "--dry-run", "-m", "pkg", "--x", "--num", "3")
+    assert own.returncode == 0 and own.stdout.rstrip().endswith("-m pkg --x --num 3"), cli.describe(own)
+    abbreviated = cli.run("launch", "--num", "2", "x.py")
+    assert abbreviated.returncode == 2 and "unrecognized arguments: --num" in abbreviated.stderr
     # accel test's own usage line, not the page of launch settings.
     bogus = cli.run("test", "--bogus")
     assert bogus.returncode == 2 and "unrecognized arguments: --bogus" in bogus.stderr, cli.describe(bogus)

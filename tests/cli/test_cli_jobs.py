@@ -194,6 +194,7 @@ def test_notebook_and_debug_launchers(cli) -> None:
         assert all(r["sum"] == 3.0 * scale and r["cpu"] == "true" for r in ranks)
     assert [r["precision"] for r in report["notebook"]] == ["bf16", "bf16"]
     assert report["one"] == ["fp16"] and report["env_after"] is None  # one process: here, settings restored after
+    assert "already exists in this process" in report["refusal"] and "inside the function" in report["refusal"]
     failure = report["failure"]
     assert failure["rank"] == 1 and failure["exit_code"] == 1
     # torch's ChildFailedError (what Accelerate scripts catch), accel's JobFailedError too.

@@ -1,5 +1,6 @@
-"""``accel launch --use-xla`` refuses a torch and a torch-xla of different releases before any worker starts, naming
-the pair accel-xla's ``xla`` extra pins, and reads versions from package metadata without importing torch_xla.
+"""``accel launch`` with the xla strategy (chosen by ``--use-xla``, the config file's ``strategy: xla`` or
+``ACCEL_STRATEGY=xla``) refuses a torch and a torch-xla of different releases before any worker starts, naming the
+pair accel-xla's ``xla`` extra pins, and reads versions from package metadata without importing torch_xla.
 
 The installed pair is made with a torch-xla distribution folder (``*.dist-info``) put first on ``PYTHONPATH``: the
 launcher reads real metadata of the torch installed here next to it. Runs in every environment."""
@@ -31,8 +32,9 @@ def fake_torch_xla(site: Path, version: str) -> None:
     (site / "torch_xla" / "__init__.py").write_text(_IMPORT_SPY)
 
 
-def launch(site: Path, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
-    """Runs ``accel launch --use-xla ARGS train.py`` with ``site`` first on the path; the script leaves a file."""
+def launch(site: Path, tmp_path: Path, chosen_by: str = "flag") -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+    """Runs ``accel launch train.py`` with the xla strategy ``chosen_by`` the flag, the config file or the environment,
+    with ``site`` first on the path; the script leaves a file."""
     started, imported = tmp_path / "worker_started", tmp_path / "torch_xla_imported"
     script = tmp_path / "train.py"
     script.write_text(f"open({str(started)!r}, 'w').close()\n")
@@ -40,21 +42,25 @@ def launch(site: Path, tmp_path: Path, *args: str) -> tuple[subprocess.Completed
     for name in ("ACCEL_STRATEGY", "ACCEL_CONFIG_FILE", "PJRT_DEVICE"):
         env.pop(name, None)
     config = tmp_path / "accel.yaml"
-    config.write_text("{}\n")
-    command = [sys.executable, "-m", "accel.cli", "launch", "--config-file", str(config), "--use-xla", *args]
+    config.write_text("strategy: xla\n" if chosen_by == "config file" else "{}\n")
+    if chosen_by == "environment":
+        env["ACCEL_STRATEGY"] = "xla"
+    flags = ["--use-xla"] if chosen_by == "flag" else []
+    command = [sys.executable, "-m", "accel.cli", "launch", "--config-file", str(config), *flags]
     result = subprocess.run([*command, str(script)], env=env, capture_output=True, text=True, timeout=120)
     return result, started, imported
 
 
+@pytest.mark.parametrize("chosen_by", ["flag", "config file", "environment"])
 def test_launch_refuses_a_mismatched_pair_before_starting_workers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    chosen_by: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch_version = metadata.version("torch")
     major, minor = release(torch_version)
     other = f"{major}.{minor - 1}.0"  # a torch-xla one release behind the installed torch
     mismatched = tmp_path / "mismatched"
     fake_torch_xla(mismatched, other)
-    result, started, imported = launch(mismatched, tmp_path)
+    result, started, imported = launch(mismatched, tmp_path, chosen_by)
     assert result.returncode == 2, result.stderr
     expected = (
         f"accel launch: error: torch-xla {other} runs only with torch {major}.{minor - 1}, but torch {torch_version}"
@@ -70,5 +76,7 @@ def test_launch_refuses_a_mismatched_pair_before_starting_workers(
     monkeypatch.syspath_prepend(str(matched))
     monkeypatch.delenv("ACCEL_STRATEGY", raising=False)
     namespace = argparse.Namespace(use_xla=True)
-    assert XlaLaunchOptions().to_env(namespace)["ACCEL_STRATEGY"] == "xla"
+    options = XlaLaunchOptions()
+    assert options.to_env(namespace)["ACCEL_STRATEGY"] == "xla"
+    options.check_before_launch()  # no error
     assert metadata.version("torch-xla") == f"{major}.{minor}.0", "the matched torch-xla was not the one checked"

@@ -59,4 +59,13 @@ if __name__ == "__main__":
             "first_failure": error.get_first_failure()[0],
         }
     report["failure_seconds"] = time.monotonic() - start
+    # A process state in the parent would be inherited by forked workers: refused before any worker starts.
+    from accel_core.state import PartialState
+
+    PartialState(cpu=True)
+    try:
+        notebook_launcher(work, args=(2,), num_processes=2, use_cpu=True)
+        report["refusal"] = None
+    except ValueError as error:
+        report["refusal"] = str(error)
     print(json.dumps(report), flush=True)

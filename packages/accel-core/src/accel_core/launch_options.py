@@ -70,6 +70,21 @@ class LaysMeshOverDevices(Protocol):
         ...
 
 
+@runtime_checkable
+class ChecksBeforeLaunch(Protocol):
+    """Optional capability of a ``LaunchExtension``: checks the installation its strategy needs before any worker
+    starts (torch-xla built for another torch, say), so a job that cannot run ends in the launcher with the fix
+    instead of in every worker.
+
+    Called for the strategy the workers will run, however it was chosen: a flag, the environment or the config
+    file's ``strategy:``. Must not import torch or the backend's heavy library (package metadata is fine).
+    """
+
+    def check_before_launch(self) -> None:
+        """Raises ``ImportError`` or ``ValueError`` naming what to install or change."""
+        ...
+
+
 # -- a table-driven LaunchExtension -----------------------------------------------------------------
 # Value parsers for backend flags: each checks the text and returns what travels in the environment.
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}

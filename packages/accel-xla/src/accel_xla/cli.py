@@ -51,9 +51,15 @@ class XlaLaunchOptions(OptionTable):
         whether the strategy comes from --use-xla, ACCEL_STRATEGY or the config file (``LaysMeshOverDevices``)."""
         return True
 
+    def check_before_launch(self) -> None:
+        """``ChecksBeforeLaunch``: refuses (ImportError naming the pair to install) a torch and a torch-xla of
+        different releases before any worker starts, whether --use-xla, ACCEL_STRATEGY or the config file's
+        ``strategy: xla`` chose the strategy."""
+        # Package metadata only: importing torch_xla here would start loading its runtime in the launcher.
+        check_installed_pair()
+
     def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
-        """The flags' variables; refuses (ImportError naming the pair to install) when they choose the xla strategy
-        with a torch and a torch-xla of different releases, before any worker starts."""
+        """The flags' variables (``--use-xla`` and ``--xla-downcast-bf16`` choose the xla strategy)."""
         result = super().to_env(namespace)
         downcast = getattr(namespace, "xla_downcast_bf16", None)
         if downcast is not None:
@@ -64,7 +70,4 @@ class XlaLaunchOptions(OptionTable):
             result["PJRT_DEVICE"] = device
         if result.get("ACCEL_XLA_DOWNCAST_BF16") == "true":
             result["XLA_DOWNCAST_BF16"] = "1"  # read by torch-xla when its runtime starts
-        if result.get("ACCEL_STRATEGY") == self.name:
-            # Package metadata only: importing torch_xla here would start loading its runtime in the launcher.
-            check_installed_pair()
         return result

@@ -12,6 +12,7 @@ from typing import Any
 
 from accel_core.enums import DynamoBackend, SchedulerStepping
 from accel_core.environment import STRATEGY
+from accel_core.launch_options import ChecksBeforeLaunch
 from accel_launch.config import load_config, write_config
 from accel_launch.extensions import LaunchExtension, extension_env, mesh_over_devices_env
 from accel_launch.plan import SETTINGS, LaunchPlan, LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
@@ -112,6 +113,9 @@ def plan_from_namespace(
         flags, os.environ, config, flag_env=flag_env, defaults=defaults, config_file=str(path) if path else None
     )
     check_strategy(plan)
+    for extension in extensions:  # the backend's own installation check (torch-xla built for another torch, say)
+        if extension.name == strategy and isinstance(extension, ChecksBeforeLaunch):
+            extension.check_before_launch()
     return plan
 
 
@@ -124,13 +128,13 @@ def check_strategy(plan: LaunchPlan) -> None:
     name = plan.strategy
     if not name or name in BUILTIN_STRATEGIES:
         return
-    from accel_core import plugins  # entry-point scan: only when a strategy is named
+    from accel_core import discovery  # entry-point scan: only when a strategy is named
 
-    installed = plugins.available("accel.strategies")
+    installed = discovery.available("accel.strategies")
     if name not in installed:
         raise ValueError(
             f"strategy {name!r} (from the {plan.sources['strategy']}) is not installed: "
-            f"{plugins.install_hint('accel.strategies', name)}. Available: "
+            f"{discovery.install_hint('accel.strategies', name)}. Available: "
             f"{', '.join([*BUILTIN_STRATEGIES, *installed])}."
         )
 

@@ -33,6 +33,9 @@ def build_parser(extensions: list[LaunchExtension]) -> argparse.ArgumentParser:
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        # A script's own flag after the script (`-m pkg --x`) must reach the script, not be read as an abbreviation
+        # of a launcher flag (--xla-device); launcher flags are spelled out, as torchrun's are.
+        allow_abbrev=False,
     )
     parser.add_argument("-m", "--module", action="store_true", help="run a module, like `python -m`")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the command, start nothing")
