@@ -143,3 +143,20 @@ def test_absurd_header_length_is_rejected(tmp_path):
     path.write_bytes((2**40).to_bytes(8, "little") + b"{}")
     with pytest.raises(CorruptCheckpointError, match="header length"):
         read_safetensors(str(path))
+
+
+def test_accelerator_save_with_safe_serialization_writes_tied_weights_once(tmp_path):
+    """``accelerator.save(..., safe_serialization=True)`` goes through accel-checkpoint (accel-core does not depend on
+    safetensors): a state dict whose weights share storage (tied embeddings) is written, each storage once."""
+    from accel_core import Accelerator
+
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+    model[1].weight = model[0].weight  # tied: one storage under two names
+    accelerator = Accelerator(cpu=True)
+    path = tmp_path / "model.safetensors"
+    accelerator.save(model.state_dict(), path, safe_serialization=True)
+    written = load_file(path)
+    assert list(written) == ["0.weight"]
+    assert torch.equal(written["0.weight"], model[0].weight.detach())
+    accelerator.save({"w": torch.ones(2)}, tmp_path / "plain.bin")  # the pickle path stays torch.save
+    assert torch.equal(torch.load(tmp_path / "plain.bin")["w"], torch.ones(2))

@@ -181,8 +181,8 @@ def test_backend_wrappers_unwrap_once_their_library_is_imported() -> None:
     imports neither library, and finds DeepSpeed's engine once DeepSpeed is imported."""
     code = (
         "import sys\n"
-        "from accel_core import model_utils, plugins\n"
-        "assert {'deepspeed', 'megatron.core'} <= set(plugins.available(model_utils.WRAPPERS))\n"
+        "from accel_core import model_utils, discovery\n"
+        "assert {'deepspeed', 'megatron.core'} <= set(discovery.available(model_utils.WRAPPERS))\n"
         "assert len(model_utils._wrapper_types()) == 3 and 'deepspeed' not in sys.modules\n"
         "import deepspeed\n"
         "assert deepspeed.DeepSpeedEngine in model_utils._wrapper_types()\n"

@@ -13,7 +13,7 @@ from accel_core import (
     DistributedDataParallelKwargs,
     GradientAccumulationPlugin,
     GradientState,
-    MissingPluginError,
+    MissingPackageError,
 )
 
 VERSION = re.escape(accel_core.__version__)  # the hints pin accel's own release
@@ -48,17 +48,17 @@ def test_missing_backend_package_names_the_extra(monkeypatch):
     with pytest.raises(ImportError, match=rf'pip install "accel\[xla\]=={VERSION}"'):
         Accelerator()
     monkeypatch.delenv("ACCEL_STRATEGY")
-    # accel-fp8 is installed in the workspace: hide the precision plugins as if it were not.
-    from accel_core import plugins
+    # accel-fp8 is installed in the workspace: hide the precision entry points as if it were not.
+    from accel_core import discovery
 
-    real_group = plugins._group
-    plugins.clear_cache()
-    monkeypatch.setattr(plugins, "_group", lambda group: {} if group == "accel.precisions" else real_group(group))
+    real_group = discovery._group
+    discovery.clear_cache()
+    monkeypatch.setattr(discovery, "_group", lambda group: {} if group == "accel.precisions" else real_group(group))
     try:
-        with pytest.raises(MissingPluginError, match=r"accel\[fp8\]"):
+        with pytest.raises(MissingPackageError, match=r"accel\[fp8\]"):
             Accelerator(mixed_precision="fp8")
     finally:
-        plugins.load.cache_clear()  # nothing found was cached; _group itself comes back with monkeypatch
+        discovery.load.cache_clear()  # nothing found was cached; _group itself comes back with monkeypatch
 
 
 def test_gradient_accumulation_steps_together_with_plugin():

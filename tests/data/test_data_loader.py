@@ -334,10 +334,10 @@ def test_user_errors() -> None:
 
 
 def test_integration_preparer_is_discoverable() -> None:
-    from accel_core import plugins
+    from accel_core import discovery
     from accel_core.protocols import DataLoaderPreparer
 
-    preparer = plugins.load("accel.preparers", "dataloader")
+    preparer = discovery.load("accel.preparers", "dataloader")
     assert isinstance(preparer, DataLoaderPreparer)
 
 

@@ -164,7 +164,7 @@ def test_all_skips_trackers_that_cannot_start(monkeypatch: pytest.MonkeyPatch, t
 
 
 def test_unknown_tracker_name_is_a_clear_error() -> None:
-    from accel_core.plugins import MissingPluginError
+    from accel_core.discovery import MissingPackageError
 
-    with pytest.raises(MissingPluginError, match="aim"):
+    with pytest.raises(MissingPackageError, match="aim"):
         _accelerator(log_with="aim")

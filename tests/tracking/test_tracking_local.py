@@ -36,10 +36,10 @@ def test_import_is_light_and_names_are_lazy() -> None:
 
 
 def test_logger_type_is_the_entry_point_name() -> None:
-    from accel_core import plugins
+    from accel_core import discovery
 
     assert str(LoggerType.TENSORBOARD) == "tensorboard" and LoggerType.COMETML == "comet_ml"
-    registered = set(plugins.available("accel.trackers"))
+    registered = set(discovery.available("accel.trackers"))
     # The reference's names for trackers accel does not ship: members (so comparisons work), no entry point.
     reference_only = {LoggerType.AIM, LoggerType.TRACKIO, LoggerType.CLEARML, LoggerType.DVCLIVE, LoggerType.SWANLAB}
     for member in LoggerType:
@@ -47,11 +47,11 @@ def test_logger_type_is_the_entry_point_name() -> None:
             continue
         if member in reference_only:
             assert str(member) not in registered
-            with pytest.raises(plugins.MissingPluginError, match=f"'{member}'.*not available"):
-                plugins.load("accel.trackers", str(member))
+            with pytest.raises(discovery.MissingPackageError, match=f"'{member}'.*not available"):
+                discovery.load("accel.trackers", str(member))
             continue
         assert str(member) in registered
-        cls = plugins.load("accel.trackers", str(member))
+        cls = discovery.load("accel.trackers", str(member))
         assert issubclass(cls, GeneralTracker) and cls.name == str(member)
 
 

@@ -2,7 +2,7 @@
 
 Example (what accel-core does)::
 
-    handler = plugins.load("accel.checkpoint", "state")
+    handler = discovery.load("accel.checkpoint", "state")
     folder = handler.save_state(accelerator, "ckpt", async_save=True)
     handler.wait(accelerator)  # the async write is finished (and complete on disk) after this
 """
@@ -191,6 +191,12 @@ class StateCheckpointer:
             except (ValueError, TypeError, OSError) as caught:
                 error = caught
         coord.agree(error, f"save_model to {save_directory}")
+
+    def save_object(self, accelerator: CheckpointAccelerator, obj: Any, f: str, safe_serialization: bool) -> None:
+        """``accelerator.save``: ``user_io.save`` with the accelerator's ``save_on_each_node``."""
+        from .user_io import save
+
+        save(obj, f, accelerator.project_configuration.save_on_each_node, safe_serialization)
 
 
 def full_model_state_dict(accelerator: CheckpointAccelerator, model: Any) -> dict[str, Any]:

@@ -42,7 +42,8 @@ _EXPORTS = {
     "DistributedOperationException": ".ops",
     "set_seed": ".random",
     "synchronize_rng_states": ".random",
-    "MissingPluginError": ".plugins",
+    "MissingPackageError": ".discovery",
+    "MissingPluginError": ".discovery",
 }
 
 __all__ = sorted(_EXPORTS)

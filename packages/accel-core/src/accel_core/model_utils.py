@@ -20,7 +20,7 @@ from torch import nn
 if TYPE_CHECKING:
     from torch._dynamo.eval_frame import OptimizedModule
 
-from . import plugins
+from . import discovery
 from .precision.modes import unwrap_forward
 
 
@@ -59,7 +59,7 @@ def _wrapper_types() -> tuple[type, ...]:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         types.append(FullyShardedDataParallel)
-    types += [plugins.load(WRAPPERS, name) for name in plugins.available(WRAPPERS) if name in sys.modules]
+    types += [discovery.load(WRAPPERS, name) for name in discovery.available(WRAPPERS) if name in sys.modules]
     return tuple(types)
 
 

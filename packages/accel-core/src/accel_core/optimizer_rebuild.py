@@ -181,3 +181,17 @@ def rebuild(
             len(groups),
         )
     return rebuilt
+
+
+def only_moved(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> bool:
+    """Whether the model's new parameters are plain tensors of the same sizes on another device (nothing sharded)."""
+    from .transforms.state_dict import has_dtensors
+
+    old = [p for group in optimizer.param_groups for p in group["params"]]
+    new = list(model.parameters())
+    return (
+        bool(old)
+        and not has_dtensors(model)
+        and sorted(p.numel() for p in old) == sorted(p.numel() for p in new)
+        and {p.device for p in old}.isdisjoint({p.device for p in new})
+    )

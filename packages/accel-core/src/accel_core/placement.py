@@ -3,7 +3,7 @@
 Most strategies leave ``PartialState`` to read torchrun's ``RANK`` / ``WORLD_SIZE`` and join a
 torch.distributed group. A backend with its own runtime (XLA's PJRT) knows the process's ordinal,
 the replica count and its device itself, and moves tensors between processes with its own
-collectives. Such a strategy implements ``accel_core.strategies.PlacesProcess``; the Accelerator
+collectives. Such a strategy returns a ``ProcessPlacement`` from ``Strategy.setup_environment``; the Accelerator
 hands its ``ProcessPlacement`` to the process state, and ``accel_core.ops`` sends gathers, reduces
 and broadcasts through its ``Collectives``.
 """

@@ -189,6 +189,11 @@ class CheckpointHandler(Protocol):
         """Writes the model's weights (safetensors by default) for use outside accel."""
         ...
 
+    def save_object(self, accelerator: CheckpointAccelerator, obj: Any, f: str, safe_serialization: bool) -> None:
+        """``accelerator.save(obj, f, safe_serialization)``: writes ``obj`` on the main process (the first of each
+        machine with ``save_on_each_node``); a safetensors file when asked (shared tensors written once)."""
+        ...
+
     def wait(self, accelerator: CheckpointAccelerator) -> str | None:
         """Blocks until the accelerator's asynchronous save is written; returns its folder."""
         ...

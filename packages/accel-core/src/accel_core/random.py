@@ -42,10 +42,10 @@ def seeders() -> list[Seeder]:
     """The registered seeders, the installed ``accel.seeders`` entry points first (loaded on the first call)."""
     global _entry_points_loaded
     if not _entry_points_loaded:
-        from . import plugins
+        from . import discovery
 
-        for name in plugins.available(SEEDERS_GROUP):
-            register_seeder(plugins.load(SEEDERS_GROUP, name))
+        for name in discovery.available(SEEDERS_GROUP):
+            register_seeder(discovery.load(SEEDERS_GROUP, name))
         _entry_points_loaded = True
     return list(_seeders)
 

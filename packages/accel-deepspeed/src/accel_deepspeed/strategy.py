@@ -1,13 +1,13 @@
 """The ``deepspeed`` strategy: DeepSpeed ZeRO 1/2/3 behind the Accelerator's usual questions.
 
-Capabilities it implements (see ``accel_core.strategies.base``): ``ProcessGroupSetup`` (processes
-join through ``deepspeed.init_distributed``), ``JointPreparation`` (model + optimizer + scheduler go
-through one ``deepspeed.initialize``; the micro batch size comes from the prepared dataloaders),
-``OwnsOptimizerStep`` (the engine scales the loss by the accumulation steps and steps at its
-boundaries), ``PreparesOwnTypes`` (DeepSpeed's LR schedule objects may be prepared) and
-``ShardedCheckpointing`` (the engine's own checkpoints). A whole-engine strategy: DeepSpeed shards
-over all processes itself, so a layout with tensor, context or pipeline parallelism, or with both
-replicas and shards, is refused.
+What it does differently from the base Strategy (see ``accel_core.strategies.base``):
+``setup_environment`` (processes join through ``deepspeed.init_distributed``), ``prepare_objects``
+(model + optimizer + scheduler go through one ``deepspeed.initialize``; the micro batch size comes
+from the prepared dataloaders), ``owns_optimizer_step`` (the engine scales the loss by the
+accumulation steps and steps at its boundaries), ``accepts_object`` (DeepSpeed's LR schedule objects
+may be prepared); and the optional interface ``ShardedCheckpointing`` (the engine's own checkpoints).
+A whole-engine strategy: DeepSpeed shards over all processes itself, so a layout with tensor, context
+or pipeline parallelism, or with both replicas and shards, is refused.
 
 Example::
 
@@ -26,7 +26,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -66,6 +66,7 @@ class DeepSpeedStrategy(Strategy):
     name: ClassVar[str] = "deepspeed"
     supported_precisions: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16")
     data_parallel_dim: ClassVar[str] = "dp_shard"
+    owns_optimizer_step: ClassVar[bool] = True  # the engine steps, zeroes and scales for accumulation
 
     def __init__(self, plugin: DeepSpeedPlugin | None = None) -> None:
         super().__init__()
@@ -115,9 +116,9 @@ class DeepSpeedStrategy(Strategy):
         return DeepSpeedPrecision(self.mixed_precision)
 
     # -- processes --------------------------------------------------------------------------
-    def init_process_group(self, **kwargs: Any) -> None:
+    def setup_environment(self, **kwargs: Any) -> None:
         """Joins (or adopts) the process group through deepspeed.comm; a lone ``python train.py`` gets a group of
-        one."""
+        one. torchrun's environment places the process, as by default."""
         if env.flag(env.USE_CPU) and "deepspeed" not in sys.modules:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read once, when deepspeed picks its accelerator
         deepspeed = import_deepspeed()
@@ -163,13 +164,14 @@ class DeepSpeedStrategy(Strategy):
             )
 
     # -- preparation ------------------------------------------------------------------------
-    def prepare_jointly(self, objects: list[Any]) -> JointResult:
+    def prepare_objects(self, objects: list[Any], prepare_separately: Callable[[list[Any]], list[Any]]) -> JointResult:
+        """``deepspeed.initialize``: model, optimizer and scheduler in one engine (never one by one)."""
         from .preparation import prepare_jointly
 
         return prepare_jointly(self, objects)
 
     def accepts_object(self, obj: Any) -> bool:
-        """``PreparesOwnTypes``: DeepSpeed's LR schedule objects (WarmupLR, OneCycle, ...) may be prepared."""
+        """DeepSpeed's LR schedule objects (WarmupLR, OneCycle, ...) may be prepared."""
         from .preparation import is_deepspeed_scheduler
 
         return is_deepspeed_scheduler(obj)
@@ -187,9 +189,6 @@ class DeepSpeedStrategy(Strategy):
         return model
 
     # -- the training step ------------------------------------------------------------------
-    def owns_optimizer_step(self) -> bool:
-        return True
-
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """The engine's backward: scales by the accumulation steps; reduces gradients at the boundary."""
         engine = self._require_engine()

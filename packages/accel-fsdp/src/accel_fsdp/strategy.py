@@ -1,10 +1,11 @@
 """``FSDPStrategy``: what the Accelerator asks, answered with FSDP2 (``fully_shard``) or FSDP1.
 
-Capabilities it implements (see ``accel_core.strategies.base``): ``WrapsBeforeOptimizer`` (an
-optimizer built before ``prepare`` is rebuilt on the sharded parameters), ``BackwardSyncControl``
-(``accumulate``/``no_sync`` skip the gradient reduce-scatter), ``ProcessGroupSetup`` (a group of
-one for a single process, so FSDP and DCP behave the same there), and ``ShardedCheckpointing``
-(``save_sharded``/``load_sharded``).
+What it does differently from the base Strategy (see ``accel_core.strategies.base``):
+``replaces_parameters`` with its own ``rebuild_optimizer`` (an optimizer built before ``prepare`` is
+rebuilt on the sharded parameters, FSDP1's flat ones included), ``setup_environment`` (a group of one
+for a single process, so FSDP and DCP behave the same there); and the optional interfaces
+``BackwardSyncControl`` (``accumulate``/``no_sync`` skip the gradient reduce-scatter) and
+``ShardedCheckpointing`` (``save_sharded``/``load_sharded``).
 
 On the job's mesh FSDP is the data-parallel transform: ``fully_shard`` over ``dp_shard_cp``, or
 over ``(dp_replicate, dp_shard_cp)`` (HSDP) when there are replicas; tensor parallelism, applied
@@ -65,6 +66,7 @@ class FSDPStrategy(Strategy):
     name: ClassVar[str] = "fsdp"
     supported_precisions: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16", "fp8")
     data_parallel_dim: ClassVar[str] = "dp_shard"
+    replaces_parameters: ClassVar[bool] = True  # sharding always makes new parameters (DTensors, flat parameters)
 
     def __init__(self, plugin: FullyShardedDataParallelPlugin | None = None) -> None:
         super().__init__()
@@ -142,7 +144,7 @@ class FSDPStrategy(Strategy):
             )
 
     # -- process group ----------------------------------------------------------------------
-    def init_process_group(self, **kwargs: Any) -> None:
+    def setup_environment(self, **kwargs: Any) -> None:
         """With one process, joins a process group of one (in memory): ``fully_shard``, DeviceMesh and
         DCP need a group, and a checkpoint written by many processes then loads the same way on one."""
         join_group_of_one(**kwargs)

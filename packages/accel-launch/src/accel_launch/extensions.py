@@ -30,12 +30,12 @@ def load_extensions(names: Iterable[str] | None = None) -> list[LaunchExtension]
 
     A broken extension is reported on stderr and skipped: one backend must not break the command line.
     """
-    from accel_core import plugins  # importlib.metadata: only for the commands that take backend flags
+    from accel_core import discovery  # importlib.metadata: only for the commands that take backend flags
 
     extensions: list[LaunchExtension] = []
-    for name in plugins.available(GROUP) if names is None else names:
+    for name in discovery.available(GROUP) if names is None else names:
         try:
-            obj: Any = plugins.load(GROUP, name)
+            obj: Any = discovery.load(GROUP, name)
             if isinstance(obj, type) or (not isinstance(obj, LaunchExtension) and callable(obj)):
                 obj = obj()  # a class or a factory: build the object
             if not isinstance(obj, LaunchExtension):

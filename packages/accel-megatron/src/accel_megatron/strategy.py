@@ -1,10 +1,11 @@
 """``MegatronStrategy``: Megatron-core tensor parallelism (TP), pipeline parallelism (PP) and data parallelism (DP)
 behind the Accelerator's questions.
 
-Capabilities it implements (see ``accel_core.strategies.base``): ``ProcessGroupSetup`` (checks the
-plugin against the number of processes before any communication, and gives a lone ``python
-train.py`` a group of one, which Megatron's groups need), ``BackwardSyncControl`` (``accumulate``
-skips the DP all-reduce), and ``ShardedCheckpointing`` (``save_sharded`` / ``load_sharded``, one
+What it does differently from the base Strategy (see ``accel_core.strategies.base``):
+``setup_environment`` (gives a lone ``python train.py`` a group of one, which Megatron's groups
+need), ``prepare_objects`` and ``accepts_object`` (its dummy scheduler becomes a torch LR scheduler),
+``dataloader_prepared`` (the batch arguments); and the optional interfaces ``BackwardSyncControl``
+(``accumulate`` skips the DP all-reduce) and ``ShardedCheckpointing`` (``save_sharded`` / ``load_sharded``, one
 file set per TP shard). A whole-engine strategy on the job's mesh: the plugin's ``tp_degree`` is the
 mesh's ``tp``, its ``pp_degree`` the mesh's ``pp`` and the rest is ``dp_replicate`` (the same ranks as
 Megatron's TP, PP and DP groups, which ``setup`` checks), so dataloaders shard over the mesh's ``dp``
@@ -27,7 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -42,7 +43,7 @@ from accel_core.parallel.config import (
     requested_size,
     resolve_parallelism,
 )
-from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
+from accel_core.strategies import JointResult, PreparedObjects, Strategy, StrategyContext
 from accel_core.strategies.ddp import data_parallel_no_sync, unwrap_ddp, wrap_in_ddp
 from accel_core.strategies.groups import join_group_of_one
 
@@ -123,7 +124,7 @@ class MegatronStrategy(Strategy):
                 "ParallelismConfig for sharded data parallelism or context parallelism."
             )
 
-    def init_process_group(self, **kwargs: Any) -> None:
+    def setup_environment(self, **kwargs: Any) -> None:
         """With one process, joins a group of one (in memory) for Megatron's groups."""
         join_group_of_one(**kwargs)
 
@@ -251,7 +252,7 @@ class MegatronStrategy(Strategy):
         if self.plugin.gradient_clipping is not None:
             self.last_grad_norm = grads.clip_grad_norm_(params, self.plugin.gradient_clipping)
 
-    # -- Megatron's own types in prepare (PreparesOwnTypes, ConvertsOwnTypes) -----------------
+    # -- preparation: the batch arguments, Megatron's own scheduler type ------------------------
     def dataloader_prepared(self, dataloader: Any) -> None:
         """Sets the plugin's ``micro_batch_size``, ``data_parallel_size`` and ``global_batch_size`` as Accelerate
         does: the smallest batch size of the dataloaders prepared (the largest with ``is_train_batch_min=False``)."""
@@ -268,11 +269,18 @@ class MegatronStrategy(Strategy):
 
         return isinstance(obj, MegatronLMDummyScheduler)
 
-    def convert_object(self, obj: Any) -> Any:
-        """A ``MegatronLMDummyScheduler`` becomes Megatron's schedule as a torch LR scheduler."""
+    def prepare_objects(self, objects: list[Any], prepare_separately: Callable[[list[Any]], list[Any]]) -> JointResult:
+        """Each object on its own, as by default, once a ``MegatronLMDummyScheduler`` has become Megatron's schedule
+        as a torch LR scheduler (which is then prepared like the user's own)."""
         from .scheduler import build_scheduler
 
-        return build_scheduler(obj, self.plugin.lr_decay_style, float(self.plugin.min_lr))
+        converted = [
+            build_scheduler(obj, self.plugin.lr_decay_style, float(self.plugin.min_lr))
+            if self.accepts_object(obj)
+            else obj
+            for obj in objects
+        ]
+        return JointResult(prepare_separately(converted))
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return unwrap_ddp(model)

@@ -50,7 +50,7 @@ class LoggerType(str, Enum):
     DVCLIVE = "dvclive"
     SWANLAB = "swanlab"
 
-    def __str__(self) -> str:  # the entry-point name, so core can call plugins.load(group, str(x))
+    def __str__(self) -> str:  # the entry-point name, so core can call discovery.load(group, str(x))
         return self.value
 
 

@@ -1,11 +1,13 @@
 """The ``xla`` strategy: data parallelism over XLA replicas (TPU cores, or any device of torch-xla's PJRT runtime).
 
-Capabilities it implements (see ``accel_core.strategies.base``):
+What it does differently from the base Strategy, and the optional interfaces it implements (see
+``accel_core.strategies.base``):
 
-- ``ProcessGroupSetup``: processes started by torchrun join torch.distributed's ``xla`` backend
-  (``init_method="xla://"``, the way torch-xla documents torchrun); one process needs nothing.
-- ``PlacesProcess``: ordinal, replica count, local ordinal and device come from the PJRT runtime,
-  and accel's gather / reduce / broadcast / barrier go through XLA collectives (``XlaCollectives``).
+- ``setup_environment``: processes started by torchrun join torch.distributed's ``xla`` backend
+  (``init_method="xla://"``, the way torch-xla documents torchrun; one process needs nothing), and
+  ordinal, replica count, local ordinal and device come from the PJRT runtime (the placement it
+  returns), with accel's gather / reduce / broadcast / barrier going through XLA collectives
+  (``XlaCollectives``).
 - ``BatchTransfer``: prepared dataloaders are read through torch-xla's ``MpDeviceLoader``
   (``XlaDeviceLoader``), which uploads batches ahead and marks an XLA step per batch.
 - ``ReducesGradients``: the gradients are averaged over the replicas (``xm.all_reduce``) right
@@ -165,6 +167,11 @@ class XlaStrategy(Strategy):
             os.environ["PJRT_DEVICE"] = device.upper()
         if self.downcast_bf16:
             os.environ["XLA_DOWNCAST_BF16"] = "1"
+
+    def setup_environment(self, **kwargs: Any) -> ProcessPlacement:
+        """Joins the ``xla`` group where torchrun started several processes; PJRT places this process."""
+        self.init_process_group(**kwargs)
+        return self.process_placement()
 
     def init_process_group(self, **kwargs: Any) -> None:
         """Joins torch.distributed's ``xla`` backend when torchrun started several processes.

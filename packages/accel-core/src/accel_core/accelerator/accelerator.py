@@ -55,10 +55,7 @@ from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorSetup, AcceleratorState, GradientState, PartialState, collective_timeout
 from ..strategies import (
     BackwardSyncControl,
-    OwnsOptimizerStep,
-    PlacesProcess,
     PreparedObjects,
-    ProcessGroupSetup,
     Strategy,
     StrategyContext,
     create_strategy,
@@ -198,12 +195,12 @@ class Accelerator(
         init_kwargs = (
             self.handlers[InitProcessGroupKwargs].to_kwargs() if InitProcessGroupKwargs in self.handlers else {}
         )
-        if isinstance(self.strategy, ProcessGroupSetup):
-            if os.environ.get(env.COLLECTIVE_TIMEOUT):  # --collective-timeout reaches a backend's own group too
-                init_kwargs["timeout"] = collective_timeout(init_kwargs.get("timeout"))
-            # The stall report's threshold is the process state's, not an argument of the backend's group.
-            self.strategy.init_process_group(**{k: v for k, v in init_kwargs.items() if k != "stall_report_after"})
-        placement = self.strategy.process_placement() if isinstance(self.strategy, PlacesProcess) else None
+        if os.environ.get(env.COLLECTIVE_TIMEOUT):  # --collective-timeout reaches a backend's own group too
+            init_kwargs["timeout"] = collective_timeout(init_kwargs.get("timeout"))
+        # The stall report's threshold is the process state's, not an argument of the backend's group.
+        placement = self.strategy.setup_environment(
+            **{k: v for k, v in init_kwargs.items() if k != "stall_report_after"}
+        )
         self._state = AcceleratorState(
             mixed_precision=plan.mixed_precision, cpu=plan.cpu, placement=placement, **init_kwargs
         )
@@ -308,7 +305,7 @@ class Accelerator(
             skip_nonfinite = env.flag("ACCEL_SKIP_NONFINITE")
         if not skip_nonfinite:
             return None
-        if isinstance(self.strategy, OwnsOptimizerStep) and self.strategy.owns_optimizer_step():
+        if self.strategy.owns_optimizer_step:
             raise ValueError(
                 f"skip_nonfinite=True needs accel to step the optimizer, but the {self.strategy.name} strategy steps "
                 "it itself (its own loss scaler skips inf/NaN steps): leave skip_nonfinite off."
@@ -419,7 +416,7 @@ class Accelerator(
                 f"{type(loss).__name__} {loss!r}: pass the tensor itself, before .item() or float(), e.g. "
                 "`loss = loss_fn(model(inputs), targets); accelerator.backward(loss)`."
             )
-        owns_step = isinstance(self.strategy, OwnsOptimizerStep) and self.strategy.owns_optimizer_step()
+        owns_step = self.strategy.owns_optimizer_step
         if not owns_step and self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
         if self._nonfinite_guard is not None:

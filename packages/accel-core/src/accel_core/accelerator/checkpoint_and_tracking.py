@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from .. import ops, plugins
+from .. import discovery, ops
 from ..configuration import ProjectConfiguration
 
 if TYPE_CHECKING:
@@ -43,10 +43,10 @@ def normalize_log_with(log_with: Any) -> list[Any]:
     for item in items:
         if isinstance(item, str):  # also LoggerType, a str enum
             name = str(item).lower()
-            if name != "all" and not plugins.is_available("accel.trackers", name):
-                raise plugins.MissingPluginError(
-                    f"Tracker '{name}' is not available: {plugins.install_hint('accel.trackers', name)}. "
-                    f"Installed trackers: {', '.join(plugins.available('accel.trackers')) or 'none'}."
+            if name != "all" and not discovery.is_available("accel.trackers", name):
+                raise discovery.MissingPackageError(
+                    f"Tracker '{name}' is not available: {discovery.install_hint('accel.trackers', name)}. "
+                    f"Installed trackers: {', '.join(discovery.available('accel.trackers')) or 'none'}."
                 )
             result.append(name)
         elif hasattr(item, "log") and hasattr(item, "name"):
@@ -102,7 +102,7 @@ class Tracking:
         names: list[Any] = []
         for item in wanted:
             if item == "all":
-                names += [n for n in plugins.available("accel.trackers") if _tracker_class(n).is_available()]
+                names += [n for n in discovery.available("accel.trackers") if _tracker_class(n).is_available()]
             else:
                 names.append(item)
         self.trackers = []
@@ -153,7 +153,7 @@ class Tracking:
 
 
 def _tracker_class(name: str) -> Any:
-    return plugins.load("accel.trackers", name)
+    return discovery.load("accel.trackers", name)
 
 
 class Checkpointing:
@@ -182,25 +182,25 @@ class Checkpointing:
         ``async_save=True`` returns once the state is copied to CPU memory; ``wait_for_checkpoint``
         (also called by the next save or load, ``end_training`` and ``free_memory``) waits for the files.
         """
-        handler = plugins.load("accel.checkpoint", "state")
+        handler = discovery.load("accel.checkpoint", "state")
         return handler.save_state(self, None if output_dir is None else os.fspath(output_dir), **kwargs)
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str | None:
         """Restores what ``save_state`` wrote (the newest automatic checkpoint when ``input_dir`` is None);
         returns the folder loaded."""
-        handler = plugins.load("accel.checkpoint", "state")
+        handler = discovery.load("accel.checkpoint", "state")
         return handler.load_state(self, None if input_dir is None else os.fspath(input_dir), **kwargs)
 
     def wait_for_checkpoint(self) -> str | None:
         """Blocks until an asynchronous ``save_state`` is on disk; returns its folder (None if none pending)."""
-        if not plugins.is_loaded("accel.checkpoint", "state"):
+        if not discovery.is_loaded("accel.checkpoint", "state"):
             return None  # nothing was ever saved through the handler: no need to import it
-        wait = getattr(plugins.load("accel.checkpoint", "state"), "wait", None)
+        wait = getattr(discovery.load("accel.checkpoint", "state"), "wait", None)
         return wait(self) if wait is not None else None
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str], **kwargs: Any) -> None:
         """Writes the model's full weights (safetensors, sharded past ``max_shard_size``) for use outside accel."""
-        handler = plugins.load("accel.checkpoint", "state")
+        handler = discovery.load("accel.checkpoint", "state")
         handler.save_model(self, model, os.fspath(save_directory), **kwargs)
 
     @property
@@ -238,17 +238,18 @@ class Checkpointing:
         self._after_prepare()
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
-        """``torch.save`` once per machine (or on the main process only, unless ``save_on_each_node``)."""
+        """``torch.save`` on the main process only (once per machine with ``save_on_each_node``).
+
+        ``safe_serialization=True`` writes a safetensors file through accel-checkpoint (which depends on
+        safetensors; accel-core does not), with shared tensors written once.
+        """
+        if safe_serialization:
+            discovery.load("accel.checkpoint", "state").save_object(self, obj, os.fspath(f), safe_serialization=True)
+            return
         should_write = (
             self.state.is_local_main_process
             if self.project_configuration.save_on_each_node
             else self.state.is_main_process
         )
-        if not should_write:
-            return
-        if safe_serialization:
-            from safetensors.torch import save_file
-
-            save_file(obj, os.fspath(f), metadata={"format": "pt"})
-        else:
+        if should_write:
             torch.save(obj, f)

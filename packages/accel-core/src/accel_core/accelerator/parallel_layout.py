@@ -8,8 +8,6 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..strategies import OwnsOptimizerStep
-
 if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
@@ -105,7 +103,7 @@ class Parallelism:
         from ..pipelining import StagedModel, as_call_arguments
 
         if isinstance(model, StagedModel):
-            owns_step = isinstance(self.strategy, OwnsOptimizerStep) and self.strategy.owns_optimizer_step()
+            owns_step = self.strategy.owns_optimizer_step
             divisor = 1 if owns_step else int(self.gradient_state.num_steps)
             return model.train_step(inputs, targets, loss_fn, divisor=divisor, scale=self.precision.scale_loss)
         args, kwargs = as_call_arguments(inputs)

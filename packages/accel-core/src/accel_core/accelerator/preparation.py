@@ -12,22 +12,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from .. import plugins, transforms
+from .. import discovery, transforms
 from ..enums import SchedulerStepping
 from ..optimizer import AcceleratedOptimizer
 from ..optimizer_rebuild import ParameterNames
 from ..optimizer_rebuild import parameter_ids as optimizer_parameter_ids
 from ..pipelining import StagedModel
 from ..scheduler import AcceleratedScheduler
-from ..strategies import (
-    BatchTransfer,
-    JointPreparation,
-    ObservesDataloaders,
-    PreparesOwnTypes,
-    ReducesGradients,
-    WrapsBeforeOptimizer,
-)
-from ..strategies.base import ConvertsOwnTypes
+from ..strategies import BatchTransfer, ReducesGradients
 
 if TYPE_CHECKING:
     from ..configuration import DataLoaderConfiguration
@@ -35,7 +27,7 @@ if TYPE_CHECKING:
     from ..precision.modes import Precision
     from ..protocols import BatchBoundaryHook
     from ..state import AcceleratorState
-    from ..strategies import PreparedObjects, Strategy, StrategyContext
+    from ..strategies import JointResult, PreparedObjects, Strategy, StrategyContext
     from .nonfinite_guard import NonFiniteGuard
 
 _SUPPORTED = (
@@ -85,11 +77,10 @@ class Preparation:
                 for i, obj in zip(fresh, done if len(fresh) > 1 else (done,), strict=True):
                     earlier[i] = obj
             return earlier[0] if len(earlier) == 1 else tuple(earlier)
-        own_types = self.strategy.accepts_object if isinstance(self.strategy, PreparesOwnTypes) else None
         for obj in args:
             if not isinstance(
                 obj, (torch.nn.Module, torch.optim.Optimizer, LRScheduler, torch.utils.data.DataLoader)
-            ) and not (own_types is not None and own_types(obj)):
+            ) and not self.strategy.accepts_object(obj):
                 raise TypeError(
                     f"Cannot prepare an object of type {type(obj).__name__}: prepare accepts {_SUPPORTED}. "
                     "Leave other objects out of prepare()."
@@ -99,13 +90,9 @@ class Preparation:
         for i, obj in enumerate(args):
             if isinstance(obj, torch.utils.data.DataLoader):
                 result[i] = self.prepare_data_loader(obj, device_placement=device_placement[i])
-        if isinstance(self.strategy, JointPreparation):
-            result = self._register_joint(args, self.strategy.prepare_jointly(result))
-        else:
-            if own_types is not None and isinstance(self.strategy, ConvertsOwnTypes):
-                # Backend stand-ins (Megatron's dummy scheduler) become the torch objects they stand for.
-                result = [self.strategy.convert_object(obj) if own_types(obj) else obj for obj in result]
-            result = self._prepare_separately(result, device_placement)
+        placement = device_placement
+        joint = self.strategy.prepare_objects(result, lambda objects: self._prepare_separately(objects, placement))
+        result = self._register(args, joint)
         self._after_prepare()
         return result[0] if len(result) == 1 else tuple(result)
 
@@ -132,10 +119,14 @@ class Preparation:
                 return scheduler
         return None
 
-    def _register_joint(self, given: Sequence[Any], joint: Any) -> list[Any]:
+    def _register(self, given: Sequence[Any], joint: JointResult) -> list[Any]:
+        """Registers what the strategy prepared and the separate path has not registered already, by the kind of
+        object given: models, optimizers, then anything else but dataloaders among the schedulers."""
         objects = list(joint.objects)
         self.prepared.optimizers.extend(joint.extra_optimizers)
         for original, prepared in zip(given, objects, strict=False):
+            if self._prepared_before(prepared) is prepared:
+                continue
             if isinstance(original, torch.nn.Module):
                 self.prepared.models.append(prepared)
             elif isinstance(original, torch.optim.Optimizer):
@@ -199,15 +190,13 @@ class Preparation:
 
     def _replaces_parameters(self, originals: list[tuple[set[int], torch.nn.Module]]) -> bool:
         """Whether preparing put new parameter objects in the models (sharding, tensor parallelism)."""
-        if isinstance(self.strategy, WrapsBeforeOptimizer):
+        if self.strategy.replaces_parameters:
             return True
         return any(not ids <= {id(p) for p in model.parameters()} for ids, model in originals)
 
     def _rebuild_for_wrapped_model(
         self, optimizer: torch.optim.Optimizer, originals: list[tuple[set[int], torch.nn.Module]]
     ) -> torch.optim.Optimizer:
-        from ..optimizer_rebuild import rebuild
-
         owned = optimizer_parameter_ids(optimizer)
         owners = [model for parameter_ids, model in originals if parameter_ids & owned]
         if not owners:
@@ -223,13 +212,7 @@ class Preparation:
             from ..pipelining.optimizer import rebuild_for_stages
 
             return rebuild_for_stages(optimizer, owners[0], self._parameter_names)
-        if isinstance(self.strategy, WrapsBeforeOptimizer):
-            return self.strategy.rebuild_optimizer(optimizer, owners[0], self._parameter_names)
-        # Names as recorded before wrapping (DDP's "module." prefix is not part of them).
-        model = self.strategy.unwrap_model(owners[0])
-        # Moving to a device that makes new parameters (XLA) is the usual flow there, as in the reference: no warning.
-        announce = self._context.state.is_main_process and not _only_moved(optimizer, model)
-        return rebuild(optimizer, model, self._parameter_names, announce=announce)
+        return self.strategy.rebuild_optimizer(optimizer, owners[0], self._parameter_names)
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
@@ -304,34 +287,19 @@ class Preparation:
             device_placement = self.device_placement
         transfer = self.strategy if isinstance(self.strategy, BatchTransfer) else None
         # A strategy with its own device loader moves the batches itself: the loader leaves them on the CPU.
-        preparer = plugins.load("accel.preparers", "dataloader")
+        preparer = discovery.load("accel.preparers", "dataloader")
         # The loader calls this Accelerator's hook at each step boundary (periodic checkpoints); a device loader
         # wrapping it takes the hook over (protocols.ReportsBatchBoundaries).
         prepared = preparer.prepare(data_loader, self, device_placement and transfer is None, self._batch_boundary_hook)
         if transfer is not None and device_placement:
             prepared = transfer.wrap_dataloader(prepared)
         self.prepared.dataloaders.append(prepared)
-        if isinstance(self.strategy, ObservesDataloaders):
-            self.strategy.dataloader_prepared(data_loader)
+        self.strategy.dataloader_prepared(data_loader)
         return prepared
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader that starts ``num_batches`` in, without reading the skipped samples (for resuming)."""
-        return plugins.load("accel.preparers", "dataloader").skip_first_batches(dataloader, num_batches)
-
-
-def _only_moved(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> bool:
-    """Whether the model's new parameters are plain tensors of the same sizes on another device (nothing sharded)."""
-    from ..transforms.state_dict import has_dtensors
-
-    old = [p for group in optimizer.param_groups for p in group["params"]]
-    new = list(model.parameters())
-    return (
-        bool(old)
-        and not has_dtensors(model)
-        and sorted(p.numel() for p in old) == sorted(p.numel() for p in new)
-        and {p.device for p in old}.isdisjoint({p.device for p in new})
-    )
+        return discovery.load("accel.preparers", "dataloader").skip_first_batches(dataloader, num_batches)
 
 
 def _check_same_device(optimizer: torch.optim.Optimizer, models: list[torch.nn.Module]) -> None:

@@ -32,8 +32,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .. import discovery
 from .. import environment as env
-from .. import plugins
 from ..configuration import ProjectConfiguration
 from ..preemption import EXIT_CODE, PreemptionWatch
 from ..protocols import ContinuableTracker, RewindableTracker
@@ -149,7 +149,7 @@ class Resumption:
 
     def _find_resume_point(self) -> ResumePoint | None:
         if self._resume_point is _UNKNOWN:
-            handler = plugins.load("accel.checkpoint", "state")
+            handler = discovery.load("accel.checkpoint", "state")
             self._resume_point = handler.find_resume_point(self)  # collective: agreed by every process
         return self._resume_point
 

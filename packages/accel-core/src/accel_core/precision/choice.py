@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .. import plugins
+from .. import discovery
 from ..configuration import AutocastKwargs, GradScalerKwargs
 from .fp8_recipes import RECIPE_HANDLERS, fp8_recipe_handler
 from .modes import AutocastPrecision, Precision, PrecisionContext, PrecisionFactory
@@ -38,7 +38,7 @@ def default_precision(
         # fp8 on a device that cannot run it falls back to what the recipe names (bf16, no), built here.
         fallback = partial(_without_fp8, context=context, grad_scaler=grad_scaler)
         fp8_context = PrecisionContext(context.device, handlers, context.is_main_process, fallback)
-        factory: PrecisionFactory = plugins.load("accel.precisions", "fp8")
+        factory: PrecisionFactory = discovery.load("accel.precisions", "fp8")
         return factory(fp8_context)
     if name == "no":
         return Precision()

@@ -5,20 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plugins import load
+from ..discovery import load
 from .base import (
     BackwardSyncControl,
     BatchTransfer,
-    JointPreparation,
-    ObservesDataloaders,
-    OwnsOptimizerStep,
-    PlacesProcess,
-    PreparesOwnTypes,
-    ProcessGroupSetup,
     ReducesGradients,
     ShardedCheckpointing,
     Strategy,
-    WrapsBeforeOptimizer,
 )
 from .context import JointResult, PreparedObjects, StrategyContext
 from .ddp import DDPStrategy, SingleDeviceStrategy
@@ -44,21 +37,14 @@ __all__ = [
     "BackwardSyncControl",
     "BatchTransfer",
     "DDPStrategy",
-    "JointPreparation",
     "JointResult",
-    "ObservesDataloaders",
-    "OwnsOptimizerStep",
-    "PlacesProcess",
     "PreparedObjects",
-    "PreparesOwnTypes",
-    "ProcessGroupSetup",
     "ReducesGradients",
     "ShardedCheckpointing",
     "SingleDeviceStrategy",
     "Strategy",
     "StrategyContext",
     "StrategyPlan",
-    "WrapsBeforeOptimizer",
     "create_strategy",
     "resolve_strategy_plan",
     "strategy_class",

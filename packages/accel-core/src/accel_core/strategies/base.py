@@ -1,29 +1,24 @@
 """The Strategy contract: everything the Accelerator (or another package) asks of a backend, declared here.
 
 The contract is one-way. The Accelerator builds a strategy (``from_plugin``), asks it which
-layout it runs (``parallelism``), then hands it a narrow ``StrategyContext`` (device, mesh,
+layout it runs (``parallelism``), lets it set up the processes (``setup_environment``), asks it for
+its Precision (``make_precision``), then hands it a narrow ``StrategyContext`` (device, mesh,
 precision, plan, prepared objects) in ``setup``. The strategy answers questions and returns what it
-prepared; it never writes the Accelerator's fields. Optional powers are small protocols checked
-with ``isinstance``, never a backend's name:
+prepared; it never writes the Accelerator's fields.
 
-- ``JointPreparation``: model + optimizer (+ scheduler, dataloader batch size) prepared in one call
-  (DeepSpeed's ``initialize``).
-- ``WrapsBeforeOptimizer``: wrapping replaces parameters, so an optimizer built before ``prepare``
-  is rebuilt on the new ones (FSDP).
-- ``BackwardSyncControl``: skip gradient synchronisation while accumulating (DDP, FSDP).
-- ``OwnsOptimizerStep``: the backend steps and zeroes at accumulation boundaries itself (DeepSpeed).
-- ``ProcessGroupSetup``: join the process group its own way (deepspeed.comm, XLA, Megatron).
+The base class's methods carry the general case (torchrun's process group, each object prepared on
+its own, torch's optimizer step), so a backend overrides only what it does differently; plain facts
+are class flags (``owns_optimizer_step``, ``replaces_parameters``, ``splits_model_itself``). Only
+what is truly optional, and would cost something if every strategy had it, stays a small protocol
+checked with ``isinstance`` (never a backend's name):
+
+- ``BackwardSyncControl``: skip gradient synchronisation while accumulating (DDP, FSDP, Megatron).
+- ``ReducesGradients``: the gradients are reduced across processes right before the optimizer
+  steps (XLA, which has no DDP hooks); clipping reduces first.
 - ``BatchTransfer``: a device loader / step marker for batches (XLA).
-- ``PreparesOwnTypes``: ``prepare`` also takes objects of the backend's own types (DeepSpeed's LR schedules).
-- ``ConvertsOwnTypes``: in a separate (not joint) preparation, such an object is first turned into
-  the torch object that stands for it (Megatron's dummy scheduler into an LR scheduler).
 - ``ShardedCheckpointing``: the backend saves and loads its (sharded) models and optimizers itself
   (accel-checkpoint writes everything else around them, and hands it a ``CheckpointIO``); declared with the
   rest of the checkpoint contract in ``accel_core.checkpointing`` and re-exported here.
-- ``PlacesProcess``: the backend's runtime, not torchrun's environment, says which process this is,
-  on which device, and moves tensors between processes (XLA's PJRT; ``accel_core.placement``).
-- ``ReducesGradients``: the gradients are reduced across processes right before the optimizer
-  steps (XLA, which has no DDP hooks); clipping reduces first.
 
 Models are prepared by the ordered chain of ``accel_core.transforms``; a strategy's
 ``prepare_model`` is its last step (the data-parallel wrapper).
@@ -33,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -71,6 +66,12 @@ class Strategy:
         splits_model_itself: the backend's own layers split the model over ``tp`` (Megatron), and its
             ``prepare_model`` splits it over ``pp``, so the transform chain's tensor-parallel step and
             pipeline split are skipped.
+        owns_optimizer_step: the backend steps the optimizer and zeroes gradients at accumulation
+            boundaries itself, and scales the loss for accumulation (DeepSpeed's engine): the
+            Accelerator neither divides the loss nor guards the step.
+        replaces_parameters: ``prepare_model`` always puts new parameter objects in the model
+            (sharding), so an optimizer built before ``prepare`` is rebuilt on them
+            (``rebuild_optimizer``) even where the parameter ids alone would not tell.
 
     Attributes:
         plugin: the user's plugin object (``fsdp_plugin=...``) or None; scripts written for the
@@ -81,6 +82,8 @@ class Strategy:
     supported_precisions: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16", "fp8")
     data_parallel_dim: ClassVar[str] = "dp_replicate"
     splits_model_itself: ClassVar[bool] = False
+    owns_optimizer_step: ClassVar[bool] = False
+    replaces_parameters: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.plugin: Any = None
@@ -120,6 +123,20 @@ class Strategy:
                 f"strategy does not do: pass fsdp_plugin=FullyShardedDataParallelPlugin() ({accel_extra('fsdp')}) "
                 "or accel launch --use-fsdp."
             )
+
+    # -- processes --------------------------------------------------------------------------
+    def setup_environment(self, **init_kwargs: Any) -> ProcessPlacement | None:
+        """Sets the processes up; called once, after ``parallelism`` and before the process state exists.
+
+        ``init_kwargs`` are the user's ``InitProcessGroupKwargs`` (with ``--collective-timeout``
+        applied). The default does nothing: the process state then joins torchrun's group with
+        them, and reads rank, world and device from torchrun's environment. A backend that joins
+        the group its own way does it here (deepspeed.comm; a group of one for FSDP and Megatron;
+        torch-xla's backend). One whose runtime, not torchrun's environment, says which process this
+        is returns that ``ProcessPlacement`` (XLA's PJRT; ``accel_core.placement``), which the state
+        takes instead.
+        """
+        return None
 
     # -- precision --------------------------------------------------------------------------
     def make_precision(self, name: str, context: PrecisionContext) -> Precision:
@@ -181,6 +198,46 @@ class Strategy:
         """Returns the user's module from inside whatever ``prepare_model`` wrapped it in."""
         return model
 
+    # -- preparation of one prepare() call ----------------------------------------------------
+    def accepts_object(self, obj: Any) -> bool:
+        """Whether ``prepare`` takes ``obj``, an object of the backend's own types (not a torch one): DeepSpeed's LR
+        schedules, Megatron's dummy scheduler. Such objects reach ``prepare_objects`` like the others."""
+        return False
+
+    def prepare_objects(self, objects: list[Any], prepare_separately: Callable[[list[Any]], list[Any]]) -> JointResult:
+        """Prepares the objects of one ``prepare`` call, in the order given (dataloaders already prepared).
+
+        The default prepares each on its own: ``prepare_separately`` is the Accelerator's path (models
+        through the transform chain and ``prepare_model``, optimizers rebuilt where parameters were
+        replaced and wrapped, schedulers wrapped), and registers what it prepared. A backend that
+        prepares model, optimizer and scheduler in one call (DeepSpeed's ``initialize``) returns its
+        own replacements, plus optimizers it created, and the Accelerator registers them; one whose own
+        types stand for torch objects (Megatron's dummy scheduler) converts them, then calls
+        ``prepare_separately``.
+        """
+        return JointResult(prepare_separately(objects))
+
+    def rebuild_optimizer(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, names: ParameterNames
+    ) -> torch.optim.Optimizer:
+        """The same optimizer on the new parameters of prepared ``model`` (built before ``prepare`` replaced them).
+
+        ``names`` knows each original parameter's name (recorded before any transform), to match the
+        new ones. The default rebuilds it by name, and says so on the main process unless the
+        parameters were only moved to another device (the usual flow on XLA, as in the reference).
+        """
+        from ..optimizer_rebuild import only_moved, rebuild
+
+        model = self.unwrap_model(model)  # names were recorded before wrapping (no DDP "module." prefix)
+        announce = self.state.is_main_process and not only_moved(optimizer, model)
+        return rebuild(optimizer, model, names, announce=announce)
+
+    def dataloader_prepared(self, dataloader: Any) -> None:
+        """Hears of each dataloader ``prepare`` is given (the user's, before preparing); the default ignores it.
+
+        Megatron sets its batch arguments (``micro_batch_size``, ``global_batch_size``) from the batch size.
+        """
+
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         loss.backward(**kwargs)
 
@@ -222,55 +279,6 @@ class BackwardSyncControl(Protocol):
 
 
 @runtime_checkable
-class JointPreparation(Protocol):
-    """The backend prepares model, optimizer, scheduler (and needs the batch size) in one call.
-
-    ``prepare_jointly`` receives every object passed to ``prepare`` (dataloaders already prepared
-    and registered) and returns a ``JointResult``: replacements in the same order (the Accelerator
-    registers the models, optimizers and schedulers among them), plus optimizers it created.
-    """
-
-    def prepare_jointly(self, objects: list[Any]) -> JointResult: ...
-
-
-@runtime_checkable
-class WrapsBeforeOptimizer(Protocol):
-    """Wrapping replaces parameters: optimizers built before ``prepare`` must be rebuilt on the new ones.
-
-    ``names`` knows each original parameter's name (recorded before any transform), to match the new ones.
-    """
-
-    def rebuild_optimizer(
-        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, names: ParameterNames
-    ) -> torch.optim.Optimizer: ...
-
-
-@runtime_checkable
-class OwnsOptimizerStep(Protocol):
-    """The backend steps the optimizer and zeroes gradients at accumulation boundaries itself."""
-
-    def owns_optimizer_step(self) -> bool: ...
-
-
-@runtime_checkable
-class ProcessGroupSetup(Protocol):
-    """The backend joins the process group its own way before ``PartialState`` would."""
-
-    def init_process_group(self, **kwargs: Any) -> None: ...
-
-
-@runtime_checkable
-class PlacesProcess(Protocol):
-    """The backend's runtime places the process: ordinal, process count, device and collectives.
-
-    ``process_placement`` is called after ``init_process_group`` (when the strategy has one) and
-    before the process state exists; the state takes the placement instead of torchrun's environment.
-    """
-
-    def process_placement(self) -> ProcessPlacement: ...
-
-
-@runtime_checkable
 class ReducesGradients(Protocol):
     """The backend reduces gradients across processes itself, right before each real optimizer step.
 
@@ -293,28 +301,3 @@ class BatchTransfer(Protocol):
     def wrap_dataloader(self, dataloader: Any) -> Any: ...
 
     def mark_step(self) -> None: ...
-
-
-@runtime_checkable
-class ObservesDataloaders(Protocol):
-    """The strategy hears of each dataloader ``prepare`` is given (the user's, before preparing): its batch size
-    sets the backend's batch arguments (Megatron's ``micro_batch_size`` and ``global_batch_size``)."""
-
-    def dataloader_prepared(self, dataloader: Any) -> None: ...
-
-
-@runtime_checkable
-class PreparesOwnTypes(Protocol):
-    """``prepare`` also accepts objects of the backend's own types, which are not torch ones
-    (DeepSpeed's LR schedule classes); they reach ``prepare_jointly`` like the others."""
-
-    def accepts_object(self, obj: Any) -> bool: ...
-
-
-@runtime_checkable
-class ConvertsOwnTypes(Protocol):
-    """For a strategy that prepares objects separately: each object ``accepts_object`` took is first
-    replaced by ``convert_object(obj)``, a torch object (an LR scheduler, say) that ``prepare`` then
-    prepares like the user's own."""
-
-    def convert_object(self, obj: Any) -> Any: ...

@@ -73,7 +73,7 @@ class StrategyContext:
 
 @dataclass
 class JointResult:
-    """What ``JointPreparation.prepare_jointly`` returns.
+    """What ``Strategy.prepare_objects`` returns.
 
     objects: replacements for the objects given, in the same order (the Accelerator registers
         models, optimizers and schedulers among them in that order).

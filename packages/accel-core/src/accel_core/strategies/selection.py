@@ -162,6 +162,6 @@ def _xla_configured(environ: Mapping[str, str]) -> bool:
         return False
     if importlib.util.find_spec("torch_xla") is None:
         return False
-    from ..plugins import available
+    from ..discovery import available
 
     return "xla" in available("accel.strategies")

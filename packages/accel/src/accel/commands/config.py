@@ -201,9 +201,9 @@ def ask_config(existing: dict[str, Any] | None, asker: Asker | None = None) -> d
     config["num_processes"] = asker.integer(
         "How many processes in total, over all machines?", per_machine * machines, 1
     )
-    from accel_core import plugins  # entry-point scan: only when asking
+    from accel_core import discovery  # entry-point scan: only when asking
 
-    strategies = plugins.available("accel.strategies")
+    strategies = discovery.available("accel.strategies")
     config["strategy"] = _none_if_auto(asker.choice("Strategy?", current("strategy") or "auto", ["auto", *strategies]))
     if config["strategy"]:
         section = ask_backend_options(asker, config["strategy"], base.get(config["strategy"]))

@@ -9,13 +9,13 @@ import sys
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, distributions, version
 
-from accel_core import plugins
+from accel_core import discovery
 from accel_launch.config import load_config
 from accel_launch.plan import resolve_plan
 
 from .common import format_env, format_settings
 
-# Entry-point groups through which packages add to accel (see accel_core.plugins).
+# Entry-point groups through which packages add to accel (see accel_core.discovery).
 GROUPS = ("accel.strategies", "accel.preparers", "accel.checkpoint", "accel.trackers", "accel.cli")
 
 
@@ -74,7 +74,7 @@ def report() -> str:
     ]
     lines += [f"- {name}: {_version(name)}" for name in _accel_distributions()]
     for group in GROUPS:
-        lines.append(f"- {group}: {', '.join(plugins.available(group)) or '(none)'}")
+        lines.append(f"- {group}: {', '.join(discovery.available(group)) or '(none)'}")
     lines.append(f"- devices: {_devices()}")
     lines.append(f"- XLA runtime: {xla_runtime(os.environ)}")
     try:

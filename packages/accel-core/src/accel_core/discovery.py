@@ -56,8 +56,13 @@ _PACKAGE_OF_EXTRA = {
 _INCLUDED_IN_ACCEL = {"data", "checkpoint", "tracking"}
 
 
-class MissingPluginError(ImportError):
+class MissingPackageError(ImportError):
     """A feature was asked for whose package is not installed."""
+
+
+# The 0.1.0 name, from when this module was ``plugins`` (a word that now means only the user's backend
+# settings objects, as in Accelerate: ``FullyShardedDataParallelPlugin``, ``DeepSpeedPlugin``).
+MissingPluginError = MissingPackageError
 
 
 @cache
@@ -87,12 +92,12 @@ _loaded: set[tuple[str, str]] = set()
 def load(group: str, name: str) -> Any:
     """The object registered as ``name`` in ``group``; imports its package on first use.
 
-    Raises ``MissingPluginError`` naming the package to install when nothing provides it.
+    Raises ``MissingPackageError`` naming the package to install when nothing provides it.
     """
     entry = _group(group).get(name)
     if entry is None:
         known = ", ".join(available(group)) or "none installed"
-        raise MissingPluginError(
+        raise MissingPackageError(
             f"'{name}' ({group}) is not available: {install_hint(group, name)}. Installed: {known}."
         )
     value = entry.load()
