@@ -196,7 +196,7 @@ def test_backward_of_a_number_names_the_tensor_to_pass():
 
 def test_deepspeed_required_refuses_only_once_an_accelerator_without_deepspeed_exists():
     """``accelerate.utils.deepspeed_required``: a plain PartialState does not count as an Accelerator (asked through
-    ``AcceleratorState.is_initialized``, not the shared dict); an Accelerator that runs DDP / one process does."""
+    ``AcceleratorState.has_accelerator_settings``, not the shared dict); an Accelerator without DeepSpeed does."""
     from accel_core.compat.requirements import deepspeed_required
     from accel_core.state import AcceleratorState, PartialState
 
@@ -208,10 +208,10 @@ def test_deepspeed_required_refuses_only_once_an_accelerator_without_deepspeed_e
     try:
         assert engine_only() == "ran"  # no state at all
         PartialState(cpu=True)
-        assert not AcceleratorState.is_initialized() and PartialState.is_initialized()
+        assert not AcceleratorState.has_accelerator_settings() and PartialState.is_initialized()
         assert engine_only() == "ran"
         Accelerator(cpu=True)
-        assert AcceleratorState.is_initialized()
+        assert AcceleratorState.has_accelerator_settings()
         with pytest.raises(ValueError, match="engine_only needs DeepSpeed"):
             engine_only()
     finally:

@@ -33,7 +33,8 @@ def deepspeed_required(func: Callable[..., Any]) -> Callable[..., Any]:
         from ..enums import DistributedType
         from ..state import AcceleratorState
 
-        if AcceleratorState.is_initialized() and AcceleratorState().distributed_type != DistributedType.DEEPSPEED:
+        made = AcceleratorState.has_accelerator_settings()
+        if made and AcceleratorState().distributed_type != DistributedType.DEEPSPEED:
             raise ValueError(
                 f"{func.__name__} needs DeepSpeed: create the Accelerator with a DeepSpeedPlugin "
                 "(or `accel launch --strategy deepspeed`) before calling it."

@@ -148,9 +148,10 @@ class AcceleratorState(PartialState):
     _ACCELERATOR_KEYS = ("mixed_precision", "chosen_distributed_type", "plugins", "setup")
 
     @classmethod
-    def is_initialized(cls) -> bool:
-        """Whether an ``AcceleratorState`` (an Accelerator) has set this process's state up, asked without setting
-        it up; a ``PartialState`` alone does not count."""
+    def has_accelerator_settings(cls) -> bool:
+        """Whether an ``AcceleratorState()`` (an Accelerator) has recorded its settings in this process, asked without
+        setting anything up. ``is_initialized()`` (inherited) answers for the process state, which a ``PartialState``
+        alone sets up too."""
         return "mixed_precision" in cls._shared_state
 
     @classmethod
