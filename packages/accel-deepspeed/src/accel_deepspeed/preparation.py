@@ -81,7 +81,7 @@ def sort_objects(objects: list[Any]) -> Sorted:
 
 
 def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> JointResult:
-    """``JointPreparation.prepare_jointly`` of the DeepSpeed strategy (see the module docstring)."""
+    """The DeepSpeed strategy's ``prepare_objects``: one ``deepspeed.initialize`` (see the module docstring)."""
     context = strategy.context
     if strategy.engine is not None and not any(m is strategy.engine for m in context.prepared.models):
         strategy.forget_engine()  # accelerator.free_memory() dropped it: a new model may be prepared
