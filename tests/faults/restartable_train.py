@@ -3,11 +3,17 @@
 Usage: ``restartable_train.py <project_dir>``. ``FAULT_PLAN`` (JSON, optional) maps an attempt
 (``TORCHELASTIC_RESTART_COUNT``) to ``[rank, step, where]``: that rank SIGKILLs itself at that
 optimizer step, ``where`` being ``"step"`` (right after the optimizer step, before it is logged)
-or ``"save"`` (inside the periodic save of that step, once its hidden folder exists); with
+or ``"save"`` (inside the periodic save of that step, once its hidden folder exists), ``"collective"``
+(blocked in ``wait_for_everyone``, which its peers reach a second later) or ``"loading"`` (killed by one
+of its DataLoader workers while that worker loads a sample of the next step; needs ``LOADER_WORKERS``
+> 0); with
 ``"sigterm"`` that rank sends itself SIGTERM there, with ``"sigterm-launcher"`` it sends SIGTERM to
 its launcher (a cluster's preemption notice), with ``"node"`` it SIGKILLs its launcher and then itself
 (a whole machine lost), and ``CHECKPOINT_ON_SIGTERM=1`` turns on the emergency checkpoint. A rank of
 ``null`` means whichever rank this launch's process has (one node's launch of a multi-node job).
+
+``LOADER_WORKERS``: the prepared loader's ``num_workers`` (default 0). Any strategy: the final weights
+are read with ``get_state_dict`` (FSDP2's shards gathered).
 
 Writes ``<project_dir>/final.safetensors`` (rank 0) and one line per attempt and rank to
 ``<project_dir>/attempts.jsonl``. The script itself has the three lines of auto-resume and no
@@ -20,6 +26,9 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
+from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
@@ -57,18 +66,44 @@ def die_here(where: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if plan[2] == where:
         os.kill(os.getpid(), signal.SIGKILL)
+    elif where == "step" and plan[2] == "collective":
+        # Blocked in the barrier (its peers arrive a second later) when the signal comes.
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        accelerator.wait_for_everyone()
+    elif where == "step" and plan[2] == "loading":
+        KILL_FLAG.touch()  # the next sample one of this rank's DataLoader workers loads kills the rank
     elif where == "step" and plan[2] == "sigterm":
         os.kill(os.getpid(), signal.SIGTERM)
     elif where == "step" and plan[2] == "sigterm-launcher":
         os.kill(os.getppid(), signal.SIGTERM)
 
 
+def peers_of_the_collective_victim() -> None:
+    # The other ranks reach the victim's barrier late, so that it dies inside it, then wait there.
+    if plan is not None and plan[2] == "collective" and plan[0] != rank and plan[1] == accelerator.completed_steps:
+        time.sleep(1.0)
+        accelerator.wait_for_everyone()
+
+
 accelerator.register_save_state_pre_hook(lambda models, weights, folder: die_here("save"))
+KILL_FLAG = Path(project_dir) / f".kill_rank_{rank}_attempt_{attempt}"
+
+
+class Samples(TensorDataset):
+    """The samples, loaded by the DataLoader's workers; one of them SIGKILLs its rank when the flag exists."""
+
+    def __getitem__(self, index: int):  # type: ignore[override]
+        if KILL_FLAG.exists():
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(60)  # dies with its rank (torch's workers watch their parent)
+        return super().__getitem__(index)
+
 
 torch.manual_seed(0)
 data = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
 targets = (data @ torch.randn(8, 1, generator=torch.Generator().manual_seed(2))).squeeze(1)
-loader = DataLoader(TensorDataset(data, targets), batch_size=4, shuffle=True)
+workers = int(os.environ.get("LOADER_WORKERS", "0"))
+loader = DataLoader(Samples(data, targets), batch_size=4, shuffle=True, num_workers=workers)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
 optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
 scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.7)
@@ -99,13 +134,14 @@ for epoch in range(loader.epoch, EPOCHS):
             optimizer.zero_grad()
         if accelerator.sync_gradients:
             die_here("step")
+            peers_of_the_collective_victim()
             accelerator.log(
                 {"loss": loss.item(), "lr": scheduler.get_last_lr()[0], "epoch": epoch},
                 step=accelerator.completed_steps,
             )
 
 accelerator.wait_for_everyone()
+state = accelerator.get_state_dict(model)  # every rank: FSDP2 gathers its shards
 if accelerator.is_main_process:
-    state = accelerator.unwrap_model(model).state_dict()
     save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(project_dir, "final.safetensors"))
 accelerator.end_training()

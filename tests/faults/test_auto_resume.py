@@ -6,15 +6,20 @@ dropout, an LR scheduler and the local and TensorBoard trackers. In each of the 
 attempts one worker (rank and step drawn at random; the last kill inside a save, after its hidden
 folder exists) SIGKILLs itself; torchrun's agent restarts both workers and the Accelerator resumes
 from the newest complete checkpoint. An uninterrupted run of the same script is the reference.
+
+The same job in other launch configurations is the CI subset of the restart matrix
+(``restart_matrix.py``, the whole matrix by hand): a fixed ``--main-process-port``, the static
+rendezvous of two nodes on the loopback, a kill inside a collective or while DataLoader workers load,
+and FSDP2, each value at least once.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +31,19 @@ from safetensors.torch import load_file
 from accel_tracking.local import read_metrics
 
 HERE = Path(__file__).resolve().parent
+
+
+def _import_matrix():
+    """restart_matrix.py, a script run by hand: pytest imports the tests by path, not this folder's modules."""
+    spec = importlib.util.spec_from_file_location("restart_matrix", HERE / "restart_matrix.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+matrix = _import_matrix()
 SCRIPT = HERE / "restartable_train.py"
 STEPS = 16  # 64 samples / (2 processes x 4) = 8 micro-batches per epoch, 2 per step, 4 epochs
 SAVE_EVERY = 3
@@ -36,26 +54,17 @@ def _accel() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "accel.cli"]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _launch(
     project: Path,
     plan: dict[str, list[object]] | None,
     restarts: int,
     sigterm_checkpoint: bool = False,
-    port: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
     project.mkdir(exist_ok=True)
     # SIGKILL loses a process, not the page cache: fsync would only slow the 9 saves down.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCEL_CHECKPOINT_FSYNC": "0", "FAULT_PLAN": json.dumps(plan or {})}
     env["CHECKPOINT_ON_SIGTERM"] = "1" if sigterm_checkpoint else "0"
     command = [*_accel(), "launch", "--cpu", "-n", "2", "--max-restarts", str(restarts), "--auto-resume"]
-    if port is not None:
-        command += ["--main-process-port", str(port)]
     return subprocess.run(
         [*command, str(SCRIPT), str(project)], env=env, capture_output=True, text=True, timeout=900, check=False
     )
@@ -144,18 +153,14 @@ def test_sigterm_saves_an_emergency_checkpoint_and_the_next_launch_continues_exa
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("fixed_port", [False, True], ids=["free-port", "main-process-port"])
-def test_sigkilled_workers_restart_and_resume_bit_identically(
-    tmp_path: Path, reference: Path, fixed_port: bool
-) -> None:
-    """With --main-process-port too: every attempt's workers must set their groups up afresh (the
-    coordinator group once read a killed attempt's gloo address from a store kept for all attempts)."""
+def test_sigkilled_workers_restart_and_resume_bit_identically(tmp_path: Path, reference: Path) -> None:
+    """The restart matrix's cell own-port/c10d/step+save/ddp, three times in one job (two kills in a step, one
+    in a save); the other launch configurations are the cells of the test below."""
     seed = random.SystemRandom().randrange(2**32)
     plan = _fault_plan(random.Random(seed))
-    port = _free_port() if fixed_port else None
-    why = f"seed {seed}, plan {plan}, port {port}"
+    why = f"seed {seed}, plan {plan}"
     shutil.copytree(reference, tmp_path / "reference")
-    faulty = _launch(tmp_path / "faulty", plan, restarts=3, port=port)
+    faulty = _launch(tmp_path / "faulty", plan, restarts=3)
     assert faulty.returncode == 0, f"{why}\n{faulty.stdout}\n{faulty.stderr}"
 
     # Each of the first three attempts lost a worker to SIGKILL; the fourth finished.
@@ -197,3 +202,37 @@ def test_sigkilled_workers_restart_and_resume_bit_identically(
     # total_limit=2 kept rotating; the killed save left no checkpoint that counts.
     checkpoints = sorted(os.listdir(tmp_path / "faulty" / "checkpoints"))
     assert [c for c in checkpoints if not c.startswith(".")] == ["checkpoint_3", "checkpoint_4"], checkpoints
+
+
+# The rest of the restart matrix's CI subset (tests/faults/restart_matrix.py runs all of it): with the
+# test above, each row and each column value once. own/c10d: step and save, DDP (above); fixed/c10d:
+# collective, FSDP2; fixed/static (two nodes on the loopback): save, DDP; own/c10d: loading, FSDP2.
+CI_CELLS = [
+    matrix.Cell("fixed", "c10d", "collective", "fsdp2"),
+    matrix.Cell("fixed", "static", "save", "ddp"),
+    matrix.Cell("own", "c10d", "loading", "fsdp2"),
+]
+
+
+@pytest.fixture(scope="module")
+def fsdp2_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted run of the script with FSDP2."""
+    project = tmp_path_factory.mktemp("faults") / "reference_fsdp2"
+    run = matrix.launch(project, None, None, "fsdp2")
+    assert run.returncode == 0, run.stdout + run.stderr
+    return project
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("cell", CI_CELLS, ids=lambda cell: cell.name)
+def test_a_sigkilled_worker_restarts_and_resumes_bit_identically_in_each_launch_configuration(
+    tmp_path: Path, reference: Path, request: pytest.FixtureRequest, cell: matrix.Cell
+) -> None:
+    """One SIGKILL at a random step: one restart seen, final weights bit-identical, every step logged once."""
+    baseline = reference if cell.strategy == "ddp" else request.getfixturevalue("fsdp2_reference")
+    seed = random.SystemRandom().randrange(2**32)
+    result, attempts, seconds, detail = matrix.run_cell(cell, baseline, tmp_path, random.Random(seed))
+    assert result == "passed", (
+        f"{cell.name}: {result} after {attempts} attempt(s), {seconds:.0f} s (seed {seed}): {detail}"
+    )
