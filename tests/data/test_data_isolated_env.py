@@ -32,7 +32,9 @@ def isolated_run(tmp_path_factory: pytest.TempPathFactory) -> CheckRun:
     assert uv is not None, "uv is needed to build the isolated environment (pip install uv)"
     venv = tmp_path / "venv"
     python = venv / "bin" / "python"
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    # Bytecode is written (PYTHONDONTWRITEBYTECODE left out): the torchrun agent's torch import compiles it once and
+    # the workers read it, instead of every process compiling torch again.
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     subprocess.run([uv, "venv", "-q", str(venv), "--python", sys.executable], check=True, env=env)
     torch_version = importlib.metadata.version("torch")
     install = subprocess.run(
