@@ -321,6 +321,22 @@ def test_several_machines_with_restarts_or_an_elastic_size_meet_at_a_c10d_rendez
     )
 
 
+def test_rendezvous_settings_reach_torchrun_next_to_the_hosts_own() -> None:
+    """``--rdzv-conf`` (Accelerate's ``--rdzv_conf``) is torchrun's KEY=VALUE list, joined with the ``is_host`` accel
+    sets; malformed text and settings for a static rendezvous of several machines are refused with the fix."""
+    target = LaunchTarget("train.py")
+    elastic = {"num_machines": "1:2", "num_processes": 2, "main_process_ip": "127.0.0.1", "machine_rank": 1}
+    argv = torchrun_argv(resolve_plan({**elastic, "rdzv_conf": "last_call_timeout=3"}, {}, {}), target)
+    assert "--rdzv-conf=last_call_timeout=3,is_host=false" in argv
+    one = torchrun_argv(resolve_plan({"num_processes": 2, "main_process_port": 4000}, {}, {"rdzv_conf": "a=1"}), target)
+    assert "--rdzv-conf=a=1" in one
+    with pytest.raises(ValueError, match="'oops' is not KEY=VALUE"):
+        resolve_plan({"num_processes": 2, "rdzv_conf": "a=1,oops"}, {}, {})
+    two = {"num_machines": 2, "num_processes": 2, "main_process_ip": "127.0.0.1", "rdzv_conf": "a=1"}
+    with pytest.raises(ValueError, match="static rendezvous of several machines takes no settings"):
+        resolve_plan(two, {}, {})
+
+
 def test_an_elastic_job_counts_its_processes_over_max_machines_and_may_keep_the_global_batch() -> None:
     flags = {"num_machines": "1:2", "num_processes": 4, "main_process_ip": "10.0.0.1", "keep_global_batch": True}
     plan = resolve_plan(flags, {}, {})

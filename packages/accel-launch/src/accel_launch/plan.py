@@ -89,6 +89,13 @@ SETTINGS: tuple[Setting, ...] = (
         help="torchrun rendezvous backend of several machines: static (default), c10d (the default with "
         "--max-restarts or MIN:MAX machines: a lost machine's agent can rejoin), etcd, ...",
     ),
+    Setting(
+        "rdzv_conf",
+        str,
+        None,
+        help="torchrun's rendezvous settings, KEY=VALUE[,KEY=VALUE]: e.g. last_call_timeout=5 (seconds an elastic "
+        "rendezvous waits for more machines once MIN have joined; torch's default 30), join_timeout=600",
+    ),
     Setting("max_restarts", int, 0, help="times the whole job restarts after a failure"),
     Setting(
         "keep_global_batch",
@@ -199,6 +206,7 @@ class LaunchPlan:
     main_process_ip: str | None = None
     main_process_port: int | None = None
     rdzv_backend: str = "static"
+    rdzv_conf: str | None = None
     max_restarts: int = 0
     keep_global_batch: bool = False
     auto_resume: bool = False
@@ -364,6 +372,7 @@ def resolve_plan(
     mesh_over_devices = env.flag(env.MESH_OVER_DEVICES, environ={**environ, **(flag_env or {})})
     _validate(values, sources, config_file, mesh_over_devices)
     _choose_rendezvous(values, sources, config_file)
+    _check_rdzv_conf(values, sources, config_file)
 
     child_env: dict[str, str] = {}
     # Lowest first: config file sections, then the resolved settings, then the command line's pairs.
@@ -465,6 +474,25 @@ def _validate(
     if port == 0:
         values["main_process_port"] = None  # one machine: torchrun picks a free port by itself
     _validate_mesh(values, where, mesh_over_devices)
+
+
+def _check_rdzv_conf(values: dict[str, Any], sources: dict[str, str], config_file: str | None) -> None:
+    """``rdzv_conf`` is torchrun's ``KEY=VALUE[,KEY=VALUE]``, for a dynamic rendezvous (the static one reads none)."""
+    conf = values.get("rdzv_conf")
+    if not conf:
+        return
+    origin = _origin(SETTINGS_BY_NAME["rdzv_conf"], sources["rdzv_conf"], config_file)
+    malformed = [part for part in conf.split(",") if not re.fullmatch(r"\s*[A-Za-z_][\w.]*\s*=.*", part)]
+    if malformed:
+        raise ValueError(
+            f"{origin}: {malformed[0]!r} is not KEY=VALUE; write e.g. --rdzv-conf last_call_timeout=5,join_timeout=600."
+        )
+    several = values["num_machines"] > 1 or values["min_machines"] is not None
+    if several and values["rdzv_backend"] == "static":
+        raise ValueError(
+            f"{origin}: the static rendezvous of several machines takes no settings; pass --rdzv-backend c10d with "
+            "them, or leave rdzv_conf out."
+        )
 
 
 def _choose_rendezvous(values: dict[str, Any], sources: dict[str, str], config_file: str | None) -> None:
@@ -580,16 +608,22 @@ def torchrun_argv(plan: LaunchPlan, target: LaunchTarget) -> list[str]:
             argv.append(f"--master-port={port or DEFAULT_PORT}")
         else:
             argv += [f"--rdzv-backend={plan.rdzv_backend}", f"--rdzv-endpoint={address}"]
+            conf = [plan.rdzv_conf] if plan.rdzv_conf else []
             if plan.rdzv_backend == "c10d" and plan.sources.get("machine_rank", DEFAULT) != DEFAULT:
                 # Which agent serves the rendezvous store: torch guesses from the endpoint's host name,
                 # and every agent of a job on one machine's loopback (or behind one name) would guess
                 # itself. A machine rank given says it: machine 0 serves, the others connect.
-                argv.append(f"--rdzv-conf=is_host={str(plan.machine_rank == 0).lower()}")
+                conf.append(f"is_host={str(plan.machine_rank == 0).lower()}")
+            if conf:
+                argv.append(f"--rdzv-conf={','.join(conf)}")
     elif port is not None:
         # One machine: the c10d rendezvous on that port, as torchrun does on a free port when none is given.
         # Not the static one: its agent serves one store to every attempt, where a restarted worker that
         # joins a group with torch's env:// (DeepSpeed, a plain script) reads the killed attempt's keys.
         argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={plan.main_process_ip or '127.0.0.1'}:{port}"]
-    # One machine and no port: torchrun rendezvous on a free local port by itself.
+        if plan.rdzv_conf:
+            argv.append(f"--rdzv-conf={plan.rdzv_conf}")
+    elif plan.rdzv_conf:  # one machine and no port: torchrun's own rendezvous on a free local port
+        argv.append(f"--rdzv-conf={plan.rdzv_conf}")
     argv += ["-m", "accel_launch.runner", "module" if target.module else "path", target.script]
     return argv + list(target.args)

@@ -49,6 +49,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     _add(layout, dest="main_process_ip", metavar="ADDRESS", help=helps["main_process_ip"])
     _add(layout, dest="main_process_port", type=int, metavar="PORT", help="rendezvous port (one machine: a free one)")
     _add(layout, dest="rdzv_backend", metavar="NAME", help=helps["rdzv_backend"])
+    _add(layout, dest="rdzv_conf", metavar="KEY=VALUE,...", help=helps["rdzv_conf"])
     _add(layout, dest="max_restarts", type=int, metavar="N", help=helps["max_restarts"])
     layout.add_argument(
         "--keep-global-batch",
