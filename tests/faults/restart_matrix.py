@@ -28,7 +28,6 @@ import itertools
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "harness"))  # run by hand too (pytest's pythonpath has it already)
+from nodes import accel_command, free_port  # noqa: E402  # the two-node tests' own helpers
+
 SCRIPT = HERE / "restartable_train.py"
 STEPS = 16  # 64 samples / (2 processes x 4) = 8 micro-batches per epoch, 2 per step, 4 epochs
 SAVE_EVERY = 3
@@ -67,17 +69,6 @@ def all_cells() -> list[Cell]:
     ]
 
 
-def accel() -> list[str]:
-    script = Path(sys.executable).parent / "accel"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "accel.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def fault_plan(kill: str, rng: random.Random) -> dict[str, list[object]]:
     """One kill in the first attempt at a random step (a save's step for a save; for the loading kill a
     step before the last epoch, so that a worker loads again after it)."""
@@ -96,7 +87,7 @@ def launch(
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCEL_CHECKPOINT_FSYNC": "0", "FAULT_PLAN": json.dumps(plan or {})}
     env["LOADER_WORKERS"] = "2" if cell is not None and cell.kill == "loading" else "0"
     restarts = "1" if cell is not None else "0"
-    base = [*accel(), "launch", "--cpu", "--max-restarts", restarts, "--auto-resume"]
+    base = [*accel_command(), "launch", "--cpu", "--max-restarts", restarts, "--auto-resume"]
     if strategy == "fsdp2":
         base.append("--use-fsdp")
     tail = [str(SCRIPT), str(project)]
