@@ -9,17 +9,9 @@ import pytest
 
 from accel_launch.extensions import add_extension_arguments, extension_env, load_extensions
 from accel_launch.failures import JobFailedError, RankFailure, drop_wrapper_frames
-from accel_launch.plan import (
-    CONFIG,
-    DEFAULT,
-    ENVIRONMENT,
-    FLAG,
-    LaunchTarget,
-    parse_env_pairs,
-    rendezvous_warning,
-    resolve_plan,
-    torchrun_argv,
-)
+from accel_launch.plan import LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
+from accel_launch.rendezvous import warning as rendezvous_warning
+from accel_launch.settings import CONFIG, DEFAULT, ENVIRONMENT, FLAG
 
 
 def test_each_setting_takes_flag_then_environment_then_config_then_default() -> None:
@@ -335,6 +327,23 @@ def test_rendezvous_settings_reach_torchrun_next_to_the_hosts_own() -> None:
     two = {"num_machines": 2, "num_processes": 2, "main_process_ip": "127.0.0.1", "rdzv_conf": "a=1"}
     with pytest.raises(ValueError, match="static rendezvous of several machines takes no settings"):
         resolve_plan(two, {}, {})
+
+
+def test_one_machine_meets_at_c10d_whatever_rdzv_backend_says() -> None:
+    """One machine: torchrun's c10d on its own free port, or on --main-process-port. ``rdzv_backend: static`` (which
+    every config file carries by default, Accelerate's too) does not bring back the static rendezvous there: its one
+    store for every attempt breaks restarts of process groups set up outside accel."""
+    target = LaunchTarget("train.py")
+    for config in ({}, {"rdzv_backend": "static"}):
+        free = torchrun_argv(resolve_plan({"num_processes": 2}, {}, config), target)
+        assert not any("rdzv" in arg or "master" in arg for arg in free)
+        port = torchrun_argv(resolve_plan({"num_processes": 2, "main_process_port": 4000}, {}, config), target)
+        assert {"--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:4000"} <= set(port)
+        assert not any(arg.startswith(("--master", "--node-rank")) for arg in port)
+        conf = torchrun_argv(resolve_plan({"num_processes": 2, "rdzv_conf": "a=1"}, {}, config), target)
+        assert "--rdzv-conf=a=1" in conf
+    restarting = resolve_plan({"num_processes": 2, "max_restarts": 1}, {}, {"rdzv_backend": "static"})
+    assert rendezvous_warning(restarting) is None
 
 
 def test_an_elastic_job_counts_its_processes_over_max_machines_and_may_keep_the_global_batch() -> None:

@@ -17,7 +17,8 @@ from accel_core import Accelerator
 from accel_core.configuration import ProjectConfiguration
 from accel_core.protocols import ReportsBatchBoundaries
 from accel_data import prepare_data_loader
-from accel_launch.plan import RDZV_STORE_SHARING_OFF, resolve_plan
+from accel_launch.plan import resolve_plan
+from accel_launch.rendezvous import RDZV_STORE_SHARING_OFF
 from accel_tracking.local import LocalTracker, read_metrics
 
 STEPS_PER_EPOCH = 4  # 16 samples, batches of 2, 2 micro-batches per step

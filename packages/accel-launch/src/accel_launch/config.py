@@ -26,7 +26,7 @@ from typing import Any
 
 from accel_core import environment as env
 
-from .plan import SETTINGS, SETTINGS_BY_NAME, coerce
+from .settings import SETTINGS, SETTINGS_BY_NAME, coerce
 
 CONFIG_FILE_NAME = "default_config.yaml"
 _HEADER = "# accel launch configuration: `accel config show` explains it, `accel config` rewrites it.\n"

@@ -15,166 +15,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accel_core import environment as env
-from accel_core.enums import DynamoBackend, PrecisionType, SchedulerStepping
 
-FLAG = "flag"
-ENVIRONMENT = "environment"
-CONFIG = "config file"
-DEFAULT = "default"
-
-DEFAULT_PORT = 29500
-RDZV_STORE_SHARING_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-
-
-@dataclass(frozen=True)
-class MachineRange:
-    """``--num-machines``: N machines, or MIN:MAX for an elastic job (torchrun's ``--nnodes=MIN:MAX``)."""
-
-    minimum: int
-    maximum: int
-
-    @classmethod
-    def parse(cls, value: Any) -> MachineRange:
-        """From an integer, ``"N"`` or ``"MIN:MAX"``; ``ValueError`` (without the origin) otherwise."""
-        if isinstance(value, MachineRange):
-            return value
-        if isinstance(value, int) and not isinstance(value, bool):
-            return cls(value, value)
-        match = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", value) if isinstance(value, str) else None
-        if match is None:
-            raise ValueError(f"expected a number of machines N or a range MIN:MAX such as 1:4, got {value!r}.")
-        low = int(match.group(1))
-        return cls(low, int(match.group(2)) if match.group(2) is not None else low)
-
-    @property
-    def elastic(self) -> bool:
-        return self.minimum != self.maximum
-
-    def __str__(self) -> str:
-        return f"{self.minimum}:{self.maximum}" if self.elastic else str(self.maximum)
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One launch setting: its name (flag dest and config key), type, default and ``ACCEL_*`` variable."""
-
-    name: str
-    kind: type
-    default: Any
-    env_var: str | None = None
-    choices: tuple[str, ...] | None = None
-    help: str = ""
-
-
-SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "num_processes",
-        int,
-        1,
-        help="processes in total, over all machines (an elastic job: over MAX machines, the same number on each)",
-    ),
-    Setting(
-        "num_machines",
-        MachineRange,
-        1,
-        help="machines taking part: N, or MIN:MAX for an elastic job that continues on MIN to MAX machines",
-    ),
-    Setting("machine_rank", int, 0, help="index of this machine, 0 for the main one"),
-    Setting("main_process_ip", str, None, help="address of the machine of rank 0 (several machines)"),
-    Setting("main_process_port", int, None, help="port of the rendezvous on the main machine"),
-    Setting(
-        "rdzv_backend",
-        str,
-        "static",
-        help="torchrun rendezvous backend of several machines: static (default), c10d (the default with "
-        "--max-restarts or MIN:MAX machines: a lost machine's agent can rejoin), etcd, ...",
-    ),
-    Setting(
-        "rdzv_conf",
-        str,
-        None,
-        help="torchrun's rendezvous settings, KEY=VALUE[,KEY=VALUE]: e.g. last_call_timeout=5 (seconds an elastic "
-        "rendezvous waits for more machines once MIN have joined; torch's default 30), join_timeout=600",
-    ),
-    Setting("max_restarts", int, 0, help="times the whole job restarts after a failure"),
-    Setting(
-        "keep_global_batch",
-        bool,
-        False,
-        help="an elastic job keeps its global batch when machines are missing: gradient accumulation grows by "
-        "(processes at MAX machines) / (processes now), which must divide",
-    ),
-    Setting(
-        "auto_resume",
-        bool,
-        False,
-        env.AUTO_RESUME,
-        help="workers resume from the newest complete automatic checkpoint (Accelerator(resume='auto')); "
-        "with --max-restarts a restarted job continues where its last checkpoint left it",
-    ),
-    Setting("monitor_interval", float, None, help="seconds between torchrun's checks of the workers"),
-    Setting("log_dir", str, None, help="keep each worker's stdout/stderr in files under this folder (torchrun)"),
-    Setting(
-        "tee",
-        str,
-        None,
-        help="streams also written to the log files: 1 stdout, 2 stderr, 3 both (default with --log-dir: 3)",
-    ),
-    Setting("use_cpu", bool, False, env.USE_CPU, help="run on the CPU even where an accelerator exists"),
-    Setting("mixed_precision", str, "no", env.MIXED_PRECISION, tuple(PrecisionType.list()), "no, fp16, bf16, fp8"),
-    Setting("gradient_accumulation_steps", int, 1, env.GRADIENT_ACCUMULATION_STEPS, help="micro-steps per step"),
-    Setting(
-        "dynamo_backend", str, "no", env.DYNAMO_BACKEND, tuple(DynamoBackend.list()), "torch.compile backend, or no"
-    ),
-    Setting(
-        "debug",
-        bool,
-        False,
-        env.DEBUG_MODE,
-        help="torch's checks that every rank calls the same collective (TORCH_DISTRIBUTED_DEBUG=DETAIL)",
-    ),
-    Setting(
-        "collective_timeout",
-        float,
-        None,
-        env.COLLECTIVE_TIMEOUT,
-        help="seconds a rank waits in a collective for the others before it fails (default 1800)",
-    ),
-    Setting(
-        "stall_report_after",
-        float,
-        None,
-        env.STALL_REPORT_AFTER,
-        help="seconds a rank waits in one of accel's collectives before it prints which ranks have not reached "
-        "it and where they are, once, without stopping the job (default 60; 0: off)",
-    ),
-    Setting("strategy", str, None, env.STRATEGY, help="an accel.strategies name (ddp, fsdp, ...); default: automatic"),
-    Setting(
-        "scheduler_stepping",
-        str,
-        None,
-        env.SCHEDULER_STEPPING,
-        tuple(SchedulerStepping.list()),
-        "LR scheduler steps per optimizer step: per_process (as Accelerate, the default) or per_optimizer_step (one)",
-    ),
-    # The job's mesh (accel_core.parallel.config): unset sizes are 1, but the data-parallel one fills the rest.
-    Setting("dp_replicate_size", int, None, "ACCEL_DP_REPLICATE_SIZE", help="model replicas (DDP; HSDP's replicas)"),
-    Setting("dp_shard_size", int, None, "ACCEL_DP_SHARD_SIZE", help="FSDP2 shards of each replica"),
-    Setting("tp_size", int, None, "ACCEL_TP_SIZE", help="tensor-parallel degree"),
-    Setting("cp_size", int, None, "ACCEL_CP_SIZE", help="context-parallel degree (GPU)"),
-    Setting("pp_size", int, None, "ACCEL_PP_SIZE", help="pipeline stages (torch.distributed.pipelining)"),
-    Setting(
-        "pp_schedule",
-        str,
-        None,
-        "ACCEL_PP_SCHEDULE",
-        ("gpipe", "1f1b", "interleaved_1f1b"),
-        "pipeline schedule (default 1f1b)",
-    ),
-    Setting("pp_microbatches", int, None, "ACCEL_PP_MICROBATCHES", help="micro-batches per pipeline step"),
+from . import rendezvous
+from .rendezvous import RDZV_STORE_SHARING_OFF
+from .settings import (
+    CONFIG,
+    DEFAULT,
+    ENVIRONMENT,
+    FLAG,
+    MESH_SETTINGS,
+    SETTINGS,
+    SETTINGS_BY_NAME,
+    MachineRange,
+    coerce,
+    origin,
 )
-MESH_SETTINGS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "pp_size")
-SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -278,57 +133,6 @@ def backend_env_var(backend: str, option: str) -> str:
     return f"{env.PREFIX}{backend}_{option}".upper().replace("-", "_")
 
 
-def coerce(setting: Setting, value: Any, origin: str) -> Any:
-    """Reads ``value`` (a typed flag, a YAML value or an environment string) as ``setting.kind``."""
-    if value is None:
-        return None
-    result: Any
-    if setting.kind is MachineRange:
-        # Kept as a config file writes it: an integer, or "MIN:MAX" for an elastic job.
-        try:
-            machines = MachineRange.parse(value)
-        except ValueError as error:
-            raise ValueError(f"{origin}: {error}") from None
-        result = str(machines) if machines.elastic else machines.maximum
-    elif setting.kind is bool:
-        try:
-            result = env.parse_flag(value) if isinstance(value, str) else value
-        except ValueError as error:
-            raise ValueError(f"{origin}: {error}") from None
-        if not isinstance(result, bool):
-            raise ValueError(f"{origin}: expected true or false, got {value!r}.")
-    elif setting.kind is str:
-        # YAML 1.1 reads a bare `no` as False: the config then means the string "no".
-        result = "no" if value is False else value
-        if not isinstance(result, str) or not result:
-            raise ValueError(f"{origin}: expected a word, got {value!r}.")
-        if setting.choices is not None:
-            result = result.lower()
-    else:
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            result = setting.kind(value)
-            if setting.kind is int and isinstance(value, float) and value != result:
-                raise ValueError
-        except (TypeError, ValueError):
-            kind = "an integer" if setting.kind is int else "a number"
-            raise ValueError(f"{origin}: expected {kind}, got {value!r}.") from None
-    if setting.choices is not None and result not in setting.choices:
-        raise ValueError(f"{origin}: {result!r} is not one of {', '.join(setting.choices)}.")
-    return result
-
-
-def _origin(setting: Setting, source: str, config_file: str | None) -> str:
-    if source == FLAG:
-        return f"--{setting.name.replace('_', '-')}"
-    if source == ENVIRONMENT:
-        return f"environment variable {setting.env_var}"
-    if source == CONFIG:
-        return f"config file {config_file} key '{setting.name}'" if config_file else f"config key '{setting.name}'"
-    return f"default of {setting.name}"
-
-
 def resolve_plan(
     flags: Mapping[str, Any],
     environ: Mapping[str, str],
@@ -365,14 +169,14 @@ def resolve_plan(
             (CONFIG, config.get(setting.name)),
         )
         source, raw = next(((s, v) for s, v in candidates if v is not None), (DEFAULT, default))
-        values[setting.name] = coerce(setting, raw, _origin(setting, source, config_file))
+        values[setting.name] = coerce(setting, raw, origin(setting, source, config_file))
         sources[setting.name] = source
     machines = MachineRange.parse(values["num_machines"])
     values["num_machines"], values["min_machines"] = machines.maximum, machines.minimum if machines.elastic else None
     mesh_over_devices = env.flag(env.MESH_OVER_DEVICES, environ={**environ, **(flag_env or {})})
     _validate(values, sources, config_file, mesh_over_devices)
-    _choose_rendezvous(values, sources, config_file)
-    _check_rdzv_conf(values, sources, config_file)
+    rendezvous.choose_backend(values, sources, config_file)
+    rendezvous.check_conf(values, sources, config_file)
 
     child_env: dict[str, str] = {}
     # Lowest first: config file sections, then the resolved settings, then the command line's pairs.
@@ -414,7 +218,7 @@ def _validate(
     values: dict[str, Any], sources: dict[str, str], config_file: str | None, mesh_over_devices: bool = False
 ) -> None:
     def where(name: str) -> str:
-        return _origin(SETTINGS_BY_NAME[name], sources[name], config_file)
+        return origin(SETTINGS_BY_NAME[name], sources[name], config_file)
 
     for name in ("num_processes", "num_machines", "gradient_accumulation_steps"):
         if values[name] < 1:
@@ -476,72 +280,6 @@ def _validate(
     _validate_mesh(values, where, mesh_over_devices)
 
 
-def _check_rdzv_conf(values: dict[str, Any], sources: dict[str, str], config_file: str | None) -> None:
-    """``rdzv_conf`` is torchrun's ``KEY=VALUE[,KEY=VALUE]``, for a dynamic rendezvous (the static one reads none)."""
-    conf = values.get("rdzv_conf")
-    if not conf:
-        return
-    origin = _origin(SETTINGS_BY_NAME["rdzv_conf"], sources["rdzv_conf"], config_file)
-    malformed = [part for part in conf.split(",") if not re.fullmatch(r"\s*[A-Za-z_][\w.]*\s*=.*", part)]
-    if malformed:
-        raise ValueError(
-            f"{origin}: {malformed[0]!r} is not KEY=VALUE; write e.g. --rdzv-conf last_call_timeout=5,join_timeout=600."
-        )
-    several = values["num_machines"] > 1 or values["min_machines"] is not None
-    if several and values["rdzv_backend"] == "static":
-        raise ValueError(
-            f"{origin}: the static rendezvous of several machines takes no settings; pass --rdzv-backend c10d with "
-            "them, or leave rdzv_conf out."
-        )
-
-
-def _choose_rendezvous(values: dict[str, Any], sources: dict[str, str], config_file: str | None) -> None:
-    """Several machines: the static rendezvous unless restarts or an elastic size need c10d's (or etcd's).
-
-    The static rendezvous fixes each machine's rank and the number of machines for the whole job, and
-    counts restarts per agent: a machine whose agent was lost and started again begins at restart 0
-    while the others are at 1, and its workers read the lost attempt's addresses (measured on two
-    agents over 127.0.0.1: ``Gloo connectFullMesh failed ... Connection refused``, the job fails).
-    It cannot change the number of machines either. The c10d rendezvous runs a new round for every
-    restart, where a restarted agent joins and an elastic job meets with the machines it has.
-    """
-    several = values["num_machines"] > 1 or values["min_machines"] is not None
-    if not several:
-        return
-    wants_dynamic = values["max_restarts"] > 0 or values["min_machines"] is not None
-    if sources["rdzv_backend"] == DEFAULT and wants_dynamic:
-        values["rdzv_backend"] = "c10d"
-    if values["rdzv_backend"] == "static" and values["min_machines"] is not None:
-        origin = _origin(SETTINGS_BY_NAME["rdzv_backend"], sources["rdzv_backend"], config_file)
-        raise ValueError(
-            f"{origin}: the static rendezvous fixes the number of machines, an elastic --num-machines "
-            f"{values['min_machines']}:{values['num_machines']} needs a dynamic one: pass --rdzv-backend c10d "
-            "(the default of an elastic job) or etcd."
-        )
-
-
-def rendezvous_warning(plan: LaunchPlan) -> str | None:
-    """What a launch should say before it starts: a layout that cannot survive what the user likely expects it to.
-
-    Restarts of several machines under a static rendezvous asked for; an elastic job without restarts (the
-    survivors' workers fail in their next collective, and only a restart shrinks the world).
-    """
-    if plan.elastic and plan.max_restarts == 0:
-        return (
-            f"an elastic job (--num-machines {plan.nnodes}) without --max-restarts ends when a machine is lost: the "
-            "others' workers fail in their next collective and only a restart continues on fewer machines. Pass "
-            "--max-restarts N (and --auto-resume to continue from the newest checkpoint)."
-        )
-    if plan.rdzv_backend == "static" and plan.num_machines > 1 and plan.max_restarts > 0:
-        origin = _origin(SETTINGS_BY_NAME["rdzv_backend"], plan.sources.get("rdzv_backend", DEFAULT), plan.config_file)
-        return (
-            f"the static rendezvous ({origin}) restarts the workers after a worker fails, but a machine whose "
-            "`accel launch` is lost and started again cannot rejoin it (the job fails). Drop rdzv_backend or pass "
-            "--rdzv-backend c10d: with --max-restarts that is the default of several machines."
-        )
-    return None
-
-
 def _validate_mesh(values: dict[str, Any], where: Any, over_devices: bool = False) -> None:
     """Mesh sizes must be >= 1 and fit the processes (checked again, with the strategy, in each process).
 
@@ -600,30 +338,6 @@ def torchrun_argv(plan: LaunchPlan, target: LaunchTarget) -> list[str]:
         argv += [f"--log-dir={plan.log_dir}", f"--tee={plan.tee or '3'}"]
     elif plan.tee is not None:
         argv.append(f"--tee={plan.tee}")
-    port = plan.main_process_port
-    if plan.num_machines > 1 or plan.elastic:
-        address = f"{plan.main_process_ip}:{port or DEFAULT_PORT}"
-        if plan.rdzv_backend == "static":
-            argv += [f"--node-rank={plan.machine_rank}", f"--master-addr={plan.main_process_ip}"]
-            argv.append(f"--master-port={port or DEFAULT_PORT}")
-        else:
-            argv += [f"--rdzv-backend={plan.rdzv_backend}", f"--rdzv-endpoint={address}"]
-            conf = [plan.rdzv_conf] if plan.rdzv_conf else []
-            if plan.rdzv_backend == "c10d" and plan.sources.get("machine_rank", DEFAULT) != DEFAULT:
-                # Which agent serves the rendezvous store: torch guesses from the endpoint's host name,
-                # and every agent of a job on one machine's loopback (or behind one name) would guess
-                # itself. A machine rank given says it: machine 0 serves, the others connect.
-                conf.append(f"is_host={str(plan.machine_rank == 0).lower()}")
-            if conf:
-                argv.append(f"--rdzv-conf={','.join(conf)}")
-    elif port is not None:
-        # One machine: the c10d rendezvous on that port, as torchrun does on a free port when none is given.
-        # Not the static one: its agent serves one store to every attempt, where a restarted worker that
-        # joins a group with torch's env:// (DeepSpeed, a plain script) reads the killed attempt's keys.
-        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={plan.main_process_ip or '127.0.0.1'}:{port}"]
-        if plan.rdzv_conf:
-            argv.append(f"--rdzv-conf={plan.rdzv_conf}")
-    elif plan.rdzv_conf:  # one machine and no port: torchrun's own rendezvous on a free local port
-        argv.append(f"--rdzv-conf={plan.rdzv_conf}")
+    argv += rendezvous.torchrun_arguments(plan)
     argv += ["-m", "accel_launch.runner", "module" if target.module else "path", target.script]
     return argv + list(target.args)

@@ -17,11 +17,12 @@ import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 
+from . import rendezvous
 from .exit_watch import ChildExitWatch
 from .failures import JobFailedError
 from .finish_records import FINISH_RECORDS, read_finishes
 from .lifeline import LAUNCHER_PID, preexec_die_with_parent
-from .plan import LaunchPlan, LaunchTarget, rendezvous_warning, torchrun_argv
+from .plan import LaunchPlan, LaunchTarget, torchrun_argv
 
 
 @contextlib.contextmanager
@@ -206,7 +207,7 @@ def launch(plan: LaunchPlan, target: LaunchTarget) -> int:
         exit_code = launch(plan, LaunchTarget("train.py", ("--epochs", "3")))
     """
     if plan.uses_torchrun:
-        warning = rendezvous_warning(plan)
+        warning = rendezvous.warning(plan)
         if warning is not None:
             print(f"accel launch: warning: {warning}", file=sys.stderr)
         return run_torchrun(plan, target)

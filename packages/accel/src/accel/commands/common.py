@@ -15,8 +15,9 @@ from accel_core.environment import STRATEGY
 from accel_core.launch_options import ChecksBeforeLaunch
 from accel_launch.config import load_config, write_config
 from accel_launch.extensions import LaunchExtension, extension_env, mesh_over_devices_env
-from accel_launch.plan import SETTINGS, LaunchPlan, LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
+from accel_launch.plan import LaunchPlan, LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
 from accel_launch.run import direct_command
+from accel_launch.settings import SETTINGS
 
 _DEFAULT_PATH_TEXT = "$XDG_CONFIG_HOME/accel/default_config.yaml (~/.config/accel/...)"
 

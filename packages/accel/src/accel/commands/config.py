@@ -16,7 +16,8 @@ from accel_launch.config import (
     read_yaml_file,
     validate_config,
 )
-from accel_launch.plan import SETTINGS, MachineRange, resolve_plan
+from accel_launch.plan import resolve_plan
+from accel_launch.settings import SETTINGS, MachineRange
 
 from .common import format_env, format_settings, write_config_file
 from .questions import Asker

@@ -7,8 +7,9 @@ import sys
 
 from accel_launch.extensions import LaunchExtension, add_extension_arguments, load_extensions
 from accel_launch.failures import JobFailedError
-from accel_launch.plan import CONFIG, DEFAULT, LaunchPlan, LaunchTarget
+from accel_launch.plan import LaunchPlan, LaunchTarget
 from accel_launch.run import launch
+from accel_launch.settings import CONFIG, DEFAULT
 
 from .common import add_settings_arguments, plan_from_namespace
 
