@@ -4,12 +4,15 @@
   `accelerate --help` where Accelerate is installed;
 - `accel launch --cpu -n 2 empty.py` against `torchrun --nproc_per_node 2 empty.py`: what accel adds
   to torchrun's own start-up (goal < 0.3 s);
-- `accel launch --dry-run ...`: everything accel does before torch's agent starts (the part a launch adds).
+- `accel launch --dry-run ...`: everything accel does before torch's agent starts (the part a launch adds);
+- `import accel` in a fresh interpreter;
+- with `--against CHECKOUT` (another clone with its own `uv sync`ed `.venv`, e.g. a worktree at an older
+  commit): its `accel --help` and `import accel` in the same interleaved rounds, as a before/after.
 
 Commands are interleaved repetition by repetition so that a change in machine load hits all of them
 alike; the medians are printed with their ratios.
 
-    uv run python bench/cli_latency.py [--reps 7]
+    uv run python bench/cli_latency.py [--reps 7] [--against ../accel-before]
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ def _timed(command: list[str], env: dict[str, str], cwd: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=7, help="repetitions of each command (default 7)")
-    reps = parser.parse_args().reps
+    parser.add_argument("--against", type=Path, help="another checkout with a synced .venv: before/after rows")
+    args = parser.parse_args()
+    reps = args.reps
 
     bin_dir = Path(sys.executable).parent
     accel = str(bin_dir / "accel")
@@ -54,7 +59,15 @@ def main() -> None:
         "accel launch --help": [accel, "launch", "--help"],
         "accel config show": [accel, "config", "show"],
         "accel launch --dry-run": [accel, "launch", "--dry-run", "--cpu", "-n", "2", "empty.py"],
+        "import accel": [sys.executable, "-c", "import accel"],
     }
+    if args.against is not None:
+        other_bin = args.against.resolve() / ".venv" / "bin"
+        commit = subprocess.run(
+            ["git", "-C", str(args.against), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        light[f"accel --help @{commit}"] = [str(other_bin / "accel"), "--help"]
+        light[f"import accel @{commit}"] = [str(other_bin / "python"), "-c", "import accel"]
     accelerate = shutil.which("accelerate", path=str(bin_dir)) or shutil.which("accelerate")
     if accelerate:
         light["accelerate --help"] = [accelerate, "--help"]
@@ -84,6 +97,9 @@ def main() -> None:
         print(f"accelerate --help / accel --help: {median['accelerate --help'] / median['accel --help']:.1f}")
     else:
         print("accelerate is not installed: no reference measurement.")
+    for name in [n for n in times if "@" in n]:
+        here = name.split(" @")[0]
+        print(f"{here}: this checkout / {name.split()[-1]}: {median[here] / median[name]:.3f}")
     shutil.rmtree(work, ignore_errors=True)
 
 
