@@ -10,7 +10,7 @@ links them from its cache instead of downloading a newer torch."""
 
 from __future__ import annotations
 
-import hashlib
+import fcntl
 import os
 import re
 import shlex
@@ -19,6 +19,7 @@ import sys
 import tarfile
 import zipfile
 from email.parser import HeaderParser
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -30,11 +31,20 @@ PACKAGES = sorted(p.name for p in (REPO / "packages").iterdir() if (p / "pyproje
 # The repository README's build command; its install lines read the wheels from `dist`.
 BUILD = ["uv", "build", "--all-packages", "-o", "dist"]
 # DeepSpeed compiles its CPU shared-memory op (deepspeed_shm_comm) when it starts, whatever the optimizer, and
-# the build embeds the environment's paths: the deepspeed environment lives at the same path on every run, with
-# an extensions folder of its own (sharing the workspace's would rebuild the op each time the two alternate), so
-# the op is compiled on the first run only (minutes) and reused after. uv gives the installed sources a new
-# modification time at each install, which ninja would take for an edit: they are set back to a fixed one.
-STABLE_VENVS = Path.home() / ".cache" / "accel-ci" / "packaging-venvs" / hashlib.sha1(bytes(REPO)).hexdigest()[:12]
+# the build embeds the environment's paths: the deepspeed environment lives at one path per (Python, torch,
+# DeepSpeed) on the machine, whichever clone runs the test, with an extensions folder of its own (sharing the
+# workspace's would rebuild the op each time the two alternate), so the op is compiled by the machine's first run
+# only (minutes) and reused after, by a fresh clone in a new folder too (a path keyed by the checkout rebuilt it in
+# every new clone: 164 s). Runs from several checkouts take turns on it (an OS lock, released if a run dies). uv
+# gives the installed sources a new modification time at each install, which ninja would take for an edit: they
+# are set back to a fixed one.
+DEEPSPEED_VENV = (
+    Path.home()
+    / ".cache"
+    / "accel-ci"
+    / "packaging-venvs"
+    / "py{}.{}-torch{}-deepspeed{}".format(*sys.version_info[:2], version("torch"), version("deepspeed"))
+)
 
 
 def _version_of(package: str) -> str:
@@ -365,15 +375,18 @@ def test_accel_installs_with_the_readme_command(clone, constraints, tmp_path):
 
 @pytest.mark.slow
 def test_accel_deepspeed_trains_a_step(clone, constraints):
-    venv = Venv(STABLE_VENVS / "deepspeed", clone, constraints)
-    venv.env["TORCH_EXTENSIONS_DIR"] = str(STABLE_VENVS / "torch_extensions")
-    venv.install(_documented("accel-deepspeed", '"accel[deepspeed]==0.1.0"'))
-    for source in (venv.site_packages / "deepspeed" / "ops" / "csrc").rglob("*"):
-        os.utime(source, (0, 0))
-    assert {"accel-deepspeed", "deepspeed"} <= venv.installed()
-    # The README's smallest run: torch's AdamW (a client optimizer), so DeepSpeed compiles no optimizer op.
-    example = _code_blocks(_section(_readme("accel-deepspeed"), "## Install"), "python")[0]
-    assert "STEP DEEPSPEED DeepSpeedEngine" in venv.run(["-c", _with_step_check(example)], 900)
+    DEEPSPEED_VENV.mkdir(parents=True, exist_ok=True)
+    with open(DEEPSPEED_VENV / "in-use.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another checkout's run of this test finishes first
+        venv = Venv(DEEPSPEED_VENV / "venv", clone, constraints)
+        venv.env["TORCH_EXTENSIONS_DIR"] = str(DEEPSPEED_VENV / "torch_extensions")
+        venv.install(_documented("accel-deepspeed", '"accel[deepspeed]==0.1.0"'))
+        for source in (venv.site_packages / "deepspeed" / "ops" / "csrc").rglob("*"):
+            os.utime(source, (0, 0))
+        assert {"accel-deepspeed", "deepspeed"} <= venv.installed()
+        # The README's smallest run: torch's AdamW (a client optimizer), so DeepSpeed compiles no optimizer op.
+        example = _code_blocks(_section(_readme("accel-deepspeed"), "## Install"), "python")[0]
+        assert "STEP DEEPSPEED DeepSpeedEngine" in venv.run(["-c", _with_step_check(example)], 900)
 
 
 @pytest.mark.slow
