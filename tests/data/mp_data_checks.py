@@ -344,6 +344,22 @@ def data_parallel_subgroup() -> None:
     expect(
         not isinstance(loader, DataLoaderDispatcher), "a group of one reads its own batches: not a DataLoaderDispatcher"
     )
+    # Shuffled, with the RNG synchronised over the world (as the Accelerator prepares loaders): the peers draw the
+    # same order from the global RNG, the first process's, which is the order plain PyTorch draws there.
+    torch.manual_seed(7 + RANK)  # the peers' RNGs differ
+    start = torch.get_rng_state()
+    shuffled = prepare_data_loader(
+        DataLoader(Items(12), batch_size=4, shuffle=True), group=groups[RANK], rng_over_world=True
+    )
+    expect(shuffled.sampler.generator is None, "a sampler read whole by each peer keeps drawing from the global RNG")
+    orders = [[b["idx"] for b in epoch_batches(shuffled)] for _ in range(2)]
+    everyone: list = [None, None]
+    dist.all_gather_object(everyone, orders)
+    expect(everyone[0] == everyone[1], f"peers drew different orders: {everyone}")
+    if RANK == 0:
+        torch.set_rng_state(start)
+        plain = [[b["idx"].tolist() for b in DataLoader(Items(12), batch_size=4, shuffle=True)] for _ in range(2)]
+        expect(orders == plain, f"peers' order {orders} is not plain PyTorch's {plain}")
 
 
 @check

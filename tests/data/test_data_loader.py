@@ -299,13 +299,6 @@ def test_workers_keep_the_partition() -> None:
     assert sorted(flat[:23]) == list(range(23))
 
 
-def test_random_sampler_gets_a_generator_for_sync_and_resume() -> None:
-    dl = DataLoader(Counting(8), batch_size=2, shuffle=True)
-    assert dl.sampler.generator is None
-    prepare_data_loader(dl, num_processes=2, process_index=0)
-    assert isinstance(dl.sampler.generator, torch.Generator)
-
-
 def test_device_placement_and_preparing_twice() -> None:
     loader = prepare_data_loader(
         DataLoader(Counting(4), batch_size=2), num_processes=1, process_index=0, put_on_device=True, device="cpu"

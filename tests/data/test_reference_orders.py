@@ -37,14 +37,8 @@ KNOWN_DIFFERENCES = {
     ),
     "dispatch_no_shuffle": ("all but the last step", DISPATCH_PADS),
     "dispatch_seedable": ("all but the last step", DISPATCH_PADS),
-    "dispatch": (
-        "none",
-        DISPATCH_PADS + " A shuffled dispatched loader: Accelerate's process 0 draws each epoch's "
-        "permutation seed from its global RNG when the epoch starts; accel's sampler has a generator "
-        "seeded once at prepare (from the global RNG), whose state is saved so that a resumed epoch is "
-        "the same permutation.",
-    ),
-    "dispatch_split": ("none", "as `dispatch`"),
+    "dispatch": ("all but the last step", DISPATCH_PADS),
+    "dispatch_split": ("all but the last step", DISPATCH_PADS),
 }
 
 

@@ -125,6 +125,7 @@ class ShardedLoaderMixin(ResumableMixin):
         stateful: bool,
         rng_comm: Comm | None = None,
         boundary_hook: BatchBoundaryHook | None = None,
+        sync_draw: bool = False,
     ) -> None:
         self.base_dataloader = base
         self.batch_boundary_hook = boundary_hook
@@ -144,6 +145,9 @@ class ShardedLoaderMixin(ResumableMixin):
         self._rng_comm = rng_comm if rng_comm is not None else comm  # who shares one permutation
         self._dispatcher = Dispatcher(comm) if dispatch and comm is not None else None
         self._generator = generator
+        # The sampler draws from the global RNG and several processes read all of it (tensor-parallel
+        # peers): the torch RNG is synchronised at the start of each epoch, so they draw alike.
+        self._sync_draw = sync_draw
         self._seedable = seedable
         self._stateful = stateful
         self._skip = 0
@@ -227,7 +231,11 @@ class ShardedLoaderMixin(ResumableMixin):
     def _begin(self) -> tuple[int, dict[str, Any] | None]:
         p = self._progress
         seed = self._seedable.initial_seed if self._seedable is not None else None
-        seed = synchronize_rng_states(self.rng_types, self._rng_comm, self._generator, seed)
+        kinds = self.rng_types
+        replaying = self._shard is not None and self._shard.replay_from is not None
+        if self._sync_draw and not replaying and "torch" not in kinds:
+            kinds = [*kinds, "torch"]
+        seed = synchronize_rng_states(kinds, self._rng_comm, self._generator, seed)
         if self._seedable is not None and seed is not None:
             self._seedable.initial_seed = seed
             self._seedable.set_epoch(p.epoch)

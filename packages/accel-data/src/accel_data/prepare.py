@@ -211,7 +211,12 @@ def prepare_data_loader(
                 sampler = seedable
             else:
                 seedable = None  # a custom batch sampler keeps its own sampler
-        generator = None if seedable is not None else ensure_generator(sampler)
+        # Several processes sharding one sampler need its order alike: it gets a generator, synchronised
+        # from process 0 at each epoch (Accelerate's rule). Read by one process (a single process, the
+        # dispatching process 0, tensor-parallel peers each reading all of it), a sampler without a
+        # generator draws its order from the global RNG at each pass, as in PyTorch.
+        shared = n > 1 and not dispatch
+        generator = None if seedable is not None else ensure_generator(sampler, create=shared)
         shard_rank = None if (dispatch and comm is not None and comm.is_source) else rank
         if batch_sampler is None:
             if split_batches and n > 1:
@@ -233,6 +238,12 @@ def prepare_data_loader(
                 # Introspection (``loader.sampler.set_epoch``, length checks) sees the user's sampler.
                 object.__setattr__(loader, "sampler", sampler)
 
+    # Tensor/context-parallel peers (one process per data-parallel group) each read the whole sampler:
+    # they draw alike from the global RNG once it is synchronised from the first process at each epoch.
+    sync_draw = False
+    if shard is not None and generator is None and seedable is None:
+        shard.track_draw = True
+        sync_draw = not dispatch and n == 1 and rng_comm is not None and rng_comm.size > 1
     loader._accel_setup(
         base=dataloader,
         kind=kind,
@@ -252,6 +263,7 @@ def prepare_data_loader(
         seedable=seedable,
         stateful=cls is not DataLoaderShard,
         boundary_hook=boundary_hook,
+        sync_draw=sync_draw,
     )
     return loader
 

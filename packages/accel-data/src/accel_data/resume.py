@@ -76,7 +76,13 @@ class ResumableMixin:
             "inner": p.inner_state if in_epoch else None,
             "head": list(p.head.batches) if in_epoch and p.inner_state is not None and p.head is not None else None,
             "lookahead_rng": to_plain(p.lookahead_rng) if in_epoch and p.lookahead_rng is not None else None,
+            "sampler_draw": to_plain(drawn) if in_epoch and (drawn := self._drawn_from()) is not None else None,
         }
+
+    def _drawn_from(self) -> RawStates | None:
+        """The RNG states the current pass's sampler drew its order from (a sampler without a generator)."""
+        shard = self._shard
+        return shard.drawn_from if shard is not None and shard.track_draw else None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores ``state_dict()``; the next iteration resumes the saved epoch where it stopped.
@@ -115,6 +121,12 @@ class ResumableMixin:
         lookahead = state_dict.get("lookahead_rng")
         p.resume_lookahead_rng = from_plain(lookahead) if lookahead is not None and position > 0 else None
         p.lookahead_rng = p.resume_lookahead_rng
+        if self._shard is not None and self._shard.track_draw:
+            # The resumed pass reads its sampler's first item from the interrupted pass's states (see
+            # BatchSamplerShard._started): same order, the checkpoint's RNG states left alone.
+            draw = state_dict.get("sampler_draw")
+            self._shard.replay_from = from_plain(draw) if draw is not None and position > 0 else None
+            self._shard.drawn_from = self._shard.replay_from
         # Saving again before iterating must give back the same position.
         p.position, p.in_epoch = position, position > 0
         p.generator_state = self._generator.get_state() if self._generator is not None else None

@@ -7,14 +7,18 @@ of indices before any sample is read: a resumed epoch skips batches without load
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from itertools import chain, islice
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SubsetRandomSampler, WeightedRandomSampler
 
+from . import lookahead_rng
+from .lookahead_rng import RawStates
 from .sharding import LIST_OPS, Group, Head, ShardPlan, batches_for_process, iter_groups, make_group
+
+_T = TypeVar("_T")
 
 
 class GroupSink(Protocol):
@@ -123,6 +127,9 @@ class BatchSamplerShard(BatchSampler):
         each step in process order (what the dispatching process loads).
     even_batches: may be changed between epochs (``Accelerator.join_uneven_inputs`` does).
     skip: steps to leave out at the start of the next iterations (set by the prepared loader).
+    track_draw: keep the RNG states each pass's first read drew from (``drawn_from``), and replay a
+        pass from ``replay_from`` when set (see ``_started``). Set by the prepared loader when the
+        sampler has no generator of its own, so its order comes from the global RNGs as in PyTorch.
 
     Example::
 
@@ -157,7 +164,38 @@ class BatchSamplerShard(BatchSampler):
         self.batch_size = per_process
         self.skip = 0
         self.sink: GroupSink | None = None
+        self.track_draw = False
+        self.drawn_from: RawStates | None = None
+        self.replay_from: RawStates | None = None
         self.plan()  # validate now, not at the first iteration
+
+    def _started(self, it: Iterator[_T]) -> Iterator[_T]:
+        """``it`` with its first item read now: where a sampler without a generator draws its order.
+
+        torch's ``RandomSampler`` draws its pass's seed from the global RNG at its first item
+        (``SubsetRandomSampler`` and ``WeightedRandomSampler`` their whole draw), after the
+        DataLoader's base seed and after whatever the script drew since the last pass, exactly as in
+        plain PyTorch. The states read from are kept (``drawn_from``) for the loader's state; a
+        resumed pass reads its first item from the saved states (``replay_from``) and puts back
+        the restored ones, so it gets the interrupted order and leaves the checkpoint's RNGs as
+        they were. Called inside the iteration, never at ``iter()``: torch opens the batch
+        sampler before drawing the base seed.
+        """
+        if not self.track_draw:
+            return it
+        replay, self.replay_from = self.replay_from, None
+        if replay is None:
+            self.drawn_from = lookahead_rng.capture()
+            first = list(islice(it, 1))
+        else:
+            current = lookahead_rng.capture()
+            lookahead_rng.restore(replay)
+            try:
+                first = list(islice(it, 1))
+            finally:
+                lookahead_rng.restore(current)
+            self.drawn_from = replay
+        return chain(first, it)
 
     def plan(self) -> ShardPlan:
         size = getattr(self.batch_sampler, "batch_size", None)
@@ -177,12 +215,15 @@ class BatchSamplerShard(BatchSampler):
 
     def _groups(self, plan: ShardPlan, skip: int) -> Iterator[Group[list[Any]]]:
         if type(self.batch_sampler) is BatchSampler:
-            return self._index_groups(self.batch_sampler, plan, skip)
+            return self._index_groups(self.batch_sampler, plan, skip, self._started)
         # Read no further than the step handed out, as Accelerate's shard reads a batch sampler.
-        return iter_groups(self.batch_sampler, plan, LIST_OPS, skip=skip, read_ahead=False)
+        batches = self._started(iter(self.batch_sampler))
+        return iter_groups(batches, plan, LIST_OPS, skip=skip, read_ahead=False)
 
     @staticmethod
-    def _index_groups(bs: BatchSampler, plan: ShardPlan, skip: int) -> Iterator[Group[list[Any]]]:
+    def _index_groups(
+        bs: BatchSampler, plan: ShardPlan, skip: int, started: Callable[[Iterator[Any]], Iterator[Any]]
+    ) -> Iterator[Group[list[Any]]]:
         """Fast path for torch's own BatchSampler: cut the sampler's index stream step by step.
 
         Same groups as ``iter_groups`` over the batch sampler, but a step is one ``islice`` of the
@@ -192,7 +233,7 @@ class BatchSamplerShard(BatchSampler):
         size, n = bs.batch_size, plan.num_processes
         chunk = plan.batches_per_group * size
         part = size // n if plan.split_batches else size
-        indices = iter(bs.sampler)
+        indices = started(iter(bs.sampler))
         # The start of the epoch, kept to pad the last step, whatever is skipped.
         first = list(islice(indices, n * size))
         keep: Head[list[Any]] = Head(LIST_OPS, n * size, n)
@@ -215,7 +256,12 @@ class BatchSamplerShard(BatchSampler):
 
     @staticmethod
     def _own_index_batches(
-        bs: BatchSampler, plan: ShardPlan, skip: int, rank: int, sink: GroupSink | None
+        bs: BatchSampler,
+        plan: ShardPlan,
+        skip: int,
+        rank: int,
+        sink: GroupSink | None,
+        started: Callable[[Iterator[Any]], Iterator[Any]],
     ) -> Iterator[list[Any]]:
         """``_index_groups`` for one process, with the full steps (all but the last) cut in place.
 
@@ -229,7 +275,7 @@ class BatchSamplerShard(BatchSampler):
         chunk = plan.batches_per_group * size
         part = size // n if plan.split_batches else size
         lo, hi = rank * part, (rank + 1) * part
-        indices = iter(bs.sampler)
+        indices = started(iter(bs.sampler))
         # The start of the epoch, kept to pad the last step, whatever is skipped.
         keep: Head[list[Any]] = Head(LIST_OPS, n * size, n)
         skipped = skip * chunk
@@ -259,7 +305,7 @@ class BatchSamplerShard(BatchSampler):
     def __iter__(self) -> Iterator[list[Any]]:
         plan, rank = self.plan(), self.process_index
         if rank is not None and type(self.batch_sampler) is BatchSampler:
-            return self._own_index_batches(self.batch_sampler, plan, self.skip, rank, self.sink)
+            return self._own_index_batches(self.batch_sampler, plan, self.skip, rank, self.sink, self._started)
         return self._parts(plan, self.skip, self.sink, rank)
 
     def _parts(self, plan: ShardPlan, skip: int, sink: GroupSink | None, rank: int | None) -> Iterator[list[Any]]:
@@ -303,15 +349,17 @@ def _last_batch_size(batch_sampler: Any) -> int | None:
 _GENERATOR_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 
-def ensure_generator(sampler: Any) -> torch.Generator | None:
-    """The sampler's ``torch.Generator``, giving torch's random samplers one when they have none.
+def ensure_generator(sampler: Any, create: bool = True) -> torch.Generator | None:
+    """The sampler's ``torch.Generator``; with ``create``, torch's random samplers get one when they have none.
 
-    Without their own generator these samplers draw from the global RNG, which differs between
-    processes; with one, its state can be synchronised from process 0 and saved for resume.
-    The seed comes from the global RNG, as the sampler would have drawn it.
+    Used when several processes shard one sampler (as Accelerate does then): without their own
+    generator these samplers draw from the global RNG, which differs between processes; with one,
+    its state is synchronised from process 0 at each epoch and saved for resume. Its seed comes
+    from the global RNG, as the sampler would have drawn it. A sampler read by one process keeps
+    drawing from the global RNG at each pass, as in PyTorch (``create=False``).
     """
     generator = getattr(sampler, "generator", None)
-    if generator is None and isinstance(sampler, _GENERATOR_SAMPLERS):
+    if create and generator is None and isinstance(sampler, _GENERATOR_SAMPLERS):
         generator = torch.Generator()
         generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
         sampler.generator = generator
