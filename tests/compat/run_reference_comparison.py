@@ -78,6 +78,15 @@ class Example:
     tolerance: tuple[float, float, str] | None = None
     # processes of the reference's run: 1 where accel's run is one data-parallel replica split by tensor parallelism
     reference_processes: int = 2
+    # (metric names, why): final metrics the script itself computes otherwise under the backend (a branch of the
+    # reference's own example), left out of the comparison; the why says how the rest was checked
+    not_compared: tuple[tuple[str, ...], str] | None = None
+    # Why the backend run's numbers differ from the reference's plain run although accel runs the backend as the
+    # reference's integration would (out of accel's hands): test_examples.py expects the difference
+    known_gap: str | None = None
+
+    def ignored(self) -> tuple[str, ...]:
+        return self.not_compared[0] if self.not_compared else ()
 
     def tolerances(self) -> tuple[float, float]:
         return (self.tolerance[0], self.tolerance[1]) if self.tolerance else (REL_TOL, ABS_TOL)
@@ -230,6 +239,19 @@ EXAMPLES: tuple[Example, ...] = (
             "steps each partition, DDP all-reduces them, so the averages differ in the last bits and 18 AdamW "
             "steps carry that forward",
         ),
+        known_gap=(
+            "the learning rates differ: the config's scheduler is DeepSpeed's WarmupDecayLR, built by DeepSpeed as "
+            "Accelerate's DeepSpeed integration builds it (total_num_steps 'auto' = ceil(33 / 2 processes) = 17, "
+            "warmup_num_steps 2), where the reference's plain run steps transformers' linear schedule (33 steps, "
+            "warm-up 4, stepped twice per optimizer step). WarmupDecayLR starts at iteration -1 and its first step "
+            "gives iteration 0, so the first two optimizer steps run at lr 0 (one with the linear schedule) and "
+            "the decay ends at 17 optimizer steps, not 16.5: lr per step 0, 0, 0.005, 0.01, 0.00933... vs 0, 0.005, "
+            "0.01, 0.00931... Everything else is the same: step by step, the batches are identical and the "
+            "gradient norms (0.38-0.46, never clipped at the config's 1.0) agree to 1e-7, and the reference's "
+            "plain run with its scheduler replaced by a LambdaLR giving WarmupDecayLR's learning rates (checked by "
+            "hand on 2026-12-02) ends with accel's final metrics bit for bit (perplexity 20.208870373845226, "
+            "weight_norm 25.34153173933904)"
+        ),
     ),
     # Accelerate 1.15 cannot run Megatron on CPU (its integration needs Megatron-LM and CUDA): accel's TP=2 run (one
     # data-parallel replica) is held against the reference's plain run on one process (the same global batch).
@@ -247,6 +269,14 @@ EXAMPLES: tuple[Example, ...] = (
             "with an all-reduce, in another order than one matrix product",
         ),
         reference_processes=1,
+        not_compared=(
+            ("eval_loss", "perplexity"),
+            "under Megatron the script (as Accelerate's example) averages the evaluation batches' mean losses "
+            "(Megatron-LM averages them over the data-parallel group), otherwise the gathered per-sample losses, "
+            "and the last evaluation batch is partial. The reference's plain run with the Megatron branch's "
+            "averaging gives accel's eval_loss, 1.9008852243423462, exactly (checked by hand on 2026-12-02); "
+            "the training metrics (last_loss, weight_norm, lr, steps) are compared",
+        ),
     ),
     Example(
         "tracking",
@@ -467,7 +497,7 @@ def make_rows(
     rows = []
     for run_id, run, ref, acc in zip(example.run_ids(), example.runs, reference_results, accel_results, strict=True):
         diffs = (
-            differences(ref["metrics"], acc["metrics"], tolerances=example.tolerances())
+            differences(ref["metrics"], acc["metrics"], ignore=example.ignored(), tolerances=example.tolerances())
             if ref and acc and ref["ok"] and acc["ok"]
             else []
         )
@@ -609,6 +639,15 @@ def write_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
             for e in tolerated
             if e.tolerance
         ]
+        notes = [e for e in tolerated if e.not_compared or e.known_gap]
+        if notes:
+            lines += [""]
+        for e in notes:
+            if e.not_compared:
+                names = ", ".join(e.not_compared[0])
+                lines += [f"- {e.name}: not compared: {names}, since {e.not_compared[1]}."]
+            if e.known_gap:
+                lines += [f"- {e.name}: differs, out of accel's hands: {e.known_gap}."]
     lines += ["", "## Final metrics", "", "| example run | reference | accel |", "|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['id']} | {metrics_text(r['reference'])} | {metrics_text(r['accel'])} |")
