@@ -36,6 +36,21 @@ def _copies(grad: DTensor, world: int) -> int:
     return replicated * (world // mesh.size())
 
 
+def local_pieces(grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each gradient's piece held by this process: a DTensor's local tensor, a plain tensor as it is.
+
+    Not ``to_local()``: that is an autograd Function returning a fresh view (``view_as``) so that autograd can
+    differentiate through it; gradients are read here outside autograd, where the view is pointless: a Python
+    autograd call and two aten operators per parameter, twice per clip (49 of the 104 operators accel's FSDP2
+    step ran beyond raw ``fully_shard``'s in bench/fsdp2_step.py). ``_local_tensor`` is the tensor that view is
+    taken of (same storage, shape and strides: the norm is unchanged bit for bit); torch's own FSDP2 and
+    distributed checkpoint read it the same way.
+    """
+    from torch.distributed.tensor import DTensor
+
+    return [g._local_tensor if isinstance(g, DTensor) else g for g in grads]
+
+
 def communication_device(local: torch.device) -> torch.device:
     """Where a tensor reduced over the default group's backend must live: the current GPU under NCCL (which
     refuses CPU tensors: "No backend type associated with device type cpu"), else ``local``. A process with
@@ -59,40 +74,42 @@ def total_norm(
     plain = [g for g in grads if not isinstance(g, DTensor)]
     pieces = [g for g in grads if isinstance(g, DTensor)]
     distributed = dist.is_available() and dist.is_initialized() and any(isinstance(p, DTensor) for p in parameters)
-    device = (
-        (grads[0].to_local() if isinstance(grads[0], DTensor) else grads[0]).device if grads else torch.device("cpu")
-    )
+    device = local_pieces(grads[:1])[0].device if grads else torch.device("cpu")
     norms: list[torch.Tensor] = []
     if distributed:
         world = dist.get_world_size() // (pipeline.size if pipeline is not None else 1)
         by_weight: dict[tuple[int, torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-        for grad in pieces:
-            if any(p.is_partial() for p in grad.placements):  # unreduced sums: reduce them first
-                grad = grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in grad.placements])
-            local = grad.to_local()
+        reduced = [  # unreduced sums (Partial placements) are reduced first
+            g.redistribute(placements=[Replicate() if p.is_partial() else p for p in g.placements])
+            if any(p.is_partial() for p in g.placements)
+            else g
+            for g in pieces
+        ]
+        for grad, local in zip(reduced, local_pieces(reduced), strict=True):
             by_weight[(_copies(grad, world), local.device, local.dtype)].append(local)
         reduce_device = communication_device(device)
+        # Each group's share of the norm: its pieces' norms (one foreach call, as torch's clip_grad_norm_),
+        # stacked and converted once; the max for the inf-norm, else the sum of |piece|^p over the copies.
+        shares = []
+        for (copies, _, _), locals_ in by_weight.items():
+            local_norms = torch.stack(torch._foreach_norm(locals_, norm_type)).to(reduce_device, torch.float32)
+            if math.isinf(norm_type):
+                shares.append(local_norms.amax())
+            else:
+                share = local_norms.pow(norm_type).sum()
+                shares.append(share / copies if copies != 1 else share)  # x / 1 == x: no division
+        # A process without pieces still joins the all-reduce, with a zero.
+        value = shares[0] if shares else torch.zeros((), dtype=torch.float32, device=reduce_device)
+        for share in shares[1:]:
+            value = torch.maximum(value, share) if math.isinf(norm_type) else value + share
         if math.isinf(norm_type):
-            value = torch.zeros((), dtype=torch.float32, device=reduce_device)
-            for locals_ in by_weight.values():
-                for n in torch._foreach_norm(locals_, norm_type):  # as torch's clip_grad_norm_
-                    value = torch.maximum(value, n.to(reduce_device, torch.float32))
             dist.all_reduce(value, op=dist.ReduceOp.MAX)
         else:
-            value = torch.zeros((), dtype=torch.float32, device=reduce_device)
-            for (copies, _, _), locals_ in by_weight.items():
-                local_norms = torch.stack(
-                    [
-                        n.to(reduce_device, torch.float32)
-                        for n in torch._foreach_norm(locals_, norm_type)  # as torch's clip_grad_norm_
-                    ]
-                )
-                value = value + local_norms.pow(norm_type).sum() / copies
             dist.all_reduce(value, op=dist.ReduceOp.SUM)
             value = value.pow(1.0 / norm_type)
         norms.append(value.to(device))
     elif pieces:
-        plain = plain + [g.to_local() for g in pieces]  # no process group: a DTensor of one process is its local tensor
+        plain = plain + local_pieces(pieces)  # no process group: a DTensor of one process is its local tensor
     pipelined = pipeline is not None and pipeline.size > 1
     if plain or pipelined:
         value = (
@@ -141,15 +158,12 @@ def clip_to_norm_(parameters: Sequence[torch.nn.Parameter], norm: torch.Tensor, 
     tensor-parallel group's in accel-megatron). One foreach call per device and dtype, on the local
     pieces of DTensor gradients (no DTensor dispatch).
     """
-    from torch.distributed.tensor import DTensor
-
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return
     coefficient = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-    for grad in grads:
-        local = grad.to_local() if isinstance(grad, DTensor) else grad
+    for local in local_pieces(grads):
         groups[(local.device, local.dtype)].append(local)
     with torch.no_grad():
         for (device, dtype), tensors in groups.items():
