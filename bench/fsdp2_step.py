@@ -64,6 +64,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=10, help="micro-steps per timed round")
+    parser.add_argument(
+        "--operators", action="store_true", help="also print each aten operator whose count differs (accel vs raw)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -100,6 +103,7 @@ def main() -> None:
     for name in loops:
         step(name, 4)  # warm-up: two optimizer steps
 
+    per_operator: dict[str, collections.Counter[str]] = {}
     for name in loops:
         calls.clear()
         sizes.clear()
@@ -107,7 +111,10 @@ def main() -> None:
         counted = ", ".join(f"{k} {v} ({sizes[k] / 1e6:.1f} MB)" for k, v in sorted(calls.items()))
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             step(name, 2)
-        operators = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+        per_operator[name] = collections.Counter(
+            {e.key: e.count for e in prof.key_averages() if e.key.startswith("aten::")}
+        )
+        operators = sum(per_operator[name].values())
         profiler = cProfile.Profile()
         profiler.enable()
         step(name, 2)
@@ -115,6 +122,12 @@ def main() -> None:
         python_calls = pstats.Stats(profiler).total_calls  # pyright: ignore[reportAttributeAccessIssue]
         if rank == 0:
             print(f"{name:6s} per optimizer step: {counted}; aten ops {operators}; Python calls {python_calls}")
+
+    if args.operators and rank == 0:
+        accel, raw = per_operator["accel"], per_operator["raw"]
+        for op in sorted(set(accel) | set(raw), key=lambda k: accel[k] - raw[k]):
+            if accel[op] != raw[op]:
+                print(f"  {op:40s} accel {accel[op]:5d}  raw {raw[op]:5d}  ({accel[op] - raw[op]:+d})")
 
     wall: dict[str, list[float]] = {name: [] for name in loops}
     cpu: dict[str, list[float]] = {name: [] for name in loops}
