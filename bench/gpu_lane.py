@@ -62,15 +62,29 @@ def gpu_count(cpu: bool) -> int:
 
 
 def torchrun(script: Path, args: list[str], processes: int, env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """Runs `script` under torchrun; returns its exit code (124 on a timeout) and its output. On a timeout torchrun
+    gets SIGTERM, on which it stops its workers itself (SIGTERM, then SIGKILL after 30 s); a SIGKILL to torchrun
+    alone would leave them running in sessions of their own (a hung NCCL collective would keep its GPU)."""
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--standalone"]
+    job = subprocess.Popen(
+        [*command, str(script), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=HERE.parent,
+    )
     try:
-        done = subprocess.run(
-            [*command, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=HERE.parent
-        )
-    except subprocess.TimeoutExpired as error:
-        out = (error.stdout or b"").decode() if isinstance(error.stdout, bytes) else (error.stdout or "")
-        return 124, out + f"\n(timed out after {timeout:.0f} s: a hang?)"
-    return done.returncode, done.stdout + done.stderr
+        output, _ = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        job.terminate()
+        try:
+            output, _ = job.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            output, _ = job.communicate()
+        return 124, (output or "") + f"\n(timed out after {timeout:.0f} s: a hang?)"
+    return job.returncode, output
 
 
 def last_error(output: str) -> str:
