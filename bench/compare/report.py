@@ -15,6 +15,9 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     ("launch", "2", "first_step_s", "launch to first step, 2 processes", "s"),
     ("step", "1", "step_ms", "train step (accum. 2, clip, scheduler), 1 process", "ms"),
     ("step", "2", "step_ms", "train step (accum. 2, clip, scheduler), 2 processes", "ms"),
+    ("step", "2", "overhead_us", "limit: train step minus raw DDP's, 2 processes (0 is the floor)", "µs"),
+    ("step", "1", "peak_rss_mb", "peak resident memory per process, train step, 1 process", "MB"),
+    ("step", "2", "peak_rss_mb", "peak resident memory per process (the larger), train step, 2 processes", "MB"),
     ("loader", "1", "sharded_ms", "prepared loader per batch, 1 process", "ms"),
     ("loader", "2", "sharded_ms", "prepared loader per batch, sharded, 2 processes", "ms"),
     ("loader", "2", "dispatch_ms", "prepared loader per batch, dispatched, 2 processes", "ms"),
@@ -70,6 +73,21 @@ def stats(values: list[float]) -> dict[str, Any]:
     }
 
 
+def step_overhead(samples: dict, procs: str, fw: str) -> dict[str, Any] | None:
+    """`fw`'s train step minus raw PyTorch's (µs) on `procs` processes, from the same run's samples: the median of
+    per-launch differences when both have a sample of every repetition (launch i of each ran in the same
+    rotation round, so a change of load between rounds cancels), else the difference of their medians."""
+    by_fw = samples.get("step", {}).get(procs, {})
+    mine, raw = by_fw.get(fw, {}).get("step_ms", []), by_fw.get("raw", {}).get("step_ms", [])
+    if not mine or not raw:
+        return None
+    if len(mine) == len(raw):
+        figure = stats([(a - b) * 1e3 for a, b in zip(mine, raw, strict=True)])
+        return {**figure, "method": "median of per-launch differences"}
+    figure = stats([(statistics.median(mine) - statistics.median(raw)) * 1e3])
+    return {**figure, "method": f"difference of medians ({len(mine)} vs {len(raw)} launches)"}
+
+
 def summarise(results) -> dict:
     out: dict = {}
     for scenario, by_procs in results.samples.items():
@@ -83,6 +101,11 @@ def summarise(results) -> dict:
                         slot[metric] = stats([float(v) for v in values])
                     else:
                         slot[metric] = {"value": values[0] if len(values) == 1 else values}
+    for procs, by_fw in results.samples.get("step", {}).items():  # derived: the per-step overhead over raw
+        for fw in by_fw:
+            overhead = step_overhead(results.samples, procs, fw) if fw != "raw" else None
+            if overhead is not None:
+                out["step"][procs][fw]["overhead_us"] = overhead
     return out
 
 
@@ -91,6 +114,8 @@ def _fmt(value: float, unit: str) -> str:
         return f"{value:.2f}" if value < 10 else f"{value:.1f}"
     if unit == "x":
         return f"{value:.2f}"
+    if unit in ("MB", "µs"):
+        return f"{value:.0f}"
     return f"{value:.3f}" if value < 1 else f"{value:.2f}"
 
 
@@ -138,9 +163,12 @@ def not_ahead(summary: dict, notes: dict, row: tuple[str, str, str, str, str], f
             if theirs.get("value") is True and mine.get("value") is not True:
                 better.append(SHORT[fw])
         elif "median" in theirs and "median" in mine and theirs["median"] < mine["median"]:
-            ratio = theirs["median"] / mine["median"] if mine["median"] > 0 else float("nan")
             clear = "n" in theirs and theirs["n"] > 1 and mine["n"] > 1 and theirs["q3"] < mine["q1"]
-            better.append(f"{SHORT[fw]} {ratio:.2f}x" + (" (beyond the spread)" if clear else ""))
+            if unit == "µs":  # a difference (it may be negative): a ratio would mean nothing
+                gap = f"{mine['median'] - theirs['median']:.0f} µs less"
+            else:
+                gap = f"{theirs['median'] / mine['median'] if mine['median'] > 0 else float('nan'):.2f}x"
+            better.append(f"{SHORT[fw]} {gap}" + (" (beyond the spread)" if clear else ""))
     if not compared:
         return "no peer figure"
     if not better:
@@ -213,6 +241,8 @@ SUMMARY_ROWS = [
     ("cli_help", "1", "help_s"),
     ("launch", "2", "first_step_s"),
     ("step", "2", "step_ms"),
+    ("step", "2", "overhead_us"),
+    ("step", "2", "peak_rss_mb"),
     ("loader", "2", "sharded_ms"),
     ("gather", "2", "gather_ms"),
     ("gather", "2", "exact_count"),

@@ -38,6 +38,7 @@ def test_accel_scenarios_run_in_one_process(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures["step"]["step_ms"] > 0
+    assert 50 < figures["step"]["peak_rss_mb"] < 5000  # torch and accel imported, a model trained: tens to hundreds
     assert figures["loader"]["sharded_ms"] > 0
     assert figures["gather"] == {**figures["gather"], "exact_count": True, "rows": 401, "samples": 401}
     assert figures["checkpoint"]["async_blocked_s"] > 0 and figures["checkpoint"]["mb"] > 30
@@ -104,3 +105,35 @@ def test_last_column_and_readme_blocks_come_from_the_data(tmp_path: Path) -> Non
     untouched = tmp_path / "other.md"
     untouched.write_text("no markers\n")
     assert not report.replace_block(untouched, "results", "| new |") and untouched.read_text() == "no markers\n"
+
+
+def test_overhead_and_memory_rows_come_from_the_same_run() -> None:
+    sys.path.insert(0, str(COMPARE))
+    try:
+        import report
+        from run import Results
+    finally:
+        sys.path.remove(str(COMPARE))
+    results = Results()
+    # Launch i of each framework ran in the same round: the rounds' load moves both; the per-launch differences
+    # (0.1, 0.2, 0.3 ms) are steadier than either series.
+    for accel, raw, fabric in ((5.1, 5.0, 5.2), (8.2, 8.0, 8.0), (6.3, 6.0, 6.1)):
+        results.take("step", 2, "accel", {"step_ms": accel, "peak_rss_mb": 400.0})
+        results.take("step", 2, "raw", {"step_ms": raw, "peak_rss_mb": 380.0})
+        results.take("step", 2, "fabric", {"step_ms": fabric, "peak_rss_mb": 700.0})
+    results.take("step", 1, "accel", {"step_ms": 2.0})
+    results.take("step", 1, "accel", {"step_ms": 3.0})
+    results.take("step", 1, "raw", {"step_ms": 2.5})  # one raw launch failed: no pairs, the medians' difference
+    summary = report.summarise(results)
+    overhead = summary["step"]["2"]["accel"]["overhead_us"]
+    assert overhead["method"] == "median of per-launch differences" and round(overhead["median"]) == 200
+    assert "overhead_us" not in summary["step"]["2"]["raw"]  # raw is the floor
+    assert round(summary["step"]["2"]["fabric"]["overhead_us"]["median"]) == 100
+    assert summary["step"]["1"]["accel"]["overhead_us"]["method"].startswith("difference of medians (2 vs 1")
+    frameworks = ["accel", "raw", "fabric"]
+    rows = {row[:3]: row for row in report.ROWS}
+    text = report.table(summary, results.notes, frameworks)
+    assert "| limit: train step minus raw DDP's, 2 processes (0 is the floor) | µs | 200 (150 to 250) | — |" in text
+    assert "| MB | 400 (400 to 400) | 380 (380 to 380) | 700 (700 to 700) | ahead |" in text
+    verdict = report.not_ahead(summary, results.notes, rows[("step", "2", "overhead_us")], frameworks)
+    assert verdict == "behind: Fabric 100 µs less"  # a difference, not a ratio of two overheads
