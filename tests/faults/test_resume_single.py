@@ -344,7 +344,7 @@ def test_mlflow_run_continues_after_auto_resume_each_step_once(tmp_path, monkeyp
     monkeypatch.setenv("ACCEL_CHECKPOINT_FSYNC", "0")
     first, logged = _logging_attempt(tmp_path, 5, "mlflow", {"backend": "file"})
     run_id = first.get_tracker("mlflow").run_id
-    started_here = first._tracker_runs
+    started_here = first._tracking.runs_to_continue
     # The process dies after step 5 (checkpoint at 3): its run is left as a lost process leaves it.
     mlflow.end_run(status="KILLED")
 

@@ -1,5 +1,6 @@
-"""The Accelerator and the parts it is assembled from (preparation, resumption, checkpointing and
-tracking, metrics gathering, the parallel layout, process control, triggers, profiling)."""
+"""The Accelerator (a facade) and the parts it delegates to: preparation, resumption, tracking,
+checkpointing, metrics gathering, the parallel layout, triggers, profiling; process control and the
+setup queries are its two read-only base classes."""
 
 from .accelerator import Accelerator
 

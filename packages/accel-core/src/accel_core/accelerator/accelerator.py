@@ -1,12 +1,15 @@
 """The Accelerator: the four-line change that makes a training script run anywhere.
 
 It decides a plan (``strategies.selection``), builds a Strategy, asks it for the job's layout,
-builds the one named device mesh (``mesh``) and a Precision, hands the strategy a narrow
-``StrategyContext``, then delegates: no backend is named here. ``prepare`` and the transform chain
-live in ``preparation``, the mesh's public face in ``parallel``, process control in
-``process_control``, tracking and checkpoints in ``services``, evaluation across processes in
-``metrics_gathering``. What was prepared is in
-``accelerator.prepared`` (``PreparedObjects``; also under the reference's ``_models`` & co).
+builds the one named device mesh (``parallel.dims``) and a Precision, hands the strategy a narrow
+``StrategyContext``, then creates its parts, each constructed with what it uses, and delegates to
+them: ``Preparation`` (``prepare``), ``Resumption`` (auto-resume, ``completed_steps``, periodic
+checkpoints), ``Tracking``, ``Checkpointing`` (accel-checkpoint's handler), ``MetricsGathering``
+(evaluation across processes), ``ParallelLayout`` (mesh ranks, ``forward_backward``) and a
+``Trigger``. The training step (``backward``, ``accumulate``, clipping) is its own; the read-only
+questions about the run come from its two base classes, ``ProcessControl`` and ``SetupQueries``.
+No backend is named here. What was prepared is in ``accelerator.prepared`` (``PreparedObjects``;
+also under the reference's ``_models`` & co).
 
 Example::
 
@@ -27,11 +30,13 @@ import contextlib
 import gc
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.hooks import RemovableHandle
 
 from .. import cluster_env
 from .. import environment as env
@@ -41,12 +46,12 @@ from ..configuration import (
     GradientAccumulationPlugin,
     InitProcessGroupKwargs,
     KwargsHandler,
+    ProfileKwargs,
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
 from ..enums import DistributedType, SchedulerStepping
 from ..optimizer import AcceleratedOptimizer
-from ..optimizer_rebuild import ParameterNames
 from ..parallel.config import ParallelismConfig
 from ..parallel.dims import ParallelDims, make_dims
 from ..precision.modes import AutocastPrecision, PrecisionContext, unwrap_forward
@@ -64,33 +69,25 @@ from ..strategies import (
 from ..strategies.groups import coordination_group
 from ..strategies.selection import PLUGIN_ARGUMENTS
 from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
-from .checkpoint_and_tracking import Checkpointing, Tracking, normalize_log_with
+from .checkpointing import Checkpointing
 from .metrics_gathering import MetricsGathering
 from .nonfinite_guard import NonFiniteGuard
-from .parallel_layout import Parallelism
-from .preparation import Preparation
+from .parallel_layout import ParallelLayout
+from .preparation import Preparation, scheduler_steps_for
 from .process_control import ProcessControl
-from .profiling import Profiling
+from .profiling import profiled
 from .resumption import Resumption
 from .setup_queries import SetupQueries
-from .triggers import Triggers
+from .tracking import Tracking, normalize_log_with
+from .triggers import Trigger, sync_in_backward
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from ..protocols import CheckpointAccelerator, DataAccelerator
 
 
-class Accelerator(
-    Preparation,
-    Parallelism,
-    ProcessControl,
-    Tracking,
-    Checkpointing,
-    Resumption,
-    Triggers,
-    Profiling,
-    SetupQueries,
-    MetricsGathering,
-):
+class Accelerator(ProcessControl, SetupQueries):
     """Prepares a model, optimizer, scheduler and dataloaders for the current setup, then stays out of the way.
 
     Arguments follow the reference ``Accelerator``; accel adds ``strategy`` (a strategy name such
@@ -150,7 +147,16 @@ class Accelerator(
         if project_dir is not None and self.project_configuration.project_dir is None:
             self.project_configuration.set_directories(project_dir)
 
-        self.handlers = index_handlers(kwargs_handlers)
+        if dataloader_config is None:
+            dataloader_config = DataLoaderConfiguration(
+                split_batches=split_batches, dispatch_batches=dispatch_batches, even_batches=even_batches
+            )
+        elif (split_batches, dispatch_batches, even_batches) != (False, None, True):
+            raise ValueError(
+                "Pass split_batches / dispatch_batches / even_batches either directly or inside dataloader_config, not "
+                "both."
+            )
+        SetupQueries.__init__(self, index_handlers(kwargs_handlers), dataloader_config)
         deepspeed_plugin = one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
         dynamo = dynamo_settings(dynamo_backend, dynamo_plugin)
         if parallelism_config is not None and not isinstance(parallelism_config, ParallelismConfig):
@@ -231,22 +237,9 @@ class Accelerator(
         self.state.mixed_precision = self.precision.name
         self.gradient_state = GradientState(plan.gradient_accumulation)
         self.prepared = PreparedObjects()
-        self.device_placement = device_placement
-        if dataloader_config is None:
-            dataloader_config = DataLoaderConfiguration(
-                split_batches=split_batches, dispatch_batches=dispatch_batches, even_batches=even_batches
-            )
-        elif (split_batches, dispatch_batches, even_batches) != (False, None, True):
-            raise ValueError(
-                "Pass split_batches / dispatch_batches / even_batches either directly or inside dataloader_config, not "
-                "both."
-            )
-        self.dataloader_config = dataloader_config
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.scheduler_stepping = SchedulerStepping(plan.scheduler_stepping)
-        self._parameter_names = ParameterNames()
+        scheduler_stepping_ = SchedulerStepping(plan.scheduler_stepping)
         self._nonfinite_guard = self._make_nonfinite_guard(skip_nonfinite)
-        self._context = StrategyContext(
+        context = StrategyContext(
             device=self.state.device,
             state=self.state,
             dims=self.parallel_dims,
@@ -257,10 +250,12 @@ class Accelerator(
             handlers=self.handlers,
             device_placement=device_placement,
             step_scheduler_with_optimizer=step_scheduler_with_optimizer,
-            scheduler_steps_per_optimizer_step=self.scheduler_steps_per_optimizer_step,
+            scheduler_steps_per_optimizer_step=scheduler_steps_for(
+                scheduler_stepping_, dataloader_config, self.parallel_dims.config.data_parallel_size
+            ),
             dynamo_plugin=self.dynamo_plugin,
         )
-        self.strategy.setup(self._context)
+        self.strategy.setup(context)
         if self.state.collectives is None:  # torch.distributed's processes (a backend's own runtime aside)
             # Collective, at the same point on every process: a gloo network problem fails here, not at the first save.
             coordination_group()
@@ -279,16 +274,45 @@ class Accelerator(
         self.state.record_choice(self.strategy.distributed_type, plugin_of, setup)
 
         self.rng_types = [str(r) for r in rng_types] if rng_types is not None else ["generator"]
-        self.log_with = normalize_log_with(log_with)
-        self.trackers: list[Any] = []
+        self.step = 0  # micro-steps of the current accumulation (saved with checkpoints)
 
-        self.step = 0
-        self._save_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
-        self._load_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
-        self._setup_resumption(resume)
+        # The parts, each constructed with what it uses; the methods below delegate to them.
+        self._tracking = Tracking(self, self.project_configuration, normalize_log_with(log_with), self._nonfinite_guard)
+        self._checkpointing = Checkpointing(self, self, self.project_configuration)
+        self._resumption = Resumption(
+            resume,
+            self.project_configuration,
+            self,
+            self.gradient_state,
+            self.prepared,
+            self._checkpointing,
+            self._tracking,
+            self._nonfinite_guard,
+            self.end_training,
+        )
+        self._preparation = Preparation(
+            self.strategy,
+            context,
+            self,
+            dataloader_config,
+            device_placement,
+            step_scheduler_with_optimizer,
+            scheduler_stepping_,
+            self._nonfinite_guard,
+            self._resumption.after_prepare,
+            self._resumption.optimizer_stepped,
+            self._resumption.boundary_hook,
+        )
+        self._layout = ParallelLayout(
+            self.parallel_dims, self.strategy, self.precision, self.gradient_state, self.backward
+        )
+        self._metrics = MetricsGathering(
+            self, self.gradient_state, self.parallel_dims, self.strategy, self.prepared, dataloader_config
+        )
+        self._trigger = Trigger(self)
 
     @property
-    def state(self) -> AcceleratorState:  # pyright: ignore[reportIncompatibleVariableOverride]  # the mixins declare it; a checked property here
+    def state(self) -> AcceleratorState:
         """The process's ``AcceleratorState``. Refuses once the state was reset (``AcceleratorState._reset_state()``
         or ``PartialState._reset_state()``) after this Accelerator was made, as the reference does: what it set
         up no longer describes the process."""
@@ -435,7 +459,7 @@ class Accelerator(
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
         """Wrap each micro-batch: gradients sync (and the optimizer steps) every ``gradient_accumulation_steps``
         micro-batches and on the last batch of the data."""
-        self._accumulate_boundary()
+        self._resumption.accumulate_boundary()
         self._do_sync()
         with contextlib.ExitStack() as stack:
             if not (self.sync_gradients or self.gradient_state.sync_each_batch):
@@ -486,6 +510,409 @@ class Accelerator(
         """Autocast for code outside the prepared model's forward (a loss computed separately, say)."""
         kwargs = autocast_handler.to_kwargs() if autocast_handler is not None else {}
         return self.precision.autocast(**kwargs)
+
+    # -- prepare (Preparation) --------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
+        """Prepares models, optimizers, schedulers and dataloaders; returns them in the order given.
+
+        device_placement: one bool (or None for the default) per object.
+        An object prepared before (the prepared wrapper, or the model, optimizer or scheduler it
+        wraps) comes back as the prepared object, registered once (checkpoints count each once).
+        """
+        _ = self.state  # refuses, naming the reset, when the state was reset after this Accelerator was made
+        return self._preparation.prepare(*args, device_placement=device_placement)
+
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        """Runs ``model`` through the transform chain (``accel_core.transforms``), with autocast when mixed precision is
+        on."""
+        return self._preparation.prepare_model(model, device_placement, evaluation_mode)
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
+        """Wraps an optimizer so it only steps at accumulation boundaries, through the scaler if any."""
+        return self._preparation.prepare_optimizer(optimizer, device_placement)
+
+    def prepare_scheduler(self, scheduler: LRScheduler) -> AcceleratedScheduler:
+        """Wraps an LR scheduler so it steps with the optimizer, ``scheduler_steps_per_optimizer_step``
+        times per real optimizer step (see ``accel_core.scheduler``)."""
+        return self._preparation.prepare_scheduler(scheduler)
+
+    def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> Any:
+        """Shards a DataLoader over the mesh's data-parallel processes (accel-data); tensor- and
+        context-parallel peers read the same batches."""
+        return self._preparation.prepare_data_loader(data_loader, device_placement)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A loader that starts ``num_batches`` in, without reading the skipped samples (for resuming)."""
+        return self._preparation.skip_first_batches(dataloader, num_batches)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Adds objects with ``state_dict`` / ``load_state_dict`` to what ``save_state`` saves."""
+        self._preparation.register_for_checkpointing(objects)
+
+    @property
+    def device_placement(self) -> bool:
+        """Whether ``prepare`` moves objects to ``device`` (the default of its ``device_placement``)."""
+        return self._preparation.device_placement
+
+    @device_placement.setter
+    def device_placement(self, value: bool) -> None:
+        self._preparation.device_placement = value
+
+    @property
+    def step_scheduler_with_optimizer(self) -> bool:
+        """Whether a prepared LR scheduler steps only when the optimizer really steps."""
+        return self._preparation.step_scheduler_with_optimizer
+
+    @step_scheduler_with_optimizer.setter
+    def step_scheduler_with_optimizer(self, value: bool) -> None:
+        self._preparation.step_scheduler_with_optimizer = value
+
+    @property
+    def scheduler_stepping(self) -> SchedulerStepping:
+        """``per_process`` or ``per_optimizer_step`` (see ``accel_core.scheduler``)."""
+        return self._preparation.scheduler_stepping
+
+    @property
+    def scheduler_steps_per_optimizer_step(self) -> int:
+        """LR scheduler steps per optimizer step: the data-parallel size (1 with ``split_batches``) with
+        ``scheduler_stepping="per_process"``, 1 with ``"per_optimizer_step"``."""
+        return self._preparation.scheduler_steps_per_optimizer_step
+
+    # -- the layout (ParallelLayout) --------------------------------------------------------
+    @property
+    def parallelism_config(self) -> ParallelismConfig:
+        """The resolved layout: every size set (``dp_replicate_size`` ... ``pp_size``)."""
+        return self._layout.parallelism_config
+
+    @property
+    def device_mesh(self) -> DeviceMesh | None:
+        """The job's ``DeviceMesh`` (dimensions ``dp_replicate``, ``dp_shard``, and ``cp`` / ``tp`` when used;
+        flattened views ``dp``, ``dp_shard_cp``, ``dp_cp``); None for one process without a process group."""
+        return self._layout.device_mesh
+
+    @property
+    def torch_device_mesh(self) -> DeviceMesh | None:
+        """The reference API's name for ``device_mesh``."""
+        return self._layout.device_mesh
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This process's place in its tensor-parallel group (0 without tensor parallelism)."""
+        return self._layout.tensor_parallel_rank
+
+    @property
+    def context_parallel_rank(self) -> int:
+        """This process's index along the mesh's ``cp`` dimension (0 without context parallelism)."""
+        return self._layout.context_parallel_rank
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's replica index along ``dp_replicate`` (the reference's meaning; 0 when not replicated)."""
+        return self._layout.data_parallel_rank
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """This process's index along ``dp_shard`` (0 when parameters are not sharded)."""
+        return self._layout.data_parallel_shard_rank
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        """This process's index along the mesh's ``pp`` dimension (0 without pipeline parallelism); with
+        ``pp_stages_per_rank > 1`` it holds stages ``rank, rank + pp_size, ...``."""
+        return self._layout.pipeline_parallel_rank
+
+    def forward_backward(
+        self,
+        model: torch.nn.Module,
+        inputs: Any,
+        targets: Any,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+    ) -> torch.Tensor:
+        """One training micro-step: forward, ``loss_fn(outputs, targets)``, backward; returns the loss (detached).
+
+        inputs: the model's arguments: a tensor (one argument), a tuple (positional arguments) or a
+            dict (keyword arguments).
+        loss_fn: ``loss_fn(outputs, targets) -> scalar loss``, a mean over the samples of its batch.
+
+        Without pipeline parallelism it is exactly ``loss = loss_fn(model(inputs), targets);
+        accelerator.backward(loss)`` (accumulation and precision as there). With ``pp_size > 1`` it
+        runs the pipeline schedule over ``pp_microbatches`` micro-batches (the batch size must
+        divide) and returns the batch's mean loss on every rank (sent from the last stage). Use it
+        inside ``accumulate`` like ``backward``; ``optimizer.step()``, ``clip_grad_norm_`` and the
+        scheduler stay as they are.
+
+        Example::
+
+            for inputs, targets in loader:
+                with accelerator.accumulate(model):
+                    loss = accelerator.forward_backward(model, inputs, targets, torch.nn.functional.cross_entropy)
+                    optimizer.step(); scheduler.step(); optimizer.zero_grad()
+        """
+        return self._layout.forward_backward(model, inputs, targets, loss_fn)
+
+    def maybe_context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> contextlib.AbstractContextManager[None]:
+        """Inside the block, each process of a ``cp`` group holds ``1/cp_size`` of each buffer along its
+        sequence dim, and attention (``F.scaled_dot_product_attention``) runs as ring attention over the group.
+
+        Enter it anew at each step. Without context parallelism it does nothing. Needs a GPU for the
+        attention itself (see ``accel_core.transforms.context_parallel``).
+
+        Example::
+
+            for batch in loader:
+                with accelerator.maybe_context_parallel(buffers=[batch["input_ids"], batch["labels"]],
+                                                        buffer_seq_dims=[1, 1]):
+                    loss = model(batch["input_ids"], labels=batch["labels"]).loss
+                    accelerator.backward(loss)
+        """
+        return self._layout.maybe_context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
+
+    # -- tracking (Tracking) ----------------------------------------------------------------
+    @property
+    def log_with(self) -> list[Any]:
+        """The trackers asked for (names or tracker objects); ``init_trackers`` starts them."""
+        return self._tracking.log_with
+
+    @log_with.setter
+    def log_with(self, value: list[Any]) -> None:
+        self._tracking.log_with = value
+
+    @property
+    def trackers(self) -> list[Any]:
+        """The trackers ``init_trackers`` started (main process; empty elsewhere)."""
+        return self._tracking.trackers
+
+    @trackers.setter
+    def trackers(self, value: list[Any]) -> None:
+        self._tracking.trackers = value
+
+    @property
+    def logging_dir(self) -> str | None:
+        """``ProjectConfiguration.logging_dir``: where file-writing trackers write."""
+        return self._tracking.logging_dir
+
+    def init_trackers(
+        self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None
+    ) -> None:
+        """Starts the trackers of ``log_with`` (the local tracker when none was named), main process only.
+
+        init_kwargs: per-tracker constructor arguments, ``{"wandb": {"tags": [...]}}``.
+        """
+        self._tracking.init_trackers(project_name, config, init_kwargs or {})
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (its raw library object with ``unwrap=True``)."""
+        return self._tracking.get_tracker(name, unwrap)
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
+        """Logs ``values`` to every started tracker (main process only).
+
+        With ``skip_nonfinite``, steps skipped since the last call add ``train/nonfinite_skips`` (the
+        running count) to ``values``.
+        """
+        self._tracking.log(values, step, log_kwargs or {})
+
+    def end_training(self) -> None:
+        """Waits for a pending asynchronous checkpoint and closes the trackers; call at the end of the script."""
+        self._checkpointing.wait()
+        self._tracking.finish()
+
+    # -- checkpoints (Checkpointing) --------------------------------------------------------
+    @property
+    def project_dir(self) -> str | None:
+        """``ProjectConfiguration.project_dir``: the root of automatic checkpoints."""
+        return self.project_configuration.project_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """The number the next automatic checkpoint gets (``ProjectConfiguration.iteration``)."""
+        return self.project_configuration.iteration
+
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
+        """Saves models, optimizers, schedulers, scaler, RNG states, dataloader positions and registered objects.
+
+        ``async_save=True`` returns once the state is copied to CPU memory; ``wait_for_checkpoint``
+        (also called by the next save or load, ``end_training`` and ``free_memory``) waits for the files.
+        """
+        return self._checkpointing.save_state(output_dir, **kwargs)
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str | None:
+        """Restores what ``save_state`` wrote (the newest automatic checkpoint when ``input_dir`` is None);
+        returns the folder loaded."""
+        return self._checkpointing.load_state(input_dir, **kwargs)
+
+    def wait_for_checkpoint(self) -> str | None:
+        """Blocks until an asynchronous ``save_state`` is on disk; returns its folder (None if none pending)."""
+        return self._checkpointing.wait()
+
+    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str], **kwargs: Any) -> None:
+        """Writes the model's full weights (safetensors, sharded past ``max_shard_size``) for use outside accel."""
+        self._checkpointing.save_model(model, save_directory, **kwargs)
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """``torch.save`` on the main process only (once per machine with ``save_on_each_node``).
+
+        ``safe_serialization=True`` writes a safetensors file through accel-checkpoint (which depends on
+        safetensors; accel-core does not), with shared tensors written once.
+        """
+        self._checkpointing.save(obj, f, safe_serialization)
+
+    @property
+    def _save_model_state_pre_hook(self) -> OrderedDict[int, Callable[..., None]]:
+        return self._checkpointing.save_hooks  # the reference's name
+
+    @property
+    def _load_model_state_pre_hook(self) -> OrderedDict[int, Callable[..., None]]:
+        return self._checkpointing.load_hooks  # the reference's name
+
+    @property
+    def save_state_pre_hooks(self) -> list[Callable[..., None]]:
+        """The hooks ``register_save_state_pre_hook`` added and not removed, in registration order."""
+        return list(self._checkpointing.save_hooks.values())
+
+    @property
+    def load_state_pre_hooks(self) -> list[Callable[..., None]]:
+        """The hooks ``register_load_state_pre_hook`` added and not removed, in registration order."""
+        return list(self._checkpointing.load_hooks.values())
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """``hook(models, weights, output_dir)`` runs before ``save_state`` writes the models."""
+        return self._checkpointing.register_hook(self._checkpointing.save_hooks, hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """``hook(models, input_dir)`` runs before ``load_state`` loads the models."""
+        return self._checkpointing.register_hook(self._checkpointing.load_hooks, hook)
+
+    # -- resuming (Resumption) --------------------------------------------------------------
+    @property
+    def resume(self) -> str | None:
+        """``"auto"`` when the run resumes from its newest automatic checkpoint (``resume=``), else None."""
+        return self._resumption.resume
+
+    @property
+    def resumed_from(self) -> str | None:
+        """The checkpoint folder this run resumed from (None on a fresh start)."""
+        return self._resumption.resumed_from
+
+    @property
+    def completed_steps(self) -> int:
+        """Optimizer steps taken (several optimizers stepping on one batch count once); restored on resume."""
+        return self._resumption.completed_steps
+
+    def resume_if_possible(self) -> str | None:
+        """Loads the newest complete automatic checkpoint, if there is one; returns its folder (else None).
+
+        ``resume="auto"`` calls it once everything the checkpoint holds is prepared; call it
+        yourself (after your last ``prepare``) to resume without that switch. Collective: every
+        process calls it. The trackers continue the checkpoint's run: the local and TensorBoard
+        trackers drop what was logged after it (with no checkpoint: everything an earlier attempt
+        logged with a step), so each step is logged once.
+
+        Example::
+
+            model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+            if accelerator.resume_if_possible():
+                accelerator.print(f"resumed at step {accelerator.completed_steps}")
+        """
+        return self._resumption.resume_if_possible()
+
+    def training_progress(self) -> dict[str, Any]:
+        """What ``save_state`` stores of the run besides the objects: optimizer steps and the last logged step."""
+        return self._resumption.training_progress()
+
+    def restore_training_progress(self, progress: dict[str, Any]) -> None:
+        """Called by ``load_state`` with what ``training_progress`` returned when the checkpoint was saved."""
+        self._resumption.restore_training_progress(progress)
+
+    # -- evaluation (MetricsGathering) ------------------------------------------------------
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gathers predictions or labels for a metric, dropping the samples repeated to even out the last batch.
+
+        Tensors are gathered as tensors; lists of Python objects (strings, say) are concatenated
+        across processes; dicts and tuples are gathered leaf by leaf. ``use_gather_object=True``
+        gathers the whole input as one picklable object per process instead.
+        """
+        return self._metrics.gather_for_metrics(input_data, use_gather_object)
+
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Lets processes with fewer batches finish while the others go on (``torch.distributed.algorithms.Join``).
+
+        even_batches: override the prepared dataloaders' setting inside the block (map-style only).
+        """
+        return self._metrics.join_uneven_inputs(joinables, even_batches)
+
+    # -- triggers and profiling --------------------------------------------------------------
+    @property
+    def flag_tensor(self) -> torch.Tensor | None:
+        """The trigger's flag on this process (None before the first ``set_trigger`` / ``check_trigger``)."""
+        return self._trigger.flag_tensor
+
+    @flag_tensor.setter
+    def flag_tensor(self, value: torch.Tensor | None) -> None:
+        self._trigger.flag_tensor = value
+
+    def set_trigger(self) -> None:
+        """Raises the flag on this process; the next ``check_trigger()`` is True on every process.
+
+        Example::
+
+            if torch.isnan(loss):
+                accelerator.set_trigger()
+            if accelerator.check_trigger():  # on every process, every step
+                break
+        """
+        self._trigger.set()
+
+    def check_trigger(self) -> bool:
+        """Whether any process called ``set_trigger()`` since the last check (then the flag is lowered).
+
+        A collective: every process must call it at the same point.
+        """
+        return self._trigger.check()
+
+    @staticmethod
+    def trigger_sync_in_backward(model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """The backward inside the block all-reduces gradients, even after forwards run under ``no_sync``.
+
+        Gradients accumulated locally meanwhile are averaged along. A no-op for a model that is not
+        ``DistributedDataParallel`` (one process, FSDP, DeepSpeed).
+
+        Example::
+
+            with accelerator.no_sync(model):
+                loss_a = loss_fn(model(input_a))
+                loss_b = loss_fn(model(input_b))
+            accelerator.backward(loss_a)  # stays local
+            with accelerator.trigger_sync_in_backward(model):
+                accelerator.backward(loss_b)  # all-reduces the sum of both
+        """
+        return sync_in_backward(model)
+
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Profiles the block with ``torch.profiler`` and yields the profiler.
+
+        profile_handler: the settings; default the ``ProfileKwargs`` given in ``kwargs_handlers``,
+            else torch's defaults. With ``output_trace_dir`` set, each process writes
+            ``profile_<process index>.json`` there when the block ends, then waits for the others.
+
+        Example::
+
+            with accelerator.profile(ProfileKwargs(activities=["cpu"], output_trace_dir="traces")) as prof:
+                train_step()
+            accelerator.print(prof.key_averages().table(row_limit=10))
+        """
+        return profiled(profile_handler or self.handlers.get(ProfileKwargs) or ProfileKwargs(), self)
 
     # -- models -----------------------------------------------------------------------------
     def unwrap_model(

@@ -22,42 +22,54 @@ from ..stall_report import watched
 if TYPE_CHECKING:
     from ..configuration import DataLoaderConfiguration
     from ..parallel.dims import ParallelDims
-    from ..state import AcceleratorState, GradientState
+    from ..state import GradientState
     from ..strategies import PreparedObjects, Strategy
+    from .process_control import ProcessControl
 
 
 class MetricsGathering:
-    """Mixin of the Accelerator: evaluation results from every data-parallel process."""
+    """Evaluation results from every data-parallel process (the Accelerator's ``gather_for_metrics`` and
+    ``join_uneven_inputs``).
 
-    state: AcceleratorState
-    gradient_state: GradientState
-    parallel_dims: ParallelDims
-    strategy: Strategy
-    prepared: PreparedObjects
-    dataloader_config: DataLoaderConfiguration
+    process: the Accelerator's process view. gradient_state: where the prepared loaders report the end of
+    their data and the last batch's real samples. dims: the mesh (gathers over ``dp``). strategy: named in
+    warnings. prepared: the loaders whose ``even_batches`` a join block overrides. dataloader_config: the
+    default ``even_batches``.
+    """
+
+    def __init__(
+        self,
+        process: ProcessControl,
+        gradient_state: GradientState,
+        dims: ParallelDims,
+        strategy: Strategy,
+        prepared: PreparedObjects,
+        dataloader_config: DataLoaderConfiguration,
+    ) -> None:
+        self._process = process
+        self._gradient_state = gradient_state
+        self._dims = dims
+        self._strategy = strategy
+        self._prepared = prepared
+        self._dataloader_config = dataloader_config
 
     @watched("gather_for_metrics")
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gathers predictions or labels for a metric, dropping the samples repeated to even out the last batch.
-
-        Tensors are gathered as tensors; lists of Python objects (strings, say) are concatenated
-        across processes; dicts and tuples are gathered leaf by leaf. ``use_gather_object=True``
-        gathers the whole input as one picklable object per process instead.
-        """
+        """``Accelerator.gather_for_metrics``: gathered over ``dp``, without the samples repeated at the end."""
         # Gather over the mesh's data parallelism: tensor- and context-parallel peers read the same
         # batches, so the world would repeat each sample (group None: every process).
-        dp = self.parallel_dims.dp
+        dp = self._dims.dp
         if dp.size == 1:  # every process read every sample: nothing to gather
             if use_gather_object:
                 return list(input_data) if isinstance(input_data, (list, tuple)) else [input_data]
             return input_data
-        remainder = self.gradient_state.remainder
-        keep = remainder if self.gradient_state.end_of_dataloader and remainder > 0 else None
+        remainder = self._gradient_state.remainder
+        keep = remainder if self._gradient_state.end_of_dataloader and remainder > 0 else None
         group = dp.group
         if use_gather_object:
             data = ops.gather_object(input_data, group)
             return data[:keep] if keep is not None and isinstance(input_data, (list, tuple)) else data
-        if self.state.collectives is not None:  # the backend's collectives (XLA): no torch.distributed group
+        if self._process.state.collectives is not None:  # the backend's collectives (XLA): no torch.distributed group
             return _gather_samples(input_data, keep, group)
         # One agreement check for the whole structure, then the leaves move unchecked.
         if _only_tensors(input_data):
@@ -69,13 +81,10 @@ class MetricsGathering:
 
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
-        """Lets processes with fewer batches finish while the others go on (``torch.distributed.algorithms.Join``).
-
-        even_batches: override the prepared dataloaders' setting inside the block (map-style only).
-        """
+        """``Accelerator.join_uneven_inputs``: ``torch.distributed.algorithms.Join`` over ``joinables``."""
         from torch.distributed.algorithms.join import Join, Joinable
 
-        if not self.state.use_distributed:
+        if not self._process.state.use_distributed:
             yield
             return
         not_joinable = [
@@ -85,8 +94,8 @@ class MetricsGathering:
             # Name what was passed: the usual mistake is the unprepared model, not the strategy.
             why = (
                 "pass the model accelerator.prepare returned"
-                if self.strategy.name == "ddp"
-                else f"the {self.strategy.name} strategy's prepared models are not Joinable; only DDP's are"
+                if self._strategy.name == "ddp"
+                else f"the {self._strategy.name} strategy's prepared models are not Joinable; only DDP's are"
             )
             warnings.warn(
                 f"join_uneven_inputs has no effect: {', '.join(not_joinable)} passed to it "
@@ -96,13 +105,13 @@ class MetricsGathering:
             )
             yield
             return
-        even = self.dataloader_config.even_batches if even_batches is None else even_batches
+        even = self._dataloader_config.even_batches if even_batches is None else even_batches
         saved = [
             (dl, dl.even_batches)
-            for dl in self.prepared.dataloaders
+            for dl in self._prepared.dataloaders
             if hasattr(dl, "even_batches") and not _is_iterable(dl)
         ]
-        if even_batches is not None and any(_is_iterable(dl) for dl in self.prepared.dataloaders):
+        if even_batches is not None and any(_is_iterable(dl) for dl in self._prepared.dataloaders):
             warnings.warn(
                 "Overriding even_batches is only supported for map-style datasets, yet some dataloaders given were "
                 "iterable",

@@ -1,4 +1,5 @@
-"""The Accelerator's ``prepare`` family: models through the transform chain, optimizers, schedulers, dataloaders.
+"""The Accelerator's ``prepare`` family: models through the transform chain, optimizers, schedulers, dataloaders;
+and ``register_for_checkpointing``.
 
 What is prepared is registered in the Accelerator's ``PreparedObjects`` (the lists strategies and
 accel-checkpoint read); strategies return what they prepared and never register it themselves.
@@ -23,11 +24,8 @@ from ..strategies import BatchTransfer, ReducesGradients
 
 if TYPE_CHECKING:
     from ..configuration import DataLoaderConfiguration
-    from ..parallel.dims import ParallelDims
-    from ..precision.modes import Precision
-    from ..protocols import BatchBoundaryHook
-    from ..state import AcceleratorState
-    from ..strategies import JointResult, PreparedObjects, Strategy, StrategyContext
+    from ..protocols import BatchBoundaryHook, DataAccelerator
+    from ..strategies import JointResult, Strategy, StrategyContext
     from .nonfinite_guard import NonFiniteGuard
 
 _SUPPORTED = (
@@ -35,33 +33,61 @@ _SUPPORTED = (
 )
 
 
-class Preparation:
-    """Mixin of the Accelerator: ``prepare`` and its per-kind parts."""
+def scheduler_steps_for(
+    stepping: SchedulerStepping, dataloader_config: DataLoaderConfiguration, data_parallel_size: int
+) -> int:
+    """LR scheduler steps per optimizer step: the data-parallel size (1 with ``split_batches``) with
+    ``scheduler_stepping="per_process"``, 1 with ``"per_optimizer_step"``."""
+    if stepping == SchedulerStepping.PER_OPTIMIZER_STEP or dataloader_config.split_batches:
+        return 1
+    return data_parallel_size
 
-    strategy: Strategy
-    state: AcceleratorState
-    precision: Precision
-    prepared: PreparedObjects
-    device_placement: bool
-    step_scheduler_with_optimizer: bool
-    scheduler_stepping: SchedulerStepping
-    dataloader_config: DataLoaderConfiguration
-    parallel_dims: ParallelDims
-    _context: StrategyContext
-    _parameter_names: ParameterNames
-    _nonfinite_guard: NonFiniteGuard | None
-    _after_prepare: Callable[[], None]  # Resumption's: resume="auto" loads once everything is prepared again
-    _optimizer_stepped: Callable[[], None]  # Resumption's: counts optimizer steps
-    _batch_boundary_hook: BatchBoundaryHook  # Resumption's: given to each loader prepared here
+
+class Preparation:
+    """The Accelerator's ``prepare`` family and ``register_for_checkpointing``: the two ways objects enter its
+    ``PreparedObjects`` (``context.prepared``).
+
+    strategy, context: what prepares (the transform chain reads the context: device, mesh, precision).
+    data_accelerator: what accel-data's preparer reads (the Accelerator, as a ``DataAccelerator``).
+    dataloader_config: ``split_batches`` for schedulers. device_placement, step_scheduler_with_optimizer,
+    scheduler_stepping: the Accelerator's settings (the first two may be set again on the Accelerator).
+    nonfinite_guard: given to each prepared optimizer (None without ``skip_nonfinite``). The rest comes from
+    Resumption: after_prepare (resume once everything is prepared again), optimizer_stepped (each prepared
+    optimizer's ``on_step``) and boundary_hook (given to each prepared loader).
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        context: StrategyContext,
+        data_accelerator: DataAccelerator,
+        dataloader_config: DataLoaderConfiguration,
+        device_placement: bool,
+        step_scheduler_with_optimizer: bool,
+        scheduler_stepping: SchedulerStepping,
+        nonfinite_guard: NonFiniteGuard | None,
+        after_prepare: Callable[[], None],
+        optimizer_stepped: Callable[[], None],
+        boundary_hook: BatchBoundaryHook,
+    ) -> None:
+        self.strategy = strategy
+        self._context = context
+        self.prepared = context.prepared
+        self.precision = context.precision
+        self._data_accelerator = data_accelerator
+        self._dataloader_config = dataloader_config
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.scheduler_stepping = scheduler_stepping
+        self._nonfinite_guard = nonfinite_guard
+        self._after_prepare = after_prepare
+        self._optimizer_stepped = optimizer_stepped
+        self._boundary_hook = boundary_hook
+        self._parameter_names = ParameterNames()
 
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
-        """Prepares models, optimizers, schedulers and dataloaders; returns them in the order given.
-
-        device_placement: one bool (or None for the default) per object.
-        An object prepared before (the prepared wrapper, or the model, optimizer or scheduler it
-        wraps) comes back as the prepared object, registered once (checkpoints count each once).
-        """
-        _ = self.state  # refuses, naming the reset, when the state was reset after this Accelerator was made
+        """``Accelerator.prepare``: dataloaders first, then the strategy's joint or separate path; an object prepared
+        before comes back as the prepared object."""
         if device_placement is None:
             device_placement = [None] * len(args)
         elif len(device_placement) != len(args):
@@ -263,7 +289,7 @@ class Preparation:
             scheduler,
             optimizers or list(self.prepared.optimizers),
             self.step_scheduler_with_optimizer,
-            split_batches=self.dataloader_config.split_batches,
+            split_batches=self._dataloader_config.split_batches,
             steps_per_optimizer_step=self.scheduler_steps_per_optimizer_step,
         )
         self.prepared.schedulers.append(prepared)
@@ -271,11 +297,10 @@ class Preparation:
 
     @property
     def scheduler_steps_per_optimizer_step(self) -> int:
-        """LR scheduler steps per optimizer step: the data-parallel size (1 with ``split_batches``) with
-        ``scheduler_stepping="per_process"``, 1 with ``"per_optimizer_step"``."""
-        if self.scheduler_stepping == SchedulerStepping.PER_OPTIMIZER_STEP or self.dataloader_config.split_batches:
-            return 1
-        return self.parallel_dims.config.data_parallel_size
+        """LR scheduler steps per optimizer step (``scheduler_steps_per_optimizer_step`` of the settings)."""
+        return scheduler_steps_for(
+            self.scheduler_stepping, self._dataloader_config, self._context.dims.config.data_parallel_size
+        )
 
     def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> Any:
         """Shards a DataLoader over the mesh's data-parallel processes (accel-data); tensor- and
@@ -290,12 +315,26 @@ class Preparation:
         preparer = discovery.load("accel.preparers", "dataloader")
         # The loader calls this Accelerator's hook at each step boundary (periodic checkpoints); a device loader
         # wrapping it takes the hook over (protocols.ReportsBatchBoundaries).
-        prepared = preparer.prepare(data_loader, self, device_placement and transfer is None, self._batch_boundary_hook)
+        prepared = preparer.prepare(
+            data_loader, self._data_accelerator, device_placement and transfer is None, self._boundary_hook
+        )
         if transfer is not None and device_placement:
             prepared = transfer.wrap_dataloader(prepared)
         self.prepared.dataloaders.append(prepared)
         self.strategy.dataloader_prepared(data_loader)
         return prepared
+
+    def register_for_checkpointing(self, objects: Sequence[Any]) -> None:
+        """Adds objects with ``state_dict`` / ``load_state_dict`` to what ``save_state`` saves."""
+        invalid = [o for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
+        if invalid:
+            listed = "\n".join(f"\t- item {i}: {type(o).__name__}" for i, o in enumerate(invalid))
+            raise ValueError(
+                "All objects must have `state_dict` and `load_state_dict` methods to be checkpointed. Invalid:\n"
+                + listed
+            )
+        self.prepared.custom_objects.extend(objects)
+        self._after_prepare()
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader that starts ``num_batches`` in, without reading the skipped samples (for resuming)."""

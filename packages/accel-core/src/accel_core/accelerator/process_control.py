@@ -1,4 +1,10 @@
-"""The Accelerator's process-control and collective methods: thin, documented forwards to the state and ops."""
+"""The Accelerator's process-control and collective methods: thin, documented forwards to the state and ops.
+
+``ProcessControl`` is a read-only base class of the Accelerator: it holds no field, and reads only
+``state``, which the Accelerator provides (a property that refuses once the state was reset). The
+Accelerator's parts that need to know who this process is are handed the Accelerator as a
+``ProcessControl``.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +21,12 @@ if TYPE_CHECKING:
 
 
 class ProcessControl:
-    """Mixin of the Accelerator: who am I, wait for the others, run on one process, collectives."""
+    """Base of the Accelerator: who am I, wait for the others, run on one process, collectives."""
 
-    state: AcceleratorState
+    @property
+    def state(self) -> AcceleratorState:
+        """The process's ``AcceleratorState`` (provided by the Accelerator)."""
+        raise NotImplementedError
 
     @property
     def device(self) -> torch.device:

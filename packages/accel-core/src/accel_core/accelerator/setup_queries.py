@@ -1,5 +1,8 @@
 """The Accelerator's read-only questions about its setup, under the reference API's names.
 
+``SetupQueries`` is a base class of the Accelerator (with ``ProcessControl``): it sets the two fields
+it reads besides ``state`` (``handlers``, ``dataloader_config``) and computes everything else from them.
+
 Scripts branch on these (``if accelerator.is_fsdp2``, ``if accelerator.should_save_model``) or
 read the settings back (``accelerator.non_blocking``, ``accelerator.ddp_handler``).
 """
@@ -37,11 +40,21 @@ _MULTI_DEVICE = {
 
 
 class SetupQueries:
-    """Mixin of the Accelerator: properties that describe the run."""
+    """Base of the Accelerator: properties that describe the run, read from the process state, the kwargs
+    handlers and the dataloader settings it is constructed with.
 
-    state: AcceleratorState
-    dataloader_config: DataLoaderConfiguration
-    handlers: dict[type, Any]
+    handlers: the kwargs handlers given to the Accelerator, by type (``arguments.index_handlers``).
+    dataloader_config: the ``DataLoaderConfiguration`` in use.
+    """
+
+    def __init__(self, handlers: dict[type, Any], dataloader_config: DataLoaderConfiguration) -> None:
+        self.handlers = handlers
+        self.dataloader_config = dataloader_config
+
+    @property
+    def state(self) -> AcceleratorState:
+        """The process's ``AcceleratorState`` (provided by the Accelerator)."""
+        raise NotImplementedError
 
     @property
     def deepspeed_plugin(self) -> Any:

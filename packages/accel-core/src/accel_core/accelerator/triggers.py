@@ -17,66 +17,47 @@ from torch.nn.parallel import DistributedDataParallel
 from .. import ops
 
 if TYPE_CHECKING:
-    from ..state import AcceleratorState
+    from .process_control import ProcessControl
 
 
-class Triggers:
-    """Mixin of the Accelerator: a flag any process can set and all processes check together."""
+class Trigger:
+    """A flag any process can raise and all processes check together (``Accelerator.set_trigger`` / ``check_trigger``).
 
-    state: AcceleratorState
-    flag_tensor: torch.Tensor | None = None
+    process: the Accelerator's process view (the flag lives on its ``device``).
+    """
 
-    def set_trigger(self) -> None:
-        """Raises the flag on this process; the next ``check_trigger()`` is True on every process.
+    def __init__(self, process: ProcessControl) -> None:
+        self._process = process
+        self.flag_tensor: torch.Tensor | None = None
 
-        Example::
+    def set(self) -> None:
+        """Raises the flag on this process; the next ``check()`` is True on every process."""
+        self.flag_tensor = torch.tensor(1, device=self._process.device)
 
-            if torch.isnan(loss):
-                accelerator.set_trigger()
-            if accelerator.check_trigger():  # on every process, every step
-                break
-        """
-        self.flag_tensor = torch.tensor(1, device=self.state.device)
-
-    def check_trigger(self) -> bool:
-        """Whether any process called ``set_trigger()`` since the last check (then the flag is lowered).
-
-        A collective: every process must call it at the same point.
-        """
+    def check(self) -> bool:
+        """Whether any process raised the flag since the last check (then it is lowered). Collective."""
         if self.flag_tensor is None:
-            self.flag_tensor = torch.tensor(0, device=self.state.device)
+            self.flag_tensor = torch.tensor(0, device=self._process.device)
         raised = ops.reduce(self.flag_tensor, reduction="sum")
         if raised.item() >= 1:
-            self.flag_tensor = torch.tensor(0, device=self.state.device)
+            self.flag_tensor = torch.tensor(0, device=self._process.device)
             return True
         return False
 
-    @staticmethod
-    @contextlib.contextmanager
-    def trigger_sync_in_backward(model: torch.nn.Module) -> Iterator[None]:
-        """The backward inside the block all-reduces gradients, even after forwards run under ``no_sync``.
 
-        Gradients accumulated locally meanwhile are averaged along. A no-op for a model that is not
-        ``DistributedDataParallel`` (one process, FSDP, DeepSpeed).
-
-        Example::
-
-            with accelerator.no_sync(model):
-                loss_a = loss_fn(model(input_a))
-                loss_b = loss_fn(model(input_b))
-            accelerator.backward(loss_a)  # stays local
-            with accelerator.trigger_sync_in_backward(model):
-                accelerator.backward(loss_b)  # all-reduces the sum of both
-        """
-        if not isinstance(model, DistributedDataParallel):
-            yield
-            return
-        saved: Any = (model.require_backward_grad_sync, model.require_forward_param_sync)
-        model.require_backward_grad_sync = True
-        model.require_forward_param_sync = True
-        # The forward ran under no_sync, so DDP's reducer was not armed for this backward: arm it.
-        model.reducer.prepare_for_backward([])
-        try:
-            yield
-        finally:
-            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+@contextlib.contextmanager
+def sync_in_backward(model: torch.nn.Module) -> Iterator[None]:
+    """The backward inside the block all-reduces a DDP model's gradients, even after forwards ran under
+    ``no_sync`` (``Accelerator.trigger_sync_in_backward``); a no-op for any other model."""
+    if not isinstance(model, DistributedDataParallel):
+        yield
+        return
+    saved: Any = (model.require_backward_grad_sync, model.require_forward_param_sync)
+    model.require_backward_grad_sync = True
+    model.require_forward_param_sync = True
+    # The forward ran under no_sync, so DDP's reducer was not armed for this backward: arm it.
+    model.reducer.prepare_for_backward([])
+    try:
+        yield
+    finally:
+        model.require_backward_grad_sync, model.require_forward_param_sync = saved

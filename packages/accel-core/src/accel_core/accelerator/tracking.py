@@ -1,0 +1,190 @@
+"""The Accelerator's experiment tracking, routed to accel-tracking's trackers on the main process.
+
+Core only knows the protocols (``accel_core.protocols``); the trackers are found through entry points
+when first used, and a missing one is an ImportError naming it. A resumed run's trackers continue the
+checkpoint's run (``Tracking.continue_from``, called by ``resumption``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .. import discovery, ops
+from ..protocols import ContinuableTracker, RewindableTracker
+
+if TYPE_CHECKING:
+    from ..configuration import ProjectConfiguration
+    from .nonfinite_guard import NonFiniteGuard
+    from .process_control import ProcessControl
+
+
+class _InactiveTracker:
+    """What ``get_tracker`` returns on processes that do not log: every call does nothing."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tracker = None
+
+    def __getattr__(self, attribute: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def normalize_log_with(log_with: Any) -> list[Any]:
+    """Turns ``log_with`` into a list of tracker names / instances, checking names are installed."""
+    if log_with is None:
+        return []
+    items = log_with if isinstance(log_with, (list, tuple)) else [log_with]
+    result: list[Any] = []
+    for item in items:
+        if isinstance(item, str):  # also LoggerType, a str enum
+            name = str(item).lower()
+            if name != "all" and not discovery.is_available("accel.trackers", name):
+                raise discovery.MissingPackageError(
+                    f"Tracker '{name}' is not available: {discovery.install_hint('accel.trackers', name)}. "
+                    f"Installed trackers: {', '.join(discovery.available('accel.trackers')) or 'none'}."
+                )
+            result.append(name)
+        elif hasattr(item, "log") and hasattr(item, "name"):
+            result.append(item)
+        else:
+            raise TypeError(f"log_with items must be tracker names or tracker objects, got {type(item).__name__}.")
+    return result
+
+
+class Tracking:
+    """Experiment tracking on the main process: ``init_trackers``, ``log``, ``get_tracker``.
+
+    process: the Accelerator's process view (only the main process logs). project_configuration: where
+    file-writing trackers write (``logging_dir``). log_with: the normalized ``log_with``. nonfinite_guard:
+    its skip count is logged with ``log`` (None without ``skip_nonfinite``).
+
+    It also keeps what a checkpoint stores of the logging (``progress`` / ``restore``): the last step
+    logged and the runs of the W&B / MLflow trackers, so a resumed run continues them.
+    """
+
+    def __init__(
+        self,
+        process: ProcessControl,
+        project_configuration: ProjectConfiguration,
+        log_with: list[Any],
+        nonfinite_guard: NonFiniteGuard | None,
+    ) -> None:
+        self._process = process
+        self._project_configuration = project_configuration
+        self._nonfinite_guard = nonfinite_guard
+        self.log_with = log_with
+        self.trackers: list[Any] = []
+        self.last_logged_step: int | None = None  # saved with checkpoints: where a resumed run's trackers rewind to
+        self.runs_to_continue: dict[str, str] = {}  # tracker name -> run id, from the loaded checkpoint
+        self._pending_rewind: tuple[int | None] | None = None  # (last step,) once resumed, until trackers start
+
+    @property
+    def logging_dir(self) -> str | None:
+        """``ProjectConfiguration.logging_dir``: where file-writing trackers write."""
+        return self._project_configuration.logging_dir
+
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None, init_kwargs: dict[str, Any]) -> None:
+        """Starts the trackers of ``log_with`` on the main process; a failure there stops every process."""
+        error: BaseException | None = None
+        state = self._process.state
+        if state.is_main_process:
+            try:
+                self._start_trackers(project_name, config, init_kwargs)
+            except Exception as caught:  # noqa: BLE001 - re-raised below, on every rank
+                error = caught
+        # A tracker failing on the main process (W&B not logged in, say) must stop every rank,
+        # not leave the others waiting at their next collective.
+        if state.use_distributed:
+            message = [None if error is None else f"{type(error).__name__}: {error}"]
+            ops.broadcast_object_list(message, from_process=0)
+            if message[0] is not None and error is None:
+                raise RuntimeError(f"init_trackers failed on the main process: {message[0]}")
+        if error is not None:
+            raise error
+
+    def _start_trackers(self, project_name: str, config: dict[str, Any] | None, init_kwargs: dict[str, Any]) -> None:
+        wanted = self.log_with or ["local"]
+        names: list[Any] = []
+        for item in wanted:
+            if item == "all":
+                names += [n for n in discovery.available("accel.trackers") if _tracker_class(n).is_available()]
+            else:
+                names.append(item)
+        self.trackers = []
+        for item in names:
+            if isinstance(item, str):
+                if any(getattr(t, "name", None) == item for t in self.trackers):
+                    continue
+                tracker = _tracker_class(item)(project_name, self.logging_dir, **init_kwargs.get(item, {}))
+            else:
+                tracker = item
+            if config is not None:
+                tracker.store_init_configuration(config)
+            self.trackers.append(tracker)
+        self._apply_rewind()  # a resumed run continues the checkpoint's run
+
+    def get_tracker(self, name: str, unwrap: bool) -> Any:
+        """The tracker called ``name`` (its raw library object with ``unwrap=True``); a do-nothing one off the main
+        process."""
+        if not self._process.state.is_main_process:
+            return _InactiveTracker(name)
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        raise ValueError(f"No tracker named {name!r} was started: call init_trackers first, with log_with={name!r}.")
+
+    def log(self, values: dict[str, Any], step: int | None, log_kwargs: dict[str, Any]) -> None:
+        """Logs ``values`` to every started tracker (main process only), with the skip count of ``skip_nonfinite``."""
+        if self._nonfinite_guard is not None:
+            values = {**values, **self._nonfinite_guard.unlogged()}
+        if step is not None:
+            last = self.last_logged_step
+            self.last_logged_step = int(step) if last is None else max(last, int(step))
+        if not self._process.state.is_main_process:
+            return
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
+
+    def finish(self) -> None:
+        """Closes the started trackers."""
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
+
+    # -- what a checkpoint keeps of the logging -----------------------------------------------
+    def progress(self) -> dict[str, Any]:
+        """The last logged step and, where trackers log to a service's runs, those runs (main process)."""
+        progress: dict[str, Any] = {"last_logged_step": self.last_logged_step}
+        runs = {t.name: t.run_id for t in self.trackers if isinstance(t, ContinuableTracker) and t.run_id}
+        if runs:  # the W&B / MLflow runs a resumed job continues (main process: the one with trackers)
+            progress["tracker_runs"] = runs
+        return progress
+
+    def restore(self, progress: dict[str, Any]) -> None:
+        """Takes back what ``progress`` returned when the checkpoint was saved."""
+        if "last_logged_step" in progress:
+            self.last_logged_step = progress["last_logged_step"]
+        self.runs_to_continue = dict(progress.get("tracker_runs", {}))
+
+    def continue_from(self, last_step: int | None) -> None:
+        """A run resumed at ``last_step`` (None: from nothing): trackers continue the checkpoint's run and forget
+        what was logged after it, now or when they start."""
+        self._pending_rewind = (last_step,)
+        if self.trackers:
+            self._apply_rewind()
+
+    def _apply_rewind(self) -> None:
+        if self._pending_rewind is None:
+            return
+        (last_step,) = self._pending_rewind
+        self._pending_rewind = None
+        for tracker in self.trackers:
+            if isinstance(tracker, ContinuableTracker) and tracker.name in self.runs_to_continue:
+                tracker.continue_run(self.runs_to_continue[tracker.name], last_step)
+            elif isinstance(tracker, RewindableTracker):
+                tracker.rewind(last_step)
+
+
+def _tracker_class(name: str) -> Any:
+    return discovery.load("accel.trackers", name)
