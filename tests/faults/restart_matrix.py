@@ -16,8 +16,8 @@ that port. The static rendezvous is torchrun's for several machines: reached her
 process each on 127.0.0.1 (``--num-machines 2 --machine-rank {0,1} --rdzv-backend static``; with
 restarts several machines default to c10d, and ``accel launch`` warns that a lost machine could not
 rejoin a static one: here only a worker is lost). One machine with ``--rdzv-backend static`` still
-gets c10d (accel_launch.rendezvous says why). It always has a fixed port (``--main-process-port``, or 29500): static x torchrun's own
-port cannot exist, and the table says so.
+gets c10d (accel_launch.rendezvous says why). It always has a fixed port (``--main-process-port``, or
+29500): static x torchrun's own port cannot exist, and the table says so.
 """
 
 from __future__ import annotations
