@@ -179,6 +179,7 @@ def prepare_data_loader(
     seedable: SeedableRandomSampler | None = None
     shard: BatchSamplerShard | None = None
     plan: ShardPlan | None = None
+    sampler: Any = None
 
     if isinstance(dataset, IterableDataset):
         kind = "iterable"
@@ -243,6 +244,7 @@ def prepare_data_loader(
     sync_draw = False
     if shard is not None and generator is None and seedable is None:
         shard.track_draw = True
+        shard.draw_sampler = sampler
         sync_draw = not dispatch and n == 1 and rng_comm is not None and rng_comm.size > 1
     loader._accel_setup(
         base=dataloader,

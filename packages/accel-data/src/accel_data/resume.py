@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .lookahead_rng import RawStates, from_plain, to_plain
+from .samplers import ensure_generator
 
 if TYPE_CHECKING:
     from .sharding import Head
@@ -42,7 +43,7 @@ class ResumableMixin:
     """``state_dict`` / ``load_state_dict`` / ``skip_first_batches`` of the prepared loaders.
 
     Uses the loader's ``_progress``, ``_generator``, ``_seedable``, ``_skip``, ``_stateful``,
-    ``_shard``, ``num_processes`` and ``split_batches`` (set up by ``ShardedLoaderMixin``).
+    ``_shard``, ``_sync_draw``, ``num_processes`` and ``split_batches`` (set up by ``ShardedLoaderMixin``).
     """
 
     _progress: _Progress
@@ -51,6 +52,7 @@ class ResumableMixin:
     _skip: int
     _stateful: bool
     _shard: Any
+    _sync_draw: bool
     num_processes: int
     split_batches: bool
 
@@ -105,6 +107,16 @@ class ResumableMixin:
                 )
             position = underlying // per_step
         generator_state = state_dict.get("generator_state")
+        shard = self._shard
+        if generator_state is not None and self._generator is None and shard is not None and shard.track_draw:
+            # Saved by processes that shared the sampler through a generator (another world size: an elastic
+            # job shrunk to one process, a sharded checkpoint continued on one): continue with that generator
+            # as the saving run would, so the resumed epoch reads each remaining sample once and later epochs
+            # keep the saving run's orders.
+            self._generator = ensure_generator(shard.draw_sampler, create=True)
+            if self._generator is not None:
+                shard.track_draw = False
+                self._sync_draw = False
         if generator_state is not None and self._generator is not None:
             self._generator.set_state(generator_state)
         if state_dict.get("seed") is not None and self._seedable is not None:

@@ -165,6 +165,7 @@ class BatchSamplerShard(BatchSampler):
         self.skip = 0
         self.sink: GroupSink | None = None
         self.track_draw = False
+        self.draw_sampler: Any = None  # the sampler that draws, given a generator if a resume needs one
         self.drawn_from: RawStates | None = None
         self.replay_from: RawStates | None = None
         self.plan()  # validate now, not at the first iteration
