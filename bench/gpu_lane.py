@@ -88,6 +88,11 @@ def torchrun(script: Path, args: list[str], processes: int, env: dict[str, str],
 
 
 def last_error(output: str) -> str:
+    """The line that says why a case failed: the timeout note when it timed out (the traceback torchrun prints
+    as it stops its workers would hide it), else the last line naming an error."""
+    timed_out = [line.strip() for line in output.splitlines() if line.startswith("(timed out after ")]
+    if timed_out:
+        return timed_out[-1]
     lines = [line.strip() for line in output.splitlines() if "Error" in line or "error" in line]
     return (lines[-1] if lines else output.strip().splitlines()[-1] if output.strip() else "no output")[:300]
 
