@@ -582,48 +582,48 @@ class Accelerator(ProcessControl, SetupQueries):
         ``scheduler_stepping="per_process"``, 1 with ``"per_optimizer_step"``."""
         return self._preparation.scheduler_steps_per_optimizer_step
 
-    # -- the layout (ParallelLayout) --------------------------------------------------------
+    # -- the layout (ParallelDims; ParallelLayout's steps) --------------------------------------------------------
     @property
     def parallelism_config(self) -> ParallelismConfig:
         """The resolved layout: every size set (``dp_replicate_size`` ... ``pp_size``)."""
-        return self._layout.parallelism_config
+        return self.parallel_dims.config
 
     @property
     def device_mesh(self) -> DeviceMesh | None:
         """The job's ``DeviceMesh`` (dimensions ``dp_replicate``, ``dp_shard``, and ``cp`` / ``tp`` when used;
         flattened views ``dp``, ``dp_shard_cp``, ``dp_cp``); None for one process without a process group."""
-        return self._layout.device_mesh
+        return self.parallel_dims.mesh
 
     @property
     def torch_device_mesh(self) -> DeviceMesh | None:
         """The reference API's name for ``device_mesh``."""
-        return self._layout.device_mesh
+        return self.parallel_dims.mesh
 
     @property
     def tensor_parallel_rank(self) -> int:
         """This process's place in its tensor-parallel group (0 without tensor parallelism)."""
-        return self._layout.tensor_parallel_rank
+        return self.parallel_dims.local_rank("tp")
 
     @property
     def context_parallel_rank(self) -> int:
         """This process's index along the mesh's ``cp`` dimension (0 without context parallelism)."""
-        return self._layout.context_parallel_rank
+        return self.parallel_dims.local_rank("cp")
 
     @property
     def data_parallel_rank(self) -> int:
         """This process's replica index along ``dp_replicate`` (the reference's meaning; 0 when not replicated)."""
-        return self._layout.data_parallel_rank
+        return self.parallel_dims.local_rank("dp_replicate")
 
     @property
     def data_parallel_shard_rank(self) -> int:
         """This process's index along ``dp_shard`` (0 when parameters are not sharded)."""
-        return self._layout.data_parallel_shard_rank
+        return self.parallel_dims.local_rank("dp_shard")
 
     @property
     def pipeline_parallel_rank(self) -> int:
         """This process's index along the mesh's ``pp`` dimension (0 without pipeline parallelism); with
         ``pp_stages_per_rank > 1`` it holds stages ``rank, rank + pp_size, ...``."""
-        return self._layout.pipeline_parallel_rank
+        return self.parallel_dims.local_rank("pp")
 
     def forward_backward(
         self,

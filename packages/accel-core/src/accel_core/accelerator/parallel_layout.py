@@ -1,5 +1,6 @@
-"""The Accelerator's view of the job's layout: the mesh, the parallelism config, ranks along each dimension,
-the context-parallel block, and ``forward_backward`` (which runs a pipeline schedule for a staged model)."""
+"""The steps that depend on the job's layout: the context-parallel block, and ``forward_backward`` (which runs a
+pipeline schedule for a staged model). The mesh, the parallelism config and the ranks along each dimension are
+read from ``ParallelDims`` directly (the Accelerator's properties)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
-    from torch.distributed.device_mesh import DeviceMesh
 
-    from ..parallel.config import ParallelismConfig
     from ..parallel.dims import ParallelDims
     from ..precision.modes import Precision
     from ..state import GradientState
@@ -22,8 +21,8 @@ logger = logging.getLogger("accel")
 
 
 class ParallelLayout:
-    """The Accelerator's view of one named device mesh per job (see ``accel_core.parallel.dims``), and the training
-    step that works under pipeline parallelism too (``forward_backward``).
+    """The training step that works under pipeline parallelism too (``forward_backward``) and the context-parallel
+    block, over the job's one named device mesh (see ``accel_core.parallel.dims``).
 
     dims: the job's mesh and layout. strategy, precision, gradient_state: how a pipeline schedule divides and
     scales its loss as ``backward`` does. backward: the Accelerator's ``backward``, for a model without stages.
@@ -43,48 +42,6 @@ class ParallelLayout:
         self._gradient_state = gradient_state
         self._backward = backward
         self._warned_no_cp = False
-
-    @property
-    def parallelism_config(self) -> ParallelismConfig:
-        """The resolved layout: every size set (``dp_replicate_size`` ... ``pp_size``)."""
-        return self._dims.config
-
-    @property
-    def device_mesh(self) -> DeviceMesh | None:
-        """The job's ``DeviceMesh`` (dimensions ``dp_replicate``, ``dp_shard``, and ``cp`` / ``tp`` when used;
-        flattened views ``dp``, ``dp_shard_cp``, ``dp_cp``); None for one process without a process group."""
-        return self._dims.mesh
-
-    @property
-    def torch_device_mesh(self) -> DeviceMesh | None:
-        """The reference API's name for ``device_mesh``."""
-        return self._dims.mesh
-
-    @property
-    def tensor_parallel_rank(self) -> int:
-        """This process's place in its tensor-parallel group (0 without tensor parallelism)."""
-        return self._dims.local_rank("tp")
-
-    @property
-    def context_parallel_rank(self) -> int:
-        """This process's index along the mesh's ``cp`` dimension (0 without context parallelism)."""
-        return self._dims.local_rank("cp")
-
-    @property
-    def data_parallel_rank(self) -> int:
-        """This process's replica index along ``dp_replicate`` (the reference's meaning; 0 when not replicated)."""
-        return self._dims.local_rank("dp_replicate")
-
-    @property
-    def data_parallel_shard_rank(self) -> int:
-        """This process's index along ``dp_shard`` (0 when parameters are not sharded)."""
-        return self._dims.local_rank("dp_shard")
-
-    @property
-    def pipeline_parallel_rank(self) -> int:
-        """This process's index along the mesh's ``pp`` dimension (0 without pipeline parallelism); with
-        ``pp_stages_per_rank > 1`` it holds stages ``rank, rank + pp_size, ...``."""
-        return self._dims.local_rank("pp")
 
     def forward_backward(
         self,
