@@ -257,7 +257,8 @@ class Results:
 
 PHASES = {
     "startup": ("import", "cli_help", "launch"),
-    "in-process": ("step", "loader", "gather", "checkpoint", "fsdp2", "zero3"),
+    "in-process": ("step", "loader", "gather", "checkpoint"),
+    "sharded": ("fsdp2", "zero3"),
     "correctness": ("resume", "crash"),
 }
 
@@ -277,6 +278,8 @@ class Plan:
         self.checkpoint_reps = 1 if quick else min(self.reps, 3)
         self.warm_cache = not quick  # one untimed import per framework before the timed ones
         self.crash_fractions = ("0.5",) if quick else ("0.3", "0.7")
+        # FSDP2 / ZeRO-3: the memory figure is exact in one launch; the step time, a median of 3 rotated launches.
+        self.sharded_reps = 1 if quick else min(self.reps, 3)
 
 
 def each(frameworks: list[str], task, parallel: bool) -> None:
@@ -412,7 +415,7 @@ def in_process(
     ckpt_dir: str | None,
 ) -> None:
     """Step time, loader, gather (1 and 2 processes) per repetition, checkpoint I/O (1 process) in the first
-    `checkpoint_reps`; FSDP2 / ZeRO-3 (2 processes) once."""
+    `checkpoint_reps`."""
     extra = {"checkpoint.dir": ckpt_dir} if ckpt_dir else {}
 
     def one(fw: str, rep: int) -> None:
@@ -425,16 +428,24 @@ def in_process(
             for name, figures in worker(fw, procs, ",".join(scenarios), plan.quick, work, **options).items():
                 results.take(name, procs, fw, figures)
 
-    def sharded(fw: str) -> None:  # once: the memory is exact, the step time a secondary figure
+    for rep in range(plan.reps):
+        each(rotated(frameworks, rep), lambda fw, rep=rep: one(fw, rep), plan.quick)
+
+
+def sharded(results: Results, frameworks: list[str], plan: Plan, work: str) -> None:
+    """FSDP2 and ZeRO-3 on 2 processes, `sharded_reps` rotated launches per framework and strategy: bytes held
+    (exact), step time (median over the launches). Its own phase, so that it can be measured again alone
+    (`--phases sharded`) keeping the other figures."""
+
+    def one(fw: str) -> None:
         for strategy in ("fsdp2", "zero3"):
             figures = worker(fw, 2, "sharded", plan.quick, work, strategy=strategy)["sharded"]
             results.take(strategy, 2, fw, figures)
             if figures.get("param_fraction", 0) > 0.99:
                 results.note(strategy, 2, fw, "ran, but did not shard (data parallel: every process holds all)")
 
-    for rep in range(plan.reps):
-        each(rotated(frameworks, rep), lambda fw, rep=rep: one(fw, rep), plan.quick)
-    each(frameworks, sharded, plan.quick)
+    for rep in range(plan.sharded_reps):
+        each(rotated(frameworks, rep), one, plan.quick)
 
 
 def readmes(out: Path) -> dict[str, Path]:
@@ -474,7 +485,7 @@ def main() -> None:
     parser.add_argument("--no-install", action="store_true", help="skip peers whose environment is missing")
     parser.add_argument(
         "--phases",
-        default="startup,in-process,correctness",
+        default=",".join(PHASES),
         help="subset to run; the other phases' figures are kept from an earlier run's JSON in --out",
     )
     parser.add_argument(
@@ -501,6 +512,7 @@ def main() -> None:
             steps = (
                 ("startup", "startup", lambda: startup(results, frameworks, plan, work)),
                 ("in-process", "in-process", lambda: in_process(results, frameworks, plan, work, args.ckpt_dir)),
+                ("sharded", "sharded", lambda: sharded(results, frameworks, plan, work)),
                 (
                     "correctness",
                     "correctness",
