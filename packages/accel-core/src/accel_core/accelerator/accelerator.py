@@ -1,8 +1,8 @@
 """The Accelerator: the four-line change that makes a training script run anywhere.
 
-It decides a plan (``strategies.selection``), builds a Strategy, asks it for the job's layout,
-builds the one named device mesh (``parallel.dims``) and a Precision, hands the strategy a narrow
-``StrategyContext``, then creates its parts, each constructed with what it uses, and delegates to
+Its constructor assembles the run (``assembly``: the plan, the Strategy, the job's layout, the one
+named device mesh, the Precision and the ``StrategyContext`` the strategy is set up with), then
+creates its parts, each constructed with what it uses, and delegates to
 them: ``Preparation`` (``prepare``), ``Resumption`` (auto-resume, ``completed_steps``, periodic
 checkpoints), ``Tracking``, ``Checkpointing`` (accel-checkpoint's handler), ``MetricsGathering``
 (evaluation across processes), ``ParallelLayout`` (mesh ranks, ``forward_backward``) and a
@@ -30,21 +30,18 @@ import contextlib
 import gc
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.hooks import RemovableHandle
 
-from .. import cluster_env
 from .. import environment as env
 from ..configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
-    InitProcessGroupKwargs,
     KwargsHandler,
     ProfileKwargs,
     ProjectConfiguration,
@@ -53,27 +50,22 @@ from ..configuration import (
 from ..enums import DistributedType, SchedulerStepping
 from ..optimizer import AcceleratedOptimizer
 from ..parallel.config import ParallelismConfig
-from ..parallel.dims import ParallelDims, make_dims
-from ..precision.modes import AutocastPrecision, PrecisionContext, unwrap_forward
+from ..parallel.dims import ParallelDims
+from ..precision.modes import AutocastPrecision, unwrap_forward
 from ..random import synchronize_rng_states
 from ..scheduler import AcceleratedScheduler
-from ..state import AcceleratorSetup, AcceleratorState, GradientState, PartialState, collective_timeout
+from ..state import AcceleratorState, PartialState
 from ..strategies import (
     BackwardSyncControl,
-    PreparedObjects,
     Strategy,
-    StrategyContext,
-    create_strategy,
-    resolve_strategy_plan,
 )
-from ..strategies.groups import coordination_group
-from ..strategies.selection import PLUGIN_ARGUMENTS
-from .arguments import dynamo_settings, index_handlers, one_deepspeed_plugin
+from .arguments import dataloader_settings, index_handlers
+from .assembly import RunArguments, assemble
 from .checkpointing import Checkpointing
 from .metrics_gathering import MetricsGathering
 from .nonfinite_guard import NonFiniteGuard
 from .parallel_layout import ParallelLayout
-from .preparation import Preparation, scheduler_steps_for
+from .preparation import Preparation
 from .process_control import ProcessControl
 from .profiling import profiled
 from .resumption import Resumption
@@ -147,131 +139,40 @@ class Accelerator(ProcessControl, SetupQueries):
         if project_dir is not None and self.project_configuration.project_dir is None:
             self.project_configuration.set_directories(project_dir)
 
-        if dataloader_config is None:
-            dataloader_config = DataLoaderConfiguration(
-                split_batches=split_batches, dispatch_batches=dispatch_batches, even_batches=even_batches
-            )
-        elif (split_batches, dispatch_batches, even_batches) != (False, None, True):
-            raise ValueError(
-                "Pass split_batches / dispatch_batches / even_batches either directly or inside dataloader_config, not "
-                "both."
-            )
+        dataloader_config = dataloader_settings(dataloader_config, split_batches, dispatch_batches, even_batches)
         SetupQueries.__init__(self, index_handlers(kwargs_handlers), dataloader_config)
-        deepspeed_plugin = one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
-        dynamo = dynamo_settings(dynamo_backend, dynamo_plugin)
-        if parallelism_config is not None and not isinstance(parallelism_config, ParallelismConfig):
-            raise TypeError(
-                f"parallelism_config must be an accel ParallelismConfig, got {type(parallelism_config).__name__}."
+        run = assemble(
+            RunArguments(
+                handlers=self.handlers,
+                dataloader_config=dataloader_config,
+                mixed_precision=mixed_precision,
+                gradient_accumulation_steps=gradient_accumulation_steps,
+                gradient_accumulation_plugin=gradient_accumulation_plugin,
+                cpu=cpu,
+                deepspeed_plugin=deepspeed_plugin,
+                deepspeed_plugins=deepspeed_plugins,
+                fsdp_plugin=fsdp_plugin,
+                megatron_lm_plugin=megatron_lm_plugin,
+                dynamo_backend=dynamo_backend,
+                dynamo_plugin=dynamo_plugin,
+                parallelism_config=parallelism_config,
+                strategy=strategy,
+                scheduler_stepping=scheduler_stepping,
+                device_placement=device_placement,
+                step_scheduler_with_optimizer=step_scheduler_with_optimizer,
             )
-        if strategy is not None and not isinstance(strategy, (str, Strategy)):
-            raise TypeError(
-                f'strategy must be a strategy name ("ddp", "fsdp", ...) or an accel_core Strategy instance, got '
-                f"{type(strategy).__name__}: subclass accel_core.strategies.Strategy."
-            )
-        strategy_name = strategy.name if isinstance(strategy, Strategy) else strategy
-        cluster_env.adopt()  # started by srun / mpirun / a PyTorchJob: their variables as torchrun's
-        world_size = env.get_int(env.WORLD_SIZE, 1) or 1
-        plan = resolve_strategy_plan(
-            world_size=world_size,
-            mixed_precision=None if mixed_precision is None else str(mixed_precision),
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            gradient_accumulation_plugin=gradient_accumulation_plugin,
-            cpu=cpu,
-            plugins={
-                "deepspeed_plugin": deepspeed_plugin,
-                "fsdp_plugin": fsdp_plugin,
-                "megatron_lm_plugin": megatron_lm_plugin,
-            },
-            strategy=strategy_name,
-            dynamo_backend=None if dynamo is None else dynamo.backend.value,
-            scheduler_stepping=None if scheduler_stepping is None else str(scheduler_stepping),
-            environ=os.environ,
-            parallelism=parallelism_config,
         )
-        self.plan = plan
-        self.dynamo_plugin = dynamo if dynamo is not None else TorchDynamoPlugin(backend=plan.dynamo_backend)
-        self.strategy: Strategy = (
-            strategy
-            if isinstance(strategy, Strategy)
-            else create_strategy(plan.strategy, plan.strategy_plugin, self.handlers)
-        )
-        # Decided before any communication: a layout the strategy refuses fails on every process alike.
-        local_world = env.get_int(env.LOCAL_WORLD_SIZE, world_size) or world_size
-        layout, given_mesh = self.strategy.parallelism(parallelism_config, world_size, local_world)
-        init_kwargs = (
-            self.handlers[InitProcessGroupKwargs].to_kwargs() if InitProcessGroupKwargs in self.handlers else {}
-        )
-        if os.environ.get(env.COLLECTIVE_TIMEOUT):  # --collective-timeout reaches a backend's own group too
-            init_kwargs["timeout"] = collective_timeout(init_kwargs.get("timeout"))
-        # The stall report's threshold is the process state's, not an argument of the backend's group.
-        placement = self.strategy.setup_environment(
-            **{k: v for k, v in init_kwargs.items() if k != "stall_report_after"}
-        )
-        self._state = AcceleratorState(
-            mixed_precision=plan.mixed_precision, cpu=plan.cpu, placement=placement, **init_kwargs
-        )
+        context = run.context
+        self.strategy: Strategy = run.strategy
+        self.plan = context.plan
+        self.dynamo_plugin = context.dynamo_plugin
+        self._state = context.state
         self._state_resets = PartialState._resets
-        if placement is not None and self.state.device != placement.device:
-            raise ValueError(
-                f"The process state already exists on {self.state.device} (a PartialState made before this "
-                f"Accelerator), but the {self.strategy.name} strategy places this process on {placement.device}: "
-                "create the Accelerator first."
-            )
-        self.parallel_dims: ParallelDims = make_dims(
-            layout,
-            self.state.device.type,
-            self.state.num_processes,
-            self.state.process_index,
-            given_mesh,
-            dist.is_initialized(),
-        )
-        if plan.mixed_precision not in self.strategy.supported_precisions:
-            raise ValueError(
-                f"mixed_precision={plan.mixed_precision!r} is not supported by the {self.strategy.name} strategy; "
-                f"use one of {list(self.strategy.supported_precisions)}."
-            )
-        self.precision = self.strategy.make_precision(
-            plan.mixed_precision, PrecisionContext(self.state.device, self.handlers, self.state.is_main_process)
-        )
-        # What runs: DeepSpeed's config may settle another mode, fp8 on a device without it falls back.
-        self.state.mixed_precision = self.precision.name
-        self.gradient_state = GradientState(plan.gradient_accumulation)
-        self.prepared = PreparedObjects()
-        scheduler_stepping_ = SchedulerStepping(plan.scheduler_stepping)
+        self.parallel_dims: ParallelDims = context.dims
+        self.precision = context.precision
+        self.gradient_state = context.gradient_state
+        self.prepared = context.prepared
         self._nonfinite_guard = self._make_nonfinite_guard(skip_nonfinite)
-        context = StrategyContext(
-            device=self.state.device,
-            state=self.state,
-            dims=self.parallel_dims,
-            precision=self.precision,
-            plan=plan,
-            gradient_state=self.gradient_state,
-            prepared=self.prepared,
-            handlers=self.handlers,
-            device_placement=device_placement,
-            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
-            scheduler_steps_per_optimizer_step=scheduler_steps_for(
-                scheduler_stepping_, dataloader_config, self.parallel_dims.config.data_parallel_size
-            ),
-            dynamo_plugin=self.dynamo_plugin,
-        )
-        self.strategy.setup(context)
-        if self.state.collectives is None:  # torch.distributed's processes (a backend's own runtime aside)
-            # Collective, at the same point on every process: a gloo network problem fails here, not at the first save.
-            coordination_group()
-        plugin_of = {
-            arg: self.strategy.plugin if name == self.strategy.name else None for arg, name in PLUGIN_ARGUMENTS.items()
-        }
-        setup = AcceleratorSetup(
-            dynamo_plugin=self.dynamo_plugin,
-            parallelism_config=self.parallel_dims.config,
-            device_mesh=self.parallel_dims.mesh,
-            # as given (a dict naming the plugin), else the strategy's plugin, as the reference keeps it
-            deepspeed_plugins=deepspeed_plugins
-            if isinstance(deepspeed_plugins, Mapping)
-            else plugin_of["deepspeed_plugin"],
-        )
-        self.state.record_choice(self.strategy.distributed_type, plugin_of, setup)
 
         self.rng_types = [str(r) for r in rng_types] if rng_types is not None else ["generator"]
         self.step = 0  # micro-steps of the current accumulation (saved with checkpoints)
@@ -297,7 +198,7 @@ class Accelerator(ProcessControl, SetupQueries):
             dataloader_config,
             device_placement,
             step_scheduler_with_optimizer,
-            scheduler_stepping_,
+            run.scheduler_stepping,
             self._nonfinite_guard,
             self._resumption.after_prepare,
             self._resumption.optimizer_stepped,

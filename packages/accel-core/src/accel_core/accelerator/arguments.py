@@ -1,7 +1,8 @@
 """Constructor arguments in the reference API's shapes, turned into what accel uses.
 
 ``kwargs_handlers`` (known types applied, unknown ones warned about), ``deepspeed_plugins`` (one
-plugin or a dict of named ones) and ``dynamo_backend`` / ``dynamo_plugin``.
+plugin or a dict of named ones), ``dynamo_backend`` / ``dynamo_plugin`` and the dataloader
+settings (``split_batches`` & co, or a ``dataloader_config``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from ..configuration import (
     AutocastKwargs,
+    DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     GradScalerKwargs,
     InitProcessGroupKwargs,
@@ -89,3 +91,22 @@ def dynamo_settings(dynamo_backend: Any, dynamo_plugin: TorchDynamoPlugin | None
     if dynamo_backend is not None:
         return TorchDynamoPlugin(backend=dynamo_backend)
     return dynamo_plugin
+
+
+def dataloader_settings(
+    dataloader_config: DataLoaderConfiguration | None,
+    split_batches: bool,
+    dispatch_batches: bool | None,
+    even_batches: bool,
+) -> DataLoaderConfiguration:
+    """``dataloader_config``, or one made of the three loose arguments; both at once is a ValueError."""
+    if dataloader_config is None:
+        return DataLoaderConfiguration(
+            split_batches=split_batches, dispatch_batches=dispatch_batches, even_batches=even_batches
+        )
+    if (split_batches, dispatch_batches, even_batches) != (False, None, True):
+        raise ValueError(
+            "Pass split_batches / dispatch_batches / even_batches either directly or inside dataloader_config, not "
+            "both."
+        )
+    return dataloader_config
