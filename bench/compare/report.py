@@ -45,13 +45,10 @@ REASONS: dict[tuple[str, str], str] = {
     "see the no-fsync row",
     ("gather", "gather_ms"): "accel checks every rank's shapes and dtypes before gathering "
     "(one all_gather with the payload; bench/collective_check.py)",
-    ("launch", "first_step_s"): "measured apart: Accelerator() imported torch._dynamo (7 s per process here) when it "
-    "sliced the device mesh, before raw DDP's constructor imports it; fixed after this run (a data-parallel mesh is "
-    "flattened without slicing; first step 1.3 s earlier, 19.0-19.5 s vs raw 16.6-19.9 s); the workers still start "
-    "~0.2 s after torchrun's",
-    ("loader", "sharded_ms"): "no collective per batch; on 1 process accel's prepared loader costs what a plain "
-    "DataLoader does (cProfile): the spreads overlap",
 }
+# Rows whose target is the hand-written counterpart (raw: fully_shard by hand, DeepSpeed's own API) rather than a peer
+# (the peers do not shard on CPU): the last column also gives accel's median over raw's.
+HAND_WRITTEN = {("fsdp2", "step_ms"), ("zero3", "step_ms")}
 # accel's like-for-like figure is its own row; the peers' is another (accel's save without fsync vs their save).
 PEER_METRIC = {("checkpoint", "save_nofsync_s"): "save_s"}
 NOTE_CHARS = 110  # a note longer than this is cut in the tables (the JSON keeps it whole)
@@ -138,9 +135,20 @@ def cell(summary: dict, notes: dict, scenario: str, procs: str, fw: str, metric:
 
 def not_ahead(summary: dict, notes: dict, row: tuple[str, str, str, str, str], frameworks: list[str]) -> str:
     """Where accel is not ahead of its peers (Accelerate, Fabric) on this row, from the data: who does better and by
-    how much (ratio of medians to accel's; "beyond the spread" when the interquartile ranges do not overlap), with
-    the reason where known. Raw PyTorch is the floor every framework adds to, not a peer; figures of a peer noted
-    as not doing the work (e.g. not sharding) are left out of the comparison."""
+    how much (ratio of medians to accel's, when the interquartile ranges do not overlap), with the reason where
+    known; a peer whose median is lower but whose interquartile range overlaps accel's is "level" (the samples do
+    not tell them apart), with the number of samples. Raw PyTorch is the floor every framework adds to, not a peer;
+    figures of a peer noted as not doing the work (e.g. not sharding) are left out of the comparison."""
+    scenario, procs, metric, _label, _unit = row
+    verdict = _versus_peers(summary, notes, row, frameworks)
+    raw = summary.get(scenario, {}).get(procs, {}).get("raw", {}).get(metric)
+    mine = summary.get(scenario, {}).get(procs, {}).get("accel", {}).get(metric)
+    if (scenario, metric) in HAND_WRITTEN and raw and mine and "median" in raw and "median" in mine:
+        verdict += f"; {mine['median'] / raw['median']:.2f}x the hand-written ({SHORT['raw']})"
+    return verdict
+
+
+def _versus_peers(summary: dict, notes: dict, row: tuple[str, str, str, str, str], frameworks: list[str]) -> str:
     scenario, procs, metric, _label, unit = row
 
     def figure(fw: str) -> dict | None:
@@ -154,6 +162,7 @@ def not_ahead(summary: dict, notes: dict, row: tuple[str, str, str, str, str], f
     if mine is None:
         return "no accel figure" if "accel" in frameworks else ""
     better, compared = [], 0
+    level: list[tuple[str, int]] = []
     for fw in frameworks:
         theirs = figure(fw)
         if fw in ("accel", "raw") or theirs is None:
@@ -163,20 +172,28 @@ def not_ahead(summary: dict, notes: dict, row: tuple[str, str, str, str, str], f
             if theirs.get("value") is True and mine.get("value") is not True:
                 better.append(SHORT[fw])
         elif "median" in theirs and "median" in mine and theirs["median"] < mine["median"]:
-            clear = "n" in theirs and theirs["n"] > 1 and mine["n"] > 1 and theirs["q3"] < mine["q1"]
+            samples = min(theirs.get("n", 1), mine.get("n", 1))
+            if samples > 1 and theirs["q3"] >= mine["q1"]:  # the interquartile ranges overlap: not told apart
+                level.append((SHORT[fw], samples))
+                continue
             if unit == "µs":  # a difference (it may be negative): a ratio would mean nothing
                 gap = f"{mine['median'] - theirs['median']:.0f} µs less"
             else:
                 gap = f"{theirs['median'] / mine['median'] if mine['median'] > 0 else float('nan'):.2f}x"
-            better.append(f"{SHORT[fw]} {gap}" + (" (beyond the spread)" if clear else ""))
+            better.append(f"{SHORT[fw]} {gap}" + (" (beyond the spread)" if samples > 1 else " (1 sample)"))
     if not compared:
         return "no peer figure"
+    level_text = (
+        "level with " + ", ".join(name for name, _ in level) + f" (spreads overlap, {min(n for _, n in level)} samples)"
+        if level
+        else ""
+    )
     if not better:
         if unit == "yes/no":
             return "ahead" if mine.get("value") is True else "no one does"
-        return "ahead"
+        return level_text.replace("level with", "level:", 1) if level else "ahead"
     reason = REASONS.get((scenario, metric))
-    return "behind: " + ", ".join(better) + (f" — {reason}" if reason else "")
+    return "behind: " + ", ".join(better) + (f"; {level_text}" if level else "") + (f" — {reason}" if reason else "")
 
 
 def table(summary: dict, notes: dict, frameworks: list[str], rows: list | None = None, verdict: bool = True) -> str:

@@ -82,6 +82,9 @@ def test_last_column_and_readme_blocks_come_from_the_data(tmp_path: Path) -> Non
         results.take("checkpoint", 1, "accelerate", {"save_s": 1.0})
     results.take("resume", 2, "accel", {"exact": True})
     results.take("resume", 2, "fabric", {"exact": False})
+    for accel, fabric in ((1.0, 0.9), (1.5, 1.4), (2.0, 1.9)):  # lower medians, overlapping spreads: level
+        results.take("gather", 2, "accel", {"gather_ms": accel})
+        results.take("gather", 2, "fabric", {"gather_ms": fabric})
     results.take("fsdp2", 2, "accel", {"memory_fraction": 0.5})
     results.take("fsdp2", 2, "accelerate", {"memory_fraction": 0.4})  # noted below as not sharding: not compared
     results.note("fsdp2", 2, "accelerate", "ran, but did not shard (data parallel: every process holds all)")
@@ -95,8 +98,13 @@ def test_last_column_and_readme_blocks_come_from_the_data(tmp_path: Path) -> Non
     assert verdict("checkpoint", "1", "save_s").startswith(
         "behind: Accelerate 0.50x (beyond the spread) — accel fsyncs"
     )
+    assert verdict("gather", "2", "gather_ms") == "level: Fabric (spreads overlap, 3 samples)"
     assert verdict("resume", "2", "exact") == "ahead"
     assert verdict("fsdp2", "2", "memory_fraction") == "no peer figure"  # Accelerate's did not shard
+    results.take("fsdp2", 2, "accel", {"step_ms": 98.0})
+    results.take("fsdp2", 2, "raw", {"step_ms": 100.0})  # fully_shard by hand: the target of this row
+    summary = report.summarise(results)
+    assert verdict("fsdp2", "2", "step_ms") == "no peer figure; 0.98x the hand-written (raw)"
 
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- compare:results:start -->\nold table\n<!-- compare:results:end -->\noutro\n")
@@ -136,4 +144,11 @@ def test_overhead_and_memory_rows_come_from_the_same_run() -> None:
     assert "| limit: train step minus raw DDP's, 2 processes (0 is the floor) | µs | 200 (150 to 250) | — |" in text
     assert "| MB | 400 (400 to 400) | 380 (380 to 380) | 700 (700 to 700) | ahead |" in text
     verdict = report.not_ahead(summary, results.notes, rows[("step", "2", "overhead_us")], frameworks)
-    assert verdict == "behind: Fabric 100 µs less"  # a difference, not a ratio of two overheads
+    # Fabric's overhead (0, 100, 200 µs) is lower, but its interquartile range reaches accel's (150 to 250): level
+    assert verdict == "level: Fabric (spreads overlap, 3 samples)"
+    results.take("step", 2, "fabric", {"step_ms": 4.0})  # now clearly less: a difference, not a ratio of overheads
+    results.take("step", 2, "accel", {"step_ms": 7.0})
+    results.take("step", 2, "raw", {"step_ms": 6.0})
+    summary = report.summarise(results)
+    verdict = report.not_ahead(summary, results.notes, rows[("step", "2", "overhead_us")], frameworks)
+    assert verdict.startswith("behind: Fabric ") and verdict.endswith(" µs less (beyond the spread)")
