@@ -207,3 +207,17 @@ def test_every_accelerate_command_exists_or_is_listed_as_left_out() -> None:
     left_out = page.split("### Commands", 1)[1].split("Left out:", 1)[1].split("\n\n", 1)[0]
     for name in ACCELERATE_COMMANDS:
         assert name in COMMANDS or f"`accelerate {name}`" in left_out, name
+
+
+def test_output_cut_short_by_its_reader_ends_quietly(cli) -> None:
+    """`accel --help | head -1`: the reader closes the pipe before accel has written; no traceback, as other tools."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # closed before the command starts: its first write fails with EPIPE
+    try:
+        result = subprocess.run(
+            [*cli.command(), "--help"], env=cli.env(), stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
+    assert result.returncode == 1

@@ -8,6 +8,7 @@ so ``accel --help`` costs a Python start-up and nothing else (no torch, no YAML)
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 COMMANDS = {
@@ -55,7 +56,17 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``accel`` console script; returns the exit code."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _dispatch(sys.argv[1:] if argv is None else list(argv))
+    except BrokenPipeError:
+        # The reader of the output left early (`accel --help | head`): stop quietly, as other command-line tools do,
+        # and keep Python from reporting the same error again when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0 if argv else 2
