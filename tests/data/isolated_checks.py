@@ -1,7 +1,8 @@
 """accel-data on its own: run under torchrun in an environment holding only accel-core, accel-data
 (with its ``stateful`` extra, torchdata) and torch — no Accelerator, no meta-package.
 
-Launched by test_data_isolated_env.py. Checks a hand-written loop over prepared loaders (map-style
+Launched by tests/packaging/test_wheels.py in the environment the README's install commands build from the
+wheels (`accel-data`, then `accel-data[stateful]`). Checks a hand-written loop over prepared loaders (map-style
 shuffled, iterable, dispatch) sees every sample once with the remainder rule; torchdata's
 StatefulDataLoader is accepted and a stateful iterable dataset resumes without re-reading. Each ``@check`` is one
 test there (the harness: tests/harness/checklist.py, on PYTHONPATH; it needs only the standard library).

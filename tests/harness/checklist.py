@@ -32,7 +32,7 @@ that the run was aborted at that check, and exits, and the launcher stops the ot
 reported as not run, the failed one by its name and message.
 
 Only the standard library is imported here: the harness also runs in environments holding nothing but the packages
-under test (tests/data/test_data_isolated_env.py).
+under test (tests/data/isolated_checks.py, launched by tests/packaging/test_wheels.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Every distribution builds from a clone with the README's command, ships its LICENSE and py.typed, declares
 what its README says it depends on, and installs with the README's commands into fresh virtual environments,
-where it runs: accel-core alone trains a step, accel-data shards a loader over 2 processes, accel-launch starts a
-2-process job, `accel[deepspeed]` and `accel[fp8]` train a step. A broken package boundary or install instruction
+where it runs: accel-core alone trains a step, accel-data shards a loader over 2 processes and, with its
+`[stateful]` extra, passes its own checks there (tests/data/isolated_checks.py), accel-launch starts a 2-process
+job, `accel[deepspeed]` and `accel[fp8]` train a step. A broken package boundary or install instruction
 fails here before users see it.
 
 The commands are read from the READMEs and run as written (`uv pip install`, into the environment named by
@@ -18,11 +19,14 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from dataclasses import dataclass
 from email.parser import HeaderParser
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from checklist import RESULTS_ENV
+from checkrun import HARNESS, CheckRun, checks_in, launch, torchrun_command
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -316,21 +320,72 @@ def test_accel_core_alone_trains_a_step_and_imports_without_torch(clone, constra
     assert "STEP NO Linear" in venv.run(["-c", _with_step_check(example)])
 
 
-@pytest.mark.slow
-def test_accel_data_shards_a_loader_over_two_processes(clone, constraints, tmp_path):
+# accel-data's own checks, run in the environment its README's commands build (tests/data/isolated_checks.py).
+ACCEL_DATA_CHECKS = REPO / "tests" / "data" / "isolated_checks.py"
+
+
+@dataclass
+class AccelDataEnvironment:
+    """What the accel-data environment showed: what each README command installed, what its standalone example
+    printed on 2 processes, and the checks' run (with the `[stateful]` extra added)."""
+
+    installed: set[str]
+    example_output: str
+    installed_with_extra: set[str]
+    checks: CheckRun
+
+
+@pytest.fixture(scope="module")
+def accel_data_environment(clone, constraints, tmp_path_factory) -> AccelDataEnvironment:
+    """One environment for accel-data alone (one venv, torch's bytecode compiled once): the README's install line,
+    its standalone example under torchrun, then its `[stateful]` line (torchdata) and the check script, 2 processes."""
+    tmp_path = tmp_path_factory.mktemp("accel-data")
     venv = Venv(tmp_path / "venv", clone, constraints)
     venv.install(_documented("accel-data", "accel-data"))
-    assert "accel-core" in venv.installed() and "accel" not in venv.installed()
-    # The README's standalone example asserts that the 2 epochs gathered over the processes hold every sample
-    # once; each process reporting 7 steps (99 samples, 8 per process per step) shows the loader was sharded.
+    installed = venv.installed()
+    # The README's standalone example asserts that the 2 epochs gathered over the processes hold every sample once.
     script = tmp_path / "train.py"
     example = _code_blocks(_section(_readme("accel-data"), "## Standalone use"), "python")[0]
     # One string per print: the workers run unbuffered, so each argument of a print is its own write, and the two
     # ranks' writes to the shared pipe interleave ("SHARDEDSHARDED 0 7 198").
     script.write_text(example + '\nprint(f"SHARDED {dist.get_rank()} {len(loader)} {len(seen)}")\n')
-    out = venv.run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)], timeout=300)
+    output = venv.run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)], timeout=300)
+    # The extra is documented in a sentence, not a code block: `uv pip install ... "accel-data[stateful]"`.
+    stateful = re.findall(r"`(uv pip install [^`]*accel-data\[stateful\][^`]*)`", _readme("accel-data"))
+    assert len(stateful) == 1, f"accel-data's README: one `uv pip install` of accel-data[stateful] expected: {stateful}"
+    venv.install(stateful[0])
+    # Only the harness (standard library alone) on the path besides the environment's own packages, and a working
+    # directory outside the workspace: nothing of it is importable.
+    results = tmp_path / "results"
+    env = {**venv.env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HARNESS), RESULTS_ENV: str(results)}
+    command = torchrun_command(ACCEL_DATA_CHECKS, python=str(venv.python))
+    checks = CheckRun.read(ACCEL_DATA_CHECKS, 2, launch(command, env, timeout=300, cwd=tmp_path), results)
+    return AccelDataEnvironment(installed, output, venv.installed(), checks)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_accel_data_shards_a_loader_over_two_processes(accel_data_environment):
+    assert "accel-core" in accel_data_environment.installed and "accel" not in accel_data_environment.installed
+    # Each process reporting 7 steps (99 samples, 8 per process per step) shows the loader was sharded.
     for rank in (0, 1):
-        assert f"SHARDED {rank} 7 198" in out, out
+        assert f"SHARDED {rank} 7 198" in accel_data_environment.example_output, accel_data_environment.example_output
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_accel_data_stateful_extra_adds_torchdata_alone(accel_data_environment):
+    # The extra brings torchdata next to the pinned torch and nothing of the meta-package's other distributions.
+    installed = accel_data_environment.installed_with_extra
+    assert {"accel-core", "accel-data", "torch", "torchdata"} <= installed, installed
+    assert not installed & {"accel", "accel-checkpoint", "accel-tracking"}, installed
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", checks_in(ACCEL_DATA_CHECKS))
+def test_accel_data_alone_passes_its_checks_on_two_processes(accel_data_environment, name):
+    accel_data_environment.checks.assert_passed(name)
 
 
 TWO_RANKS = """
