@@ -72,9 +72,10 @@ def extensions_dir(framework: str) -> Path:
     return CACHE / "torch_extensions" / framework
 
 
-# The environments whose ZeRO-3 run initializes DeepSpeed's communication (Accelerate's CPU run does not: it falls
-# back to data parallel; Fabric and raw refuse ZeRO-3 on CPU).
-BUILDS_OPS = ("accel",)
+# The frameworks whose ZeRO-3 run initializes DeepSpeed's communication: accel, and raw (DeepSpeed used directly);
+# Accelerate's CPU run does not (it falls back to data parallel), Fabric refuses ZeRO-3 on CPU. raw shares accel's
+# interpreter but builds into its own TORCH_EXTENSIONS_DIR (clean_env gives each framework one).
+BUILDS_OPS = ("accel", "raw")
 # Exactly what DeepSpeed's TorchBackend does at init (deepspeed.comm.torch.build_shm_op), done ahead of time.
 _BUILD_OPS = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 

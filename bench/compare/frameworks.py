@@ -249,7 +249,9 @@ class FabricHarness(Harness):
 
 
 class RawHarness(Harness):
-    """Hand-written torch.distributed: DDP, DistributedSampler, no_sync, clip_grad_norm_, all_gather."""
+    """Hand-written torch.distributed: DDP, DistributedSampler, no_sync, clip_grad_norm_, all_gather; FSDP2 as
+    `fully_shard` by hand; ZeRO-3 as DeepSpeed used directly (`deepspeed.initialize`, `engine.backward`,
+    `engine.step`): ZeRO-3 by hand is DeepSpeed's own API, with the config accel builds for its ZeRO-3 run."""
 
     name = "raw"
 
@@ -257,6 +259,14 @@ class RawHarness(Harness):
         super().__init__(grad_accum)
         self.strategy = strategy
         self.world = world_size()
+        self.ds_config: dict[str, Any] | None = None
+        if strategy == "zero3" and not dist.is_initialized():
+            # DeepSpeed's own start: joins torchrun's group over its accelerator's backend (gloo on the CPU). The
+            # benchmark runs on the CPU, as accel's `cpu=True` does; DS_ACCELERATOR is read at deepspeed's import.
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+            import deepspeed
+
+            deepspeed.init_distributed()
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group("gloo")
         self.rank = dist.get_rank() if self.world > 1 else 0
@@ -274,7 +284,13 @@ class RawHarness(Harness):
             for group in optimizer.param_groups:
                 group["params"], start = sharded[start : start + len(group["params"])], start + len(group["params"])
         elif self.strategy == "zero3":
-            raise NotImplementedError("ZeRO-3 by hand is DeepSpeed itself: no raw-PyTorch figure")
+            import deepspeed
+
+            self.ds_config = self.zero3_config(model)
+            model, optimizer, _, engine_scheduler = deepspeed.initialize(
+                model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config
+            )
+            return model, optimizer, engine_scheduler
         elif self.world > 1:
             model = torch.nn.parallel.DistributedDataParallel(model)
         return model, optimizer, scheduler
@@ -287,7 +303,38 @@ class RawHarness(Harness):
         sampler = torch.utils.data.DistributedSampler(dataset, shuffle=shuffle)
         return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
 
+    def zero3_config(self, model: torch.nn.Module) -> dict[str, Any]:
+        """The DeepSpeed config a user writes by hand for the benchmark's ZeRO-3 run: the one accel's harness ends up
+        with once accel-deepspeed has filled its "auto" values (bench/zero3_step.py compares the two)."""
+        hidden = model.config.hidden_size  # pyright: ignore[reportAttributeAccessIssue] - set by the scenario
+        return {
+            "train_batch_size": 32 * self.grad_accum * self.world,
+            "train_micro_batch_size_per_gpu": 32,
+            "gradient_accumulation_steps": self.grad_accum,
+            "gradient_clipping": 1.0,
+            "steps_per_print": 10**12,  # no progress lines, as accel's config
+            "zero_allow_untested_optimizer": True,  # a torch AdamW, not one of DeepSpeed's
+            "zero_optimization": {
+                "stage": 3,
+                "offload_optimizer": {"device": "none"},
+                "offload_param": {"device": "none"},
+                "stage3_gather_16bit_weights_on_model_save": False,
+                # What accel-deepspeed fills "auto" with for a model of this width (as Accelerate and transformers
+                # do); DeepSpeed's fixed defaults (5e8-element buckets) would dwarf the benchmark's model.
+                "reduce_bucket_size": hidden * hidden,
+                "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+                "stage3_param_persistence_threshold": 10 * hidden,
+            },
+        }
+
     def train_step(self, model, optimizer, scheduler, x, y):
+        if self.strategy == "zero3":
+            # DeepSpeed's loop: the engine divides by the accumulation steps, reduces, and at its own boundary (every
+            # grad_accum micro-steps) clips to the config's gradient_clipping, steps, zeroes and schedules.
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            model.backward(loss)
+            model.step()
+            return loss
         self.micro += 1
         accumulating = self.micro % self.grad_accum != 0
         no_sync = model.no_sync() if accumulating and self.world > 1 and not self.strategy else contextlib.nullcontext()

@@ -47,7 +47,6 @@ MAY_REFUSE = {
     ("fsdp2", "fabric"),
     ("zero3", "accelerate"),
     ("zero3", "fabric"),
-    ("zero3", "raw"),
 }
 
 
