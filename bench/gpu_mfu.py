@@ -14,7 +14,8 @@ FLOP/s), with model FLOPs per token = 6 x non-embedding parameters + 12 x layers
 PaLM's accounting (the embedding is a lookup, not a matmul; the output projection counts). The peak comes from
 --peak-tflops or, on a known GPU, from the table below (dense bf16, by the name's most specific match: an H100
 PCIe or NVL is not an SXM H100); on a CPU MFU is not reported. Prints one JSON line per variant and the ratio
-accel / raw. Not yet run on a GPU (no GPU machine was available); bench/gpu_lane.py runs it as one case.
+accel / raw, with each variant's peak GPU memory over its timed steps (both models are resident). Not yet run on
+a GPU (no GPU machine was available); bench/gpu_lane.py runs it as one case.
 """
 
 from __future__ import annotations
@@ -224,15 +225,19 @@ def main() -> None:
         acc_opt.step()
         acc_opt.zero_grad()
 
-    def timed(step) -> float:
+    peak_mib: dict[str, float] = {}  # per variant, the most GPU memory allocated during its timed steps
+
+    def timed(name: str) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         dist.barrier()
         start = time.perf_counter()
         for _ in range(steps):
-            step()
+            variants[name]()
         if device.type == "cuda":
             torch.cuda.synchronize()
+            peak_mib[name] = max(peak_mib.get(name, 0.0), torch.cuda.max_memory_allocated() / 2**20)
         return (time.perf_counter() - start) / steps
 
     variants = {"raw": raw_step, "accel": accel_step}
@@ -241,7 +246,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(args.rounds):
         for name in list(variants) if r % 2 == 0 else list(reversed(variants)):
-            times[name].append(timed(variants[name]))
+            times[name].append(timed(name))
     peak = peak_flops(device, args.peak_tflops)
     results = {}
     for name, values in times.items():
@@ -258,6 +263,7 @@ def main() -> None:
             "step_s": step_s,
             "tokens_per_s": tokens_per_s,
             "mfu": mfu,
+            "peak_mib": peak_mib.get(name),  # the other variant's sharded weights and optimizer state included
             "compile": not args.no_compile,
             "steps": steps,
             "rounds": args.rounds,
@@ -273,6 +279,11 @@ def main() -> None:
                 f"; MFU accel {mfu:.1%}, raw {results['raw']['mfu']:.1%}"
                 if mfu is not None
                 else "; MFU n/a (no known peak: pass --peak-tflops)"
+            )
+            + (
+                f"; peak memory accel {peak_mib['accel'] / 1024:.1f} GiB, raw {peak_mib['raw'] / 1024:.1f} GiB"
+                if peak_mib
+                else ""
             )
         )
         assert math.isfinite(ratio)
