@@ -47,6 +47,11 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def module_name(module: nn.Module) -> str:
+    """``module``'s class as its package and name: ``torchao.Float8Linear``, ``transformer_engine.Linear``."""
+    return f"{type(module).__module__.split('.')[0]}.{type(module).__qualname__}"
+
+
 def run(name: str, precision: str, handlers: list[Any], args: argparse.Namespace) -> dict[str, Any]:
     from accel import Accelerator
 
@@ -60,12 +65,16 @@ def run(name: str, precision: str, handlers: list[Any], args: argparse.Namespace
     model = MLP(args.dim, args.depth)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     model, optimizer = accelerator.prepare(model, optimizer)
+    if accelerator.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(accelerator.device)
     generator = torch.Generator().manual_seed(1)
-    target = torch.randn(args.dim, args.dim, generator=generator) / args.dim**0.5
+    target = (torch.randn(args.dim, args.dim, generator=generator) / args.dim**0.5).to(accelerator.device)
     times, losses = [], []
     for _ in range(args.steps):
-        x = torch.randn(args.batch, args.dim, generator=generator)
-        x, y = x.to(accelerator.device), torch.tanh(x @ target).to(accelerator.device)
+        # Targets on the device: x @ target is 275 GFLOP per step at the default size, untimed but within the
+        # GPU lane's 10 minutes (bench/gpu_lane.py runs this function twice per fp8 case).
+        x = torch.randn(args.batch, args.dim, generator=generator).to(accelerator.device)
+        y = torch.tanh(x @ target)
         synchronize(accelerator.device)
         start = time.perf_counter()
         loss = nn.functional.mse_loss(model(x).float(), y)
@@ -82,6 +91,13 @@ def run(name: str, precision: str, handlers: list[Any], args: argparse.Namespace
         "step": statistics.median(times[args.warmup :]),
         "losses": losses,
         "converted": len(report.converted) if report is not None else 0,
+        "layers": list(report.converted) if report is not None else [],  # as accel reports them
+        "classes": {fqn: module_name(accelerator.unwrap_model(model).get_submodule(fqn)) for fqn in report.converted}
+        if report is not None
+        else {},  # what those layers are now: the backend's modules
+        "peak_mib": torch.cuda.max_memory_allocated(accelerator.device) / 2**20
+        if accelerator.device.type == "cuda"
+        else None,
     }
     accelerator.free_memory()
     return result

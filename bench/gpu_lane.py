@@ -6,8 +6,10 @@
 
 Each case (bench/gpu_lane_cases.py) runs in its own torchrun job, so that one crash or hang does not take the
 others: on 2 processes where it needs them (2 GPUs, or 2 processes on one GPU when NCCL accepts that; when it
-answers "Duplicate GPU", the multi-process cases are reported as skipped, with that reason), else on one. The
-last case is bench/gpu_mfu.py (accel against raw FSDP2, like for like) on every GPU of the machine.
+answers "Duplicate GPU", the multi-process cases are reported as skipped, with that reason), else on one. A case
+that cannot run on this machine (fp8 on a GPU below compute capability 8.9, Transformer-Engine not installed or
+on the CPU) is reported as skipped with its reason: neither a pass nor a failure. The last case is
+bench/gpu_mfu.py (accel against raw FSDP2, like for like) on every GPU of the machine.
 """
 
 from __future__ import annotations
@@ -43,14 +45,17 @@ CASES = (
     Case("nccl_ddp", 2, "DDP over NCCL: identical replicas, a gather in rank order"),
     Case("fp16_grad_scaler", 1, "fp16 + GradScaler: an inf gradient skips the step"),
     Case("fp16_fsdp2_cpu_offload", 1, "fp16 + FSDP2 + CPU offload: sharded scaler, shards CPU, buffers GPU"),
+    Case("fp8_torchao", 1, "fp8 through torchao (tensorwise, compiled): layers converted, step and memory vs bf16"),
+    Case("fp8_transformer_engine", 1, "fp8 through Transformer-Engine: layers converted, step and memory vs bf16"),
 )
 
 
 @dataclass
 class Outcome:
-    status: str  # pass, FAIL, skip
+    status: str  # pass, FAIL, skipped
     detail: str
     seconds: float
+    nccl_refused: bool = False  # skipped because NCCL refuses several processes on one GPU
 
 
 def gpu_count(cpu: bool) -> int:
@@ -104,8 +109,12 @@ def run_case(case: Case, processes: int, env: dict[str, str], timeout: float) ->
     results = [line for line in output.splitlines() if line.startswith("LANE RESULT ")]
     if code == 0 and results:
         return Outcome("pass", json.loads(results[-1].removeprefix("LANE RESULT "))["detail"], seconds)
+    skips = [line for line in output.splitlines() if line.startswith("LANE SKIP ")]
+    if code == 0 and skips:
+        return Outcome("skipped", json.loads(skips[-1].removeprefix("LANE SKIP "))["reason"], seconds)
     if DUPLICATE_GPU in output:
-        return Outcome("skip", f"NCCL refuses {processes} processes on one GPU: needs {processes} GPUs", seconds)
+        why = f"NCCL refuses {processes} processes on one GPU: needs {processes} GPUs"
+        return Outcome("skipped", why, seconds, nccl_refused=True)
     return Outcome("FAIL", f"exit {code}: {last_error(output)}", seconds)
 
 
@@ -148,24 +157,29 @@ def main() -> int:
     chosen = [case for case in CASES if not args.only or case.name in args.only]
     rows: list[tuple[str, int, Outcome]] = []
     refused: Outcome | None = None  # NCCL's answer to 2 processes on one GPU, once known
+    start = time.perf_counter()
     for case in chosen:
         processes = case.processes  # on one GPU, 2 processes share it (if NCCL allows)
         if refused is not None and processes > gpus:
-            rows.append((case.name, processes, Outcome("skip", refused.detail, 0.0)))
+            rows.append((case.name, processes, Outcome("skipped", refused.detail, 0.0, nccl_refused=True)))
             continue
         outcome = run_case(case, processes, env, timeout)
-        if outcome.status == "skip":
+        if outcome.nccl_refused:
             refused = outcome
         rows.append((case.name, processes, outcome))
-        print(f"{case.name}: {outcome.status} ({outcome.seconds:.0f} s) {outcome.detail}", flush=True)
+        print(f"{case.name}: {outcome.status}: {outcome.detail} ({outcome.seconds:.0f} s)", flush=True)
     if not args.only or "gpu_mfu" in args.only:
         outcome = run_mfu(gpus, args.cpu, env, max(timeout, 540.0))
         rows.append(("gpu_mfu", 2 if args.cpu else gpus, outcome))
-        print(f"gpu_mfu: {outcome.status} ({outcome.seconds:.0f} s) {outcome.detail}", flush=True)
+        print(f"gpu_mfu: {outcome.status}: {outcome.detail} ({outcome.seconds:.0f} s)", flush=True)
     print()
     print(table(rows))
-    failed = [name for name, _, outcome in rows if outcome.status == "FAIL"]
-    print(f"\n{len(rows) - len(failed)} of {len(rows)} cases did not fail" + (f"; failed: {failed}" if failed else ""))
+    count = {status: [name for name, _, o in rows if o.status == status] for status in ("pass", "skipped", "FAIL")}
+    failed = count["FAIL"]
+    print(
+        f"\n{len(rows)} cases in {time.perf_counter() - start:.0f} s: {len(count['pass'])} passed, "
+        f"{len(count['skipped'])} skipped, {len(failed)} failed" + (f"; failed: {failed}" if failed else "")
+    )
     return 1 if failed else 0
 
 

@@ -2,7 +2,8 @@
 
     torchrun --nproc_per_node 2 bench/gpu_lane_cases.py nccl_ddp      # one case; rank 0 prints its LANE RESULT line
 
-Each case raises on a failed check (the lane reports the message) and returns what it measured. Under
+Each case raises on a failed check (the lane reports the message) and returns what it measured; one that cannot
+run on this machine (no such hardware or library) raises ``Skip`` with the reason, which the lane reports. Under
 ``ACCEL_USE_CPU=true`` (the lane's ``--cpu`` dry run) the same code runs over gloo, without the checks that
 only a GPU can answer (where buffers and shards live against the compute device, GPU memory), and Megatron's
 pipeline schedules run through the tests' CUDA-call redirection (tests/megatron/cuda_calls_on_cpu.py).
@@ -10,6 +11,7 @@ pipeline schedules run through the tests' CUDA-call redirection (tests/megatron/
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -18,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -75,6 +78,11 @@ def batch(step: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 def expect(condition: bool, message: str) -> None:
     if not condition:
         raise AssertionError(message)
+
+
+class Skip(Exception):
+    """Raised by a case that cannot run on this machine (its hardware or library is missing): the lane reports it
+    as skipped with this reason, neither a pass nor a failure."""
 
 
 def world() -> int:
@@ -296,6 +304,75 @@ def fp16_fsdp2_cpu_offload() -> str:
     return f"{type(accelerator.scaler).__name__}, inf step skipped at scale {scale:.0f}"
 
 
+def _fp8_settings(compile_: bool) -> argparse.Namespace:
+    """bench/fp8_step.py's settings for one case. On a GPU its width (4096: fp8 GEMMs pay from there), half its
+    depth and 12 steps, to fit the lane's 10 minutes; on the dry run a 64-wide model (checks the script only)."""
+    if DRY:
+        return argparse.Namespace(dim=64, depth=2, batch=64, steps=4, warmup=1, lr=1e-4, compile=False, cpu=True)
+    return argparse.Namespace(dim=4096, depth=2, batch=8192, steps=12, warmup=4, lr=1e-4, compile=compile_, cpu=False)
+
+
+def _fp8_capable() -> None:
+    """Skips where fp8 cannot run: a GPU below compute capability 8.9 (accel would run fp16 instead)."""
+    if DRY:
+        return  # torchao's float8 linear has a CPU kernel
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) < (8, 9):
+        raise Skip(
+            f"{torch.cuda.get_device_name()} has compute capability {major}.{minor}, fp8 needs 8.9 (Ada, Hopper): "
+            "accel would fall back to fp16"
+        )
+
+
+def _fp8_against_bf16(handler: Any, compile_: bool, package: str) -> str:
+    """The same model trained in bf16, then in fp8 with ``handler`` (bench/fp8_step.py's run): the layers accel
+    reports converted must be ``package``'s modules, the losses finite and near bf16's."""
+    from fp8_step import run  # bench/, this script's folder, is sys.path[0]
+
+    settings = _fp8_settings(compile_)
+    bf16 = run("bf16", "bf16", [], settings)
+    fp8 = run("fp8", "fp8", [handler], settings)
+    expect(fp8["mode"] == "fp8", f"accel ran {fp8['mode']}, not fp8")
+    expect(bool(fp8["layers"]), "accel converted no layer to fp8")
+    foreign = {name: kind for name, kind in fp8["classes"].items() if not kind.startswith(package + ".")}
+    expect(not foreign, f"layers reported converted are not {package}'s: {foreign}")
+    expect(all(math.isfinite(v) for v in fp8["losses"]), f"non-finite fp8 losses {fp8['losses']}")
+    drift = abs(fp8["losses"][-1] - bf16["losses"][-1]) / abs(bf16["losses"][-1])
+    expect(drift < 0.1, f"fp8 final loss {fp8['losses'][-1]:.5f} vs bf16 {bf16['losses'][-1]:.5f}")
+    speed = f"{fp8['step'] / bf16['step']:.2f}x bf16's " + (
+        "(CPU: not a speed figure)" if DRY else "(compiled)" if settings.compile else "(eager)"
+    )
+    memory = "" if fp8["peak_mib"] is None else f", peak {fp8['peak_mib']:.0f} vs {bf16['peak_mib']:.0f} MiB"
+    return (
+        f"{len(fp8['layers'])} layers converted ({', '.join(fp8['layers'])}); step {1000 * fp8['step']:.1f} ms, "
+        f"{speed}{memory}; final loss {fp8['losses'][-1]:.4f} vs bf16 {bf16['losses'][-1]:.4f}"
+    )
+
+
+def fp8_torchao() -> str:
+    """fp8 through torchao (tensorwise recipe, compiled on a GPU as its speed needs) against bf16."""
+    _fp8_capable()
+    from accel.utils import AORecipeKwargs, is_torchao_available
+
+    if not is_torchao_available():
+        from accel_core.install_hints import accel_extra
+
+        raise Skip(f"torchao is not installed: {accel_extra('fp8')}")
+    return _fp8_against_bf16(AORecipeKwargs(recipe_name="tensorwise"), compile_=True, package="torchao")
+
+
+def fp8_transformer_engine() -> str:
+    """fp8 through Transformer-Engine (its DelayedScaling recipe, accel's defaults) against bf16, both eager."""
+    if DRY:
+        raise Skip("Transformer-Engine runs on CUDA GPUs only (this is the --cpu dry run)")
+    _fp8_capable()
+    from accel.utils import TERecipeKwargs, is_transformer_engine_available
+
+    if not is_transformer_engine_available():
+        raise Skip('transformer_engine is not installed: pip install "accel-fp8[te]" (needs the CUDA toolkit)')
+    return _fp8_against_bf16(TERecipeKwargs(), compile_=False, package="transformer_engine")
+
+
 CASES: dict[str, Callable[[], str]] = {
     "fsdp2_offload_meta_init": fsdp2_offload_meta_init,
     "fsdp2_sync_module_states": fsdp2_sync_module_states,
@@ -305,14 +382,19 @@ CASES: dict[str, Callable[[], str]] = {
     "nccl_ddp": nccl_ddp,
     "fp16_grad_scaler": fp16_grad_scaler,
     "fp16_fsdp2_cpu_offload": fp16_fsdp2_cpu_offload,
+    "fp8_torchao": fp8_torchao,
+    "fp8_transformer_engine": fp8_transformer_engine,
 }
 
 
 def main() -> None:
     name = sys.argv[1]
-    detail = CASES[name]()
+    try:
+        line = "LANE RESULT " + json.dumps({"case": name, "detail": CASES[name]()})
+    except Skip as why:  # the lane reads this line: skipped, with the reason
+        line = "LANE SKIP " + json.dumps({"case": name, "reason": str(why)})
     if int(os.environ.get("RANK", "0")) == 0:
-        print("LANE RESULT " + json.dumps({"case": name, "detail": detail}), flush=True)
+        print(line, flush=True)
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
