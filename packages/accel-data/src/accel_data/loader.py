@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
-from . import lookahead_rng
 from ._tree import to_device
 from .comm import Comm
 from .dispatch import Dispatcher
 from .resume import ResumableMixin, _Progress
 from .rng import synchronize_rng_states
-from .samplers import BatchSamplerShard, LastGroup, SeedableRandomSampler, _last_batch_size
+from .samplers import BatchSamplerShard, LastGroup, NextIndices, SeedableRandomSampler, _last_batch_size
 from .sharding import BatchOps, ShardPlan, batches_for_process, head_for, iter_groups
 
 if TYPE_CHECKING:
@@ -87,7 +86,7 @@ class ShardedLoaderMixin(ResumableMixin):
     Attributes read by accel-core's ``GradientState`` while iterating:
 
     end_of_dataloader: True while the last batch of the epoch is being yielded (one batch is read
-        ahead to know it).
+        ahead to know it; without workers, only the next batch's indices).
     remainder: while ``end_of_dataloader`` is True, how many samples of the last global step are
         real. The last step's batches gathered in process order hold the real samples first, so
         ``gather(batch)[:remainder]`` is exactly the data without the padding that
@@ -363,6 +362,15 @@ class ShardedLoaderMixin(ResumableMixin):
         skip, _ = self._begin()
         p = self._progress
         tail = LastGroup()
+        # Without workers each batch is fetched as its indices come: the shard reads the next indices ahead (cheap,
+        # no dataset read) to tell the epoch's last batch. Reading the next *batch* ahead would run its transforms
+        # and collate before the step on the current one draws (dropout): a checkpoint in that step would hold RNG
+        # states past the read, and keeping the states from before each read cost ~60 us a batch (numpy's get_state).
+        # Read after the step, as a plain DataLoader reads, the draws come in PyTorch's order and resume exactly.
+        direct = self._shard is not None and self._dispatcher is None and self.num_workers == 0  # pyright: ignore[reportAttributeAccessIssue]  # a DataLoader mixin: its num_workers
+        ahead = NextIndices() if direct else None
+        if self._shard is not None:
+            self._shard.next_indices = ahead
         source = self._source(skip, tail)
         place, device, non_blocking = self._place, self.device, self.non_blocking
         self.end_of_dataloader, self.remainder = False, -1
@@ -370,7 +378,7 @@ class ShardedLoaderMixin(ResumableMixin):
         completed = False
 
         def placed(item: Any) -> Any:
-            # Placed as soon as read, so a non_blocking copy overlaps the step on the previous batch.
+            # Placed as soon as read: read ahead (workers, streams), a non_blocking copy overlaps the current step.
             if item is _END or not place:
                 return item
             if type(item) is _WithState:
@@ -378,44 +386,42 @@ class ShardedLoaderMixin(ResumableMixin):
                 return item
             return to_device(item, device, non_blocking)  # pyright: ignore[reportArgumentType]  # placed only with a device
 
-        # Without workers the look-ahead read draws from this process's RNGs (random transforms, a random
-        # collate): the states before it travel with the position, so a resume reads that batch again alike.
-        track_rng = self._shard is not None and self._dispatcher is None and self.num_workers == 0  # pyright: ignore[reportAttributeAccessIssue]  # a DataLoader mixin: its num_workers
-        resume_rng, p.resume_lookahead_rng = p.resume_lookahead_rng, None
         try:
-            if track_rng and resume_rng is not None:
-                after = lookahead_rng.capture()  # the checkpoint's states: for the step and the reads after it
-                lookahead_rng.restore(resume_rng)
-                try:
-                    pending = placed(next(source, _END))
-                finally:
-                    lookahead_rng.restore(after)
+            if ahead is not None:
+                for batch in source:
+                    current = placed(batch)
+                    if ahead.last:
+                        self.end_of_dataloader = True
+                        self.remainder = tail.real
+                    p.position += 1
+                    yield current
+                    # After the last batch, the boundary is the epoch's end (below).
+                    if not ahead.last and boundary is not None:
+                        boundary(self)
             else:
                 pending = placed(next(source, _END))
-            while pending is not _END:
-                current = pending
-                if track_rng:
-                    p.lookahead_rng = lookahead_rng.capture()
-                pending = placed(next(source, _END))  # one batch ahead: is ``current`` the last?
-                if pending is _END:
-                    self.end_of_dataloader = True
-                    self.remainder = tail.real
-                p.position += 1
-                if type(current) is _WithState:
-                    p.inner_state = current.state
-                    current = current.batch
-                yield current
-                # After the last batch, the boundary is the epoch's end (below).
-                if pending is not _END and boundary is not None:
-                    boundary(self)
+                while pending is not _END:
+                    current = pending
+                    pending = placed(next(source, _END))  # one batch ahead: is ``current`` the last?
+                    if pending is _END:
+                        self.end_of_dataloader = True
+                        self.remainder = tail.real
+                    p.position += 1
+                    if type(current) is _WithState:
+                        p.inner_state = current.state
+                        current = current.batch
+                    yield current
+                    # After the last batch, the boundary is the epoch's end (below).
+                    if pending is not _END and boundary is not None:
+                        boundary(self)
             completed = True
         finally:
             gradient_state.unregister_dataloader(self)
             if self._shard is not None:
-                self._shard.skip, self._shard.sink = self._skip, None
+                self._shard.skip, self._shard.sink, self._shard.next_indices = self._skip, None, None
             if completed:
                 p.epoch += 1
-                p.position, p.in_epoch, p.inner_state, p.lookahead_rng = 0, False, None, None
+                p.position, p.in_epoch, p.inner_state = 0, False, None
         if completed and boundary is not None:
             # The epoch's end is a boundary too: a checkpoint taken here resumes at the next epoch.
             boundary(self)

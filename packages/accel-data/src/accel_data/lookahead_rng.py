@@ -1,12 +1,9 @@
-"""The RNG states before the loader's look-ahead read: what makes a resume exact with a random collate.
+"""This process's CPU RNG states (python, numpy, torch), captured, restored and saved as plain tensors.
 
-The prepared loader reads one batch ahead (to know whether the current one is the last). Without
-worker processes, that read runs the dataset's transforms and the collate function in this process,
-drawing from the global RNGs (python, numpy, torch) *before* the step on the current batch draws its
-own (dropout). A checkpoint taken in the step holds the RNG states after both; a resumed loader reads
-that batch again, from there, and every later draw shifts by one batch. So the loader keeps the states
-from just before each look-ahead read; a resumed loader reads the batch again from them, then puts
-back the checkpoint's states for everything after.
+A sampler without a generator draws its pass's order from the global RNGs at its first item: the shard keeps
+the states it drew from (``BatchSamplerShard._started``, the loader's ``sampler_draw``), and a resumed pass
+draws again from them, then puts the checkpoint's states back. (The module's name is from its first use, the
+states before a batch read ahead; the loader without workers no longer reads batches ahead.)
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ RawStates = tuple[Any, torch.Tensor, Any]  # python's getstate(), torch's CPU st
 
 
 def capture() -> RawStates:
-    """This process's CPU RNG states, as cheaply as they come (a few microseconds: once per batch)."""
+    """This process's CPU RNG states (~60 us, numpy's get_state most of it: once per pass, never per batch)."""
     numpy = sys.modules.get("numpy")  # a script that never imported numpy draws nothing from it
     return random.getstate(), torch.get_rng_state(), numpy.random.get_state() if numpy is not None else None
 

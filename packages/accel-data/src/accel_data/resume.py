@@ -33,10 +33,6 @@ class _Progress:
     # which pad the last step, travel in the state too.
     head: Head[Any] | None = None
     resume_head: list[Any] | None = None
-    # The RNG states just before the look-ahead read of the next batch (see lookahead_rng); None where the
-    # read draws nothing here (worker processes) or is not tracked.
-    lookahead_rng: RawStates | None = None
-    resume_lookahead_rng: RawStates | None = None
 
 
 class ResumableMixin:
@@ -77,7 +73,6 @@ class ResumableMixin:
             "base_seed_state": p.seed_state if in_epoch else None,
             "inner": p.inner_state if in_epoch else None,
             "head": list(p.head.batches) if in_epoch and p.inner_state is not None and p.head is not None else None,
-            "lookahead_rng": to_plain(p.lookahead_rng) if in_epoch and p.lookahead_rng is not None else None,
             "sampler_draw": to_plain(drawn) if in_epoch and (drawn := self._drawn_from()) is not None else None,
         }
 
@@ -130,9 +125,8 @@ class ResumableMixin:
         seed_state = state_dict.get("base_seed_state")
         p.resume_seed_state = seed_state if position > 0 else None
         p.seed_state = p.resume_seed_state
-        lookahead = state_dict.get("lookahead_rng")
-        p.resume_lookahead_rng = from_plain(lookahead) if lookahead is not None and position > 0 else None
-        p.lookahead_rng = p.resume_lookahead_rng
+        # A "lookahead_rng" entry (RNG states before a batch read ahead, saved before the loader without workers
+        # stopped reading batches ahead) is not needed: that batch is now read after the step, from the restored RNGs.
         if self._shard is not None and self._shard.track_draw:
             # The resumed pass reads its sampler's first item from the interrupted pass's states (see
             # BatchSamplerShard._started): same order, the checkpoint's RNG states left alone.

@@ -19,6 +19,7 @@ from .lookahead_rng import RawStates
 from .sharding import LIST_OPS, Group, Head, ShardPlan, batches_for_process, iter_groups, make_group
 
 _T = TypeVar("_T")
+_NONE: Any = object()
 
 
 class GroupSink(Protocol):
@@ -36,6 +37,31 @@ class LastGroup:
 
     def push(self, rank: int, parts: int, real: int, final: bool) -> None:
         self.real, self.final = real, final
+
+
+class NextIndices:
+    """Whether the indices a shard handed out last are its pass's last (``last``), known by reading the next ones.
+
+    Given to a shard (``BatchSamplerShard.next_indices``) by a loader without workers, which fetches each batch as
+    its indices come: it knows the batch it yields is the epoch's last without reading the next batch, so no
+    dataset read or random transform runs ahead of the step.
+    """
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = False
+
+
+def _indices_ahead(it: Iterator[_T], flag: NextIndices) -> Iterator[_T]:
+    """``it``, one item read ahead: ``flag.last`` says whether the item just yielded was the last."""
+    flag.last = False
+    following = next(it, _NONE)
+    while following is not _NONE:
+        current = following
+        following = next(it, _NONE)
+        flag.last = following is _NONE
+        yield current
 
 
 class SeedableRandomSampler(RandomSampler):
@@ -127,6 +153,8 @@ class BatchSamplerShard(BatchSampler):
         each step in process order (what the dispatching process loads).
     even_batches: may be changed between epochs (``Accelerator.join_uneven_inputs`` does).
     skip: steps to leave out at the start of the next iterations (set by the prepared loader).
+    next_indices: when set, the iteration reads one batch of indices ahead and says there whether the last one
+        handed out ends the pass (set by the prepared loader without workers, see ``NextIndices``).
     track_draw: keep the RNG states each pass's first read drew from (``drawn_from``), and replay a
         pass from ``replay_from`` when set (see ``_started``). Set by the prepared loader when the
         sampler has no generator of its own, so its order comes from the global RNGs as in PyTorch.
@@ -164,6 +192,7 @@ class BatchSamplerShard(BatchSampler):
         self.batch_size = per_process
         self.skip = 0
         self.sink: GroupSink | None = None
+        self.next_indices: NextIndices | None = None
         self.track_draw = False
         self.draw_sampler: Any = None  # the sampler that draws, given a generator if a resume needs one
         self.drawn_from: RawStates | None = None
@@ -306,8 +335,10 @@ class BatchSamplerShard(BatchSampler):
     def __iter__(self) -> Iterator[list[Any]]:
         plan, rank = self.plan(), self.process_index
         if rank is not None and type(self.batch_sampler) is BatchSampler:
-            return self._own_index_batches(self.batch_sampler, plan, self.skip, rank, self.sink, self._started)
-        return self._parts(plan, self.skip, self.sink, rank)
+            it = self._own_index_batches(self.batch_sampler, plan, self.skip, rank, self.sink, self._started)
+        else:
+            it = self._parts(plan, self.skip, self.sink, rank)
+        return it if self.next_indices is None else _indices_ahead(it, self.next_indices)
 
     def _parts(self, plan: ShardPlan, skip: int, sink: GroupSink | None, rank: int | None) -> Iterator[list[Any]]:
         for group in self._groups(plan, skip):
