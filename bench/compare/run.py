@@ -54,6 +54,8 @@ def clean_env(framework: str = "accel") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_", "LT_", "PL_"))}
     env.pop("VIRTUAL_ENV", None)
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    # As on a user's machine, Python caches the bytecode of what it imports (envs.compile_bytecode did the rest).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     # DeepSpeed compiles its CPU ops on first use, keyed by the environment's paths: one cache per framework, so that
     # the environments do not rebuild over each other's (nor over the test suite's).
     env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir(framework))
