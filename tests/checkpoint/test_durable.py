@@ -12,21 +12,17 @@ from accel_core import Accelerator
 
 @pytest.fixture
 def fsynced(monkeypatch):
-    """Paths of the regular files fsynced or fdatasynced during the test (the real calls still run)."""
+    """Paths of the regular files fsynced during the test (os.fsync still runs)."""
     paths: list[str] = []
+    real = os.fsync
 
-    def spy(real):
-        def call(fd):
-            path = os.readlink(f"/proc/self/fd/{fd}")
-            if os.path.isfile(path):
-                paths.append(os.path.basename(path))
-            return real(fd)
+    def spy(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.isfile(path):
+            paths.append(os.path.basename(path))
+        return real(fd)
 
-        return call
-
-    for name in ("fsync", "fdatasync"):
-        if hasattr(os, name):
-            monkeypatch.setattr(os, name, spy(getattr(os, name)))
+    monkeypatch.setattr(os, "fsync", spy)
     return paths
 
 
@@ -91,37 +87,3 @@ def test_bad_switch_value_names_the_variable_and_writes_nothing(tmp_path, monkey
     with pytest.raises(ValueError, match=r"ACCEL_CHECKPOINT_FSYNC='maybe'.*set it to 1"):
         accelerator.save_state(str(tmp_path / "ckpt"))
     assert os.listdir(tmp_path) == []
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name fsynced files")
-@pytest.mark.parametrize("writeback", ["refused", "absent"])
-def test_without_early_writeback_files_are_fsynced_as_they_go(tmp_path, monkeypatch, fsynced, writeback):
-    """Where sync_file_range is refused (a file system without it) or absent (not Linux), a helper thread syncs
-    each file every EARLY_SYNC_BYTES instead: more than one sync of the optimizer file, and a loadable checkpoint."""
-    import accel_checkpoint.file_sink as file_sink
-
-    refused = []
-
-    def refuse(fd, offset, length, flags):
-        refused.append(length)
-        return -1
-
-    monkeypatch.setattr(file_sink, "_sync_file_range", refuse if writeback == "refused" else None)
-    monkeypatch.setattr(file_sink, "EARLY_WRITEBACK_BYTES", 256)
-    monkeypatch.setattr(file_sink, "EARLY_SYNC_BYTES", 256)
-    accelerator = Accelerator(cpu=True)
-    model = torch.nn.Linear(64, 64)
-    optimizer = torch.optim.AdamW(model.parameters())
-    model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.backward(model(torch.randn(2, 64)).sum())
-    optimizer.step()
-    expected = {k: v.clone() for k, v in model.state_dict().items()}
-    folder = accelerator.save_state(str(tmp_path / "ckpt"))
-    assert fsynced.count("optimizer.bin") >= 2  # early syncs (16 KiB moments) + the final one
-    assert bool(refused) == (writeback == "refused")  # tried once per file, then not again
-    assert len(refused) <= 3  # model, optimizer, RNG file
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-    accelerator.load_state(folder)
-    assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items())
