@@ -18,7 +18,7 @@ AdamW state (about 3x the model on disk):
   hashing (save) and verification (load) switched off in this process, to show what they add.
 - the limit: the disk's own bandwidth in the same run, alternating with the rest: the checkpoint's
   size written from memory durably the way a careful writer does (``DiskLimit``: the best of one
-  file and 4 files at once, writeback started as it goes, ``fdatasync`` at the end), then one file
+  file and 4 files at once, an fsync every 64 MiB on a helper thread as it goes), then one file
   read back after dropping it from the page cache (``posix_fadvise``), and read again from the
   cache. Saves are shown as a fraction of the write figure (durable save against the durable
   write), loads of the read figures. Every timed write (saves and the limit's) starts after
@@ -41,7 +41,6 @@ import gc
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -67,18 +66,6 @@ def median_time(fn, repeats: int, before=None, cpu: list[float] | None = None) -
     return statistics.median(times)
 
 
-def _start_writeback_fn():
-    """Linux ``sync_file_range(fd, offset, n, SYNC_FILE_RANGE_WRITE)``: start writing those bytes, do not wait."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    return lambda fd, offset, length: function(fd, offset, length, 2)
-
-
 def settle() -> None:
     """Lets the disk finish earlier writes before a timed one: everything dirty is synced, then a pause.
 
@@ -95,10 +82,10 @@ class DiskLimit:
     back cold (dropped from the page cache) and warm.
 
     The careful write (``write``, seconds): the best of one file and ``files`` files written in parallel, each
-    in 64 MiB writes with the kernel asked to start writing back every 8 MiB as it goes (Linux
-    ``sync_file_range``; elsewhere an fsync every 64 MiB on a helper thread) and ending with ``fdatasync``.
-    Not one fsync of the whole file at the end: that waits for every byte after the writing is done, 2.0-2.2 s
-    for 805 MB in the full run of 2026-12-02 11:10, slower than accel's own durable save of the same bytes, so
+    in 64 MiB writes with an fsync of the file so far every 64 MiB on a helper thread (the writer goes on
+    meanwhile; what accel's own writer does) and a final fsync that waits for the tail. Not one fsync of the
+    whole file at the end: that waits for every byte after the writing is done, 2.0-2.2 s for 805 MB in the full
+    run of 2026-12-02 11:10, slower than accel's own durable save of the same bytes, so
     no limit. Each way starts after ``settle()``. ``ways`` keeps the last round's seconds per way.
     """
 
@@ -109,7 +96,6 @@ class DiskLimit:
         self.nbytes = nbytes
         self.files = files
         self.ways: dict[str, float] = {}
-        self._writeback = _start_writeback_fn()
 
     def _write_one(self, path: str, nbytes: int, syncer: ThreadPoolExecutor) -> None:
         view, pending, since_sync, offset = memoryview(self.chunk), None, 0, 0
@@ -119,19 +105,16 @@ class DiskLimit:
                 done = 0
                 piece = view[: min(nbytes - offset, len(view))]
                 while done < len(piece):
-                    step = os.write(fd, piece[done : done + (8 << 20)])
-                    if self._writeback is not None:
-                        self._writeback(fd, offset + done, step)
-                    done += step
+                    done += os.write(fd, piece[done:])
                 offset += done
                 since_sync += done
-                if self._writeback is None and since_sync >= 64 << 20 and (pending is None or pending.done()):
+                if since_sync >= 64 << 20 and (pending is None or pending.done()):
                     if pending is not None:
                         pending.result()
                     pending, since_sync = syncer.submit(os.fsync, fd), 0
             if pending is not None:
                 pending.result()
-            getattr(os, "fdatasync", os.fsync)(fd)
+            os.fsync(fd)
         finally:
             os.close(fd)
 
@@ -139,7 +122,7 @@ class DiskLimit:
         """Seconds of the best way this round; the one file stays, for ``read``."""
         parts = [self.nbytes // self.files + (i < self.nbytes % self.files) for i in range(self.files)]
         paths = [f"{self.path}.{i}" for i in range(self.files)]
-        with ThreadPoolExecutor(max_workers=self.files + 1) as pool:  # one spare for the fallback's fsyncs
+        with ThreadPoolExecutor(max_workers=2 * self.files) as pool:  # writers + their fsyncs
             settle()
             start = time.perf_counter()
             list(pool.map(lambda job: self._write_one(*job, pool), zip(paths, parts, strict=True)))
@@ -338,7 +321,7 @@ def report(
 
     write, read, cached = t["disk_write"], t["disk_read"], t["disk_read_cached"]
     row("limit disk write, durable", "disk_write", "the checkpoint's size, the best way each round:")
-    row("        one file", "disk_write_one", "writeback started every 8 MiB + fdatasync")
+    row("        one file", "disk_write_one", "an fsync every 64 MiB on a helper thread")
     row("        4 files at once", "disk_write_many", "the same, a quarter each")
     row("limit disk read (not cached)", "disk_read")
     row("limit read from the page cache", "disk_read_cached")

@@ -5,8 +5,8 @@ accel fsyncs every file by default (a checkpoint that survives a power cut); the
 save is also measured with ACCEL_CHECKPOINT_FSYNC=0 (`save_nofsync_s`), the like-for-like figure.
 
 The limit, in accel's launch, each round: the disk's own durable write of the checkpoint's size from memory, the way
-a careful writer does it (`disk_write_s`: the best of one file and 4 at once, writeback started as it goes and
-fdatasync at the end; each way's own figure in `disk_write_one_s`, `disk_write_many_s`), and one file read back
+a careful writer does it (`disk_write_s`: the best of one file and 4 at once, an fsync every 64 MiB on a helper thread
+as it goes; each way's own figure in `disk_write_one_s`, `disk_write_many_s`), and one file read back
 after dropping it from the page cache (`disk_read_s`): `DiskLimit` of bench/checkpoint_io.py. Every timed write
 (every framework's saves and the limit's) starts after `settle()` (earlier writes synced, then 1 s): on a virtual
 disk a write straight after another pays for the first one's bytes.
