@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import cProfile
 import functools
 import os
-import pstats
 import statistics
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -157,13 +154,13 @@ def main() -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
-    from torch.profiler import ProfilerActivity, profile
 
     torch.set_num_threads(1)
     from types import SimpleNamespace
 
     from frameworks import AccelHarness, RawHarness  # pyright: ignore[reportMissingImports] - bench/compare on sys.path
     from sharded import Block  # pyright: ignore[reportMissingImports]
+    from step_pair import alternate_rounds, count_work, print_times
 
     dim, depth = args.dim, args.depth
 
@@ -193,41 +190,8 @@ def main() -> None:
     for name in loops:
         step(name, 4)  # warm-up: two optimizer steps
 
-    per_operator: dict[str, collections.Counter[str]] = {}
-    for name in loops:
-        calls.clear()
-        sizes.clear()
-        step(name, 2)
-        counted = ", ".join(f"{k} {v} ({sizes[k] / 1e6:.2f} MB)" for k, v in sorted(calls.items()))
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            step(name, 2)
-        per_operator[name] = collections.Counter(
-            {e.key: e.count for e in prof.key_averages() if e.key.startswith("aten::")}
-        )
-        operators = sum(per_operator[name].values())
-        profiler = cProfile.Profile()
-        profiler.enable()
-        step(name, 2)
-        profiler.disable()
-        python_calls = pstats.Stats(profiler).total_calls  # pyright: ignore[reportAttributeAccessIssue]
-        if rank == 0:
-            print(f"{name:6s} per optimizer step: {counted}; aten ops {operators}; Python calls {python_calls}")
-
-    if args.operators and rank == 0:
-        accel, raw = per_operator["accel"], per_operator["raw"]
-        for op in sorted(set(accel) | set(raw), key=lambda k: accel[k] - raw[k]):
-            if accel[op] != raw[op]:
-                print(f"  {op:40s} accel {accel[op]:5d}  raw {raw[op]:5d}  ({accel[op] - raw[op]:+d})")
-
-    wall: dict[str, list[float]] = {name: [] for name in loops}
-    cpu: dict[str, list[float]] = {name: [] for name in loops}
-    for round_ in range(args.rounds):
-        for name in list(loops) if round_ % 2 == 0 else list(reversed(loops)):
-            dist.barrier()
-            start, start_cpu = time.perf_counter(), time.process_time()
-            step(name, args.steps)
-            wall[name].append((time.perf_counter() - start) / args.steps * 1e3)
-            cpu[name].append((time.process_time() - start_cpu) / args.steps * 1e3)
+    count_work(list(loops), step, calls, sizes, args.operators, mb_digits=2)
+    wall, cpu = alternate_rounds(list(loops), step, args.rounds, args.steps)
 
     # Same seed, same batches, same number of micro-steps: the partitions must match bit for bit.
     pairs = zip(loops["accel"][1].module.parameters(), loops["raw"][1].module.parameters(), strict=True)
@@ -235,17 +199,7 @@ def main() -> None:
     worst_all = torch.tensor(worst)
     dist.all_reduce(worst_all, op=dist.ReduceOp.MAX)
     if rank == 0:
-        for name in loops:
-            w, c = wall[name], cpu[name]
-            print(
-                f"{name:6s} micro-step: wall {statistics.median(w):7.2f} ms ({min(w):.2f} to {max(w):.2f}), "
-                f"CPU {statistics.median(c):7.2f} ms ({min(c):.2f} to {max(c):.2f})"
-            )
-        print(
-            f"accel / raw: wall {statistics.median(wall['accel']) / statistics.median(wall['raw']):.3f}, "
-            f"CPU {statistics.median(cpu['accel']) / statistics.median(cpu['raw']):.3f} "
-            f"({args.rounds} alternating rounds of {args.steps} micro-steps, load average {os.getloadavg()[0]:.1f})"
-        )
+        print_times(wall, cpu, args.rounds, args.steps)
         # Each round's two figures were taken back to back: their ratio is steadier under a changing load than the
         # ratio of the two medians (on the loaded 2-core machine single rounds range over 2-3x).
         print(f"accel / raw per round: wall {paired(wall)}, CPU {paired(cpu)}")
