@@ -348,7 +348,11 @@ def accel_data_environment(clone, constraints, tmp_path_factory) -> AccelDataEnv
     example = _code_blocks(_section(_readme("accel-data"), "## Standalone use"), "python")[0]
     # One string per print: the workers run unbuffered, so each argument of a print is its own write, and the two
     # ranks' writes to the shared pipe interleave ("SHARDEDSHARDED 0 7 198").
-    script.write_text(example + '\nprint(f"SHARDED {dist.get_rank()} {len(loader)} {len(seen)}")\n')
+    # The report goes before the example ends its process group (it asks the group for the rank), which the example
+    # must do: a gloo group left to the interpreter's exit aborted one run in this test under plain torchrun.
+    head, ends_group, tail = example.rpartition("dist.destroy_process_group()")
+    assert ends_group, "accel-data's standalone example should end with dist.destroy_process_group()"
+    script.write_text(head + 'print(f"SHARDED {dist.get_rank()} {len(loader)} {len(seen)}")\n' + ends_group + tail)
     output = venv.run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)], timeout=300)
     # The extra is documented in a sentence, not a code block: `uv pip install ... "accel-data[stateful]"`.
     stateful = re.findall(r"`(uv pip install [^`]*accel-data\[stateful\][^`]*)`", _readme("accel-data"))
