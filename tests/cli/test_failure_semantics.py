@@ -231,12 +231,13 @@ def test_the_launchers_last_look_bounds_a_signal_death_however_late_the_agent_lo
     assert JobFailedError([raised, _failure(1, -signal.SIGKILL.value, timestamp=105, order=1)]).root.rank == 0
 
 
-def test_the_exit_watch_sees_a_killed_child_stop_running() -> None:
+@pytest.mark.parametrize("use_pidfds", [True, False], ids=["pidfds", "polled"])
+def test_the_exit_watch_sees_a_killed_child_stop_running(use_pidfds: bool) -> None:
     import subprocess
 
     from accel_launch.exit_watch import ChildExitWatch
 
-    with ChildExitWatch(rescan=0.05) as watch:
+    with ChildExitWatch(rescan=0.05, use_pidfds=use_pidfds) as watch:
         child = subprocess.Popen(["sleep", "30"])
         time.sleep(0.5)
         killed_at = time.time()
@@ -247,6 +248,56 @@ def test_the_exit_watch_sees_a_killed_child_stop_running() -> None:
     # SIGKILL lands when the kernel next runs the child, which can be just after kill() returned (seen under
     # load, 0.2 ms late): the last sighting falls between the kill and the reaping.
     assert killed_at - 0.5 < watch.alive_at[child.pid] <= reaped_at
+
+
+def test_the_exit_watch_looks_when_a_rank_announces_a_failure_or_a_child_ends(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between failures the watch sleeps (here: no look of its own for 60 s). A runner's announcement, then a
+    child's end, each wake it, and it sees every other child running after that moment: a rank that dies by a
+    signal after a peer failed is then not taken for the cause."""
+    import subprocess
+
+    from accel_launch.exit_watch import ChildExitWatch, announce_failure
+
+    monkeypatch.setenv(FINISH_RECORDS, str(tmp_path))
+    with ChildExitWatch(fifo_folder=str(tmp_path), rescan=60) as watch:
+        time.sleep(0.2)  # the watch's first look, before any child: it now sleeps for 60 s
+        first, second = (subprocess.Popen(["sleep", "30"]) for _ in range(2))
+        try:
+            time.sleep(0.2)
+            assert watch.alive_at == {}  # not looked since the children started
+            announced_at = time.time()
+            announce_failure()  # what the runner does as it records a failure
+            time.sleep(0.2)
+            assert watch.alive_at.keys() == {first.pid, second.pid}
+            assert all(seen > announced_at for seen in watch.alive_at.values()), (announced_at, watch.alive_at)
+            first.kill()
+            first.wait()
+            ended_at = time.time()
+            time.sleep(0.2)
+            assert watch.alive_at[first.pid] < ended_at < watch.alive_at[second.pid]  # seen after the other ended
+        finally:
+            for child in (first, second):
+                child.kill()
+                child.wait()
+
+
+def test_a_failure_announced_without_a_launcher_is_dropped(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker whose launcher is gone (no reader on the FIFO), or that runs outside `accel launch`, neither waits
+    nor raises."""
+    import os
+
+    from accel_launch.exit_watch import FAILING_FIFO, announce_failure
+
+    monkeypatch.delenv(FINISH_RECORDS, raising=False)
+    announce_failure()
+    monkeypatch.setenv(FINISH_RECORDS, str(tmp_path))
+    announce_failure()  # no FIFO
+    os.mkfifo(tmp_path / FAILING_FIFO)
+    started = time.monotonic()
+    announce_failure()  # a FIFO nobody reads
+    assert time.monotonic() - started < 1
 
 
 def test_stall_report_threshold_comes_from_the_script_then_the_launcher_then_60_s(

@@ -173,7 +173,7 @@ def run_torchrun(plan: LaunchPlan, target: LaunchTarget) -> int:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import parse_args, run
 
-        watch = ChildExitWatch()
+        watch = ChildExitWatch(fifo_folder=finishes.name)  # the runners announce failures through it
         try:
             with watch:
                 run(parse_args(argv))

@@ -30,6 +30,7 @@ import traceback
 from types import TracebackType
 from typing import NoReturn
 
+from .exit_watch import announce_failure
 from .finish_records import record_finish
 from .lifeline import die_with_launcher
 
@@ -49,10 +50,11 @@ def record_error(error: BaseException, tb: TracebackType | None) -> None:
     ``extraInfo.failed_at`` (accel's addition) is the time to the microsecond; torch's ``timestamp``
     is whole seconds, too coarse to order two ranks that failed within a second.
     """
+    now = time.time()
+    announce_failure()  # the launcher's exit watch now sees the other ranks running after `now`
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    now = time.time()
     data = {
         "message": {
             "message": f"{type(error).__name__}: {error}",
