@@ -34,6 +34,13 @@ ROWS: list[tuple[str, str, str, str, str]] = [
         "limit: the disk's own durable write of as many bytes (best of 1 file, 4 at once)",
         "s",
     ),
+    (
+        "checkpoint",
+        "1",
+        "save_over_disk_write",
+        "limit: durable save_state / the disk's durable write, back to back (1 is the floor)",
+        "x",
+    ),
     ("checkpoint", "1", "disk_read_s", "limit: the disk's own read of as many bytes (not cached)", "s"),
     ("resume", "2", "exact", "exact resume mid-epoch (bitwise weights), 2 processes", "yes/no"),
     ("crash", "1", "safe", "SIGKILL during an overwriting save, then resume", "yes/no"),

@@ -46,6 +46,8 @@ def test_accel_scenarios_run_in_one_process(tmp_path: Path) -> None:
     assert checkpoint["disk_write_s"] > 0 and checkpoint["disk_read_s"] > 0  # the limit rows
     # One round in --quick: the limit is the faster of its two ways.
     assert checkpoint["disk_write_s"] == min(checkpoint["disk_write_one_s"], checkpoint["disk_write_many_s"])
+    # The durable save over the limit measured next to it, in the same round.
+    assert checkpoint["save_over_disk_write"] == checkpoint["save_s"] / checkpoint["disk_write_s"]
 
 
 def test_table_marks_failures_and_yes_no() -> None:
