@@ -13,6 +13,7 @@ restored: a new AdamW would give other losses), same final weights. Every step u
 global batch whatever the number of processes (each process takes its slice), so the
 trajectories are comparable. The 2-process side also loads a checkpoint that cannot be converted:
 a clear error on both processes, the engine untouched.
+test_deepspeed_runs.py starts it through two_process_checks.py and one_process_checks.py, after their other checks.
 Each ``@check`` is one test of test_deepspeed_runs.py, per launch (the harness: tests/harness/checklist.py).
 """
 

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from checkrun import CheckRun, checks_in, run_check_script, torchrun_command
+from checkrun import CheckRun, checks_in, declared_checks, run_check_script, torchrun_command
 
 pytestmark = pytest.mark.slow  # every test here launches DeepSpeed (tens of seconds each)
 
@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 # DeepSpeed's accelerator on CPU, added to the harness's worker environment (tests/harness/checkrun.py).
 DEEPSPEED_CPU = {"DS_ACCELERATOR": "cpu"}
-RUN_TIMEOUT = 300  # seconds for one launch once the ops are compiled (about 45 s on 2 busy cores)
+RUN_TIMEOUT = 420  # seconds for one launch once the ops are compiled (about 60 s on 2 busy cores)
 
 
 def _figures(output: str) -> dict:
@@ -36,19 +36,51 @@ ZERO_SCRIPT = HERE / "zero_checks.py"
 OFFLOAD_SCRIPT = HERE / "offload_checkpoint_checks.py"
 SINGLE_PROCESS_SCRIPT = HERE / "single_process_checks.py"
 RESHARD_SCRIPT = HERE / "reshard_checks.py"
+# The two launches that run those scripts' checks (all but the offload script's: `accel launch` sets its own options).
+TWO_PROCESS_DRIVER = HERE / "two_process_checks.py"
+ONE_PROCESS_DRIVER = HERE / "one_process_checks.py"
 
 
 @pytest.fixture(scope="module")
-def zero_run(deepspeed_ops, torchrun_checks, tmp_path_factory) -> CheckRun:
+def deepspeed_runs(deepspeed_ops, tmp_path_factory) -> dict[int, CheckRun]:
+    """The 2-process torchrun launch (two_process_checks.py: zero_checks.py's checks, then reshard_checks.py's) and
+    the plain `python` start (one_process_checks.py: single_process_checks.py's, then reshard_checks.py's), started
+    together: each runs its own checks, then they load each other's checkpoints (2 processes -> 1 and 1 -> 2).
+
+    Two starts instead of four (each start imports torch and DeepSpeed in every process); each script's checks are
+    still the tests of their own test function below."""
+    folder = str(tmp_path_factory.mktemp("deepspeed"))
+    launches = {
+        2: (torchrun_command(TWO_PROCESS_DRIVER, folder, nproc=2), TWO_PROCESS_DRIVER, ZERO_SCRIPT),
+        1: ([sys.executable, str(ONE_PROCESS_DRIVER), folder], ONE_PROCESS_DRIVER, SINGLE_PROCESS_SCRIPT),
+    }
+
+    def run(nproc: int) -> CheckRun:
+        command, driver, first = launches[nproc]
+        # The driver imports the scripts in this order; the harness checks that the launch ran exactly these.
+        names = [*declared_checks(first), *declared_checks(RESHARD_SCRIPT)]
+        results = tmp_path_factory.mktemp(f"results_{nproc}")
+        return run_check_script(
+            command, driver, nproc=nproc, env=DEEPSPEED_CPU, timeout=RUN_TIMEOUT, results=results, names=names
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip((2, 1), pool.map(run, (2, 1)), strict=True))
+
+
+@pytest.fixture(scope="module")
+def zero_run(deepspeed_runs: dict[int, CheckRun]) -> CheckRun:
     """ZeRO-1, ZeRO-2 (accumulation + clipping), ZeRO-3 (+ zero.Init, consolidated weights) and bf16 vs DDP."""
-    return torchrun_checks(ZERO_SCRIPT, str(tmp_path_factory.mktemp("zero")), env=DEEPSPEED_CPU, timeout=RUN_TIMEOUT)
+    return deepspeed_runs[2]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", checks_in(ZERO_SCRIPT))
 def test_zero_stages_follow_ddp(zero_run: CheckRun, name: str) -> None:
     zero_run.assert_passed(name)
 
 
+@pytest.mark.multiprocess
 def test_zero_figures(zero_run: CheckRun) -> None:
     figures = _figures(zero_run.stdout)
     print(figures)
@@ -94,37 +126,22 @@ def test_offload_and_checkpoint_through_accel_launch(offload_run: CheckRun, name
 
 
 @pytest.fixture(scope="module")
-def single_process_run(deepspeed_ops, tmp_path_factory) -> CheckRun:
+def single_process_run(deepspeed_runs: dict[int, CheckRun]) -> CheckRun:
     """Plain `python train.py`: contradictory-config errors, DummyOptim/DummyScheduler, frozen teacher + ZeRO-3
     resume."""
-    command = [sys.executable, str(SINGLE_PROCESS_SCRIPT), str(tmp_path_factory.mktemp("single"))]
-    results = tmp_path_factory.mktemp("single_results")
-    return run_check_script(
-        command, SINGLE_PROCESS_SCRIPT, nproc=1, env=DEEPSPEED_CPU, timeout=RUN_TIMEOUT, results=results
-    )
+    return deepspeed_runs[1]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", checks_in(SINGLE_PROCESS_SCRIPT))
 def test_single_process_errors_dummies_teacher(single_process_run: CheckRun, name: str) -> None:
     single_process_run.assert_passed(name)
 
 
 @pytest.fixture(scope="module")
-def reshard_runs(deepspeed_ops, tmp_path_factory) -> dict[int, CheckRun]:
-    """ZeRO-1/2/3 (+ optimizer offload) checkpoints: 2 processes -> 1 and 1 -> 2 through universal checkpoints.
-
-    The 2-process and the 1-process launch run at the same time and wait for each other's checkpoints."""
-    folder = str(tmp_path_factory.mktemp("reshard"))
-    commands = {2: torchrun_command(RESHARD_SCRIPT, folder, nproc=2), 1: [sys.executable, str(RESHARD_SCRIPT), folder]}
-
-    def run(nproc: int) -> CheckRun:
-        results = tmp_path_factory.mktemp(f"reshard_results_{nproc}")
-        return run_check_script(
-            commands[nproc], RESHARD_SCRIPT, nproc=nproc, env=DEEPSPEED_CPU, timeout=RUN_TIMEOUT, results=results
-        )
-
-    with ThreadPoolExecutor(2) as pool:
-        return dict(zip((2, 1), pool.map(run, (2, 1)), strict=True))
+def reshard_runs(deepspeed_runs: dict[int, CheckRun]) -> dict[int, CheckRun]:
+    """ZeRO-1/2/3 (+ optimizer offload) checkpoints: 2 processes -> 1 and 1 -> 2 through universal checkpoints."""
+    return deepspeed_runs
 
 
 @pytest.mark.multiprocess

@@ -126,13 +126,17 @@ class CheckRun:
     records: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, script: Path, nproc: int, launched: Launched, folder: Path) -> CheckRun:
+    def read(
+        cls, script: Path, nproc: int, launched: Launched, folder: Path, names: list[str] | None = None
+    ) -> CheckRun:
+        """``names``: the checks the launch runs, when ``script`` is a driver that imports other scripts' checks
+        (``declared_checks`` of each, in the order it imports them); by default ``script``'s own."""
         records = {}
         for rank in range(nproc):
             path = folder / f"rank{rank}.jsonl"
             lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
             records[rank] = [json.loads(line) for line in lines if line.strip()]
-        return cls(script, declared_checks(script), nproc, launched, records)
+        return cls(script, declared_checks(script) if names is None else names, nproc, launched, records)
 
     def outcome(self, name: str, rank: int) -> str | None:
         """None when ``name`` passed on ``rank``, else why not (its message, place and traceback)."""
@@ -216,11 +220,12 @@ def run_check_script(
     timeout: float = 240,
     results: Path | None = None,
     base_env: dict[str, str] | None = None,
+    names: list[str] | None = None,
 ) -> CheckRun:
     """Runs ``command`` (which starts ``script`` on ``nproc`` processes: torchrun, ``accel launch`` or ``python``)
     with its records written to ``results`` (a fresh folder when None) and reads them back; the environment is
-    ``worker_env(env, base_env)``."""
+    ``worker_env(env, base_env)``; ``names`` as in ``CheckRun.read``."""
     folder = Path(tempfile.mkdtemp(prefix="accel-checks-")) if results is None else results
     folder.mkdir(parents=True, exist_ok=True)
     launched = launch(command, worker_env({**(env or {}), RESULTS_ENV: str(folder)}, base_env), timeout)
-    return CheckRun.read(Path(script), nproc, launched, folder)
+    return CheckRun.read(Path(script), nproc, launched, folder, names)
