@@ -1,7 +1,7 @@
 """Mesh-first parallelism for real: one 4-process launch through every layout, then one plain process.
 
 mesh_checks.py (4 processes, gloo): TP2 x FSDP2, HSDP 2 x 2, TP2 x DDP2, TP4 and a 2-D FSDP plugin
-mesh each match one process (loss and global grad norm within 1e-5 over 20 steps), peers read the
+mesh each match one process (loss and global grad norm within 1e-5 over 10 steps), peers read the
 same batches, gather_for_metrics is exact; bad layouts fail on every rank; context parallelism's
 mesh and sequence split; a TP2 x FSDP2 checkpoint resumes bit-identically and on FSDP4.
 single_process_load.py: that checkpoint on one process without a process group (full weights).
