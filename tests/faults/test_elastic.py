@@ -42,7 +42,9 @@ ENV = {"OMP_NUM_THREADS": "1", "ACCEL_CHECKPOINT_FSYNC": "0"}
 def _launch_args(port: int, project: Path) -> list[str]:
     args = ["--cpu", "--num-machines", "1:2", "--main-process-ip", "127.0.0.1", "--main-process-port", str(port)]
     # A round with fewer than MAX machines starts 3 s after MIN joined, not torch's 30 s (rounds run 3-4 times a test).
-    args += ["--rdzv-conf", "last_call_timeout=3"]
+    # The lost node's agent is declared dead after 5 missed 1 s keep-alives, not torch's 3 x 5 s: the survivor's
+    # restart waits for that before its round can start without it (the default cost each test about 10 s idle).
+    args += ["--rdzv-conf", "last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=5"]
     return [*args, "-n", "2", "--max-restarts", "3", "--keep-global-batch", "--auto-resume", str(SCRIPT), str(project)]
 
 

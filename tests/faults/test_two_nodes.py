@@ -44,6 +44,9 @@ def test_a_lost_node_started_again_rejoins_and_the_job_resumes_bit_identically(
     project = tmp_path / "two_nodes"
     project.mkdir()
     launch = ["--cpu", "--num-machines", "2", "--main-process-ip", "127.0.0.1", "--main-process-port", str(port)]
+    # The lost agent is declared dead after 5 missed 1 s keep-alives, not torch's 3 x 5 s: until then the restart's
+    # round counts it as a participant and cannot take the node started again in.
+    launch += ["--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=5"]
     launch += ["-n", "2", "--max-restarts", "2", "--auto-resume", str(SCRIPT), str(project)]
 
     node0 = NodeAgent.start("0", 0, launch, _env(None))
