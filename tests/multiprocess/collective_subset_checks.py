@@ -8,6 +8,7 @@ Each ``@check`` is one test of tests/core/test_collective_checks.py (the harness
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from datetime import timedelta
@@ -19,10 +20,26 @@ from checklist import check, expect, run_checks
 
 from accel_core import Accelerator, InitProcessGroupKwargs
 
-# A short collective timeout, so torch's check names the missing rank within seconds.
-acc = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=10))])
+FOLDER = Path(sys.argv[1])  # where the ranks meet before the group, and rank 0 says it saw the report
+
+
+def meet_before_the_group() -> None:
+    """Waits (through files, there is no group yet) until both ranks have imported everything. The group's timeout
+    is also how long gloo waits for the other rank to connect: a rank slower to import torch on a loaded machine
+    must not use it up, so that it can be short."""
+    (FOLDER / f"imported.{os.environ['RANK']}").touch()
+    deadline = time.monotonic() + 120
+    while not all((FOLDER / f"imported.{r}").exists() for r in range(2)):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the other rank did not start within 120 s")
+        time.sleep(0.01)
+
+
+meet_before_the_group()
+# A short collective timeout, so torch's check names the missing rank within seconds: it is the time the check
+# waits (10 s before the ranks met first).
+acc = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=5))])
 rank = acc.process_index
-FOLDER = Path(sys.argv[1])  # where rank 0 says it saw the report
 
 
 @check
