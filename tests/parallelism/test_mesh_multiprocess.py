@@ -1,4 +1,5 @@
-"""Mesh-first parallelism for real: one 4-process launch through every layout, then one plain process.
+"""Mesh-first parallelism for real: one 4-process launch through every layout (shared with the pipeline tests), then
+one plain process.
 
 mesh_checks.py (4 processes, gloo): TP2 x FSDP2, HSDP 2 x 2, TP2 x DDP2, TP4 and a 2-D FSDP plugin
 mesh each match one process (loss and global grad norm within 1e-5 over 10 steps), peers read the
@@ -15,22 +16,36 @@ import sys
 from pathlib import Path
 
 import pytest
-from checkrun import CheckRun, checks_in
+from checkrun import CheckRun, checks_in, shared_check_run
+
+# The launch is not through the torchrun fixture, which marks its users (tests/conftest.py): marked here.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
 
 
 SCRIPT = HERE / "mesh_checks.py"
+# One 4-process launch runs this script's checks, then tests/pipeline/pipeline_checks.py's (see that driver).
+LAYOUTS_DRIVER = HERE.parent / "multiprocess" / "four_process_layouts.py"
+PIPELINE_SCRIPT = HERE.parent / "pipeline" / "pipeline_checks.py"
 
 
 @pytest.fixture(scope="module")
-def mesh_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("mesh")
+def layouts_launch(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[CheckRun, Path]:
+    """The launch shared with test_pipeline_multiprocess.py (whichever module runs first starts it)."""
+    return shared_check_run(
+        request.session, tmp_path_factory, LAYOUTS_DRIVER, [SCRIPT, PIPELINE_SCRIPT], nproc=4, timeout=1200
+    )
 
 
 @pytest.fixture(scope="module")
-def mesh_run(torchrun_checks, mesh_folder: Path) -> CheckRun:
-    return torchrun_checks(SCRIPT, str(mesh_folder), nproc=4, timeout=900)
+def mesh_folder(layouts_launch: tuple[CheckRun, Path]) -> Path:
+    return layouts_launch[1]
+
+
+@pytest.fixture(scope="module")
+def mesh_run(layouts_launch: tuple[CheckRun, Path]) -> CheckRun:
+    return layouts_launch[0]
 
 
 @pytest.mark.parametrize("name", checks_in(SCRIPT))

@@ -1,4 +1,5 @@
-"""Pipeline parallelism for real: one 4-process launch (gloo, CPU) of pipeline_checks.py through PP2 x DP2
+"""Pipeline parallelism for real: one 4-process launch (gloo, CPU; shared with the mesh tests, whose checks run first:
+tests/multiprocess/four_process_layouts.py) of pipeline_checks.py through PP2 x DP2
 (GPipe; 1F1B with accumulation), PP2 x TP2, PP2 x FSDP2 with interleaved 1F1B, PP4, a checkpoint
 round trip (and one with 2 stages per rank), a meta-device model (see that script's docstring for what each
 layout checks)."""
@@ -8,7 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from checkrun import CheckRun, checks_in
+from checkrun import CheckRun, checks_in, shared_check_run
+
+# The launch is not through the torchrun fixture, which marks its users (tests/conftest.py): marked here.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
 
@@ -16,11 +20,18 @@ LAYOUTS = ("PP2xDP2-gpipe", "PP2xDP2-1f1b-accumulate2", "PP2xTP2-1f1b", "PP2xFSD
 
 
 SCRIPT = HERE / "pipeline_checks.py"
+# One 4-process launch runs tests/parallelism/mesh_checks.py's checks, then this script's (see that driver).
+LAYOUTS_DRIVER = HERE.parent / "multiprocess" / "four_process_layouts.py"
+MESH_SCRIPT = HERE.parent / "parallelism" / "mesh_checks.py"
 
 
 @pytest.fixture(scope="module")
-def pipeline_run(torchrun_checks, tmp_path_factory: pytest.TempPathFactory) -> CheckRun:
-    return torchrun_checks(SCRIPT, str(tmp_path_factory.mktemp("pipeline")), nproc=4, timeout=1200)
+def pipeline_run(request, tmp_path_factory: pytest.TempPathFactory) -> CheckRun:
+    """The launch shared with test_mesh_multiprocess.py (whichever module runs first starts it)."""
+    run, _folder = shared_check_run(
+        request.session, tmp_path_factory, LAYOUTS_DRIVER, [MESH_SCRIPT, SCRIPT], nproc=4, timeout=1200
+    )
+    return run
 
 
 @pytest.mark.parametrize("name", checks_in(SCRIPT))
