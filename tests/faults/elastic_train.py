@@ -6,7 +6,8 @@ epoch and the ids of the samples it consumed in that step, so a test can account
 across the changes. Rank 0 writes ``final.json`` (the loss over the whole dataset) at the end.
 
 ``LOSE_NODE_AT=<step>`` (given to one node's launch only): that node's process SIGKILLs its agent and
-itself after that optimizer step, in a world of 2 (the machine lost). ``PAUSE_ALONE_AT=<step>``: a
+itself after that optimizer step, in a world of 2 (the machine lost; the test gives the node started again a later
+step, so that it is lost a second time). ``PAUSE_ALONE_AT=<step>``: a
 process running alone stops after that step's periodic save and waits (at most 10 minutes) for its
 agent to restart it, so that a returning node meets the job while it still has steps to go.
 """

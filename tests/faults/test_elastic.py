@@ -1,11 +1,14 @@
-"""Elastic world size: a 2-node job (``--num-machines 1:2``) loses a node and continues alone; the node returns.
+"""Elastic world size: a 2-node job (``--num-machines 1:2``) loses a node and continues alone; the node returns; the
+node is lost again, for good, and the job ends alone.
 
 ``elastic_train.py`` runs under two ``accel launch --num-machines 1:2 --keep-global-batch --auto-resume``
 agents on 127.0.0.1 (one process each). Node 1 SIGKILLs its agent and itself at a random optimizer
 step; node 0's agent restarts its worker in a world of 1, which resumes from the newest complete
 checkpoint (saved by 2 processes) and accumulates 2 micro-batches per step instead of 1, so every
-optimizer step still averages the same 8 samples. In the second run node 1 is started again once
-node 0 has run alone past a save; it joins at the next rendezvous and the job ends in a world of 2.
+optimizer step still averages the same 8 samples. Node 1 is started again once node 0 has run alone past
+a save; it joins at the next rendezvous and the job continues in a world of 2, until node 1 is lost again
+at a later step and node 0 ends the job alone. (One job for the three changes: the two scenarios were two
+jobs of their own before, each with its two agents, its first round and a lost node's rendezvous wait.)
 
 Checked: every sample of every epoch consumed exactly once over the steps that count (a step redone
 after a restart replaces the lost round's record of it), each round's world size and accumulation,
@@ -87,52 +90,57 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return json.loads((project / "final.json").read_text())
 
 
-def _run(project: Path, lose_at: int, pause_alone_at: int | None) -> tuple[list[dict], dict]:
-    """Node 1 lost after step ``lose_at``; with ``pause_alone_at`` it starts again once node 0 ran alone to there."""
+def _run(project: Path, lose_at: int, pause_alone_at: int, lose_again_at: int) -> tuple[list[dict], dict]:
+    """Node 1 lost after step ``lose_at``, started again once node 0 ran alone to ``pause_alone_at``, lost again after
+    step ``lose_again_at``; node 0 ends the job."""
     project.mkdir()
     port = free_port()
-    node0 = NodeAgent.start("0", 0, _launch_args(port, project), {**ENV, "PAUSE_ALONE_AT": str(pause_alone_at or 0)})
+    node0 = NodeAgent.start("0", 0, _launch_args(port, project), {**ENV, "PAUSE_ALONE_AT": str(pause_alone_at)})
     node1 = NodeAgent.start("1", 1, _launch_args(port, project), {**ENV, "LOSE_NODE_AT": str(lose_at)})
-    agents = [node0]
+    again = None
     try:
         lost = node1.wait(TIMEOUT)
         assert lost == -9, f"node 1's agent should have been SIGKILLed, ended {lost}\n{node1.output()}"
-        if pause_alone_at is not None:
-            deadline = time.monotonic() + TIMEOUT
-            while not any(r.get("paused") == pause_alone_at for r in _records(project)):
-                assert node0.process.poll() is None and time.monotonic() < deadline, node0.output()
-                time.sleep(0.5)
-            agents.append(NodeAgent.start("1 again", 1, _launch_args(port, project), ENV))
-        codes = finish(agents, TIMEOUT)
+        deadline = time.monotonic() + TIMEOUT
+        while not any(r.get("paused") == pause_alone_at for r in _records(project)):
+            assert node0.process.poll() is None and time.monotonic() < deadline, node0.output()
+            time.sleep(0.5)
+        again = NodeAgent.start("1 again", 1, _launch_args(port, project), {**ENV, "LOSE_NODE_AT": str(lose_again_at)})
+        lost = again.wait(TIMEOUT)
+        assert lost == -9, f"node 1 (again) should have been SIGKILLed, ended {lost}\n{again.output()}"
+        codes = finish([node0], TIMEOUT)
     finally:
-        for agent in [node0, node1, *agents]:
+        for agent in [node0, node1, *([again] if again else [])]:
             agent.kill()
-    assert set(codes.values()) == {0}, f"{codes}\n{node0.output()}\n{agents[-1].output()}"
+    assert codes == {"0": 0}, f"{codes}\n{node0.output()}"
     return _records(project), json.loads((project / "final.json").read_text())
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("returns", [False, True], ids=["lost-for-good", "node-returns"])
-def test_a_lost_node_shrinks_the_world_and_every_sample_is_seen_once(
-    tmp_path: Path, uninterrupted: dict, returns: bool
+def test_a_lost_node_shrinks_the_world_a_returning_one_grows_it_and_every_sample_is_seen_once(
+    tmp_path: Path, uninterrupted: dict
 ) -> None:
     seed = random.SystemRandom().randrange(2**32)
-    lose_at = random.Random(seed).randint(SAVE_EVERY + 1, STEPS - 8)  # after a save, with steps left to run alone
+    rng = random.Random(seed)
+    lose_at = rng.randint(SAVE_EVERY + 1, 8)  # after a save, with steps left for the rest
     resume_at = (lose_at - 1) // SAVE_EVERY * SAVE_EVERY  # the save of a step is taken when the next batch is read
-    pause_at = resume_at + 2 * SAVE_EVERY if returns else None  # two saves made alone, the second resumed from
-    why = f"seed {seed}: node 1 lost after step {lose_at}, returns: {returns}"
-    records, final = _run(tmp_path / "elastic", lose_at, pause_at)
+    pause_at = resume_at + 2 * SAVE_EVERY  # two saves made alone, the second resumed from by the world of 2
+    lose_again_at = rng.randint(pause_at + 3, STEPS - 6)  # a save of the world of 2 first; steps left to end alone
+    resume_again_at = (lose_again_at - 1) // SAVE_EVERY * SAVE_EVERY
+    why = f"seed {seed}: node 1 lost after step {lose_at}, back at {pause_at}, lost again after {lose_again_at}"
+    records, final = _run(tmp_path / "elastic", lose_at, pause_at, lose_again_at)
 
     steps = _counting_steps(records)
     _assert_each_sample_once_per_epoch(steps, why)
-    # The rounds that count: 2 processes to the checkpoint before the loss, then 1 alone (then 2 again).
+    # The rounds that count: 2 processes to the checkpoint before the loss, 1 alone, 2 again, 1 alone to the end.
     worlds = {step: lines[0]["world"] for step, lines in steps.items()}
-    alone_until = pause_at if returns else STEPS
-    expected = {step: 2 if step <= resume_at or step > alone_until else 1 for step in steps}
+    expected = {step: 2 if step <= resume_at or pause_at < step <= resume_again_at else 1 for step in steps}
     assert worlds == expected, (why, worlds)
-    # The lost round did reach step lose_at: its steps after the checkpoint were redone, not lost.
-    assert max(r["step"] for r in records if "step" in r and r["world"] == 2 and r["step"] <= lose_at) == lose_at, why
+    # Each lost round did reach its last step: its steps after the checkpoint were redone, not lost.
+    for lost in (lose_at, lose_again_at):
+        reached = max(r["step"] for r in records if "step" in r and r["world"] == 2 and r["step"] <= lost)
+        assert reached == lost, (why, lost, reached)
     assert final["steps"] == STEPS, (why, final)
     assert abs(final["loss"] - uninterrupted["loss"]) <= LOSS_TOLERANCE * abs(uninterrupted["loss"]), (
         why,
