@@ -118,36 +118,46 @@ def _assert_same_end(project: Path, reference: Path, why: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("target", ["sigterm", "sigterm-launcher"])
 def test_sigterm_saves_an_emergency_checkpoint_and_the_next_launch_continues_exactly(
-    tmp_path: Path, reference: Path, target: str
+    tmp_path: Path, reference: Path
 ) -> None:
-    """checkpoint_on_sigterm: SIGTERM to one worker only (the ranks must agree) or to the launcher (a
-    cluster's preemption notice, forwarded by torchrun's agent) ends the job with 143 after every rank
-    saved the current step; a new launch with --auto-resume continues from exactly there."""
+    """checkpoint_on_sigterm, twice in one project: SIGTERM to one worker only (the ranks must agree), then, in the
+    launch that resumed from that, to the launcher (a cluster's preemption notice, forwarded by torchrun's agent).
+    Each ends the job with 143 after every rank saved the current step; the next launch with --auto-resume continues
+    from exactly there, and the third ends as the uninterrupted run. (One project for both signals: three launches,
+    not two of two each.)"""
     seed = random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
-    step = rng.choice([s for s in range(2, STEPS - 1) if s % SAVE_EVERY])  # not a periodic save's step
-    plan = {"0": [rng.randint(0, 1), step, target]}
-    why = f"seed {seed}, plan {plan}"
+    steps = [s for s in range(2, STEPS - 1) if s % SAVE_EVERY]  # not a periodic save's step
+    to_worker = rng.choice(steps[:-1])
+    to_launcher = rng.choice([s for s in steps if s > to_worker])  # reached after the resume from the first
+    plans = [
+        {"0": [rng.randint(0, 1), to_worker, "sigterm"]},
+        {"0": [rng.randint(0, 1), to_launcher, "sigterm-launcher"]},
+    ]
+    why = f"seed {seed}, plans {plans}"
     project = tmp_path / "preempted"
 
-    first = _launch(project, plan, restarts=0, sigterm_checkpoint=True)
-    assert first.returncode == 143, f"{why}\n{first.stdout}\n{first.stderr}"
-    assert not (project / "final.safetensors").exists(), why
-    second = _launch(project, None, restarts=0, sigterm_checkpoint=True)
-    assert second.returncode == 0, f"{why}\n{second.stdout}\n{second.stderr}"
+    for plan in plans:
+        stopped = _launch(project, plan, restarts=0, sigterm_checkpoint=True)
+        assert stopped.returncode == 143, f"{why}\n{stopped.stdout}\n{stopped.stderr}"
+        assert not (project / "final.safetensors").exists(), why
+    last = _launch(project, None, restarts=0, sigterm_checkpoint=True)
+    assert last.returncode == 0, f"{why}\n{last.stdout}\n{last.stderr}"
 
     attempts = [json.loads(line) for line in (project / "attempts.jsonl").read_text().splitlines()]
-    resumed = [a for a in attempts if a["resumed_from"] is not None]
-    assert len(resumed) == 2 and {a["rank"] for a in resumed} == {0, 1}, (why, attempts)
-    steps = {a["completed_steps"] for a in resumed}
-    assert len(steps) == 1, (why, attempts)  # both ranks resumed from the same checkpoint
-    (resumed_at,) = steps
-    if target == "sigterm":  # the signal arrives before the step's boundary: saved exactly there
-        assert resumed_at == step, (why, attempts)
-    else:  # forwarded by the launcher's agent: at that boundary or a later one, never a periodic checkpoint
-        assert resumed_at >= step, (why, attempts)
+    assert len(attempts) == 6 and [a["resumed_from"] is None for a in attempts[:2]] == [True, True], (why, attempts)
+    for launch, resumed in (("second", attempts[2:4]), ("third", attempts[4:])):
+        assert all(a["resumed_from"] is not None for a in resumed) and {a["rank"] for a in resumed} == {0, 1}, (
+            launch,
+            why,
+            attempts,
+        )
+        assert resumed[0]["completed_steps"] == resumed[1]["completed_steps"], (launch, why, attempts)  # the same one
+    # SIGTERM to a worker arrives before the step's boundary: saved exactly there.
+    assert attempts[2]["completed_steps"] == to_worker, (why, attempts)
+    # Forwarded by the launcher's agent: at that boundary or a later one, never a periodic checkpoint.
+    assert attempts[4]["completed_steps"] >= to_launcher, (why, attempts)
     _assert_same_end(project, reference, why)
 
 
