@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from importlib.metadata import version
@@ -48,6 +50,13 @@ DEEPSPEED_VENV = (
     / "accel-ci"
     / "packaging-venvs"
     / "py{}.{}-torch{}-deepspeed{}".format(*sys.version_info[:2], version("torch"), version("deepspeed"))
+)
+
+# The other environments: one fixed folder each, per checkout (a module-scoped OS lock keeps two runs of one checkout
+# apart), made anew by each run. Every environment keeps its Python bytecode beside it, outside the environment
+# (PYTHONPYCACHEPREFIX; see Venv), for the next run.
+CHECKOUT_VENVS = (
+    Path.home() / ".cache" / "accel-ci" / "packaging-venvs" / f"checkout-{zlib.crc32(str(REPO).encode()):08x}"
 )
 
 
@@ -131,6 +140,15 @@ def _stated(package: str) -> dict[str, set[str]]:
     return stated
 
 
+@pytest.fixture(scope="module", autouse=True)
+def checkout_venvs() -> Iterator[None]:
+    """Holds CHECKOUT_VENVS for this module's run: another run of the same checkout waits."""
+    CHECKOUT_VENVS.mkdir(parents=True, exist_ok=True)
+    with open(CHECKOUT_VENVS / "in-use.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> Path:
     """A folder holding `dist/`, built by the README's command from this checkout (the clone)."""
@@ -158,8 +176,8 @@ def constraints(tmp_path_factory) -> Path:
 
 
 # PYTHONDONTWRITEBYTECODE is left out too: the first process to import torch in an environment writes the bytecode
-# of what it imports, and the next processes (and the next runs, in the kept DeepSpeed environment) read it instead
-# of compiling torch again (a one-step accel script: 22 s of CPU without bytecode, 8.4 s with).
+# of what it imports, and the next processes (and the next runs: Venv keeps it) read it instead of compiling torch
+# again (a one-step accel script: 22 s of CPU without bytecode, 8.4 s with).
 IGNORED_ENVIRONMENT = {
     "UV_LOCKED",
     "UV_FROZEN",
@@ -171,7 +189,13 @@ IGNORED_ENVIRONMENT = {
 
 
 class Venv:
-    """A fresh virtual environment that the README's install lines target, as an activated one."""
+    """A fresh virtual environment that the README's install lines target, as an activated one.
+
+    Its processes read and write their bytecode in ``bytecode`` beside ``path`` (PYTHONPYCACHEPREFIX), which outlives
+    the environment: the first import of torch in a fresh environment compiled everything it imports (~3 CPU-s per
+    process; the 2-process runs compiled it in 3 processes at once), each run again. A kept file is used only for a
+    source of the same modification time and size, as in a __pycache__ folder: uv links the third-party files from
+    its cache (their times stay), and unpacks the freshly built accel wheels with new times."""
 
     def __init__(self, path: Path, clone: Path, constraints: Path) -> None:
         subprocess.run(["uv", "venv", "-q", "--clear", "--python", sys.executable, str(path)], check=True)
@@ -181,6 +205,7 @@ class Venv:
         # Not the workspace's settings (.ci/run's UV_LOCKED, UV_COMPILE_BYTECODE: seconds of bytecode per venv).
         env = {k: v for k, v in os.environ.items() if k not in IGNORED_ENVIRONMENT}
         self.env = {**env, "VIRTUAL_ENV": str(path), "UV_CONSTRAINT": str(constraints)}
+        self.env["PYTHONPYCACHEPREFIX"] = str(path.parent / "bytecode")
         self.env["PATH"] = f"{path / 'bin'}{os.pathsep}{os.environ['PATH']}"
 
     def install(self, line: str) -> None:
@@ -310,8 +335,8 @@ def _with_step_check(example: str) -> str:
 
 
 @pytest.mark.slow
-def test_accel_core_alone_trains_a_step_and_imports_without_torch(clone, constraints, tmp_path):
-    venv = Venv(tmp_path / "venv", clone, constraints)
+def test_accel_core_alone_trains_a_step_and_imports_without_torch(clone, constraints):
+    venv = Venv(CHECKOUT_VENVS / "accel-core" / "venv", clone, constraints)
     venv.install(_documented("accel-core", "accel-core"))
     assert not {"accel-data", "accel-checkpoint", "accel-tracking", "accel"} & venv.installed()
     # accel-core's README: "`import accel_core` does not import torch"; its example is a step with core alone.
@@ -340,7 +365,7 @@ def accel_data_environment(clone, constraints, tmp_path_factory) -> AccelDataEnv
     """One environment for accel-data alone (one venv, torch's bytecode compiled once): the README's install line,
     its standalone example under torchrun, then its `[stateful]` line (torchdata) and the check script, 2 processes."""
     tmp_path = tmp_path_factory.mktemp("accel-data")
-    venv = Venv(tmp_path / "venv", clone, constraints)
+    venv = Venv(CHECKOUT_VENVS / "accel-data" / "venv", clone, constraints)
     venv.install(_documented("accel-data", "accel-data"))
     installed = venv.installed()
     # The README's standalone example asserts that the 2 epochs gathered over the processes hold every sample once.
@@ -402,10 +427,10 @@ dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_accel_launch_alone_starts_two_processes(clone, constraints, tmp_path):
+def test_accel_launch_alone_starts_two_processes(clone, constraints):
     # The launcher needs accel-core only: its README's example starts a 2-process gloo job, each worker through
     # `python -m accel_launch.runner`, in an environment without the meta-package or the other distributions.
-    venv = Venv(tmp_path / "venv", clone, constraints)
+    venv = Venv(CHECKOUT_VENVS / "accel-launch" / "venv", clone, constraints)
     venv.install(_documented("accel-launch", "accel-launch"))
     assert "accel-core" in venv.installed() and not {"accel", "accel-data", "accel-checkpoint"} & venv.installed()
     (clone / "train.py").write_text(TWO_RANKS)
@@ -415,8 +440,8 @@ def test_accel_launch_alone_starts_two_processes(clone, constraints, tmp_path):
 
 
 @pytest.mark.slow
-def test_accel_installs_with_the_readme_command(clone, constraints, tmp_path):
-    venv = Venv(tmp_path / "venv", clone, constraints)
+def test_accel_installs_with_the_readme_command(clone, constraints):
+    venv = Venv(CHECKOUT_VENVS / "accel" / "venv", clone, constraints)
     venv.install(_documented(None, '"accel==0.1.0"'))
     code = (
         "import sys, accel, accel.utils\n"
@@ -449,8 +474,8 @@ def test_accel_deepspeed_trains_a_step(clone, constraints):
 
 
 @pytest.mark.slow
-def test_accel_fp8_trains_a_step(clone, constraints, tmp_path):
-    venv = Venv(tmp_path / "venv", clone, constraints)
+def test_accel_fp8_trains_a_step(clone, constraints):
+    venv = Venv(CHECKOUT_VENVS / "accel-fp8" / "venv", clone, constraints)
     venv.install(_documented("accel-fp8", '"accel[fp8]==0.1.0"'))
     assert {"accel-fp8", "torchao"} <= venv.installed()
     example = _code_blocks(_section(_readme("accel-fp8"), "## Install"), "python")[0]
