@@ -140,9 +140,10 @@ def _stated(package: str) -> dict[str, set[str]]:
     return stated
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def checkout_venvs() -> Iterator[None]:
-    """Holds CHECKOUT_VENVS for this module's run: another run of the same checkout waits."""
+    """Holds CHECKOUT_VENVS from the build on (every environment needs the build): another run of the same checkout
+    waits."""
     CHECKOUT_VENVS.mkdir(parents=True, exist_ok=True)
     with open(CHECKOUT_VENVS / "in-use.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -150,7 +151,7 @@ def checkout_venvs() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def clone(tmp_path_factory) -> Path:
+def clone(tmp_path_factory, checkout_venvs) -> Path:
     """A folder holding `dist/`, built by the README's command from this checkout (the clone)."""
     folder = tmp_path_factory.mktemp("clone")
     subprocess.run([*BUILD[:-1], str(folder / "dist"), "-q"], cwd=REPO, check=True, timeout=600)
