@@ -108,6 +108,17 @@ def test_the_first_failing_rank_is_named_when_its_peer_then_fails_in_a_collectiv
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+def test_a_rank_killed_by_a_signal_after_its_peer_failed_is_not_taken_for_the_cause(cli) -> None:
+    # Rank 1 exits with 3 (the runner records the time); the moment it has ended, rank 0 dies by SIGKILL, which records
+    # nothing: only the launcher's last sighting of rank 0 orders the two. The runner announces its failure to the
+    # launcher's exit watch (and rank 1's end wakes it too), which then sees rank 0 running after rank 1's failure,
+    # not half a second earlier at its previous look. Workers without torch: ~1 s a run.
+    runs = _first_failures(cli, "exit", "signal", 5)
+    assert [(run["rank"], run["exit_code"]) for run in runs] == [(1, 3)] * 5, runs
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_rank_that_ends_early_is_named_when_its_peer_then_fails_in_a_collective(cli) -> None:
     # Rank 1's script returns while rank 0 waits in a gloo barrier: rank 0 fails, and the summary says why. One run:
     # rank 1's end is recorded before it exits, so before rank 0 can fail because of it (the order is unit-tested).
