@@ -278,6 +278,7 @@ SUMMARY_ROWS = [
     ("gather", "2", "exact_count"),
     ("checkpoint", "1", "save_s"),
     ("checkpoint", "1", "save_nofsync_s"),
+    ("checkpoint", "1", "save_over_disk_write"),
     ("checkpoint", "1", "load_s"),
     ("resume", "2", "exact"),
     ("crash", "1", "safe"),
