@@ -55,13 +55,24 @@ def deepspeed_runs(deepspeed_ops, tmp_path_factory) -> dict[int, CheckRun]:
         1: ([sys.executable, str(ONE_PROCESS_DRIVER), folder], ONE_PROCESS_DRIVER, SINGLE_PROCESS_SCRIPT),
     }
 
+    # The driver imports the scripts in this order; the harness checks that the launch ran exactly these. Parsed
+    # here, before the threads: CPython 3.11's `ast.parse` is not thread-safe (two at once in CI raised "SystemError:
+    # AST constructor recursion depth mismatch", and the 2-process launch then waited out its timeout for the other).
+    names = {
+        nproc: [*declared_checks(first), *declared_checks(RESHARD_SCRIPT)] for nproc, (_, _, first) in launches.items()
+    }
+    results = {nproc: tmp_path_factory.mktemp(f"results_{nproc}") for nproc in launches}
+
     def run(nproc: int) -> CheckRun:
-        command, driver, first = launches[nproc]
-        # The driver imports the scripts in this order; the harness checks that the launch ran exactly these.
-        names = [*declared_checks(first), *declared_checks(RESHARD_SCRIPT)]
-        results = tmp_path_factory.mktemp(f"results_{nproc}")
+        command, driver, _ = launches[nproc]
         return run_check_script(
-            command, driver, nproc=nproc, env=DEEPSPEED_CPU, timeout=RUN_TIMEOUT, results=results, names=names
+            command,
+            driver,
+            nproc=nproc,
+            env=DEEPSPEED_CPU,
+            timeout=RUN_TIMEOUT,
+            results=results[nproc],
+            names=names[nproc],
         )
 
     with ThreadPoolExecutor(2) as pool:
