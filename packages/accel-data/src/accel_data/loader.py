@@ -23,7 +23,7 @@ from .comm import Comm
 from .dispatch import Dispatcher
 from .resume import ResumableMixin, _Progress
 from .rng import synchronize_rng_states
-from .samplers import BatchSamplerShard, LastGroup, NextIndices, SeedableRandomSampler, _last_batch_size
+from .samplers import BatchSamplerShard, LastGroup, NextIndices, SeedableRandomSampler, _last_batch_size, with_last
 from .sharding import BatchOps, ShardPlan, batches_for_process, head_for, iter_groups
 
 if TYPE_CHECKING:
@@ -379,41 +379,31 @@ class ShardedLoaderMixin(ResumableMixin):
 
         def placed(item: Any) -> Any:
             # Placed as soon as read: read ahead (workers, streams), a non_blocking copy overlaps the current step.
-            if item is _END or not place:
+            if not place:
                 return item
             if type(item) is _WithState:
                 item.batch = to_device(item.batch, device, non_blocking)  # pyright: ignore[reportArgumentType]  # placed only with a device
                 return item
             return to_device(item, device, non_blocking)  # pyright: ignore[reportArgumentType]  # placed only with a device
 
+        # Each batch with whether it is the epoch's last: from the shard's look at the next indices when fetched as its
+        # indices come, else by reading (and placing) the next batch first.
+        batches = (
+            ((placed(batch), ahead.last) for batch in source) if ahead is not None else with_last(map(placed, source))
+        )
         try:
-            if ahead is not None:
-                for batch in source:
-                    current = placed(batch)
-                    if ahead.last:
-                        self.end_of_dataloader = True
-                        self.remainder = tail.real
-                    p.position += 1
-                    yield current
-                    # After the last batch, the boundary is the epoch's end (below).
-                    if not ahead.last and boundary is not None:
-                        boundary(self)
-            else:
-                pending = placed(next(source, _END))
-                while pending is not _END:
-                    current = pending
-                    pending = placed(next(source, _END))  # one batch ahead: is ``current`` the last?
-                    if pending is _END:
-                        self.end_of_dataloader = True
-                        self.remainder = tail.real
-                    p.position += 1
-                    if type(current) is _WithState:
-                        p.inner_state = current.state
-                        current = current.batch
-                    yield current
-                    # After the last batch, the boundary is the epoch's end (below).
-                    if pending is not _END and boundary is not None:
-                        boundary(self)
+            for current, last in batches:
+                if last:
+                    self.end_of_dataloader = True
+                    self.remainder = tail.real
+                p.position += 1
+                if type(current) is _WithState:
+                    p.inner_state = current.state
+                    current = current.batch
+                yield current
+                # After the last batch, the boundary is the epoch's end (below).
+                if not last and boundary is not None:
+                    boundary(self)
             completed = True
         finally:
             gradient_state.unregister_dataloader(self)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .lookahead_rng import RawStates, from_plain, to_plain
+from .rng_states import RawStates, from_plain, to_plain
 from .samplers import ensure_generator
 
 if TYPE_CHECKING:

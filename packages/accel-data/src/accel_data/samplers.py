@@ -14,8 +14,8 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SubsetRandomSampler, WeightedRandomSampler
 
-from . import lookahead_rng
-from .lookahead_rng import RawStates
+from . import rng_states
+from .rng_states import RawStates
 from .sharding import LIST_OPS, Group, Head, ShardPlan, batches_for_process, iter_groups, make_group
 
 _T = TypeVar("_T")
@@ -53,14 +53,19 @@ class NextIndices:
         self.last = False
 
 
+def with_last(it: Iterator[_T]) -> Iterator[tuple[_T, bool]]:
+    """Each item of ``it`` with whether it is the last, known by reading the next item before handing it out."""
+    following = next(it, _NONE)
+    while following is not _NONE:
+        current, following = following, next(it, _NONE)
+        yield current, following is _NONE
+
+
 def _indices_ahead(it: Iterator[_T], flag: NextIndices) -> Iterator[_T]:
     """``it``, one item read ahead: ``flag.last`` says whether the item just yielded was the last."""
     flag.last = False
-    following = next(it, _NONE)
-    while following is not _NONE:
-        current = following
-        following = next(it, _NONE)
-        flag.last = following is _NONE
+    for current, last in with_last(it):
+        flag.last = last
         yield current
 
 
@@ -215,15 +220,15 @@ class BatchSamplerShard(BatchSampler):
             return it
         replay, self.replay_from = self.replay_from, None
         if replay is None:
-            self.drawn_from = lookahead_rng.capture()
+            self.drawn_from = rng_states.capture()
             first = list(islice(it, 1))
         else:
-            current = lookahead_rng.capture()
-            lookahead_rng.restore(replay)
+            current = rng_states.capture()
+            rng_states.restore(replay)
             try:
                 first = list(islice(it, 1))
             finally:
-                lookahead_rng.restore(current)
+                rng_states.restore(current)
             self.drawn_from = replay
         return chain(first, it)
 

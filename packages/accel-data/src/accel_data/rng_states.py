@@ -2,8 +2,7 @@
 
 A sampler without a generator draws its pass's order from the global RNGs at its first item: the shard keeps
 the states it drew from (``BatchSamplerShard._started``, the loader's ``sampler_draw``), and a resumed pass
-draws again from them, then puts the checkpoint's states back. (The module's name is from its first use, the
-states before a batch read ahead; the loader without workers no longer reads batches ahead.)
+draws again from them, then puts the checkpoint's states back.
 """
 
 from __future__ import annotations
