@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from checkrun import CheckRun, launch, run_check_script, torchrun_command, worker_env
+from checkrun import CheckRun, declared_checks, launch, run_check_script, torchrun_command, worker_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,17 +53,38 @@ def torchrun() -> Callable[..., subprocess.CompletedProcess[str]]:
 def torchrun_checks(torchrun, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., CheckRun]:
     """Launches a check script (tests/harness/checklist.py) under torchrun and returns its per-check records.
 
-    ``torchrun_checks(script, *args, nproc=2, env=None, timeout=240)``; a failed check or a non-zero exit does not
-    fail here: each check's test reports its own outcome (tests/harness/checkrun.py)."""
+    ``torchrun_checks(script, *args, nproc=2, env=None, timeout=240, names=None)`` (``names``: see
+    ``CheckRun.read``); a failed check or a non-zero exit does not fail here: each check's test reports its own
+    outcome (tests/harness/checkrun.py)."""
 
     def run(
-        script: str | Path, *args: str, nproc: int = 2, env: dict[str, str] | None = None, timeout: float = 240
+        script: str | Path,
+        *args: str,
+        nproc: int = 2,
+        env: dict[str, str] | None = None,
+        timeout: float = 240,
+        names: list[str] | None = None,
     ) -> CheckRun:
         results = tmp_path_factory.mktemp(f"{Path(script).stem}-results")
         command = torchrun_command(script, *args, nproc=nproc)
-        return run_check_script(command, script, nproc=nproc, env=env, timeout=timeout, results=results)
+        return run_check_script(command, script, nproc=nproc, env=env, timeout=timeout, results=results, names=names)
 
     return run
+
+
+# tests/parallelism/mesh_checks.py's checks, then tests/pipeline/pipeline_checks.py's, in one 4-process launch.
+LAYOUTS_DRIVER = REPO / "tests" / "multiprocess" / "four_process_layouts.py"
+LAYOUT_SCRIPTS = (REPO / "tests" / "parallelism" / "mesh_checks.py", REPO / "tests" / "pipeline" / "pipeline_checks.py")
+
+
+@pytest.fixture(scope="session")
+def four_process_layouts(torchrun_checks, tmp_path_factory: pytest.TempPathFactory) -> tuple[CheckRun, Path]:
+    """The launch of tests/multiprocess/four_process_layouts.py, shared by test_mesh_multiprocess.py and
+    test_pipeline_multiprocess.py (whichever runs first starts it; each reports its own script's checks): the run and
+    the folder both scripts write in."""
+    folder = tmp_path_factory.mktemp(LAYOUTS_DRIVER.stem)
+    names = [name for script in LAYOUT_SCRIPTS for name in declared_checks(script)]
+    return torchrun_checks(LAYOUTS_DRIVER, str(folder), nproc=4, timeout=1200, names=names), folder
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -229,32 +229,3 @@ def run_check_script(
     folder.mkdir(parents=True, exist_ok=True)
     launched = launch(command, worker_env({**(env or {}), RESULTS_ENV: str(folder)}, base_env), timeout)
     return CheckRun.read(Path(script), nproc, launched, folder, names)
-
-
-_SHARED_RUNS = pytest.StashKey[dict[Path, tuple[CheckRun, Path]]]()
-
-
-def shared_check_run(
-    session: pytest.Session,
-    tmp_path_factory: pytest.TempPathFactory,
-    driver: Path,
-    scripts: list[Path],
-    *,
-    nproc: int,
-    timeout: float,
-) -> tuple[CheckRun, Path]:
-    """One torchrun launch of ``driver``, shared by every test module of this pytest session that asks for it.
-
-    ``driver`` imports ``scripts`` in this order (so their checks run in this order, in one set of processes) and
-    takes a fresh folder as its argument; the first module to ask launches it, the others read the same records.
-    Returns the run and that folder. Each module still reports its own script's checks (``checks_in(script)``).
-    """
-    runs = session.stash.setdefault(_SHARED_RUNS, {})
-    if driver not in runs:
-        folder = tmp_path_factory.mktemp(driver.stem)
-        names = [name for script in scripts for name in declared_checks(script)]
-        command = torchrun_command(driver, str(folder), nproc=nproc)
-        results = tmp_path_factory.mktemp(f"{driver.stem}-results")
-        run = run_check_script(command, driver, nproc=nproc, timeout=timeout, results=results, names=names)
-        runs[driver] = (run, folder)
-    return runs[driver]

@@ -6,7 +6,7 @@ Run: PYTHONPATH=tests/harness torchrun --nproc_per_node 4 tests/multiprocess/fou
 One launch instead of two: each costs four processes importing torch and accel, a process group, and the first use
 of DTensor, FSDP and DCP (seconds of every first check). Both scripts take ``<folder>`` (their files have other
 names) and build a fresh Accelerator for each check. test_mesh_multiprocess.py and test_pipeline_multiprocess.py
-share the launch (tests/harness/checkrun.py: shared_check_run), each reporting its own script's checks.
+share the launch (tests/conftest.py: the session fixture four_process_layouts), each reporting its own script's checks.
 """
 
 from __future__ import annotations

@@ -16,36 +16,24 @@ import sys
 from pathlib import Path
 
 import pytest
-from checkrun import CheckRun, checks_in, shared_check_run
-
-# The launch is not through the torchrun fixture, which marks its users (tests/conftest.py): marked here.
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+from checkrun import CheckRun, checks_in
 
 HERE = Path(__file__).resolve().parent
 
 
+# One 4-process launch runs this script's checks, then tests/pipeline/pipeline_checks.py's (tests/conftest.py:
+# four_process_layouts).
 SCRIPT = HERE / "mesh_checks.py"
-# One 4-process launch runs this script's checks, then tests/pipeline/pipeline_checks.py's (see that driver).
-LAYOUTS_DRIVER = HERE.parent / "multiprocess" / "four_process_layouts.py"
-PIPELINE_SCRIPT = HERE.parent / "pipeline" / "pipeline_checks.py"
 
 
 @pytest.fixture(scope="module")
-def layouts_launch(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[CheckRun, Path]:
-    """The launch shared with test_pipeline_multiprocess.py (whichever module runs first starts it)."""
-    return shared_check_run(
-        request.session, tmp_path_factory, LAYOUTS_DRIVER, [SCRIPT, PIPELINE_SCRIPT], nproc=4, timeout=1200
-    )
+def mesh_folder(four_process_layouts: tuple[CheckRun, Path]) -> Path:
+    return four_process_layouts[1]
 
 
 @pytest.fixture(scope="module")
-def mesh_folder(layouts_launch: tuple[CheckRun, Path]) -> Path:
-    return layouts_launch[1]
-
-
-@pytest.fixture(scope="module")
-def mesh_run(layouts_launch: tuple[CheckRun, Path]) -> CheckRun:
-    return layouts_launch[0]
+def mesh_run(four_process_layouts: tuple[CheckRun, Path]) -> CheckRun:
+    return four_process_layouts[0]
 
 
 @pytest.mark.parametrize("name", checks_in(SCRIPT))

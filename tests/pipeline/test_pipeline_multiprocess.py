@@ -9,29 +9,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from checkrun import CheckRun, checks_in, shared_check_run
-
-# The launch is not through the torchrun fixture, which marks its users (tests/conftest.py): marked here.
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+from checkrun import CheckRun, checks_in
 
 HERE = Path(__file__).resolve().parent
 
 LAYOUTS = ("PP2xDP2-gpipe", "PP2xDP2-1f1b-accumulate2", "PP2xTP2-1f1b", "PP2xFSDP2-interleaved", "PP4-1f1b")
 
 
+# One 4-process launch runs tests/parallelism/mesh_checks.py's checks, then this script's (tests/conftest.py:
+# four_process_layouts).
 SCRIPT = HERE / "pipeline_checks.py"
-# One 4-process launch runs tests/parallelism/mesh_checks.py's checks, then this script's (see that driver).
-LAYOUTS_DRIVER = HERE.parent / "multiprocess" / "four_process_layouts.py"
-MESH_SCRIPT = HERE.parent / "parallelism" / "mesh_checks.py"
 
 
 @pytest.fixture(scope="module")
-def pipeline_run(request, tmp_path_factory: pytest.TempPathFactory) -> CheckRun:
-    """The launch shared with test_mesh_multiprocess.py (whichever module runs first starts it)."""
-    run, _folder = shared_check_run(
-        request.session, tmp_path_factory, LAYOUTS_DRIVER, [MESH_SCRIPT, SCRIPT], nproc=4, timeout=1200
-    )
-    return run
+def pipeline_run(four_process_layouts: tuple[CheckRun, Path]) -> CheckRun:
+    return four_process_layouts[0]
 
 
 @pytest.mark.parametrize("name", checks_in(SCRIPT))
