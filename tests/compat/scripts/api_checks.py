@@ -51,7 +51,10 @@ logger = get_logger(__name__)
 try:
     logger.info("before the state exists")
 except RuntimeError as error:
-    print(f"EARLY-ERROR {error}", flush=True)
+    # One write with its newline: print() writes the text and "\n" apart, and two ranks' lines then merge in the
+    # shared pipe when stdout is unbuffered (seen in CI: one line holding both ranks' messages).
+    sys.stdout.write(f"EARLY-ERROR {error}\n")
+    sys.stdout.flush()
 
 accelerator = Accelerator()
 rank = accelerator.process_index
