@@ -230,11 +230,47 @@ def standalone_with_ops_gather() -> None:
 
 @check
 def rng_sync_of_shuffled_loaders() -> None:
-    torch.manual_seed(1000 + RANK)  # processes seeded differently on purpose
-    loader = prepare_data_loader(DataLoader(Items(64), batch_size=5, shuffle=True))
-    for epoch in range(2):
-        ids = [i for b in loader for i in ops.gather(b["idx"]).tolist()]
-        expect(sorted(ids[:64]) == list(range(64)), f"rng sync epoch {epoch}: {len(set(ids[:64]))} distinct")
+    """Every epoch reads each sample once over the processes. The loader's own generator (or a seedable sampler's
+    seed) is broadcast at the first epoch only, and again after load_state_dict; a generator the user passed, which
+    other code may draw from, at every epoch."""
+    import accel_data.loader as loader_module
+
+    broadcasts = []
+    synchronize = loader_module.synchronize_rng_states
+
+    def counted(*args, **kwargs):
+        broadcasts.append(args[0])
+        return synchronize(*args, **kwargs)
+
+    loader_module.synchronize_rng_states = counted
+    try:
+        cases = {
+            "own generator": (dict(shuffle=True), {}, 1),
+            "seedable sampler": (dict(shuffle=True), dict(use_seedable_sampler=True), 1),
+            "user's generator": (dict(shuffle=True, generator=torch.Generator().manual_seed(RANK)), {}, 4),
+        }
+        for case, (loader_args, prepare_args, expected) in cases.items():
+            torch.manual_seed(1000 + RANK)  # processes seeded differently on purpose
+            loader = prepare_data_loader(DataLoader(Items(64), batch_size=5, **loader_args), **prepare_args)
+            broadcasts.clear()
+            orders = []
+            for epoch in range(4):
+                ids = [i for b in loader for i in ops.gather(b["idx"]).tolist()]
+                expect(sorted(ids[:64]) == list(range(64)), f"{case}, epoch {epoch}: {len(set(ids[:64]))} distinct")
+                orders.append(ids[:64])
+            expect(len({tuple(o) for o in orders}) == 4, f"{case}: each epoch has an order of its own")
+            expect(len(broadcasts) == expected, f"{case}: {len(broadcasts)} synchronisations in 4 epochs")
+        torch.manual_seed(3000 + RANK)
+        own = prepare_data_loader(DataLoader(Items(64), batch_size=5, shuffle=True))
+        epoch_batches(own)
+        broadcasts.clear()
+        own.load_state_dict(own.state_dict())
+        for epoch in range(2):
+            ids = [i for b in own for i in ops.gather(b["idx"]).tolist()]
+            expect(sorted(ids[:64]) == list(range(64)), f"after load_state_dict, epoch {epoch}: not each sample once")
+        expect(len(broadcasts) == 1, f"the first epoch after load_state_dict synchronises again: {broadcasts}")
+    finally:
+        loader_module.synchronize_rng_states = synchronize
     torch.manual_seed(2000 + RANK)
     synced = prepare_data_loader(DataLoader(Items(8), batch_size=2), rng_types=["torch"])
     next(iter(synced))

@@ -39,7 +39,7 @@ class ResumableMixin:
     """``state_dict`` / ``load_state_dict`` / ``skip_first_batches`` of the prepared loaders.
 
     Uses the loader's ``_progress``, ``_generator``, ``_seedable``, ``_skip``, ``_stateful``,
-    ``_shard``, ``_sync_draw``, ``num_processes`` and ``split_batches`` (set up by ``ShardedLoaderMixin``).
+    ``_shard``, ``_sync_draw``, ``_rng_synced``, ``num_processes`` and ``split_batches`` (set up by ``ShardedLoaderMixin``).
     """
 
     _progress: _Progress
@@ -49,6 +49,7 @@ class ResumableMixin:
     _stateful: bool
     _shard: Any
     _sync_draw: bool
+    _rng_synced: bool
     num_processes: int
     split_batches: bool
 
@@ -87,6 +88,7 @@ class ResumableMixin:
         A different number of processes is fine when the consumed steps convert to whole steps.
         """
         p = self._progress
+        self._rng_synced = False  # a loaded generator state or seed: synchronised again at the next epoch
         p.epoch = int(state_dict.get("epoch", 0))
         position = int(state_dict.get("batches_yielded", 0))
         saved_n = int(state_dict.get("num_processes", self.num_processes))
