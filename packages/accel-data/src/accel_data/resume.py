@@ -38,8 +38,8 @@ class _Progress:
 class ResumableMixin:
     """``state_dict`` / ``load_state_dict`` / ``skip_first_batches`` of the prepared loaders.
 
-    Uses the loader's ``_progress``, ``_generator``, ``_seedable``, ``_skip``, ``_stateful``,
-    ``_shard``, ``_sync_draw``, ``_rng_synced``, ``num_processes`` and ``split_batches`` (set up by ``ShardedLoaderMixin``).
+    Uses the loader's ``_progress``, ``_generator``, ``_seedable``, ``_skip``, ``_stateful``, ``_shard``,
+    ``_sync_draw``, ``_rng_synced``, ``num_processes`` and ``split_batches`` (set up by ``ShardedLoaderMixin``).
     """
 
     _progress: _Progress
