@@ -273,8 +273,10 @@ class Plan:
         self.quick = quick
         self.reps = reps or (1 if quick else 5)  # start-up and in-process launches per framework, alternating
         self.launch_procs = (1,) if quick else (1, 2)
-        # A 2-process launch starts 3 interpreters (launcher + 2 ranks), each importing torch: 3 alternating launches.
-        self.launch2_reps = min(self.reps, 3)
+        # A 2-process launch starts 3 interpreters (launcher + 2 ranks), each importing torch: ~4 s each, and its
+        # spread between launches (0.4 s) is wider than the gaps between frameworks: as many launches as the others
+        # (3 left the row's verdict to chance: a 12-round A/B put accel 0.2 s ahead where 3 launches put it behind).
+        self.launch2_reps = self.reps
         # The few-hundred-MB checkpoint costs seconds per save: fewer launches (each the median of its rounds).
         self.checkpoint_reps = 1 if quick else min(self.reps, 3)
         self.warm_cache = not quick  # one untimed import per framework before the timed ones
