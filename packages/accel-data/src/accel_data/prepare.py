@@ -218,11 +218,11 @@ def prepare_data_loader(
         # dispatching process 0, tensor-parallel peers each reading all of it), a sampler without a
         # generator draws its order from the global RNG at each pass, as in PyTorch.
         shared = n > 1 and not dispatch
-        own_generator = seedable is None and getattr(sampler, "generator", None) is None
+        had_no_generator = getattr(sampler, "generator", None) is None
         generator = None if seedable is not None else ensure_generator(sampler, create=shared)
         # A generator made here, or a seedable sampler's seed, is drawn from by the sampler alone: once
         # synchronised, the processes stay alike (a generator the user passed may be drawn from elsewhere).
-        private_rng = shared and (seedable is not None or (own_generator and generator is not None))
+        private_rng = shared and (seedable is not None or (had_no_generator and generator is not None))
         shard_rank = None if (dispatch and comm is not None and comm.is_source) else rank
         if batch_sampler is None:
             if split_batches and n > 1:
