@@ -114,3 +114,24 @@ def test_dcp_metadata_with_a_foreign_global_is_refused(tmp_path):
     with pytest.raises(UnsafeCheckpointError, match=r"io\.open"):
         merge_sharded_checkpoint(str(tmp_path / "dcp"), str(tmp_path / "out"))
     assert not victim.exists()
+
+
+def test_dcp_metadata_pickled_by_python_3_13_reads_on_every_version(tmp_path):
+    """Python 3.13 pickles a path as ``pathlib._local.PosixPath`` (DCP's metadata holds the checkpoint's path): the
+    allow-list accepts that name, and it reads on 3.10-3.12 too, where ``pathlib._local`` does not exist."""
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    state = {"w": torch.arange(6.0)}
+    dcp.save({"model": state}, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    metadata_file = tmp_path / "dcp" / ".metadata"
+    with open(metadata_file, "rb") as handle:
+        metadata = pickle.load(handle)
+    # Protocol 2 names each class on a text line, so the module can be rewritten to 3.13's spelling.
+    text = pickle.dumps(metadata, protocol=2)
+    module = b"pathlib._local" if b"cpathlib._local\n" in text else b"pathlib"
+    assert text.count(b"c" + module + b"\nPosixPath\n") == 1, "DCP's metadata no longer holds a path"
+    metadata_file.write_bytes(text.replace(b"c" + module + b"\n", b"cpathlib._local\n"))
+    merged = load_file(merge_sharded_checkpoint(str(tmp_path / "dcp"), str(tmp_path / "out")))
+    assert set(merged) == {"w"} and torch.equal(merged["w"], state["w"])

@@ -41,6 +41,10 @@ _ALLOWED: dict[str, set[str]] = {
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if module == "pathlib._local":
+            # Python 3.13 moved the path classes into pathlib._local and pickles them under that name; pathlib
+            # re-exports them on every version, so a checkpoint saved on 3.13 also reads on 3.10-3.12.
+            module = "pathlib"
         if name in _ALLOWED.get(module, ()):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
