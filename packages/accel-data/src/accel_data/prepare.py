@@ -22,6 +22,7 @@ from .samplers import (
     seedable_copy,
 )
 from .sharding import ShardPlan
+from .worker_guard import guarded
 
 if TYPE_CHECKING:
     from accel_core.protocols import BatchBoundaryHook
@@ -54,7 +55,8 @@ def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:
         "collate_fn": loader.collate_fn,
         "pin_memory": loader.pin_memory,
         "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
+        # Workers end when the training process dies while they start (torch's own check misses that).
+        "worker_init_fn": guarded(loader.worker_init_fn) if loader.num_workers > 0 else loader.worker_init_fn,
         "multiprocessing_context": loader.multiprocessing_context,
         "generator": loader.generator,
         "prefetch_factor": loader.prefetch_factor,
