@@ -87,7 +87,9 @@ def test_merge_a_dcp_folder(tmp_path):
 
     model = _model()
     state = {k: v for k, v in model.state_dict().items() if k != "3.weight"}
-    dcp.save({"model": state}, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    dcp.save(
+        {"model": state}, checkpoint_id=str(tmp_path / "dcp")
+    )  # no process group: DCP writes from this process alone
     out = merge_sharded_checkpoint(str(tmp_path / "dcp"), str(tmp_path / "out"))
     assert out.endswith(os.path.join("out", "model.safetensors"))
     merged = load_file(out)
@@ -102,7 +104,9 @@ def test_dcp_metadata_with_a_foreign_global_is_refused(tmp_path):
 
     from accel_checkpoint.errors import UnsafeCheckpointError
 
-    dcp.save({"model": {"w": torch.ones(2)}}, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    dcp.save(
+        {"model": {"w": torch.ones(2)}}, checkpoint_id=str(tmp_path / "dcp")
+    )  # no process group: DCP writes from this process alone
     victim = tmp_path / "pwned"
 
     class Payload:
@@ -124,7 +128,9 @@ def test_dcp_metadata_pickled_by_python_3_13_reads_on_every_version(tmp_path):
     import torch.distributed.checkpoint as dcp
 
     state = {"w": torch.arange(6.0)}
-    dcp.save({"model": state}, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    dcp.save(
+        {"model": state}, checkpoint_id=str(tmp_path / "dcp")
+    )  # no process group: DCP writes from this process alone
     metadata_file = tmp_path / "dcp" / ".metadata"
     with open(metadata_file, "rb") as handle:
         metadata = pickle.load(handle)

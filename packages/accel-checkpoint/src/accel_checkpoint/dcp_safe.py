@@ -8,6 +8,7 @@ and load non-tensor values with ``weights_only=True`` (unless the caller opted i
 
 from __future__ import annotations
 
+import inspect
 import io
 import os
 import pickle
@@ -137,10 +138,14 @@ def read_dcp_tensors(folder: str, prefix: str = "", allow_unsafe_pickle: bool | 
     for key, item in metadata.state_dict_metadata.items():
         if isinstance(item, TensorStorageMetadata) and key.startswith(prefix):
             wanted[key] = torch.empty(item.size, dtype=item.properties.dtype)
-    dcp.load(
-        wanted,
-        storage_reader=SafeFileSystemReader(folder, allow_unsafe_pickle),
-        planner=SafeLoadPlanner(allow_unsafe_pickle),
-        no_dist=True,
-    )
+    reader = SafeFileSystemReader(folder, allow_unsafe_pickle)
+    planner = SafeLoadPlanner(allow_unsafe_pickle)
+    if "no_dist" in inspect.signature(dcp.load).parameters:
+        dcp.load(wanted, storage_reader=reader, planner=planner, no_dist=True)
+    else:
+        # torch 2.6's dcp.load has no ``no_dist`` and, when a process group exists, reads collectively: one process
+        # merging inside a distributed job would wait for the others. Its inner loader takes the switch.
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        _load_state_dict(wanted, storage_reader=reader, planner=planner, no_dist=True)
     return {key[len(prefix) :]: value for key, value in wanted.items()}

@@ -31,8 +31,9 @@ def numpy_data_globals() -> list[Any]:
 
     core = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core to np._core
     allowed: list[Any] = [core.multiarray._reconstruct, np.ndarray, np.dtype, codecs.encode]  # pyright: ignore[reportAttributeAccessIssue]
-    if hasattr(np, "dtypes"):
-        allowed += [getattr(np.dtypes, name) for name in ("UInt32DType", "Float64DType", "Int64DType", "Float32DType")]
+    # Each dtype's own class (np.dtypes.Int64DType on numpy >= 1.25, the unnamed numpy.dtype[int64] before):
+    # unpickling a dtype rebuilds an instance of it.
+    allowed += [type(np.dtype(name)) for name in ("uint32", "float64", "int64", "float32")]
     return allowed
 
 
