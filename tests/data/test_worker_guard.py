@@ -6,6 +6,7 @@ Each script below SIGKILLs itself while its two workers are inside ``worker_init
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -42,16 +43,17 @@ def test_workers_of_a_killed_process_end_with_the_guard_and_linger_without_it(tm
     folders = {kind: tmp_path / kind for kind in ("prepared", "raw")}
     for folder in folders.values():
         folder.mkdir()
-    # Output to files, not pipes: a lingering worker would hold a pipe open and hang the read.
-    runs = {
-        kind: subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(folder), kind],
-            stdout=open(tmp_path / f"{kind}.log", "wb"),
-            stderr=subprocess.STDOUT,
-        )
-        for kind, folder in folders.items()
-    }
     workers: dict[str, list[int]] = {}
+    # Output to files, not pipes: a lingering worker would hold a pipe open and hang the read.
+    with contextlib.ExitStack() as logs:
+        runs = {
+            kind: subprocess.Popen(
+                [sys.executable, str(SCRIPT), str(folder), kind],
+                stdout=logs.enter_context(open(tmp_path / f"{kind}.log", "wb")),
+                stderr=subprocess.STDOUT,
+            )
+            for kind, folder in folders.items()
+        }
     try:
         for kind, run in runs.items():
             assert run.wait(timeout=120) == -signal.SIGKILL, (tmp_path / f"{kind}.log").read_text()

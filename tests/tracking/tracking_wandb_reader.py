@@ -31,7 +31,8 @@ def read_records(path: str | Path, timeout: float = 30.0) -> list[Any]:
     """Every record of a finished run's log.
 
     ``run.finish()`` can return before wandb-core has written the log out (seen with wandb 0.31
-    under load), so this waits, up to ``timeout`` seconds, for the final ``exit`` record.
+    under load), so this waits, up to ``timeout`` seconds, for the log's last record: ``exit``, or
+    ``footer`` after it in older wandb.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -39,10 +40,12 @@ def read_records(path: str | Path, timeout: float = 30.0) -> list[Any]:
             records = _parse(Path(path))
         except (ValueError, struct.error):  # a chunk still being written
             records = []
-        if records and records[-1].WhichOneof("record_type") == "exit":
+        kinds = [r.WhichOneof("record_type") for r in records]
+        # wandb 0.31 ends the log with the exit record; older wandb (0.17, the declared floor) writes history,
+        # summary, final and footer records after it.
+        if kinds and (kinds[-1] == "exit" or ("exit" in kinds and kinds[-1] == "footer")):
             return records
         if time.monotonic() > deadline:
-            kinds = [r.WhichOneof("record_type") for r in records]
             raise TimeoutError(f"{path} has no exit record after {timeout}s (records: {kinds}).")
         time.sleep(0.1)
 
