@@ -130,3 +130,15 @@ def test_a_hugging_face_config_folder_with_its_own_tp_plan(tmp_path: Path, capsy
     assert by_tp[1]["parameters"] == 4 * sum(p.numel() for p in model.parameters())
     split = sum(s.numel for s in shapes.values() if s.tp_dim is not None)
     assert by_tp[2]["parameters"] == by_tp[1]["parameters"] - 4 * split // 2
+
+
+def test_a_model_without_a_tp_plan_is_refused_with_the_fix() -> None:
+    plain = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="give the model a tp_plan attribute") as refused:
+        parameter_shapes(plain, need_plan=True)
+    assert "transformers" not in str(refused.value)
+    # A Hugging Face model from before transformers 4.56 has no public tp_plan: the message says which release does.
+    older = type("LlamaForCausalLM", (nn.Module,), {"__module__": "transformers.models.llama.modeling_llama"})()
+    older.proj = nn.Linear(4, 4)
+    with pytest.raises(ValueError, match=r'pip install -U "transformers>=4.56"'):
+        parameter_shapes(older, need_plan=True)

@@ -10,7 +10,7 @@ if [[ ! -x "$python" ]]; then
     exit 2
 fi
 # Deselected here, with the reason:
-# - fp8 training on the CPU: torch 2.6 has no CPU kernel for torch._scaled_mm (the main suite trains fp8 on the
+# - fp8 training on the CPU: torch 2.7 has no CPU kernel for torch._scaled_mm (the main suite trains fp8 on the
 #   CPU with the workspace's torch); on the floors, conversion and configuration are checked, not the matmul.
 exec "$python" -m pytest -q -p no:cacheprovider -m "not slow" \
     --deselect tests/fp8/test_fp8_single.py::test_float8_linear_trains_on_cpu \

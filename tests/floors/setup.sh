@@ -4,7 +4,7 @@
 # (3.10) where this machine has one. Prints the interpreter's path last. Run the tests with tests/floors/run.sh.
 #
 # Why: the workspace's lock holds the newest versions, so the main suite cannot see a package that uses something
-# newer than its declared floor (a session found torch 2.4 declared while 2.6's names were imported, and numpy
+# newer than its declared floor (a session found torch 2.4 declared while 2.7's functions were called, and numpy
 # 1.24's pickles refused). The environment lives under ACCEL_FLOORS_ENV (default $HOME/.cache/accel-ci/floors-env),
 # kept between CI runs.
 set -euo pipefail

@@ -184,7 +184,6 @@ def test_comet_offline_archive_read_back(offline_env: Path, tmp_path: Path) -> N
     assert CometMLTracker.is_available()
     quiet = comet_ml.ExperimentConfig(
         offline_directory=str(tmp_path / "comet"),
-        name="run-c",
         auto_metric_logging=False,
         auto_param_logging=False,
         auto_output_logging=False,
@@ -195,6 +194,7 @@ def test_comet_offline_archive_read_back(offline_env: Path, tmp_path: Path) -> N
         display_summary_level=0,
     )
     tracker = CometMLTracker("accel-proj", tmp_path, experiment_config=quiet)
+    tracker.experiment.set_name("run-c")  # not ExperimentConfig(name=...): comet-ml 3.40 (the floor) lacks it
     tracker.store_init_configuration({"lr": 0.2})
     for step, loss in enumerate([3.0, 2.0, 1.0]):
         tracker.log({"loss": loss, "stage": "train"}, step=step)

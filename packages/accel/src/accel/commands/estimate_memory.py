@@ -218,9 +218,12 @@ def parameter_shapes(model: nn.Module, need_plan: bool = False) -> list[Paramete
     """Each distinct parameter (tied ones once) with the dimension the model's ``tp_plan`` splits."""
     split = _tp_split_dims(model)
     if need_plan and not split:
+        hint = ""
+        if type(model).__module__.startswith("transformers."):  # their public tp_plan arrived in 4.56
+            hint = ' Hugging Face models have one from transformers 4.56: pip install -U "transformers>=4.56".'
         raise ValueError(
             f"--tp-sizes needs to know how {type(model).__name__} is split: give the model a tp_plan attribute "
-            "(module-name patterns to 'colwise' / 'rowwise', as ParallelismConfig(tp_plan=...) takes)."
+            "(module-name patterns to 'colwise' / 'rowwise', as ParallelismConfig(tp_plan=...) takes)." + hint
         )
     return [
         ParameterShape(name, tuple(param.shape), param.requires_grad, split.get(name))
