@@ -37,6 +37,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "harness"))  # run by hand too (pytest's pythonpath has it already)
+import processes  # noqa: E402
 from nodes import accel_command, free_port  # noqa: E402  # the two-node tests' own helpers
 
 SCRIPT = HERE / "restartable_train.py"
@@ -93,9 +94,7 @@ def launch(
     tail = [str(SCRIPT), str(project)]
     if cell is None or cell.rendezvous == "c10d":
         port = ["--main-process-port", str(free_port())] if cell is not None and cell.port == "fixed" else []
-        return subprocess.run(
-            [*base, "-n", "2", *port, *tail], env=env, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        return processes.run([*base, "-n", "2", *port, *tail], env, timeout)
     # static: two nodes of one process each on the loopback.
     nodes = ["--num-machines", "2", "--main-process-ip", "127.0.0.1", "--main-process-port", str(free_port())]
     nodes += ["--rdzv-backend", "static"]  # several machines with restarts default to c10d
@@ -106,6 +105,7 @@ def launch(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,
         )
         for node in (0, 1)
     ]
@@ -115,7 +115,7 @@ def launch(
             out, err = agent.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             for other in agents:
-                other.kill()
+                processes.kill_tree(other.pid)
             out, err = agent.communicate()
         outputs.append((agent.returncode, out, err))
     code = next((c for c, _, _ in outputs if c != 0), 0)

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import processes  # tests/harness: ends the launcher's whole tree on a timeout
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -65,9 +66,7 @@ def _launch(
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCEL_CHECKPOINT_FSYNC": "0", "FAULT_PLAN": json.dumps(plan or {})}
     env["CHECKPOINT_ON_SIGTERM"] = "1" if sigterm_checkpoint else "0"
     command = [*_accel(), "launch", "--cpu", "-n", "2", "--max-restarts", str(restarts), "--auto-resume"]
-    return subprocess.run(
-        [*command, str(SCRIPT), str(project)], env=env, capture_output=True, text=True, timeout=900, check=False
-    )
+    return processes.run([*command, str(SCRIPT), str(project)], env, timeout=900)
 
 
 def _fault_plan(rng: random.Random) -> dict[str, list[object]]:

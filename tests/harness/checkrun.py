@@ -23,7 +23,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from typing import Any
 
 import pytest
 from checklist import RESULTS_ENV
+from processes import kill_tree
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).resolve().parent
@@ -100,8 +100,9 @@ class Launched:
 
 
 def launch(command: list[str], env: dict[str, str], timeout: float, cwd: Path = REPO) -> Launched:
-    """Runs ``command`` in its own session (from the repository root by default); on timeout kills the whole session
-    (torchrun and its workers alike, so no worker outlives the test) and returns what it printed."""
+    """Runs ``command`` in its own session (from the repository root by default); on timeout kills it and every
+    process below it (torchrun and its workers alike, so no worker outlives the test: processes.kill_tree) and
+    returns what it printed."""
     process = subprocess.Popen(
         command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -109,7 +110,7 @@ def launch(command: list[str], env: dict[str, str], timeout: float, cwd: Path = 
         stdout, stderr = process.communicate(timeout=timeout)
         timed_out = False
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_tree(process.pid)
         stdout, stderr = process.communicate()
         timed_out = True
     return Launched(command, process.returncode, stdout, stderr, timed_out, timeout)

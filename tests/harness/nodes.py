@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from processes import kill_tree
+
 
 def accel_command() -> list[str]:
     """The ``accel`` command of this interpreter's environment."""
@@ -43,7 +45,9 @@ class NodeAgent:
         """``accel launch --machine-rank R <launch_args>``; ``launch_args`` ends with the script and its arguments."""
         log = tempfile.TemporaryFile()  # noqa: SIM115 (closed with the agent: it outlives this call)
         command = [*accel_command(), "launch", "--machine-rank", str(machine_rank), *launch_args]
-        process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         return cls(name, process, log)
 
     def wait(self, timeout: float) -> int:
@@ -55,8 +59,9 @@ class NodeAgent:
             raise AssertionError(f"node {self.name} did not end within {timeout:.0f}s:\n{self.output()}") from None
 
     def kill(self) -> None:
+        """Kills the agent and its workers (processes.kill_tree: torchrun's workers are in sessions of their own)."""
         if self.process.poll() is None:
-            self.process.kill()
+            kill_tree(self.process.pid)
             self.process.wait()
 
     def output(self) -> str:

@@ -4,14 +4,19 @@ collective aborts the run within the sync timeout instead of hanging, naming the
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import psutil
 import pytest
 from checkrun import REPO, checks_in
+from nodes import accel_command
+from processes import kill_tree
 
 SELFTEST = Path(__file__).resolve().parent / "selftest"
 
@@ -92,3 +97,40 @@ def test_a_failure_before_a_peers_collective_aborts_the_run_naming_the_check(tor
     with pytest.raises(AssertionError, match=r"check fails_before_a_collective of abort_checks\.py failed"):
         run.assert_passed("fails_before_a_collective")
     assert set(run.failures("run_ends_cleanly")) == {0, 1}  # neither rank reached the end of run_checks
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_given_up_launch_ends_with_all_its_processes_and_its_pipes_close(tmp_path: Path) -> None:
+    """A launch's workers run in sessions of their own and die with the launcher (accel_launch.lifeline), but what
+    they start (a DataLoader's workers, here a plain child) does not, and it holds the launcher's output pipes: a
+    test reading them after killing the launcher (subprocess.run after its timeout) never ends. kill_tree ends it."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(
+        "import os, pathlib, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "pathlib.Path(sys.argv[1], os.environ['RANK']).write_text(f'{os.getpid()} {child.pid}')\n"
+        "time.sleep(600)\n"
+    )
+    launcher = subprocess.Popen(
+        [*accel_command(), "launch", "--cpu", "-n", "2", str(script), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / rank).exists() for rank in "01"):
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate(timeout=30)
+            time.sleep(0.2)
+        time.sleep(0.2)  # both lines written in full
+        started = [int(pid) for rank in "01" for pid in (tmp_path / rank).read_text().split()]
+        # Out of reach of a kill of the launcher's process group: each worker leads a session of its own.
+        assert all(os.getsid(pid) != os.getsid(launcher.pid) for pid in started)
+    finally:
+        kill_tree(launcher.pid)
+    launcher.communicate(timeout=30)  # the pipes closed: no process holds them any more
+    assert launcher.returncode == -signal.SIGKILL
+    psutil.wait_procs([psutil.Process(pid) for pid in started if psutil.pid_exists(pid)], timeout=10)
+    assert not [pid for pid in started if psutil.pid_exists(pid)]
