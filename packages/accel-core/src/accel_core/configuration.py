@@ -186,7 +186,8 @@ class TorchDynamoPlugin(KwargsHandler):
     """How ``prepare`` compiles models with ``torch.compile`` (``Accelerator(dynamo_plugin=...)``).
 
     backend: a ``DynamoBackend`` name (``"inductor"``, ...); ``None`` reads ``ACCEL_DYNAMO_BACKEND``, else ``"no"``.
-    mode / fullgraph / dynamic / options / disable: ``torch.compile``'s arguments (``None``: torch's default).
+    mode / fullgraph / dynamic / options / disable: ``torch.compile``'s arguments (``None``: ``ACCEL_DYNAMO_MODE``,
+        ``ACCEL_DYNAMO_USE_FULLGRAPH``, ``ACCEL_DYNAMO_USE_DYNAMIC`` where set, else torch's default).
     use_regional_compilation: compile each block of a repeated stack (an ``nn.ModuleList`` of one
         class) on its own, so the compiler's cache serves the others: a faster cold start.
 
@@ -212,8 +213,15 @@ class TorchDynamoPlugin(KwargsHandler):
         if name not in DynamoBackend.list():
             raise ValueError(f"Unknown dynamo backend {backend!r}. Choose between {DynamoBackend.list()}.")
         self.backend = DynamoBackend(name)
+        # Unset fields read the launcher's variables (accel launch --dynamo_mode ..., as Accelerate's plugin does).
+        if self.mode is None:
+            self.mode = env.get_str(env.DYNAMO_MODE)
+        if self.fullgraph is None and env.get_str(env.DYNAMO_USE_FULLGRAPH) is not None:
+            self.fullgraph = env.flag(env.DYNAMO_USE_FULLGRAPH)
+        if self.dynamic is None and env.get_str(env.DYNAMO_USE_DYNAMIC) is not None:
+            self.dynamic = env.flag(env.DYNAMO_USE_DYNAMIC)
         if self.use_regional_compilation is None:
-            self.use_regional_compilation = False
+            self.use_regional_compilation = env.flag(env.DYNAMO_USE_REGIONAL_COMPILATION)
 
     def to_kwargs(self) -> dict[str, Any]:
         """``torch.compile``'s keyword arguments: the backend and the fields set."""

@@ -17,6 +17,11 @@ MIXED_PRECISION = "ACCEL_MIXED_PRECISION"  # "no" | "fp16" | "bf16" | "fp8"
 GRADIENT_ACCUMULATION_STEPS = "ACCEL_GRADIENT_ACCUMULATION_STEPS"
 USE_CPU = "ACCEL_USE_CPU"  # "true" forces the CPU even where a GPU exists
 DYNAMO_BACKEND = "ACCEL_DYNAMO_BACKEND"  # "no" or a torch.compile backend name
+# TorchDynamoPlugin's other fields, read when the script leaves them unset (Accelerate's --dynamo_* launch flags).
+DYNAMO_MODE = "ACCEL_DYNAMO_MODE"  # torch.compile(mode=): "default", "reduce-overhead", "max-autotune", ...
+DYNAMO_USE_FULLGRAPH = "ACCEL_DYNAMO_USE_FULLGRAPH"  # boolean: torch.compile(fullgraph=)
+DYNAMO_USE_DYNAMIC = "ACCEL_DYNAMO_USE_DYNAMIC"  # boolean: torch.compile(dynamic=)
+DYNAMO_USE_REGIONAL_COMPILATION = "ACCEL_DYNAMO_USE_REGIONAL_COMPILATION"  # boolean: compile block by block
 DEBUG_MODE = "ACCEL_DEBUG_MODE"  # "1"/"true": torch's collective consistency checks (TORCH_DISTRIBUTED_DEBUG=DETAIL)
 COLLECTIVE_TIMEOUT = "ACCEL_COLLECTIVE_TIMEOUT"  # seconds a collective waits for every rank (process group timeout)
 STALL_REPORT_AFTER = "ACCEL_STALL_REPORT_AFTER"  # seconds in one collective before the stall report; 0: off

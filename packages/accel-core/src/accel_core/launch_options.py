@@ -142,6 +142,8 @@ class OptionTable:
     name: the backend (flag group, config section, ``ACCEL_<NAME>_*`` prefix, ``--use-<name>``).
     options: ``(flag, OPTION, parse, metavar, help)`` rows; ``--<flag>`` sets ``ACCEL_<NAME>_<OPTION>``
         (Accelerate's ``--<flag_with_underscores>`` spelling is accepted too, hidden from help).
+    accelerate_name: Accelerate's name for the backend where it differs (``megatron_lm``): its ``--use_<name>`` and
+        ``--<name>_<option>`` flags are accepted too, hidden, so that Accelerate's launch lines run unchanged.
     Any option given also selects the backend (``ACCEL_STRATEGY``): it only makes sense with it.
 
     Example::
@@ -153,6 +155,7 @@ class OptionTable:
 
     name: str = ""
     options: tuple[tuple[str, str, Any, str, str], ...] = ()
+    accelerate_name: str = ""
 
     def _dest(self, option: str) -> str:
         return f"{self.name}_{option.lower()}"
@@ -166,14 +169,17 @@ class OptionTable:
             default=None,
             help=f"train with the {self.name} strategy",
         )
-        group.add_argument(f"--use_{self.name}", dest=use, action="store_true", default=None, help=argparse.SUPPRESS)
+        hidden = [f"--use_{self.name}"] + ([f"--use_{self.accelerate_name}"] if self.accelerate_name else [])
+        group.add_argument(*hidden, dest=use, action="store_true", default=None, help=argparse.SUPPRESS)
         for flag, option, parse, metavar, text in self.options:
             group.add_argument(
                 f"--{flag}", dest=self._dest(option), type=parse, default=None, metavar=metavar, help=text
             )
-            if "-" in flag:
-                alias = "--" + flag.replace("-", "_")
-                group.add_argument(alias, dest=self._dest(option), type=parse, default=None, help=argparse.SUPPRESS)
+            aliases = ["--" + flag.replace("-", "_")] if "-" in flag else []
+            if self.accelerate_name:
+                aliases.append(f"--{self.accelerate_name}_{option.lower()}")
+            if aliases:
+                group.add_argument(*aliases, dest=self._dest(option), type=parse, default=None, help=argparse.SUPPRESS)
 
     def to_env(self, namespace: argparse.Namespace) -> dict[str, str]:
         prefix = f"ACCEL_{self.name.upper()}_"

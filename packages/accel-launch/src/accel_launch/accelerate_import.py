@@ -81,6 +81,13 @@ _DYNAMO_HARMLESS: dict[str, tuple[Any, ...]] = {
     "dynamo_use_dynamic": (False, None),
     "dynamo_use_regional_compilation": (False, None),
 }
+# Accelerate's dynamo_config keys -> the variables TorchDynamoPlugin reads (accel_core.environment).
+_DYNAMO_VARIABLES = {
+    "dynamo_mode": "ACCEL_DYNAMO_MODE",
+    "dynamo_use_fullgraph": "ACCEL_DYNAMO_USE_FULLGRAPH",
+    "dynamo_use_dynamic": "ACCEL_DYNAMO_USE_DYNAMIC",
+    "dynamo_use_regional_compilation": "ACCEL_DYNAMO_USE_REGIONAL_COMPILATION",
+}
 
 
 def convert_accelerate_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -123,8 +130,13 @@ def convert_accelerate_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], 
             for dyn_key, dyn_value in dict(value or {}).items():
                 if dyn_key == "dynamo_backend":
                     config["dynamo_backend"] = str(dyn_value).lower()
-                elif dyn_value not in _DYNAMO_HARMLESS.get(dyn_key, ()):
-                    warnings.append(f"dynamo_config.{dyn_key}: {dyn_value!r} is dropped (accel sets only the backend).")
+                elif dyn_key in _DYNAMO_VARIABLES:
+                    if dyn_value not in _DYNAMO_HARMLESS[dyn_key]:
+                        # TorchDynamoPlugin reads them in the workers (ACCEL_DYNAMO_MODE, ...).
+                        value_text = str(dyn_value).lower() if isinstance(dyn_value, bool) else str(dyn_value)
+                        config.setdefault("env", {})[_DYNAMO_VARIABLES[dyn_key]] = value_text
+                elif dyn_value is not None:
+                    warnings.append(f"dynamo_config.{dyn_key}: {dyn_value!r} has no accel equivalent and is dropped.")
         elif key == "gpu_ids" and value not in _HARMLESS["gpu_ids"]:
             # Accelerate restricts the visible GPUs; the workers' environment does the same here.
             config.setdefault("env", {})["CUDA_VISIBLE_DEVICES"] = str(value)

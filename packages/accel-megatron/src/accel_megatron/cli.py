@@ -19,6 +19,7 @@ class MegatronLaunchOptions(OptionTable):
     """The megatron strategy's ``accel launch`` flags (``accel_core.launch_options.OptionTable``)."""
 
     name = "megatron"
+    accelerate_name = "megatron_lm"  # Accelerate's --use_megatron_lm, --megatron_lm_tp_degree, ...
     # (flag, ACCEL_MEGATRON_<OPTION>, parser, metavar, help)
     options = (
         (

@@ -68,7 +68,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add(layout, dest="monitor_interval", type=float, metavar="SECONDS", help=helps["monitor_interval"])
     _add(layout, dest="log_dir", metavar="DIR", help=helps["log_dir"])
-    _add(layout, dest="tee", metavar="STREAMS", help=helps["tee"])
+    _add(layout, "-t", dest="tee", metavar="STREAMS", help=helps["tee"])
     training = parser.add_argument_group("training settings (reach the Accelerator as ACCEL_* variables)")
     _add(training, dest="mixed_precision", choices=["no", "fp16", "bf16", "fp8"], help="mixed precision")
     _add(training, dest="gradient_accumulation_steps", type=int, metavar="N", help=helps["gradient_accumulation_steps"])
@@ -103,11 +103,13 @@ def plan_from_namespace(
     namespace: argparse.Namespace,
     extensions: Sequence[LaunchExtension] = (),
     defaults: dict[str, Any] | None = None,
+    flag_variables: dict[str, str] | None = None,
 ) -> LaunchPlan:
-    """Resolves the plan from parsed flags, ``os.environ`` and the config file."""
+    """Resolves the plan from parsed flags, ``os.environ`` and the config file. ``flag_variables``: variables other
+    flags stand for (Accelerate's, accel_launch.accelerate_flags), below the ``--env`` pairs."""
     config, path = load_config(namespace.config_file)
     flags = {s.name: getattr(namespace, s.name, None) for s in SETTINGS}
-    flag_env = {**extension_env(extensions, namespace), **parse_env_pairs(namespace.env)}
+    flag_env = {**extension_env(extensions, namespace), **(flag_variables or {}), **parse_env_pairs(namespace.env)}
     # The strategy the workers will run (flag, then environment, then config file) may count its mesh in devices.
     strategy = flag_env.get(STRATEGY) or flags.get("strategy") or os.environ.get(STRATEGY) or config.get("strategy")
     flag_env = {**mesh_over_devices_env(extensions, strategy), **flag_env}

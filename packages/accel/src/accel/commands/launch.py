@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from accel_launch.accelerate_flags import RefusedFlagError, accelerate_flags_env, add_accelerate_flags
 from accel_launch.extensions import LaunchExtension, add_extension_arguments, load_extensions
 from accel_launch.failures import JobFailedError
 from accel_launch.plan import LaunchTarget
@@ -41,6 +42,7 @@ def build_parser(extensions: list[LaunchExtension]) -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the command, start nothing")
     add_settings_arguments(parser)
     add_extension_arguments(parser, extensions)
+    add_accelerate_flags(parser)  # hidden: Accelerate's launch lines run unchanged, or say why not
     # Optional to argparse, required below: its own message would also call the script's arguments required.
     parser.add_argument("script", nargs="?", help="the training script (or module, with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -53,7 +55,13 @@ def main(argv: list[str]) -> int:
     namespace = parser.parse_args(argv)
     if namespace.script is None:
         parser.error("the script to run is missing: accel launch [options] train.py [args], or -m package.module")
-    plan = plan_from_namespace(namespace, extensions)
+    try:
+        accelerate_variables, notes = accelerate_flags_env(namespace)
+    except RefusedFlagError as refused:
+        parser.error(str(refused))
+    for note in notes:
+        print(f"accel launch: {note}", file=sys.stderr)
+    plan = plan_from_namespace(namespace, extensions, flag_variables=accelerate_variables)
     target = LaunchTarget(namespace.script, tuple(namespace.script_args), namespace.module)
     if namespace.dry_run:
         print(f"config file: {plan.config_file or '(none)'}\nsettings:\n{format_settings(plan)}")
