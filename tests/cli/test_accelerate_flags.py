@@ -128,3 +128,17 @@ def test_an_accelerate_launch_line_trains_on_two_processes(cli) -> None:
         assert report["mixed_precision"] == "bf16" and (report["omp"], report["threads"]) == ("2", 2), report
         assert report["compile"] == {"backend": "eager", "mode": "reduce-overhead"}, report
     assert "--multi_gpu: Accelerate's flag, not needed" in result.stderr
+
+
+def test_an_accelerate_config_file_is_read_as_config_import_converts_it(capsys, tmp_path: Path) -> None:
+    accelerate_file = tmp_path / "default_config.yaml"
+    accelerate_file.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nmixed_precision: bf16\nnum_processes: 2\n"
+        "gpu_ids: all\nsame_network: true\nipex_config:\n  ipex: true\n"
+    )
+    assert launch_main(["--dry-run", "--config_file", str(accelerate_file), "train.py"]) == 0
+    out, err = capsys.readouterr()
+    assert f"{accelerate_file} is an Accelerate config file: read as `accel config import" in err
+    assert "warning: ipex_config" in err  # what the conversion drops, as `accel config import` says it
+    assert "num_processes                2           (config file)" in out
+    assert "ACCEL_MIXED_PRECISION=bf16" in out and "ACCEL_USE_CPU=true" in out

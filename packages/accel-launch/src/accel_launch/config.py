@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -107,9 +108,25 @@ def read_yaml_file(path: str | os.PathLike[str], what: str, missing_hint: str) -
         ) from None
 
 
+# Keys every file `accelerate config` writes, and no accel config has.
+_ACCELERATE_MARKERS = ("compute_environment", "distributed_type")
+
+
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Reads and checks the YAML config at ``path``."""
+    """Reads and checks the YAML config at ``path``. An Accelerate config file (``accelerate launch --config_file``
+    out of habit) is read as ``accel config import`` converts it, saying so and what it drops on stderr."""
     data = read_yaml_file(path, "Config file", "create it with `accel config` or fix the path.")
+    if isinstance(data, Mapping) and any(key in data for key in _ACCELERATE_MARKERS):
+        from .accelerate_import import convert_accelerate_config
+
+        data, warnings = convert_accelerate_config(data)
+        print(
+            f"accel: {path} is an Accelerate config file: read as `accel config import {path}` converts it "
+            "(that command writes the converted file).",
+            file=sys.stderr,
+        )
+        for warning in warnings:
+            print(f"accel: warning: {warning}", file=sys.stderr)
     return validate_config(data, f"config file {path}")
 
 
