@@ -10,9 +10,10 @@ if [[ ! -x "$python" ]]; then
     exit 2
 fi
 # Deselected here, with the reason:
-# - fp8 training on the CPU: torch 2.7 has no CPU kernel for torch._scaled_mm (the main suite trains fp8 on the
-#   CPU with the workspace's torch); on the floors, conversion and configuration are checked, not the matmul.
+# - fp8 training on the CPU with the rowwise recipes: torch 2.9's CPU torch._scaled_mm scales per tensor only (until
+#   2.13), and torchao 0.10 cannot copy rowwise-scaled tensors; the main suite trains them on the CPU with the lock's
+#   torch and torchao, GPUs with the CUDA kernel. The tensorwise recipe trains here.
 exec "$python" -m pytest -q -p no:cacheprovider -m "not slow" \
-    --deselect tests/fp8/test_fp8_single.py::test_float8_linear_trains_on_cpu \
-    --deselect tests/fp8/test_fp8_single.py::test_prepared_fp8_model_state_dict_is_plain_and_reloads \
+    --deselect "tests/fp8/test_fp8_single.py::test_float8_linear_trains_on_cpu[rowwise]" \
+    --deselect "tests/fp8/test_fp8_single.py::test_float8_linear_trains_on_cpu[rowwise_with_gw_hp]" \
     "$@"

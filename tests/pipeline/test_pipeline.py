@@ -126,3 +126,17 @@ def test_forward_backward_without_pipeline_is_forward_plus_backward_with_accumul
         assert torch.allclose(p.grad, q.grad, atol=1e-7), name
     kwargs_loss = accelerator.forward_backward(model, {"tokens": data[:2, :-1]}, data[:2, 1:], lm_loss)
     assert kwargs_loss.shape == ()
+
+
+def test_a_pipeline_on_the_cpu_with_a_torch_that_fails_there_is_refused_with_the_fix(monkeypatch) -> None:
+    from accel_core import pipelining
+
+    pipelining.require_pipelines_on(torch.device("cpu"))  # this environment's torch runs pipelines on the CPU
+    pipelining.require_pipelines_on(torch.device("meta"))
+    # A torch below the release that runs them (raised here rather than installing an old torch in this test).
+    monkeypatch.setattr(pipelining, "_PIPELINE_ON_CPU_FROM", "99.0")
+    with pytest.raises(
+        RuntimeError, match=r'needs torch>=99\.0; this environment has torch .*pip install "torch>=99\.0"'
+    ):
+        pipelining.require_pipelines_on(torch.device("cpu"))
+    pipelining.require_pipelines_on(torch.device("cuda"))  # nccl is not concerned

@@ -27,6 +27,9 @@ from accel_core.checkpointing import MODELS, OPTIMIZERS, CheckpointMismatchError
 from accel_core.optimizer import unwrap_optimizer
 from accel_core.optimizer_rebuild import optimizer_owner
 
+# torch releases before 2.14 crash gathering a full state dict of an FSDP1 model on the CPU with cpu_offload (below).
+_FSDP1_CPU_OFFLOAD_CRASHES = torch.__version__ < "2.14"
+
 if TYPE_CHECKING:
     from accel_core.checkpointing import CheckpointIO
     from accel_core.strategies import PreparedObjects
@@ -35,14 +38,32 @@ if TYPE_CHECKING:
 def full_options(**extra: Any) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(full_state_dict=True, cpu_offload=True, **extra)
+    return StateDictOptions(**{"full_state_dict": True, "cpu_offload": True, **extra})
 
 
 def full_model_state_dict(model: nn.Module) -> dict[str, Any]:
     """The whole model's weights on process 0 (CPU tensors); an empty dict on the others. Collective."""
+    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+    if _fsdp1_on_cpu(model) and _FSDP1_CPU_OFFLOAD_CRASHES:
+        # torch < 2.14 crashes (SIGSEGV, in the state dict's clone of each unsharded parameter) gathering an FSDP1
+        # model that lives on the CPU with cpu_offload / rank0_only; its weights are on the CPU already, so every
+        # process gathers them without the offload and all but process 0 drop them.
+        state = get_model_state_dict(model, options=full_options(cpu_offload=False))
+        return state if dist.get_rank() == 0 else {}
     return get_model_state_dict(model, options=full_options())
+
+
+def _fsdp1_on_cpu(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    first = next(model.parameters(), None)
+    return (
+        first is not None
+        and first.device.type == "cpu"
+        and any(isinstance(module, FullyShardedDataParallel) for module in model.modules())
+    )
 
 
 def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> Any:

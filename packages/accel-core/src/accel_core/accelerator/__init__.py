@@ -6,9 +6,9 @@ import torch
 
 from ..torch_floor import require_supported_torch
 
-# Before the Accelerator's modules are imported: they use what torch added in 2.5 to 2.7 (public DTensor names,
-# fully_shard's ignored_params, the pipeline schedules' scale_grads), and an older torch would otherwise fail there
-# with an error that does not say what to do.
+# Before the Accelerator's modules are imported: they use what torch added in 2.5 to 2.9 (public DTensor names,
+# fully_shard's ignored_params, the pipeline schedules' scale_grads and return_outputs), and an older torch would
+# otherwise fail there with an error that does not say what to do.
 require_supported_torch(torch.__version__)
 
 from .accelerator import Accelerator  # noqa: E402

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import torch
 from torch import nn
 
 from .model import PipelinedModel, StagedModel, as_call_arguments
@@ -35,6 +36,7 @@ def prepare_pipeline(
 ) -> PipelinedModel:
     """Splits ``model`` over the ``pp`` ranks, runs ``finish`` (the rest of the transform chain) on each local stage,
     and builds the schedule. Collective over the mesh (the later transforms are)."""
+    require_pipelines_on(context.device)
     dims = context.dims
     group = dims.group("pp")
     layout = resolve_layout(dims.config, group.rank)
@@ -49,6 +51,22 @@ def prepare_pipeline(
         context.device,
         lambda loss_fn: build_schedule(layout, parts, group, context.device, loss_fn),
     )
+
+
+# torch releases before 2.12 fail a pipeline over gloo (the CPU's backend): 2.9 and 2.10 abort in the schedule's
+# first send between stages ("Received data size doesn't match expected size"), 2.11 refuses a non-contiguous input
+# (stride mismatch). Found by CI's floors lane; nccl (GPUs) is not concerned.
+_PIPELINE_ON_CPU_FROM = "2.12"
+
+
+def require_pipelines_on(device: torch.device) -> None:
+    """Refuses, on every rank alike, a pipeline on the CPU with a torch that cannot run one there."""
+    if device.type == "cpu" and torch.__version__ < _PIPELINE_ON_CPU_FROM:
+        raise RuntimeError(
+            f"Pipeline parallelism on the CPU (gloo) needs torch>={_PIPELINE_ON_CPU_FROM}; this environment has torch "
+            f"{torch.__version__}, whose pipeline schedules fail between stages over gloo. Upgrade it "
+            f'(pip install "torch>={_PIPELINE_ON_CPU_FROM}"), or run the pipeline on GPUs.'
+        )
 
 
 __all__ = [
