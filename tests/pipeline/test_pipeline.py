@@ -131,7 +131,8 @@ def test_forward_backward_without_pipeline_is_forward_plus_backward_with_accumul
 def test_a_pipeline_on_the_cpu_with_a_torch_that_fails_there_is_refused_with_the_fix(monkeypatch) -> None:
     from accel_core import pipelining
 
-    pipelining.require_pipelines_on(torch.device("cpu"))  # this environment's torch runs pipelines on the CPU
+    if torch.__version__ >= pipelining._PIPELINE_ON_CPU_FROM:  # the lock's torch (not the floors lane's)
+        pipelining.require_pipelines_on(torch.device("cpu"))
     pipelining.require_pipelines_on(torch.device("meta"))
     # A torch below the release that runs them (raised here rather than installing an old torch in this test).
     monkeypatch.setattr(pipelining, "_PIPELINE_ON_CPU_FROM", "99.0")
