@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import processes  # tests/harness
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -45,16 +46,8 @@ class Cli:
         stdin: str | None = None,
         timeout: float = 240,
     ) -> subprocess.CompletedProcess[str]:
-        try:
-            return subprocess.run(
-                [*self.command(), *args],
-                env=self.env(**(env_extra or {})),
-                cwd=cwd,
-                input=stdin,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
+        try:  # in a session of its own, and on a timeout every process below it ends too (no pipe left open)
+            return processes.run([*self.command(), *args], self.env(**(env_extra or {})), timeout, cwd=cwd, stdin=stdin)
         except subprocess.TimeoutExpired as error:
             pytest.fail(
                 f"accel {' '.join(args)} did not finish in {timeout}s (a hang?)\n{error.stdout}\n{error.stderr}"

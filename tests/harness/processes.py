@@ -36,22 +36,23 @@ def kill_tree(pid: int) -> None:
 
 
 def run(
-    command: Sequence[str], env: dict[str, str], timeout: float, cwd: Path | None = None
+    command: Sequence[str], env: dict[str, str], timeout: float, cwd: Path | None = None, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(command, capture_output=True, text=True, timeout=timeout)``, started in a session of its own,
-    whose timeout ends the whole tree (``kill_tree``) before it raises ``subprocess.TimeoutExpired`` with the
-    output so far."""
+    """``subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout)``, started in a
+    session of its own, whose timeout ends the whole tree (``kill_tree``) before it raises
+    ``subprocess.TimeoutExpired`` with the output so far."""
     process = subprocess.Popen(
         list(command),
         env=env,
         cwd=cwd,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
+        stdout, stderr = process.communicate(input=stdin, timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_tree(process.pid)
         stdout, stderr = process.communicate()
