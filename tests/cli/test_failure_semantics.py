@@ -362,3 +362,28 @@ def test_the_stall_report_names_ranks_that_ended_or_do_not_answer_and_groups_tho
     assert "fails when it has waited 1800 s" in report
     alone = compose_report(reporter, {0: reporter}, 2, None, asked=False)
     assert "- rank 1: position unknown (no rendezvous store at MASTER_ADDR:MASTER_PORT to ask)" in alone
+
+
+def test_an_error_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank stopped while writing its error file (the agent's SIGTERM, as a KeyboardInterrupt here) must not leave
+    a partial file: torch's agent reads it and raised JSONDecodeError on an empty one, ending a job that was to
+    restart (seen in CI)."""
+    import json
+
+    from accel_launch import runner
+
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    monkeypatch.setattr(runner, "announce_failure", lambda: None)
+    runner.record_error(ValueError("first"), None)
+    assert json.loads(path.read_text())["message"]["message"] == "ValueError: first"
+
+    def stopped_halfway(data, handle) -> None:
+        handle.write('{"message": {"mess')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner.json, "dump", stopped_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        runner.record_error(ValueError("second"), None)
+    assert json.loads(path.read_text())["message"]["message"] == "ValueError: first"  # untouched, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["error.json"]  # no temporary file left behind

@@ -24,6 +24,7 @@ import json
 import os
 import runpy
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -65,11 +66,22 @@ def record_error(error: BaseException, tb: TracebackType | None) -> None:
             },
         }
     }
+    # Written whole or not at all (a temporary file renamed over it): the agent sends SIGTERM, then SIGKILL, to the
+    # other ranks when one fails, and a rank killed halfway through an `open(path, "w")` left an empty file that made
+    # torch's agent raise JSONDecodeError in the launcher, which then ended the job instead of restarting it.
+    temporary = None
     try:
-        with open(path, "w") as handle:
+        descriptor, temporary = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".error-", suffix=".json")
+        with os.fdopen(descriptor, "w") as handle:
             json.dump(data, handle)
+        os.replace(temporary, path)
+        temporary = None
     except OSError as write_error:  # the traceback still reaches stderr
         print(f"accel: could not write the error file {path}: {write_error}", file=sys.stderr)
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
 
 def run(kind: str, target: str, args: list[str]) -> None:
