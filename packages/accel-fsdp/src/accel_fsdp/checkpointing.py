@@ -46,7 +46,7 @@ def full_model_state_dict(model: nn.Module) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    if _fsdp1_on_cpu(model) and _FSDP1_CPU_OFFLOAD_CRASHES:
+    if _FSDP1_CPU_OFFLOAD_CRASHES and _fsdp1_on_cpu(model):  # the constant first: no module walk on a newer torch
         # torch < 2.14 crashes (SIGSEGV, in the state dict's clone of each unsharded parameter) gathering an FSDP1
         # model that lives on the CPU with cpu_offload / rank0_only; its weights are on the CPU already, so every
         # process gathers them without the offload and all but process 0 drop them.

@@ -30,6 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from accel_core import environment as env
+from accel_core.launch_options import bool_text
+
 _DEST_PREFIX = "accelerate_flag__"
 
 NOT_NEEDED = "not needed"
@@ -72,13 +75,17 @@ def _variable(name: str, transform: Callable[[str], str] = str.strip) -> Callabl
 
 def _override_linear_precision(value: str) -> dict[str, str]:
     """Accelerate's ``--fp8_override_linear_precision false,false,true``: (fprop, dgrad, wgrad)."""
-    parts = [part.strip().lower() for part in value.split(",")]
-    if len(parts) != 3 or any(part not in ("true", "false", "1", "0", "yes", "no") for part in parts):
+    parts = value.split(",")
+    try:
+        if len(parts) != 3:
+            raise argparse.ArgumentTypeError(f"{len(parts)} values")
+        booleans = [bool_text(part) for part in parts]
+    except argparse.ArgumentTypeError:
         raise RefusedFlagError(
             f"--fp8_override_linear_precision {value!r}: expected three booleans for the fprop, dgrad and wgrad "
             "GEMMs, e.g. false,false,true."
-        )
-    return {f"ACCEL_FP8_OVERRIDE_{gemm}": part for gemm, part in zip(("FPROP", "DGRAD", "WGRAD"), parts, strict=True)}
+        ) from None
+    return {f"ACCEL_FP8_OVERRIDE_{gemm}": b for gemm, b in zip(("FPROP", "DGRAD", "WGRAD"), booleans, strict=True)}
 
 
 def _not_needed(flag: str, why: str, takes_value: bool = False, short: str | None = None) -> AccelerateFlag:
@@ -121,12 +128,10 @@ ACCELERATE_FLAGS: tuple[AccelerateFlag, ...] = (
     # Translated into the variables the workers read.
     _translated("--num_cpu_threads_per_process", _variable("OMP_NUM_THREADS")),
     _translated("--gpu_ids", _variable("CUDA_VISIBLE_DEVICES")),
-    _translated("--dynamo_mode", _variable("ACCEL_DYNAMO_MODE")),
-    _translated("--dynamo_use_fullgraph", _variable("ACCEL_DYNAMO_USE_FULLGRAPH"), takes_value=False),
-    _translated("--dynamo_use_dynamic", _variable("ACCEL_DYNAMO_USE_DYNAMIC"), takes_value=False),
-    _translated(
-        "--dynamo_use_regional_compilation", _variable("ACCEL_DYNAMO_USE_REGIONAL_COMPILATION"), takes_value=False
-    ),
+    _translated("--dynamo_mode", _variable(env.DYNAMO_MODE)),
+    _translated("--dynamo_use_fullgraph", _variable(env.DYNAMO_USE_FULLGRAPH), takes_value=False),
+    _translated("--dynamo_use_dynamic", _variable(env.DYNAMO_USE_DYNAMIC), takes_value=False),
+    _translated("--dynamo_use_regional_compilation", _variable(env.DYNAMO_USE_REGIONAL_COMPILATION), takes_value=False),
     _translated("--fp8_backend", _variable("ACCEL_FP8_BACKEND", lambda value: value.strip().upper())),
     _translated("--fp8_format", _variable("ACCEL_FP8_FORMAT", lambda value: value.strip().upper())),
     _translated("--fp8_margin", _variable("ACCEL_FP8_MARGIN")),

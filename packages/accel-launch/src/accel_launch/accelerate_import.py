@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from accel_core import environment as env
+
 # Keys that mean the same thing in both files.
 _SAME = (
     "num_processes",
@@ -83,10 +85,10 @@ _DYNAMO_HARMLESS: dict[str, tuple[Any, ...]] = {
 }
 # Accelerate's dynamo_config keys -> the variables TorchDynamoPlugin reads (accel_core.environment).
 _DYNAMO_VARIABLES = {
-    "dynamo_mode": "ACCEL_DYNAMO_MODE",
-    "dynamo_use_fullgraph": "ACCEL_DYNAMO_USE_FULLGRAPH",
-    "dynamo_use_dynamic": "ACCEL_DYNAMO_USE_DYNAMIC",
-    "dynamo_use_regional_compilation": "ACCEL_DYNAMO_USE_REGIONAL_COMPILATION",
+    "dynamo_mode": env.DYNAMO_MODE,
+    "dynamo_use_fullgraph": env.DYNAMO_USE_FULLGRAPH,
+    "dynamo_use_dynamic": env.DYNAMO_USE_DYNAMIC,
+    "dynamo_use_regional_compilation": env.DYNAMO_USE_REGIONAL_COMPILATION,
 }
 
 
