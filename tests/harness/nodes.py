@@ -41,10 +41,19 @@ class NodeAgent:
     log: IO[bytes] = field(repr=False)
 
     @classmethod
-    def start(cls, name: str, machine_rank: int, launch_args: list[str], env: dict[str, str]) -> NodeAgent:
-        """``accel launch --machine-rank R <launch_args>``; ``launch_args`` ends with the script and its arguments."""
+    def start(
+        cls,
+        name: str,
+        machine_rank: int,
+        launch_args: list[str],
+        env: dict[str, str],
+        rank_flag: str = "--machine-rank",
+    ) -> NodeAgent:
+        """``accel launch --machine-rank R <launch_args>``; ``launch_args`` ends with the script and its arguments.
+
+        ``rank_flag``: the flag that gives the rank (``--node_rank``: a torchrun launch line)."""
         log = tempfile.TemporaryFile()  # noqa: SIM115 (closed with the agent: it outlives this call)
-        command = [*accel_command(), "launch", "--machine-rank", str(machine_rank), *launch_args]
+        command = [*accel_command(), "launch", rank_flag, str(machine_rank), *launch_args]
         process = subprocess.Popen(
             command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )

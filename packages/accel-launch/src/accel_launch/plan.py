@@ -52,6 +52,9 @@ class LaunchPlan:
     ``num_machines`` is the most machines of the job and ``min_machines`` the fewest it runs on
     (``None``: a fixed number, all of them); ``num_processes`` counts the processes when all
     ``num_machines`` take part.
+
+    ``torchrun_options`` are torchrun's own flags passed on as given (``--redirects=3``, ...;
+    accel_launch.torchrun_flags): they tune its agent and are not settings of a config file.
     """
 
     num_processes: int = 1
@@ -87,6 +90,7 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     config_file: str | None = None
+    torchrun_options: tuple[str, ...] = ()
 
     @property
     def nproc_per_node(self) -> int:
@@ -142,6 +146,7 @@ def resolve_plan(
     defaults: Mapping[str, Any] | None = None,
     config_file: str | None = None,
     cpu_count: int | None = None,
+    processes_per_machine: int | None = None,
 ) -> LaunchPlan:
     """Resolves every launch setting: flag > ``ACCEL_*`` environment > config file > default.
 
@@ -153,6 +158,8 @@ def resolve_plan(
         defaults: replaces the built-in defaults of some settings (``accel test`` runs 2 CPU processes).
         config_file: path of the config file, for messages.
         cpu_count: CPUs of this machine (sizes ``OMP_NUM_THREADS``); ``None`` reads ``os.cpu_count()``.
+        processes_per_machine: torchrun's ``--nproc-per-node``, given instead of ``num_processes``: the job has
+            that many on each of its (most) machines.
 
     Example::
 
@@ -173,6 +180,8 @@ def resolve_plan(
         sources[setting.name] = source
     machines = MachineRange.parse(values["num_machines"])
     values["num_machines"], values["min_machines"] = machines.maximum, machines.minimum if machines.elastic else None
+    if processes_per_machine is not None:
+        values["num_processes"], sources["num_processes"] = processes_per_machine * machines.maximum, FLAG
     mesh_over_devices = env.flag(env.MESH_OVER_DEVICES, environ={**environ, **(flag_env or {})})
     _validate(values, sources, config_file, mesh_over_devices)
     rendezvous.choose_backend(values, sources, config_file)
@@ -339,5 +348,6 @@ def torchrun_argv(plan: LaunchPlan, target: LaunchTarget) -> list[str]:
     elif plan.tee is not None:
         argv.append(f"--tee={plan.tee}")
     argv += rendezvous.torchrun_arguments(plan)
+    argv += plan.torchrun_options
     argv += ["-m", "accel_launch.runner", "module" if target.module else "path", target.script]
     return argv + list(target.args)

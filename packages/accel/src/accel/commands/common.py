@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -18,6 +19,7 @@ from accel_launch.extensions import LaunchExtension, extension_env, mesh_over_de
 from accel_launch.plan import LaunchPlan, LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
 from accel_launch.run import direct_command
 from accel_launch.settings import SETTINGS
+from accel_launch.torchrun_flags import TorchrunFlags
 
 _DEFAULT_PATH_TEXT = "$XDG_CONFIG_HOME/accel/default_config.yaml (~/.config/accel/...)"
 
@@ -104,9 +106,11 @@ def plan_from_namespace(
     extensions: Sequence[LaunchExtension] = (),
     defaults: dict[str, Any] | None = None,
     flag_variables: dict[str, str] | None = None,
+    torchrun: TorchrunFlags | None = None,
 ) -> LaunchPlan:
     """Resolves the plan from parsed flags, ``os.environ`` and the config file. ``flag_variables``: variables other
-    flags stand for (Accelerate's, accel_launch.accelerate_flags), below the ``--env`` pairs."""
+    flags stand for (Accelerate's, accel_launch.accelerate_flags), below the ``--env`` pairs; ``torchrun``: what
+    torchrun's flags asked for beyond accel's settings (accel_launch.torchrun_flags)."""
     config, path = load_config(namespace.config_file)
     flags = {s.name: getattr(namespace, s.name, None) for s in SETTINGS}
     flag_env = {**extension_env(extensions, namespace), **(flag_variables or {}), **parse_env_pairs(namespace.env)}
@@ -114,8 +118,16 @@ def plan_from_namespace(
     strategy = flag_env.get(STRATEGY) or flags.get("strategy") or os.environ.get(STRATEGY) or config.get("strategy")
     flag_env = {**mesh_over_devices_env(extensions, strategy), **flag_env}
     plan = resolve_plan(
-        flags, os.environ, config, flag_env=flag_env, defaults=defaults, config_file=str(path) if path else None
+        flags,
+        os.environ,
+        config,
+        flag_env=flag_env,
+        defaults=defaults,
+        config_file=str(path) if path else None,
+        processes_per_machine=torchrun.processes_per_machine if torchrun else None,
     )
+    if torchrun and torchrun.torchrun_options:
+        plan = dataclasses.replace(plan, torchrun_options=torchrun.torchrun_options)
     check_strategy(plan)
     for extension in extensions:  # the backend's own installation check (torch-xla built for another torch, say)
         if extension.name == strategy and isinstance(extension, ChecksBeforeLaunch):

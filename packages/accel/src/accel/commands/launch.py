@@ -10,6 +10,7 @@ from accel_launch.extensions import LaunchExtension, add_extension_arguments, lo
 from accel_launch.failures import JobFailedError
 from accel_launch.plan import LaunchTarget
 from accel_launch.run import launch
+from accel_launch.torchrun_flags import TorchrunFlagError, add_torchrun_flags, apply_torchrun_flags
 
 from .common import add_settings_arguments, format_command, format_env, format_settings, plan_from_namespace
 
@@ -24,7 +25,10 @@ EPILOG = """examples:
   accel launch -n 8 --mixed-precision bf16 -m mypackage.train
   accel launch --num-machines 2 --machine-rank 0 --main-process-ip 10.0.0.1 -n 16 train.py
   accel launch --num-machines 1:4 --main-process-ip 10.0.0.1 -n 32 --max-restarts 3 --auto-resume train.py
-      (elastic: 1 to 4 machines of 8 processes; -n counts all 4 machines' processes)"""
+      (elastic: 1 to 4 machines of 8 processes; -n counts all 4 machines' processes)
+
+torchrun's and Accelerate's launch flags work too (--nproc-per-node 8, --multi_gpu, ...): each is
+accel's setting under another name, passed on to torchrun's agent, or answered with what to do."""
 
 
 def build_parser(extensions: list[LaunchExtension]) -> argparse.ArgumentParser:
@@ -43,6 +47,7 @@ def build_parser(extensions: list[LaunchExtension]) -> argparse.ArgumentParser:
     add_settings_arguments(parser)
     add_extension_arguments(parser, extensions)
     add_accelerate_flags(parser)  # hidden: Accelerate's launch lines run unchanged, or say why not
+    add_torchrun_flags(parser)  # hidden, as torchrun's launch lines
     # Optional to argparse, required below: its own message would also call the script's arguments required.
     parser.add_argument("script", nargs="?", help="the training script (or module, with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -57,11 +62,17 @@ def main(argv: list[str]) -> int:
         parser.error("the script to run is missing: accel launch [options] train.py [args], or -m package.module")
     try:
         accelerate_variables, notes = accelerate_flags_env(namespace)
-    except RefusedFlagError as refused:
+        torchrun = apply_torchrun_flags(namespace)
+    except (RefusedFlagError, TorchrunFlagError) as refused:
         parser.error(str(refused))
-    for note in notes:
+    plan = plan_from_namespace(namespace, extensions, flag_variables=accelerate_variables, torchrun=torchrun)
+    if plan.torchrun_options and not plan.uses_torchrun:
+        notes.append(
+            f"{' '.join(plan.torchrun_options)}: torchrun's agent is not used for one process (it runs directly), so "
+            "this does nothing here."
+        )
+    for note in [*notes, *torchrun.notes]:
         print(f"accel launch: {note}", file=sys.stderr)
-    plan = plan_from_namespace(namespace, extensions, flag_variables=accelerate_variables)
     target = LaunchTarget(namespace.script, tuple(namespace.script_args), namespace.module)
     if namespace.dry_run:
         print(f"config file: {plan.config_file or '(none)'}\nsettings:\n{format_settings(plan)}")
