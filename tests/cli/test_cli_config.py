@@ -385,3 +385,61 @@ def test_to_fsdp2_keeps_hybrid_sharding_and_refuses_no_shard() -> None:
     assert unversioned == {"fsdp_reshard_after_forward": True, "fsdp_version": 2}
     with pytest.raises(ValueError, match="NO_SHARD does not exist in FSDP2"):
         convert_section({"sharding_strategy": "NO_SHARD"})
+
+
+def test_a_section_option_no_strategy_reads_is_refused_before_anything_starts(tmp_path: Path, capsys) -> None:
+    """Each section option becomes an ACCEL_<SECTION>_<OPTION> variable: a misspelt one would reach the workers as a
+    variable nobody reads, and the setting would silently not apply (DeepSpeed's and XLA's workers skip it)."""
+    from accel.cli import main as accel_main
+
+    def launch(text: str) -> tuple[int, str, str]:
+        config = tmp_path / "config.yaml"
+        config.write_text(text)
+        code = accel_main(["launch", "--dry-run", "--config-file", str(config), "train.py"])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, _, err = launch("num_processes: 2\ndeepspeed:\n  zero_stag: 2\n  offload_optimizer_device: cpu\n")
+    assert code == 2, err
+    assert "the 'deepspeed:' section has option(s) the deepspeed strategy does not read: zero_stag" in err
+    assert "(did you mean 'zero_stage'?)" in err and "Known: config_file, " in err
+    code, _, err = launch("fsdpp:\n  sharding_strategy: FULL_SHARD\n")
+    assert code == 2 and "section 'fsdpp:' is no backend's (did you mean 'fsdp'?)" in err, err
+    for section, option in (("megatron", "tp_degre"), ("xla", "devic"), ("fsdp", "sharding_stratgy")):
+        code, _, err = launch(f"{section}:\n  {option}: 1\n")
+        assert code == 2 and f"the '{section}:' section has option(s)" in err and option in err, err
+
+    # What the strategies read passes, in either spelling, beside `env:` and fp8's section (no launcher flags).
+    code, out, err = launch(
+        "deepspeed:\n  zero_stage: 2\n  hostfile: hosts\nfsdp:\n  sharding-strategy: FULL_SHARD\nfp8:\n  backend: AO\n"
+        "megatron:\n  tp_degree: 1\nxla:\n  device: CPU\nenv:\n  MY_VARIABLE: 1\n"
+    )
+    assert code == 0, err
+    for variable in ("ACCEL_DEEPSPEED_ZERO_STAGE=2", "ACCEL_FSDP_SHARDING_STRATEGY=FULL_SHARD", "ACCEL_FP8_BACKEND=AO"):
+        assert variable in out
+    shown = accel_main(["config", "show", "--config-file", str(tmp_path / "config.yaml")])
+    assert shown == 0 and "warning" not in capsys.readouterr().out
+
+
+def test_every_backend_declares_the_options_its_flags_and_plugin_read() -> None:
+    """A flag's option is a config option too; and the declared options are exactly what the plugin reads."""
+    from accel_core.launch_options import DeclaresConfigOptions
+    from accel_deepspeed.plugin import ENV_OPTIONS as DEEPSPEED_OPTIONS
+    from accel_deepspeed.plugin import LAUNCHER_ONLY_OPTIONS
+    from accel_fsdp.plugin import ENV_OPTIONS as FSDP_OPTIONS
+    from accel_launch.extensions import load_extensions
+    from accel_megatron.plugin import ENV_OPTIONS as MEGATRON_OPTIONS
+
+    read_by_plugin = {
+        "deepspeed": {*DEEPSPEED_OPTIONS, *LAUNCHER_ONLY_OPTIONS},
+        "fsdp": set(FSDP_OPTIONS),
+        "megatron": set(MEGATRON_OPTIONS),
+        "xla": {"device", "downcast_bf16"},
+    }
+    extensions = {extension.name: extension for extension in load_extensions()}
+    assert sorted(extensions) == sorted(read_by_plugin)
+    for name, extension in extensions.items():
+        assert isinstance(extension, DeclaresConfigOptions), name
+        declared = set(extension.config_options())
+        assert declared == read_by_plugin[name], name
+        assert {option.lower() for _, option, *_ in getattr(extension, "options", ())} <= declared, name

@@ -75,6 +75,11 @@ def available(group: str) -> list[str]:
     return sorted(_group(group))
 
 
+def known(group: str) -> list[str]:
+    """Names accel's own packages provide in ``group``, installed or not (``fsdp``, ``deepspeed``, ... strategies)."""
+    return sorted(name for provided_group, name in _PROVIDERS if provided_group == group)
+
+
 def install_hint(group: str, name: str) -> str:
     """The pip command that brings ``name`` of ``group``."""
     extra = _PROVIDERS.get((group, name))

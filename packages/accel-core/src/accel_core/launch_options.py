@@ -18,6 +18,7 @@ workers' environment.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Collection
 from typing import Any, Protocol, runtime_checkable
 
 GROUP = "accel.cli"
@@ -67,6 +68,20 @@ class LaysMeshOverDevices(Protocol):
 
     def lays_mesh_over_devices(self) -> bool:
         """True: the launcher leaves the mesh sizes to the strategy (``ACCEL_MESH_OVER_DEVICES``)."""
+        ...
+
+
+@runtime_checkable
+class DeclaresConfigOptions(Protocol):
+    """Optional capability of a ``LaunchExtension``: the options its config-file section may hold, so that the
+    launcher refuses one its strategy would not read (``fsdp: {sharding_stratgy: ...}``) before any worker starts,
+    instead of passing it on as an ``ACCEL_FSDP_SHARDING_STRATGY`` that nobody reads.
+
+    Must not import torch (``accel launch`` asks it before starting anything).
+    """
+
+    def config_options(self) -> Collection[str]:
+        """Every option (lower-case) the strategy reads from its ``ACCEL_<NAME>_<OPTION>`` variables."""
         ...
 
 

@@ -88,3 +88,10 @@ class DeepSpeedLaunchOptions(OptionTable):
             "stage 3: gather full weights for save_model",
         ),
     )
+
+    def config_options(self) -> tuple[str, ...]:
+        """``DeclaresConfigOptions``: the ``deepspeed:`` section's options, those ``DeepSpeedPlugin.from_env`` reads
+        and the launcher-only ones it skips (its module does not import torch or deepspeed)."""
+        from .plugin import ENV_OPTIONS, LAUNCHER_ONLY_OPTIONS
+
+        return (*ENV_OPTIONS, *LAUNCHER_ONLY_OPTIONS)

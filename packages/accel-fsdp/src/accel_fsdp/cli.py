@@ -131,3 +131,10 @@ class FSDPLaunchOptions(OptionTable):
         ),
         ("fsdp-ignored-modules", "IGNORED_MODULES", str, "REGEX", "module names FSDP leaves alone"),
     )
+
+    def config_options(self) -> tuple[str, ...]:
+        """``DeclaresConfigOptions``: the ``fsdp:`` section's options, those ``FullyShardedDataParallelPlugin.from_env``
+        reads."""
+        from .plugin import ENV_OPTIONS
+
+        return tuple(ENV_OPTIONS)

@@ -8,12 +8,13 @@ The contract a backend implements (``LaunchExtension``, ``OptionTable`` and the 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from accel_core.environment import MESH_OVER_DEVICES
-from accel_core.launch_options import GROUP, LaunchExtension, LaysMeshOverDevices
+from accel_core.launch_options import GROUP, DeclaresConfigOptions, LaunchExtension, LaysMeshOverDevices
 
 
 def mesh_over_devices_env(extensions: Iterable[LaunchExtension], strategy: str | None) -> dict[str, str]:
@@ -70,3 +71,50 @@ def extension_env(extensions: Iterable[LaunchExtension], namespace: argparse.Nam
                 )
         result.update(produced)
     return result
+
+
+# Config sections that are not a backend's: the workers' extra environment.
+ENV_SECTION = "env"
+
+
+def check_config_sections(
+    config: Mapping[str, Any], extensions: Iterable[LaunchExtension], config_file: str | None
+) -> None:
+    """Refuses, before anything starts, a config section or section option that no strategy would read.
+
+    Each section other than ``env`` becomes ``ACCEL_<SECTION>_<OPTION>`` variables; a misspelt one would reach the
+    workers as a variable nobody reads and the setting would silently not apply. A section must be named after a
+    backend (installed, or one of accel's packages: a config file may hold sections for other set-ups), and an
+    installed backend that declares its options (``DeclaresConfigOptions``) must know every option of its section.
+    Raises ``ValueError`` naming the file, the section, the option, the closest known name and the known ones.
+    """
+    from accel_core import discovery  # entry-point metadata: only when a config file has sections
+
+    sections = [name for name, options in config.items() if isinstance(options, Mapping) and name != ENV_SECTION]
+    if not sections:
+        return
+    where = config_file or "the config file"
+    installed = {extension.name: extension for extension in extensions}
+    backends = sorted({*installed, *discovery.known("accel.strategies"), *discovery.known("accel.precisions")})
+    for section in sections:
+        if section not in backends:
+            raise ValueError(
+                f"{where}: section '{section}:' is no backend's{_did_you_mean(section, [*backends, ENV_SECTION])}. "
+                f"A section is named after a backend ({', '.join(backends)}) and holds its options, or is "
+                "`env:` (variables for the workers)."
+            )
+        extension = installed.get(section)
+        if not isinstance(extension, DeclaresConfigOptions):
+            continue
+        known = sorted(extension.config_options())
+        unknown = [str(option) for option in config[section] if str(option).lower().replace("-", "_") not in known]
+        if unknown:
+            raise ValueError(
+                f"{where}: the '{section}:' section has option(s) the {section} strategy does not read: "
+                f"{', '.join(unknown)}{_did_you_mean(unknown[0], known)}. Known: {', '.join(known)}."
+            )
+
+
+def _did_you_mean(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""

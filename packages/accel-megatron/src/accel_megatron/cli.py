@@ -54,3 +54,10 @@ class MegatronLaunchOptions(OptionTable):
         ),
         ("megatron-seed", "SEED", nonnegative_int_text, "N", "seed of Megatron's model-parallel RNG streams"),
     )
+
+    def config_options(self) -> tuple[str, ...]:
+        """``DeclaresConfigOptions``: the ``megatron:`` section's options, those ``MegatronLMPlugin.from_env`` reads
+        (its module does not import torch or megatron-core)."""
+        from .plugin import ENV_OPTIONS
+
+        return tuple(ENV_OPTIONS)

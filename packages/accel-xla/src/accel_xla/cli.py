@@ -71,3 +71,8 @@ class XlaLaunchOptions(OptionTable):
         if result.get("ACCEL_XLA_DOWNCAST_BF16") == "true":
             result["XLA_DOWNCAST_BF16"] = "1"  # read by torch-xla when its runtime starts
         return result
+
+    def config_options(self) -> tuple[str, ...]:
+        """``DeclaresConfigOptions``: the ``xla:`` section's options (``ACCEL_XLA_DEVICE``, ``ACCEL_XLA_DOWNCAST_BF16``,
+        read by the strategy)."""
+        return ("device", "downcast_bf16")

@@ -15,7 +15,7 @@ from accel_core.enums import DynamoBackend, SchedulerStepping
 from accel_core.environment import STRATEGY
 from accel_core.launch_options import ChecksBeforeLaunch
 from accel_launch.config import load_config, write_config
-from accel_launch.extensions import LaunchExtension, extension_env, mesh_over_devices_env
+from accel_launch.extensions import LaunchExtension, check_config_sections, extension_env, mesh_over_devices_env
 from accel_launch.plan import LaunchPlan, LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
 from accel_launch.run import direct_command
 from accel_launch.settings import SETTINGS
@@ -112,6 +112,7 @@ def plan_from_namespace(
     flags stand for (Accelerate's, accel_launch.accelerate_flags), below the ``--env`` pairs; ``torchrun``: what
     torchrun's flags asked for beyond accel's settings (accel_launch.torchrun_flags)."""
     config, path = load_config(namespace.config_file)
+    check_config_sections(config, extensions, str(path) if path else None)
     flags = {s.name: getattr(namespace, s.name, None) for s in SETTINGS}
     flag_env = {**extension_env(extensions, namespace), **(flag_variables or {}), **parse_env_pairs(namespace.env)}
     # The strategy the workers will run (flag, then environment, then config file) may count its mesh in devices.

@@ -103,14 +103,20 @@ def show(path: Path) -> int:
 
 
 def _readable_part(data: Any, origin: str) -> tuple[dict[str, Any], list[str]]:
-    """The keys of a parsed config file that pass ``validate_config`` one by one, and the errors of the others."""
+    """The keys of a parsed config file that pass ``validate_config`` one by one (a backend section: and
+    ``check_config_sections``, as ``accel launch`` checks it), and the errors of the others."""
+    from accel_launch.extensions import check_config_sections, load_extensions
+
     if not isinstance(data, dict):
         return validate_config(data, origin), []  # not a mapping: nothing to show key by key (raises)
+    extensions = load_extensions()
     config: dict[str, Any] = {}
     problems = []
     for key, value in data.items():
         try:
-            config.update(validate_config({key: value}, origin))
+            entry = validate_config({key: value}, origin)
+            check_config_sections(entry, extensions, origin)
+            config.update(entry)
         except ValueError as error:
             problems.append(str(error))
     return config, problems
