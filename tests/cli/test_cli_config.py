@@ -443,3 +443,26 @@ def test_every_backend_declares_the_options_its_flags_and_plugin_read() -> None:
         declared = set(extension.config_options())
         assert declared == read_by_plugin[name], name
         assert {option.lower() for _, option, *_ in getattr(extension, "options", ())} <= declared, name
+
+
+def test_an_accelerate_section_option_accel_does_not_read_is_dropped_with_a_warning() -> None:
+    """What `accel config import` writes, `accel launch` takes: an option the strategy would not read is dropped
+    (and said), not kept for the launch to refuse."""
+    from accel_launch.extensions import check_config_sections, load_extensions
+
+    config, warnings = convert_accelerate_config(
+        {
+            "distributed_type": "DEEPSPEED",
+            "deepspeed_config": {
+                "deepspeed_moe_layer_cls_names": "MoEBlock",
+                "zero_stage": 2,
+                "deepspeed_hostfile": "h",
+            },
+            "megatron_lm_config": {"megatron_lm_tp_degree": 2, "megatron_lm_bogus": None},
+        }
+    )
+    assert config["deepspeed"] == {"zero_stage": 2, "hostfile": "h"} and config["megatron"] == {"tp_degree": 2}
+    assert warnings == [
+        "deepspeed_config.deepspeed_moe_layer_cls_names: accel's deepspeed strategy has no such option; dropped."
+    ]
+    check_config_sections(config, load_extensions(), "converted")  # raises if launch would refuse it

@@ -10,7 +10,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from accel_core import environment as env
@@ -92,10 +92,21 @@ _DYNAMO_VARIABLES = {
 }
 
 
-def convert_accelerate_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Returns the accel config equivalent to an Accelerate config, and one warning per key dropped."""
+def convert_accelerate_config(
+    data: Mapping[str, Any], section_options: Mapping[str, Collection[str]] | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """Returns the accel config equivalent to an Accelerate config, and one warning per key dropped.
+
+    section_options: the options each backend section may hold (``extensions.declared_config_options``; ``None``:
+    those of the installed backends). A backend option accel's strategy does not read is dropped with a warning,
+    where ``accel launch`` would refuse the section.
+    """
     if not isinstance(data, Mapping):
         raise ValueError("An Accelerate config is a YAML mapping (compute_environment, distributed_type, ...).")
+    if section_options is None:
+        from .extensions import declared_config_options, load_extensions
+
+        section_options = declared_config_options(load_extensions())
     config: dict[str, Any] = {}
     warnings: list[str] = []
     section_steps = None
@@ -114,10 +125,17 @@ def convert_accelerate_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], 
         elif key in _SECTIONS:
             section, prefix = _SECTIONS[key]
             if value:
-                options = {(k[len(prefix) :] if k.startswith(prefix) else k): v for k, v in dict(value).items()}
+                written = {(k[len(prefix) :] if k.startswith(prefix) else k): k for k in dict(value)}
+                options = {option: value[k] for option, k in written.items()}
                 # Accelerate keeps DeepSpeed's accumulation steps in its section; accel has one
                 # setting for every strategy, which the Accelerator reads.
                 section_steps = options.pop("gradient_accumulation_steps", None) or section_steps
+                known = section_options.get(section)
+                for option in [option for option in options if known is not None and option not in known]:
+                    if options.pop(option) not in (None, "", False, [], {}):
+                        warnings.append(
+                            f"{key}.{written[option]}: accel's {section} strategy has no such option; dropped."
+                        )
                 config[section] = options
         elif key == "parallelism_config":
             # Accelerate's keys are parallelism_config_<dim>_size; accel's settings are <dim>_size.

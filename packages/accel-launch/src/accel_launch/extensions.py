@@ -94,7 +94,9 @@ def check_config_sections(
     if not sections:
         return
     where = config_file or "the config file"
-    installed = {extension.name: extension for extension in extensions}
+    extensions = list(extensions)
+    declared = declared_config_options(extensions)
+    installed = [extension.name for extension in extensions]
     backends = sorted({*installed, *discovery.known("accel.strategies"), *discovery.known("accel.precisions")})
     for section in sections:
         if section not in backends:
@@ -103,16 +105,24 @@ def check_config_sections(
                 f"A section is named after a backend ({', '.join(backends)}) and holds its options, or is "
                 "`env:` (variables for the workers)."
             )
-        extension = installed.get(section)
-        if not isinstance(extension, DeclaresConfigOptions):
+        if section not in declared:
             continue
-        known = sorted(extension.config_options())
+        known = sorted(declared[section])
         unknown = [str(option) for option in config[section] if str(option).lower().replace("-", "_") not in known]
         if unknown:
             raise ValueError(
                 f"{where}: the '{section}:' section has option(s) the {section} strategy does not read: "
                 f"{', '.join(unknown)}{_did_you_mean(unknown[0], known)}. Known: {', '.join(known)}."
             )
+
+
+def declared_config_options(extensions: Iterable[LaunchExtension]) -> dict[str, frozenset[str]]:
+    """Section name -> the options it may hold, for the extensions that declare them (``DeclaresConfigOptions``)."""
+    return {
+        extension.name: frozenset(extension.config_options())
+        for extension in extensions
+        if isinstance(extension, DeclaresConfigOptions)
+    }
 
 
 def _did_you_mean(name: str, candidates: list[str]) -> str:
