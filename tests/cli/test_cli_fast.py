@@ -105,6 +105,14 @@ def test_one_process_runs_the_script_directly_with_its_exit_code(cli) -> None:
 def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:
     missing = cli.run("launch", "-n", "2", "no_such_script.py")
     assert missing.returncode == 2 and "No such script" in missing.stderr
+    script = tmp_path / "pkg" / "train.py"
+    script.parent.mkdir()
+    script.write_text("")
+    path_as_module = cli.run("launch", "-n", "2", "-m", str(script))  # would be "No module named" on every rank
+    assert path_as_module.returncode == 2, cli.describe(path_as_module)
+    assert f"-m takes a module's dotted name, not a file path: `-m {str(script)[1:-3].replace('/', '.')}`" in (
+        path_as_module.stderr
+    )
     machines = cli.run("launch", "--num-machines", "2", "-n", "2", "x.py")
     assert machines.returncode == 2 and "--main-process-ip" in machines.stderr
     bad_env = cli.run("launch", "--env", "NOEQUALS", "x.py")

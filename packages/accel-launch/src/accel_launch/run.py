@@ -62,6 +62,13 @@ def _check_target(target: LaunchTarget) -> None:
         raise ValueError(
             f"No such script: {target.script!r}. Pass a path to a Python file, or `-m package.module` for a module."
         )
+    if target.module and ("/" in target.script or os.sep in target.script or os.path.isfile(target.script)):
+        # `python -m` would answer "No module named examples/train.py" from every worker.
+        dotted = target.script.removesuffix(".py").replace(os.sep, ".").replace("/", ".").strip(".")
+        raise ValueError(
+            f"-m {target.script}: -m takes a module's dotted name, not a file path: `-m {dotted}` (from the folder "
+            f"above its package), or drop -m to run the file: `accel launch [options] {target.script}`."
+        )
 
 
 def direct_command(target: LaunchTarget) -> list[str]:
