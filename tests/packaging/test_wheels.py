@@ -178,12 +178,16 @@ def constraints(tmp_path_factory) -> Path:
 
 # PYTHONDONTWRITEBYTECODE is left out too: the first process to import torch in an environment writes the bytecode
 # of what it imports, and the next processes (and the next runs: Venv keeps it) read it instead of compiling torch
-# again (a one-step accel script: 22 s of CPU without bytecode, 8.4 s with).
+# again (a one-step accel script: 22 s of CPU without bytecode, 8.4 s with). UV_PYTHON / UV_SYSTEM_PYTHON (a run of
+# the suite on another interpreter: UV_PYTHON=python3.13 uv run pytest) would make `uv pip install` write into that
+# interpreter instead of the activated environment (seen: every wheel test failed, and pyenv's 3.13 held torch).
 IGNORED_ENVIRONMENT = {
     "UV_LOCKED",
     "UV_FROZEN",
     "UV_COMPILE_BYTECODE",
     "UV_PROJECT_ENVIRONMENT",
+    "UV_PYTHON",
+    "UV_SYSTEM_PYTHON",
     "PYTHONPATH",
     "PYTHONDONTWRITEBYTECODE",
 }
