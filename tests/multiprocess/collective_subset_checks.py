@@ -43,6 +43,21 @@ rank = acc.process_index
 
 
 @check
+def a_ddp_model_trains_in_debug_mode() -> None:
+    """DDP over gloo under DETAIL: torch's DDP logger crashed every process (SIGSEGV) on the checking wrapper
+    (accel_core.strategies.ddp.group_ddp_can_log); the model trains, and the world group keeps its checks."""
+    torch.manual_seed(0)
+    model = acc.prepare(torch.nn.Linear(4, 2))
+    expect(type(model).__name__ == "DistributedDataParallel", f"prepared as {type(model).__name__}")
+    loss = model(torch.full((3, 4), float(rank + 1))).sum()
+    acc.backward(loss)
+    grads = [p.grad.clone() for p in model.parameters()]
+    both = acc.gather(torch.stack([g.sum() for g in grads]))  # through the checked world group
+    expect(torch.allclose(both[:2], both[2:]), f"gradients differ between ranks after the all-reduce: {both}")
+    expect("Wrapper" in type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__, "world group unwrapped")
+
+
+@check
 def a_collective_on_one_rank_is_reported() -> None:
     """ACCEL_DEBUG_MODE=1 turns on TORCH_DISTRIBUTED_DEBUG=DETAIL: a collective on rank 0 only is reported."""
     expect(dist.get_debug_level() == dist.DebugLevel.DETAIL, f"debug level {dist.get_debug_level()}")

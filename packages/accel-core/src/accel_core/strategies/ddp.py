@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..configuration import DistributedDataParallelKwargs
@@ -31,10 +32,34 @@ def wrap_in_ddp(
     if device.type in ("cuda", "xpu"):
         kwargs.setdefault("device_ids", [device.index])
         kwargs.setdefault("output_device", device.index)
+    process_group = group_ddp_can_log(process_group)
     wrapped = DistributedDataParallel(model, process_group=process_group, **kwargs)
     if ddp_kwargs is not None:
         register_comm_hook(wrapped, ddp_kwargs, process_group)
     return wrapped
+
+
+def group_ddp_can_log(process_group: Any) -> Any:
+    """``process_group``, or under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on gloo the same ranks in a group without torch's
+    checking wrapper.
+
+    DDP's constructor logs its set-up, and for a gloo group reads the thread count of the group's backend through a
+    cast to ProcessGroupGloo; under DETAIL that backend is the checking wrapper, and the cast crashes every process
+    (SIGSEGV in ``c10d::Logger::set_env_variables``; torch 2.9 to 2.15, any CPU job in debug mode: ``accel launch
+    --debug``, ``ACCEL_DEBUG_MODE``). DDP's own all-reduces then run unchecked; every other collective keeps the
+    checks. Only the group's members make it (``use_local_synchronization``): each data-parallel group its own.
+    """
+    if not dist.is_initialized() or dist.get_debug_level() != dist.DebugLevel.DETAIL:
+        return process_group
+    group = process_group if process_group is not None else dist.group.WORLD
+    if dist.get_backend(group) != "gloo":
+        return process_group
+    ranks = dist.get_process_group_ranks(group)
+    dist.set_debug_level(dist.DebugLevel.INFO)  # read when the group is made: no wrapper around this one
+    try:
+        return dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
+    finally:
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
 
 
 def register_comm_hook(
