@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import shutil
 import time
 from pathlib import Path
 
@@ -94,6 +95,14 @@ def main() -> None:
     accelerator.init_trackers("digits", config=vars(args))
 
     first_epoch = 0
+    checkpoints = Path(args.project_dir, "checkpoints")
+    if not args.resume and checkpoints.is_dir() and any(checkpoints.iterdir()):
+        # A new run numbers its checkpoints from 0 (automatic_checkpoint_naming), where an earlier run's would be
+        # in the way: it starts over in the same folder, saying so (a second run of the README's command).
+        accelerator.print(f"starting over: the earlier run's checkpoints in {checkpoints} go (--resume continues it)")
+        if accelerator.is_main_process:
+            shutil.rmtree(checkpoints)
+        accelerator.wait_for_everyone()
     if args.resume:
         accelerator.load_state()  # newest complete checkpoint under <project-dir>/checkpoints
         first_epoch = accelerator.save_iteration  # one checkpoint per finished epoch
@@ -136,7 +145,7 @@ def main() -> None:
 
     accelerator.end_training()
     # Say where the run's files are: relative to the folder `accel launch` ran in, easy to miss.
-    checkpoints = Path(args.project_dir, "checkpoints").resolve()
+    checkpoints = checkpoints.resolve()
     metrics = Path(accelerator.logging_dir or args.project_dir, "digits", "metrics.jsonl").resolve()
     newest = f" (newest: {Path(newest_checkpoint).name}; --resume continues from it)" if newest_checkpoint else ""
     accelerator.print(f"checkpoints: {checkpoints}{newest}\nmetrics: {metrics}")

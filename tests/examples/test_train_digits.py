@@ -56,3 +56,9 @@ def test_digits_trains_evaluates_checkpoints_and_resumes(tmp_path):
     resumed = launch("--epochs", "6", "--project-dir", str(project), "--resume")
     assert "resumed after epoch 5" in resumed.stdout
     assert re.findall(r"epoch (\d+): train loss", resumed.stdout) == ["5"], resumed.stdout
+
+    # The same command again, without --resume (a second run of the README's line): it starts over in the folder.
+    again = launch("--epochs", "1", "--project-dir", str(project))
+    assert f"starting over: the earlier run's checkpoints in {project / 'checkpoints'} go" in again.stdout
+    assert re.findall(r"epoch (\d+): train loss", again.stdout) == ["0"], again.stdout
+    assert sorted(p.name for p in (project / "checkpoints").iterdir()) == ["checkpoint_0"]
