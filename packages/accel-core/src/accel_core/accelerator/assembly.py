@@ -20,7 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .. import cluster_env
+from .. import accelerate_launch_env, cluster_env
 from .. import environment as env
 from ..configuration import (
     DataLoaderConfiguration,
@@ -98,6 +98,7 @@ def assemble(arguments: RunArguments) -> Assembly:
     """Decides and builds the run (see the module docstring); raises ValueError / TypeError naming the fix for
     arguments that contradict each other or the strategy."""
     _check_types(arguments)
+    accelerate_launch_env.adopt()  # started by `accelerate launch`: its settings under accel's names
     deepspeed_plugin = one_deepspeed_plugin(arguments.deepspeed_plugin, arguments.deepspeed_plugins)
     dynamo = dynamo_settings(arguments.dynamo_backend, arguments.dynamo_plugin)
     given_strategy = arguments.strategy

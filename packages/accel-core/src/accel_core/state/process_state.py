@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from .. import cluster_env
+from .. import accelerate_launch_env, cluster_env
 from .. import environment as env
 from ..attempt_store import attempt_store
 from ..enums import DistributedType
@@ -122,6 +122,7 @@ class PartialState:
             self._watch_stalls(stall_after, init_process_group_kwargs.get("timeout"))
             return
         cluster_env.adopt()  # started by srun / mpirun / a PyTorchJob: their variables as torchrun's
+        accelerate_launch_env.adopt()  # started by `accelerate launch`: its settings under accel's names
         self.world_size = env.get_int(env.WORLD_SIZE, 1) or 1
         self.rank = env.get_int(env.RANK, 0) or 0
         self.local_rank = env.get_int(env.LOCAL_RANK, 0) or 0
