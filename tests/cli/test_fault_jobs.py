@@ -355,3 +355,20 @@ def test_a_stall_is_reported_once_naming_the_late_rank_and_a_hang_ends_the_job_a
     assert "Rank 0 timed out waiting in a collective: rank(s) 1, still running when it gave up, never joined" in summary
     assert elapsed < 200, elapsed  # 11 s, not the 30-minute default (plus starting torch twice on a loaded machine)
     _assert_all_gone([int(Path(f"{prefix}{rank}").read_text()) for rank in range(2)])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_save_state_under_is_main_process_is_named_by_the_stall_report(cli, tmp_path: Path) -> None:
+    """A common habit: `if accelerator.is_main_process: accelerator.save_state()`. Rank 0 waits in save_state for
+    rank 1's part; the report names save_state, where rank 1 is, and the rule (before, no report: save_state was
+    not a watched call, and the job waited 30 minutes for a timeout naming neither)."""
+    script = SCRIPTS / "save_on_main_only.py"
+    flags = ["--collective-timeout", "10", "--stall-report-after", "2"]
+    result = cli.run("launch", "--cpu", "-n", "2", *flags, str(script), str(tmp_path))
+    assert result.returncode == 1, cli.describe(result)
+    report = result.stderr[result.stderr.index("accel: stall report") :]
+    assert report.startswith("accel: stall report from rank 0: it has waited "), report
+    assert f"in save_state #1 at {_line_of(script, 'the save')}." in report.splitlines()[0], report
+    assert f"{_line_of(script, 'rank 1 elsewhere')} in <module>: time.sleep(300)" in report, report
+    assert "save_state is called on every process" in report and "`if accelerator.is_main_process:`" in report

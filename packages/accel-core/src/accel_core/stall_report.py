@@ -11,7 +11,8 @@ How it stays off the step path:
 
 - accel's own collectives (``gather``, ``gather_object``, ``reduce``, ``broadcast``,
   ``broadcast_object_list``, ``pad_across_processes``, ``wait_for_everyone``,
-  ``gather_for_metrics``) are wrapped by ``watched``, which writes a sequence number, the operation,
+  ``gather_for_metrics``, and ``save_state`` / ``load_state`` / ``save_model``, which every process
+  calls) are wrapped by ``watched``, which writes a sequence number, the operation,
   the script's call site (a short walk up the Python frames) and the time into one in-process record
   (``POSITION``): a few microseconds (2.5-5 µs measured on a loaded 2-core machine), against the tens
   of microseconds any collective costs, and nothing at all for a step that calls none of them (a DDP
@@ -54,6 +55,9 @@ from typing import Any, ParamSpec, TypeVar
 
 from . import environment as env
 from .attempt_store import attempt_prefix
+
+# Checkpoint calls every process makes, whose report says so (a save under `if accelerator.is_main_process:`).
+EVERY_PROCESS_SAVES = ("save_state", "load_state", "save_model")
 
 DEFAULT_STALL_REPORT_AFTER = 60.0
 """Seconds one collective may run before its rank reports the stall (``0`` turns the report off)."""
@@ -258,6 +262,11 @@ def compose_report(
     else:
         body.append("Every rank is in it: the collective itself is slow (a large transfer, a slow network).")
     body.append(f"In it: rank(s) {_ranges(same)}.")
+    if reporter["op"] in EVERY_PROCESS_SAVES and lines:
+        body.append(
+            f"{reporter['op']} is called on every process: each writes or reads its part and they agree on the "
+            "outcome (as in Accelerate); under `if accelerator.is_main_process:` the others never reach it."
+        )
     limit = f"{timeout:.0f} s" if timeout is not None else "the collective timeout"
     body.append(
         f"The job goes on; this collective fails when it has waited {limit} (accel launch --collective-timeout). "

@@ -16,6 +16,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from .. import discovery
+from ..stall_report import watched
 
 if TYPE_CHECKING:
     from ..configuration import ProjectConfiguration
@@ -48,12 +49,14 @@ class Checkpointing:
     def _handler() -> CheckpointHandler:
         return discovery.load("accel.checkpoint", "state")
 
+    @watched("save_state")
     def save_state(self, output_dir: str | os.PathLike[str] | None, **kwargs: Any) -> str:
         """The handler's ``save_state``; returns the folder written."""
         return self._handler().save_state(
             self._accelerator, None if output_dir is None else os.fspath(output_dir), **kwargs
         )
 
+    @watched("load_state")
     def load_state(self, input_dir: str | os.PathLike[str] | None, **kwargs: Any) -> str | None:
         """The handler's ``load_state``; returns the folder loaded."""
         return self._handler().load_state(
@@ -71,6 +74,7 @@ class Checkpointing:
         """The newest automatic checkpoint complete on every process, or None. Collective."""
         return self._handler().find_resume_point(self._accelerator)
 
+    @watched("save_model")
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str], **kwargs: Any) -> None:
         """The handler's ``save_model``: the model's full weights for use outside accel."""
         self._handler().save_model(self._accelerator, model, os.fspath(save_directory), **kwargs)

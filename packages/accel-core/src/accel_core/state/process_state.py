@@ -65,6 +65,9 @@ def _destroy_gloo_groups_before_finalization() -> None:
 
 
 DEFAULT_COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+# The timeout accel made the default group with (the script's InitProcessGroupKwargs, --collective-timeout): the
+# groups accel makes later take it too, where torch would give each its own default (30 minutes for gloo).
+_DEFAULT_GROUP_TIMEOUT: dict[str, timedelta] = {}
 
 
 def collective_timeout(given: timedelta | None = None) -> timedelta:
@@ -78,6 +81,13 @@ def collective_timeout(given: timedelta | None = None) -> timedelta:
         return given
     seconds = env.get_seconds(env.COLLECTIVE_TIMEOUT)
     return timedelta(seconds=seconds) if seconds is not None else DEFAULT_COLLECTIVE_TIMEOUT
+
+
+def group_timeout() -> timedelta:
+    """The timeout for a process group accel makes after the default one (a checkpoint's coordination group, ...):
+    the default group's when accel made it, else ``collective_timeout()``. torch's ``new_group`` would otherwise
+    wait 30 minutes whatever ``--collective-timeout`` says."""
+    return _DEFAULT_GROUP_TIMEOUT.get("timeout") or collective_timeout()
 
 
 def default_backend(device: torch.device) -> str:
@@ -172,6 +182,7 @@ class PartialState:
             dist.set_debug_level_from_env()
         backend = kwargs.pop("backend", None) or default_backend(self.device)
         kwargs["timeout"] = collective_timeout(kwargs.get("timeout"))
+        _DEFAULT_GROUP_TIMEOUT["timeout"] = kwargs["timeout"]
         if backend == "nccl" and self.device.type == "cuda":
             # device_id binds the default group to this GPU: NCCL connects it now (a network problem fails here,
             # not at the first collective) and later groups are split from it. The cost: every group made after

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..configuration import DistributedDataParallelKwargs
 from ..enums import DistributedType
+from ..state.process_state import group_timeout
 from .base import Strategy
 
 
@@ -57,7 +58,7 @@ def group_ddp_can_log(process_group: Any) -> Any:
     ranks = dist.get_process_group_ranks(group)
     dist.set_debug_level(dist.DebugLevel.INFO)  # read when the group is made: no wrapper around this one
     try:
-        return dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
+        return dist.new_group(ranks, backend="gloo", timeout=group_timeout(), use_local_synchronization=True)
     finally:
         dist.set_debug_level(dist.DebugLevel.DETAIL)
 

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .. import environment as env
+from ..state.process_state import group_timeout
 
 
 def join_group_of_one(**kwargs: Any) -> None:
@@ -42,6 +43,8 @@ def coordination_group() -> dist.ProcessGroup | None:
         return None
     world = dist.group.WORLD
     if _COORDINATION.get("world") is not world:  # a new default group (after destroy_process_group): a new one too
-        _COORDINATION["group"] = cast("dist.ProcessGroup", dist.new_group(backend="gloo"))  # every rank is a member
+        # Every rank is a member; it waits as long as the default group (--collective-timeout), not torch's 30 min.
+        group = dist.new_group(backend="gloo", timeout=group_timeout())
+        _COORDINATION["group"] = cast("dist.ProcessGroup", group)
         _COORDINATION["world"] = world
     return _COORDINATION["group"]
