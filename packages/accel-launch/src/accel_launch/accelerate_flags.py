@@ -28,15 +28,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from accel_core import environment as env
 from accel_core.launch_options import bool_text
 
+from .hidden_flags import NOT_NEEDED, REFUSED, add_hidden_flag
+
 _DEST_PREFIX = "accelerate_flag__"
 
-NOT_NEEDED = "not needed"
-REFUSED = "refused"
 TRANSLATED = "translated"
 
 
@@ -211,17 +210,9 @@ ACCELERATE_FLAGS: tuple[AccelerateFlag, ...] = (
 
 def add_accelerate_flags(parser: argparse.ArgumentParser) -> None:
     """Adds the flags of ``ACCELERATE_FLAGS`` that ``parser`` does not have yet, hidden from ``--help``."""
-    known = set(parser._option_string_actions)
     for entry in ACCELERATE_FLAGS:
-        names = [name for name in (entry.flag, entry.short) if name is not None and name not in known]
-        if not names:
-            continue
-        kwargs: dict[str, Any] = {"dest": entry.dest, "default": None, "help": argparse.SUPPRESS}
-        if entry.takes_value:
-            kwargs["metavar"] = "VALUE"
-        else:
-            kwargs.update(action="store_const", const="true")
-        parser.add_argument(*names, **kwargs)
+        names = [name for name in (entry.flag, entry.short) if name is not None]
+        add_hidden_flag(parser, names, entry.dest, entry.takes_value)
 
 
 def accelerate_flags_env(namespace: argparse.Namespace) -> tuple[dict[str, str], list[str]]:

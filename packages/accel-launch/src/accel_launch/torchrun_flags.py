@@ -35,13 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .devices import detect_devices
+from .hidden_flags import NOT_NEEDED, REFUSED, add_hidden_flag
 
 _DEST_PREFIX = "torchrun_flag__"
 
 SETTING = "setting"
 PASSED_ON = "passed on"
-NOT_NEEDED = "not needed"
-REFUSED = "refused"
 
 
 class TorchrunFlagError(ValueError):
@@ -149,17 +148,8 @@ class TorchrunFlags:
 
 def add_torchrun_flags(parser: argparse.ArgumentParser) -> None:
     """Adds the spellings of ``TORCHRUN_FLAGS`` that ``parser`` does not have yet, hidden from ``--help``."""
-    known = set(parser._option_string_actions)
     for entry in TORCHRUN_FLAGS:
-        names = [name for name in entry.names if name not in known]
-        if not names:
-            continue
-        kwargs: dict[str, Any] = {"dest": entry.dest, "default": None, "help": argparse.SUPPRESS}
-        if entry.takes_value:
-            kwargs["metavar"] = "VALUE"
-        else:
-            kwargs.update(action="store_const", const="true")
-        parser.add_argument(*names, **kwargs)
+        add_hidden_flag(parser, entry.names, entry.dest, entry.takes_value)
 
 
 def apply_torchrun_flags(namespace: argparse.Namespace) -> TorchrunFlags:
