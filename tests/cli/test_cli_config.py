@@ -404,7 +404,9 @@ def test_a_section_option_no_strategy_reads_is_refused_before_anything_starts(tm
     assert "the 'deepspeed:' section has option(s) the deepspeed strategy does not read: zero_stag" in err
     assert "(did you mean 'zero_stage'?)" in err and "Known: config_file, " in err
     code, _, err = launch("fsdpp:\n  sharding_strategy: FULL_SHARD\n")
-    assert code == 2 and "section 'fsdpp:' is no backend's (did you mean 'fsdp'?)" in err, err
+    assert code == 2 and "section 'fsdpp:' is named almost like 'fsdp:', which it is taken to mean" in err, err
+    code, _, err = launch("deepsped:\n  zero_stage: 2\n")
+    assert code == 2 and "named almost like 'deepspeed:'" in err, err
     for section, option in (("megatron", "tp_degre"), ("xla", "devic"), ("fsdp", "sharding_stratgy")):
         code, _, err = launch(f"{section}:\n  {option}: 1\n")
         assert code == 2 and f"the '{section}:' section has option(s)" in err and option in err, err
@@ -412,9 +414,10 @@ def test_a_section_option_no_strategy_reads_is_refused_before_anything_starts(tm
     # What the strategies read passes, in either spelling, beside `env:` and fp8's section (no launcher flags).
     code, out, err = launch(
         "deepspeed:\n  zero_stage: 2\n  hostfile: hosts\nfsdp:\n  sharding-strategy: FULL_SHARD\nfp8:\n  backend: AO\n"
-        "megatron:\n  tp_degree: 1\nxla:\n  device: CPU\nenv:\n  MY_VARIABLE: 1\n"
+        "megatron:\n  tp_degree: 1\nxla:\n  device: CPU\nenv:\n  MY_VARIABLE: 1\nmytool:\n  level: 7\n"
     )
     assert code == 0, err
+    assert "ACCEL_MYTOOL_LEVEL=7" in out  # a section of the user's own: variables their script reads
     for variable in ("ACCEL_DEEPSPEED_ZERO_STAGE=2", "ACCEL_FSDP_SHARDING_STRATEGY=FULL_SHARD", "ACCEL_FP8_BACKEND=AO"):
         assert variable in out
     shown = accel_main(["config", "show", "--config-file", str(tmp_path / "config.yaml")])

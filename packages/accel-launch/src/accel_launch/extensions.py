@@ -80,12 +80,13 @@ ENV_SECTION = "env"
 def check_config_sections(
     config: Mapping[str, Any], extensions: Iterable[LaunchExtension], config_file: str | None
 ) -> None:
-    """Refuses, before anything starts, a config section or section option that no strategy would read.
+    """Refuses, before anything starts, a backend section or section option that no strategy would read.
 
     Each section other than ``env`` becomes ``ACCEL_<SECTION>_<OPTION>`` variables; a misspelt one would reach the
-    workers as a variable nobody reads and the setting would silently not apply. A section must be named after a
-    backend (installed, or one of accel's packages: a config file may hold sections for other set-ups), and an
-    installed backend that declares its options (``DeclaresConfigOptions``) must know every option of its section.
+    workers as a variable nobody reads and the setting would silently not apply. A section named almost like a
+    backend (``fsdpp:``) is refused with the name it resembles; any other name passes (a third-party backend's, or
+    variables the user's own script reads: ``mytool: {level: 7}`` is ``ACCEL_MYTOOL_LEVEL``). An installed backend
+    that declares its options (``DeclaresConfigOptions``) must know every option of its section.
     Raises ``ValueError`` naming the file, the section, the option, the closest known name and the known ones.
     """
     from accel_core import discovery  # entry-point metadata: only when a config file has sections
@@ -96,15 +97,22 @@ def check_config_sections(
     where = config_file or "the config file"
     extensions = list(extensions)
     declared = declared_config_options(extensions)
-    installed = [extension.name for extension in extensions]
-    backends = sorted({*installed, *discovery.known("accel.strategies"), *discovery.known("accel.precisions")})
+    backends = {
+        *(extension.name for extension in extensions),
+        *discovery.available("accel.strategies"),
+        *discovery.known("accel.strategies"),
+        *discovery.known("accel.precisions"),
+    }
     for section in sections:
         if section not in backends:
-            raise ValueError(
-                f"{where}: section '{section}:' is no backend's{_did_you_mean(section, [*backends, ENV_SECTION])}. "
-                f"A section is named after a backend ({', '.join(backends)}) and holds its options, or is "
-                "`env:` (variables for the workers)."
-            )
+            close = difflib.get_close_matches(section, [*backends, ENV_SECTION], n=1, cutoff=0.75)
+            if close:
+                raise ValueError(
+                    f"{where}: section '{section}:' is named almost like '{close[0]}:', which it is taken to mean; "
+                    f"write '{close[0]}:' (a section of another name passes to the workers as "
+                    f"ACCEL_{section.upper()}_<OPTION> variables, which no backend reads)."
+                )
+            continue
         if section not in declared:
             continue
         known = sorted(declared[section])
