@@ -33,3 +33,18 @@ def test_a_native_bf16_gpu_gets_bf16_autocast(monkeypatch: pytest.MonkeyPatch) -
     _gpu(monkeypatch, native_bf16=True)
     precision = create_strategy("ddp").make_precision("bf16", PrecisionContext(torch.device("cuda", 0)))
     assert isinstance(precision, AutocastPrecision) and precision.dtype == torch.bfloat16
+
+
+def test_fp16_on_the_cpu_trains_but_says_bf16_is_the_cpus_mixed_precision(caplog: pytest.LogCaptureFixture) -> None:
+    """torch's float16 CPU kernels are some 60x slower than float32 (measured: 446 vs 6.7 ms a step for a small
+    conv net): fp16 there is allowed, once said on the main process, with the fix."""
+    with caplog.at_level("WARNING", logger="accel"):
+        precision = create_strategy("ddp").make_precision("fp16", PrecisionContext(torch.device("cpu")))
+    assert isinstance(precision, AutocastPrecision) and precision.scaler is not None
+    assert [r.getMessage() for r in caplog.records if "fp16 on the CPU" in r.getMessage()], caplog.text
+    assert "--mixed-precision bf16" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="accel"):
+        create_strategy("ddp").make_precision("fp16", PrecisionContext(torch.device("cpu"), is_main_process=False))
+        create_strategy("ddp").make_precision("bf16", PrecisionContext(torch.device("cpu")))
+    assert "fp16 on the CPU" not in caplog.text
