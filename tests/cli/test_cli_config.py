@@ -469,3 +469,26 @@ def test_an_accelerate_section_option_accel_does_not_read_is_dropped_with_a_warn
         "deepspeed_config.deepspeed_moe_layer_cls_names: accel's deepspeed strategy has no such option; dropped."
     ]
     check_config_sections(config, load_extensions(), "converted")  # raises if launch would refuse it
+
+
+def test_without_an_accel_config_accelerates_default_config_is_read_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An Accelerate user ran `accelerate config` once (8 processes, bf16, FSDP): `accel launch train.py` takes those
+    settings, converted, and says where they came from; accel's own default file wins when it exists."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("ACCEL_CONFIG_FILE", raising=False)
+    assert load_config() == ({}, None)  # neither file: no config
+    accelerate_file = tmp_path / "hf" / "accelerate" / "default_config.yaml"
+    accelerate_file.parent.mkdir(parents=True)
+    accelerate_file.write_text(ACCELERATE_FSDP)
+    config, path = load_config()
+    assert path == accelerate_file and config["num_processes"] == 8 and config["strategy"] == "fsdp"
+    assert config["fsdp"]["transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
+    err = capsys.readouterr().err
+    assert f"no accel config file ({tmp_path / 'xdg' / 'accel' / 'default_config.yaml'}); reading Accelerate's" in err
+    assert err.count("accel config import") == 2 and len(err.splitlines()) == 1, err  # one note, no second one
+    write_config(default_config_path(), {"num_processes": 2})
+    config, path = load_config()
+    assert path == default_config_path() and config["num_processes"] == 2

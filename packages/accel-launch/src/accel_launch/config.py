@@ -40,6 +40,15 @@ def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "accel" / CONFIG_FILE_NAME
 
 
+def accelerate_default_config_path(environ: Mapping[str, str] | None = None) -> Path:
+    """Where ``accelerate config`` writes its default file: ``$HF_HOME/accelerate/default_config.yaml`` (HF_HOME:
+    ``$XDG_CACHE_HOME/huggingface``, ``~/.cache/huggingface``)."""
+    environ = os.environ if environ is None else environ
+    cache = environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    hf_home = environ.get("HF_HOME") or os.path.join(cache, "huggingface")
+    return Path(os.path.expanduser(hf_home)) / "accelerate" / CONFIG_FILE_NAME
+
+
 def config_path(flag: str | None, environ: Mapping[str, str] | None = None) -> tuple[Path, bool]:
     """The config file to use and whether it was named explicitly (flag or ``ACCEL_CONFIG_FILE``)."""
     environ = os.environ if environ is None else environ
@@ -112,19 +121,21 @@ def read_yaml_file(path: str | os.PathLike[str], what: str, missing_hint: str) -
 _ACCELERATE_MARKERS = ("compute_environment", "distributed_type")
 
 
-def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_config(path: str | os.PathLike[str], announce: bool = True) -> dict[str, Any]:
     """Reads and checks the YAML config at ``path``. An Accelerate config file (``accelerate launch --config_file``
-    out of habit) is read as ``accel config import`` converts it, saying so and what it drops on stderr."""
+    out of habit) is read as ``accel config import`` converts it, saying so (``announce``: the caller has not said
+    it already) and what it drops on stderr."""
     data = read_yaml_file(path, "Config file", "create it with `accel config` or fix the path.")
     if isinstance(data, Mapping) and any(key in data for key in _ACCELERATE_MARKERS):
         from .accelerate_import import convert_accelerate_config
 
         data, warnings = convert_accelerate_config(data)
-        print(
-            f"accel: {path} is an Accelerate config file: read as `accel config import {path}` converts it "
-            "(that command writes the converted file).",
-            file=sys.stderr,
-        )
+        if announce:
+            print(
+                f"accel: {path} is an Accelerate config file: read as `accel config import {path}` converts it "
+                "(that command writes the converted file).",
+                file=sys.stderr,
+            )
         for warning in warnings:
             print(f"accel: warning: {warning}", file=sys.stderr)
     return validate_config(data, f"config file {path}")
@@ -133,13 +144,23 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
 def load_config(
     flag: str | None = None, environ: Mapping[str, str] | None = None
 ) -> tuple[dict[str, Any], Path | None]:
-    """The config to launch with and its path; ``({}, None)`` when the default file does not exist.
+    """The config to launch with and its path; ``({}, None)`` when there is no default file.
 
-    A file named explicitly (flag or ``ACCEL_CONFIG_FILE``) must exist.
+    A file named explicitly (flag or ``ACCEL_CONFIG_FILE``) must exist. Without one and without accel's default file,
+    Accelerate's default file (``accelerate config``'s) is read if it exists, converted and said so: an Accelerate
+    user's settings (8 processes, FSDP) would otherwise not apply to ``accel launch train.py``, without a word.
     """
     path, explicit = config_path(flag, environ)
     if not explicit and not path.is_file():
-        return {}, None
+        accelerate_path = accelerate_default_config_path(environ)
+        if not accelerate_path.is_file():
+            return {}, None
+        print(
+            f"accel: no accel config file ({path}); reading Accelerate's default config {accelerate_path} as "
+            f"`accel config import` converts it (`accel config import {accelerate_path}` writes it as accel's).",
+            file=sys.stderr,
+        )
+        return read_config(accelerate_path, announce=False), accelerate_path
     return read_config(path), path
 
 
