@@ -489,6 +489,13 @@ def test_without_an_accel_config_accelerates_default_config_is_read_saying_so(
     err = capsys.readouterr().err
     assert f"no accel config file ({tmp_path / 'xdg' / 'accel' / 'default_config.yaml'}); reading Accelerate's" in err
     assert err.count("accel config import") == 2 and len(err.splitlines()) == 1, err  # one note, no second one
+    from accel.cli import main as accel_main
+
+    assert accel_main(["config", "show"]) == 0  # shows what the launch reads: the converted Accelerate file
+    out = capsys.readouterr().out
+    assert "(does not exist: `accel launch` reads Accelerate's default config instead)" in out
+    assert f"config file: {accelerate_file} (an Accelerate config file, read as `accel config import`" in out
+    assert "num_processes                8           (config file)" in out and "warning" not in out
     write_config(default_config_path(), {"num_processes": 2})
     config, path = load_config()
     assert path == default_config_path() and config["num_processes"] == 2

@@ -121,12 +121,17 @@ def read_yaml_file(path: str | os.PathLike[str], what: str, missing_hint: str) -
 _ACCELERATE_MARKERS = ("compute_environment", "distributed_type")
 
 
+def is_accelerate_config(data: Any) -> bool:
+    """Whether parsed YAML is an Accelerate config file (it has ``compute_environment`` or ``distributed_type``)."""
+    return isinstance(data, Mapping) and any(key in data for key in _ACCELERATE_MARKERS)
+
+
 def read_config(path: str | os.PathLike[str], announce: bool = True) -> dict[str, Any]:
     """Reads and checks the YAML config at ``path``. An Accelerate config file (``accelerate launch --config_file``
     out of habit) is read as ``accel config import`` converts it, saying so (``announce``: the caller has not said
     it already) and what it drops on stderr."""
     data = read_yaml_file(path, "Config file", "create it with `accel config` or fix the path.")
-    if isinstance(data, Mapping) and any(key in data for key in _ACCELERATE_MARKERS):
+    if is_accelerate_config(data):
         from .accelerate_import import convert_accelerate_config
 
         data, warnings = convert_accelerate_config(data)

@@ -10,8 +10,10 @@ from typing import Any
 
 from accel_core.enums import DynamoBackend
 from accel_launch.config import (
+    accelerate_default_config_path,
     config_path,
     dump_config,
+    is_accelerate_config,
     read_config,
     read_yaml_file,
     validate_config,
@@ -52,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    path, _ = config_path(args.config_file)
+    path, explicit = config_path(args.config_file)
     if args.action == "import" and not args.source:
         parser.error(
             "accel config import needs the Accelerate file, e.g. ~/.cache/huggingface/accelerate/default_config.yaml"
@@ -62,7 +64,7 @@ def main(argv: list[str]) -> int:
     if path.exists() and not path.is_file():
         raise ValueError(f"Config file {path} is a directory: pass --config-file with the path of a YAML file.")
     if args.action == "show":
-        return show(path)
+        return show(path, explicit)
     # The source first: a missing or broken one is the problem to report, whatever the destination.
     imported = import_accelerate(Path(args.source).expanduser()) if args.action == "import" else None
     if args.action in ("default", "import") and path.exists() and not args.force:
@@ -80,22 +82,30 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def show(path: Path) -> int:
+def show(path: Path, explicit: bool = True) -> int:
     """Prints the file and the settings a launch would resolve from it and the environment (no torch).
 
     A file `accel launch` would refuse (an unknown key, a bad value) is shown all the same, each
-    problem as a warning; the settings below leave the refused keys out.
+    problem as a warning; the settings below leave the refused keys out. An Accelerate config file is shown
+    converted, as `accel launch` reads it; so is Accelerate's default one when accel's default is missing
+    (``explicit``: the path was named, by flag or ``ACCEL_CONFIG_FILE``, and nothing else is read).
     """
-    if path.is_file():
-        data = read_yaml_file(path, "Config file", "create it with `accel config` or fix the path.")
+    if not explicit and not path.is_file() and accelerate_default_config_path().is_file():
+        print(f"config file: {path} (does not exist: `accel launch` reads Accelerate's default config instead)")
+        path = accelerate_default_config_path()
+    if not path.is_file():
+        config: dict[str, Any] = {}
+        print(f"config file: {path} (does not exist: `accel config` or `accel config default` writes it)")
+    elif is_accelerate_config(data := read_yaml_file(path, "Config file", "fix the path.")):
+        config = read_config(path, announce=False)  # as `accel launch` reads it (what it drops: on stderr)
+        print(f"config file: {path} (an Accelerate config file, read as `accel config import` converts it)\n")
+        print(dump_config(config).rstrip())
+    else:
         config, problems = _readable_part(data, f"config file {path}")
         print(f"config file: {path}\n")
         print(path.read_text(encoding="utf-8").rstrip() if problems else dump_config(config).rstrip())
         for problem in problems:
             print(f"\nwarning: {problem}\n(`accel launch` refuses this file until it is fixed.)")
-    else:
-        config = {}
-        print(f"config file: {path} (does not exist: `accel config` or `accel config default` writes it)")
     plan = resolve_plan({}, os.environ, config, config_file=str(path))
     print(f"\nsettings of `accel launch` without flags (environment > config file > default):\n{format_settings(plan)}")
     print(f"added to the workers' environment:\n{format_env(plan.env)}")
