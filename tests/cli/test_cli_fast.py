@@ -124,7 +124,12 @@ def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:
     dynamo = cli.run("launch", "--dynamo-backend", "magic", "x.py")
     assert dynamo.returncode == 2 and "inductor" in dynamo.stderr
     unknown = cli.run("lunch")
-    assert unknown.returncode == 2 and "unknown command" in unknown.stderr
+    assert unknown.returncode == 2 and "unknown command 'lunch'. Did you mean `accel launch`?" in unknown.stderr
+    # `python -m accel` is the command too (where the console script is not on PATH).
+    as_module = subprocess.run(
+        [sys.executable, "-m", "accel", "--version"], capture_output=True, text=True, env=cli.env(), timeout=60
+    )
+    assert as_module.returncode == 0 and as_module.stdout.startswith("accel "), as_module.stderr
     named = cli.run("launch", "x.py", env_extra={"ACCEL_CONFIG_FILE": str(tmp_path / "nope.yaml")})
     assert named.returncode == 2 and "nope.yaml does not exist" in named.stderr
     # What is missing is the script (argparse alone would call its arguments required too).

@@ -7,6 +7,7 @@ so ``accel --help`` costs a Python start-up and nothing else (no torch, no YAML)
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -75,7 +76,9 @@ def _dispatch(argv: list[str]) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"accel: unknown command {name!r}.\n\n{_usage()}", file=sys.stderr)
+        close = difflib.get_close_matches(name, list(COMMANDS), n=1)
+        hint = f" Did you mean `accel {close[0]}`?" if close else ""
+        print(f"accel: unknown command {name!r}.{hint}\n\n{_usage()}", file=sys.stderr)
         return 2
     command = importlib.import_module(f"accel.commands.{name.replace('-', '_')}")
     try:
