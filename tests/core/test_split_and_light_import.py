@@ -84,3 +84,14 @@ def test_backend_names_resolve_and_a_missing_provider_names_the_extra():
         match=rf'IPUPlugin comes from accel-ipu, which is not installed: pip install "accel\[ipu\]=={VERSION}"',
     ):
         getattr_("IPUPlugin")
+
+
+def test_a_misspelt_backend_or_tracker_name_is_answered_with_the_closest_one() -> None:
+    from accel_core import discovery
+
+    assert (
+        discovery.install_hint("accel.trackers", "tensorbord") == "no package provides it (did you mean 'tensorboard')"
+    )
+    assert discovery.install_hint("accel.strategies", "fdsp") == "no package provides it (did you mean 'fsdp')"
+    assert discovery.install_hint("accel.strategies", "horovod") == "install the package that provides it"
+    assert discovery.install_hint("accel.strategies", "deepspeed").startswith("pip install")

@@ -18,6 +18,7 @@ This module must not import torch.
 
 from __future__ import annotations
 
+import difflib
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -84,7 +85,10 @@ def install_hint(group: str, name: str) -> str:
     """The pip command that brings ``name`` of ``group``."""
     extra = _PROVIDERS.get((group, name))
     if extra is None:
-        return "install the package that provides it"
+        close = difflib.get_close_matches(name, sorted({*known(group), *available(group)}), n=1)
+        return (
+            f"no package provides it (did you mean '{close[0]}')" if close else "install the package that provides it"
+        )
     if extra in _INCLUDED_IN_ACCEL:
         return f"pip install {_PACKAGE_OF_EXTRA[extra]}  (included in the `accel` package)"
     return f"{accel_extra(extra)}  (or pip install {_PACKAGE_OF_EXTRA[extra]})"
