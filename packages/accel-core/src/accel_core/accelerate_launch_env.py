@@ -96,16 +96,17 @@ def translate(
     """
     found: dict[str, str] = {}
     refused: list[str] = []
+    switched_on = [backend for backend in _BACKENDS if env.parse_flag(environ.get(backend.switch) or None)]
+    if switched_on and declared is None:
+        declared = _installed_options()
     for accelerate_name, accel_name in _SETTINGS.items():
         value = environ.get(accelerate_name)
         if value is not None and value != "":
             # Accelerate writes the compile backend as its enum's value (EAGER, NO); accel's names are lower-case.
             found[accel_name] = value.lower() if accel_name == env.DYNAMO_BACKEND else value
-    for backend in _BACKENDS:
-        if not env.parse_flag(environ.get(backend.switch) or None):
-            continue
+    for backend in switched_on:
         found[env.STRATEGY] = backend.strategy
-        known = (declared if declared is not None else _installed_options()).get(backend.strategy)
+        known = (declared or {}).get(backend.strategy)
         given = {
             name.removeprefix(backend.prefix).lower(): (name, value)
             for name, value in environ.items()
@@ -153,14 +154,11 @@ def adopt(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
 def _installed_options() -> dict[str, Collection[str] | None]:
     """backend -> the options its installed launch extension declares (``None``: it declares none)."""
     from . import discovery
-    from .launch_options import GROUP, DeclaresConfigOptions
+    from .launch_options import GROUP, as_extension, declared_options
 
-    options: dict[str, Collection[str] | None] = {}
-    for backend in _BACKENDS:
-        if not discovery.is_available(GROUP, backend.strategy):
-            continue  # the strategy's own error (not installed: pip install ...) comes when it is created
-        extension = discovery.load(GROUP, backend.strategy)
-        if isinstance(extension, type):
-            extension = extension()
-        options[backend.strategy] = extension.config_options() if isinstance(extension, DeclaresConfigOptions) else None
-    return options
+    return {
+        backend.strategy: declared_options(as_extension(discovery.load(GROUP, backend.strategy)))
+        for backend in _BACKENDS
+        # A backend not installed: the strategy's own error (pip install ...) comes when it is created.
+        if discovery.is_available(GROUP, backend.strategy)
+    }

@@ -85,6 +85,19 @@ class DeclaresConfigOptions(Protocol):
         ...
 
 
+def as_extension(registered: Any) -> Any:
+    """What an ``accel.cli`` entry point registered, as the extension object: a class, or a factory that takes no
+    argument, is called; an object answering ``LaunchExtension`` is used as it is."""
+    if isinstance(registered, type) or (not isinstance(registered, LaunchExtension) and callable(registered)):
+        return registered()
+    return registered
+
+
+def declared_options(extension: Any) -> frozenset[str] | None:
+    """The config-section options ``extension`` declares (``DeclaresConfigOptions``); ``None`` when it declares none."""
+    return frozenset(extension.config_options()) if isinstance(extension, DeclaresConfigOptions) else None
+
+
 @runtime_checkable
 class ChecksBeforeLaunch(Protocol):
     """Optional capability of a ``LaunchExtension``: checks the installation its strategy needs before any worker

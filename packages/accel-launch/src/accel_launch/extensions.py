@@ -14,7 +14,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from accel_core.environment import MESH_OVER_DEVICES
-from accel_core.launch_options import GROUP, DeclaresConfigOptions, LaunchExtension, LaysMeshOverDevices
+from accel_core.launch_options import (
+    GROUP,
+    LaunchExtension,
+    LaysMeshOverDevices,
+    as_extension,
+    declared_options,
+)
 
 
 def mesh_over_devices_env(extensions: Iterable[LaunchExtension], strategy: str | None) -> dict[str, str]:
@@ -36,9 +42,7 @@ def load_extensions(names: Iterable[str] | None = None) -> list[LaunchExtension]
     extensions: list[LaunchExtension] = []
     for name in discovery.available(GROUP) if names is None else names:
         try:
-            obj: Any = discovery.load(GROUP, name)
-            if isinstance(obj, type) or (not isinstance(obj, LaunchExtension) and callable(obj)):
-                obj = obj()  # a class or a factory: build the object
+            obj = as_extension(discovery.load(GROUP, name))
             if not isinstance(obj, LaunchExtension):
                 raise TypeError("it needs `name`, `add_arguments(group)` and `to_env(namespace)`")
         except Exception as error:  # noqa: BLE001 - any failure of third-party code is reported, not fatal
@@ -126,11 +130,8 @@ def check_config_sections(
 
 def declared_config_options(extensions: Iterable[LaunchExtension]) -> dict[str, frozenset[str]]:
     """Section name -> the options it may hold, for the extensions that declare them (``DeclaresConfigOptions``)."""
-    return {
-        extension.name: frozenset(extension.config_options())
-        for extension in extensions
-        if isinstance(extension, DeclaresConfigOptions)
-    }
+    declared = {extension.name: declared_options(extension) for extension in extensions}
+    return {name: options for name, options in declared.items() if options is not None}
 
 
 def _did_you_mean(name: str, candidates: list[str]) -> str:
