@@ -127,10 +127,15 @@ def is_accelerate_config(data: Any) -> bool:
 
 
 def read_config(path: str | os.PathLike[str], announce: bool = True) -> dict[str, Any]:
-    """Reads and checks the YAML config at ``path``. An Accelerate config file (``accelerate launch --config_file``
-    out of habit) is read as ``accel config import`` converts it, saying so (``announce``: the caller has not said
-    it already) and what it drops on stderr."""
+    """Reads and checks the YAML config at ``path`` (``config_from_data``)."""
     data = read_yaml_file(path, "Config file", "create it with `accel config` or fix the path.")
+    return config_from_data(data, path, announce)
+
+
+def config_from_data(data: Any, path: str | os.PathLike[str], announce: bool = True) -> dict[str, Any]:
+    """Checks the parsed YAML of the config file at ``path``. An Accelerate config file (``accelerate launch
+    --config_file`` out of habit) is read as ``accel config import`` converts it, saying so (``announce``: the caller
+    has not said it already) and what it drops on stderr."""
     if is_accelerate_config(data):
         from .accelerate_import import convert_accelerate_config
 

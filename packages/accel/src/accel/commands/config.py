@@ -11,6 +11,7 @@ from typing import Any
 from accel_core.enums import DynamoBackend
 from accel_launch.config import (
     accelerate_default_config_path,
+    config_from_data,
     config_path,
     dump_config,
     is_accelerate_config,
@@ -97,7 +98,7 @@ def show(path: Path, explicit: bool = True) -> int:
         config: dict[str, Any] = {}
         print(f"config file: {path} (does not exist: `accel config` or `accel config default` writes it)")
     elif is_accelerate_config(data := read_yaml_file(path, "Config file", "fix the path.")):
-        config = read_config(path, announce=False)  # as `accel launch` reads it (what it drops: on stderr)
+        config = config_from_data(data, path, announce=False)  # as `accel launch` reads it (drops: on stderr)
         print(f"config file: {path} (an Accelerate config file, read as `accel config import` converts it)\n")
         print(dump_config(config).rstrip())
     else:
