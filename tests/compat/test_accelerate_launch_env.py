@@ -99,14 +99,8 @@ def test_scripts_started_by_accelerate_launch_train_as_it_asked(torchrun) -> Non
         assert report["mixed_precision"] == "bf16" and report["debug"] is True, report
         assert report["compile"] == {"backend": "eager", "mode": "reduce-overhead", "dynamic": True, "fullgraph": False}
 
-    launched = torchrun(SCRIPT, env=_variables("fsdp2_size_wrap"), check=False)
-    if launched.returncode != 0:
-        # Known, open (session 18's note): in 2 of 4 CI runs, not once in ~30 runs by hand, rank 0 of this FSDP2 run
-        # aborted at interpreter exit after printing its report ("terminate called without an active exception").
-        # That exit abort, and nothing else, is let through here: the settings must still have been engaged.
-        assert "terminate called without an active exception" in launched.stderr, launched.stderr[-4000:]
-        # No worker raised (torch prefixes a worker's lines with "[rank<N>]:"; the agent's own traceback has none).
-        assert "]: Traceback" not in launched.stderr, launched.stderr[-4000:]
+    # Once aborted at exit in 2 of 4 CI runs: the stall watch's exit race (tests/core/test_stall_watch_exit.py).
+    launched = torchrun(SCRIPT, env=_variables("fsdp2_size_wrap"))
     fsdp = _reports(launched.stdout)
     assert [report["rank"] for report in fsdp] == [0, 1], launched.stdout + launched.stderr[-4000:]
     for report in fsdp:

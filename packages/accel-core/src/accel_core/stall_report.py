@@ -325,6 +325,8 @@ class StallWatch:
             if self.store is None and now >= next_connect:
                 self.store = _connect()
                 next_connect = now + 60.0
+                if self._stop.is_set():  # the script ended while connecting: the exit handler tells the others
+                    break
             try:
                 with self._lock:
                     self._tick(now)
@@ -367,7 +369,7 @@ class StallWatch:
     def _collect(self, request: int) -> dict[int, dict[str, Any] | None]:
         """Every rank's answer to ``request``: waits up to three polls of the others (plus 2 s)."""
         deadline = time.monotonic() + 3 * self.poll + 2.0
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._stop.is_set():  # an exiting script does not wait for it
             done = self.store.add(f"{_KEYS}answers/{request}", 0) + self.store.add(_KEYS + "exited", 0)
             if done >= self.world_size:
                 break
@@ -382,8 +384,14 @@ class StallWatch:
 
     # -- at exit -----------------------------------------------------------------------------
     def _at_exit(self) -> None:
-        """Tells the others this rank's script has ended (a stalled rank reports it as ended, not silent)."""
+        """Stops the thread, then tells the others this rank's script has ended (a stalled rank reports it as
+        ended, not silent)."""
         self._stop.set()
+        # Wait for the thread to leave the store call it may be in. A daemon thread still inside torch's C++ (the
+        # GIL released) when the interpreter finalizes is ended by Python with pthread_exit as it takes the GIL
+        # back; that unwinds through pybind11's noexcept GIL guard and the process aborts ("terminate called
+        # without an active exception") after the script succeeded. A store that answers does so in milliseconds.
+        self._thread.join(timeout=_EXIT_WAIT)
         if self.store is None or not self._lock.acquire(timeout=2.0):
             return
         try:
@@ -397,6 +405,12 @@ class StallWatch:
             self._lock.release()
 
 
+# The store client's timeout (connecting to a store not yet up is retried that long), and the longest an exiting
+# script waits for the watch thread to leave a store call.
+_STORE_TIMEOUT = timedelta(seconds=10)
+_EXIT_WAIT = 5.0
+
+
 def _connect() -> Any:
     """A client of the job's store (see the module docstring), or None where there is none to reach."""
     address, port = os.environ.get(env.MASTER_ADDR), os.environ.get(env.MASTER_PORT)
@@ -405,7 +419,7 @@ def _connect() -> Any:
     try:
         import torch.distributed as dist
 
-        store = dist.TCPStore(address, int(port), is_master=False, timeout=timedelta(seconds=30))
+        store = dist.TCPStore(address, int(port), is_master=False, timeout=_STORE_TIMEOUT)
         prefix = attempt_prefix()
         return dist.PrefixStore(prefix, store) if prefix is not None else store
     except (RuntimeError, OSError, ValueError):  # DistNetworkError is a RuntimeError
