@@ -13,9 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).parent / "scripts" / "exit_during_store_call.py"
 
 
+@pytest.mark.slow  # a process of its own that imports torch and waits 1 s: about 4 s
 def test_a_script_ending_while_the_watch_thread_connects_waits_for_it_and_exits_cleanly() -> None:
     ended = subprocess.run([sys.executable, str(SCRIPT), "1.0"], capture_output=True, text=True, timeout=120)
     output = ended.stdout + ended.stderr
