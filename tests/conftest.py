@@ -10,8 +10,12 @@ The fast lane, ``-m "not slow"``, stays under 5 minutes.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -85,6 +89,29 @@ def four_process_layouts(torchrun_checks, tmp_path_factory: pytest.TempPathFacto
     folder = tmp_path_factory.mktemp(LAYOUTS_DRIVER.stem)
     names = [name for script in LAYOUT_SCRIPTS for name in declared_checks(script)]
     return torchrun_checks(LAYOUTS_DRIVER, str(folder), nproc=4, timeout=1200, names=names), folder
+
+
+def _mirror_without(folder: Path, left_out: str) -> str:
+    """A new folder holding a link to each entry of ``folder`` but ``left_out``."""
+    mirror = Path(tempfile.mkdtemp(prefix=f"accel-tests-no-{left_out}-"))
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            if entry.name != left_out:
+                (mirror / entry.name).symlink_to(entry)
+    return str(mirror)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `accel launch` reads the contributor's own config files: accel's ($XDG_CONFIG_HOME/accel/default_config.yaml)
+    # and, when there is none, Accelerate's ($HF_HOME/accelerate/default_config.yaml). With either, what the launch
+    # tests see changes (8 of the fast lane failed with an `accelerate config` file). The session and every process
+    # it starts see both folders without those entries; the rest (uv's and git's settings, the hub's cache) stays.
+    home = Path.home()
+    xdg = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
+    hf = Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "huggingface")
+    for variable, folder, left_out in (("XDG_CONFIG_HOME", xdg, "accel"), ("HF_HOME", hf, "accelerate")):
+        os.environ[variable] = mirror = _mirror_without(folder, left_out)
+        config.add_cleanup(partial(shutil.rmtree, mirror, ignore_errors=True))  # the links, not what they lead to
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

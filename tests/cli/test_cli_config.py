@@ -61,7 +61,8 @@ def test_config_location_flag_then_environment_then_xdg_then_home(tmp_path: Path
     assert config_path(None, {"ACCEL_CONFIG_FILE": "b.yaml"}) == (Path("b.yaml"), True)
     assert default_config_path({"XDG_CONFIG_HOME": "/x"}) == Path("/x/accel/default_config.yaml")
     assert default_config_path({"HOME": str(tmp_path)}).parts[-3:] == (".config", "accel", "default_config.yaml")
-    assert load_config(None, {"XDG_CONFIG_HOME": str(tmp_path)}) == ({}, None)  # no default file: no config
+    # No default file (neither accel's nor Accelerate's): no config.
+    assert load_config(None, {"XDG_CONFIG_HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf")}) == ({}, None)
     with pytest.raises(ValueError, match="does not exist"):
         load_config(str(tmp_path / "missing.yaml"), {})
 
