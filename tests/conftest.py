@@ -106,11 +106,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # and, when there is none, Accelerate's ($HF_HOME/accelerate/default_config.yaml). With either, what the launch
     # tests see changes (8 of the fast lane failed with an `accelerate config` file). The session and every process
     # it starts see both folders without those entries; the rest (uv's and git's settings, the hub's cache) stays.
-    home = Path.home()
-    xdg = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
-    hf = Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "huggingface")
-    for variable, folder, left_out in (("XDG_CONFIG_HOME", xdg, "accel"), ("HF_HOME", hf, "accelerate")):
-        os.environ[variable] = mirror = _mirror_without(folder, left_out)
+    # The folders come from the launcher's own lookup, so they follow it.
+    from accel_launch.config import accelerate_default_config_path, default_config_path
+
+    for variable, found in (("XDG_CONFIG_HOME", default_config_path()), ("HF_HOME", accelerate_default_config_path())):
+        os.environ[variable] = mirror = _mirror_without(found.parent.parent, found.parent.name)
         config.add_cleanup(partial(shutil.rmtree, mirror, ignore_errors=True))  # the links, not what they lead to
 
 
