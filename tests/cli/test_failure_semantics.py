@@ -1,18 +1,31 @@
 """Fast checks of failure semantics and cluster environments: which rank is the root cause, the summary,
-the collective timeout's sources, a port in use, and each launcher's variables read as a job."""
+the collective timeout's sources, a port in use, each launcher's variables read as a job, and the folders
+of killed launchers."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from accel_core import cluster_env
 from accel_launch.failures import JobFailedError, RankFailure
-from accel_launch.finish_records import FINISH_RECORDS, FinishedRank, read_finishes, record_finish
+from accel_launch.finish_records import (
+    FINISH_RECORDS,
+    FOLDER_PREFIX,
+    FinishedRank,
+    read_finishes,
+    record_finish,
+    records_folder,
+    remove_stale_folders,
+)
 from accel_launch.plan import LaunchTarget, resolve_plan, torchrun_argv
 
 
@@ -387,3 +400,27 @@ def test_an_error_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch: pyt
         runner.record_error(ValueError("second"), None)
     assert json.loads(path.read_text())["message"]["message"] == "ValueError: first"  # untouched, whole
     assert [p.name for p in tmp_path.iterdir()] == ["error.json"]  # no temporary file left behind
+
+
+def test_record_folders_of_launchers_that_were_killed_are_removed_by_the_next_launch(tmp_path) -> None:
+    # A SIGKILLed launcher cannot remove its folder; the next launch removes those whose launcher is gone.
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(ended.stdout)
+    stale = tmp_path / f"{FOLDER_PREFIX}{dead_pid}-abc123"
+    stale.mkdir()
+    os.mkfifo(stale / "failing")
+    (stale / "attempt0_rank0.json").write_text("{}")
+    running = tmp_path / f"{FOLDER_PREFIX}{os.getpid()}-def456"  # this process: still running
+    running.mkdir()
+    unnamed = tmp_path / f"{FOLDER_PREFIX}q8zodz1o"  # no pid in the name (older accel): not ours to judge
+    unnamed.mkdir()
+    other = tmp_path / f"other-{dead_pid}-x"
+    other.mkdir()
+    remove_stale_folders(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, unnamed.name, other.name])
+
+
+def test_a_launch_names_its_record_folder_after_its_own_pid() -> None:
+    with records_folder() as folder:
+        assert Path(folder).name.startswith(f"{FOLDER_PREFIX}{os.getpid()}-") and Path(folder).is_dir()
+    assert not Path(folder).exists()

@@ -12,11 +12,50 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 FINISH_RECORDS = "ACCEL_FINISH_RECORDS"
+FOLDER_PREFIX = "accel-finished-"  # + the launcher's pid + "-" + tempfile's random part
+
+
+def records_folder() -> tempfile.TemporaryDirectory[str]:
+    """A new folder for this launch's records, named after this process; stale ones are removed first.
+
+    The launcher removes its folder when it ends, unless it is SIGKILLed (a scheduler's hard
+    kill, the out-of-memory killer): the pid in the name lets the next launch find those and
+    remove them, so killed jobs do not pile up folders in the temporary directory.
+    """
+    remove_stale_folders(tempfile.gettempdir())
+    return tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
+
+
+def remove_stale_folders(parent: str) -> None:
+    """Removes this user's record folders in ``parent`` whose launcher is no longer running (never raises)."""
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            if not entry.name.startswith(FOLDER_PREFIX):
+                continue
+            pid = entry.name[len(FOLDER_PREFIX) :].partition("-")[0]
+            with contextlib.suppress(OSError):
+                if not pid.isdigit() or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                    continue
+                if not entry.is_dir(follow_symlinks=False) or _running(int(pid)):
+                    continue
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process holds that pid now
+        return True
+    return True
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping
 
 from . import rendezvous
 from .exit_watch import ChildExitWatch
 from .failures import JobFailedError
-from .finish_records import FINISH_RECORDS, read_finishes
+from .finish_records import FINISH_RECORDS, read_finishes, records_folder
 from .lifeline import LAUNCHER_PID, preexec_die_with_parent
 from .plan import LaunchPlan, LaunchTarget, torchrun_argv
 
@@ -171,7 +170,7 @@ def run_torchrun(plan: LaunchPlan, target: LaunchTarget) -> int:
     _check_target(target)
     check_port_free(plan)
     argv = torchrun_argv(plan, target)
-    finishes = tempfile.TemporaryDirectory(prefix="accel-finished-")
+    finishes = records_folder()
     # Each worker's runner arms its parent-death signal when this process is its parent.
     launch_env = {**plan.env, LAUNCHER_PID: str(os.getpid()), FINISH_RECORDS: finishes.name}
     with finishes, patched_environ(launch_env), preserved_signal_handlers():
