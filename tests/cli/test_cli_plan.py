@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+from dataclasses import replace
 
 import pytest
 
@@ -171,6 +172,22 @@ def test_torchrun_arguments() -> None:
     assert {"--log-dir=logs", "--tee=3"} <= set(logged)  # a log folder gets both streams unless --tee says
     teed = torchrun_argv(resolve_plan({"num_processes": 2}, {}, {"log_dir": "logs", "tee": "0:3,1:2"}), target)
     assert {"--log-dir=logs", "--tee=0:3,1:2"} <= set(teed)
+
+
+def test_the_agents_error_files_go_to_the_launchs_own_folder_unless_output_is_kept() -> None:
+    # torch's agent makes a torchelastic_* folder in /tmp per job and never removes it; accel gives it one inside
+    # the folder its launch removes, except where the agent is asked to keep the workers' output there.
+    target = LaunchTarget("train.py")
+    plain = torchrun_argv(resolve_plan({"num_processes": 2}, {}, {}), target, scratch="/tmp/accel-finished-1-x")
+    assert "--log-dir=/tmp/accel-finished-1-x/agent" in plain
+    kept = [
+        resolve_plan({"num_processes": 2, "log_dir": "logs"}, {}, {}),
+        resolve_plan({"num_processes": 2, "tee": "3"}, {}, {}),
+        replace(resolve_plan({"num_processes": 2}, {}, {}), torchrun_options=("--redirects=3",)),
+    ]
+    for plan in kept:
+        argv = torchrun_argv(plan, target, scratch="/tmp/accel-finished-1-x")
+        assert not any("accel-finished" in arg for arg in argv), argv
 
 
 class _Precision:

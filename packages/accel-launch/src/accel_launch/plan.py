@@ -325,12 +325,17 @@ def parse_env_pairs(pairs: Iterable[str]) -> dict[str, str]:
     return result
 
 
-def torchrun_argv(plan: LaunchPlan, target: LaunchTarget) -> list[str]:
+def torchrun_argv(plan: LaunchPlan, target: LaunchTarget, scratch: str | None = None) -> list[str]:
     """The arguments of ``torch.distributed.run`` (torchrun) for ``plan``.
 
     Each worker runs ``python -m accel_launch.runner path|module <target> <args>``, which
     runs the target as ``python <script>`` / ``python -m <module>`` would and records a failure's
     traceback where the agent reads it.
+
+    scratch: a folder removed when the launch ends. Where no output is to be kept (no ``--log-dir``,
+    ``--tee`` or ``--redirects``), the agent's log folder, which then only holds the workers' error
+    files, goes there: torch's agent otherwise makes a ``torchelastic_*`` folder in the temporary
+    directory per job and never removes it.
 
     Example::
 
@@ -347,6 +352,8 @@ def torchrun_argv(plan: LaunchPlan, target: LaunchTarget) -> list[str]:
         argv += [f"--log-dir={plan.log_dir}", f"--tee={plan.tee or '3'}"]
     elif plan.tee is not None:
         argv.append(f"--tee={plan.tee}")
+    elif scratch is not None and not any(option.startswith("--redirects=") for option in plan.torchrun_options):
+        argv.append(f"--log-dir={os.path.join(scratch, 'agent')}")
     argv += rendezvous.torchrun_arguments(plan)
     argv += plan.torchrun_options
     argv += ["-m", "accel_launch.runner", "module" if target.module else "path", target.script]

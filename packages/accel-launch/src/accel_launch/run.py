@@ -169,8 +169,8 @@ def run_torchrun(plan: LaunchPlan, target: LaunchTarget) -> int:
     """Runs the job under torchrun's agent in this process; raises ``JobFailedError`` when a rank fails."""
     _check_target(target)
     check_port_free(plan)
-    argv = torchrun_argv(plan, target)
     finishes = records_folder()
+    argv = torchrun_argv(plan, target, scratch=finishes.name)
     # Each worker's runner arms its parent-death signal when this process is its parent.
     launch_env = {**plan.env, LAUNCHER_PID: str(os.getpid()), FINISH_RECORDS: finishes.name}
     with finishes, patched_environ(launch_env), preserved_signal_handlers():
