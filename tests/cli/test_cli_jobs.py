@@ -108,12 +108,13 @@ def _launch_two_machines(cli, port: int) -> tuple[list[int | None], list[tuple[s
         str(port),
         "-n",
         "4",
-        str(cli.scripts / "report_rank.py"),
+        "report_rank.py",  # relative, from its folder
     ]
     machines = {  # machine 1 first: it waits for machine 0's store
         rank: subprocess.Popen(
             [*cli.command(), *common[:1], "--machine-rank", str(rank), *common[1:]],
             env=cli.env(),
+            cwd=cli.scripts,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -151,6 +152,9 @@ def test_two_machines_meet_through_the_static_rendezvous(cli) -> None:
             ranks = json.loads(match.group(1))
             assert ranks["GROUP_RANK"] == str(machine_rank) and ranks["WORLD_SIZE"] == "4"
             assert ranks["LOCAL_WORLD_SIZE"] == "2" and ranks["ACCEL_USE_CPU"] == "true"
+            # As `python report_rank.py`: argv[0] as typed, __file__ absolute, the script's folder first on sys.path.
+            script = cli.scripts / "report_rank.py"
+            assert (ranks["argv0"], ranks["file"], ranks["path0"]) == ("report_rank.py", str(script), str(cli.scripts))
             seen[int(ranks["RANK"])] = int(ranks["LOCAL_RANK"])
     assert seen == {0: 0, 1: 1, 2: 0, 3: 1}  # machine 1 holds global ranks 2 and 3
 

@@ -153,7 +153,13 @@ def test_torchrun_arguments() -> None:
     port = torchrun_argv(
         resolve_plan({"num_processes": 2, "main_process_port": 1234, "max_restarts": 2}, {}, {}), target
     )
-    assert {"--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1234", "--max-restarts=2"} <= set(port)
+    # This agent serves the store: a store another job serves on that port is an error, not a job to join.
+    assert {"--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1234", "--rdzv-conf=is_host=true"} <= set(port)
+    assert "--max-restarts=2" in port
+    conf = resolve_plan({"num_processes": 2, "main_process_port": 1234, "rdzv_conf": "join_timeout=9"}, {}, {})
+    assert "--rdzv-conf=join_timeout=9,is_host=true" in torchrun_argv(conf, target)
+    own = resolve_plan({"num_processes": 2, "main_process_port": 1234, "rdzv_conf": "is_host=false"}, {}, {})
+    assert "--rdzv-conf=is_host=false" in torchrun_argv(own, target)
     flags = {
         "num_processes": 16,
         "num_machines": 2,
@@ -338,7 +344,7 @@ def test_rendezvous_settings_reach_torchrun_next_to_the_hosts_own() -> None:
     argv = torchrun_argv(resolve_plan({**elastic, "rdzv_conf": "last_call_timeout=3"}, {}, {}), target)
     assert "--rdzv-conf=last_call_timeout=3,is_host=false" in argv
     one = torchrun_argv(resolve_plan({"num_processes": 2, "main_process_port": 4000}, {}, {"rdzv_conf": "a=1"}), target)
-    assert "--rdzv-conf=a=1" in one
+    assert "--rdzv-conf=a=1,is_host=true" in one
     with pytest.raises(ValueError, match="'oops' is not KEY=VALUE"):
         resolve_plan({"num_processes": 2, "rdzv_conf": "a=1,oops"}, {}, {})
     two = {"num_machines": 2, "num_processes": 2, "main_process_ip": "127.0.0.1", "rdzv_conf": "a=1"}

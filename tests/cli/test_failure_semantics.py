@@ -13,6 +13,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import processes  # tests/harness
 import pytest
 
 from accel_core import cluster_env
@@ -184,6 +185,26 @@ def test_a_port_in_use_is_one_clear_line(cli) -> None:
         "still ending). Pass another port or leave --main-process-port out (or pass 0) to get a free one."
     ]
     assert time.monotonic() - start < 60  # refused before any worker started
+
+
+@pytest.mark.slow
+def test_a_port_taken_after_the_check_is_the_same_clear_error(cli) -> None:
+    # Two jobs started together with one --main-process-port both pass check_port_free before either listens. The
+    # later agent must fail at once, as the store's host, with the same message: before, torch joined the other
+    # job's store as a client, waited for that job to end, then failed with an 80-line connection error.
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        script = [str(cli.scripts / "port_taken_after_check.py"), str(port), str(cli.scripts / "report_rank.py")]
+        start = time.monotonic()
+        result = processes.run([sys.executable, *script], cli.env(), timeout=60)
+    assert result.returncode == 2, cli.describe(result)
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"accel launch: error: --main-process-port {port} is already in use on this machine (another job, or one "
+        "still ending). Pass another port or leave --main-process-port out (or pass 0) to get a free one."
+    )
+    assert time.monotonic() - start < 30
 
 
 def test_slurm_node_lists_expand_in_order() -> None:

@@ -116,7 +116,12 @@ def torchrun_arguments(plan: LaunchPlan) -> list[str]:
     if port is not None:
         # One machine: the c10d rendezvous on that port, as torchrun does on a free port when none is given.
         # Not the static one: its agent serves one store to every attempt (see the module's text).
-        argv = ["--rdzv-backend=c10d", f"--rdzv-endpoint={address}"]
-        return [*argv, f"--rdzv-conf={plan.rdzv_conf}"] if plan.rdzv_conf else argv
+        # is_host: this agent serves the store. torch otherwise joins, as a client, a store another job already
+        # serves on that port (one started a moment earlier, after check_port_free looked): the second job then
+        # waited for the first one to end and failed with a connection error.
+        conf = [plan.rdzv_conf] if plan.rdzv_conf else []
+        if not re.search(r"(^|,)\s*is_host\s*=", plan.rdzv_conf or ""):
+            conf.append("is_host=true")
+        return ["--rdzv-backend=c10d", f"--rdzv-endpoint={address}", f"--rdzv-conf={','.join(conf)}"]
     # One machine and no port: torchrun's own rendezvous on a free local port.
     return [f"--rdzv-conf={plan.rdzv_conf}"] if plan.rdzv_conf else []

@@ -154,15 +154,30 @@ def check_port_free(plan: LaunchPlan) -> None:
         except OSError as error:
             if error.errno != errno.EADDRINUSE:
                 raise
-            free = (
-                " or leave --main-process-port out (or pass 0) to get a free one"
-                if plan.num_machines == 1
-                else " (the same on every machine)"
-            )
-            raise ValueError(
-                f"--main-process-port {port} is already in use on this machine (another job, or one still "
-                f"ending). Pass another port{free}."
-            ) from None
+            raise port_in_use(plan) from None
+
+
+def port_in_use(plan: LaunchPlan) -> ValueError:
+    """The error of a ``--main-process-port`` another process listens on, naming the fix."""
+    free = (
+        " or leave --main-process-port out (or pass 0) to get a free one"
+        if plan.num_machines == 1
+        else " (the same on every machine)"
+    )
+    return ValueError(
+        f"--main-process-port {plan.main_process_port} is already in use on this machine (another job, or one still "
+        f"ending). Pass another port{free}."
+    )
+
+
+def _says_address_in_use(error: BaseException) -> bool:
+    """Whether torch's store failed to listen because the address is taken (in ``error`` or what caused it)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if "EADDRINUSE" in str(seen) or getattr(seen, "errno", None) == errno.EADDRINUSE:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def run_torchrun(plan: LaunchPlan, target: LaunchTarget) -> int:
@@ -197,6 +212,12 @@ def run_torchrun(plan: LaunchPlan, target: LaunchTarget) -> int:
             # Ctrl-C or a scheduler's SIGTERM: the agent stopped the workers; report like a shell.
             print(f"accel launch: stopped by {signal.Signals(error.sigval).name}.", file=sys.stderr)
             return 128 + int(error.sigval)
+        except Exception as error:
+            # The port was free when check_port_free looked and taken when the agent listened (two jobs started
+            # together): the same message instead of torch's 80-line traceback.
+            if plan.main_process_port and plan.machine_rank == 0 and _says_address_in_use(error):
+                raise port_in_use(plan) from None
+            raise
     return 0
 
 

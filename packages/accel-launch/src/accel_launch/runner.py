@@ -28,6 +28,8 @@ import tempfile
 import threading
 import time
 import traceback
+import types
+import zipfile
 from types import TracebackType
 from typing import NoReturn
 
@@ -89,12 +91,31 @@ def run(kind: str, target: str, args: list[str]) -> None:
     sys.argv = [target, *args]
     if kind == "path":
         # `python script.py` puts the script's folder first on sys.path, not the working directory.
-        sys.path[0] = os.path.dirname(os.path.abspath(target))
-        runpy.run_path(target, run_name="__main__")
+        path = os.path.abspath(target)
+        sys.path[0] = os.path.dirname(path)
+        if zipfile.is_zipfile(path):  # a zip application: runpy knows the layout
+            runpy.run_path(target, run_name="__main__")
+        else:
+            run_source_file(path)
     elif kind == "module":
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
         raise SystemExit(f"accel runner: unknown kind {kind!r} (expected 'path' or 'module').")
+
+
+def run_source_file(path: str) -> None:
+    """Runs the Python file at ``path`` (absolute) as ``__main__``, as ``python script.py`` does.
+
+    Not ``runpy.run_path``: it sets ``sys.argv[0]`` to the path it is given, and Python 3.9+ gives a script an
+    absolute ``__file__`` (``Path(__file__).parents[1]`` of a script started as ``train.py`` must work) while
+    ``sys.argv[0]`` stays as typed. Classes the script defines pickle by ``__main__``, as there.
+    """
+    with io.open_code(path) as file:
+        code = compile(file.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__=None, __spec__=None)
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
 
 
 def exit_without_finalization(code: int = 0) -> NoReturn:
