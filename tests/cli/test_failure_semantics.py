@@ -207,6 +207,42 @@ def test_a_port_taken_after_the_check_is_the_same_clear_error(cli) -> None:
     assert time.monotonic() - start < 30
 
 
+def test_one_process_output_reaches_a_pipe_before_the_process_is_killed(cli, tmp_path: Path) -> None:
+    # The one-process path runs `python -u` as torchrun does: what was printed before the out-of-memory killer's
+    # SIGKILL is in the log (it was lost in Python's buffer), and the launcher says what ended the script.
+    script = tmp_path / "killed.py"
+    script.write_text('import os, signal\nprint("printed before the kill")\nos.kill(os.getpid(), signal.SIGKILL)\n')
+    result = cli.run("launch", "--cpu", "-n", "1", str(script))
+    assert result.returncode == 137, cli.describe(result)
+    assert result.stdout == "printed before the kill\n"
+    assert result.stderr.strip() == (
+        "accel launch: the script was killed by SIGKILL (exit code 137). No Python traceback (out of memory, a crash "
+        "in native code, ...); see its output above."
+    )
+
+
+def test_a_signal_to_the_launchers_whole_group_reaches_a_one_process_script_once(cli) -> None:
+    # `timeout`, a CI runner or `kill -- -PGID` signal the launcher's whole process group. The script used to get
+    # it twice (directly, and passed on by the launcher): a handler that saves on the first SIGTERM was interrupted
+    # by the second. Without a terminal on stdin the child now has a group of its own and gets it once.
+    command = [*cli.command(), "launch", "--cpu", "-n", "1", str(cli.scripts / "count_sigterm.py")]
+    launcher = subprocess.Popen(
+        command,
+        env=cli.env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # the launcher leads its process group, as under `timeout`
+    )
+    try:
+        assert launcher.stdout is not None and launcher.stdout.readline().strip() == "ready"
+        os.killpg(launcher.pid, signal.SIGTERM)
+        out, _ = launcher.communicate(timeout=30)
+    finally:
+        launcher.kill()
+    assert out.strip() == "SIGTERM received 1 time(s)" and launcher.returncode == 0, (out, launcher.returncode)
+
+
 def test_slurm_node_lists_expand_in_order() -> None:
     expand = cluster_env.slurm_hostnames
     assert expand("node[01-03],gpu7", use_scontrol=False) == ["node01", "node02", "node03", "gpu7"]

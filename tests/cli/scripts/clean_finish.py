@@ -1,4 +1,8 @@
-"""A short, successful 2-process training step; prints one line per rank. Run with PYTHONWARNINGS=error."""
+"""A short, successful 2-process training step; prints one line per rank. Run with PYTHONWARNINGS=error.
+
+Then both ranks print numbered lines at the same time, with print's defaults: each must reach the output whole."""
+
+import time
 
 import torch
 
@@ -20,3 +24,10 @@ print(
     f"lr {scheduler.get_last_lr()[0]}",
     flush=True,
 )
+accelerator.wait_for_everyone()
+# Both ranks print in a tight loop for the same 0.3 s, so their writes meet.
+end, i = time.monotonic() + 0.3, 0
+while time.monotonic() < end:
+    print(f"burst {accelerator.process_index} {i}")
+    i += 1
+print(f"burst {accelerator.process_index} end {i}")

@@ -71,8 +71,12 @@ def _check_target(target: LaunchTarget) -> None:
 
 
 def direct_command(target: LaunchTarget) -> list[str]:
-    """``python <script> args`` or ``python -m <module> args`` with this interpreter."""
-    head = [sys.executable, "-m", target.script] if target.module else [sys.executable, target.script]
+    """``python -u <script> args`` or ``python -u -m <module> args`` with this interpreter.
+
+    ``-u`` as torchrun gives its workers: output sent to a pipe or a file (``| tee``, ``> log``) appears as it is
+    written, and what was printed before the process is killed (the out-of-memory killer) is not lost with it.
+    """
+    head = [sys.executable, "-u", "-m", target.script] if target.module else [sys.executable, "-u", target.script]
     return head + list(target.args)
 
 
@@ -85,11 +89,15 @@ _FORWARDED = tuple(
 def run_direct(plan: LaunchPlan, target: LaunchTarget) -> int:
     """Runs a one-process job as a plain child process; returns its exit code (128 + signal if killed).
 
-    The child stays in the launcher's process group, so the terminal's Ctrl-C reaches it as it
-    reaches ``python script.py``. A signal sent to the launcher alone (``kill <pid>``: SIGINT,
-    SIGTERM, SIGHUP, SIGQUIT) is passed on to the child and the launcher waits for it to end; one the
-    terminal sent to the whole group is not sent twice. The child dies with the launcher if the
-    launcher is killed with SIGKILL (Linux).
+    A signal sent to the launcher (SIGINT, SIGTERM, SIGHUP, SIGQUIT) reaches the child once, and the
+    launcher waits for it to end. Run from a terminal (stdin is one), the child stays in the launcher's
+    process group, so the terminal's Ctrl-C reaches it as it reaches ``python script.py`` and ``pdb`` or
+    ``input()`` read the terminal; a signal the terminal sent to the group is not passed on again.
+    Otherwise (a batch job, ``timeout``, CI, ``nohup``) the child has a process group of its own:
+    a signal sent to the launcher's whole group (``timeout``'s, ``kill -- -PGID``) would otherwise
+    reach the script twice, directly and passed on, and a script that saves on the first SIGTERM or
+    Ctrl-C was interrupted by the second. The child dies with the launcher if the launcher is killed
+    with SIGKILL (Linux).
     """
     _check_target(target)
     env = {**os.environ, **plan.env}
@@ -100,9 +108,12 @@ def run_direct(plan: LaunchPlan, target: LaunchTarget) -> int:
     # Blocked, then read one by one with their sender's details; the child gets the mask it would have had.
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     arm_death_signal = preexec_die_with_parent()
+    own_group = not _reads_a_terminal()
 
     def child_setup() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if own_group:
+            os.setpgid(0, 0)
         if callable(arm_death_signal):
             arm_death_signal()
 
@@ -112,14 +123,21 @@ def run_direct(plan: LaunchPlan, target: LaunchTarget) -> int:
             info = signal.sigtimedwait(list(waited), 1.0)
             if info is None or info.si_signo == signal.SIGCHLD:
                 continue
-            # A terminal sends SIGINT/SIGQUIT/SIGHUP to the whole foreground group (si_code SI_KERNEL):
-            # the child has it already. kill(2) sent it to the launcher only (SI_USER / SI_QUEUE).
-            if info.si_code != _SI_KERNEL:
+            # A terminal sends SIGINT/SIGQUIT/SIGHUP to the whole foreground group (si_code SI_KERNEL): a
+            # child in that group has it already. kill(2) sent it to the launcher, or to a group without the child.
+            if own_group or info.si_code != _SI_KERNEL:
                 with contextlib.suppress(ProcessLookupError):
                     child.send_signal(info.si_signo)
         return _exit_status(child.returncode)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _reads_a_terminal() -> bool:
+    try:
+        return os.isatty(sys.stdin.fileno())
+    except (AttributeError, ValueError, OSError):  # no stdin, or a replaced one
+        return False
 
 
 _SI_KERNEL = 0x80  # Linux's si_code of a signal the kernel sent (the terminal driver's included)
@@ -134,6 +152,16 @@ def _wait_through_interrupts(child: subprocess.Popen[bytes]) -> int:
 
 
 def _exit_status(code: int) -> int:
+    if code < 0 and -code not in {*_FORWARDED, signal.SIGPIPE}:  # not a stop asked for: say what a shell would
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:  # a real-time signal
+            name = f"signal {-code}"
+        print(
+            f"accel launch: the script was killed by {name} (exit code {128 - code}). No Python traceback (out of "
+            "memory, a crash in native code, ...); see its output above.",
+            file=sys.stderr,
+        )
     return 128 - code if code < 0 else code
 
 

@@ -151,12 +151,27 @@ def exit_without_finalization(code: int = 0) -> NoReturn:
     os._exit(code)
 
 
+def whole_lines() -> None:
+    """Makes stdout and stderr write whole lines at once, still as soon as each line ends.
+
+    torchrun starts workers with ``python -u``: every write reaches the shared terminal or pipe at once, and
+    ``print`` writes its text and its newline separately, so two ranks printing together glued lines together
+    mid-line (in a 2-process run printing 3000 lines each, about 6% arrived intact). Line buffering keeps each
+    line in one write (a pipe takes up to 4096 bytes in one piece) and shows it when it ends, as a terminal does
+    for ``python script.py``; output without a newline appears on ``flush()`` (tqdm flushes).
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+            stream.reconfigure(line_buffering=True, write_through=False)  # pyright: ignore[reportAttributeAccessIssue]
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2:
         raise SystemExit("usage: python -m accel_launch.runner path|module <target> [args...]")
     die_with_launcher()
     faulthandler.enable(all_threads=True)  # a crash in native code still shows where
+    whole_lines()
     try:
         run(argv[0], argv[1], argv[2:])
     except SystemExit as exit:
