@@ -12,7 +12,15 @@ import pytest
 
 from accel.commands.launch import build_parser
 from accel.commands.launch import main as launch_main
-from accel_launch.accelerate_flags import ACCELERATE_FLAGS, NOT_NEEDED, REFUSED, TRANSLATED
+from accel_launch.accelerate_flags import (
+    ACCELERATE_FLAGS,
+    BACKEND_FLAGS,
+    NOT_NEEDED,
+    REFUSED,
+    TRANSLATED,
+    RefusedFlagError,
+    accelerate_flags_env,
+)
 from accel_launch.extensions import load_extensions
 
 HERE = Path(__file__).resolve().parent
@@ -25,6 +33,30 @@ def test_every_accelerate_launch_flag_is_known_to_accel_launch() -> None:
     known = set(build_parser(load_extensions())._option_string_actions)
     assert len(ACCELERATE_LAUNCH_FLAGS) > 100
     assert [flag for flag in ACCELERATE_LAUNCH_FLAGS if flag not in known] == []
+
+
+def test_a_backends_flags_without_its_package_name_the_package_to_install() -> None:
+    # `accel` alone (the README's first install line): no backend package adds its flags. Each of Accelerate's flags
+    # still parses, and a backend's stops the launch naming what to install (it was "unrecognized arguments").
+    core_only = build_parser([])
+    assert [flag for flag in ACCELERATE_LAUNCH_FLAGS if flag not in core_only._option_string_actions] == []
+    namespace = core_only.parse_args(
+        ["--use_fsdp", "--fsdp_sharding_strategy", "FULL_SHARD", "--zero_stage", "2", "train.py"]
+    )
+    with pytest.raises(RefusedFlagError) as refused:
+        accelerate_flags_env(namespace)
+    assert str(refused.value).splitlines() == [
+        "Accelerate's flag(s) of a backend that is not installed:",
+        "  --use_fsdp, --fsdp_sharding_strategy: the fsdp strategy's, whose package is not installed: "
+        'pip install "accel[fsdp]==0.1.0"  (or pip install accel-fsdp).',
+        "  --zero_stage: the deepspeed strategy's, whose package is not installed: "
+        'pip install "accel[deepspeed]==0.1.0"  (or pip install accel-deepspeed).',
+    ]
+    # With the backends installed, each of those flags is the backend's own (the table names the right ones).
+    installed = build_parser(load_extensions())._option_string_actions
+    for flags in BACKEND_FLAGS.values():
+        for flag in flags:
+            assert flag in ACCELERATE_LAUNCH_FLAGS and not installed[flag].dest.startswith("accelerate_backend"), flag
 
 
 def test_the_table_holds_only_accelerate_flags_each_with_its_outcome() -> None:

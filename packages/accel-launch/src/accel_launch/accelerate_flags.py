@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from accel_core import environment as env
+from accel_core.discovery import install_hint
 from accel_core.launch_options import bool_text
 
 from .hidden_flags import NOT_NEEDED, REFUSED, add_hidden_flag
@@ -208,11 +209,54 @@ ACCELERATE_FLAGS: tuple[AccelerateFlag, ...] = (
 )
 
 
+# Accelerate's flags that a backend package gives `accel launch` under Accelerate's names (its strategy's options).
+# Where that package is not installed (`accel` alone), each still parses and stops the launch naming the package to
+# install, instead of argparse's bare "unrecognized arguments". The switches are the `--use_*` ones.
+BACKEND_FLAGS: dict[str, tuple[str, ...]] = {
+    "fsdp": (
+        "--use_fsdp", "--fsdp_activation_checkpointing", "--fsdp_auto_wrap_policy", "--fsdp_backward_prefetch",
+        "--fsdp_cpu_ram_efficient_loading", "--fsdp_forward_prefetch", "--fsdp_min_num_params",
+        "--fsdp_offload_params", "--fsdp_reshard_after_forward", "--fsdp_sharding_strategy", "--fsdp_state_dict_type",
+        "--fsdp_sync_module_states", "--fsdp_transformer_layer_cls_to_wrap", "--fsdp_use_orig_params",
+        "--fsdp_version",
+    ),
+    "deepspeed": (
+        "--use_deepspeed", "--deepspeed_config_file", "--zero_stage", "--zero3_init_flag", "--zero3_save_16bit_model",
+        "--offload_optimizer_device", "--offload_optimizer_nvme_path", "--offload_param_device",
+        "--offload_param_nvme_path", "--gradient_clipping",
+    ),
+    "megatron": (
+        "--use_megatron_lm", "--megatron_lm_tp_degree", "--megatron_lm_pp_degree", "--megatron_lm_num_micro_batches",
+        "--megatron_lm_sequence_parallelism", "--megatron_lm_gradient_clipping",
+    ),
+}  # fmt: skip
+_MISSING_PREFIX = "accelerate_backend_flag__"
+
+
+def _missing_dest(backend: str, flag: str) -> str:
+    return f"{_MISSING_PREFIX}{backend}__{flag.removeprefix('--')}"
+
+
 def add_accelerate_flags(parser: argparse.ArgumentParser) -> None:
-    """Adds the flags of ``ACCELERATE_FLAGS`` that ``parser`` does not have yet, hidden from ``--help``."""
+    """Adds the flags of ``ACCELERATE_FLAGS`` that ``parser`` does not have yet, hidden from ``--help``, and the
+    ``BACKEND_FLAGS`` of backends whose package did not add them (not installed)."""
     for entry in ACCELERATE_FLAGS:
         names = [name for name in (entry.flag, entry.short) if name is not None]
         add_hidden_flag(parser, names, entry.dest, entry.takes_value)
+    for backend, flags in BACKEND_FLAGS.items():
+        for flag in flags:
+            add_hidden_flag(parser, [flag], _missing_dest(backend, flag), takes_value=not flag.startswith("--use_"))
+
+
+def _missing_backends(namespace: argparse.Namespace) -> list[str]:
+    """One line per backend whose flags were given without its package: the flags and the install command."""
+    lines = []
+    for backend, flags in BACKEND_FLAGS.items():
+        given = [flag for flag in flags if getattr(namespace, _missing_dest(backend, flag), None) is not None]
+        if given:
+            hint = install_hint("accel.strategies", backend)
+            lines.append(f"{', '.join(given)}: the {backend} strategy's, whose package is not installed: {hint}.")
+    return lines
 
 
 def accelerate_flags_env(namespace: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
@@ -237,4 +281,7 @@ def accelerate_flags_env(namespace: argparse.Namespace) -> tuple[dict[str, str],
             refused.append(f"{shown}: {entry.why}.")
     if refused:
         raise RefusedFlagError("Accelerate's flag(s) that accel launch cannot honour:\n  " + "\n  ".join(refused))
+    missing = _missing_backends(namespace)
+    if missing:
+        raise RefusedFlagError("Accelerate's flag(s) of a backend that is not installed:\n  " + "\n  ".join(missing))
     return variables, notes
