@@ -321,6 +321,47 @@ class TrustedLegacyThing:
     pass
 
 
+def _write_reference_checkpoint(folder, model, optimizer, scheduler, finished: bool = True) -> None:
+    """A checkpoint as Accelerate's save_state writes it: no accel metadata, no COMPLETE marker, the RNG states last."""
+    import random
+
+    import numpy as np
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+    torch.save(optimizer.state_dict(), folder / "optimizer.bin")
+    torch.save(scheduler.state_dict(), folder / "scheduler.bin")
+    if finished:
+        rng = {"random_state": random.getstate(), "numpy_random_seed": np.random.get_state()}
+        torch.save({**rng, "torch_manual_seed": torch.get_rng_state()}, folder / "random_states_0.pkl")
+
+
+def test_an_accelerate_runs_automatic_checkpoints_are_resumed_and_pruned(tmp_path):
+    # A run moved from Accelerate keeps its project folder: load_state() finds Accelerate's newest finished
+    # checkpoint_<n> (which has no COMPLETE marker), and total_limit counts those folders as Accelerate did.
+    project = ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
+    accelerator = Accelerator(cpu=True, project_config=project)
+    model, optimizer, scheduler = make(accelerator)
+    checkpoints = tmp_path / "checkpoints"
+    weights = {}
+    for number in (0, 1, 2):
+        with torch.no_grad():
+            model[0].weight.fill_(float(number))
+        weights[number] = model[0].weight.clone()
+        _write_reference_checkpoint(checkpoints / f"checkpoint_{number}", model, optimizer, scheduler, number < 2)
+    shutil.rmtree(checkpoints / "checkpoint_2")  # an Accelerate save cut short (no RNG states) is not taken
+    _write_reference_checkpoint(checkpoints / "checkpoint_2", model, optimizer, scheduler, finished=False)
+    with pytest.warns(UserWarning, match="legacy"):
+        accelerator.load_state()
+    assert torch.equal(model[0].weight, weights[1])
+    assert accelerator.project_configuration.iteration == 2
+    shutil.rmtree(checkpoints / "checkpoint_2")
+    saved = accelerator.save_state()
+    assert os.path.basename(saved) == "checkpoint_2"
+    assert sorted(os.listdir(checkpoints)) == ["checkpoint_1", "checkpoint_2"]  # checkpoint_0 pruned
+
+
 def test_save_model_through_the_accelerator(tmp_path):
     accelerator = Accelerator(cpu=True)
     model, _, _ = make(accelerator)

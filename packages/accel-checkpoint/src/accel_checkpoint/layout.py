@@ -13,7 +13,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .constants import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, COMPLETE_NAME, METADATA_NAME, OLD_TAG, PARTIAL_TAG
+from .constants import (
+    CHECKPOINT_PREFIX,
+    CHECKPOINTS_DIR,
+    COMPLETE_NAME,
+    LEGACY_RNG_EXT,
+    METADATA_NAME,
+    OLD_TAG,
+    PARTIAL_TAG,
+    RNG_STATE_NAME,
+)
 from .errors import CorruptCheckpointError
 from .fsio import remove_tree
 
@@ -41,6 +50,23 @@ def is_complete(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, COMPLETE_NAME))
 
 
+def written_by_reference(folder: str) -> bool:
+    """Whether ``folder`` is a checkpoint the reference implementation (Hugging Face Accelerate) wrote.
+
+    It writes no ``COMPLETE`` marker and no accel metadata; its RNG states (``random_states_<rank>.pkl``) come
+    last of the files its ``save_state`` writes for the prepared objects, so their presence stands for a finished
+    save. A run moved from Accelerate to accel resumes from them with ``load_state()`` and prunes them by
+    ``total_limit`` as Accelerate would.
+    """
+    if os.path.isfile(os.path.join(folder, METADATA_NAME)):
+        return False
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    return any(name.startswith(f"{RNG_STATE_NAME}_") and name.endswith(LEGACY_RNG_EXT) for name in names)
+
+
 def number_of(folder: str) -> int | None:
     match = _NUMBERED.match(os.path.basename(os.path.normpath(folder)))
     return int(match.group(1)) if match else None
@@ -55,7 +81,7 @@ def list_checkpoints(base: str) -> list[Found]:
         number = number_of(name)
         path = os.path.join(base, name)
         if number is not None and os.path.isdir(path):
-            found.append(Found(number, path, is_complete(path)))
+            found.append(Found(number, path, is_complete(path) or written_by_reference(path)))
     return sorted(found, key=lambda f: f.number)
 
 
