@@ -101,6 +101,29 @@ def test_default_is_local_under_project_dir(tmp_path: Path) -> None:
     assert read_metrics(tmp_path / "default_run")[0]["x"] == 1.5
 
 
+def test_a_non_main_process_gives_up_waiting_for_the_main_processs_init_trackers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What a process other than the main one does in init_trackers (run for real in tests/tracking/
+    # tracking_two_process.py): it reads the main process's outcome from the store, and waits no longer than the
+    # collective timeout for a main process that never makes the call.
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from accel_core.accelerator import tracking
+    from accel_core.state import process_state
+
+    store = dist.HashStore()
+    store.set("accel/init_trackers/9/1", "OSError: disk full")
+    assert tracking._await_outcome(store, "accel/init_trackers/9/1", 1) == "OSError: disk full"
+    monkeypatch.delitem(process_state._DEFAULT_GROUP_TIMEOUT, "timeout", raising=False)  # no group in this process
+    monkeypatch.setenv("ACCEL_COLLECTIVE_TIMEOUT", "0.3")  # accel launch --collective-timeout
+    assert process_state.group_timeout() == timedelta(seconds=0.3)
+    with pytest.raises(RuntimeError, match=r"init_trackers call #2 waits for the main process's init_trackers"):
+        tracking._await_outcome(store, "accel/init_trackers/9/2", 2)
+
+
 @pytest.mark.slow
 def test_log_with_all_starts_every_installed_tracker(offline: Path, tmp_path: Path) -> None:
     from mlflow import MlflowClient
