@@ -24,6 +24,7 @@ from accel_tracking import (
     TensorBoardTracker,
     WandBTracker,
     is_main_process,
+    logged_metrics,
     progress_bar,
     read_metrics,
 )
@@ -150,8 +151,8 @@ def init_trackers_on_the_main_process_only_runs_no_collective() -> None:
     if accelerator.is_main_process:
         accelerator.init_trackers("diffusers_style", config={"lr": 0.1})
     accelerator.wait_for_everyone()
-    for step in range(3):
-        accelerator.log({"loss": 1.0 / (step + 1)}, step=step)
+    for step in range(3):  # a metric named "step", as transformers' no_trainer scripts log
+        accelerator.log({"loss": 1.0 / (step + 1), "step": step}, step=step)
     tracker = accelerator.get_tracker("local")
     if rank == 0:
         expect([t.name for t in accelerator.trackers] == ["local"], f"rank 0 trackers {accelerator.trackers}")
@@ -163,6 +164,7 @@ def init_trackers_on_the_main_process_only_runs_no_collective() -> None:
     if rank == 0:
         records = read_metrics(out / "diffusers_style")
         expect([r["step"] for r in records] == [0, 1, 2], f"rank 0 logged {records}")
+        expect([logged_metrics(r)["step"] for r in records] == [0, 1, 2], f"the step metric: {records}")
     expect(sorted(p.name for p in out.iterdir()) == ["diffusers_style"], "one run folder")
 
     # A failure on the main process raises there only; the other ranks were not waiting for it.
