@@ -93,12 +93,41 @@ def test_names_instances_and_kwargs(tmp_path: Path) -> None:
 
 
 def test_default_is_local_under_project_dir(tmp_path: Path) -> None:
+    from accel_tracking import logged_metrics
+
     accelerator = _accelerator(project_dir=tmp_path)
     accelerator.init_trackers("default_run")
-    accelerator.log({"x": 1.5}, step=7)
+    # transformers' run_glue_no_trainer logs a metric named "step" (Accelerate, with no log_with, logs nothing):
+    # the default local tracker stores it apart from its own step instead of refusing it.
+    accelerator.log({"x": 1.5, "epoch": 0, "step": 7, "time": 0.5}, step=7)
     assert [t.name for t in accelerator.trackers] == ["local"]
     accelerator.end_training()
-    assert read_metrics(tmp_path / "default_run")[0]["x"] == 1.5
+    (record,) = read_metrics(tmp_path / "default_run")
+    assert record["x"] == 1.5 and record["step"] == 7 and record["metric:step"] == 7 and record["metric:time"] == 0.5
+    assert logged_metrics(record) == {"x": 1.5, "epoch": 0, "step": 7, "time": 0.5}
+
+
+def test_a_non_main_process_gives_up_waiting_for_the_main_processs_init_trackers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What a process other than the main one does in init_trackers (run for real in tests/tracking/
+    # tracking_two_process.py): it reads the main process's outcome from the store, and waits no longer than the
+    # collective timeout for a main process that never makes the call.
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from accel_core.accelerator import tracking
+    from accel_core.state import process_state
+
+    store = dist.HashStore()
+    store.set("accel/init_trackers/9/1", "OSError: disk full")
+    assert tracking._await_outcome(store, "accel/init_trackers/9/1", 1) == "OSError: disk full"
+    monkeypatch.delitem(process_state._DEFAULT_GROUP_TIMEOUT, "timeout", raising=False)  # no group in this process
+    monkeypatch.setenv("ACCEL_COLLECTIVE_TIMEOUT", "0.3")  # accel launch --collective-timeout
+    assert process_state.group_timeout() == timedelta(seconds=0.3)
+    with pytest.raises(RuntimeError, match=r"init_trackers call #2 waits for the main process's init_trackers"):
+        tracking._await_outcome(store, "accel/init_trackers/9/2", 2)
 
 
 @pytest.mark.slow

@@ -82,7 +82,7 @@ def test_local_tracker_round_trip(tmp_path: Path) -> None:
     assert table == {"columns": ["x", "y"], "data": [[1, 2], [3, 4]], "step": 10}
 
 
-def test_local_tracker_tensors_reserved_keys_and_torn_line(tmp_path: Path) -> None:
+def test_local_tracker_tensors_types_and_torn_line(tmp_path: Path) -> None:
     import numpy as np
     import torch
 
@@ -90,8 +90,6 @@ def test_local_tracker_tensors_reserved_keys_and_torn_line(tmp_path: Path) -> No
 
     tracker = LocalTracker("run", tmp_path)
     tracker.log({"loss": torch.tensor(0.5), "n": np.int64(3), "vec": torch.tensor([1.0, 2.0])}, step=np.int64(1))
-    with pytest.raises(ValueError, match="reserved"):
-        tracker.log({"step": 3})
     with pytest.raises(TypeError, match="dict"):
         tracker.log([1, 2])  # type: ignore[arg-type]  # the wrong type is what the test checks
     tracker.finish()
@@ -108,6 +106,46 @@ def test_local_tracker_tensors_reserved_keys_and_torn_line(tmp_path: Path) -> No
     again.log({"a": 2}, step=2)
     again.finish()
     assert [r["a"] for r in read_metrics(tmp_path / "other")] == [1, 2]
+
+
+def test_metrics_named_step_or_time_are_kept_apart_from_the_trackers_fields(tmp_path: Path) -> None:
+    import time
+
+    from accel_tracking import LocalTracker, logged_metrics, plot_metrics, read_metrics
+    from accel_tracking.local import logged_name, stored_name
+
+    tracker = LocalTracker("glue", tmp_path)
+    before = time.time()
+    # transformers' run_glue_no_trainer: log({... "epoch": epoch, "step": completed_steps}, step=completed_steps)
+    tracker.log({"accuracy": 0.5, "epoch": 0, "step": 10}, step=10)
+    tracker.log({"time": 3.5, "metric:step": 1, "metric:time": "x", "metric:other": 2, "loss": 0.25}, step=20)
+    tracker.log({"step": 7})  # no step= argument: the record's step stays None
+    tracker.finish()
+
+    records = read_metrics(tmp_path / "glue")
+    assert [r["step"] for r in records] == [10, 20, None]  # the tracker's step, as before
+    assert all(before <= r["time"] <= time.time() for r in records)  # the tracker's wall-clock time
+    assert records[0]["metric:step"] == 10 and records[1]["metric:time"] == 3.5
+    assert records[1]["metric:metric:step"] == 1 and records[1]["metric:other"] == 2  # only step/time get a prefix
+    assert [logged_metrics(r) for r in records] == [
+        {"accuracy": 0.5, "epoch": 0, "step": 10},
+        {"time": 3.5, "metric:step": 1, "metric:time": "x", "metric:other": 2, "loss": 0.25},
+        {"step": 7},
+    ]
+    for name in ["step", "time", "metric:step", "metric:metric:time", "metric:", "metric:x", "steps", "loss"]:
+        assert logged_name(stored_name(name)) == name
+        assert stored_name(name) not in ("step", "time")
+    # The rewind of a resumed run reads the tracker's step, not the metric.
+    again = LocalTracker("glue", tmp_path)
+    again.rewind(10)
+    again.finish()
+    assert [logged_metrics(r) for r in read_metrics(tmp_path / "glue")] == [
+        {"accuracy": 0.5, "epoch": 0, "step": 10},
+        {"step": 7},
+    ]
+    pytest.importorskip("matplotlib")
+    png = plot_metrics(tmp_path / "glue", keys=["accuracy", "metric:step"])
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_default_logging_dir_is_runs_under_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

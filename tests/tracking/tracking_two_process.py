@@ -18,7 +18,16 @@ from typing import Any
 from checklist import check, expect, run_checks
 
 from accel_core.state import PartialState
-from accel_tracking import GeneralTracker, LocalTracker, TensorBoardTracker, WandBTracker, is_main_process, progress_bar
+from accel_tracking import (
+    GeneralTracker,
+    LocalTracker,
+    TensorBoardTracker,
+    WandBTracker,
+    is_main_process,
+    logged_metrics,
+    progress_bar,
+    read_metrics,
+)
 
 
 class PerRankTracker(GeneralTracker):
@@ -120,6 +129,64 @@ def accelerator_trackers_are_real_on_rank_0_and_inert_elsewhere() -> None:
         expect(accelerator.trackers == [], "rank 1 started trackers")
     accelerator.end_training()
     accelerator.wait_for_everyone()
+
+
+class BrokenTracker(MainOnlyCustom):
+    """A tracker whose start fails on the main process (a full disk, W&B not logged in, ...)."""
+
+    name = "broken"
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        raise OSError("disk full")
+
+
+@check
+def init_trackers_on_the_main_process_only_runs_no_collective() -> None:
+    # What diffusers' train_*.py scripts do (and Accelerate allows): the other ranks never call init_trackers, so it
+    # must not wait for them. Before the fix rank 0 waited in a broadcast the others never entered (a hang).
+    from accel_core.accelerator import Accelerator
+
+    out = OUT / "main_only"
+    accelerator = Accelerator(cpu=True, log_with=["local"], project_dir=out)
+    if accelerator.is_main_process:
+        accelerator.init_trackers("diffusers_style", config={"lr": 0.1})
+    accelerator.wait_for_everyone()
+    for step in range(3):  # a metric named "step", as transformers' no_trainer scripts log
+        accelerator.log({"loss": 1.0 / (step + 1), "step": step}, step=step)
+    tracker = accelerator.get_tracker("local")
+    if rank == 0:
+        expect([t.name for t in accelerator.trackers] == ["local"], f"rank 0 trackers {accelerator.trackers}")
+        expect(isinstance(tracker, LocalTracker) and tracker.is_active, "rank 0 get_tracker('local')")
+    else:
+        expect(accelerator.trackers == [] and tracker.tracker is None, "rank 1 has no trackers, an inert stand-in")
+    accelerator.end_training()
+    accelerator.wait_for_everyone()
+    if rank == 0:
+        records = read_metrics(out / "diffusers_style")
+        expect([r["step"] for r in records] == [0, 1, 2], f"rank 0 logged {records}")
+        expect([logged_metrics(r)["step"] for r in records] == [0, 1, 2], f"the step metric: {records}")
+    expect(sorted(p.name for p in out.iterdir()) == ["diffusers_style"], "one run folder")
+
+    # A failure on the main process raises there only; the other ranks were not waiting for it.
+    failing = Accelerator(cpu=True, log_with=[BrokenTracker("broken", str(out))], project_dir=out)
+    raised = ""
+    if failing.is_main_process:
+        try:
+            failing.init_trackers("broken_run", config={"lr": 0.1})
+        except OSError as error:
+            raised = str(error)
+        expect(raised == "disk full", f"rank 0 raised {raised!r}")
+    failing.wait_for_everyone()
+
+    # Called on every rank afterwards (a new Accelerator, so its calls are counted afresh): the main process's
+    # failure still raises on every rank, without a collective.
+    every = Accelerator(cpu=True, log_with=[BrokenTracker("broken", str(out))], project_dir=out)
+    try:
+        every.init_trackers("broken_everywhere", config={"lr": 0.1})
+    except (OSError, RuntimeError) as error:
+        raised = str(error)
+    expect("disk full" in raised, f"init_trackers failure must raise on every rank, got {raised!r}")
+    every.wait_for_everyone()
 
 
 @check

@@ -429,6 +429,11 @@ def _connect() -> Any:
 _WATCH: list[StallWatch] = []
 
 
+def watch_threshold() -> float | None:
+    """The running watch's threshold in seconds (None without one: one process, or the report turned off)."""
+    return _WATCH[0].threshold if _WATCH else None
+
+
 def start_watch(rank: int, world_size: int, given: float | timedelta | None, timeout: float | None) -> None:
     """Starts this process's watch thread once (nothing for one process or a threshold of 0)."""
     threshold = stall_report_after(given)

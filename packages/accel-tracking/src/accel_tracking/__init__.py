@@ -27,6 +27,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "LocalTracker": "local",
     "read_metrics": "local",
+    "logged_metrics": "local",
     "read_config": "local",
     "TensorBoardTracker": "tensorboard_tracker",
     "WandBTracker": "wandb_tracker",
@@ -45,6 +46,7 @@ __all__ = [
     "TensorBoardTracker",
     "WandBTracker",
     "is_main_process",
+    "logged_metrics",
     "plot_metrics",
     "process_index",
     "progress_bar",
@@ -54,7 +56,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .comet_tracker import CometMLTracker
-    from .local import LocalTracker, read_config, read_metrics
+    from .local import LocalTracker, logged_metrics, read_config, read_metrics
     from .mlflow_tracker import MLflowTracker
     from .plot import plot_metrics
     from .progress import progress_bar

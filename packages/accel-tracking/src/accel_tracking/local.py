@@ -5,6 +5,13 @@ Layout of one run::
     <logging_dir>/<run_name>/config.json     # the run's configuration (init_trackers(config=...))
     <logging_dir>/<run_name>/metrics.jsonl   # one {"step": ..., "time": ..., <metrics>} object a line
     <logging_dir>/<run_name>/tables/<name>.json
+
+A line's ``step`` and ``time`` are the tracker's own: the ``step=`` of ``log`` and the wall-clock time.
+A metric the script named ``step`` or ``time`` (transformers' ``*_no_trainer`` scripts log
+``{"step": completed_steps}``) is stored as ``metric:step`` / ``metric:time`` (a name that already
+starts with ``metric:`` followed by one of those gets one more ``metric:``), so nothing a script logs
+is refused and nothing overwrites the tracker's fields. ``logged_metrics(record)`` gives a record's
+metrics back under the names they were logged with.
 """
 
 from __future__ import annotations
@@ -20,6 +27,29 @@ from .base import GeneralTracker, make_logging_dir, resolve_logging_dir, to_pyth
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
+RESERVED = ("step", "time")
+"""The tracker's own fields of each line; a metric of one of these names is stored with ``METRIC_PREFIX``."""
+METRIC_PREFIX = "metric:"
+
+
+def stored_name(key: str) -> str:
+    """The name a metric is stored under: ``metric:`` + ``key`` for ``step``, ``time`` (and ``metric:step``, ...,
+    so the mapping stays one to one), else ``key`` itself."""
+    bare = key
+    while bare.startswith(METRIC_PREFIX):
+        bare = bare[len(METRIC_PREFIX) :]
+    return METRIC_PREFIX + key if bare in RESERVED else key
+
+
+def logged_name(stored: str) -> str:
+    """The name a metric was logged with, from the name it is stored under (``stored_name``'s inverse)."""
+    if stored.startswith(METRIC_PREFIX):
+        bare = stored
+        while bare.startswith(METRIC_PREFIX):
+            bare = bare[len(METRIC_PREFIX) :]
+        if bare in RESERVED:
+            return stored[len(METRIC_PREFIX) :]
+    return stored
 
 
 def _jsonable(value: Any) -> Any:
@@ -97,9 +127,8 @@ class LocalTracker(GeneralTracker):
             raise TypeError(f"log() takes a dict of metrics, got {type(values).__name__}.")
         record: dict[str, Any] = {"step": None if step is None else int(step), "time": time.time()}
         for key, value in values.items():
-            if key in ("step", "time"):
-                raise ValueError(f"'{key}' is reserved by the local tracker's file format; rename the metric.")
-            record[str(key)] = _jsonable(value)
+            # A metric called "step" or "time" is kept apart from the line's own fields (see the module docstring).
+            record[stored_name(str(key))] = _jsonable(value)
         self._file.write(json.dumps(record) + "\n")
         self._pending += 1
         if self._pending >= self.flush_every:
@@ -179,6 +208,18 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
                     break
                 raise ValueError(f"{path}:{number} is not valid JSON.") from None
     return records
+
+
+def logged_metrics(record: dict[str, Any]) -> dict[str, Any]:
+    """One record's metrics under the names they were logged with: without the tracker's ``step`` and ``time``,
+    and with ``metric:step`` / ``metric:time`` back as ``step`` / ``time``.
+
+    Example::
+
+        for record in read_metrics("runs/glue"):
+            print(record["step"], logged_metrics(record))  # 10 {'accuracy': 0.5, 'epoch': 0, 'step': 10}
+    """
+    return {logged_name(key): value for key, value in record.items() if key not in RESERVED}
 
 
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:

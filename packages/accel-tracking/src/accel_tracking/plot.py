@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from .base import is_number, require
-from .local import METRICS_FILE, read_metrics
+from .local import METRICS_FILE, RESERVED, read_metrics
 
-_RESERVED = ("step", "time")
+_RESERVED = RESERVED  # the tracker's own fields of each record, not metrics
 
 
 def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:

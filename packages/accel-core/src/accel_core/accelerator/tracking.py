@@ -3,15 +3,27 @@
 Core only knows the protocols (``accel_core.protocols``); the trackers are found through entry points
 when first used, and a missing one is an ImportError naming it. A resumed run's trackers continue the
 checkpoint's run (``Tracking.continue_from``, called by ``resumption``).
+
+``init_trackers`` runs no collective, so it may be called on every process or under
+``if accelerator.is_main_process:`` (diffusers' scripts), as in Accelerate. The main process publishes
+the outcome of each call in the job's rendezvous store without waiting for anyone; a process other
+than the main one that calls it too reads the outcome of the main process's matching call from there
+and raises its error. Only the other processes wait (for the main process), never the main process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import discovery, ops
+from .. import discovery
 from ..protocols import ContinuableTracker, RewindableTracker
+from ..stall_report import watch_threshold
+from ..state.process_state import group_timeout
 
 if TYPE_CHECKING:
     from ..configuration import ProjectConfiguration
@@ -78,6 +90,10 @@ class Tracking:
         self.last_logged_step: int | None = None  # saved with checkpoints: where a resumed run's trackers rewind to
         self.runs_to_continue: dict[str, str] = {}  # tracker name -> run id, from the loaded checkpoint
         self._pending_rewind: tuple[int | None] | None = None  # (last step,) once resumed, until trackers start
+        # Names the store keys of this Accelerator's init_trackers calls: every process makes its Accelerators in the
+        # same order, so the n-th call of one Accelerator on a process matches the main process's n-th call.
+        self._number = next(_TRACKING_NUMBERS)
+        self._init_calls = 0
 
     @property
     def logging_dir(self) -> str | None:
@@ -85,23 +101,28 @@ class Tracking:
         return self._project_configuration.logging_dir
 
     def init_trackers(self, project_name: str, config: dict[str, Any] | None, init_kwargs: dict[str, Any]) -> None:
-        """Starts the trackers of ``log_with`` on the main process; a failure there stops every process."""
-        error: BaseException | None = None
+        """Starts the trackers of ``log_with`` on the main process; its failure also raises on the other processes
+        that call ``init_trackers``. No collective: calling it on the main process only is fine."""
         state = self._process.state
-        if state.is_main_process:
-            try:
-                self._start_trackers(project_name, config, init_kwargs)
-            except Exception as caught:  # noqa: BLE001 - re-raised below, on every rank
-                error = caught
-        # A tracker failing on the main process (W&B not logged in, say) must stop every rank,
-        # not leave the others waiting at their next collective.
-        if state.use_distributed:
-            message = [None if error is None else f"{type(error).__name__}: {error}"]
-            ops.broadcast_object_list(message, from_process=0)
-            if message[0] is not None and error is None:
-                raise RuntimeError(f"init_trackers failed on the main process: {message[0]}")
-        if error is not None:
-            raise error
+        self._init_calls += 1
+        key = f"{_OUTCOME_KEYS}{self._number}/{self._init_calls}"
+        store = _default_store() if state.use_distributed else None
+        if not state.is_main_process:
+            # The main process started the trackers (or failed to): raise its error here too, instead of leaving
+            # this process to wait at its next collective for a main process that has stopped.
+            if store is not None:
+                outcome = _await_outcome(store, key, self._init_calls)
+                if outcome:
+                    raise RuntimeError(f"init_trackers failed on the main process: {outcome}")
+            return
+        try:
+            self._start_trackers(project_name, config, init_kwargs)
+        except BaseException as error:
+            if store is not None:
+                _publish_outcome(store, key, f"{type(error).__name__}: {error}")
+            raise
+        if store is not None:
+            _publish_outcome(store, key, "")
 
     def _start_trackers(self, project_name: str, config: dict[str, Any] | None, init_kwargs: dict[str, Any]) -> None:
         wanted = self.log_with or ["local"]
@@ -188,3 +209,66 @@ class Tracking:
 
 def _tracker_class(name: str) -> Any:
     return discovery.load("accel.trackers", name)
+
+
+# -- the outcome of the main process's init_trackers, through the rendezvous store ------------------------------------
+_OUTCOME_KEYS = "accel/init_trackers/"
+_TRACKING_NUMBERS = itertools.count(1)
+
+
+def _default_store() -> Any:
+    """The default process group's store (torch's rendezvous store), or None where there is none to use."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        return distributed_c10d._get_default_store()  # the group's own store: torch has no public accessor
+    except (ImportError, AttributeError, RuntimeError, ValueError):
+        return None
+
+
+def _publish_outcome(store: Any, key: str, outcome: str) -> None:
+    """The main process: "" (started) or the error, for the other processes; never waits for them."""
+    with contextlib.suppress(RuntimeError, OSError):  # the store gone: the job is ending, nobody is left to read it
+        store.set(key, outcome)
+
+
+def _await_outcome(store: Any, key: str, call: int) -> str:
+    """Another process: waits for the main process's outcome of the same init_trackers call (its ``call``-th).
+
+    It says so once it has waited as long as the stall report's threshold, and gives up after the collective
+    timeout, as a collective would.
+    """
+    started = time.monotonic()
+    limit = group_timeout().total_seconds()
+    threshold = watch_threshold()
+    told = False
+    pause = 0.01
+    while not store.check([key]):
+        waited = time.monotonic() - started
+        where = (
+            f"init_trackers call #{call} waits for the main process's init_trackers call #{call}, which tells "
+            "every process that calls it whether the trackers started"
+        )
+        advice = (
+            "The main process has not finished that call: a tracker is slow to start, or the main process does not "
+            "call init_trackers where this process does. Call it on every process, or under "
+            "`if accelerator.is_main_process:` only."
+        )
+        if waited >= limit:
+            raise RuntimeError(f"accel: {where}; it gave up after {limit:.0f} s (the collective timeout). {advice}")
+        if threshold and not told and waited >= threshold:
+            told = True
+            rank = _rank()
+            print(f"accel: rank {rank}: {where}; it has waited {waited:.0f} s. {advice}", file=sys.stderr, flush=True)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
+    return store.get(key).decode("utf-8")
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
