@@ -176,10 +176,10 @@ def test_accel_config_questions_keep_defaults_and_reask_bad_answers(cli) -> None
 def test_accel_config_asks_the_chosen_backends_options_and_launch_uses_them(cli) -> None:
     cli.config_dir.mkdir(parents=True)
     (cli.config_dir / "default_config.yaml").write_text("use_cpu: true\nfsdp:\n  offload_params: true\n  version: 1\n")
-    # machines, cpu, processes, strategy, "set fsdp options?", then the fsdp table in order:
+    # machines, cpu, processes, strategy, "set fsdp options?" (y, as people type it), then the fsdp table in order:
     # version (Enter keeps 1), sharding strategy (bad, then by position), reshard (Enter: unset),
     # offload (Enter keeps true), auto-wrap policy; Enter keeps the rest.
-    answers = "1\n\n2\nfsdp\nyes\n\nHALF_SHARD\n2\n\n\nsize_based_wrap\n" + "\n" * 20
+    answers = "1\n\n2\nfsdp\ny\n\nHALF_SHARD\n2\n\n\nsize_based_wrap\n" + "\n" * 20
     result = cli.run("config", stdin=answers)
     assert result.returncode == 0, cli.describe(result)
     assert "'HALF_SHARD' is not one of FULL_SHARD" in result.stdout

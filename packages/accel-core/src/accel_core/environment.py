@@ -50,8 +50,8 @@ MASTER_PORT = "MASTER_PORT"
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"  # attempts before this one (0 in the first)
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"  # "True": the agent serves the store at MASTER_ADDR:PORT
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_TRUE = {"1", "true", "yes", "on", "y", "t"}  # "y" and "t" too, as Accelerate's str_to_bool
+_FALSE = {"0", "false", "no", "off", "n", "f", ""}
 
 
 def parse_flag(value: str | None, default: bool = False) -> bool:

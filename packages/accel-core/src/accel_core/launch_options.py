@@ -115,7 +115,7 @@ class ChecksBeforeLaunch(Protocol):
 
 # -- a table-driven LaunchExtension -----------------------------------------------------------------
 # Value parsers for backend flags: each checks the text and returns what travels in the environment.
-_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+_TRUE, _FALSE = {"1", "true", "yes", "on", "y", "t"}, {"0", "false", "no", "off", "n", "f"}
 
 
 def bool_text(value: str) -> str:
