@@ -147,6 +147,9 @@ def test_user_errors_exit_2_with_the_fix(cli, tmp_path: Path) -> None:
     assert own.returncode == 0 and own.stdout.rstrip().endswith("-m pkg --x --num 3"), cli.describe(own)
     abbreviated = cli.run("launch", "--num", "2", "x.py")
     assert abbreviated.returncode == 2 and "unrecognized arguments: --num" in abbreviated.stderr
+    misspelt = cli.run("launch", "--num_proceses", "2", "x.py")
+    assert misspelt.returncode == 2, cli.describe(misspelt)
+    assert "--num_proceses (--num_proceses: did you mean --num_processes?)" in misspelt.stderr
     # accel test's own usage line, not the page of launch settings.
     bogus = cli.run("test", "--bogus")
     assert bogus.returncode == 2 and "unrecognized arguments: --bogus" in bogus.stderr, cli.describe(bogus)

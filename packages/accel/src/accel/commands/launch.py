@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
+from typing import NoReturn
 
 from accel_launch.accelerate_flags import RefusedFlagError, accelerate_flags_env, add_accelerate_flags
 from accel_launch.extensions import LaunchExtension, add_extension_arguments, load_extensions
@@ -31,8 +33,26 @@ torchrun's and Accelerate's launch flags work too (--nproc-per-node 8, --multi_g
 accel's setting under another name, passed on to torchrun's agent, or answered with what to do."""
 
 
+class _LaunchParser(argparse.ArgumentParser):
+    """argparse's parser that names the closest flag for a misspelt one (``--num_proceses``)."""
+
+    def error(self, message: str) -> NoReturn:
+        unknown = "unrecognized arguments: "
+        if message.startswith(unknown):
+            flags = [name for name in self._option_string_actions if name.startswith("--")]
+            hints = []
+            for word in message.removeprefix(unknown).split():
+                name = word.split("=", 1)[0]
+                close = difflib.get_close_matches(name, flags, n=1) if name.startswith("--") else []
+                if close:
+                    hints.append(f"{name}: did you mean {close[0]}?")
+            if hints:
+                message = f"{message} ({'; '.join(hints)})"
+        super().error(message)
+
+
 def build_parser(extensions: list[LaunchExtension]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _LaunchParser(
         prog="accel launch",
         usage="accel launch [options] script.py [args ...]\n       accel launch [options] -m package.module [args ...]",
         description=DESCRIPTION,
