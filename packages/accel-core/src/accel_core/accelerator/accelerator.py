@@ -427,7 +427,16 @@ class Accelerator(ProcessControl, SetupQueries):
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
         """Runs ``model`` through the transform chain (``accel_core.transforms``), with autocast when mixed precision is
-        on."""
+        on.
+
+        evaluation_mode: for a model only run forward (a frozen reference model): it gets mixed precision and
+        ``torch.compile`` and is placed on the device, but is not wrapped for training (no DDP, FSDP or DeepSpeed
+        engine), as in the reference.
+
+        Example::
+
+            ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
+        """
         return self._preparation.prepare_model(model, device_placement, evaluation_mode)
 
     def prepare_optimizer(
