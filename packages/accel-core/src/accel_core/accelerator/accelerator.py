@@ -9,7 +9,7 @@ checkpoints), ``Tracking``, ``Checkpointing`` (accel-checkpoint's handler), ``Me
 ``Trigger``. The training step (``backward``, ``accumulate``, clipping) is its own; the read-only
 questions about the run come from its two base classes, ``ProcessControl`` and ``SetupQueries``.
 No backend is named here. What was prepared is in ``accelerator.prepared`` (``PreparedObjects``;
-also under the reference's ``_models`` & co).
+also under the reference's ``_optimizers`` & co; ``_models`` lists the models as the reference does).
 
 Example::
 
@@ -242,7 +242,10 @@ class Accelerator(ProcessControl, SetupQueries):
     # -- the prepared objects, under the reference API's names ------------------------------
     @property
     def _models(self) -> list[torch.nn.Module]:
-        return self.prepared.models
+        """The prepared models as the reference lists them (``Strategy.listed_model``: the user's module, not its DDP
+        or ``torch.compile`` wrapper; FSDP1's wrapper, the DeepSpeed engine), in a new list each time. The prepared
+        objects themselves are in ``prepared.models``."""
+        return [self.strategy.listed_model(model) for model in self.prepared.models]
 
     @property
     def _optimizers(self) -> list[AcceleratedOptimizer]:

@@ -215,6 +215,17 @@ class Strategy:
         """Returns the user's module from inside whatever ``prepare_model`` wrapped it in."""
         return model
 
+    def listed_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """What the reference API lists for prepared ``model``: in ``accelerator._models``, and among the models
+        given to the save- and load-state pre-hooks (``register_save_state_pre_hook``).
+
+        The reference keeps the user's module there, not its DDP wrapper nor its ``torch.compile`` wrapper, so a
+        hook can call the model's own methods (``save_pretrained``) and reads plain state-dict keys. The
+        default is that module (``unwrap_model`` of the uncompiled model); a backend whose wrapper the
+        reference lists instead overrides this (FSDP1's wrapper, the DeepSpeed engine).
+        """
+        return self.unwrap_model(getattr(model, "_orig_mod", model))
+
     # -- preparation of one prepare() call ----------------------------------------------------
     def accepts_object(self, obj: Any) -> bool:
         """Whether ``prepare`` takes ``obj``, an object of the backend's own types (not a torch one): DeepSpeed's LR
