@@ -6,7 +6,8 @@ mp_checkpoint.py resume <dir>  new processes: load the step-K checkpoint, finish
                                check it is bit-identical to the uninterrupted one; then: a file
                                missing on one process fails every process (no hang), and sharded
                                (FSDP2 / DTensor) state through the DCP default and a strategy's
-                               own ShardedCheckpointing, merge and save_model.
+                               own ShardedCheckpointing, merge and save_model; the state hooks
+                               get the user's modules (not DDP's wrapper).
 """
 
 from __future__ import annotations
@@ -146,7 +147,51 @@ def resume(folder: str) -> None:
         raise AssertionError("loading a broken checkpoint did not fail")
     equal(model.state_dict(), before)
     print(f"rank {rank}: failure on one process fails all OK", flush=True)
+    hook_checks(folder, accelerator, model, rank)
     sharded_checks(folder, rank)
+
+
+def hook_checks(folder: str, accelerator: Accelerator, model: torch.nn.Module, rank: int) -> None:
+    """diffusers' save/load model hooks: as in the reference, they get the user's module, not its DDP wrapper (it
+    calls the model's save_pretrained; plain state-dict keys), and ``_models`` lists it; a model the save hook
+    saved itself (popping its weights) and the load hook loaded itself is not in the model files."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    assert isinstance(model, DistributedDataParallel)
+    inner = model.module
+    seen: dict[str, list[torch.nn.Module]] = {}
+
+    def save_model_hook(models, weights, output_dir):
+        seen["save"] = list(models)
+        assert [sorted(w) for w in weights] == [sorted(inner.state_dict())], [sorted(w) for w in weights]
+        if accelerator.is_main_process:
+            torch.save(models[0].state_dict(), os.path.join(output_dir, "unet.pt"))
+        weights.pop()
+
+    def load_model_hook(models, input_dir):
+        seen["load"] = list(models)
+        models.pop().load_state_dict(torch.load(os.path.join(input_dir, "unet.pt"), weights_only=True))
+
+    handles = [
+        accelerator.register_save_state_pre_hook(save_model_hook),
+        accelerator.register_load_state_pre_hook(load_model_hook),
+    ]
+    target = os.path.join(folder, "hooks")
+    accelerator.save_state(target)
+    saved = torch.load(os.path.join(target, "unet.pt"), weights_only=True)
+    assert sorted(saved) == sorted(inner.state_dict()), sorted(saved)  # no "module." prefix
+    assert not os.path.exists(os.path.join(target, "model.safetensors"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    accelerator.load_state(target)
+    equal(inner.state_dict(), saved)
+    for handle in handles:
+        handle.remove()
+    assert [type(m).__name__ for m in seen["save"]] == ["Sequential"] and seen["save"][0] is inner, seen
+    assert len(seen["load"]) == 1 and seen["load"][0] is inner, seen
+    assert len(accelerator._models) == 1 and accelerator._models[0] is inner, accelerator._models
+    print(f"rank {rank}: state hooks get the user's modules OK", flush=True)
 
 
 class FullyShardStrategy(Strategy):
@@ -193,6 +238,10 @@ def sharded_checks(folder: str, rank: int) -> None:
             optimizer.step()
             optimizer.zero_grad()
         target = os.path.join(folder, f"sharded_{strategy.name}")
+        # As in the reference, a model the backend restores itself is not given to the load hooks.
+        hooked: dict[str, list] = {}
+        accelerator.register_save_state_pre_hook(lambda models, weights, _dir, seen=hooked: seen.update(save=models))
+        accelerator.register_load_state_pre_hook(lambda models, _dir, seen=hooked: seen.update(load=list(models)))
         accelerator.save_state(target)
         import json
 
@@ -212,6 +261,7 @@ def sharded_checks(folder: str, rank: int) -> None:
             for state in optimizer.optimizer.state.values():
                 state["exp_avg"].to_local().zero_()
         accelerator.load_state(target)
+        assert len(hooked["save"]) == 1 and hooked["save"][0] is model and hooked["load"] == [], hooked
         for k, v in model.state_dict().items():
             assert torch.equal(v.to_local(), shards[k]), k
         for state, moment in zip(optimizer.optimizer.state.values(), moments, strict=True):

@@ -1,4 +1,4 @@
-"""Two processes (gloo, CPU): exact resume, failures shared by all processes, sharded (DCP) state."""
+"""Two processes (gloo, CPU): exact resume, failures shared by all processes, state hooks, sharded (DCP) state."""
 
 from __future__ import annotations
 
@@ -18,7 +18,12 @@ def test_two_processes_resume_exactly_and_share_failures(tmp_path, torchrun):
     first = torchrun(SCRIPT, "full", str(tmp_path), timeout=300)
     assert first.stdout.count("full run OK") == 2
     second = torchrun(SCRIPT, "resume", str(tmp_path), timeout=300)
-    for check in ("exact resume OK", "failure on one process fails all OK", "sharded checkpoints OK"):
+    for check in (
+        "exact resume OK",
+        "failure on one process fails all OK",
+        "state hooks get the user's modules OK",
+        "sharded checkpoints OK",
+    ):
         assert second.stdout.count(check) == 2, second.stdout
 
     # The same checkpoint in one process: weights load, and the dataloader position saved by two

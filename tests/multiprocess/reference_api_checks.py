@@ -3,7 +3,8 @@
 Covers: gradient_accumulation_steps set after construction, kwargs_handlers with a handler accel does
 not apply, AcceleratorState._reset_state, reduce defaults and reductions, set_trigger /
 check_trigger, trigger_sync_in_backward, profile, unwrap_model(keep_torch_compile=), setup
-properties, DDP communication hooks (fp16, bf16, power-SGD), join_uneven_inputs with an iterable loader.
+properties, DDP communication hooks (fp16, bf16, power-SGD), join_uneven_inputs with an iterable loader,
+prepare_model(evaluation_mode=True).
 Argument: a folder for the profiler traces. Each ``@check`` is one test of tests/core/test_reference_api.py (the
 harness: tests/harness/checklist.py).
 """
@@ -307,6 +308,45 @@ def join_with_iterable_loader() -> None:
         and not any("strategy's are" in m for m in messages),
         f"a join of an object that cannot join names that object: {messages}",
     )
+
+
+class Generator(torch.nn.Module):
+    """A model with buffers (BatchNorm) and a method of its own, as a transformers model has ``generate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.norm = torch.nn.BatchNorm1d(4)
+        self.seen: list[torch.dtype] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.linear(x)
+        self.seen.append(hidden.dtype)
+        return self.norm(hidden)
+
+    def generate(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x).argmax(-1)
+
+
+@check
+def prepare_model_evaluation_mode() -> None:
+    # TRL's frozen reference model: as in Accelerate, it is not wrapped in DDP (its generate stays reachable, and a
+    # forward on the main process alone does not wait for the other's DDP buffer broadcast), but autocast applies.
+    accelerator = fresh(mixed_precision="bf16")
+    model = Generator()
+    prepared = accelerator.prepare_model(model, evaluation_mode=True)
+    expect(prepared is model, f"evaluation_mode=True returns the user's module, not {type(prepared).__name__}")
+    expect(any(m is model for m in accelerator._models), "registered, as in Accelerate")
+    if accelerator.is_main_process:  # sampling on the main process only, for logging
+        with torch.no_grad():
+            prepared.eval()
+            expect(prepared.generate(torch.ones(2, 4)).shape == (2,), "generate on the main process alone")
+    accelerator.wait_for_everyone()
+    with torch.no_grad():
+        prepared(torch.ones(2, 4))
+    expect(model.seen[-1] == torch.bfloat16, f"mixed precision applies: the forward ran in {model.seen[-1]}")
+    trained = accelerator.prepare_model(torch.nn.Linear(4, 4))
+    expect(isinstance(trained, torch.nn.parallel.DistributedDataParallel), "without evaluation_mode: DDP")
 
 
 if __name__ == "__main__":

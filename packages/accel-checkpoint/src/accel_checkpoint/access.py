@@ -3,7 +3,7 @@
 What accel-checkpoint may read of the Accelerator is declared in accel-core by
 ``accel_core.protocols.CheckpointAccelerator`` (imported here for type checking only); the reads
 several modules share are named here. The strategy is asked what ``accel_core.strategies.base``
-declares (``model_state_dict``, ``load_model_state_dict``; ``ShardedCheckpointing`` in
+declares (``model_state_dict``, ``load_model_state_dict``, ``listed_model``; ``ShardedCheckpointing`` in
 ``accel_core.checkpointing``); prepared
 objects are read from the Accelerator's public ``prepared`` (``PreparedObjects``).
 """
@@ -38,6 +38,12 @@ def load_model_state_dict(
     if isinstance(model, PipelinedModel):
         return model.load_full_state_dict(state_dict, strict=strict)
     return accelerator.strategy.load_model_state_dict(model, state_dict, strict=strict)
+
+
+def hook_models(accelerator: CheckpointAccelerator, models: list[Any]) -> list[Any]:
+    """What the save- and load-state pre-hooks are given for the prepared ``models``: the models as the reference
+    lists them (``Strategy.listed_model``: the user's module, not its DDP wrapper), in a new list."""
+    return [accelerator.strategy.listed_model(model) for model in models]
 
 
 _PREPARED = {

@@ -230,8 +230,15 @@ def load_state(
             _Reader(folder, metadata, allow_unsafe_pickle).verify_sharded(
                 accelerator.process_index, accelerator.num_processes
             )
+        # As in the reference, the hooks get the models this load restores from model files, as it lists them
+        # (the user's module, not its DDP wrapper); none when the backend restores them itself (sharded).
+        restores_itself = MODELS in ((metadata or {}).get("sharded") or {}).get("covers", ())
+        listed = [] if restores_itself else access.hook_models(accelerator, models)
+        given = list(listed)
         for hook in accelerator.load_state_pre_hooks:
-            hook(models, folder)  # may remove models it loads itself
+            hook(given, folder)  # may remove models it loads itself
+        if not restores_itself:
+            models = [model for model, shown in zip(models, listed, strict=True) if any(shown is g for g in given)]
     except Exception as caught:  # noqa: BLE001
         error = caught
     coord.agree(error, f"opening {folder}")

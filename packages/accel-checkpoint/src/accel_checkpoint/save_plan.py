@@ -197,8 +197,9 @@ def plan_save(
     loaders: list[Any] = []
     scaler: Any = None
     try:
+        listed = access.hook_models(accelerator, models)
         for hook in accelerator.save_state_pre_hooks:
-            hook(models, weights, temp)  # hooks write extra files into the folder being built
+            hook(listed, weights, temp)  # hooks write extra files into the folder being built
 
         optimizers = [] if OPTIMIZERS in covered else access.listed(accelerator, "_optimizers")
         schedulers = [] if SCHEDULERS in covered else access.listed(accelerator, "_schedulers")

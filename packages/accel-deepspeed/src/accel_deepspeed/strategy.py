@@ -188,6 +188,11 @@ class DeepSpeedStrategy(Strategy):
             return _engine_module(model)
         return model
 
+    def listed_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The engine itself (DeepSpeed compiles it in place), as the reference lists it in ``_models`` and gives it to
+        the save-state hooks; a frozen model as it is."""
+        return model
+
     # -- the training step ------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """The engine's backward: scales by the accumulation steps; reduces gradients at the boundary."""

@@ -199,6 +199,11 @@ class FSDPStrategy(Strategy):
         # FSDP2 keeps the user's object (its class gains FSDPModule); FSDP1 wraps it.
         return model.module if fsdp1.is_fsdp1(model) else model
 
+    def listed_model(self, model: nn.Module) -> nn.Module:
+        """The sharded model, as the reference lists it in ``_models`` and gives it to the state hooks: FSDP1's
+        wrapper (FSDP2's is the user's object itself), outside any ``torch.compile`` wrapper."""
+        return getattr(model, "_orig_mod", model)
+
     def rebuild_optimizer(
         self, optimizer: torch.optim.Optimizer, model: nn.Module, names: ParameterNames
     ) -> torch.optim.Optimizer:

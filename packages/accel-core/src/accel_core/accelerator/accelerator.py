@@ -9,7 +9,7 @@ checkpoints), ``Tracking``, ``Checkpointing`` (accel-checkpoint's handler), ``Me
 ``Trigger``. The training step (``backward``, ``accumulate``, clipping) is its own; the read-only
 questions about the run come from its two base classes, ``ProcessControl`` and ``SetupQueries``.
 No backend is named here. What was prepared is in ``accelerator.prepared`` (``PreparedObjects``;
-also under the reference's ``_models`` & co).
+also under the reference's ``_optimizers`` & co; ``_models`` lists the models as the reference does).
 
 Example::
 
@@ -242,7 +242,10 @@ class Accelerator(ProcessControl, SetupQueries):
     # -- the prepared objects, under the reference API's names ------------------------------
     @property
     def _models(self) -> list[torch.nn.Module]:
-        return self.prepared.models
+        """The prepared models as the reference lists them (``Strategy.listed_model``: the user's module, not its DDP
+        or ``torch.compile`` wrapper; FSDP1's wrapper, the DeepSpeed engine), in a new list each time. The prepared
+        objects themselves are in ``prepared.models``."""
+        return [self.strategy.listed_model(model) for model in self.prepared.models]
 
     @property
     def _optimizers(self) -> list[AcceleratedOptimizer]:
@@ -427,7 +430,16 @@ class Accelerator(ProcessControl, SetupQueries):
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
         """Runs ``model`` through the transform chain (``accel_core.transforms``), with autocast when mixed precision is
-        on."""
+        on.
+
+        evaluation_mode: for a model only run forward (a frozen reference model): it gets mixed precision and
+        ``torch.compile`` and is placed on the device, but is not wrapped for training (no DDP, FSDP or DeepSpeed
+        engine), as in the reference.
+
+        Example::
+
+            ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
+        """
         return self._preparation.prepare_model(model, device_placement, evaluation_mode)
 
     def prepare_optimizer(

@@ -244,14 +244,21 @@ class Preparation:
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
         """Runs ``model`` through the transform chain (``accel_core.transforms``), with autocast when mixed precision is
-        on."""
+        on.
+
+        evaluation_mode: the model is only run forward (TRL's reference model): as in the reference, it gets the
+        precision and compilation but is not wrapped for training (no DDP, FSDP or engine;
+        ``Strategy.prepare_eval_model``), nor split.
+        """
         earlier = self._prepared_before(model)
         if earlier is not None:
             return earlier
         if device_placement is None:
             device_placement = self.device_placement
         self._parameter_names.record(model)
-        prepared = transforms.prepare_model(model, self._context, self.strategy, device_placement)
+        prepared = transforms.prepare_model(
+            model, self._context, self.strategy, device_placement, evaluation_mode=evaluation_mode
+        )
         if isinstance(prepared, StagedModel):
             for stage in prepared.stage_modules:  # autocast inside each stage, not around the schedule
                 self.precision.wrap_forward(stage)

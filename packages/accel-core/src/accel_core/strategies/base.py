@@ -21,7 +21,8 @@ checked with ``isinstance`` (never a backend's name):
   rest of the checkpoint contract in ``accel_core.checkpointing`` and re-exported here.
 
 Models are prepared by the ordered chain of ``accel_core.transforms``; a strategy's
-``prepare_model`` is its last step (the data-parallel wrapper).
+``prepare_model`` is its last step (the data-parallel wrapper), ``prepare_eval_model`` that of a model
+prepared with ``evaluation_mode=True`` (placed, not wrapped).
 """
 
 from __future__ import annotations
@@ -186,6 +187,22 @@ class Strategy:
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
         """The last model transform: place the model (and wrap it, in data-parallel strategies)."""
+        return self.place_model(model, device_placement)
+
+    def prepare_eval_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
+        """The last model transform of ``prepare_model(model, evaluation_mode=True)``, instead of ``prepare_model``.
+
+        Such a model is only run forward (a frozen reference model, an evaluator), so, as in the reference, it
+        is placed but not wrapped for training: no DDP, no FSDP sharding, no engine. Every process holds all of
+        it and runs it on its own, so a forward on one process alone needs no other (DDP would broadcast
+        buffers), and the model's own methods (``generate``) stay reachable. The default is ``place_model``;
+        a backend that must still do something to a model it does not train overrides this.
+        """
+        return self.place_model(model, device_placement)
+
+    def place_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
+        """Puts ``model`` on this process's device (with ``device_placement``); a model built on the meta device is
+        given memory and values there. The whole of the base ``prepare_model``."""
         from ..transforms.meta_init import has_meta_tensors, materialize
 
         if has_meta_tensors(model):
@@ -197,6 +214,17 @@ class Strategy:
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Returns the user's module from inside whatever ``prepare_model`` wrapped it in."""
         return model
+
+    def listed_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """What the reference API lists for prepared ``model``: in ``accelerator._models``, and among the models
+        given to the save- and load-state pre-hooks (``register_save_state_pre_hook``).
+
+        The reference keeps the user's module there, not its DDP wrapper nor its ``torch.compile`` wrapper, so a
+        hook can call the model's own methods (``save_pretrained``) and reads plain state-dict keys. The
+        default is that module (``unwrap_model`` of the uncompiled model); a backend whose wrapper the
+        reference lists instead overrides this (FSDP1's wrapper, the DeepSpeed engine).
+        """
+        return self.unwrap_model(getattr(model, "_orig_mod", model))
 
     # -- preparation of one prepare() call ----------------------------------------------------
     def accepts_object(self, obj: Any) -> bool:

@@ -19,6 +19,10 @@
 
 Blocks come from ``Strategy.blocks(model)``: FSDP's units, else the classes of the model's
 ``_no_split_modules``.
+
+A model prepared with ``evaluation_mode=True`` (only run forward, as in the reference) gets the
+precision conversion (1), compilation (4) and ``Strategy.prepare_eval_model`` (placed, not wrapped) in
+place of step 5; it is neither split (0, 2) nor checkpointed (3): every process runs all of it.
 """
 
 from __future__ import annotations
@@ -54,8 +58,19 @@ def compile_blocks(blocks: list[nn.Module], **compile_kwargs: Any) -> None:
         block.compile(**compile_kwargs)
 
 
-def prepare_model(model: nn.Module, context: StrategyContext, strategy: Strategy, device_placement: bool) -> nn.Module:
-    """Runs the chain of the module docstring on ``model``; returns the prepared model."""
+def prepare_model(
+    model: nn.Module,
+    context: StrategyContext,
+    strategy: Strategy,
+    device_placement: bool,
+    evaluation_mode: bool = False,
+) -> nn.Module:
+    """Runs the chain of the module docstring on ``model``; returns the prepared model.
+
+    evaluation_mode: the model is only run forward: placed, not split nor wrapped (see the module docstring).
+    """
+    if evaluation_mode:
+        return _chain(model, context, strategy, device_placement, evaluation_mode=True)
     if context.dims.config.pp_enabled and not strategy.splits_model_itself:
         from ..pipelining import prepare_pipeline
 
@@ -65,20 +80,26 @@ def prepare_model(model: nn.Module, context: StrategyContext, strategy: Strategy
     return _chain(model, context, strategy, device_placement)
 
 
-def _chain(model: nn.Module, context: StrategyContext, strategy: Strategy, device_placement: bool) -> nn.Module:
-    """Steps 1-5 of the module docstring."""
+def _chain(
+    model: nn.Module,
+    context: StrategyContext,
+    strategy: Strategy,
+    device_placement: bool,
+    evaluation_mode: bool = False,
+) -> nn.Module:
+    """Steps 1-5 of the module docstring (1, 4 and the strategy's ``prepare_eval_model`` in evaluation mode)."""
     config = context.dims.config
     model = context.precision.convert_module(model)
-    if config.tp_enabled and not strategy.splits_model_itself:
+    if config.tp_enabled and not strategy.splits_model_itself and not evaluation_mode:
         from .tensor_parallel import apply_tensor_parallel
 
         model = apply_tensor_parallel(model, context.dims.submesh("tp"), config, context.precision)
-    if config.cp_enabled:
+    if config.cp_enabled and not evaluation_mode:
         from .context_parallel import check_model
 
         check_model(model, config.size("cp"))
     blocks = strategy.blocks(model)
-    if config.activation_checkpointing or strategy.activation_checkpointing:
+    if (config.activation_checkpointing or strategy.activation_checkpointing) and not evaluation_mode:
         checkpoint_blocks(blocks, model)
     dynamo = context.dynamo_plugin
     if dynamo is None:
@@ -86,7 +107,10 @@ def _chain(model: nn.Module, context: StrategyContext, strategy: Strategy, devic
     compiles = dynamo.backend != "no"
     if compiles and blocks:
         compile_blocks(blocks, **dynamo.to_kwargs())
-    model = strategy.prepare_model(model, device_placement=device_placement)
+    if evaluation_mode:
+        model = strategy.prepare_eval_model(model, device_placement=device_placement)
+    else:
+        model = strategy.prepare_model(model, device_placement=device_placement)
     if compiles and not blocks:
         # Whole, or region by region with TorchDynamoPlugin(use_regional_compilation=True).
         model = compile_model(model, dynamo)
