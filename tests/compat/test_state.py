@@ -53,6 +53,19 @@ def test_what_the_accelerator_set_up_is_read_from_the_state() -> None:
         state.select_deepspeed_plugin("default")
 
 
+def test_the_states_print_as_the_references() -> None:
+    # Scripts print the state to their logs (`logger.info(accelerator.state)`), as run_glue_no_trainer does.
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=2)
+    assert str(accelerator.state) == (
+        f"Distributed environment: {accelerator.distributed_type}\nNum processes: 1\nProcess index: 0\n"
+        "Local process index: 0\nDevice: cpu\n\nMixed precision type: bf16\n"
+    )
+    assert str(accelerator.gradient_state) == (
+        "Sync Gradients: True\nAt end of current dataloader: False\nExtra samples added: -1\n"
+        "Gradient accumulation plugin: {'num_steps': 2}\n"
+    )
+
+
 def test_process_members() -> None:
     state = PartialState(cpu=True)
     assert state.default_device.index is None

@@ -75,6 +75,11 @@ class AcceleratorState(PartialState):
         plugin = self.fsdp_plugin
         return self.distributed_type == DistributedType.FSDP and plugin is not None and plugin.fsdp_version == 2
 
+    def __repr__(self) -> str:
+        text = f"{super().__repr__()}\nMixed precision type: {self.mixed_precision}\n"
+        plugin = self.deepspeed_plugin
+        return text + (f"ds_config: {plugin.deepspeed_config}\n" if plugin is not None else "")
+
     def _setup(self) -> AcceleratorSetup:
         return self._chosen("setup") or AcceleratorSetup()
 

@@ -47,6 +47,12 @@ class GradientState:
             self.sync_each_batch = gradient_accumulation_plugin.sync_each_batch
             self.adjust_scheduler_given = gradient_accumulation_plugin.adjust_scheduler
 
+    def __repr__(self) -> str:
+        return (
+            f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
+            f"Extra samples added: {self.remainder}\nGradient accumulation plugin: {self.plugin_kwargs}\n"
+        )
+
     @property
     def initialized(self) -> bool:
         """Whether the gradient state has been set up in this process."""

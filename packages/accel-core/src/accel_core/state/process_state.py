@@ -406,7 +406,7 @@ class PartialState:
 
     def __repr__(self) -> str:
         return (
-            f"Distributed environment: {self.distributed_type}  Backend: {self.backend}\n"
+            f"Distributed environment: {self.distributed_type}{f'  Backend: {self.backend}' if self.backend else ''}\n"
             f"Num processes: {self.num_processes}\nProcess index: {self.process_index}\n"
             f"Local process index: {self.local_process_index}\nDevice: {self.device}\n"
         )
