@@ -19,7 +19,7 @@ from accel_checkpoint.errors import (
     IncompleteCheckpointError,
     UnsafeCheckpointError,
 )
-from accel_core import Accelerator
+from accel_core import Accelerator, AcceleratorState
 from accel_core.configuration import ProjectConfiguration
 
 
@@ -370,3 +370,43 @@ def test_save_model_through_the_accelerator(tmp_path):
     assert set(index["weight_map"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     with pytest.raises(ValueError, match="is a file"):
         accelerator.save_model(model, str(tmp_path / "export" / sorted(set(index["weight_map"].values()))[0]))
+
+
+def test_a_compiled_models_checkpoint_holds_its_own_keys_and_loads_either_way(tmp_path):
+    # As Accelerate's save_state: `weight`, not torch.compile's `_orig_mod.weight`, so the weights load into the
+    # model compiled or not (inference without compile, Accelerate itself). accel 0.1.0 wrote the prefixed keys:
+    # those checkpoints still load.
+    from safetensors.torch import load_file, save_file
+
+    def prepared(dynamo_backend):
+        AcceleratorState._reset_state(reset_partial_state=True)
+        accelerator = Accelerator(cpu=True, dynamo_backend=dynamo_backend)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        return accelerator, *accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    accelerator, model, _ = prepared("eager")
+    assert "_orig_mod" in dict(model.named_modules())  # compiled
+    folder = accelerator.save_state(str(tmp_path / "compiled"))
+    assert sorted(load_file(os.path.join(folder, "model.safetensors"))) == ["bias", "weight"]
+    for backend in ("no", "eager"):
+        accelerator, model, _ = prepared(backend)
+        with torch.no_grad():
+            model.weight.zero_()
+        accelerator.load_state(folder)
+        assert model.weight.abs().sum() > 0, backend
+    weights = os.path.join(folder, "model.safetensors")
+    old = load_file(weights)
+    save_file({f"_orig_mod.{key}": value for key, value in old.items()}, weights)
+    meta_path = os.path.join(folder, "accel_checkpoint.json")
+    with open(meta_path) as handle:
+        meta = json.load(handle)
+    meta["files"]["model.safetensors"], meta["hashes"]["model.safetensors"] = (
+        os.path.getsize(weights),
+        hash_file(weights),
+    )
+    with open(meta_path, "w") as handle:
+        json.dump(meta, handle)
+    accelerator, model, _ = prepared("no")
+    accelerator.load_state(folder)
+    assert torch.equal(model.weight, old["weight"])

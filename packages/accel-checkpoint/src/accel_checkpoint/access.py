@@ -25,7 +25,15 @@ def model_state_dict(accelerator: CheckpointAccelerator, model: torch.nn.Module)
 
     if isinstance(model, PipelinedModel):
         return model.full_state_dict()
-    return accelerator.strategy.model_state_dict(model)
+    return accelerator.strategy.model_state_dict(_uncompiled(model))
+
+
+def _uncompiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside ``torch.compile``'s wrapper: a checkpoint holds the model's own keys (``weight``, not
+    ``_orig_mod.weight``), as the reference's ``save_state`` writes them, loadable with or without compiling."""
+    from accel_core.model_utils import is_compiled_module
+
+    return model._orig_mod if is_compiled_module(model) else model
 
 
 def load_model_state_dict(
@@ -37,6 +45,10 @@ def load_model_state_dict(
 
     if isinstance(model, PipelinedModel):
         return model.load_full_state_dict(state_dict, strict=strict)
+    model = _uncompiled(model)
+    prefix = "_orig_mod."
+    if state_dict and all(key.startswith(prefix) for key in state_dict):  # saved compiled by accel 0.1.0
+        state_dict = {key.removeprefix(prefix): value for key, value in state_dict.items()}
     return accelerator.strategy.load_model_state_dict(model, state_dict, strict=strict)
 
 
