@@ -410,3 +410,91 @@ def test_a_compiled_models_checkpoint_holds_its_own_keys_and_loads_either_way(tm
     accelerator, model, _ = prepared("no")
     accelerator.load_state(folder)
     assert torch.equal(model.weight, old["weight"])
+
+
+class _ShuffledStream(torch.utils.data.IterableDataset):
+    """An iterable dataset shuffling with its own generator (saved with the loader's state)."""
+
+    def __init__(self) -> None:
+        self.generator = torch.Generator().manual_seed(3)
+
+    def __len__(self) -> int:
+        return 16
+
+    def __iter__(self):
+        yield from torch.randperm(16, generator=self.generator).tolist()
+
+
+def _epoch_end_run(project, kind, *, idiom=None, stop_at=None, epochs=4):
+    """Trains ``epochs`` epochs of 4 steps, returns each epoch's batches; ``stop_at`` saves after that step and stops;
+    ``idiom`` resumes from the saved state as diffusers' or transformers' no_trainer scripts do."""
+    from accel_core.configuration import DataLoaderConfiguration
+
+    torch.manual_seed(0)
+    config = DataLoaderConfiguration(use_seedable_sampler=kind == "seedable")
+    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    if kind == "iterable":
+        loader = torch.utils.data.DataLoader(_ShuffledStream(), batch_size=4)
+    else:
+        generator = torch.Generator().manual_seed(5) if kind == "generator" else None
+        workers = 2 if kind == "workers" else 0
+        loader = torch.utils.data.DataLoader(
+            range(16), batch_size=4, shuffle=True, generator=generator, num_workers=workers
+        )
+    model = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    step, first_epoch, skip = 0, 0, None
+    if idiom is not None:
+        accelerator.load_state(str(project / "ckpt"))
+        step = stop_at
+        first_epoch = step // len(loader)  # both idioms: a checkpoint of step 4 resumes at epoch 1
+        if idiom == "no_trainer":
+            skip = step - first_epoch * len(loader)  # 0: skip_first_batches(loader, 0) for the resumed epoch
+    epochs_seen = {}
+    for epoch in range(first_epoch, epochs):
+        active = accelerator.skip_first_batches(loader, skip) if skip is not None and epoch == first_epoch else loader
+        seen = epochs_seen[epoch] = []
+        for batch in active:
+            seen.append(batch.tolist())
+            loss = model(batch.float().unsqueeze(1)).pow(2).mean()  # dropout: the global RNG moves each step
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            if step == stop_at and idiom is None:
+                accelerator.save_state(str(project / "ckpt"))
+                return epochs_seen
+    return epochs_seen
+
+
+@pytest.mark.parametrize("kind", ["global_rng", "generator", "seedable", "workers", "iterable"])
+@pytest.mark.parametrize("idiom", ["diffusers", "no_trainer"])
+def test_a_checkpoint_after_an_epochs_last_step_resumes_with_the_next_epoch(tmp_path, kind, idiom):
+    """Step-based checkpointing whose interval divides the epoch saves right after an epoch's last batch. The
+    resumed loops (diffusers: ``first_epoch = global_step // steps_per_epoch``, then plain epochs; no_trainer:
+    ``skip_first_batches(loader, 0)`` for the resumed epoch) must get the uninterrupted run's epochs 1 to 3, orders
+    included. They got an empty epoch 1 (and each later epoch the previous one's order), or epoch 0's order again."""
+    full = _epoch_end_run(tmp_path, kind)
+    assert len(full) == 4 and all(len(batches) == 4 for batches in full.values())
+    assert len({str(batches) for batches in full.values()}) == 4, "each epoch has its own order"
+    _epoch_end_run(tmp_path, kind, stop_at=4)
+    resumed = _epoch_end_run(tmp_path, kind, idiom=idiom, stop_at=4)
+    assert resumed == {epoch: full[epoch] for epoch in (1, 2, 3)}
+
+
+def test_a_checkpoint_saved_at_an_epochs_last_step_or_after_it_is_the_same(tmp_path):
+    """Saved inside the loop after the last batch or after the loop ended, the loader's position is the same."""
+    accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare(
+        torch.utils.data.DataLoader(range(8), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(1))
+    )
+    states = []
+    for batch_index, _ in enumerate(loader):
+        if batch_index == len(loader) - 1:
+            states.append(loader.state_dict())
+    states.append(loader.state_dict())
+    assert states[0]["epoch"] == states[1]["epoch"] == 1
+    assert states[0]["batches_yielded"] == states[1]["batches_yielded"] == 0
+    assert torch.equal(states[0]["generator_state"], states[1]["generator_state"])
+    assert states[0]["sampler_draw"] is None and states[0]["base_seed_state"] is None

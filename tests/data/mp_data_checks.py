@@ -284,6 +284,23 @@ def resume() -> None:
         reference = make_resume_loader(case)
         epoch_batches(reference)
         expected = epoch_batches(reference)  # epoch 1
+        following = epoch_batches(reference)  # epoch 2
+        # Saved right after epoch 1's last step (inside the loop): the next iteration is epoch 2, with its order.
+        for how in ("load_state_dict", "load_state_dict + skip_first_batches(0)"):
+            run = make_resume_loader(case)
+            epoch_batches(run)
+            it = iter(run)
+            for _ in expected:
+                next(it)
+            state, rng = run.state_dict(), torch.get_rng_state()
+            it.close()
+            resumed = make_resume_loader(case)
+            resumed.load_state_dict(state)
+            torch.set_rng_state(rng)  # as load_state does: a sampler without a generator draws from it
+            if how != "load_state_dict":
+                resumed = skip_first_batches(resumed, 0)
+            got = epoch_batches(resumed)
+            expect(got == following, f"resume {case} after an epoch's last step ({how}): {got} vs {following}")
         for stop in (1, len(expected) // 2, len(expected) - 1):
             run = make_resume_loader(case)
             epoch_batches(run)

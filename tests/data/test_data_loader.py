@@ -168,6 +168,100 @@ def test_resume_mid_epoch_yields_exactly_the_rest_without_loading_skipped_sample
             first, second = _epoch(reference), _epoch(reference)
 
 
+class _GlobalRngPairs(Sampler[list[int]]):
+    """A custom batch sampler shuffling from the global RNG, as a sampler without a generator does."""
+
+    def __iter__(self):
+        order = torch.randperm(12).tolist()
+        return iter([order[i : i + 2] for i in range(0, 12, 2)])
+
+    def __len__(self) -> int:
+        return 6
+
+
+class _ShuffledStream(IterableDataset):
+    """An iterable dataset shuffling with its own generator, which the loader saves and restores."""
+
+    def __init__(self) -> None:
+        self.generator = torch.Generator().manual_seed(4)
+
+    def __iter__(self) -> Iterator[dict]:
+        for i in torch.randperm(18, generator=self.generator).tolist():
+            yield {"idx": i}
+
+
+def _epoch_end_loader(kind: str, rank: int):
+    torch.manual_seed(0)  # a sampler without a generator is given one from it (several processes)
+    kwargs: dict[str, Any] = {}
+    if kind == "iterable":
+        dl = DataLoader(_ShuffledStream(), batch_size=3)
+    elif kind == "custom_batch_sampler":
+        dl = DataLoader(Counting(12), batch_sampler=_GlobalRngPairs())
+    elif kind == "unbatched":
+        dl = DataLoader(Counting(12), batch_size=None, shuffle=True)
+    else:
+        generator = torch.Generator().manual_seed(2) if kind in ("generator", "split") else None
+        dl = DataLoader(
+            Counting(19 if kind == "uneven" else 20),
+            batch_size=4 if kind == "split" else 3,
+            shuffle=True,
+            generator=generator,
+        )
+        kwargs = {
+            "split_batches": kind == "split",
+            "even_batches": kind != "uneven",
+            "use_seedable_sampler": kind == "seedable",
+            "data_seed": 3,
+        }
+    return prepare_data_loader(dl, num_processes=2, process_index=rank, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kind", ["shuffle", "generator", "seedable", "split", "uneven", "custom_batch_sampler", "unbatched", "iterable"]
+)
+def test_a_state_saved_after_an_epochs_last_step_resumes_with_the_next_epoch(kind: str) -> None:
+    """Saved inside the loop right after epoch 1's last step, the position is epoch 2's start: iterating the
+    resumed loader (or ``skip_first_batches(loader, 0)`` of it) gives epoch 2's order, then epoch 3's."""
+
+    def as_list(batch: Any) -> Any:
+        return batch["idx"].tolist() if torch.is_tensor(batch["idx"]) else batch["idx"]
+
+    for rank in range(2):
+        reference = _epoch_end_loader(kind, rank)
+        epochs = [[as_list(b) for b in reference] for _ in range(4)]
+        run = _epoch_end_loader(kind, rank)
+        for _ in run:  # epoch 0
+            pass
+        it = iter(run)
+        for _ in epochs[1]:
+            next(it)
+        assert run.end_of_dataloader
+        # The state of the global RNG, which load_state restores (a sampler without a generator draws from it).
+        state, rng = run.state_dict(), torch.get_rng_state()
+        it.close()  # a loop left there with `break`: the same position
+        closed = run.state_dict()
+        assert (closed["epoch"], closed["batches_yielded"]) == (state["epoch"], state["batches_yielded"])
+        if kind == "uneven" and rank == 1:
+            # One step fewer than process 0: its last batch is not the epoch's final step, and it resumes the epoch
+            # there (an empty pass), as process 0 resumes its last step, so both open the same passes.
+            assert len(epochs[1]) == 3 and (state["epoch"], state["batches_yielded"]) == (1, 3)
+            resumed = _epoch_end_loader(kind, rank)
+            resumed.load_state_dict(state)
+            torch.set_rng_state(rng)
+            assert [as_list(b) for b in resumed] == []
+            assert [[as_list(b) for b in resumed] for _ in range(2)] == epochs[2:]
+            continue
+        assert (state["epoch"], state["batches_yielded"]) == (2, 0)
+        assert state["sampler_draw"] is None and state["base_seed_state"] is None
+        for skip in (None, 0):
+            resumed = _epoch_end_loader(kind, rank)
+            resumed.load_state_dict(state)
+            torch.set_rng_state(rng)
+            first = resumed if skip is None else skip_first_batches(resumed, skip)
+            got = [[as_list(b) for b in first], [as_list(b) for b in resumed]]
+            assert got == epochs[2:], (kind, rank, skip)
+
+
 def test_resume_with_another_number_of_processes() -> None:
     loader = prepare_data_loader(DataLoader(Counting(40), batch_size=2), num_processes=2, process_index=0)
     it = iter(loader)

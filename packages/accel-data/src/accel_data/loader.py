@@ -255,7 +255,7 @@ class ShardedLoaderMixin(ResumableMixin):
             skip = 0
             super(ResumableMixin, self).load_state_dict(resume_inner)  # pyright: ignore[reportAttributeAccessIssue]  # the DataLoader after the mixins
         p.resume_skip = 0
-        p.in_epoch = True
+        p.in_epoch, p.epoch_done = True, False
         p.inner_state = resume_inner
         p.generator_state = self._generator.get_state() if self._generator is not None else None
         return skip, resume_inner
@@ -385,6 +385,8 @@ class ShardedLoaderMixin(ResumableMixin):
         self.end_of_dataloader, self.remainder = False, -1
         gradient_state.register_dataloader(self)
         completed = False
+        # This process's last step is the epoch's final one unless other processes have a step more.
+        ends_epoch = not self._ends_before_others()
 
         def placed(item: Any) -> Any:
             # Placed as soon as read: read ahead (workers, streams), a non_blocking copy overlaps the current step.
@@ -405,6 +407,7 @@ class ShardedLoaderMixin(ResumableMixin):
                 if last:
                     self.end_of_dataloader = True
                     self.remainder = tail.real
+                    p.epoch_done = ends_epoch
                 p.position += 1
                 if type(current) is _WithState:
                     p.inner_state = current.state
@@ -420,10 +423,28 @@ class ShardedLoaderMixin(ResumableMixin):
                 self._shard.skip, self._shard.sink, self._shard.next_indices = self._skip, None, None
             if completed:
                 p.epoch += 1
-                p.position, p.in_epoch, p.inner_state = 0, False, None
+                p.position, p.in_epoch, p.epoch_done, p.inner_state = 0, False, False, None
         if completed and boundary is not None:
             # The epoch's end is a boundary too: a checkpoint taken here resumes at the next epoch.
             boundary(self)
+
+    def _ends_before_others(self) -> bool:
+        """Whether this process's epoch has fewer steps than process 0's (``even_batches=False``, a short last step).
+
+        Its last batch is then not the epoch's final step: a state saved there resumes this epoch, as the other
+        processes' do, so every process opens (and synchronises) the same passes.
+        """
+        plan = self._current_plan()
+        if plan.even_batches or self.num_processes == 1 or self._shard is None or self.process_index == 0:
+            return False
+        try:
+            underlying = len(self._shard.batch_sampler)
+        except TypeError:
+            return False
+        last = _last_batch_size(self._shard.batch_sampler)
+        return batches_for_process(underlying, plan, self.process_index, last) < batches_for_process(
+            underlying, plan, 0, last
+        )
 
     def __len__(self) -> int:
         plan = self._current_plan()

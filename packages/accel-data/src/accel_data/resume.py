@@ -21,6 +21,9 @@ class _Progress:
     epoch: int = 0
     position: int = 0  # steps of the current epoch consumed, skipped ones included
     in_epoch: bool = False
+    # The step handed out last was the epoch's final one (every process's last): the epoch is over but for
+    # the StopIteration, so a state saved now is the next epoch's start (see ResumableMixin.state_dict).
+    epoch_done: bool = False
     generator_state: torch.Tensor | None = None  # the sampler generator's state when the epoch began
     # The state of what torch drew the epoch's iterator base seed (worker seeds) from: the loader's
     # generator, else the global RNG. A resumed epoch draws it again from there (see _base_iter).
@@ -60,12 +63,18 @@ class ResumableMixin:
         steps the interrupted epoch had left (map-style: skipped in the batch sampler, no sample read).
         """
         p = self._progress
-        in_epoch = p.in_epoch and p.position > 0
+        # After the epoch's last step (a checkpoint inside the loop, or a loop left with `break` there) the
+        # next iteration is the next epoch's, as after the StopIteration: saved as its start, with the
+        # generator's state now (the sampler was read to its end to tell the last step, so its draws for
+        # this epoch are done) and no replay of this epoch's draws. Saved as "this epoch, every step
+        # consumed", a resume got an empty pass, and `skip_first_batches(loader, 0)` this epoch's order again.
+        done = p.in_epoch and p.epoch_done
+        in_epoch = p.in_epoch and p.position > 0 and not done
         generator_state = p.generator_state if in_epoch else None
         if generator_state is None and self._generator is not None:
             generator_state = self._generator.get_state()
         return {
-            "epoch": p.epoch,
+            "epoch": p.epoch + 1 if done else p.epoch,
             "batches_yielded": p.position if in_epoch else 0,
             "num_processes": self.num_processes,
             "split_batches": self.split_batches,
@@ -136,7 +145,7 @@ class ResumableMixin:
             self._shard.replay_from = from_plain(draw) if draw is not None and position > 0 else None
             self._shard.drawn_from = self._shard.replay_from
         # Saving again before iterating must give back the same position.
-        p.position, p.in_epoch = position, position > 0
+        p.position, p.in_epoch, p.epoch_done = position, position > 0, False
         p.generator_state = self._generator.get_state() if self._generator is not None else None
         p.inner_state = inner
 
