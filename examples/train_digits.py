@@ -96,13 +96,18 @@ def main() -> None:
 
     first_epoch = 0
     checkpoints = Path(args.project_dir, "checkpoints")
-    if not args.resume and checkpoints.is_dir() and any(checkpoints.iterdir()):
+    if not args.resume:
         # A new run numbers its checkpoints from 0 (automatic_checkpoint_naming), where an earlier run's would be
-        # in the way: it starts over in the same folder, saying so (a second run of the README's command).
-        accelerator.print(f"starting over: the earlier run's checkpoints in {checkpoints} go (--resume continues it)")
-        if accelerator.is_main_process:
-            shutil.rmtree(checkpoints)
+        # in the way: it starts over in the same folder, saying so (a second run of the README's command). Every
+        # process looks before the main one deletes: one that looked after would skip the barrier below and hang.
+        earlier_run = checkpoints.is_dir() and any(checkpoints.iterdir())
         accelerator.wait_for_everyone()
+        if earlier_run:
+            where = f"the earlier run's checkpoints in {checkpoints}"
+            accelerator.print(f"starting over: {where} go (--resume continues it)")
+            if accelerator.is_main_process:
+                shutil.rmtree(checkpoints)
+            accelerator.wait_for_everyone()
     if args.resume:
         accelerator.load_state()  # newest complete checkpoint under <project-dir>/checkpoints
         first_epoch = accelerator.save_iteration  # one checkpoint per finished epoch
