@@ -460,6 +460,17 @@ def test_accel_installs_with_the_readme_command(clone, constraints):
     assert f"installed accel {_version_of('accel')}" in venv.run(["-c", code])
     example = _code_blocks(_section(_readme("accel"), "## Install"), "python")[0]
     assert "STEP NO Linear" in venv.run(["-c", _with_step_check(example)])
+    # What needs a backend package names it before anything starts: an Accelerate backend flag, fp8.
+    refusals = (
+        "import subprocess, sys\n"
+        "for flags in (['--use_fsdp'], ['--mixed_precision', 'fp8']):\n"
+        "    command = [sys.executable, '-m', 'accel', 'launch', '--dry-run', '--cpu', *flags, 'train.py']\n"
+        "    result = subprocess.run(command, capture_output=True, text=True)\n"
+        "    print('REFUSED', result.returncode, result.stderr.strip().splitlines()[-1])\n"
+    )
+    refused = venv.run(["-c", refusals]).splitlines()
+    assert refused[0].startswith("REFUSED 2 ") and 'pip install "accel[fsdp]==' in refused[0], refused
+    assert refused[1].startswith("REFUSED 2 ") and 'pip install "accel[fp8]==' in refused[1], refused
 
 
 @pytest.mark.slow

@@ -130,6 +130,7 @@ def plan_from_namespace(
     if torchrun and torchrun.torchrun_options:
         plan = dataclasses.replace(plan, torchrun_options=torchrun.torchrun_options)
     check_strategy(plan)
+    check_precision(plan)
     for extension in extensions:  # the backend's own installation check (torch-xla built for another torch, say)
         if extension.name == strategy and isinstance(extension, ChecksBeforeLaunch):
             extension.check_before_launch()
@@ -153,6 +154,20 @@ def check_strategy(plan: LaunchPlan) -> None:
             f"strategy {name!r} (from the {plan.sources['strategy']}) is not installed: "
             f"{discovery.install_hint('accel.strategies', name)}. Available: "
             f"{', '.join([*BUILTIN_STRATEGIES, *installed])}."
+        )
+
+
+def check_precision(plan: LaunchPlan) -> None:
+    """Fails before starting anything when ``mixed_precision`` needs a package that is not installed (fp8's);
+    otherwise every worker would import torch, then stop with the same message."""
+    if plan.mixed_precision != "fp8":
+        return
+    from accel_core import discovery  # entry-point scan: only for fp8
+
+    if not discovery.is_available("accel.precisions", "fp8"):
+        raise ValueError(
+            f"mixed_precision fp8 (from the {plan.sources['mixed_precision']}) needs accel-fp8, which is not "
+            f"installed: {discovery.install_hint('accel.precisions', 'fp8')}."
         )
 
 
