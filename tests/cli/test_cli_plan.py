@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 from dataclasses import replace
 
 import pytest
 
+from accel.commands.common import format_settings
 from accel_launch.extensions import add_extension_arguments, extension_env, load_extensions
 from accel_launch.failures import JobFailedError, RankFailure, drop_wrapper_frames
 from accel_launch.plan import LaunchTarget, parse_env_pairs, resolve_plan, torchrun_argv
@@ -362,6 +364,9 @@ def test_one_machine_meets_at_c10d_whatever_rdzv_backend_says() -> None:
         assert not any("rdzv" in arg or "master" in arg for arg in free)
         port = torchrun_argv(resolve_plan({"num_processes": 2, "main_process_port": 4000}, {}, config), target)
         assert {"--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:4000"} <= set(port)
+        # --dry-run's table shows what runs (it said "static" here).
+        shown = format_settings(resolve_plan({"num_processes": 2}, {}, config))
+        assert re.search(r"rdzv_backend +c10d +\((default|config file); one machine: always c10d\)", shown), shown
         assert not any(arg.startswith(("--master", "--node-rank")) for arg in port)
         conf = torchrun_argv(resolve_plan({"num_processes": 2, "rdzv_conf": "a=1"}, {}, config), target)
         assert "--rdzv-conf=a=1" in conf

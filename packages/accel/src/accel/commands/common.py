@@ -179,7 +179,11 @@ def format_settings(plan: LaunchPlan) -> str:
     for setting in SETTINGS:
         value = values[setting.name]
         shown = "-" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-        lines.append(f"  {setting.name.ljust(width)}  {shown.ljust(10)}  ({plan.sources.get(setting.name, '?')})")
+        source = plan.sources.get(setting.name, "?")
+        if setting.name == "rdzv_backend" and plan.num_machines == 1 and not plan.elastic:
+            # One machine always meets at c10d (accel_launch.rendezvous): show what runs, and why.
+            shown, source = "c10d", f"{source}; one machine: always c10d"
+        lines.append(f"  {setting.name.ljust(width)}  {shown.ljust(10)}  ({source})")
     return "\n".join(lines)
 
 
