@@ -181,6 +181,7 @@ def test_accel_env_reports_versions_backends_devices_and_config(cli) -> None:
     text = result.stdout
     for line in ("- python: 3.", "- torch: 2.", "- accel-core: ", "- accel: ", "- accel.strategies: ", "- devices: "):
         assert line in text, line
+    assert re.search(r"^- libraries: numpy \d.*deepspeed \d", text, re.M) and re.search(r"^- memory: \d", text, re.M)
     assert str(cli.config_dir / "default_config.yaml") in text and "(config file)" in text
 
 

@@ -26,6 +26,32 @@ def _version(name: str) -> str:
         return "not installed"
 
 
+# The libraries accel's packages drive, whose versions a bug usually depends on (metadata only: nothing is imported).
+LIBRARIES = (
+    "numpy", "safetensors", "deepspeed", "megatron-core", "torchao", "transformer-engine", "transformers",
+    "torchdata", "tensorboard", "wandb", "mlflow", "comet-ml",
+)  # fmt: skip
+
+
+def _libraries() -> str:
+    found = [f"{name} {_version(name)}" for name in LIBRARIES if _version(name) != "not installed"]
+    return ", ".join(found) or "(none)"
+
+
+def _memory() -> str:
+    """This machine's RAM and what is free now (/proc/meminfo; other systems: unknown)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            fields = {line.split(":")[0]: int(line.split()[1]) for line in handle if line.split()[1:2]}
+    except (OSError, ValueError, IndexError):
+        return "unknown"
+    total, available = fields.get("MemTotal"), fields.get("MemAvailable")
+    if total is None:
+        return "unknown"
+    text = f"{total / 2**20:.1f} GiB"
+    return text + (f" ({available / 2**20:.1f} GiB available)" if available is not None else "")
+
+
 def _accel_distributions() -> list[str]:
     names = {d.metadata["Name"] for d in distributions() if d.metadata["Name"]}
     return sorted(n for n in names if n.lower() == "accel" or n.lower().startswith(("accel-", "accel_")))
@@ -75,7 +101,9 @@ def report() -> str:
     lines += [f"- {name}: {_version(name)}" for name in _accel_distributions()]
     for group in GROUPS:
         lines.append(f"- {group}: {', '.join(discovery.available(group)) or '(none)'}")
+    lines.append(f"- libraries: {_libraries()}")
     lines.append(f"- devices: {_devices()}")
+    lines.append(f"- memory: {_memory()}")
     lines.append(f"- XLA runtime: {xla_runtime(os.environ)}")
     try:
         config, path = load_config()
