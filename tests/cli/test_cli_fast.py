@@ -211,6 +211,14 @@ def test_runner_runs_like_python_and_records_the_users_traceback(cli, tmp_path: 
     module = _runner("module", "probe_pkg.missing_module", cwd=cli.scripts, error_file=error_file)
     assert module.returncode == 1 and "No module named probe_pkg.missing_module" in module.stderr
 
+    # A folder holding __main__.py runs as `python folder` runs it, its absolute path first on sys.path.
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__main__.py").write_text("import json, sys\nprint(json.dumps([__name__, sys.path[0]]))\n")
+    folder = _runner("path", "app", cwd=tmp_path, error_file=error_file)
+    assert folder.returncode == 0 and json.loads(folder.stdout) == ["__main__", str(app)], folder.stderr
+    assert cli.run("launch", "--dry-run", str(app)).returncode == 0  # not "No such script"
+
 
 # The commands of Accelerate 1.15's `accelerate` CLI.
 ACCELERATE_COMMANDS = ("config", "env", "launch", "test", "estimate-memory", "merge-weights", "to-fsdp2", "tpu-config")

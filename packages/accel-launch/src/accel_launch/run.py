@@ -57,9 +57,11 @@ def patched_environ(values: Mapping[str, str]) -> Iterator[None]:
 
 
 def _check_target(target: LaunchTarget) -> None:
-    if not target.module and not os.path.isfile(target.script):
+    runnable = os.path.isfile(target.script) or os.path.isfile(os.path.join(target.script, "__main__.py"))
+    if not target.module and not runnable:
         raise ValueError(
-            f"No such script: {target.script!r}. Pass a path to a Python file, or `-m package.module` for a module."
+            f"No such script: {target.script!r}. Pass a path to a Python file (or a folder holding __main__.py), or "
+            "`-m package.module` for a module."
         )
     if target.module and ("/" in target.script or os.sep in target.script or os.path.isfile(target.script)):
         # `python -m` would answer "No module named examples/train.py" from every worker.

@@ -93,8 +93,8 @@ def run(kind: str, target: str, args: list[str]) -> None:
         # `python script.py` puts the script's folder first on sys.path, not the working directory.
         path = os.path.abspath(target)
         sys.path[0] = os.path.dirname(path)
-        if zipfile.is_zipfile(path):  # a zip application: runpy knows the layout
-            runpy.run_path(target, run_name="__main__")
+        if os.path.isdir(path) or zipfile.is_zipfile(path):  # a folder or zip with __main__.py: runpy's layout
+            runpy.run_path(path, run_name="__main__")  # absolute: it becomes sys.path[0], as python puts it
         else:
             run_source_file(path)
     elif kind == "module":
