@@ -21,19 +21,14 @@ if TYPE_CHECKING:
 def model_state_dict(accelerator: CheckpointAccelerator, model: torch.nn.Module) -> dict[str, Any]:
     """The full state dict of a prepared model, in its own dtypes (all processes call it: it may gather; a model split
     into pipeline stages is gathered over them onto the main process)."""
+    from accel_core.model_utils import uncompiled
     from accel_core.pipelining import PipelinedModel
 
     if isinstance(model, PipelinedModel):
         return model.full_state_dict()
-    return accelerator.strategy.model_state_dict(_uncompiled(model))
-
-
-def _uncompiled(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside ``torch.compile``'s wrapper: a checkpoint holds the model's own keys (``weight``, not
-    ``_orig_mod.weight``), as the reference's ``save_state`` writes them, loadable with or without compiling."""
-    from accel_core.model_utils import is_compiled_module
-
-    return model._orig_mod if is_compiled_module(model) else model
+    # Inside torch.compile's wrapper: a checkpoint holds the model's own keys (``weight``, not ``_orig_mod.weight``),
+    # as the reference's save_state writes them, loadable with or without compiling.
+    return accelerator.strategy.model_state_dict(uncompiled(model))
 
 
 def load_model_state_dict(
@@ -41,11 +36,12 @@ def load_model_state_dict(
 ) -> Any:
     """Loads full weights into a prepared model through its strategy (shards keep their part; pipeline stages take
     their own keys)."""
+    from accel_core.model_utils import uncompiled
     from accel_core.pipelining import PipelinedModel
 
     if isinstance(model, PipelinedModel):
         return model.load_full_state_dict(state_dict, strict=strict)
-    model = _uncompiled(model)
+    model = uncompiled(model)
     prefix = "_orig_mod."
     if state_dict and all(key.startswith(prefix) for key in state_dict):  # saved compiled by accel 0.1.0
         state_dict = {key.removeprefix(prefix): value for key, value in state_dict.items()}

@@ -29,6 +29,11 @@ def is_compiled_module(module: nn.Module) -> TypeGuard[OptimizedModule]:
     return hasattr(torch, "_dynamo") and isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
 
 
+def uncompiled(module: nn.Module) -> nn.Module:
+    """The module inside ``torch.compile``'s wrapper, or ``module`` itself when it is not one."""
+    return module._orig_mod if is_compiled_module(module) else module
+
+
 def has_compiled_regions(module: nn.Module) -> bool:
     """Whether some submodule of ``module`` was compiled with ``torch.compile``."""
     if not hasattr(torch, "_dynamo") or not module._modules:

@@ -27,6 +27,7 @@ from torch import nn
 from accel_core.checkpointing import CheckpointIO
 from accel_core.enums import DistributedType
 from accel_core.grads import clip_grad_norm_
+from accel_core.model_utils import uncompiled
 from accel_core.parallel.config import SIZE_FIELDS, ParallelismConfig, resolve_parallelism
 from accel_core.parallel.dims import adopt_mesh
 from accel_core.precision.choice import default_precision
@@ -202,7 +203,7 @@ class FSDPStrategy(Strategy):
     def listed_model(self, model: nn.Module) -> nn.Module:
         """The sharded model, as the reference lists it in ``_models`` and gives it to the state hooks: FSDP1's
         wrapper (FSDP2's is the user's object itself), outside any ``torch.compile`` wrapper."""
-        return getattr(model, "_orig_mod", model)
+        return uncompiled(model)
 
     def rebuild_optimizer(
         self, optimizer: torch.optim.Optimizer, model: nn.Module, names: ParameterNames

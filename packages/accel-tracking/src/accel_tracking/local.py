@@ -32,23 +32,23 @@ RESERVED = ("step", "time")
 METRIC_PREFIX = "metric:"
 
 
+def _names_a_reserved_field(name: str) -> bool:
+    """Whether ``name`` is ``step`` or ``time`` behind any number of ``metric:`` prefixes."""
+    while name.startswith(METRIC_PREFIX):
+        name = name[len(METRIC_PREFIX) :]
+    return name in RESERVED
+
+
 def stored_name(key: str) -> str:
     """The name a metric is stored under: ``metric:`` + ``key`` for ``step``, ``time`` (and ``metric:step``, ...,
     so the mapping stays one to one), else ``key`` itself."""
-    bare = key
-    while bare.startswith(METRIC_PREFIX):
-        bare = bare[len(METRIC_PREFIX) :]
-    return METRIC_PREFIX + key if bare in RESERVED else key
+    return METRIC_PREFIX + key if _names_a_reserved_field(key) else key
 
 
 def logged_name(stored: str) -> str:
     """The name a metric was logged with, from the name it is stored under (``stored_name``'s inverse)."""
-    if stored.startswith(METRIC_PREFIX):
-        bare = stored
-        while bare.startswith(METRIC_PREFIX):
-            bare = bare[len(METRIC_PREFIX) :]
-        if bare in RESERVED:
-            return stored[len(METRIC_PREFIX) :]
+    if stored.startswith(METRIC_PREFIX) and _names_a_reserved_field(stored):
+        return stored[len(METRIC_PREFIX) :]
     return stored
 
 

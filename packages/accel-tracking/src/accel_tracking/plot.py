@@ -11,8 +11,6 @@ from typing import Any
 from .base import is_number, require
 from .local import METRICS_FILE, RESERVED, read_metrics
 
-_RESERVED = RESERVED  # the tracker's own fields of each record, not metrics
-
 
 def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
     xs, ys = [], []
@@ -54,7 +52,7 @@ def plot_metrics(
     if keys is None:
         found: dict[str, None] = {}
         for record in records:
-            found.update({k: None for k, v in record.items() if k not in _RESERVED and is_number(v)})
+            found.update({k: None for k, v in record.items() if k not in RESERVED and is_number(v)})
         keys = list(found)
     else:
         keys = [keys] if isinstance(keys, str) else list(keys)
@@ -65,7 +63,7 @@ def plot_metrics(
     if missing:
         raise ValueError(
             f"No numeric values of {missing} in {run_dir / METRICS_FILE}; logged keys: "
-            f"{sorted({k for r in records for k in r} - set(_RESERVED))}."
+            f"{sorted({k for r in records for k in r} - set(RESERVED))}."
         )
 
     # A Figure with its own Agg canvas (not pyplot): no global state, no display, thread-safe.

@@ -246,17 +246,17 @@ def _await_outcome(store: Any, key: str, call: int) -> str:
     threshold = watch_threshold()
     told = False
     pause = 0.01
+    where = (
+        f"init_trackers call #{call} waits for the main process's init_trackers call #{call}, which tells "
+        "every process that calls it whether the trackers started"
+    )
+    advice = (
+        "The main process has not finished that call: a tracker is slow to start, or the main process does not "
+        "call init_trackers where this process does. Call it on every process, or under "
+        "`if accelerator.is_main_process:` only."
+    )
     while not store.check([key]):
         waited = time.monotonic() - started
-        where = (
-            f"init_trackers call #{call} waits for the main process's init_trackers call #{call}, which tells "
-            "every process that calls it whether the trackers started"
-        )
-        advice = (
-            "The main process has not finished that call: a tracker is slow to start, or the main process does not "
-            "call init_trackers where this process does. Call it on every process, or under "
-            "`if accelerator.is_main_process:` only."
-        )
         if waited >= limit:
             raise RuntimeError(f"accel: {where}; it gave up after {limit:.0f} s (the collective timeout). {advice}")
         if threshold and not told and waited >= threshold:

@@ -224,7 +224,9 @@ class Strategy:
         default is that module (``unwrap_model`` of the uncompiled model); a backend whose wrapper the
         reference lists instead overrides this (FSDP1's wrapper, the DeepSpeed engine).
         """
-        return self.unwrap_model(getattr(model, "_orig_mod", model))
+        from ..model_utils import uncompiled
+
+        return self.unwrap_model(uncompiled(model))
 
     # -- preparation of one prepare() call ----------------------------------------------------
     def accepts_object(self, obj: Any) -> bool:

@@ -34,7 +34,8 @@ LIBRARIES = (
 
 
 def _libraries() -> str:
-    found = [f"{name} {_version(name)}" for name in LIBRARIES if _version(name) != "not installed"]
+    versions = {name: _version(name) for name in LIBRARIES}
+    found = [f"{name} {found}" for name, found in versions.items() if found != "not installed"]
     return ", ".join(found) or "(none)"
 
 
