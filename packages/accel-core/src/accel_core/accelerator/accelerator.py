@@ -48,6 +48,7 @@ from ..configuration import (
     TorchDynamoPlugin,
 )
 from ..enums import DistributedType, SchedulerStepping
+from ..model_utils import is_compiled_module, uncompiled
 from ..optimizer import AcceleratedOptimizer
 from ..parallel.config import ParallelismConfig
 from ..parallel.dims import ParallelDims
@@ -837,8 +838,8 @@ class Accelerator(ProcessControl, SetupQueries):
             with the same compile settings (as Accelerate returns; the prepared model is left as it
             is); False returns the plain module.
         """
-        compiled = model if "_orig_mod" in model.__dict__.get("_modules", {}) else None
-        model = getattr(model, "_orig_mod", model)
+        compiled = model if is_compiled_module(model) else None
+        model = uncompiled(model)
         model = self.strategy.unwrap_model(model)
         if not keep_fp32_wrapper:
             unwrap_forward(model)
@@ -850,12 +851,9 @@ class Accelerator(ProcessControl, SetupQueries):
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The full state dict of a prepared model (gathered where the strategy shards it, and over the pipeline
         stages: valid on the main process), fp16 cast to fp32."""
-        from ..pipelining import StagedModel
+        from ..transforms.state_dict import prepared_model_state_dict
 
-        if isinstance(model, StagedModel):
-            state_dict = model.full_state_dict() if unwrap else model.state_dict()
-        else:
-            state_dict = self.strategy.model_state_dict(model) if unwrap else model.state_dict()
+        state_dict = prepared_model_state_dict(self.strategy, model) if unwrap else model.state_dict()
         return {
             k: v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v
             for k, v in state_dict.items()
