@@ -1,7 +1,7 @@
 """A checkpoint the file system refuses, and a folder that holds no checkpoint: one clear error each.
 
 save_state into a folder it cannot write (a file in the way, read-only, the file-size limit
-reached: EFBIG, what a full disk's ENOSPC also becomes; a file system out of inodes) raises ``CheckpointWriteError`` naming the
+reached: EFBIG, what a full disk's ENOSPC also becomes; no inode left) raises ``CheckpointWriteError`` naming the
 checkpoint, never its hidden ``.partial-`` folder; a disk that fills up inside ``torch.save`` (which
 says only "unexpected pos") is named full, with the room there and the room needed; load_state of an
 empty folder says no checkpoint is there, instead of "holds 0 models".

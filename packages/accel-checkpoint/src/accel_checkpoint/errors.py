@@ -13,6 +13,7 @@ import shutil
 
 from accel_core.checkpointing.errors import (
     CheckpointError,
+    CheckpointFormatError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
     CheckpointWriteError,
@@ -23,6 +24,7 @@ from accel_core.checkpointing.errors import (
 
 __all__ = [
     "CheckpointError",
+    "CheckpointFormatError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "CheckpointWriteError",
