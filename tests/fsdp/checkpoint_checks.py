@@ -173,6 +173,49 @@ def full_state_dict_round_trips() -> None:
 
 
 @check
+def a_sharded_async_save_returns_before_its_shards_are_written() -> None:
+    # accel-fsdp hands its shards over; accel-checkpoint copies them to CPU memory before save_state returns and
+    # writes them on its background thread. The writer is held at the shards until every process has looked.
+    import threading
+
+    import accel_checkpoint.writer as writer_module
+
+    real_write, gate, held = writer_module.write_sharded_state, threading.Event(), []
+
+    def held_write(*args, **kwargs):
+        held.append(threading.current_thread().name)
+        gate.wait(timeout=120)
+        return real_write(*args, **kwargs)
+
+    writer_module.write_sharded_state = held_write
+    try:
+        accelerator = new_accelerator()
+        model, optimizer, scheduler = setup(accelerator, seed=0)
+        train(accelerator, model, optimizer, scheduler, range(0, 2))
+        saved_out = probe(model)
+        folder = TMP / "async"
+        returned = accelerator.save_state(folder, async_save=True)
+        shards = [p for p in TMP.glob(".async*/sharded/**/*") if p.suffix == ".distcp" or p.name == ".metadata"]
+        expect(
+            returned == str(folder) and not folder.exists(), f"the async save completed before returning: {returned}"
+        )
+        expect(shards == [], f"shards on disk when save_state(async_save=True) returned: {shards}")
+        train(accelerator, model, optimizer, scheduler, range(2, 3))  # changes the weights the snapshot holds
+        dist.barrier()  # every process has looked before any writes its shards
+    finally:
+        gate.set()
+        writer_module.write_sharded_state = real_write
+    expect(accelerator.wait_for_checkpoint() == str(folder), "wait_for_checkpoint did not return the folder")
+    expect(held and held[0] == "accel-checkpoint-writer", f"the shards were written on {held}, not the writer thread")
+    written = sorted(os.listdir(folder / "sharded" / "model_0"))
+    expect(f"__{rank}_0.distcp" in written and ".metadata" in written, f"DCP files after the wait: {written}")
+    resumed = new_accelerator()
+    model2, _optimizer2, _scheduler2 = setup(resumed, seed=123)
+    resumed.load_state(folder)
+    expect(torch.equal(probe(model2), saved_out), "the async checkpoint does not hold the weights at save time")
+
+
+@check
 def fsdp1_sharded_checkpoints_round_trip() -> None:
     round_trip(lambda: new_accelerator(fsdp_version=1), TMP / "fsdp1", "FSDP1 sharded", range(0, 2), range(2, 4))
 

@@ -72,15 +72,16 @@ class StateCheckpointer:
     ) -> str:
         """Saves everything prepared or registered; returns the checkpoint folder.
 
-        async_save: return once the state is copied to CPU memory; files are written by a
-            background thread. The checkpoint only counts (has its ``COMPLETE`` marker) once written;
-            the next save/load or ``wait(accelerator)`` waits for it and raises its error, if any.
+        async_save: return once the state is copied to CPU memory (a strategy's handed-over shards too); files
+            and shards are written by a background thread. The checkpoint only counts (has its ``COMPLETE``
+            marker) once written; the next save/load or ``wait(accelerator)`` waits for it and raises its error,
+            if any.
         safe_serialization: models as safetensors (default) rather than ``pytorch_model.bin``.
         durable: fsync every file before the checkpoint counts, so it also survives a power cut or
             an OS crash (default: on, unless ``ACCEL_CHECKPOINT_FSYNC=0``). Off, the save returns
             once the files are in the page cache; a killed process still never leaves a broken
             "latest" checkpoint, since the folder is renamed into place only when complete.
-        Other keyword arguments go to the strategy's ``save_sharded`` when it has one.
+        Other keyword arguments go to the strategy's ``sharded_state`` (or ``save_sharded``) when it has one.
         """
         self.wait(accelerator)
         durable = fsync_wanted(durable)  # a bad ACCEL_CHECKPOINT_FSYNC fails here, before anything is written
@@ -94,7 +95,16 @@ class StateCheckpointer:
                 buffers = HostBuffers()
                 self._buffers.set_for(accelerator, buffers)
         copy_tensor = buffers.copy if buffers is not None else to_cpu_without_copy
-        job = plan_save(accelerator, output_dir, coord, copy_tensor, safe_serialization, sharded_kwargs=kwargs)
+        stage = buffers.stage_state_dict if buffers is not None else None
+        job = plan_save(
+            accelerator,
+            output_dir,
+            coord,
+            copy_tensor,
+            safe_serialization,
+            sharded_kwargs=kwargs,
+            stage_state_dict=stage,
+        )
         job.durable = durable
         config = accelerator.project_configuration
         automatic = job.metadata["iteration"] is not None

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
 from typing import TYPE_CHECKING, Any
 
+from accel_core.checkpointing import HandsOverShardedState, ShardedState
+
 from . import access, layout
 from . import constants as C
 from .checkpoint_io import SafeCheckpointIO
@@ -28,7 +30,10 @@ from .sharded import MODELS, OPTIMIZERS, SCHEDULERS, find_sharded
 from .snapshot import CopyFn, copy_tree
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from accel_core.protocols import CheckpointAccelerator
+
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +59,9 @@ class SaveJob:
     prune_base: str | None = None
     total_limit: int | None = None
     durable: bool = True  # fsync every file before the checkpoint counts (survives a power cut)
+    sharded: ShardedState | None = None  # the DCP shards a strategy handed over (copied to CPU for async saves)
+    group: Any = None  # the process group their collective write runs on (the coordinator's)
+    strategy_wrote: bool = False  # the escape hatch: a backend wrote into sharded/ while planning
     written: dict[str, int] = field(default_factory=dict)
     hashes: dict[str, str] = field(default_factory=dict)  # digests of the files written, taken while writing
 
@@ -136,8 +144,12 @@ def plan_save(
     copy_tensor: CopyFn,
     safe_serialization: bool = True,
     sharded_kwargs: dict[str, Any] | None = None,
+    stage_state_dict: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> SaveJob:
-    """Collective: every process calls it. Creates the temporary folder and snapshots the state."""
+    """Collective: every process calls it. Creates the temporary folder and snapshots the state.
+
+    copy_tensor: how a tensor of the files this package writes is snapshotted; stage_state_dict: how a
+    handed-over DCP state dict is (None: not at all, for a synchronous save that writes it at once)."""
     config = accelerator.project_configuration
     final, replace, number = None, False, None
     error: BaseException | None = None
@@ -173,17 +185,23 @@ def plan_save(
             f"save_state: sharded state ({sharded[1]}) must be saved to one folder that every process sees "
             "(a shared file system); give every process the same path on it."
         )
+    handed: ShardedState | None = None
     if sharded is not None:
         implementation, name = sharded
-        covered = set(
-            implementation.save_sharded(
-                accelerator.prepared,
-                os.path.join(temp, C.SHARDED_DIR),
-                io=SafeCheckpointIO(coord),
-                **(sharded_kwargs or {}),
+        folder = os.path.join(temp, C.SHARDED_DIR)
+        if isinstance(implementation, HandsOverShardedState):  # accel-checkpoint writes it, in run_job
+            handed = implementation.sharded_state(accelerator.prepared, **(sharded_kwargs or {}))
+            covered = set(handed.covers)
+            os.makedirs(folder, exist_ok=True)  # every process: its FileJobs may land in it
+            stage = stage_state_dict or (lambda state: state)
+            handed = ShardedState(dcp={key: stage(value) for key, value in handed.dcp.items()}, files=handed.files)
+        else:  # the escape hatch: the backend's library writes its own files now
+            covered = set(
+                implementation.save_sharded(
+                    accelerator.prepared, folder, io=SafeCheckpointIO(coord), **(sharded_kwargs or {})
+                )
+                or ()
             )
-            or ()
-        )
         unknown = covered - {MODELS, OPTIMIZERS, SCHEDULERS}
         if unknown:
             raise CheckpointError(f"{name}.save_sharded returned unknown categories {sorted(unknown)}.")
@@ -230,6 +248,10 @@ def plan_save(
             for i, obj in enumerate(customs):
                 name = C.custom_file(i)
                 files.append(FileJob(name, "torch", copy_tree(obj.state_dict(), copy_tensor, name)))
+        if handed is not None:  # a strategy's plain files (FSDP's gathered optimizer state), by the process given them
+            for file_name, obj in handed.files.items():
+                name = f"{C.SHARDED_DIR}/{file_name}"
+                files.append(FileJob(name, "torch", copy_tree(obj, copy_tensor, name)))
         # Per process: its RNG streams and its dataloaders' positions (each process reads its own shard).
         files.append(FileJob(C.rng_file(rank), "torch", capture_rng_state()))
         for i, loader in enumerate(loaders):
@@ -284,4 +306,7 @@ def plan_save(
         replace_existing=replace,
         prune_base=os.path.dirname(final) if number is not None else None,
         total_limit=total_limit,
+        sharded=handed if handed is not None and handed.dcp else None,
+        group=coord.group,
+        strategy_wrote=sharded is not None and handed is None,
     )

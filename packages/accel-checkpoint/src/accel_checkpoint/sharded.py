@@ -1,16 +1,16 @@
-"""Sharded checkpoints: the protocol a sharding strategy implements, and a DCP-based default.
+"""Sharded checkpoints: which implementation saves a run's sharded state, and a DCP-based default.
 
-A strategy whose models or optimizers are split across processes (FSDP, DeepSpeed ZeRO, Megatron)
-saves and loads them itself by implementing ``ShardedCheckpointing`` (declared with the rest of
-the checkpoint contract in ``accel_core.checkpointing``; checked with ``isinstance``, never a
-backend's name). accel-checkpoint writes everything the strategy does not cover (RNG, schedulers,
-scaler, dataloaders, custom objects, metadata, the completion marker) around it, in the same
-crash-safe folder, and hands the strategy a ``CheckpointIO`` (``checkpoint_io.SafeCheckpointIO``:
-safe loading, agreement between processes, durable writes), so a backend never imports this package.
+A strategy whose models or optimizers are split across processes hands its state over by implementing
+``HandsOverShardedState`` (FSDP): accel-checkpoint writes it (``writer``), with everything else, in the
+same crash-safe folder. A backend whose library must write its own files (DeepSpeed, Megatron, torch-xla)
+implements the escape hatch ``ShardedCheckpointing`` instead. Both are declared with the rest of the
+checkpoint contract in ``accel_core.checkpointing`` and checked with ``isinstance``, never a backend's name;
+loading hands the strategy a ``CheckpointIO`` (``checkpoint_io.SafeCheckpointIO``: safe loading, agreement
+between processes), so a backend never imports this package.
 
 Models whose parameters are DTensors (FSDP2 ``fully_shard``, tensor parallel) and whose strategy
-does not implement the protocol are saved with ``DCPCheckpointing``: each process writes its own
-shards with ``torch.distributed.checkpoint``; no process ever holds the whole model. DCP reshards
+implements neither are saved with ``DCPCheckpointing``: each process's shards as a
+``torch.distributed.checkpoint`` state dict; no process ever holds the whole model. DCP reshards
 on load, so a checkpoint of one layout (tensor parallel x FSDP2) loads on another (FSDP2 alone,
 or one process with plain tensors).
 """
@@ -21,7 +21,15 @@ import os
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from accel_core.checkpointing import MODELS, OPTIMIZERS, SCHEDULERS, CheckpointIO, ShardedCheckpointing
+from accel_core.checkpointing import (
+    MODELS,
+    OPTIMIZERS,
+    SCHEDULERS,
+    CheckpointIO,
+    HandsOverShardedState,
+    ShardedCheckpointing,
+    ShardedState,
+)
 from accel_core.optimizer import unwrap_optimizer
 from accel_core.optimizer_rebuild import optimizer_owner
 from accel_core.pipelining import StagedModel
@@ -61,12 +69,14 @@ def _options(prepared: PreparedObjects) -> Any:
     return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def find_sharded(accelerator: CheckpointAccelerator) -> tuple[ShardedCheckpointing, str] | None:
+def find_sharded(
+    accelerator: CheckpointAccelerator,
+) -> tuple[HandsOverShardedState | ShardedCheckpointing, str] | None:
     """The implementation to use and its name, or None for a plain (full state dict) checkpoint."""
     strategy = accelerator.strategy
     if not strategy.splits_model_itself and any(isinstance(m, StagedModel) for m in listed(accelerator, "_models")):
         return DCPCheckpointing(), "dcp"  # torch's pipeline stages each write their own keys, whatever the strategy
-    if isinstance(strategy, ShardedCheckpointing):
+    if isinstance(strategy, (HandsOverShardedState, ShardedCheckpointing)):
         return strategy, f"{type(strategy).__module__}.{type(strategy).__qualname__}"
     if any(_has_dtensor(m) for m in listed(accelerator, "_models")):
         return DCPCheckpointing(), "dcp"
@@ -74,7 +84,8 @@ def find_sharded(accelerator: CheckpointAccelerator) -> tuple[ShardedCheckpointi
 
 
 class DCPCheckpointing:
-    """The default ``ShardedCheckpointing``: one ``torch.distributed.checkpoint`` folder per model/optimizer.
+    """The default sharded checkpointing (``HandsOverShardedState``): one ``torch.distributed.checkpoint`` folder
+    per model/optimizer, written by accel-checkpoint's writer.
 
     Layout inside the checkpoint: ``sharded/model_<i>/`` (key ``model``) and
     ``sharded/optimizer_<i>/`` (key ``optimizer``). Loading works for another number of processes
@@ -83,12 +94,8 @@ class DCPCheckpointing:
     so that the stages' groups do not collide): together they are the whole model's.
     """
 
-    def save_sharded(
-        self, prepared: PreparedObjects, folder: str, *, io: CheckpointIO | None = None, **kwargs: Any
-    ) -> Collection[str]:
-        """Collective. ``io`` is not needed to write (DCP writes its own files); a strategy delegating here may
-        leave it out."""
-        import torch.distributed.checkpoint as dcp
+    def sharded_state(self, prepared: PreparedObjects, **kwargs: Any) -> ShardedState:
+        """This process's shards of every prepared model and optimizer. Collective (DCP's state-dict helpers)."""
         from torch.distributed.checkpoint.state_dict import (
             get_model_state_dict,
             get_optimizer_state_dict,
@@ -96,13 +103,25 @@ class DCPCheckpointing:
 
         models = [dcp_module(m) for m in prepared.models]
         options = _options(prepared)
-        for i, model in enumerate(models):
-            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(folder, f"model_{i}"))
+        dcp: dict[str, dict[str, Any]] = {
+            f"model_{i}": {"model": get_model_state_dict(model)} for i, model in enumerate(models)
+        }
         for i, wrapped in enumerate(prepared.optimizers):
             optimizer = unwrap_optimizer(wrapped)
             state = get_optimizer_state_dict(optimizer_owner(optimizer, models), optimizer, options=options)
-            dcp.save({"optimizer": state}, checkpoint_id=os.path.join(folder, f"optimizer_{i}"))
-        return (MODELS, OPTIMIZERS)
+            dcp[f"optimizer_{i}"] = {"optimizer": state}
+        return ShardedState(dcp=dcp, covers=(MODELS, OPTIMIZERS))
+
+    def save_sharded(
+        self, prepared: PreparedObjects, folder: str, *, io: CheckpointIO | None = None, **kwargs: Any
+    ) -> Collection[str]:
+        """For a strategy that keeps the escape hatch (``ShardedCheckpointing``) and delegates here: writes
+        ``sharded_state`` into ``folder`` now, with accel-checkpoint's writer. Collective."""
+        from .writer import write_sharded_state
+
+        state = self.sharded_state(prepared)
+        write_sharded_state(state, folder, durable=True)
+        return state.covers
 
     def load_sharded(
         self,

@@ -30,6 +30,20 @@ class HostBuffers:
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
         self._device_copies = False
+        self._stager: Any = None
+
+    def stage_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """A CPU copy of a ``torch.distributed.checkpoint`` state dict (DTensor and ShardedTensor shards included),
+        made by torch's own stager, whose buffers are kept for the next save as ours are."""
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            pin = torch.cuda.is_available()
+            options = StagingOptions(
+                use_pinned_memory=pin, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False
+            )
+            self._stager = DefaultStager(options)
+        return self._stager.stage(state_dict)
 
     def copy(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
         tensor = tensor.detach()
@@ -51,6 +65,9 @@ class HostBuffers:
 
     def clear(self) -> None:
         self._buffers.clear()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
     @property
     def nbytes(self) -> int:

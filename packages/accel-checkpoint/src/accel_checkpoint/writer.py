@@ -4,7 +4,8 @@ Order on disk, which is what makes a crash at any moment harmless:
 
 1. every process writes its files into ``.<name>.partial-<token>/`` (several at once, each hashed
    as it is written and fsynced, unless ``durable=False``: then a killed process is covered, a power
-   cut is not);
+   cut is not), and the sharded state a strategy handed over (``write_sharded_state``: its
+   ``torch.distributed.checkpoint`` folders, collectively) meanwhile;
 2. all processes agree that every write succeeded (one failing process fails them all);
 3. process 0 (and the first process of each other folder, when processes write to several)
    writes ``accel_checkpoint.json`` (with every file's size) and then ``COMPLETE``, fsyncs the
@@ -22,8 +23,9 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,6 +38,9 @@ from .file_sink import FileSink, torch_save_without_crc
 from .fsio import file_sizes, fsync_dir, fsync_path, remove_tree, token, write_json
 from .safetensors_io import write_safetensors, write_safetensors_to
 from .save_plan import FileJob, SaveJob
+
+if TYPE_CHECKING:
+    from accel_core.checkpointing import ShardedState
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +77,27 @@ def _tensor_bytes(obj: Any) -> int:
     return 0
 
 
+def write_sharded_state(state: ShardedState, folder: str, durable: bool = True, group: Any = None) -> None:
+    """Writes the ``torch.distributed.checkpoint`` state dicts a strategy handed over into ``folder``, one DCP folder
+    each, fsynced when ``durable``. Collective over ``group`` (None: the default group), in the same order on every
+    process. The state's plain ``files`` are written as the job's other files are."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    # One process: no collective at all (not even on a default group of one, which may be NCCL's: this may run on
+    # the background thread while training goes on). DCP warns about that on each save; only that warning is hidden.
+    alone = not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1
+    for name, state_dict in state.dcp.items():
+        path = os.path.join(folder, name)
+        writer = FileSystemWriter(path, sync_files=durable)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            dcp.save(state_dict, storage_writer=writer, process_group=group, no_dist=alone)
+        if durable:
+            fsync_dir(path)  # the folder's entries: its files' names
+
+
 def write_files(job: SaveJob) -> None:
     """Writes the job's files, several at once (largest first), each hashed as it is written and, unless
     ``job.durable`` is off, fsynced as it goes (``file_sink``)."""
@@ -82,13 +108,16 @@ def write_files(job: SaveJob) -> None:
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="accel-fsync") as syncer,
     ):
         futures = []
-        if job.durable:
-            # A strategy's shards are already written (during planning), not all by a writer that
-            # fsyncs (DeepSpeed's does not): sync them too, while our own files are written.
+        if job.durable and job.strategy_wrote:
+            # The escape hatch: a backend's library wrote its files during planning, not all with a writer that
+            # fsyncs (DeepSpeed's does not): sync them, while our own files are written.
             for root, _dirs, names in os.walk(os.path.join(job.temp_dir, C.SHARDED_DIR)):
                 futures += [syncer.submit(fsync_path, os.path.join(root, name)) for name in names]
                 futures.append(syncer.submit(fsync_path, root))  # the folder's entries: its files' names
         written = {f.name: pool.submit(write_file, f, job.temp_dir, job.durable, syncer) for f in files}
+        if job.sharded is not None:  # the handed-over shards, on this thread: collective, in order
+            write_sharded_state(job.sharded, os.path.join(job.temp_dir, C.SHARDED_DIR), job.durable, job.group)
+            job.sharded = None  # drop references to the snapshot as soon as it is on disk
         for future in futures:
             future.result()
         for file_job in files:

@@ -1,7 +1,7 @@
-"""Sharded checkpoints for the ``ShardedCheckpointing`` protocol (``accel_core.checkpointing``), and full state dicts.
+"""Sharded checkpoints for the ``HandsOverShardedState`` protocol (``accel_core.checkpointing``), and full state dicts.
 
-Layout inside the folder accel-checkpoint hands over (the same as its DCP default, so
-``merge_sharded_checkpoint`` reads it):
+accel-fsdp hands its state over (``sharded_state``); accel-checkpoint writes it. Layout inside the checkpoint's
+``sharded/`` folder (the same as its DCP default, so ``merge_sharded_checkpoint`` reads it):
 
 - SHARDED_STATE_DICT: ``model_<i>/`` (DCP, key ``model``) and ``optimizer_<i>/`` (DCP, key
   ``optimizer``); every process writes its own shards, nobody holds the whole model, and DCP
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from accel_core.checkpointing import MODELS, OPTIMIZERS, CheckpointMismatchError
+from accel_core.checkpointing import MODELS, OPTIMIZERS, CheckpointMismatchError, ShardedState
 from accel_core.optimizer import unwrap_optimizer
 from accel_core.optimizer_rebuild import optimizer_owner
 
@@ -89,26 +89,26 @@ def _resharded(models: Sequence[nn.Module]) -> list[nn.Module]:
     return list(models)
 
 
-def save(prepared: PreparedObjects, folder: str, state_dict_type: str, is_main_process: bool) -> tuple[str, ...]:
-    """Writes the models' and optimizers' state into ``folder``; returns the categories covered. Collective."""
-    import torch.distributed.checkpoint as dcp
+def sharded_state(prepared: PreparedObjects, state_dict_type: str, is_main_process: bool) -> ShardedState:
+    """What accel-checkpoint writes of the models and optimizers: DCP state dicts of this process's shards, or for
+    FULL_STATE_DICT the optimizer state gathered onto the main process. Collective."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     models = _resharded(prepared.models)
     optimizers = [unwrap_optimizer(o) for o in prepared.optimizers]
     if state_dict_type == "FULL_STATE_DICT":
+        files: dict[str, Any] = {}
         for i, optimizer in enumerate(optimizers):
             state = get_optimizer_state_dict(optimizer_owner(optimizer, models), optimizer, options=full_options())
             if is_main_process:
-                os.makedirs(folder, exist_ok=True)
-                torch.save(state, os.path.join(folder, f"optimizer_{i}.bin"))
-        return (OPTIMIZERS,)
-    for i, model in enumerate(models):
-        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(folder, f"model_{i}"))
+                files[f"optimizer_{i}.bin"] = state
+        return ShardedState(files=files, covers=(OPTIMIZERS,))
+    dcp: dict[str, dict[str, Any]] = {
+        f"model_{i}": {"model": get_model_state_dict(model)} for i, model in enumerate(models)
+    }
     for i, optimizer in enumerate(optimizers):
-        state = get_optimizer_state_dict(optimizer_owner(optimizer, models), optimizer)
-        dcp.save({"optimizer": state}, checkpoint_id=os.path.join(folder, f"optimizer_{i}"))
-    return (MODELS, OPTIMIZERS)
+        dcp[f"optimizer_{i}"] = {"optimizer": get_optimizer_state_dict(optimizer_owner(optimizer, models), optimizer)}
+    return ShardedState(dcp=dcp, covers=(MODELS, OPTIMIZERS))
 
 
 def _missing(path: str) -> Exception:

@@ -5,7 +5,7 @@ What it does differently from the base Strategy (see ``accel_core.strategies.bas
 rebuilt on the sharded parameters, FSDP1's flat ones included), ``setup_environment`` (a group of one
 for a single process, so FSDP and DCP behave the same there); and the optional interfaces
 ``BackwardSyncControl`` (``accumulate``/``no_sync`` skip the gradient reduce-scatter) and
-``ShardedCheckpointing`` (``save_sharded``/``load_sharded``).
+``HandsOverShardedState`` (``sharded_state``/``load_sharded``: accel-checkpoint writes what it hands over).
 
 On the job's mesh FSDP is the data-parallel transform: ``fully_shard`` over ``dp_shard_cp``, or
 over ``(dp_replicate, dp_shard_cp)`` (HSDP) when there are replicas; tensor parallelism, applied
@@ -18,13 +18,13 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from accel_core.checkpointing import CheckpointIO
+from accel_core.checkpointing import CheckpointIO, ShardedState
 from accel_core.enums import DistributedType
 from accel_core.grads import clip_grad_norm_
 from accel_core.model_utils import uncompiled
@@ -245,12 +245,11 @@ class FSDPStrategy(Strategy):
         """Loads a full state dict (the same on every process) into the shards. Collective."""
         return checkpointing.load_full_model_state_dict(model, state_dict, strict=strict)
 
-    # -- ShardedCheckpointing -----------------------------------------------------------------
-    def save_sharded(
-        self, prepared: PreparedObjects, folder: str, *, io: CheckpointIO, **kwargs: Any
-    ) -> Collection[str]:
-        """Writes models and optimizers (DCP shards, or gathered for FULL_STATE_DICT). Collective."""
-        return checkpointing.save(prepared, folder, self.plugin.state_dict_type, self.context.state.is_main_process)
+    # -- HandsOverShardedState -----------------------------------------------------------------
+    def sharded_state(self, prepared: PreparedObjects, **kwargs: Any) -> ShardedState:
+        """Models and optimizers for accel-checkpoint to write (DCP shards, or gathered for FULL_STATE_DICT).
+        Collective."""
+        return checkpointing.sharded_state(prepared, self.plugin.state_dict_type, self.context.state.is_main_process)
 
     def load_sharded(
         self,
@@ -261,7 +260,8 @@ class FSDPStrategy(Strategy):
         allow_unsafe_pickle: bool | None = None,
         **kwargs: Any,
     ) -> None:
-        """Restores what ``save_sharded`` wrote, resharding to the current layout (DCP). Collective."""
+        """Restores what accel-checkpoint wrote of ``sharded_state``, resharding to the current layout (DCP), reading
+        through ``io``. Collective."""
         checkpointing.load(prepared, folder, io)
 
     def __repr__(self) -> str:

@@ -1,6 +1,7 @@
 """The checkpoint contract between accel-checkpoint and the strategies that save their own state.
 
-``contract``: ``ShardedCheckpointing`` (what such a strategy implements), ``CheckpointIO`` and
+``contract``: ``HandsOverShardedState`` (a strategy hands its sharded state over, accel-checkpoint writes it),
+``ShardedCheckpointing`` (the escape hatch: the backend's library writes its own files), ``CheckpointIO`` and
 ``Coordination`` (what accel-checkpoint hands it with each call), and the categories a save may cover.
 ``errors``: the error types both sides raise. A backend imports these from accel-core, never from
 accel-checkpoint (every distribution depends on accel-core alone). No torch at run time.
@@ -8,7 +9,16 @@ accel-checkpoint (every distribution depends on accel-core alone). No torch at r
 
 from __future__ import annotations
 
-from .contract import MODELS, OPTIMIZERS, SCHEDULERS, CheckpointIO, Coordination, ShardedCheckpointing
+from .contract import (
+    MODELS,
+    OPTIMIZERS,
+    SCHEDULERS,
+    CheckpointIO,
+    Coordination,
+    HandsOverShardedState,
+    ShardedCheckpointing,
+    ShardedState,
+)
 from .errors import (
     CheckpointError,
     CheckpointFormatError,
@@ -32,7 +42,9 @@ __all__ = [
     "CheckpointWriteError",
     "Coordination",
     "CorruptCheckpointError",
+    "HandsOverShardedState",
     "IncompleteCheckpointError",
     "ShardedCheckpointing",
+    "ShardedState",
     "UnsafeCheckpointError",
 ]

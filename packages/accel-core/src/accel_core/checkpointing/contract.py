@@ -1,17 +1,23 @@
 """What a strategy that saves its own (sharded) state implements, and what accel-checkpoint hands it to do so.
 
-accel-checkpoint owns the checkpoint folder: it writes everything a strategy does not cover (RNG, schedulers,
-scaler, dataloader positions, custom objects, metadata, the completion marker), crash-safe, around one folder
-it gives the strategy. A strategy whose models or optimizers are split across processes (FSDP, DeepSpeed ZeRO,
-Megatron, XLA) fills that folder itself by implementing ``ShardedCheckpointing``. Whatever it needs of
-accel-checkpoint to do so (safe loading, agreement between processes, durable writes) comes in the
-``CheckpointIO`` passed with each call: the caller hands the service over, so a backend depends on accel-core
-alone and never imports accel-checkpoint. No torch at run time here.
+accel-checkpoint owns the checkpoint folder and is its one writer: it writes everything, crash-safe, fsyncs and
+hashes each file once. A strategy whose models or optimizers are split across processes hands its state over
+(``HandsOverShardedState``: FSDP, and the DCP default for DTensor models): what each process holds, as
+``torch.distributed.checkpoint`` state dicts and plain files (``ShardedState``), and accel-checkpoint writes
+it, on a background thread for ``save_state(async_save=True)`` once it is copied to CPU memory.
+
+Backends whose own library must write its files (DeepSpeed's engine, Megatron, torch-xla's ``xm.save``)
+keep a declared escape hatch, ``ShardedCheckpointing``: they fill a folder accel-checkpoint gives them while the
+snapshot is taken, and accel-checkpoint fsyncs and hashes what they wrote. Whatever a strategy needs of
+accel-checkpoint (safe loading, agreement between processes, durable writes) comes in the ``CheckpointIO``
+passed with each call: the caller hands the service over, so a backend depends on accel-core alone and never
+imports accel-checkpoint. No torch at run time here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -101,9 +107,53 @@ class CheckpointIO(Protocol):
         ...
 
 
+@dataclass
+class ShardedState:
+    """What a strategy hands accel-checkpoint to write for this process (``HandsOverShardedState.sharded_state``).
+
+    dcp: folder name (inside the checkpoint's ``sharded/`` folder) -> the state dict
+        ``torch.distributed.checkpoint`` saves there; the same names on every process (the save is collective:
+        each process writes its own shards, DCP's metadata says how they fit together).
+    files: file name (inside ``sharded/``) -> an object saved with ``torch.save`` by this process only (FSDP's
+        gathered optimizer state on the main process); plain CPU data.
+    covers: the categories this covers (a subset of ``{MODELS, OPTIMIZERS, SCHEDULERS}``); accel-checkpoint
+        writes the others.
+    """
+
+    dcp: dict[str, dict[str, Any]] = field(default_factory=dict)
+    files: dict[str, Any] = field(default_factory=dict)
+    covers: Collection[str] = ()
+
+
+@runtime_checkable
+class HandsOverShardedState(Protocol):
+    """The strategy hands its (sharded) state over and accel-checkpoint writes it: the preferred way.
+
+    ``sharded_state`` is called on every process (it may gather: collective) and returns what to write; the
+    state is copied to CPU memory before the call to ``save_state(async_save=True)`` returns, and written after
+    (on a background thread), so it must not be written by the strategy. ``load_sharded`` gets the folder
+    back, as in ``ShardedCheckpointing``. Other keyword arguments are the user's ``save_state(**kwargs)``.
+    """
+
+    def sharded_state(self, prepared: PreparedObjects, **kwargs: Any) -> ShardedState: ...
+
+    def load_sharded(
+        self,
+        prepared: PreparedObjects,
+        folder: str,
+        *,
+        io: CheckpointIO,
+        allow_unsafe_pickle: bool | None = None,
+        **kwargs: Any,
+    ) -> None: ...
+
+
 @runtime_checkable
 class ShardedCheckpointing(Protocol):
-    """The strategy saves its (sharded) models / optimizers itself; accel-checkpoint writes the rest around them.
+    """The escape hatch for a backend whose own library must write its files (DeepSpeed, Megatron, torch-xla):
+    the strategy saves its (sharded) models / optimizers itself; accel-checkpoint writes the rest around them,
+    then fsyncs and hashes what the strategy wrote. Written while the snapshot is taken, so an asynchronous save
+    returns only after them: prefer ``HandsOverShardedState`` where the state can be handed over.
 
     ``save_sharded`` is called on every process with an empty folder inside the checkpoint being written and
     returns what it covered: a subset of ``{MODELS, OPTIMIZERS, SCHEDULERS}``; other keyword arguments are the
@@ -127,4 +177,13 @@ class ShardedCheckpointing(Protocol):
     ) -> None: ...
 
 
-__all__ = ["MODELS", "OPTIMIZERS", "SCHEDULERS", "CheckpointIO", "Coordination", "ShardedCheckpointing"]
+__all__ = [
+    "MODELS",
+    "OPTIMIZERS",
+    "SCHEDULERS",
+    "CheckpointIO",
+    "Coordination",
+    "HandsOverShardedState",
+    "ShardedCheckpointing",
+    "ShardedState",
+]
