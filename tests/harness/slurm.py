@@ -1,8 +1,8 @@
 """A real SLURM cluster for the tests: ``slurmctld`` and one ``slurmd`` per "machine", each machine a network namespace.
 
 ``slurm_cluster(folder)`` writes a ``slurm.conf`` (``AuthType=auth/none``, no munge, no cgroups, no accounting: a
-temporary state and spool folder under ``folder``), starts the controller and two node daemons in the two hosts of
-``netns.linked_hosts`` (``accel-host0`` at 10.213.x.1 runs the controller and node 0, ``accel-host1`` node 1), waits
+temporary state and spool folder under ``folder``), starts the controller and two node daemons in two machines of
+``netlab.machines`` (``slurm-node0`` at 10.214.0.1 runs the controller and node 0, ``slurm-node1`` node 1), waits
 until both nodes are idle (about 2 s) and stops everything at the end: jobs cancelled, every process left in the
 namespaces killed, namespaces deleted. SLURM's daemons and ``srun`` listen on every address of their network: inside
 namespaces made for the test, nothing listens on the machine's own network.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from netns import Host, linked_hosts, require_netns
+from netlab import Machine, machines, require_namespaces
 
 BINARIES = ("slurmctld", "slurmd", "srun", "sbatch", "scontrol", "squeue", "sinfo", "scancel")
 KILL_WAIT = 30  # seconds between a job's SIGTERM (requeue, cancel, preemption) and its SIGKILL
@@ -40,20 +39,10 @@ def require_slurm() -> None:
     missing = [name for name in BINARIES if shutil.which(name) is None]
     if missing:
         pytest.skip(f"SLURM is not installed ({', '.join(missing)} missing): run tests/clusters/setup.sh as root")
-    require_netns()
+    require_namespaces()
 
 
-def in_host(host: Host, argv: Sequence[str]) -> list[str]:
-    """``argv`` run in ``host``: its network (``nsenter``, which keeps the machine's ``/sys`` and its cgroup
-    folders: ``ip netns exec`` mounts a fresh ``/sys`` without them, and ``slurmd`` refuses to start), its host
-    name and its ``/etc/hosts``, in mount and UTS namespaces of the command's own."""
-    setup = f"mount --bind {shlex.quote(str(host.hosts_file))} /etc/hosts && hostname {shlex.quote(host.hostname)}"
-    inner = f'{setup} && exec "$@"'
-    network = f"--net=/run/netns/{host.namespace}"
-    return ["nsenter", network, "unshare", "--uts", "--mount", "sh", "-c", inner, "sh", *argv]
-
-
-def _config(folder: Path, hosts: list[Host]) -> str:
+def _config(folder: Path, hosts: list[Machine]) -> str:
     nodes = "\n".join(f"NodeName={h.hostname} NodeAddr={h.address} CPUs=4 State=UNKNOWN" for h in hosts)
     return f"""\
 ClusterName=accel-test
@@ -88,7 +77,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 class SlurmCluster:
     """A running two-node cluster: its hosts, its folder (configuration, logs, state) and its daemons."""
 
-    hosts: list[Host]
+    hosts: list[Machine]
     folder: Path
     daemons: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -102,7 +91,7 @@ class SlurmCluster:
 
     def command(self, argv: Sequence[str], host: int = 0) -> list[str]:
         """``argv`` (a SLURM client command, or anything else) run on host ``host``."""
-        return in_host(self.hosts[host], argv)
+        return self.hosts[host].command(argv)
 
     def query(self, *argv: str) -> str:
         """A client command's output (``scontrol``, ``squeue``, ``sinfo``); raises with its error when it fails."""
@@ -165,17 +154,14 @@ class SlurmCluster:
                 daemon.kill()
                 daemon.wait()
         for host in self.hosts:
-            listed = subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True, text=True, timeout=30)
-            for pid in listed.stdout.split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
+            host.kill_all()
 
 
 @contextlib.contextmanager
 def slurm_cluster(folder: Path, start_timeout: float = 60) -> Iterator[SlurmCluster]:
     """A two-node SLURM cluster in two network namespaces, its files under ``folder``; stopped at the end."""
     require_slurm()
-    with linked_hosts(2) as hosts:
+    with machines(2, hostname_prefix="slurm-node") as hosts:
         cluster = SlurmCluster(hosts, folder)
         (folder / "state").mkdir(parents=True, exist_ok=True)
         for host in hosts:
