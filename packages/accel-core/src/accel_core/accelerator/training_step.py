@@ -57,8 +57,9 @@ class TrainingStep:
     _trigger: Trigger
 
     @property
-    def state(self) -> AcceleratorState:
-        """The process's ``AcceleratorState`` (provided by the Accelerator)."""
+    def _current_state(self) -> AcceleratorState:
+        """The process's ``AcceleratorState``, refusing once it was reset after this Accelerator was made (provided
+        by the Accelerator)."""
         raise NotImplementedError
 
     @property
@@ -127,7 +128,7 @@ class TrainingStep:
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
         """Skips gradient synchronisation inside the block (where the strategy can)."""
-        if self.state.use_distributed and isinstance(self.strategy, BackwardSyncControl):
+        if self._current_state.use_distributed and isinstance(self.strategy, BackwardSyncControl):
             with self.strategy.no_sync(model):
                 yield
         else:
