@@ -87,8 +87,8 @@ def test_restart_epoch_policy_reads_the_new_data_once_saying_so(
     with caplog.at_level(logging.WARNING, logger="accel_data"):
         accelerator.load_state(folder)
     assert [r.getMessage() for r in caplog.records if r.name.startswith("accel_data")] == [
-        "The dataloader's data changed since the checkpoint (dataset length 64 -> 80); ACCEL_DATA_CHANGED=restart_epoch: "
-        "epoch 0 restarts from its first step over the data of now (the checkpoint had consumed 3 of its steps, "
+        "The dataloader's data changed since the checkpoint (dataset length 64 -> 80); "
+        "ACCEL_DATA_CHANGED=restart_epoch: epoch 0 restarts from its first step over the data of now (the checkpoint had consumed 3 of its steps, "
         "which are read again)."
     ]
     assert loader.state_dict()["batches_yielded"] == 0 and loader.state_dict()["epoch"] == 0
@@ -120,7 +120,7 @@ def test_at_an_epoch_start_a_change_is_reported_and_the_epoch_reads_the_new_data
 
 def test_unchanged_data_resumes_the_epoch_exactly(tmp_path: Path) -> None:
     """The check engages only on a change: the same data resumes where it stopped, each sample once."""
-    accelerator, _data, _loader, folder, seen = _save_mid_epoch(tmp_path)
+    _accelerator, _data, _loader, folder, seen = _save_mid_epoch(tmp_path)
     state = torch.load(Path(folder) / "dataloader_0_rank_0.pt", weights_only=True)["state"]
     assert (state["dataset_length"], state["batch_size"], state["drop_last"]) == (64, 8, False)
     accelerator2, _data2, loader2 = _run(64)
