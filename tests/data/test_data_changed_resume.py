@@ -88,8 +88,8 @@ def test_restart_epoch_policy_reads_the_new_data_once_saying_so(
         accelerator.load_state(folder)
     assert [r.getMessage() for r in caplog.records if r.name.startswith("accel_data")] == [
         "The dataloader's data changed since the checkpoint (dataset length 64 -> 80); "
-        "ACCEL_DATA_CHANGED=restart_epoch: epoch 0 restarts from its first step over the data of now (the checkpoint had consumed 3 of its steps, "
-        "which are read again)."
+        "ACCEL_DATA_CHANGED=restart_epoch: epoch 0 restarts from its first step over the data of now "
+        "(the checkpoint had consumed 3 of its steps, which are read again)."
     ]
     assert loader.state_dict()["batches_yielded"] == 0 and loader.state_dict()["epoch"] == 0
     resumed = [i for batch in loader for i in batch.tolist()]
