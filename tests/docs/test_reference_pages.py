@@ -59,3 +59,27 @@ def test_cli_reference_is_what_each_command_prints(reference: ModuleType) -> Non
     assert "usage: accel <command> [options]" in page
     # Backend flags come from the installed backends' `accel.cli` entry points.
     assert "--use-fsdp" in page and "--use-deepspeed" in page and "--use-megatron" in page
+
+
+def test_plugin_parameters_show_the_classes_users_import() -> None:
+    """The Accelerator's backend settings parameters are `Any` in accel-core (it may not import the backends); the
+    reference shows them with the classes of `accel.utils` (docs/hooks/plugin_types.py), and never cites private
+    names in the parameters' places."""
+    pytest.importorskip("griffe")  # the docs group (uv run --group docs)
+    import griffe
+
+    spec = importlib.util.spec_from_file_location("docs_plugin_types", REPO / "docs" / "hooks" / "plugin_types.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    import accel.utils
+
+    for parameters in hook.ANNOTATIONS.values():
+        for annotation in parameters.values():
+            for name in set(re.findall(r"\b[A-Z]\w+", annotation)) - {"None"}:
+                assert name in accel.utils._EXPORTS, f"{name} is not a name users import from accel.utils"
+    loaded = griffe.load("accel_core", extensions=griffe.load_extensions(hook.PluginTypes))
+    init = loaded["accelerator.accelerator.Accelerator.__init__"]
+    shown = {name: str(init.parameters[name].annotation) for name in hook.ANNOTATIONS[init.path]}
+    assert shown == hook.ANNOTATIONS[init.path]
+    assert shown["fsdp_plugin"] == "FullyShardedDataParallelPlugin | None"
