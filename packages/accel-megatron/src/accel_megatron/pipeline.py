@@ -18,7 +18,7 @@ so they run on GPUs only; on another device ``train_step`` raises naming them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -183,14 +183,14 @@ class MegatronPipelinedModel(StagedModel):
             merged.update(part)
         return merged
 
-    def load_full_state_dict(self, state_dict: dict[str, Any]) -> Any:
+    def load_full_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
         """Loads whole-model weights (the same on every process) into this rank's chunk(s); TP ranks keep their
-        blocks. Keys of other stages are ignored; every key of the local chunks must be there."""
+        blocks. Keys of other stages are ignored; with ``strict`` every key of the local chunks must be there."""
         from .weights import load_full_state_dict
 
         for module in self._stage_modules:
             own = module.state_dict().keys()
-            load_full_state_dict(module, {k: v for k, v in state_dict.items() if k in own})
+            load_full_state_dict(module, {k: v for k, v in state_dict.items() if k in own}, strict=strict)
         return nn.modules.module._IncompatibleKeys([], [])
 
     # -- running the schedule ------------------------------------------------------------------------

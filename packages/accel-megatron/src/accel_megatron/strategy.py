@@ -313,20 +313,22 @@ class MegatronStrategy(Strategy):
     def model_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The full weights, TP shards gathered along their ``partition_dim``, on every process (with pipeline stages:
         gathered over them too, on the first pipeline rank only). Collective."""
-        from .pipeline import MegatronPipelinedModel
+        from accel_core.pipelining import StagedModel
+
         from .weights import full_state_dict
 
-        if isinstance(model, MegatronPipelinedModel):  # gathered over the stages too, onto the main process
+        if isinstance(model, StagedModel):  # gathered over the stages too, onto the main process
             return model.full_state_dict()
         return full_state_dict(self.unwrap_model(model))
 
     def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> Any:
         """Loads full weights (as ``model_state_dict`` returns them); each TP rank keeps its own block."""
-        from .pipeline import MegatronPipelinedModel
+        from accel_core.pipelining import StagedModel
+
         from .weights import load_full_state_dict
 
-        if isinstance(model, MegatronPipelinedModel):
-            return model.load_full_state_dict(state_dict)
+        if isinstance(model, StagedModel):
+            return model.load_full_state_dict(state_dict, strict=strict)
         return load_full_state_dict(self.unwrap_model(model), state_dict)
 
     def save_sharded(

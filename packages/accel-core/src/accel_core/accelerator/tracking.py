@@ -17,7 +17,6 @@ import contextlib
 import itertools
 import sys
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import discovery
@@ -32,14 +31,35 @@ if TYPE_CHECKING:
 
 
 class _InactiveTracker:
-    """What ``get_tracker`` returns on processes that do not log: every call does nothing."""
+    """What ``get_tracker`` returns on processes that do not log: a tracker's methods do nothing here, and any other
+    name (a typo) raises AttributeError as it would on the main process."""
+
+    is_active = False
+    main_process_only = True
+    requires_logging_directory = False
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.tracker = None
+        self.tracker = None  # the backend's raw object, as an inactive tracker's
+        self.run_id: str | None = None
 
-    def __getattr__(self, attribute: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
+    def start(self) -> None:
+        """Does nothing: only the main process logs."""
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Does nothing: only the main process logs."""
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Does nothing: only the main process logs."""
+
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Does nothing: only the main process logs."""
+
+    def log_table(self, table_name: str, *args: Any, **kwargs: Any) -> None:
+        """Does nothing: only the main process logs."""
+
+    def finish(self) -> None:
+        """Does nothing: only the main process logs."""
 
 
 def normalize_log_with(log_with: Any) -> list[Any]:
