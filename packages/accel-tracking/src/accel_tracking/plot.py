@@ -45,6 +45,7 @@ def plot_metrics(
     require("matplotlib", "plot", needed_by="Plotting metrics")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     run = Path(run)
     run_dir = run if run.is_dir() else run.parent
@@ -75,6 +76,8 @@ def plot_metrics(
         ax.plot(xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, linewidth=1.5)
         ax.set_ylabel(key)
         ax.grid(True, alpha=0.3)
+        if all(float(x).is_integer() for x in xs):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no tick at step 0.5
         if log_y and min(ys) > 0:
             ax.set_yscale("log")
     axes[-1].set_xlabel("step")
