@@ -54,7 +54,7 @@ from ..parallel.dims import ParallelDims
 from ..precision.modes import unwrap_forward
 from ..random import synchronize_rng_states
 from ..scheduler import AcceleratedScheduler
-from ..state import AcceleratorState, PartialState
+from ..state import AcceleratorState, PartialState, StateResetError
 from ..strategies import (
     Strategy,
 )
@@ -213,14 +213,24 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
 
     @property
     def state(self) -> AcceleratorState:
-        """The process's ``AcceleratorState``. Refuses once the state was reset (``AcceleratorState._reset_state()``
-        or ``PartialState._reset_state()``) after this Accelerator was made, as the reference does: what it set
-        up no longer describes the process."""
+        """The process's ``AcceleratorState`` (shared by everything in the process).
+
+        Returned even when the state was reset (``AcceleratorState._reset_state()``) after this Accelerator was
+        made, as in the reference, so ``accelerator.state._reset_state()`` works; while the state is reset,
+        reading one of its fields raises an ``AttributeError`` that names the reset. The Accelerator's own methods
+        refuse to work after such a reset (``StateResetError``): create a new ``Accelerator()``."""
+        return self._state
+
+    @property
+    def _current_state(self) -> AcceleratorState:
+        """The state, for this Accelerator's methods: refuses once the state was reset after it was made, since what
+        it set up no longer describes the process."""
         if PartialState._resets != self._state_resets:
-            raise RuntimeError(
-                "This Accelerator was created before `AcceleratorState._reset_state()` (or "
-                "`PartialState._reset_state()`) was called: the state it set up is gone. Create a new `Accelerator()` "
-                "after resetting the state, and use that one."
+            raise StateResetError(
+                "This Accelerator was created before the state was reset: the `AcceleratorState` object has no "
+                "attribute it set up any more. This happens if `AcceleratorState._reset_state()` (or "
+                "`PartialState._reset_state()`) was called after the Accelerator was made. Create a new "
+                "`Accelerator()` after resetting the state, and use that one."
             )
         return self._state
 
@@ -235,7 +245,7 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
                 "it itself (its own loss scaler skips inf/NaN steps): leave skip_nonfinite off."
             )
         return NonFiniteGuard(
-            self.prepared.optimizers, self.state.device, check_gradients=self.precision.scaler is None
+            self.prepared.optimizers, self._current_state.device, check_gradients=self.precision.scaler is None
         )
 
     # -- prepare (Preparation) --------------------------------------------------------------
@@ -246,7 +256,7 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
         An object prepared before (the prepared wrapper, or the model, optimizer or scheduler it
         wraps) comes back as the prepared object, registered once (checkpoints count each once).
         """
-        _ = self.state  # refuses, naming the reset, when the state was reset after this Accelerator was made
+        _ = self._current_state  # refuses, naming the reset, when the state was reset after this Accelerator was made
         return self._preparation.prepare(*args, device_placement=device_placement)
 
     def prepare_model(

@@ -90,7 +90,7 @@ class Checkpointing:
         if safe_serialization:
             self._handler().save_object(self._accelerator, obj, os.fspath(f), safe_serialization=True)
             return
-        state = self._process.state
+        state = self._process._current_state
         should_write = (
             state.is_local_main_process if self._project_configuration.save_on_each_node else state.is_main_process
         )

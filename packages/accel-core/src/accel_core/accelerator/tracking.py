@@ -123,7 +123,7 @@ class Tracking:
     def init_trackers(self, project_name: str, config: dict[str, Any] | None, init_kwargs: dict[str, Any]) -> None:
         """Starts the trackers of ``log_with`` on the main process; its failure also raises on the other processes
         that call ``init_trackers``. No collective: calling it on the main process only is fine."""
-        state = self._process.state
+        state = self._process._current_state
         self._init_calls += 1
         key = f"{_OUTCOME_KEYS}{self._number}/{self._init_calls}"
         store = _default_store() if state.use_distributed else None
@@ -168,7 +168,7 @@ class Tracking:
     def get_tracker(self, name: str, unwrap: bool) -> Any:
         """The tracker called ``name`` (its raw library object with ``unwrap=True``); a do-nothing one off the main
         process."""
-        if not self._process.state.is_main_process:
+        if not self._process._current_state.is_main_process:
             return _InactiveTracker(name)
         for tracker in self.trackers:
             if tracker.name == name:
@@ -182,7 +182,7 @@ class Tracking:
         if step is not None:
             last = self.last_logged_step
             self.last_logged_step = int(step) if last is None else max(last, int(step))
-        if not self._process.state.is_main_process:
+        if not self._process._current_state.is_main_process:
             return
         for tracker in self.trackers:
             tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
