@@ -86,3 +86,22 @@ def test_plugin_parameters_show_the_classes_users_import() -> None:
     shown = {name: str(init.parameters[name].annotation) for name in hook.ANNOTATIONS[init.path]}
     assert shown == hook.ANNOTATIONS[init.path]
     assert shown["fsdp_plugin"] == "FullyShardedDataParallelPlugin | None"
+
+
+def test_the_api_reference_text_cites_no_private_name_of_the_reset() -> None:
+    """The reference renders the docstrings of accel's public names; `_reset_state()` is Accelerate's private
+    method (its test scripts call it), so a docstring does not send users to it."""
+    pytest.importorskip("griffe")
+    import griffe
+
+    loaded = griffe.load("accel_core")
+    cited = []
+    for class_path in ("accelerator.accelerator.Accelerator", "state.AcceleratorState", "state.PartialState"):
+        cls = loaded[class_path]
+        for name, member in [("", cls), *cls.all_members.items()]:
+            if name.startswith("_"):
+                continue  # private members are not rendered (filters: ["!^_"])
+            target = member.final_target if member.is_alias else member
+            if target.docstring and "_reset_state" in target.docstring.value:
+                cited.append(f"{class_path}.{name}")
+    assert cited == [], f"docstrings the reference renders cite _reset_state(): {cited}"
