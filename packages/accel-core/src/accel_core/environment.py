@@ -25,6 +25,8 @@ DYNAMO_USE_REGIONAL_COMPILATION = "ACCEL_DYNAMO_USE_REGIONAL_COMPILATION"  # boo
 DEBUG_MODE = "ACCEL_DEBUG_MODE"  # "1"/"true": torch's collective consistency checks (TORCH_DISTRIBUTED_DEBUG=DETAIL)
 COLLECTIVE_TIMEOUT = "ACCEL_COLLECTIVE_TIMEOUT"  # seconds a collective waits for every rank (process group timeout)
 STALL_REPORT_AFTER = "ACCEL_STALL_REPORT_AFTER"  # seconds in one collective before the stall report; 0: off
+# The folder `accel launch` gives its workers for what its failure summary reads (finish records, stall findings).
+FINISH_RECORDS = "ACCEL_FINISH_RECORDS"
 TORCH_DISTRIBUTED_DEBUG = "TORCH_DISTRIBUTED_DEBUG"  # torch's own: OFF / INFO / DETAIL
 STRATEGY = "ACCEL_STRATEGY"  # name of an ``accel.strategies`` entry point: "ddp", "fsdp", "deepspeed", ...
 CONFIG_FILE = "ACCEL_CONFIG_FILE"  # path of the YAML config file

@@ -54,6 +54,7 @@ from ..parallel.dims import ParallelDims
 from ..precision.modes import AutocastPrecision, unwrap_forward
 from ..random import synchronize_rng_states
 from ..scheduler import AcceleratedScheduler
+from ..stall_report import POSITION
 from ..state import AcceleratorState, PartialState
 from ..strategies import (
     BackwardSyncControl,
@@ -344,6 +345,7 @@ class Accelerator(ProcessControl, SetupQueries):
                 f"{type(loss).__name__} {loss!r}: pass the tensor itself, before .item() or float(), e.g. "
                 "`loss = loss_fn(model(inputs), targets); accelerator.backward(loss)`."
             )
+        POSITION.step += 1  # the stall report's progress mark (one attribute increment)
         owns_step = self.strategy.owns_optimizer_step
         if not owns_step and self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
