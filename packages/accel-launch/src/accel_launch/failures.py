@@ -196,6 +196,37 @@ class JobFailedError(RuntimeError):
         )
 
 
+class RendezvousLostError(RuntimeError):
+    """This machine's agent lost the job's rendezvous (a multi-machine job): what happened, without torch's traceback.
+
+    exit_code: 1, as a failed job.
+    """
+
+    exit_code = 1
+
+    @classmethod
+    def from_error(cls, error: BaseException, endpoint: str, machine_rank: int) -> RendezvousLostError:
+        """From torch's ``RendezvousClosedError`` / ``RendezvousConnectionError`` / ``RendezvousTimeoutError``."""
+        kind = type(error).__name__
+        if kind == "RendezvousClosedError":
+            why = (
+                "another machine closed the job: its part failed (after its --max-restarts, if any) and it ended the "
+                "rendezvous for every machine"
+            )
+        elif kind == "RendezvousTimeoutError":
+            why = "the other machines did not join in time"
+        else:
+            why = (
+                "the machine serving it (machine rank 0) ended its part of the job, or became unreachable from here"
+                if machine_rank != 0
+                else "its store stopped answering"
+            )
+        return cls(
+            f"The job's rendezvous at {endpoint} is gone ({kind}): {why}. This machine's workers were stopped; why "
+            "the job failed is in the other machines' output (above all machine rank 0's summary)."
+        )
+
+
 def rank_failures_of(error: Any, alive_at: Mapping[int, float] | None = None) -> list[RankFailure]:
     """The ``RankFailure`` of each worker in torch's ``ChildFailedError``.
 

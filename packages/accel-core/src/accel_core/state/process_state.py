@@ -22,6 +22,7 @@ from .. import accelerate_launch_env, cluster_env
 from .. import environment as env
 from ..attempt_store import attempt_store
 from ..enums import DistributedType
+from ..network_check import check_addresses, spans_machines
 from ..placement import Collectives, ProcessPlacement
 from ..stall_report import start_watch, watched
 from .splitting import split_inputs
@@ -194,6 +195,8 @@ class PartialState:
             store = attempt_store(self.world_size, kwargs["timeout"])
             if store is not None:  # the agent's store outlives the attempt: keys of this attempt only
                 kwargs.update(store=store, rank=self.rank, world_size=self.world_size)
+            if spans_machines(self.world_size, self.local_world_size):  # no loopback address across machines
+                check_addresses(str(backend), self.rank, self.world_size, store, kwargs["timeout"])
         dist.init_process_group(backend=backend, **{k: v for k, v in kwargs.items() if v is not None})
         self.backend = backend
 
