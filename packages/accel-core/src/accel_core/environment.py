@@ -49,6 +49,8 @@ LOCAL_RANK = "LOCAL_RANK"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"  # torchrun: the number of machines (agents) in the job
 GROUP_RANK = "GROUP_RANK"  # torchrun: this machine's rank among them
+# `accel launch --main-process-ip` of a multi-machine job: a loopback one means all "machines" share this one.
+MAIN_PROCESS_IP = "ACCEL_MAIN_PROCESS_IP"
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # gloo's network interface(s); unset: the host name's address
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"

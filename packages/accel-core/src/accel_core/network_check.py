@@ -20,6 +20,7 @@ import ipaddress
 import os
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -33,8 +34,19 @@ class NetworkConfigurationError(RuntimeError):
 
 
 def spans_machines(world_size: int, local_world_size: int) -> bool:
-    """Whether the job's processes run on more than one machine."""
-    return (env.get_int(env.GROUP_WORLD_SIZE, 0) or 0) > 1 or world_size > local_world_size
+    """Whether the job's processes run on more than one machine, reached over a network: not when its rendezvous
+    address (``accel launch --main-process-ip``, else ``MASTER_ADDR``) is a loopback one (all on this machine)."""
+    if (env.get_int(env.GROUP_WORLD_SIZE, 0) or 0) <= 1 and world_size <= local_world_size:
+        return False
+    endpoint = os.environ.get(env.MAIN_PROCESS_IP) or os.environ.get(env.MASTER_ADDR) or ""
+    return bool(endpoint) and not _resolves_to_loopback(endpoint)
+
+
+def _resolves_to_loopback(host: str) -> bool:
+    try:
+        return _is_loopback(str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]))
+    except OSError:
+        return False
 
 
 def _is_loopback(address: str) -> bool:
@@ -87,38 +99,38 @@ def loopback_problem(backend: str, machine_rank: int) -> str | None:
                 f"NCCL_SOCKET_IFNAME for a GPU job), or map {hostname!r} to its network address in /etc/hosts"
             )
     master = os.environ.get(env.MASTER_ADDR, "")
-    if machine_rank > 0 and master:
-        try:
-            resolved = socket.getaddrinfo(master, None, type=socket.SOCK_STREAM)[0][4][0]
-        except OSError:
-            return None  # unresolvable: the store connection reports it
-        if _is_loopback(str(resolved)):
-            return (
-                f"the address of rank 0's machine it was handed, MASTER_ADDR={master!r}, resolves to {resolved} here, "
-                "a loopback address: this machine would look for the job's store on itself. Fix: make rank 0's host "
-                "name resolve to its network address on every machine (/etc/hosts), or pass torchrun's --local-addr "
-                "with that address on rank 0's machine"
-            )
+    if machine_rank > 0 and master and _resolves_to_loopback(master):
+        return (
+            f"the address of rank 0's machine it was handed, MASTER_ADDR={master!r}, resolves to a loopback address "
+            "here: this machine would look for the job's store on itself. Fix: make rank 0's host "
+            "name resolve to its network address on every machine (/etc/hosts), or pass torchrun's --local-addr "
+            "with that address on rank 0's machine"
+        )
     return None
 
 
-def check_addresses(backend: str, rank: int, world_size: int, store: Any, timeout: timedelta) -> None:
+def check_addresses(backend: str, rank: int, world_size: int, connect: Callable[[], Any], timeout: timedelta) -> Any:
     """Raises ``NetworkConfigurationError`` on every rank when one would use a loopback address across machines.
 
-    store: the job's store (every rank meets there first), or None: then only the rank that finds it raises.
+    connect: makes the client of the job's store that ``init_process_group`` will use (or returns None: no store
+    to meet in, then only the rank that finds the problem raises); its store is returned. Every rank meets there
+    before the process group: a rank that found a problem writes it and raises, the others read it and raise too.
     """
     hostname = socket.gethostname()
-    problem = loopback_problem(backend, env.get_int(env.GROUP_RANK, 0) or 0)
     machines = env.get_int(env.GROUP_WORLD_SIZE, 0) or "several"
+    problem = loopback_problem(backend, env.get_int(env.GROUP_RANK, 0) or 0)
+    text = f"accel: this job spans {machines} machines, but rank {rank} (on {hostname}) cannot take part: {problem}."
+    if problem is not None and problem.startswith("the address of rank 0's machine"):
+        raise NetworkConfigurationError(text)  # the store is on that address: there is nobody to tell
+    store = connect()
+    if store is None:
+        if problem is not None:
+            raise NetworkConfigurationError(text)
+        return None
     if problem is not None:
-        text = (
-            f"accel: this job spans {machines} machines, but rank {rank} (on {hostname}) cannot take part: {problem}."
-        )
-        if store is not None and store.add(_KEYS + "problems", 1) == 1:
+        if store.add(_KEYS + "problems", 1) == 1:
             store.set(_KEYS + "first", text)
         raise NetworkConfigurationError(text)
-    if store is None:
-        return
     store.add(_KEYS + "arrived", 1)
     deadline = time.monotonic() + timeout.total_seconds()
     while time.monotonic() < deadline:
@@ -126,5 +138,6 @@ def check_addresses(backend: str, rank: int, world_size: int, store: Any, timeou
             first = store.get(_KEYS + "first").decode()
             raise NetworkConfigurationError(f"{first} (Found by that rank; rank {rank} on {hostname} stops with it.)")
         if store.add(_KEYS + "arrived", 0) >= world_size:
-            return
+            break
         time.sleep(0.05)
+    return store

@@ -192,11 +192,13 @@ class PartialState:
             # a many-GPU node; a script that wants lazy groups calls dist.init_process_group("nccl") first (adopted).
             kwargs.setdefault("device_id", self.device)
         if kwargs.get("init_method") is None and kwargs.get("store") is None:
-            store = attempt_store(self.world_size, kwargs["timeout"])
+            connect = partial(attempt_store, self.world_size, kwargs["timeout"])
+            if spans_machines(self.world_size, self.local_world_size):  # no loopback address across machines
+                store = check_addresses(str(backend), self.rank, self.world_size, connect, kwargs["timeout"])
+            else:
+                store = connect()
             if store is not None:  # the agent's store outlives the attempt: keys of this attempt only
                 kwargs.update(store=store, rank=self.rank, world_size=self.world_size)
-            if spans_machines(self.world_size, self.local_world_size):  # no loopback address across machines
-                check_addresses(str(backend), self.rank, self.world_size, store, kwargs["timeout"])
         dist.init_process_group(backend=backend, **{k: v for k, v in kwargs.items() if v is not None})
         self.backend = backend
 

@@ -1,0 +1,137 @@
+"""Two machines on a real link: network namespaces with their own addresses, host names and /etc/hosts.
+
+Each host runs ``accel launch --num-machines 2 --machine-rank R --main-process-ip <host 0's address>`` inside its
+namespace (tests/harness/netns.py), as two machines on one network would; the tests break the network as users'
+clusters do: host names that resolve to 127.0.0.1, a link that goes down.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from netns import Host, linked_hosts
+from nodes import accel_command, free_port
+from processes import kill_tree
+
+STALL_SCRIPT = Path(__file__).resolve().parent / "stall_in_backward.py"
+
+
+class HostJob:
+    """One host's ``accel launch`` of a 2-machine job; its output goes to a file."""
+
+    def __init__(self, host: Host, rank: int, launch: list[str], folder: Path, env: dict[str, str]) -> None:
+        self.host, self.log = host, folder / f"host{rank}.log"
+        command = host.command([*accel_command(), "launch", "--machine-rank", str(rank), *launch])
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            ended = f"{self.host.hostname} did not end within {timeout:.0f} s:\n{self.output()[-6000:]}"
+            raise AssertionError(ended) from None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            kill_tree(self.process.pid)
+            self.process.wait()
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "GLOO_", "NCCL_"))}
+    return {**env, "OMP_NUM_THREADS": "1", **extra}
+
+
+def _launch_both(
+    hosts: list[Host], folder: Path, flags: list[str], script: list[str], env: dict[str, str]
+) -> list[HostJob]:
+    port = free_port()  # free on the machine; the namespaces have their own ports, so free there too
+    launch = ["--cpu", "-n", "2", "--num-machines", "2", "--main-process-ip", hosts[0].address]
+    launch += ["--main-process-port", str(port), *flags, *script]
+    return [HostJob(host, rank, launch, folder, env) for rank, host in enumerate(hosts)]
+
+
+def _loopback_for(*names: int) -> Callable[[list[Host]], list[str]]:
+    """An /etc/hosts mapping the host names of hosts ``names`` to 127.0.0.1 (others to their address)."""
+
+    def lines(hosts: list[Host]) -> list[str]:
+        mapped = [f"{'127.0.0.1' if i in names else h.address} {h.hostname}" for i, h in enumerate(hosts)]
+        return ["127.0.0.1 localhost", *mapped]
+
+    return lines
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_host_name_resolving_to_loopback_stops_every_machine_before_training_naming_the_fix(
+    tmp_path: Path,
+) -> None:
+    # Host 1's name resolves to 127.0.0.1 (host 0's to its address): host 1's ranks would advertise 127.0.0.1 to
+    # gloo's peers. Before: host 1 failed after 5 s with "Gloo connectFullMesh failed ... remote=[127.0.0.1]" and
+    # host 0 only after ~155 s. Now every rank of both hosts stops before the process group with one message.
+    with linked_hosts(2, _loopback_for(1)) as hosts:
+        start = time.monotonic()
+        jobs = _launch_both(hosts, tmp_path, [], [str(STALL_SCRIPT), str(tmp_path), "100"], _env())
+        try:
+            codes = [job.wait(240) for job in jobs]
+        finally:
+            for job in jobs:
+                job.kill()
+        elapsed = time.monotonic() - start
+        outputs = [job.output() for job in jobs]
+        both = "\n=== host 1\n".join(outputs)
+        assert codes == [1, 1], both
+        found = (
+            "accel: this job spans 2 machines, but rank 1 (on accel-host1) cannot take part: its host name "
+            "'accel-host1' resolves to 127.0.0.1, a loopback address"
+        )
+        fix = (
+            "Fix: set GLOO_SOCKET_IFNAME to the network interface the machines share (this machine's: "
+            f"{hosts[1].interface})"
+        )
+        for output in outputs:
+            assert found in output and fix in output, both
+            assert "connectFullMesh" not in output and "timed out connecting" not in output, both
+        assert "(Found by that rank; rank 0 on accel-host0 stops with it.)" in outputs[0], both
+        assert "accel launch: The job failed" in outputs[0] and "accel launch: The job failed" in outputs[1], both
+        assert elapsed < 200, f"{elapsed:.0f} s"  # before: ~155 s of connect timeout after start-up on host 0
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_with_restarts_loopback_host_names_end_both_machines_without_a_rendezvous_traceback(tmp_path: Path) -> None:
+    # Both names resolve to 127.0.0.1 (Debian's default /etc/hosts line for the machine's own name) and the job may
+    # restart: before, the second host printed a raw RendezvousClosedError traceback.
+    with linked_hosts(2, _loopback_for(0, 1)) as hosts:
+        flags = ["--max-restarts", "1"]
+        jobs = _launch_both(hosts, tmp_path, flags, [str(STALL_SCRIPT), str(tmp_path), "100"], _env())
+        try:
+            codes = [job.wait(300) for job in jobs]
+        finally:
+            for job in jobs:
+                job.kill()
+        outputs = [job.output() for job in jobs]
+        both = "\n=== host 1\n".join(outputs)
+        assert codes == [1, 1], both
+        for rank, output in enumerate(outputs):
+            assert f"its host name 'accel-host{rank}' resolves to 127.0.0.1, a loopback address" in output, both
+            assert f"GLOO_SOCKET_IFNAME={hosts[rank].interface} accel launch" in output, both
+            assert "connectFullMesh" not in output, both
+            # A machine whose agent lost the rendezvous says so in one line, not torch's traceback.
+            last = output.strip().splitlines()[-1]
+            assert "Traceback" not in output.split("accel launch:")[-1], both
+            assert last.startswith(("The other ranks were stopped.", "accel launch: The job's rendezvous")) or (
+                "The job's rendezvous at" in output
+            ), both
