@@ -135,3 +135,68 @@ def test_with_restarts_loopback_host_names_end_both_machines_without_a_rendezvou
             assert last.startswith(("The other ranks were stopped.", "accel launch: The job's rendezvous")) or (
                 "The job's rendezvous at" in output
             ), both
+
+
+RESTARTABLE = Path(__file__).resolve().parent / "restartable_train.py"
+THRESHOLD = 3.0
+
+
+def _wait_for_step(project: Path, step: int, jobs: list[HostJob], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    progress = project / "progress_rank0"
+    while not (progress.exists() and progress.read_text().strip() and int(progress.read_text()) >= step):
+        for job in jobs:
+            assert job.process.poll() is None, f"{job.host.hostname} ended early:\n{job.output()[-6000:]}"
+        assert time.monotonic() < deadline, "\n=== host 1\n".join(job.output()[-4000:] for job in jobs)
+        time.sleep(0.1)
+
+
+def _pid_of(output: str) -> str:
+    """The pid of the worker whose summary is in ``output`` (``The job failed: rank 1 (local rank 0, pid N)``)."""
+    return output.split("The job failed: rank ")[1].split("pid ")[1].split(")")[0]
+
+
+def _reported(job: HostJob, text: str, start: float, timeout: float) -> float:
+    """Seconds from ``start`` (time.monotonic) until ``text`` appears in the host's output."""
+    while text not in job.output():
+        assert time.monotonic() - start < timeout, f"no {text!r} within {timeout:.0f} s:\n{job.output()[-6000:]}"
+        time.sleep(0.2)
+    return time.monotonic() - start
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_link_cut_for_good_is_named_as_an_unreachable_host_not_a_hang(tmp_path: Path) -> None:
+    # Before: no report, then at the collective timeout both hosts ended with "a rank never joined it (a hang, or a
+    # collective only some ranks call)". Now each side's stall report names the machine it lost within the threshold
+    # (plus the time to ask and look), and the summary says the peer became unreachable.
+    project = tmp_path / "project"
+    project.mkdir()
+    with linked_hosts(2) as hosts:
+        flags = ["--stall-report-after", str(THRESHOLD), "--collective-timeout", "25"]
+        env = _env(STEP_DELAY="0.3", FAULT_PLAN="{}", ACCEL_CHECKPOINT_FSYNC="0")
+        jobs = _launch_both(hosts, tmp_path, flags, [str(RESTARTABLE), str(project)], env)
+        try:
+            _wait_for_step(project, 4, jobs, 300)
+            hosts[1].cut()
+            cut = time.monotonic()
+            seen0 = _reported(jobs[0], "does not answer; unreachable: accel-host1", cut, 60)
+            seen1 = _reported(jobs[1], "It cannot ask the other 1 rank(s): the job's store at ", cut, 60)
+            codes = [job.wait(120) for job in jobs]
+        finally:
+            for job in jobs:
+                job.kill()
+        outputs = [job.output() for job in jobs]
+        both = "\n=== host 1\n".join(output[-8000:] for output in outputs)
+        print(both)
+        assert codes == [1, 1], both
+        assert f"- rank 1 (pid {_pid_of(outputs[1])} on accel-host1, {hosts[1].address}): does not answer" in outputs[0]
+        assert f"unreachable: accel-host1 ({hosts[1].address}) does not answer" in outputs[0], both
+        assert f"(rank 0's machine) is unreachable: {hosts[0].address} does not answer" in outputs[1], both
+        # Seconds from the cut to each report: the threshold, a poll, then asking (host 0) or the store call that
+        # hangs (host 1), then a 2 s connection attempt; slack for a loaded machine.
+        print(f"reports {seen0:.1f} s (host 0) and {seen1:.1f} s (host 1) after the cut (threshold {THRESHOLD} s)")
+        assert max(seen0, seen1) < THRESHOLD + 15, (seen0, seen1, time.monotonic() - cut)
+        for output in outputs:
+            assert "became unreachable, not a hang" in output, both
+            assert "never joined it" not in output, both

@@ -172,7 +172,8 @@ def unreachable_text(host: str, address: str, error: OSError) -> str:
         why = f"no answer within {CONNECT_TIMEOUT:.0f} s"
     else:
         why = os.strerror(error.errno) if error.errno else str(error)
-    return f"unreachable: {host} ({address}) does not answer ({why}): its network link or the machine is down"
+    where = host if host == address else f"{host} ({address})"
+    return f"unreachable: {where} does not answer ({why}): its network link or the machine is down"
 
 
 def probe_store() -> tuple[str, str]:
@@ -184,7 +185,9 @@ def probe_store() -> tuple[str, str]:
     except ConnectionRefusedError:
         return "gone", f"the job's store at {address}:{port} is gone (rank 0's machine answers; its agent ended)"
     except OSError as error:
-        return "unreachable", "the job's store (rank 0's machine) is " + unreachable_text(address, address, error)
+        return "unreachable", f"the job's store at {address}:{port} (rank 0's machine) is " + unreachable_text(
+            address, address, error
+        )
 
 
 def record_unreachable(rank: int, text: str) -> None:

@@ -54,8 +54,8 @@ from types import CodeType, FrameType
 from typing import Any, ParamSpec, TypeVar
 
 from . import environment as env
-from .attempt_store import attempt_prefix
 from .stall_probe import ProbeListener, probe, probe_store, record_unreachable, who
+from .stall_store import TimedStore, connect_store
 from .stall_text import compose_lost_store_report, compose_progress_report, compose_report
 
 DEFAULT_STALL_REPORT_AFTER = 60.0
@@ -252,19 +252,26 @@ class StallWatch:
         self.poll = min(max(threshold / 4, 0.5), 5.0)
         # A store call that takes longer means the store is out of reach (its machine's link is down).
         self.store_timeout = timedelta(seconds=min(max(2 * self.poll, 2.0), 10.0))
-        self.store: Any = None
+        self.store: Any = None  # a TimedStore client, None without one
         self.store_lost = False  # a store was reached once, or is named by MASTER_ADDR, and does not answer now
+        self.ever_connected = False
+        # One store call longer than this means the store is out of reach: a TCPStore client waits forever on a
+        # connection whose link went down, so the guard thread, which never calls the store, reports then.
+        self.store_limit = self.store_timeout.total_seconds() + 1.0
         self.registered = False
         self.answered = 0
         self.reported_seq = 0
         # Progress: the (step, collective) mark this rank was last seen at, since when, and the last one reported.
         self.mark: tuple[int, int] = (-1, -1)
         self.mark_since = time.monotonic()
-        self.reported_mark: tuple[int, int] | None = None
+        self.reported_mark: tuple[int, int] | None = None  # by the store thread, asking the others
+        self.wanted_mark: tuple[int, int] | None = None  # set by the guard for the store thread to report
+        self.lost_store_mark: tuple[int, int] | None = None  # reported by the guard: the store out of reach
         self.listener: ProbeListener | None = None
         self._lock = threading.Lock()  # one user of the store client at a time (the thread, then atexit)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="accel-stall-watch", daemon=True)
+        self._guard = threading.Thread(target=self._guard_run, name="accel-stall-guard", daemon=True)
 
     def start(self) -> None:
         try:
@@ -273,6 +280,7 @@ class StallWatch:
         except OSError:  # no address to listen on: silent peers are reported without a direct look
             self.listener = None
         self._thread.start()
+        self._guard.start()
         atexit.register(self._at_exit)
 
     # -- the thread --------------------------------------------------------------------------
@@ -280,8 +288,12 @@ class StallWatch:
         next_connect = 0.0
         while not self._stop.wait(self.poll):
             now = time.monotonic()
-            if self.store is None and now >= next_connect:
-                self.store, named = _connect(self.store_timeout)
+            # Not again once lost (its machine is gone or out of reach): each failed connection prints torch's C++
+            # stack; a store not up yet at the start is tried once a minute.
+            if self.store is None and now >= next_connect and not (self.store_lost and self.ever_connected):
+                client, named = connect_store(self.store_timeout)
+                self.store = TimedStore(client) if client is not None else None
+                self.ever_connected = self.ever_connected or self.store is not None
                 self.store_lost = self.store_lost or (named and self.store is None)
                 next_connect = now + 60.0
                 if self._stop.is_set():  # the script ended while connecting: the exit handler tells the others
@@ -301,13 +313,11 @@ class StallWatch:
                 self.store.set(f"{_KEYS}peer/{self.rank}", json.dumps(self.listener.identity(self.rank)))
                 self.registered = True
             self._answer_pending(now)
-        position = POSITION
-        mark = (position.step, position.seq)
-        if mark != self.mark or position.depth:
-            self.mark, self.mark_since = mark, now  # progress, or inside a collective (reported below)
-        elif now - self.mark_since >= self.threshold and mark != self.reported_mark:
-            self.reported_mark = mark
+        wanted = self.wanted_mark
+        if wanted is not None and wanted != self.reported_mark and wanted == self.mark:
+            self.reported_mark = wanted
             self._report_no_progress(now)
+        position = POSITION
         if not position.depth or position.seq == self.reported_seq or now - position.entered < self.threshold:
             return
         self.reported_seq = position.seq
@@ -335,12 +345,7 @@ class StallWatch:
         mine = describe_position(POSITION, now, 0, self.rank)
         since = now - self.mark_since
         if self.store is None:
-            if self.store_lost:
-                verdict, fate = probe_store()
-                print(compose_lost_store_report(mine, since, fate, self.world_size), file=sys.stderr, flush=True)
-                if verdict == "unreachable":
-                    record_unreachable(self.rank, fate)
-            return
+            return  # the guard reports a lost store
         if self.store.add(f"{_KEYS}reporter/progress#{self.mark[0]}.{self.mark[1]}", 1) != 1:
             return  # another rank at the same mark reports it
         positions = self._ask(now)
@@ -348,6 +353,35 @@ class StallWatch:
         report = compose_progress_report(mine, since, positions, self.world_size, self.timeout, fates)
         if report is not None:
             print(report, file=sys.stderr, flush=True)
+
+    # -- the guard thread: progress, and a store that stopped answering --------------------------
+    def _guard_run(self) -> None:
+        """Watches this rank's progress without touching the store: hands a stall to the store thread to report,
+        or reports itself when the store is lost or one store call has hung (its machine out of reach)."""
+        while not self._stop.wait(self.poll):
+            now = time.monotonic()
+            position = POSITION
+            mark = (position.step, position.seq)
+            if mark != self.mark or position.depth:
+                self.mark, self.mark_since = mark, now  # progress, or inside a collective (the store thread's)
+                continue
+            if now - self.mark_since < self.threshold:
+                continue
+            store = self.store
+            hung = store is not None and store.busy_for(now) > self.store_limit
+            if store is not None and not hung:
+                self.wanted_mark = mark  # the store thread asks the others at its next poll
+            elif (hung or self.store_lost) and mark != self.lost_store_mark:
+                self.lost_store_mark = mark
+                self._report_lost_store(now)
+
+    def _report_lost_store(self, now: float) -> None:
+        mine = describe_position(POSITION, now, 0, self.rank)
+        verdict, fate = probe_store()
+        report = compose_lost_store_report(mine, now - self.mark_since, fate, self.world_size)
+        print(report, file=sys.stderr, flush=True)
+        if verdict == "unreachable":
+            record_unreachable(self.rank, fate)
 
     def _answer_pending(self, now: float) -> None:
         wanted = self.store.add(_KEYS + _REQUEST, 0)
@@ -411,6 +445,7 @@ class StallWatch:
         # back; that unwinds through pybind11's noexcept GIL guard and the process aborts ("terminate called
         # without an active exception") after the script succeeded. A store that answers does so in milliseconds.
         self._thread.join(timeout=_EXIT_WAIT)
+        self._guard.join(timeout=_EXIT_WAIT)
         if self.listener is not None:
             self.listener.close()
 
@@ -434,21 +469,6 @@ class StallWatch:
 
 # The longest an exiting script waits for the watch thread to leave a store call.
 _EXIT_WAIT = 5.0
-
-
-def _connect(timeout: timedelta) -> tuple[Any, bool]:
-    """A client of the job's store (see the module docstring), or None; and whether MASTER_ADDR names one."""
-    address, port = os.environ.get(env.MASTER_ADDR), os.environ.get(env.MASTER_PORT)
-    if not address or not port:
-        return None, False
-    try:
-        import torch.distributed as dist
-
-        store = dist.TCPStore(address, int(port), is_master=False, timeout=timeout)
-        prefix = attempt_prefix()
-        return (dist.PrefixStore(prefix, store) if prefix is not None else store), True
-    except (RuntimeError, OSError, ValueError):  # DistNetworkError is a RuntimeError
-        return None, True
 
 
 _WATCH: list[StallWatch] = []

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 
+from accel_core.stall_probe import read_unreachable
+
 from . import rendezvous
 from .exit_watch import ChildExitWatch
 from .failures import JobFailedError, RendezvousLostError
@@ -245,6 +247,7 @@ def run_torchrun(plan: LaunchPlan, target: LaunchTarget) -> int:
                 tracebacks_printed=True,
                 alive_at=watch.alive_at,
                 finished=read_finishes(finishes.name, attempt=plan.max_restarts),
+                unreachable=read_unreachable(finishes.name),
             ) from None
         except SignalException as error:
             # Ctrl-C or a scheduler's SIGTERM: the agent stopped the workers; report like a shell.
