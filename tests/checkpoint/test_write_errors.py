@@ -1,7 +1,7 @@
 """A checkpoint the file system refuses, and a folder that holds no checkpoint: one clear error each.
 
 save_state into a folder it cannot write (a file in the way, read-only, the file-size limit
-reached: EFBIG, what a full disk's ENOSPC also becomes) raises ``CheckpointWriteError`` naming the
+reached: EFBIG, what a full disk's ENOSPC also becomes; no inode left) raises ``CheckpointWriteError`` naming the
 checkpoint, never its hidden ``.partial-`` folder; a disk that fills up inside ``torch.save`` (which
 says only "unexpected pos") is named full, with the room there and the room needed; load_state of an
 empty folder says no checkpoint is there, instead of "holds 0 models".
@@ -84,13 +84,11 @@ def test_save_state_past_the_file_size_limit_names_the_target(tmp_path: Path) ->
     assert "LEFT []" in result.stdout  # the hidden folder was removed
 
 
-@pytest.fixture
-def tiny_disk(tmp_path: Path):
-    """A real 1 MB file system (tmpfs), where a checkpoint runs out of space; needs the right to mount."""
+def _tmpfs(tmp_path: Path, options: str):
     mount_point = tmp_path / "tiny"
     mount_point.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True, text=True
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)], capture_output=True, text=True
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
@@ -98,6 +96,44 @@ def tiny_disk(tmp_path: Path):
         yield mount_point
     finally:
         subprocess.run(["umount", str(mount_point)], check=True)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    """A real 1 MB file system (tmpfs), where a checkpoint runs out of space; needs the right to mount."""
+    yield from _tmpfs(tmp_path, "size=1m")
+
+
+@pytest.fixture
+def few_inodes(tmp_path: Path):
+    """A real tmpfs with 64 MB of room but 8 inodes (files and folders): a checkpoint runs out of inodes."""
+    yield from _tmpfs(tmp_path, "size=64m,nr_inodes=8")
+
+
+def test_out_of_inodes_says_inodes_not_disk_full(few_inodes: Path) -> None:
+    """ENOSPC with megabytes free: the message names the inodes (before: "the disk is full ... has 66.3 MB free")."""
+    accelerator = Accelerator(cpu=True)
+    _prepared(accelerator)
+    previous = accelerator.save_state(str(few_inodes / "ckpt_0"))  # 4 inodes of the 7 left (folder + 3 files)
+    assert os.statvfs(few_inodes).f_favail < 4 < os.statvfs(few_inodes).f_bavail
+    with pytest.raises(CheckpointWriteError) as caught:
+        accelerator.save_state(str(few_inodes / "ckpt_1"))
+    message = str(caught.value)
+    print(message)
+    assert message.startswith(
+        f"Cannot write the checkpoint {few_inodes / 'ckpt_1'}: the file system of {few_inodes} has no free inodes "
+        "(ENOSPC: it can hold no more files, though "
+    )
+    assert "MB are free" in message and "df -i" in message and "disk is full" not in message
+    assert caught.value.errno == errno.ENOSPC
+    assert sorted(os.listdir(few_inodes)) == ["ckpt_0"]  # the hidden folder is gone
+    accelerator.load_state(previous)
+    # No inode left even for the hidden folder: the folder's creation fails, with the same message.
+    (few_inodes / "filler").mkdir()
+    for i in range(os.statvfs(few_inodes).f_favail):
+        (few_inodes / "filler" / str(i)).write_bytes(b"")
+    with pytest.raises(CheckpointWriteError, match=r"ckpt_2: no free inodes: the file system can hold no more files"):
+        accelerator.save_state(str(few_inodes / "ckpt_2"))
 
 
 @pytest.mark.slow  # the first AdamW step of the process (its lazy imports) dominates

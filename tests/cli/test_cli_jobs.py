@@ -189,7 +189,7 @@ def test_accel_env_reports_versions_backends_devices_and_config(cli) -> None:
 @pytest.mark.multiprocess
 def test_notebook_and_debug_launchers(cli) -> None:
     script = cli.scripts / "launchers_check.py"
-    result = subprocess.run([sys.executable, str(script)], env=cli.env(), capture_output=True, text=True, timeout=240)
+    result = subprocess.run([sys.executable, str(script)], env=cli.env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, cli.describe(result)
     report = json.loads(result.stdout.splitlines()[-1])
     for name, scale in (("debug", 10), ("notebook", 2)):
@@ -207,3 +207,10 @@ def test_notebook_and_debug_launchers(cli) -> None:
     assert "KeyError: 'rank 1 cannot go on'" in failure["text"] and "in failing" in failure["text"]
     assert "torch/distributed" not in failure["text"]
     assert report["failure_seconds"] < 45  # the rank sleeping a minute was stopped, not waited for
+    # A rank setting up the group after its peer returned fails at once, naming the peer (it hung before).
+    lone = report["lone"]
+    assert lone is not None and lone["rank"] == 0, lone
+    assert "rank 1 already returned without setting it up" in lone["text"] and "every process must" in lone["text"]
+    assert report["lone_seconds"] < 45
+    # With a restart left, the agent runs it again; the waiting rank ends on SIGTERM at once, not after 30 s.
+    assert [r["sum"] for r in report["restarted"]] == [9.0, 9.0] and report["restarted_seconds"] < 25

@@ -121,8 +121,12 @@ def test_an_accelerator_made_before_a_reset_says_so() -> None:
     accelerator = Accelerator(cpu=True)
     model = torch.nn.Linear(2, 2)
     AcceleratorState._reset_state()
-    with pytest.raises(RuntimeError, match=r"created before `AcceleratorState._reset_state\(\)`"):
+    with pytest.raises(RuntimeError, match=r"created before the state was reset"):
         accelerator.prepare(model)
+    # The reference's test_reinstantiated_state expects an AttributeError naming the reset from prepare.
+    with pytest.raises(AttributeError, match=r"This happens if `AcceleratorState._reset_state\(\)`") as raised:
+        accelerator.prepare(model)
+    assert "`AcceleratorState` object has no attribute" in str(raised.value)
     with pytest.raises(RuntimeError, match="Create a new `Accelerator\\(\\)`"):
         _ = accelerator.device
     stale = accelerator._state  # the state object the script may have kept
@@ -139,6 +143,26 @@ def test_an_accelerator_made_before_a_reset_says_so() -> None:
         fresh.wait_for_everyone()
     with pytest.raises(AttributeError, match=r"`PartialState._reset_state\(\)` was called"):
         _ = kept.device
+
+
+def test_state_of_an_accelerator_made_before_a_reset_can_be_reset_again() -> None:
+    """Accelerate's test_metrics calls ``accelerator.state._reset_state()`` on an Accelerator made before an earlier
+    reset: the property gives the state (whose fields are gone while it is reset), not an error."""
+    accelerator = Accelerator(cpu=True)
+    accelerator.state._reset_state()
+    state = accelerator.state  # after the reset: still the process's state object
+    assert isinstance(state, AcceleratorState)
+    PartialState._reset_state()
+    state = accelerator.state
+    with pytest.raises(AttributeError, match=r"`AcceleratorState._reset_state\(\)` was called"):
+        _ = state.mixed_precision
+    with pytest.raises(AttributeError, match=r"`AcceleratorState._reset_state\(\)` was called"):
+        _ = state.device
+    accelerator.state._reset_state(True)  # the call test_metrics makes, on a state reset twice already
+    with pytest.raises(RuntimeError, match="Create a new `Accelerator\\(\\)`"):
+        _ = accelerator.device  # the Accelerator's own methods still refuse
+    fresh = Accelerator(cpu=True)
+    assert accelerator.state.mixed_precision == "no" and fresh.state is not None
 
 
 class _TransformersLikeConfig:

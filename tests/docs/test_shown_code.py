@@ -250,6 +250,8 @@ def test_each_launch_line_shown_is_accepted(page: str, line: str, tmp_path: Path
         environment[name] = value
     if words[:2] == ["uv", "run"]:
         words = words[2:]
+    if words[0] == "srun":  # srun [options] accel launch ...: a task of a SLURM job runs the launch line
+        words = words[words.index("accel") :]
     assert words[:2] == ["accel", "launch"], line
     script = next(word for word in words if word.endswith(".py"))
     (tmp_path / script).parent.mkdir(parents=True, exist_ok=True)

@@ -151,21 +151,29 @@ def replay_from_checkpoint(accelerator: Accelerator, model, optimizer, plugin: M
             accelerator.load_state(other)
 
 
-def expect_matches_one_process(plugin: MegatronLMPlugin, reference) -> None:
+def expect_matches_one_process(plugin: MegatronLMPlugin, reference) -> list[int]:
     initial, losses, final = reference
     accelerator, model, optimizer, parallel_state = megatron_run(plugin, initial)
     stages = plugin.pp_degree * plugin.vp_degree
     dims = accelerator.parallel_dims
     expect(
-        (dims.config.size("pp"), dims.tp.size, dims.dp.size) == (plugin.pp_degree, plugin.tp_degree, 1),
+        (dims.config.size("pp"), dims.tp.size, dims.dp.size)
+        == (plugin.pp_degree, plugin.tp_degree, WORLD // (plugin.pp_degree * plugin.tp_degree)),
         f"the job's mesh follows Megatron's groups: {dims}",
     )
     held = {name for stage in model.stage_modules for name, _ in stage.named_parameters()}
-    expect(len(held) < len(initial), f"each rank holds its stages only: {sorted(held)}")
+    if plugin.pp_degree > 1:
+        expect(len(held) < len(initial), f"each rank holds its stages only: {sorted(held)}")
     expect({p for p in optimizer.param_groups[0]["params"]} <= set(model.parameters()), "optimizer on local stages")
+    sizes: list[int] = []  # the samples of each micro-batch the loss was computed on (on the last stage)
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        sizes.append(target.shape[0])
+        return F.mse_loss(output, target)
+
     with cuda_calls_on_cpu():
         for step, (x, y) in enumerate(batches()):
-            loss = accelerator.forward_backward(model, x, y, F.mse_loss)
+            loss = accelerator.forward_backward(model, x, y, loss_fn)
             norm = accelerator.clip_grad_norm_(model.parameters(), CLIP)  # the whole model's: over TP x PP
             optimizer.step()
             optimizer.zero_grad()
@@ -180,6 +188,7 @@ def expect_matches_one_process(plugin: MegatronLMPlugin, reference) -> None:
     with cuda_calls_on_cpu():
         replay_from_checkpoint(accelerator, model, optimizer, plugin)
     parallel_state.destroy_model_parallel()
+    return sizes
 
 
 def expect_bf16_activations(reference) -> None:
@@ -250,6 +259,32 @@ def bf16_autocast_stages_send_bf16() -> None:
 def pp2_with_2_virtual_stages_interleaved_matches_one_process() -> None:
     on_processes(2)
     expect_matches_one_process(MegatronLMPlugin(pp_degree=2, vp_degree=2, num_micro_batches=4), reference())
+
+
+@check
+def micro_batches_without_pipeline_run_megatrons_no_pipelining_schedule() -> None:
+    # TP=2 on 2 processes and DP=2 (tp_degree=1), each with num_micro_batches=4 and no pipeline stages: Megatron's
+    # forward_backward_no_pipelining runs 4 micro-batches of 2 samples per step, and each step's loss, clipped norm
+    # and the trained weights equal one process's full-batch run (the mean over equal micro-batches is the batch's).
+    from megatron.core.pipeline_parallel import schedules
+
+    on_processes(2)
+    real = schedules.forward_backward_no_pipelining
+    runs: list[int] = []
+
+    def counted(*args, **kwargs):
+        runs.append(kwargs["num_microbatches"])
+        return real(*args, **kwargs)
+
+    schedules.forward_backward_no_pipelining = counted
+    try:
+        for plugin in (MegatronLMPlugin(tp_degree=2, num_micro_batches=4), MegatronLMPlugin(num_micro_batches=4)):
+            runs.clear()
+            sizes = expect_matches_one_process(plugin, reference())
+            expect(runs[:STEPS] == [4] * STEPS, f"{plugin}: the no-pipelining schedule ran each step: {runs}")
+            expect(sizes[:4] == [BATCH // 4] * 4, f"{plugin}: micro-batches of {BATCH // 4} samples: {sizes[:4]}")
+    finally:
+        schedules.forward_backward_no_pipelining = real
 
 
 @check

@@ -31,7 +31,6 @@ def test_env_round_trip() -> None:
     ("kwargs", "message"),
     [
         ({"vp_degree": 2}, r"vp_degree=2\) needs pp_degree > 1"),
-        ({"num_micro_batches": 4}, "needs pp_degree > 1.*use gradient_accumulation_steps"),
         ({"pp_degree": 2, "vp_degree": 2, "num_micro_batches": 3}, "multiple of pp_degree=2"),
         ({"use_distributed_optimizer": True}, "distributed optimizer is not supported"),
         ({"recompute_activations": True}, "is not supported by this version"),
@@ -43,6 +42,13 @@ def test_env_round_trip() -> None:
 def test_refused_settings_name_the_fix(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         MegatronLMPlugin(**kwargs)
+
+
+def test_micro_batches_without_pipeline_stages_are_accepted() -> None:
+    # As in Megatron and Accelerate: micro-batches run through the no-pipelining schedule (tests/megatron/pp_checks.py).
+    plugin = MegatronLMPlugin(num_micro_batches=2)
+    assert (plugin.pp_degree, plugin.num_micro_batches) == (1, 2)
+    assert MegatronLMPlugin.from_env(plugin.to_env()) == plugin
 
 
 def test_world_size_must_be_a_multiple_of_tp_degree() -> None:

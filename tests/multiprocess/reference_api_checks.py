@@ -16,13 +16,21 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
+from unittest.mock import Mock
 
 import torch
 from checklist import check, expect, run_checks
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from accel import Accelerator, AcceleratorState, DistributedDataParallelKwargs, GradientState, PartialState
-from accel.utils import DataLoaderConfiguration, DDPCommunicationHookType, KwargsHandler, ProfileKwargs, reduce
+from accel.utils import (
+    DataLoaderConfiguration,
+    DDPCommunicationHookType,
+    DistributedType,
+    KwargsHandler,
+    ProfileKwargs,
+    reduce,
+)
 
 rank = int(os.environ["RANK"])
 OUT = sys.argv[1]
@@ -308,6 +316,27 @@ def join_with_iterable_loader() -> None:
         and not any("strategy's are" in m for m in messages),
         f"a join of an object that cannot join names that object: {messages}",
     )
+
+
+@check
+def join_of_a_non_ddp_object_warns_in_the_reference_words() -> None:
+    # Accelerate's test_distributed_data_loop: the distributed type set to FSDP, a Mock joined, and the last
+    # warning must be a UserWarning saying "only supported for multi-GPU".
+    accelerator = fresh()
+    original = accelerator.state.distributed_type
+    accelerator.state.distributed_type = DistributedType.FSDP
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with accelerator.join_uneven_inputs([Mock()]):
+                pass
+    finally:
+        accelerator.state.distributed_type = original
+    last = caught[-1] if caught else None
+    expect(last is not None and issubclass(last.category, UserWarning), f"a UserWarning: {caught}")
+    message = str(last.message) if last is not None else ""
+    expect("only supported for multi-GPU" in message, f"the reference's words: {message}")
+    expect("Mock (position 0) passed to it is not torch Joinable" in message, f"names what was passed: {message}")
 
 
 class Generator(torch.nn.Module):

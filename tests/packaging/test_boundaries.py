@@ -25,6 +25,10 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = sorted(p.name for p in (REPO / "packages").iterdir() if (p / "pyproject.toml").exists())
 META = "accel"
 CORE = "accel-core"
+# The declared exception: the opt-in `accelerate` shim (docs/frameworks.md) answers `import accelerate.<path>` with
+# the meta-package's modules, so it depends on `accel` (exactly) and imports `accel`, as a user's script does, and no
+# accel package beneath it. test_the_shim_depends_on_the_meta_package_alone checks that.
+SHIM = "accelerate"
 # Import name of each distribution (accel-fsdp -> accel_fsdp).
 MODULE_OF = {package: package.replace("-", "_") for package in PACKAGES}
 BACKEND_LIBRARIES = {"deepspeed", "megatron", "torch_xla", "transformer_engine", "intel_transformer_engine", "torchao"}
@@ -109,7 +113,7 @@ def test_the_scan_sees_the_imports_it_checks():
     assert ("accel_xla/runtime.py", "torch_xla") in {(w, m) for w, _, m in _imports("accel-xla")}
 
 
-@pytest.mark.parametrize("package", [p for p in PACKAGES if p != META])
+@pytest.mark.parametrize("package", [p for p in PACKAGES if p not in (META, SHIM)])
 def test_a_distribution_depends_on_no_accel_distribution_but_accel_core(package):
     ours = {canonicalize_name(p) for p in PACKAGES}
     allowed = {canonicalize_name(CORE), canonicalize_name(package)}  # an extra may name the package's own extras
@@ -126,12 +130,22 @@ def test_a_distribution_depends_on_no_accel_distribution_but_accel_core(package)
         assert CORE in depends, f"packages/{package}/pyproject.toml must depend on accel-core"
 
 
-@pytest.mark.parametrize("package", [p for p in PACKAGES if p != META])
+@pytest.mark.parametrize("package", [p for p in PACKAGES if p not in (META, SHIM)])
 def test_a_distribution_imports_no_accel_package_but_accel_core(package):
     others = {MODULE_OF[p] for p in PACKAGES} - {MODULE_OF[CORE], MODULE_OF[package]}
     # A backend reads and writes its shards through the CheckpointIO accel-checkpoint hands it, never importing it.
     wrong = [f"{where}:{line} {module}" for where, line, module in _imports(package) if _is_in(module, others)]
     assert not wrong, f"{package} imports other accel packages (only accel_core is allowed): {wrong}"
+
+
+def test_the_shim_depends_on_the_meta_package_alone():
+    assert SHIM in PACKAGES
+    ours = {canonicalize_name(p) for p in PACKAGES}
+    accel_requirements = [str(r) for _, r in _requirements(SHIM) if canonicalize_name(r.name) in ours]
+    assert accel_requirements == [f"{META}=={_project(META)['version']}"], accel_requirements
+    imported = {module.split(".")[0] for _, _, module in _imports(SHIM)}
+    assert imported & {MODULE_OF[p] for p in PACKAGES} == {META}, imported
+    assert imported <= {META, "__future__", "importlib", "sys", "types", "typing"}, imported  # no torch: stays light
 
 
 def test_accel_core_imports_no_backend_and_no_tracker_library():

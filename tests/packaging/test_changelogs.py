@@ -20,6 +20,10 @@ else:  # pytest itself depends on tomli before 3.11
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = sorted(p.name for p in (REPO / "packages").iterdir() if (p / "pyproject.toml").exists())
 # "## [Unreleased]" or "## [1.2.3] - 2026-11-29", Keep a Changelog's headings.
+# The opt-in `accelerate` shim (docs/frameworks.md): its version is "<Accelerate API level>+accel.<accel version>",
+# its `__version__` the Accelerate API level alone (the frameworks compare it with Accelerate's releases), and it pins
+# the meta-package exactly (its modules are what `accelerate.<path>` resolves to).
+SHIM = "accelerate"
 HEADING = re.compile(r"^## \[(?P<name>[^\]]+)\](?: - (?P<date>\d{4}-\d{2}-\d{2}))?\s*$", re.M)
 
 
@@ -59,7 +63,11 @@ def test_dunder_version_matches_pyproject(package: str) -> None:
     init = (REPO / "packages" / package / "src" / module / "__init__.py").read_text()
     match = re.search(r'^__version__ = "([^"]+)"', init, re.M)
     assert match is not None, f"{module} defines no __version__ (CONTRIBUTING.md, 'Releases')"
-    assert match.group(1) == _project(package)["version"], f"{module}.__version__ differs from pyproject.toml"
+    version = _project(package)["version"]
+    if package == SHIM:
+        assert Version(version).local == f"accel.{_project('accel')['version']}", f"{SHIM}: {version} must name accel's"
+        version = Version(version).public
+    assert match.group(1) == version, f"{module}.__version__ differs from pyproject.toml"
 
 
 def test_pins_between_distributions_admit_the_workspace_versions_up_to_the_next_minor() -> None:
@@ -75,6 +83,9 @@ def test_pins_between_distributions_admit_the_workspace_versions_up_to_the_next_
             if requirement.name not in versions or requirement.name == package:
                 continue
             current = versions[requirement.name]
+            if package == SHIM:
+                assert str(requirement.specifier) == f"=={current}", f"{SHIM}: pin {requirement.name}=={current}"
+                continue
             assert current in requirement.specifier, (
                 f"{package}: {text} excludes the workspace's {requirement.name} {current}"
             )

@@ -197,3 +197,17 @@ def test_unknown_tracker_name_is_a_clear_error() -> None:
 
     with pytest.raises(MissingPackageError, match="aim"):
         _accelerator(log_with="aim")
+
+
+def test_the_stand_in_off_the_main_process_does_nothing_but_refuses_a_typo() -> None:
+    from accel_core.accelerator.tracking import _InactiveTracker
+
+    stand_in = _InactiveTracker("wandb")
+    stand_in.store_init_configuration({"lr": 0.1})
+    stand_in.log({"loss": 1.0}, step=3)
+    stand_in.log_images({"sample": []}, step=3)
+    stand_in.log_table("rows", columns=["a"], data=[[1]])
+    stand_in.finish()
+    assert stand_in.tracker is None and stand_in.name == "wandb" and not stand_in.is_active
+    with pytest.raises(AttributeError, match="lgo"):
+        stand_in.lgo({"loss": 1.0})  # pyright: ignore[reportAttributeAccessIssue]  # the typo under test

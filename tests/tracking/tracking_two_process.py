@@ -126,6 +126,13 @@ def accelerator_trackers_are_real_on_rank_0_and_inert_elsewhere() -> None:
         # As in the reference API, rank 1 gets an inert stand-in (unwrap or not) whose calls do nothing.
         expect(local.tracker is None and writer.tracker is None, "rank 1 must get an inactive tracker")
         local.log({"loss": 123.0}, step=99)
+        local.log_table("rows", columns=["a"], data=[[1]])
+        local.finish()
+        try:
+            local.lgo({"loss": 1.0})  # a typo raises here as on the main process, instead of silently doing nothing
+            expect(False, "rank 1's stand-in accepted a misspelt method")
+        except AttributeError:
+            pass
         expect(accelerator.trackers == [], "rank 1 started trackers")
     accelerator.end_training()
     accelerator.wait_for_everyone()

@@ -35,6 +35,22 @@ def failing() -> None:
     time.sleep(60)
 
 
+def lone_state() -> None:
+    # Rank 1 returns without setting up the process group rank 0 sets up: it will never join.
+    if os.environ["RANK"] == "1":
+        return
+    from accel_core.state import PartialState
+
+    PartialState()
+
+
+def lone_then_together(scale: int) -> dict | None:
+    # Accelerate's fault-tolerance test, made deterministic: the first attempt is lone_state, the restart works.
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        return lone_state()
+    return work(scale)
+
+
 def local() -> str:
     return os.environ.get("ACCEL_MIXED_PRECISION", "")
 
@@ -59,6 +75,20 @@ if __name__ == "__main__":
             "first_failure": error.get_first_failure()[0],
         }
     report["failure_seconds"] = time.monotonic() - start
+    # A rank waiting to set up the group for a peer that returned: fails at once (it waited for the group timeout,
+    # 30 minutes, with the agent waiting for it), and a restart then runs the function again.
+    start = time.monotonic()
+    try:
+        notebook_launcher(lone_state, num_processes=2, use_cpu=True)
+        report["lone"] = None
+    except ChildFailedError as error:
+        report["lone"] = {"rank": error.root.rank, "text": str(error)}
+    report["lone_seconds"] = time.monotonic() - start
+    start = time.monotonic()
+    report["restarted"] = notebook_launcher(
+        lone_then_together, args=(3,), num_processes=2, use_cpu=True, max_restarts=1
+    )
+    report["restarted_seconds"] = time.monotonic() - start
     # A process state in the parent would be inherited by forked workers: refused before any worker starts.
     from accel_core.state import PartialState
 

@@ -35,6 +35,7 @@ _EXPORTS = {
     "CorruptCheckpointError": "errors",
     "UnsafeCheckpointError": "errors",
     "CheckpointMismatchError": "errors",
+    "CheckpointFormatError": "errors",
     "UNSAFE_PICKLE_ENV": "constants",
 }
 

@@ -22,13 +22,11 @@ def model_state_dict(accelerator: CheckpointAccelerator, model: torch.nn.Module)
     """The full state dict of a prepared model, in its own dtypes (all processes call it: it may gather; a model split
     into pipeline stages is gathered over them onto the main process)."""
     from accel_core.model_utils import uncompiled
-    from accel_core.pipelining import PipelinedModel
+    from accel_core.transforms.state_dict import prepared_model_state_dict
 
-    if isinstance(model, PipelinedModel):
-        return model.full_state_dict()
     # Inside torch.compile's wrapper: a checkpoint holds the model's own keys (``weight``, not ``_orig_mod.weight``),
     # as the reference's save_state writes them, loadable with or without compiling.
-    return accelerator.strategy.model_state_dict(uncompiled(model))
+    return prepared_model_state_dict(accelerator.strategy, uncompiled(model))
 
 
 def load_model_state_dict(
@@ -37,15 +35,12 @@ def load_model_state_dict(
     """Loads full weights into a prepared model through its strategy (shards keep their part; pipeline stages take
     their own keys)."""
     from accel_core.model_utils import uncompiled
-    from accel_core.pipelining import PipelinedModel
+    from accel_core.transforms.state_dict import load_prepared_model_state_dict
 
-    if isinstance(model, PipelinedModel):
-        return model.load_full_state_dict(state_dict, strict=strict)
-    model = uncompiled(model)
     prefix = "_orig_mod."
     if state_dict and all(key.startswith(prefix) for key in state_dict):  # saved compiled by accel 0.1.0
         state_dict = {key.removeprefix(prefix): value for key, value in state_dict.items()}
-    return accelerator.strategy.load_model_state_dict(model, state_dict, strict=strict)
+    return load_prepared_model_state_dict(accelerator.strategy, uncompiled(model), state_dict, strict=strict)
 
 
 def hook_models(accelerator: CheckpointAccelerator, models: list[Any]) -> list[Any]:

@@ -13,6 +13,7 @@ import shutil
 
 from accel_core.checkpointing.errors import (
     CheckpointError,
+    CheckpointFormatError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
     CheckpointWriteError,
@@ -23,6 +24,7 @@ from accel_core.checkpointing.errors import (
 
 __all__ = [
     "CheckpointError",
+    "CheckpointFormatError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "CheckpointWriteError",
@@ -45,7 +47,13 @@ def write_error(error: OSError, target: str) -> CheckpointWriteError:
     code = error.errno
     reason = error.strerror or str(error)
     name = errno.errorcode.get(code, "") if code is not None else ""
-    if code in _FULL:
+    if code in _NO_ROOM and _out_of_inodes(_existing_parent(target)):
+        reason = "no free inodes: the file system can hold no more files"
+        fix = (
+            "Delete files there (ProjectConfiguration(total_limit=...) keeps fewer checkpoints), or save on a file "
+            "system with free inodes (`df -i` shows them)."
+        )
+    elif code in _FULL:
         fix = (
             "Free space on that file system (ProjectConfiguration(total_limit=...) keeps fewer checkpoints), "
             "or save elsewhere."
@@ -74,10 +82,27 @@ def _size(count: int) -> str:
     return f"{count} bytes"
 
 
+def _existing_parent(path: str) -> str:
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    return folder
+
+
+def _out_of_inodes(folder: str) -> bool:
+    """Whether the file system holding ``folder`` has no inode left for this user (one that counts them)."""
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return False
+    # f_files is 0 where the file system has no inode limit (btrfs, some network file systems).
+    return stat.f_files > 0 and (stat.f_favail == 0 or stat.f_ffree == 0)
+
+
 def out_of_space(
     error: BaseException, folder: str, needed: int, target: str, partial: int = 0
 ) -> CheckpointWriteError | None:
-    """``error`` as "the disk is full" when the file system holding ``folder`` is, else None.
+    """``error`` as "the disk is full" (or "no free inodes") when the file system holding ``folder`` is, else None.
 
     torch.save into a full disk raises no ``OSError`` but ``RuntimeError: [enforce fail at
     inline_container.cc] unexpected pos ...`` (its zip writer notices the short write, not why): a
@@ -93,6 +118,20 @@ def out_of_space(
     full = no_room or (isinstance(error, RuntimeError) and free is not None and free < needed)
     if not full:
         return None
+    if no_room and _out_of_inodes(folder):
+        # ENOSPC with bytes to spare: the file system can hold no more files (each file and folder takes an
+        # inode, a fixed number of them made with the file system). "The disk is full" would send the user
+        # looking for bytes that are there.
+        there = f", though {_size(free)} are free" if free is not None else ""
+        result = CheckpointWriteError(
+            f"Cannot write the checkpoint {target}: the file system of {os.path.dirname(os.path.abspath(target))} "
+            f"has no free inodes ({errno.errorcode.get(code or errno.ENOSPC)}: it can hold no more files{there}). "
+            "Delete files there (ProjectConfiguration(total_limit=...) keeps fewer checkpoints), or save on a file "
+            "system with free inodes (`df -i` shows them). The checkpoints already there are untouched."
+        )
+        result.errno = code or errno.ENOSPC
+        result.__cause__ = error
+        return result
     room = f"has {_size(free + partial)} free without this save's partial files" if free is not None else "is full"
     result = CheckpointWriteError(
         f"Cannot write the checkpoint {target}: the disk is full ({errno.errorcode.get(code or errno.ENOSPC)}). "

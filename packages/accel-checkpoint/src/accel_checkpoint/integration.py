@@ -117,9 +117,6 @@ class StateCheckpointer:
         pending = self._pending.pop_for(accelerator)
         return pending.wait() if pending is not None else None
 
-    # Accelerate-style name, for a core method ``Accelerator.wait_for_checkpoint()`` to call.
-    wait_for_checkpoint = wait
-
     def find_resume_point(self, accelerator: CheckpointAccelerator) -> ResumePoint | None:
         """The newest automatic checkpoint complete on every process (and what it holds), or None.
 

@@ -11,19 +11,22 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from importlib import metadata as importlib_metadata
 from typing import Any
 
 from .constants import (
     CHECKPOINT_PREFIX,
     CHECKPOINTS_DIR,
     COMPLETE_NAME,
+    FORMAT_NAME,
+    FORMAT_VERSION,
     LEGACY_RNG_EXT,
     METADATA_NAME,
     OLD_TAG,
     PARTIAL_TAG,
     RNG_STATE_NAME,
 )
-from .errors import CorruptCheckpointError
+from .errors import CheckpointFormatError, CorruptCheckpointError
 from .fsio import remove_tree
 
 logger = logging.getLogger(__name__)
@@ -154,8 +157,73 @@ def read_metadata(folder: str) -> dict[str, Any] | None:
         return None
     try:
         with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+            metadata = json.load(handle)
     except (OSError, ValueError) as error:
         raise CorruptCheckpointError(
             f"{path} is truncated or corrupt ({error}). Restore it from a copy or load an earlier checkpoint."
         ) from error
+    check_format(metadata, path)
+    return metadata
+
+
+def _installed_version() -> str | None:
+    try:
+        return importlib_metadata.version("accel-checkpoint")
+    except importlib_metadata.PackageNotFoundError:
+        return None
+
+
+def check_format(metadata: Any, path: str) -> None:
+    """Refuses metadata of a format (or format version) this accel-checkpoint cannot read, naming both versions.
+
+    ``format_version`` is the reading contract: a writer bumps it when a reader of the previous version would
+    misread the folder. A newer accel-checkpoint writing the same format version loads (with a warning naming the
+    versions, since a newer writer may hold what this one ignores). Reference-layout checkpoints (Accelerate's,
+    no metadata file) never come here.
+    """
+    installed = _installed_version() or "unknown"
+    reads = f"this accel-checkpoint ({installed}) reads {FORMAT_NAME} format version {FORMAT_VERSION}"
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT_NAME:
+        found = metadata.get("format") if isinstance(metadata, dict) else type(metadata).__name__
+        raise CheckpointFormatError(
+            f"{path} is not accel-checkpoint metadata: its format is {found!r}, not {FORMAT_NAME!r} ({reads}). "
+            f"Load a folder that save_state() wrote, or remove the foreign {METADATA_NAME} if the folder is an "
+            "Accelerate checkpoint (those load without it)."
+        )
+    version = metadata.get("format_version")
+    writer = (metadata.get("versions") or {}).get("accel-checkpoint")
+    by = f" by accel-checkpoint {writer}" if writer else ""
+    if type(version) is not int:
+        raise CheckpointFormatError(
+            f"{path} has no valid format_version ({version!r}): {reads}, and accel-checkpoint has written it in "
+            "every checkpoint since its first. The file was edited or written by another tool: restore it from a "
+            "copy or load an earlier checkpoint."
+        )
+    if version > FORMAT_VERSION:
+        raise CheckpointFormatError(
+            f"{path} was written in format version {version}{by}, newer than {reads}. "
+            "Upgrade accel (pip install -U accel) to load it."
+        )
+    if version < 1:
+        raise CheckpointFormatError(
+            f"{path} has format version {version}{by}, which no accel-checkpoint wrote ({reads}, the first). "
+            "The file was edited or written by another tool: restore it from a copy or load an earlier checkpoint."
+        )
+    if writer and installed != "unknown" and _newer(writer, installed):
+        logger.warning(
+            "%s was written by accel-checkpoint %s, newer than this one (%s); its format version %d is one this "
+            "version reads, so it loads, but anything the newer writer added is ignored. Upgrade accel to read it all.",
+            path,
+            writer,
+            installed,
+            version,
+        )
+
+
+def _newer(writer: str, installed: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(writer) > Version(installed)
+    except InvalidVersion:
+        return False

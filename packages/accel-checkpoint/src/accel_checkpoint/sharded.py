@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from accel_core.checkpointing import MODELS, OPTIMIZERS, SCHEDULERS, CheckpointIO, ShardedCheckpointing
 from accel_core.optimizer import unwrap_optimizer
 from accel_core.optimizer_rebuild import optimizer_owner
-from accel_core.pipelining import PipelinedModel
+from accel_core.pipelining import StagedModel
 
 from .access import listed
 
@@ -47,14 +47,14 @@ __all__ = ["MODELS", "OPTIMIZERS", "SCHEDULERS", "DCPCheckpointing", "ShardedChe
 def dcp_module(model: Any) -> Any:
     """The module DCP reads for ``model``: a pipelined model's local stage(s) (parameter names as in the whole model,
     so the stages' keys together are the whole model's and load into another pipeline layout)."""
-    if not isinstance(model, PipelinedModel):
+    if not isinstance(model, StagedModel):
         return model
     return model.checkpoint_module()
 
 
 def _options(prepared: PreparedObjects) -> Any:
     """State-dict options: optimizer state flattened per parameter name when a model is split into pipeline stages."""
-    if not any(isinstance(m, PipelinedModel) for m in prepared.models):
+    if not any(isinstance(m, StagedModel) for m in prepared.models):
         return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
@@ -64,8 +64,8 @@ def _options(prepared: PreparedObjects) -> Any:
 def find_sharded(accelerator: CheckpointAccelerator) -> tuple[ShardedCheckpointing, str] | None:
     """The implementation to use and its name, or None for a plain (full state dict) checkpoint."""
     strategy = accelerator.strategy
-    if any(isinstance(m, PipelinedModel) for m in listed(accelerator, "_models")):
-        return DCPCheckpointing(), "dcp"  # each stage writes its own keys, whatever the strategy
+    if not strategy.splits_model_itself and any(isinstance(m, StagedModel) for m in listed(accelerator, "_models")):
+        return DCPCheckpointing(), "dcp"  # torch's pipeline stages each write their own keys, whatever the strategy
     if isinstance(strategy, ShardedCheckpointing):
         return strategy, f"{type(strategy).__module__}.{type(strategy).__qualname__}"
     if any(_has_dtensor(m) for m in listed(accelerator, "_models")):

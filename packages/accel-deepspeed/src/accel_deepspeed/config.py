@@ -84,18 +84,34 @@ def is_enabled(value: Any) -> bool:
     return value is True or (isinstance(value, str) and value.strip().lower() == "true")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]], path: str) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a key given twice is refused (``json`` would keep the last one silently)."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"DeepSpeed config file {path}: key {key!r} is given twice in one object; keep one.")
+        result[key] = value
+    return result
+
+
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
     """A deep copy of a config dict, or the JSON file at ``source`` (DeepSpeed's config format)."""
     if isinstance(source, Mapping):
         return json.loads(json.dumps(source))  # deep copy; also rejects what DeepSpeed could not read
     path = os.fspath(source)
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise ValueError(f"DeepSpeed config file {path} does not exist: give the path of a JSON file, or a dict.")
+    if not os.path.isfile(path):  # a folder; a FIFO or a device would block or never end the read
+        raise ValueError(
+            f"DeepSpeed config file {path} is not a regular file: give the path of a JSON file, or a dict."
+        )
     with open(path, encoding="utf-8") as handle:
         try:
-            data = json.load(handle)
+            data = json.load(handle, object_pairs_hook=lambda pairs: _unique_keys(pairs, path))
         except json.JSONDecodeError as error:
             raise ValueError(f"DeepSpeed config file {path} is not valid JSON: {error}.") from None
+        except RecursionError:
+            raise ValueError(f"DeepSpeed config file {path} is nested too deeply to be a DeepSpeed config.") from None
     if not isinstance(data, dict):
         raise ValueError(f"DeepSpeed config file {path} must hold a JSON object, got {type(data).__name__}.")
     return data

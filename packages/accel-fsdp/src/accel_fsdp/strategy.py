@@ -28,6 +28,7 @@ from accel_core.checkpointing import CheckpointIO
 from accel_core.enums import DistributedType
 from accel_core.grads import clip_grad_norm_
 from accel_core.model_utils import uncompiled
+from accel_core.optimizer_rebuild import ParameterNames, rebuild
 from accel_core.parallel.config import SIZE_FIELDS, ParallelismConfig, resolve_parallelism
 from accel_core.parallel.dims import adopt_mesh
 from accel_core.precision.choice import default_precision
@@ -37,7 +38,6 @@ from accel_core.strategies.ddp import data_parallel_no_sync
 from accel_core.strategies.groups import join_group_of_one
 
 from . import checkpointing, fsdp1, fsdp2, policies
-from .optimizer import ParameterNames, rebuild
 from .plugin import FullyShardedDataParallelPlugin
 
 logger = logging.getLogger("accel_fsdp")

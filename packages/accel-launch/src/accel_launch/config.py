@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -88,33 +89,120 @@ def validate_config(data: Any, origin: str) -> dict[str, Any]:
     return result
 
 
+# A launch config is a few dozen lines: a bigger file is not one (a device, a log written to the wrong path), and
+# reading it whole would take the memory before YAML could say so.
+MAX_CONFIG_BYTES = 1024 * 1024
+# Settings nest two levels (a backend section, maybe a list in it): far deeper is not a config, and the YAML composer
+# recurses once per level (a RecursionError traceback past Python's limit).
+MAX_CONFIG_DEPTH = 64
+
+
 def read_yaml_file(path: str | os.PathLike[str], what: str, missing_hint: str) -> Any:
     """The parsed YAML of ``path``; ``ValueError`` naming ``what`` and the fix when it cannot be read.
 
     what: how messages name the file ("Config file", "Accelerate config file").
     missing_hint: the fix for a path that does not exist.
-    """
-    import yaml  # ~50 ms: only when a config file is actually read
 
+    Refused with one line naming the file: a directory, a special file (a FIFO would block the read forever, a
+    device never end), a file over ``MAX_CONFIG_BYTES``, binary content, invalid YAML, nesting deeper than
+    ``MAX_CONFIG_DEPTH`` and a key given twice in one mapping (YAML would keep the last one without a word).
+    """
     path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{what} {path} is a directory: pass the path of a YAML file, not its folder.")
     try:
-        text = path.read_text(encoding="utf-8")
+        info = os.stat(path)  # follows a link: what would be read
     except FileNotFoundError:
         raise ValueError(f"{what} {path} does not exist: {missing_hint}") from None
+    except OSError as error:
+        raise ValueError(f"{what} {path} cannot be read ({error.strerror}): fix its permissions or the path.") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ValueError(f"{what} {path} is a directory: pass the path of a YAML file, not its folder.")
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(
+            f"{what} {path} is not a regular file (a {_file_kind(info.st_mode)}): pass the path of a YAML file."
+        )
+    try:
+        # O_NONBLOCK: a FIFO swapped in after the check must not block the open; a regular file ignores it.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)  # bounded, whatever st_size said (/proc files say 0)
+    except OSError as error:
+        raise ValueError(f"{what} {path} cannot be read ({error.strerror}): fix its permissions or the path.") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(
+            f"{what} {path} is over {MAX_CONFIG_BYTES // 1024} kB, far more than a launch config holds: pass the "
+            "YAML file `accel config` writes."
+        )
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(
             f"{what} {path} is not a text file (binary content): pass a YAML file, or rewrite it with `accel config`."
         ) from None
-    except OSError as error:
-        raise ValueError(f"{what} {path} cannot be read ({error.strerror}): fix its permissions or the path.") from None
+    if "\0" in text:
+        raise ValueError(
+            f"{what} {path} is not a text file (binary content): pass a YAML file, or rewrite it with `accel config`."
+        )
+    return _parse_yaml(text, what, path)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+    kinds += ((stat.S_ISSOCK, "socket"),)
+    return next((name for test, name in kinds if test(mode)), "special file")
+
+
+def _parse_yaml(text: str, what: str, path: Path) -> Any:
+    import yaml  # ~50 ms: only when a config file is actually read
+
+    class StrictLoader(yaml.SafeLoader):
+        """``yaml.SafeLoader`` refusing a key given twice in one mapping, and nesting past ``MAX_CONFIG_DEPTH``."""
+
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            self.depth += 1
+            try:
+                if self.depth > MAX_CONFIG_DEPTH:
+                    mark = self.peek_event().start_mark
+                    raise _ConfigShapeError(
+                        f"line {mark.line + 1}: nested deeper than {MAX_CONFIG_DEPTH} levels, far more than a "
+                        "launch config has"
+                    )
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` merges an anchor: later keys override it, as YAML means them to
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:
+                    continue  # an unhashable key: SafeLoader refuses it itself
+                if first is not None:
+                    where = f"line {line}" if first == line else f"lines {first} and {line}"
+                    raise _ConfigShapeError(
+                        f"key {key!r} is given twice ({where}); YAML would keep the last one silently. Keep one"
+                    )
+                seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: plain data only
+    except _ConfigShapeError as error:
+        raise ValueError(f"{what} {path}: {error}.") from None
     except yaml.YAMLError as error:
         raise ValueError(
             f"{what} {path} is not valid YAML: {error}\nFix the line shown, or rewrite it with `accel config`."
         ) from None
+
+
+class _ConfigShapeError(Exception):
+    """A config file YAML reads, but not as the writer meant it (a duplicate key, runaway nesting)."""
 
 
 # Keys every file `accelerate config` writes, and no accel config has.
@@ -161,7 +249,8 @@ def load_config(
     user's settings (8 processes, FSDP) would otherwise not apply to ``accel launch train.py``, without a word.
     """
     path, explicit = config_path(flag, environ)
-    if not explicit and not path.is_file():
+    # A default path holding something that is not a file (a folder, a FIFO) is refused by read_config, not skipped.
+    if not explicit and not path.exists():
         accelerate_path = accelerate_default_config_path(environ)
         if not accelerate_path.is_file():
             return {}, None

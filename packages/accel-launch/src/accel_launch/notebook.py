@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -34,6 +35,29 @@ def _check_parent_is_clean(uses_cuda: bool) -> None:
             "CUDA was initialized in this process before launching, and forked processes cannot use it: restart "
             "the kernel and keep every CUDA call (even torch.cuda.device_count()) inside the launched function."
         )
+
+
+class _NotesItsReturn:
+    """The launched function, noting in the agent's store that it returned on this rank.
+
+    A peer still waiting for this rank to set up the process group (``PartialState()``) then stops with an
+    error naming it, and the agent restarts the attempt or reports the failure; without the note that peer waits
+    until the group timeout, and the agent with it (``accel_core.attempt_store``). A class, not a closure: the
+    ``spawn`` start method pickles it.
+    """
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.function = function
+        # torch's agent names the entrypoint in its logs and events (__name__, __qualname__).
+        self.__name__ = getattr(function, "__name__", type(function).__name__)
+        self.__qualname__ = getattr(function, "__qualname__", self.__name__)
+
+    def __call__(self, *args: Any) -> Any:
+        result = self.function(*args)
+        from accel_core.attempt_store import note_returned
+
+        note_returned(int(os.environ.get(env.RANK, "0")))
+        return result
 
 
 @contextlib.contextmanager
@@ -106,7 +130,7 @@ def _run_elastic(
     )
     with patched_environ(settings), preserved_signal_handlers(), _quiet_failure_log():
         try:
-            results = elastic_launch(config, function)(*args)
+            results = elastic_launch(config, _NotesItsReturn(function))(*args)
         except ChildFailedError as error:
             raise LaunchedFunctionFailed(
                 error, world_size=num_processes * num_nodes, restarts=max_restarts, monitor_interval=monitor_interval

@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as exit:
         if exit.code in (None, 0):
             record_finish()
+            note_returned_to_peers()
             exit_without_finalization(0)
         record_error(exit, _user_frames(exit.__traceback__))  # when it failed, and where it called sys.exit
         raise
@@ -189,7 +190,19 @@ def main(argv: list[str] | None = None) -> None:
         record_error(error, _user_frames(error.__traceback__))
         raise
     record_finish()
+    note_returned_to_peers()
     exit_without_finalization(0)
+
+
+def note_returned_to_peers() -> None:
+    """Tells peers still waiting to set up the process group that this rank's script ended (they stop with an
+    error naming it, not after the group timeout: ``accel_core.attempt_store``). Only when the script imported
+    torch.distributed: one that did not costs no torch import here."""
+    if "torch.distributed" not in sys.modules:
+        return
+    from accel_core.attempt_store import note_returned
+
+    note_returned(int(os.environ.get("RANK", "0")))
 
 
 if __name__ == "__main__":

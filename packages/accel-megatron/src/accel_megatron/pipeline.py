@@ -5,7 +5,9 @@ vp_degree`` stages with accel-core's split (``accel_core.pipelining.split``: a c
 parameter names kept), keeps this rank's chunk(s) (stages ``rank, rank + pp_degree, ...``), and
 returns a ``MegatronPipelinedModel``. Its ``train_step`` runs the schedule that
 ``megatron.core.pipeline_parallel.get_forward_backward_func()`` picks: 1F1B, or interleaved 1F1B
-with ``vp_degree > 1`` chunks per rank (Megatron's virtual pipeline stages).
+with ``vp_degree > 1`` chunks per rank (Megatron's virtual pipeline stages). With ``num_micro_batches > 1`` and
+no pipeline stages, the whole model is the one chunk and the schedule is ``forward_backward_no_pipelining``
+(Megatron's gradient accumulation: forward and backward of each micro-batch in turn).
 
 What travels between stages is one tensor of 3 dimensions (Megatron sends 3-dimensional
 activations; ``[batch, sequence, hidden]`` here, any order works): its shape is sent ahead of it
@@ -18,7 +20,7 @@ so they run on GPUs only; on another device ``train_step`` raises naming them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -30,16 +32,19 @@ from accel_core.pipelining import StagedModel, as_call_arguments, split_model
 # The calls of megatron-core 0.16's pipeline schedules that need CUDA, whatever the config says.
 CUDA_CALLS = (
     'megatron/core/pipeline_parallel/schedules.py: `total_num_tokens = torch.zeros([], dtype=torch.int, device="cuda")`'
-    " at the start of every schedule (forward_backward_pipelining_without_interleaving / _with_interleaving)",
+    " at the start of every schedule (forward_backward_no_pipelining, forward_backward_pipelining_without_interleaving"
+    " / _with_interleaving)",
     "megatron/core/pipeline_parallel/p2p_communication.py: P2PCommunicator._communicate and _communicate_shapes "
     "allocate their receive buffers with `device=torch.cuda.current_device()`",
     "the same file: `torch.cuda.synchronize()` after each batched send / receive",
 )
 
 _NEEDS_CUDA = (
-    "Megatron-core's pipeline schedules (MegatronLMPlugin(pp_degree > 1)) run on GPUs only: megatron-core makes these "
-    "CUDA calls whatever its config says: {calls}. This run's device is {device}. Run on GPUs, or use torch's "
-    "pipeline schedules, which run on CPU / gloo: the ddp or fsdp strategy with ParallelismConfig(pp_size=...)."
+    "Megatron-core's schedules (MegatronLMPlugin(pp_degree > 1) or num_micro_batches > 1) run on GPUs only: "
+    "megatron-core makes these CUDA calls whatever its config says: {calls}. This run's device is {device}. Run on "
+    "GPUs, or use torch's pipeline schedules, which run on CPU / gloo: the ddp or fsdp strategy with "
+    "ParallelismConfig(pp_size=...); without pipeline stages, gradient_accumulation_steps on the Accelerator "
+    "accumulates micro-batches anywhere."
 )
 
 
@@ -127,7 +132,9 @@ def _split_batch(tree: Any, pieces: int) -> list[Any]:
 
 class MegatronPipelinedModel(StagedModel):
     """This rank's chunk(s) of a model split over Megatron's pipeline group, trained with
-    ``accelerator.forward_backward`` (Megatron-core's 1F1B or interleaved schedule).
+    ``accelerator.forward_backward`` (Megatron-core's 1F1B or interleaved schedule); or, without pipeline stages
+    (``num_micro_batches > 1`` alone), the whole model as one chunk, trained through Megatron's no-pipelining
+    schedule.
 
     finish_gradients: called after each schedule run (the strategy's data-parallel all-reduce,
         sequence-parallel reduction and clipping at accumulation boundaries).
@@ -153,6 +160,8 @@ class MegatronPipelinedModel(StagedModel):
             for index, chunk in enumerate(chunks)
         )
         self._stage_modules = list(chunks)
+        # No pipeline stages (micro-batches only): the one chunk is the whole model, run by the no-pipelining schedule.
+        self._whole_model = parallel_state.get_pipeline_model_parallel_world_size() == 1
         self.config = config
         self.num_microbatches = num_microbatches
         self._device = device
@@ -183,18 +192,27 @@ class MegatronPipelinedModel(StagedModel):
             merged.update(part)
         return merged
 
-    def load_full_state_dict(self, state_dict: dict[str, Any]) -> Any:
+    def load_full_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
         """Loads whole-model weights (the same on every process) into this rank's chunk(s); TP ranks keep their
-        blocks. Keys of other stages are ignored; every key of the local chunks must be there."""
+        blocks. Keys of other stages are ignored; with ``strict`` every key of the local chunks must be there."""
         from .weights import load_full_state_dict
 
         for module in self._stage_modules:
             own = module.state_dict().keys()
-            load_full_state_dict(module, {k: v for k, v in state_dict.items() if k in own})
+            load_full_state_dict(module, {k: v for k, v in state_dict.items() if k in own}, strict=strict)
         return nn.modules.module._IncompatibleKeys([], [])
 
     # -- running the schedule ------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._whole_model:
+            if not torch.is_grad_enabled():  # evaluation: the whole model is here, no schedule needed
+                return self._stage_modules[0](*args, **kwargs)
+            raise RuntimeError(
+                "This model trains in Megatron micro-batches (MegatronLMPlugin(num_micro_batches > 1)): a plain "
+                "forward would skip them and the data-parallel average that follows the schedule. Run the training "
+                "step with `loss = accelerator.forward_backward(model, inputs, targets, loss_fn)`; a forward under "
+                "`torch.no_grad()` (evaluation) runs the whole model."
+            )
         raise RuntimeError(
             "This model is split into Megatron pipeline stages (MegatronLMPlugin(pp_degree > 1)): a plain forward "
             "cannot return a loss to backpropagate, because micro-batches of different stages interleave. Run the "

@@ -72,8 +72,11 @@ class MegatronLMPlugin:
             0.16 allocates its send / receive buffers on CUDA, see ``accel_megatron.pipeline.CUDA_CALLS``).
         vp_degree: model chunks per pipeline rank (Megatron's virtual pipeline stages); above 1 the
             interleaved 1F1B schedule runs. Needs ``pp_degree > 1``.
-        num_micro_batches: micro-batches of one pipeline step (each batch is split into that many along
-            dimension 0); needs ``pp_degree > 1``.
+        num_micro_batches: micro-batches of one training step (each batch is split into that many along
+            dimension 0) run by ``accelerator.forward_backward``: through the pipeline schedule with
+            ``pp_degree > 1``, through Megatron's no-pipelining schedule (``forward_backward_no_pipelining``:
+            forward and backward per micro-batch, gradients accumulated, averaged over data parallelism once)
+            without. Same GPU-only note as ``pp_degree``.
         sequence_parallelism: Megatron's sequence parallelism (activations split along the sequence
             in non-TP regions); needs ``tp_degree > 1``. Layers built with
             ``strategy.model_parallel_config()`` get it; the gradients of parameters marked
@@ -133,12 +136,6 @@ class MegatronLMPlugin:
             raise ValueError(
                 f"MegatronLMPlugin(vp_degree={self.vp_degree}) needs pp_degree > 1: virtual stages are extra model "
                 "chunks per pipeline rank."
-            )
-        if self.pp_degree == 1 and self.num_micro_batches != 1:
-            raise ValueError(
-                f"MegatronLMPlugin(num_micro_batches={self.num_micro_batches}) needs pp_degree > 1: micro-batches "
-                "belong to pipeline schedules. Without pipeline stages use gradient_accumulation_steps on the "
-                "Accelerator instead."
             )
         if self.vp_degree > 1 and self.num_micro_batches % self.pp_degree:
             raise ValueError(

@@ -11,7 +11,8 @@ mesh's ``tp``, its ``pp_degree`` the mesh's ``pp`` and the rest is ``dp_replicat
 Megatron's TP, PP and DP groups, which ``setup`` checks), so dataloaders shard over the mesh's ``dp``
 and the processes of one TP or PP group read the same batches. Sharded data parallelism and context
 parallelism on the mesh are refused. With ``pp_degree > 1``, ``prepare`` splits the model itself and
-Megatron-core's schedules run it (``accel_megatron.pipeline``).
+Megatron-core's schedules run it (``accel_megatron.pipeline``); with ``num_micro_batches > 1`` alone, Megatron's
+no-pipelining schedule runs the whole model, one micro-batch after the other.
 
 The user builds the model from ``megatron.core.tensor_parallel`` layers *after* creating the
 Accelerator (the layers read Megatron's groups when they are built)::
@@ -174,7 +175,9 @@ class MegatronStrategy(Strategy):
     def prepare_model(self, model: nn.Module, device_placement: bool) -> nn.Module:
         """Places the model and wraps it in torch DDP over Megatron's DP group (when there are DP replicas). With
         ``pp_degree > 1``: keeps this rank's chunk(s) and returns a ``MegatronPipelinedModel`` instead (its
-        gradients are averaged over the DP group after each schedule run, at accumulation boundaries).
+        gradients are averaged over the DP group after each schedule run, at accumulation boundaries); with
+        ``num_micro_batches > 1`` and no pipeline stages, the same around the whole model (Megatron's
+        no-pipelining schedule).
 
         Why torch's DDP and not ``megatron.core.distributed.DistributedDataParallel``: Megatron's
         allocates its contiguous gradient buffers with ``torch.cuda.current_device()`` and syncs on
@@ -183,7 +186,7 @@ class MegatronStrategy(Strategy):
         """
         from .weights import is_tp_sharded
 
-        if self.plugin.pp_degree > 1:
+        if self.plugin.pp_degree > 1 or self.plugin.num_micro_batches > 1:
             return self._prepare_pipeline(model, device_placement)
         model = super().prepare_model(model, device_placement)
         trainable = [p for p in model.parameters() if p.requires_grad]
@@ -209,9 +212,12 @@ class MegatronStrategy(Strategy):
     def _prepare_pipeline(self, model: nn.Module, device_placement: bool) -> nn.Module:
         from .pipeline import MegatronPipelinedModel, schedule_config, split_for_megatron
 
+        # Without pipeline stages (micro-batches only) the whole model is the one chunk: Megatron's no-pipelining
+        # schedule runs it, one forward and backward per micro-batch.
+        whole = self.plugin.pp_degree == 1
         chunks = [
             super(MegatronStrategy, self).prepare_model(chunk, device_placement)
-            for chunk in split_for_megatron(model, self.plugin.pp_degree, self.plugin.vp_degree)
+            for chunk in ([model] if whole else split_for_megatron(model, self.plugin.pp_degree, self.plugin.vp_degree))
         ]
         first = next((p for chunk in chunks for p in chunk.parameters()), None)
         config = schedule_config(
@@ -313,20 +319,22 @@ class MegatronStrategy(Strategy):
     def model_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The full weights, TP shards gathered along their ``partition_dim``, on every process (with pipeline stages:
         gathered over them too, on the first pipeline rank only). Collective."""
-        from .pipeline import MegatronPipelinedModel
+        from accel_core.pipelining import StagedModel
+
         from .weights import full_state_dict
 
-        if isinstance(model, MegatronPipelinedModel):  # gathered over the stages too, onto the main process
+        if isinstance(model, StagedModel):  # gathered over the stages too, onto the main process
             return model.full_state_dict()
         return full_state_dict(self.unwrap_model(model))
 
     def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> Any:
         """Loads full weights (as ``model_state_dict`` returns them); each TP rank keeps its own block."""
-        from .pipeline import MegatronPipelinedModel
+        from accel_core.pipelining import StagedModel
+
         from .weights import load_full_state_dict
 
-        if isinstance(model, MegatronPipelinedModel):
-            return model.load_full_state_dict(state_dict)
+        if isinstance(model, StagedModel):
+            return model.load_full_state_dict(state_dict, strict=strict)
         return load_full_state_dict(self.unwrap_model(model), state_dict)
 
     def save_sharded(

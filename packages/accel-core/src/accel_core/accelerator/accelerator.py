@@ -6,8 +6,9 @@ creates its parts, each constructed with what it uses, and delegates to
 them: ``Preparation`` (``prepare``), ``Resumption`` (auto-resume, ``completed_steps``, periodic
 checkpoints), ``Tracking``, ``Checkpointing`` (accel-checkpoint's handler), ``MetricsGathering``
 (evaluation across processes), ``ParallelLayout`` (mesh ranks, ``forward_backward``) and a
-``Trigger``. The training step (``backward``, ``accumulate``, clipping) is its own; the read-only
-questions about the run come from its two base classes, ``ProcessControl`` and ``SetupQueries``.
+``Trigger``. Its base classes hold no field: ``TrainingStep`` (``backward``, ``accumulate``, clipping, the
+trigger), ``ReferenceProperties`` (the reference API's properties, read from the fields and parts), and the
+read-only questions about the run, ``ProcessControl`` and ``SetupQueries``.
 No backend is named here. What was prepared is in ``accelerator.prepared`` (``PreparedObjects``;
 also under the reference's ``_optimizers`` & co; ``_models`` lists the models as the reference does).
 
@@ -29,8 +30,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,7 +39,6 @@ from torch.utils.hooks import RemovableHandle
 
 from .. import environment as env
 from ..configuration import (
-    AutocastKwargs,
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
     KwargsHandler,
@@ -47,17 +46,16 @@ from ..configuration import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from ..enums import DistributedType, SchedulerStepping
+from ..enums import SchedulerStepping
+from ..model_utils import is_compiled_module, uncompiled
 from ..optimizer import AcceleratedOptimizer
 from ..parallel.config import ParallelismConfig
 from ..parallel.dims import ParallelDims
-from ..precision.modes import AutocastPrecision, unwrap_forward
+from ..precision.modes import unwrap_forward
 from ..random import synchronize_rng_states
 from ..scheduler import AcceleratedScheduler
-from ..stall_report import POSITION
-from ..state import AcceleratorState, PartialState
+from ..state import AcceleratorState, PartialState, StateResetError
 from ..strategies import (
-    BackwardSyncControl,
     Strategy,
 )
 from .arguments import dataloader_settings, index_handlers
@@ -69,18 +67,18 @@ from .parallel_layout import ParallelLayout
 from .preparation import Preparation
 from .process_control import ProcessControl
 from .profiling import profiled
+from .reference_properties import ReferenceProperties
 from .resumption import Resumption
 from .setup_queries import SetupQueries
 from .tracking import Tracking, normalize_log_with
-from .triggers import Trigger, sync_in_backward
+from .training_step import TrainingStep
+from .triggers import Trigger
 
 if TYPE_CHECKING:
-    from torch.distributed.device_mesh import DeviceMesh
-
     from ..protocols import CheckpointAccelerator, DataAccelerator
 
 
-class Accelerator(ProcessControl, SetupQueries):
+class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQueries):
     """Prepares a model, optimizer, scheduler and dataloaders for the current setup, then stays out of the way.
 
     Arguments follow the reference ``Accelerator``; accel adds ``strategy`` (a strategy name such
@@ -215,14 +213,24 @@ class Accelerator(ProcessControl, SetupQueries):
 
     @property
     def state(self) -> AcceleratorState:
-        """The process's ``AcceleratorState``. Refuses once the state was reset (``AcceleratorState._reset_state()``
-        or ``PartialState._reset_state()``) after this Accelerator was made, as the reference does: what it set
-        up no longer describes the process."""
+        """The process's ``AcceleratorState`` (shared by everything in the process).
+
+        Returned even when the state was reset (``AcceleratorState._reset_state()``) after this Accelerator was
+        made, as in the reference, so ``accelerator.state._reset_state()`` works; while the state is reset,
+        reading one of its fields raises an ``AttributeError`` that names the reset. The Accelerator's own methods
+        refuse to work after such a reset (``StateResetError``): create a new ``Accelerator()``."""
+        return self._state
+
+    @property
+    def _current_state(self) -> AcceleratorState:
+        """The state, for this Accelerator's methods: refuses once the state was reset after it was made, since what
+        it set up no longer describes the process."""
         if PartialState._resets != self._state_resets:
-            raise RuntimeError(
-                "This Accelerator was created before `AcceleratorState._reset_state()` (or "
-                "`PartialState._reset_state()`) was called: the state it set up is gone. Create a new `Accelerator()` "
-                "after resetting the state, and use that one."
+            raise StateResetError(
+                "This Accelerator was created before the state was reset: the `AcceleratorState` object has no "
+                "attribute it set up any more. This happens if `AcceleratorState._reset_state()` (or "
+                "`PartialState._reset_state()`) was called after the Accelerator was made. Create a new "
+                "`Accelerator()` after resetting the state, and use that one."
             )
         return self._state
 
@@ -237,185 +245,8 @@ class Accelerator(ProcessControl, SetupQueries):
                 "it itself (its own loss scaler skips inf/NaN steps): leave skip_nonfinite off."
             )
         return NonFiniteGuard(
-            self.prepared.optimizers, self.state.device, check_gradients=self.precision.scaler is None
+            self.prepared.optimizers, self._current_state.device, check_gradients=self.precision.scaler is None
         )
-
-    # -- the prepared objects, under the reference API's names ------------------------------
-    @property
-    def _models(self) -> list[torch.nn.Module]:
-        """The prepared models as the reference lists them (``Strategy.listed_model``: the user's module, not its DDP
-        or ``torch.compile`` wrapper; FSDP1's wrapper, the DeepSpeed engine), in a new list each time. The prepared
-        objects themselves are in ``prepared.models``."""
-        return [self.strategy.listed_model(model) for model in self.prepared.models]
-
-    @property
-    def _optimizers(self) -> list[AcceleratedOptimizer]:
-        return self.prepared.optimizers
-
-    @property
-    def _schedulers(self) -> list[AcceleratedScheduler]:
-        return self.prepared.schedulers
-
-    @property
-    def _dataloaders(self) -> list[Any]:
-        return self.prepared.dataloaders
-
-    @property
-    def _custom_objects(self) -> list[Any]:
-        return self.prepared.custom_objects
-
-    # -- properties -------------------------------------------------------------------------
-    @property
-    def distributed_type(self) -> DistributedType:
-        """How the processes train together, as the strategy reports it."""
-        return self.strategy.distributed_type
-
-    @property
-    def mixed_precision(self) -> str:
-        """The precision mode in use: "no", "fp16", "bf16" or "fp8" (an old GPU asked for fp8 runs fp16)."""
-        return self.precision.name
-
-    @property
-    def use_fp16(self) -> bool:
-        """Whether mixed precision is on (any mode, as in the reference API); prefer ``mixed_precision``."""
-        return self.mixed_precision != "no"
-
-    @property
-    def scaler(self) -> Any:
-        """The fp16 ``GradScaler`` (or the strategy's sharded one), else None."""
-        return self.precision.scaler
-
-    @property
-    def native_amp(self) -> bool:
-        """Whether precision runs through ``torch.autocast`` (bf16 or fp16)."""
-        return isinstance(self.precision, AutocastPrecision)
-
-    @property
-    def split_batches(self) -> bool:
-        """``DataLoaderConfiguration.split_batches``: batches are cut between processes."""
-        return self.dataloader_config.split_batches
-
-    @property
-    def dispatch_batches(self) -> bool | None:
-        """``DataLoaderConfiguration.dispatch_batches``: process 0 reads and sends the batches."""
-        return self.dataloader_config.dispatch_batches
-
-    @property
-    def even_batches(self) -> bool:
-        """``DataLoaderConfiguration.even_batches``: every process gets as many batches."""
-        return self.dataloader_config.even_batches
-
-    @even_batches.setter
-    def even_batches(self, value: bool) -> None:
-        self.dataloader_config.even_batches = value
-
-    @property
-    def sync_gradients(self) -> bool:
-        """Whether this step synchronises gradients (the last micro-step of an accumulation)."""
-        return self.gradient_state.sync_gradients
-
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        """The number of micro-steps per optimizer step."""
-        return self.gradient_state.num_steps
-
-    @gradient_accumulation_steps.setter
-    def gradient_accumulation_steps(self, value: int) -> None:
-        # Scripts that search for a batch size that fits (find_executable_batch_size) set it afterwards.
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}.")
-        self.gradient_state.num_steps = value
-
-    @property
-    def nonfinite_skips(self) -> int:
-        """How many optimizer steps ``skip_nonfinite`` skipped (0 when it is off)."""
-        return 0 if self._nonfinite_guard is None else self._nonfinite_guard.skips
-
-    @property
-    def optimizer_step_was_skipped(self) -> bool:
-        """Whether the last optimizer step was skipped (fp16 inf/nan gradients): do not change the LR then."""
-        return any(opt.step_was_skipped for opt in self._optimizers)
-
-    # -- the training step ------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Use instead of ``loss.backward()``: divides by the accumulation steps and applies the loss scale."""
-        if not isinstance(loss, torch.Tensor):
-            raise TypeError(
-                f"accelerator.backward(loss) needs the loss tensor the model's output produced, got "
-                f"{type(loss).__name__} {loss!r}: pass the tensor itself, before .item() or float(), e.g. "
-                "`loss = loss_fn(model(inputs), targets); accelerator.backward(loss)`."
-            )
-        POSITION.step += 1  # the stall report's progress mark (one attribute increment)
-        owns_step = self.strategy.owns_optimizer_step
-        if not owns_step and self.gradient_accumulation_steps > 1:
-            loss = loss / self.gradient_accumulation_steps
-        if self._nonfinite_guard is not None:
-            self._nonfinite_guard.observe_loss(loss)
-        self.strategy.backward(self.precision.scale_loss(loss), **kwargs)
-
-    def _do_sync(self) -> None:
-        if self.gradient_state.sync_with_dataloader and self.gradient_state.end_of_dataloader:
-            self.step = 0
-            self.gradient_state._set_sync_gradients(True)
-        else:
-            self.step += 1
-            self.gradient_state._set_sync_gradients(self.step % self.gradient_state.num_steps == 0)
-
-    @contextlib.contextmanager
-    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
-        """Wrap each micro-batch: gradients sync (and the optimizer steps) every ``gradient_accumulation_steps``
-        micro-batches and on the last batch of the data."""
-        self._resumption.accumulate_boundary()
-        self._do_sync()
-        with contextlib.ExitStack() as stack:
-            if not (self.sync_gradients or self.gradient_state.sync_each_batch):
-                for model in models:
-                    stack.enter_context(self.no_sync(model))
-            yield
-
-    @contextlib.contextmanager
-    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
-        """Skips gradient synchronisation inside the block (where the strategy can)."""
-        if self.use_distributed and isinstance(self.strategy, BackwardSyncControl):
-            with self.strategy.no_sync(model):
-                yield
-        else:
-            yield
-
-    def unscale_gradients(self, optimizer: Any = None) -> None:
-        """Divides gradients by the fp16 loss scale (done for you by ``clip_grad_norm_``)."""
-        optimizers = (
-            self._optimizers
-            if optimizer is None
-            else optimizer
-            if isinstance(optimizer, (list, tuple))
-            else [optimizer]
-        )
-        for opt in optimizers:
-            while isinstance(opt, AcceleratedOptimizer):
-                opt = opt.optimizer
-            self.precision.unscale_(opt)
-
-    def clip_grad_norm_(
-        self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor | None:
-        """Use instead of ``torch.nn.utils.clip_grad_norm_``; returns the total (global) gradient norm."""
-        parameters = list(parameters)
-        if self.sync_gradients:
-            self.unscale_gradients()
-        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-
-    def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
-        """Use instead of ``torch.nn.utils.clip_grad_value_``."""
-        parameters = list(parameters)
-        if self.sync_gradients:
-            self.unscale_gradients()
-        self.strategy.clip_grad_value_(parameters, clip_value)
-
-    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
-        """Autocast for code outside the prepared model's forward (a loss computed separately, say)."""
-        kwargs = autocast_handler.to_kwargs() if autocast_handler is not None else {}
-        return self.precision.autocast(**kwargs)
 
     # -- prepare (Preparation) --------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
@@ -425,7 +256,7 @@ class Accelerator(ProcessControl, SetupQueries):
         An object prepared before (the prepared wrapper, or the model, optimizer or scheduler it
         wraps) comes back as the prepared object, registered once (checkpoints count each once).
         """
-        _ = self.state  # refuses, naming the reset, when the state was reset after this Accelerator was made
+        _ = self._current_state  # refuses, naming the reset, when the state was reset after this Accelerator was made
         return self._preparation.prepare(*args, device_placement=device_placement)
 
     def prepare_model(
@@ -468,78 +299,7 @@ class Accelerator(ProcessControl, SetupQueries):
         """Adds objects with ``state_dict`` / ``load_state_dict`` to what ``save_state`` saves."""
         self._preparation.register_for_checkpointing(objects)
 
-    @property
-    def device_placement(self) -> bool:
-        """Whether ``prepare`` moves objects to ``device`` (the default of its ``device_placement``)."""
-        return self._preparation.device_placement
-
-    @device_placement.setter
-    def device_placement(self, value: bool) -> None:
-        self._preparation.device_placement = value
-
-    @property
-    def step_scheduler_with_optimizer(self) -> bool:
-        """Whether a prepared LR scheduler steps only when the optimizer really steps."""
-        return self._preparation.step_scheduler_with_optimizer
-
-    @step_scheduler_with_optimizer.setter
-    def step_scheduler_with_optimizer(self, value: bool) -> None:
-        self._preparation.step_scheduler_with_optimizer = value
-
-    @property
-    def scheduler_stepping(self) -> SchedulerStepping:
-        """``per_process`` or ``per_optimizer_step`` (see ``accel_core.scheduler``)."""
-        return self._preparation.scheduler_stepping
-
-    @property
-    def scheduler_steps_per_optimizer_step(self) -> int:
-        """LR scheduler steps per optimizer step: the data-parallel size (1 with ``split_batches``) with
-        ``scheduler_stepping="per_process"``, 1 with ``"per_optimizer_step"``."""
-        return self._preparation.scheduler_steps_per_optimizer_step
-
-    # -- the layout (ParallelDims; ParallelLayout's steps) --------------------------------------------------------
-    @property
-    def parallelism_config(self) -> ParallelismConfig:
-        """The resolved layout: every size set (``dp_replicate_size`` ... ``pp_size``)."""
-        return self.parallel_dims.config
-
-    @property
-    def device_mesh(self) -> DeviceMesh | None:
-        """The job's ``DeviceMesh`` (dimensions ``dp_replicate``, ``dp_shard``, and ``cp`` / ``tp`` when used;
-        flattened views ``dp``, ``dp_shard_cp``, ``dp_cp``); None for one process without a process group."""
-        return self.parallel_dims.mesh
-
-    @property
-    def torch_device_mesh(self) -> DeviceMesh | None:
-        """The reference API's name for ``device_mesh``."""
-        return self.parallel_dims.mesh
-
-    @property
-    def tensor_parallel_rank(self) -> int:
-        """This process's place in its tensor-parallel group (0 without tensor parallelism)."""
-        return self.parallel_dims.local_rank("tp")
-
-    @property
-    def context_parallel_rank(self) -> int:
-        """This process's index along the mesh's ``cp`` dimension (0 without context parallelism)."""
-        return self.parallel_dims.local_rank("cp")
-
-    @property
-    def data_parallel_rank(self) -> int:
-        """This process's replica index along ``dp_replicate`` (the reference's meaning; 0 when not replicated)."""
-        return self.parallel_dims.local_rank("dp_replicate")
-
-    @property
-    def data_parallel_shard_rank(self) -> int:
-        """This process's index along ``dp_shard`` (0 when parameters are not sharded)."""
-        return self.parallel_dims.local_rank("dp_shard")
-
-    @property
-    def pipeline_parallel_rank(self) -> int:
-        """This process's index along the mesh's ``pp`` dimension (0 without pipeline parallelism); with
-        ``pp_stages_per_rank > 1`` it holds stages ``rank, rank + pp_size, ...``."""
-        return self.parallel_dims.local_rank("pp")
-
+    # -- the layout (ParallelLayout's steps) ---------------------------------------------------------
     def forward_backward(
         self,
         model: torch.nn.Module,
@@ -592,29 +352,6 @@ class Accelerator(ProcessControl, SetupQueries):
         return self._layout.maybe_context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
 
     # -- tracking (Tracking) ----------------------------------------------------------------
-    @property
-    def log_with(self) -> list[Any]:
-        """The trackers asked for (names or tracker objects); ``init_trackers`` starts them."""
-        return self._tracking.log_with
-
-    @log_with.setter
-    def log_with(self, value: list[Any]) -> None:
-        self._tracking.log_with = value
-
-    @property
-    def trackers(self) -> list[Any]:
-        """The trackers ``init_trackers`` started (main process; empty elsewhere)."""
-        return self._tracking.trackers
-
-    @trackers.setter
-    def trackers(self, value: list[Any]) -> None:
-        self._tracking.trackers = value
-
-    @property
-    def logging_dir(self) -> str | None:
-        """``ProjectConfiguration.logging_dir``: where file-writing trackers write."""
-        return self._tracking.logging_dir
-
     def init_trackers(
         self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None
     ) -> None:
@@ -642,16 +379,6 @@ class Accelerator(ProcessControl, SetupQueries):
         self._tracking.finish()
 
     # -- checkpoints (Checkpointing) --------------------------------------------------------
-    @property
-    def project_dir(self) -> str | None:
-        """``ProjectConfiguration.project_dir``: the root of automatic checkpoints."""
-        return self.project_configuration.project_dir
-
-    @property
-    def save_iteration(self) -> int:
-        """The number the next automatic checkpoint gets (``ProjectConfiguration.iteration``)."""
-        return self.project_configuration.iteration
-
     def save_state(self, output_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
         """Saves models, optimizers, schedulers, scaler, RNG states, dataloader positions and registered objects.
 
@@ -681,24 +408,6 @@ class Accelerator(ProcessControl, SetupQueries):
         """
         self._checkpointing.save(obj, f, safe_serialization)
 
-    @property
-    def _save_model_state_pre_hook(self) -> OrderedDict[int, Callable[..., None]]:
-        return self._checkpointing.save_hooks  # the reference's name
-
-    @property
-    def _load_model_state_pre_hook(self) -> OrderedDict[int, Callable[..., None]]:
-        return self._checkpointing.load_hooks  # the reference's name
-
-    @property
-    def save_state_pre_hooks(self) -> list[Callable[..., None]]:
-        """The hooks ``register_save_state_pre_hook`` added and not removed, in registration order."""
-        return list(self._checkpointing.save_hooks.values())
-
-    @property
-    def load_state_pre_hooks(self) -> list[Callable[..., None]]:
-        """The hooks ``register_load_state_pre_hook`` added and not removed, in registration order."""
-        return list(self._checkpointing.load_hooks.values())
-
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """``hook(models, weights, output_dir)`` runs before ``save_state`` writes the models."""
         return self._checkpointing.register_hook(self._checkpointing.save_hooks, hook)
@@ -708,21 +417,6 @@ class Accelerator(ProcessControl, SetupQueries):
         return self._checkpointing.register_hook(self._checkpointing.load_hooks, hook)
 
     # -- resuming (Resumption) --------------------------------------------------------------
-    @property
-    def resume(self) -> str | None:
-        """``"auto"`` when the run resumes from its newest automatic checkpoint (``resume=``), else None."""
-        return self._resumption.resume
-
-    @property
-    def resumed_from(self) -> str | None:
-        """The checkpoint folder this run resumed from (None on a fresh start)."""
-        return self._resumption.resumed_from
-
-    @property
-    def completed_steps(self) -> int:
-        """Optimizer steps taken (several optimizers stepping on one batch count once); restored on resume."""
-        return self._resumption.completed_steps
-
     def resume_if_possible(self) -> str | None:
         """Loads the newest complete automatic checkpoint, if there is one; returns its folder (else None).
 
@@ -767,53 +461,7 @@ class Accelerator(ProcessControl, SetupQueries):
         """
         return self._metrics.join_uneven_inputs(joinables, even_batches)
 
-    # -- triggers and profiling --------------------------------------------------------------
-    @property
-    def flag_tensor(self) -> torch.Tensor | None:
-        """The trigger's flag on this process (None before the first ``set_trigger`` / ``check_trigger``)."""
-        return self._trigger.flag_tensor
-
-    @flag_tensor.setter
-    def flag_tensor(self, value: torch.Tensor | None) -> None:
-        self._trigger.flag_tensor = value
-
-    def set_trigger(self) -> None:
-        """Raises the flag on this process; the next ``check_trigger()`` is True on every process.
-
-        Example::
-
-            if torch.isnan(loss):
-                accelerator.set_trigger()
-            if accelerator.check_trigger():  # on every process, every step
-                break
-        """
-        self._trigger.set()
-
-    def check_trigger(self) -> bool:
-        """Whether any process called ``set_trigger()`` since the last check (then the flag is lowered).
-
-        A collective: every process must call it at the same point.
-        """
-        return self._trigger.check()
-
-    @staticmethod
-    def trigger_sync_in_backward(model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
-        """The backward inside the block all-reduces gradients, even after forwards run under ``no_sync``.
-
-        Gradients accumulated locally meanwhile are averaged along. A no-op for a model that is not
-        ``DistributedDataParallel`` (one process, FSDP, DeepSpeed).
-
-        Example::
-
-            with accelerator.no_sync(model):
-                loss_a = loss_fn(model(input_a))
-                loss_b = loss_fn(model(input_b))
-            accelerator.backward(loss_a)  # stays local
-            with accelerator.trigger_sync_in_backward(model):
-                accelerator.backward(loss_b)  # all-reduces the sum of both
-        """
-        return sync_in_backward(model)
-
+    # -- profiling ------------------------------------------------------------------------
     def profile(self, profile_handler: ProfileKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
         """Profiles the block with ``torch.profiler`` and yields the profiler.
 
@@ -839,8 +487,8 @@ class Accelerator(ProcessControl, SetupQueries):
             with the same compile settings (as Accelerate returns; the prepared model is left as it
             is); False returns the plain module.
         """
-        compiled = model if "_orig_mod" in model.__dict__.get("_modules", {}) else None
-        model = getattr(model, "_orig_mod", model)
+        compiled = model if is_compiled_module(model) else None
+        model = uncompiled(model)
         model = self.strategy.unwrap_model(model)
         if not keep_fp32_wrapper:
             unwrap_forward(model)
@@ -852,12 +500,9 @@ class Accelerator(ProcessControl, SetupQueries):
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The full state dict of a prepared model (gathered where the strategy shards it, and over the pipeline
         stages: valid on the main process), fp16 cast to fp32."""
-        from ..pipelining import StagedModel
+        from ..transforms.state_dict import prepared_model_state_dict
 
-        if isinstance(model, StagedModel):
-            state_dict = model.full_state_dict() if unwrap else model.state_dict()
-        else:
-            state_dict = self.strategy.model_state_dict(model) if unwrap else model.state_dict()
+        state_dict = prepared_model_state_dict(self.strategy, model) if unwrap else model.state_dict()
         return {
             k: v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v
             for k, v in state_dict.items()

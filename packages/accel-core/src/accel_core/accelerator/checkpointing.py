@@ -67,8 +67,7 @@ class Checkpointing:
         """Blocks until an asynchronous save is on disk; returns its folder (None if none pending)."""
         if not discovery.is_loaded("accel.checkpoint", "state"):
             return None  # nothing was ever saved through the handler: no need to import it
-        wait = getattr(self._handler(), "wait", None)
-        return wait(self._accelerator) if wait is not None else None
+        return self._handler().wait(self._accelerator)
 
     def find_resume_point(self) -> ResumePoint | None:
         """The newest automatic checkpoint complete on every process, or None. Collective."""
@@ -91,7 +90,7 @@ class Checkpointing:
         if safe_serialization:
             self._handler().save_object(self._accelerator, obj, os.fspath(f), safe_serialization=True)
             return
-        state = self._process.state
+        state = self._process._current_state
         should_write = (
             state.is_local_main_process if self._project_configuration.save_on_each_node else state.is_main_process
         )

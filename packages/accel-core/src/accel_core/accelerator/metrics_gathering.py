@@ -69,7 +69,9 @@ class MetricsGathering:
         if use_gather_object:
             data = ops.gather_object(input_data, group)
             return data[:keep] if keep is not None and isinstance(input_data, (list, tuple)) else data
-        if self._process.state.collectives is not None:  # the backend's collectives (XLA): no torch.distributed group
+        if (
+            self._process._current_state.collectives is not None
+        ):  # the backend's collectives (XLA): no torch.distributed group
             return _gather_samples(input_data, keep, group)
         # One agreement check for the whole structure, then the leaves move unchecked.
         if _only_tensors(input_data):
@@ -84,7 +86,7 @@ class MetricsGathering:
         """``Accelerator.join_uneven_inputs``: ``torch.distributed.algorithms.Join`` over ``joinables``."""
         from torch.distributed.algorithms.join import Join, Joinable
 
-        if not self._process.state.use_distributed:
+        if not self._process._current_state.use_distributed:
             yield
             return
         not_joinable = [
@@ -97,10 +99,13 @@ class MetricsGathering:
                 if self._strategy.name == "ddp"
                 else f"the {self._strategy.name} strategy's prepared models are not Joinable; only DDP's are"
             )
+            # The reference's words first ("only supported for multi-GPU"; scripts test for them), then accel's
+            # reason: gloo's DDP joins too, and the check is on what was passed, not on the distributed type.
             warnings.warn(
-                f"join_uneven_inputs has no effect: {', '.join(not_joinable)} passed to it "
-                f"{'is' if len(not_joinable) == 1 else 'are'} not torch Joinable (a DDP-wrapped model or a "
-                f"ZeroRedundancyOptimizer is): {why}.",
+                "Joining uneven inputs is only supported for multi-GPU (or multi-CPU) training under "
+                "DistributedDataParallel, as a result `join_uneven_inputs` will have no effect: "
+                f"{', '.join(not_joinable)} passed to it {'is' if len(not_joinable) == 1 else 'are'} not torch "
+                f"Joinable (a DDP-wrapped model or a ZeroRedundancyOptimizer is): {why}.",
                 stacklevel=3,
             )
             yield

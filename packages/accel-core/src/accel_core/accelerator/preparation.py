@@ -15,6 +15,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from .. import discovery, transforms
 from ..enums import SchedulerStepping
+from ..model_utils import uncompiled
 from ..optimizer import AcceleratedOptimizer
 from ..optimizer_rebuild import ParameterNames
 from ..optimizer_rebuild import parameter_ids as optimizer_parameter_ids
@@ -134,7 +135,7 @@ class Preparation:
                 return obj
         if isinstance(obj, torch.nn.Module):
             for model in self.prepared.models:
-                inner = getattr(model, "_orig_mod", model)
+                inner = uncompiled(model)
                 if obj is inner or obj is self.strategy.unwrap_model(inner):
                     return model
         for optimizer in self.prepared.optimizers:
@@ -263,7 +264,7 @@ class Preparation:
             for stage in prepared.stage_modules:  # autocast inside each stage, not around the schedule
                 self.precision.wrap_forward(stage)
         else:
-            self.precision.wrap_forward(self.strategy.unwrap_model(getattr(prepared, "_orig_mod", prepared)))
+            self.precision.wrap_forward(self.strategy.unwrap_model(uncompiled(prepared)))
         self.prepared.models.append(prepared)
         return prepared
 

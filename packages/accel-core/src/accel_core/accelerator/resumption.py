@@ -111,7 +111,7 @@ class Resumption:
                     "checkpoint_on_sigterm=True saves an automatic checkpoint: pass ProjectConfiguration("
                     "project_dir='runs/exp', automatic_checkpoint_naming=True, checkpoint_on_sigterm=True)."
                 )
-            self._preemption = PreemptionWatch(process.state.device)
+            self._preemption = PreemptionWatch(process._current_state.device)
         self.boundary_hook = StepBoundaryHook(self)
 
     # -- what a checkpoint keeps of the run (read and written by accel-checkpoint) --------------
@@ -143,7 +143,7 @@ class Resumption:
         self._checkpointing.load_state(point.path)
         self.resumed_from = point.path
         self._tracking.continue_from(self._tracking.last_logged_step)
-        if self._process.state.is_main_process:
+        if self._process._current_state.is_main_process:
             logger.info("Resumed from %s: %d optimizer steps done.", point.path, self.completed_steps)
         return point.path
 
@@ -203,7 +203,7 @@ class Resumption:
             self._save_and_exit_on_preemption()
         if every and self.completed_steps % every == 0:
             path = self._checkpointing.save_state(None, async_save=config.save_async)
-            if self._process.state.is_main_process:
+            if self._process._current_state.is_main_process:
                 logger.info(
                     "Periodic checkpoint (save_every_n_steps=%d) after optimizer step %d, taken %s: %s%s",
                     every,
@@ -215,7 +215,7 @@ class Resumption:
 
     def _save_and_exit_on_preemption(self) -> NoReturn:
         """Some process got SIGTERM (``checkpoint_on_sigterm``): every process saves this step, then exits 143."""
-        is_main = self._process.state.is_main_process
+        is_main = self._process._current_state.is_main_process
         if is_main:
             logger.warning("SIGTERM received: saving a checkpoint at step %d before exiting.", self.completed_steps)
         self._checkpointing.wait()  # an asynchronous save still in flight must complete first

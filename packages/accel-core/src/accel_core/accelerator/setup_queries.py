@@ -52,30 +52,31 @@ class SetupQueries:
         self.dataloader_config = dataloader_config
 
     @property
-    def state(self) -> AcceleratorState:
-        """The process's ``AcceleratorState`` (provided by the Accelerator)."""
+    def _current_state(self) -> AcceleratorState:
+        """The process's ``AcceleratorState``, refusing once it was reset after this Accelerator was made (provided
+        by the Accelerator)."""
         raise NotImplementedError
 
     @property
     def deepspeed_plugin(self) -> Any:
         """The active ``DeepSpeedPlugin``, or None when the run does not use DeepSpeed."""
-        return self.state.deepspeed_plugin
+        return self._current_state.deepspeed_plugin
 
     @property
     def is_fsdp2(self) -> bool:
         """Whether models are sharded with FSDP2 (``fully_shard``)."""
-        return self.state.is_fsdp2
+        return self._current_state.is_fsdp2
 
     @property
     def multi_device(self) -> bool:
         """Whether several processes each drive an accelerator device (GPUs, XPUs, ...), not CPUs."""
-        return self.state.use_distributed and str(self.state.distributed_type) in _MULTI_DEVICE
+        return self._current_state.use_distributed and str(self._current_state.distributed_type) in _MULTI_DEVICE
 
     @property
     def should_save_model(self) -> bool:
         """Whether this process writes model files: the first process of each machine, as in Accelerate
         when no parallelism config is given."""
-        return self.state.is_local_main_process
+        return self._current_state.is_local_main_process
 
     @property
     def use_seedable_sampler(self) -> bool:
@@ -144,7 +145,7 @@ class SetupQueries:
     @property
     def fp8_enabled(self) -> bool:
         """Whether models train in fp8 (``mixed_precision="fp8"`` on a device that runs it)."""
-        return self.state.mixed_precision == "fp8"
+        return self._current_state.mixed_precision == "fp8"
 
     @property
     def fp8_backend(self) -> FP8BackendType:

@@ -17,7 +17,6 @@ import contextlib
 import itertools
 import sys
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import discovery
@@ -32,14 +31,35 @@ if TYPE_CHECKING:
 
 
 class _InactiveTracker:
-    """What ``get_tracker`` returns on processes that do not log: every call does nothing."""
+    """What ``get_tracker`` returns on processes that do not log: a tracker's methods do nothing here, and any other
+    name (a typo) raises AttributeError as it would on the main process."""
+
+    is_active = False
+    main_process_only = True
+    requires_logging_directory = False
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.tracker = None
+        self.tracker = None  # the backend's raw object, as an inactive tracker's
+        self.run_id: str | None = None
 
-    def __getattr__(self, attribute: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
+    def start(self) -> None:
+        """Does nothing: only the main process logs."""
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Does nothing: only the main process logs."""
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Does nothing: only the main process logs."""
+
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Does nothing: only the main process logs."""
+
+    def log_table(self, table_name: str, *args: Any, **kwargs: Any) -> None:
+        """Does nothing: only the main process logs."""
+
+    def finish(self) -> None:
+        """Does nothing: only the main process logs."""
 
 
 def normalize_log_with(log_with: Any) -> list[Any]:
@@ -103,7 +123,7 @@ class Tracking:
     def init_trackers(self, project_name: str, config: dict[str, Any] | None, init_kwargs: dict[str, Any]) -> None:
         """Starts the trackers of ``log_with`` on the main process; its failure also raises on the other processes
         that call ``init_trackers``. No collective: calling it on the main process only is fine."""
-        state = self._process.state
+        state = self._process._current_state
         self._init_calls += 1
         key = f"{_OUTCOME_KEYS}{self._number}/{self._init_calls}"
         store = _default_store() if state.use_distributed else None
@@ -148,7 +168,7 @@ class Tracking:
     def get_tracker(self, name: str, unwrap: bool) -> Any:
         """The tracker called ``name`` (its raw library object with ``unwrap=True``); a do-nothing one off the main
         process."""
-        if not self._process.state.is_main_process:
+        if not self._process._current_state.is_main_process:
             return _InactiveTracker(name)
         for tracker in self.trackers:
             if tracker.name == name:
@@ -162,7 +182,7 @@ class Tracking:
         if step is not None:
             last = self.last_logged_step
             self.last_logged_step = int(step) if last is None else max(last, int(step))
-        if not self._process.state.is_main_process:
+        if not self._process._current_state.is_main_process:
             return
         for tracker in self.trackers:
             tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .contract import MODELS, OPTIMIZERS, SCHEDULERS, CheckpointIO, Coordination, ShardedCheckpointing
 from .errors import (
     CheckpointError,
+    CheckpointFormatError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
     CheckpointWriteError,
@@ -24,6 +25,7 @@ __all__ = [
     "OPTIMIZERS",
     "SCHEDULERS",
     "CheckpointError",
+    "CheckpointFormatError",
     "CheckpointIO",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",

@@ -33,6 +33,10 @@ class CheckpointMismatchError(CheckpointError):
     """The checkpoint holds a different number of models/optimizers/... than was prepared."""
 
 
+class CheckpointFormatError(CheckpointMismatchError):
+    """The checkpoint is in a format (or format version) this version of accel-checkpoint cannot read."""
+
+
 class CheckpointWriteError(CheckpointError, OSError):
     """The file system refused to hold a checkpoint (read-only, no permission, no space, file too large).
 
@@ -45,6 +49,7 @@ class CheckpointWriteError(CheckpointError, OSError):
 
 __all__ = [
     "CheckpointError",
+    "CheckpointFormatError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "CheckpointWriteError",

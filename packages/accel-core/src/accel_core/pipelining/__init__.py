@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..model_utils import uncompiled
 from .model import PipelinedModel, StagedModel, as_call_arguments
 from .schedule import PipelineLayout, build_schedule, resolve_layout
 from .split import chain_units, parameter_bytes, split_model, stage_boundaries
@@ -42,7 +43,7 @@ def prepare_pipeline(
     layout = resolve_layout(dims.config, group.rank)
     stage_modules = split_model(model, layout.num_stages, layout.local_stages, dims.config.pp_split_points)
     parts = [finish(stage) for stage in stage_modules]
-    unwrapped = [strategy.unwrap_model(getattr(part, "_orig_mod", part)) for part in parts]
+    unwrapped = [strategy.unwrap_model(uncompiled(part)) for part in parts]
     return PipelinedModel(
         parts,
         unwrapped,

@@ -84,8 +84,9 @@ def units_under_one_root(stages: Sequence[nn.Module]) -> nn.Module:
 class StagedModel(nn.Module):
     """What ``prepare`` returns for a model split into pipeline stages: this rank's stage(s) and a schedule.
 
-    The contract the Accelerator relies on (``forward_backward``, the optimizer rebuilt on the local
-    stages, ``get_state_dict``, autocast per stage). ``PipelinedModel`` runs torch's schedules;
+    The one type every package tests for "a pipelined model", and the contract they rely on
+    (``forward_backward``, the optimizer rebuilt on the local stages, ``get_state_dict`` and ``save_state``
+    through ``full_state_dict``, autocast per stage). ``PipelinedModel`` runs torch's schedules;
     accel-megatron's pipelined model runs Megatron-core's.
     """
 
@@ -132,6 +133,16 @@ class StagedModel(nn.Module):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state dict, gathered over the stages onto the main process. Collective."""
         raise NotImplementedError
+
+    def load_full_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+        """Loads a whole-model state dict (the same on every process) into this rank's stage(s); keys of other
+        stages are ignored. strict: every key of the local stage(s) must be there."""
+        raise NotImplementedError
+
+    def checkpoint_module(self) -> nn.Module:
+        """The module a sharded (DCP) checkpoint reads for this rank: its local stage(s) under the whole model's
+        names."""
+        return units_under_one_root(self.stage_modules)
 
 
 class PipelinedModel(StagedModel):

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from .accelerator_state import AcceleratorSetup, AcceleratorState
 from .gradient_state import GradientState
-from .process_state import DEFAULT_COLLECTIVE_TIMEOUT, PartialState, collective_timeout, default_backend
+from .process_state import (
+    DEFAULT_COLLECTIVE_TIMEOUT,
+    PartialState,
+    StateResetError,
+    collective_timeout,
+    default_backend,
+)
 
 __all__ = [
     "DEFAULT_COLLECTIVE_TIMEOUT",
@@ -18,6 +24,7 @@ __all__ = [
     "AcceleratorState",
     "GradientState",
     "PartialState",
+    "StateResetError",
     "collective_timeout",
     "default_backend",
 ]

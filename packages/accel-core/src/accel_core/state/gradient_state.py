@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from ..configuration import GradientAccumulationPlugin
+
+
+class IteratingDataLoader(Protocol):
+    """What a loader registered with ``GradientState`` answers while it iterates (accel-data's prepared loader,
+    accel-xla's device loader, and Accelerate's ``DataLoaderShard`` alike)."""
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True while the last batch of the epoch is being yielded."""
+        ...
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global batch (-1 when unknown)."""
+        ...
+
 
 _GRADIENT_SETTINGS = frozenset(
     {"sync_gradients", "num_steps", "sync_with_dataloader", "sync_each_batch", "adjust_scheduler_given"}
@@ -34,8 +50,8 @@ class GradientState:
         self.__dict__ = self._shared_state
         if not self._shared_state:
             self.sync_gradients = True
-            self.active_dataloader: Any | None = None
-            self.dataloader_references: list[Any] = []
+            self.active_dataloader: IteratingDataLoader | None = None
+            self.dataloader_references: list[IteratingDataLoader] = []
             self.num_steps = 1
             self.sync_with_dataloader = True
             self.sync_each_batch = False
@@ -79,14 +95,12 @@ class GradientState:
     @property
     def end_of_dataloader(self) -> bool:
         """Whether the active prepared dataloader is yielding its last batch."""
-        return bool(self.active_dataloader is not None and getattr(self.active_dataloader, "end_of_dataloader", False))
+        return self.active_dataloader is not None and bool(self.active_dataloader.end_of_dataloader)
 
     @property
     def remainder(self) -> int:
         """Real samples in the last global batch of the active dataloader (-1 when unknown)."""
-        if self.active_dataloader is None:
-            return -1
-        return getattr(self.active_dataloader, "remainder", -1)
+        return -1 if self.active_dataloader is None else self.active_dataloader.remainder
 
     @property
     def in_dataloader(self) -> bool:
@@ -96,14 +110,14 @@ class GradientState:
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
 
-    def register_dataloader(self, dataloader: Any) -> None:
+    def register_dataloader(self, dataloader: IteratingDataLoader) -> None:
         """A prepared loader starts handing out batches: it answers ``end_of_dataloader`` and ``remainder``
         until ``unregister_dataloader``. Loaders iterated inside another one's loop (an evaluation loop
         during training) stack: the innermost answers, and the outer one again once it is unregistered."""
         self.active_dataloader = dataloader
         self.dataloader_references.append(dataloader)
 
-    def unregister_dataloader(self, dataloader: Any) -> None:
+    def unregister_dataloader(self, dataloader: IteratingDataLoader) -> None:
         """The loader's iteration ended or was abandoned (call it in a ``finally``)."""
         if dataloader in self.dataloader_references:
             self.dataloader_references.remove(dataloader)

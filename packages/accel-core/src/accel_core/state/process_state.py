@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from .. import accelerate_launch_env, cluster_env
 from .. import environment as env
-from ..attempt_store import attempt_store
+from ..attempt_store import attempt_store, wait_for_peers
 from ..enums import DistributedType
 from ..network_check import check_addresses, spans_machines
 from ..placement import Collectives, ProcessPlacement
@@ -94,6 +94,14 @@ def group_timeout() -> timedelta:
 def default_backend(device: torch.device) -> str:
     """The collective backend for ``device``: nccl for CUDA, xccl for XPU, gloo otherwise."""
     return {"cuda": "nccl", "xpu": "xccl"}.get(device.type, "gloo")
+
+
+class StateResetError(AttributeError, RuntimeError):
+    """An Accelerator made before ``AcceleratorState._reset_state()`` (or ``PartialState._reset_state()``) was used.
+
+    An ``AttributeError``, as the reference raises from such an Accelerator (its state object has lost its
+    fields), and a ``RuntimeError``, as accel raised before.
+    """
 
 
 class PartialState:
@@ -198,6 +206,9 @@ class PartialState:
             else:
                 store = connect()
             if store is not None:  # the agent's store outlives the attempt: keys of this attempt only
+                # A roll call first: a peer whose function returned without joining fails this rank now, not
+                # after the group timeout (the agent sees a returned peer as a success and would wait).
+                wait_for_peers(store, self.rank, self.world_size, kwargs["timeout"])
                 kwargs.update(store=store, rank=self.rank, world_size=self.world_size)
         dist.init_process_group(backend=backend, **{k: v for k, v in kwargs.items() if v is not None})
         self.backend = backend

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from ..strategies.base import Strategy
 
 
 def has_dtensors(model: nn.Module) -> bool:
@@ -37,3 +40,26 @@ def load_full_state_dict(model: nn.Module, state_dict: dict[str, Any], strict: b
     )
 
     return set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+
+def prepared_model_state_dict(strategy: Strategy, model: nn.Module) -> dict[str, Any]:
+    """The full state dict of a prepared model, the one path ``get_state_dict`` and ``save_state`` take: a model split
+    into pipeline stages (``StagedModel``, torch's or Megatron's) is gathered over them onto the main process, any
+    other through its strategy. Collective."""
+    from ..pipelining import StagedModel
+
+    if isinstance(model, StagedModel):
+        return model.full_state_dict()
+    return strategy.model_state_dict(model)
+
+
+def load_prepared_model_state_dict(
+    strategy: Strategy, model: nn.Module, state_dict: dict[str, Any], strict: bool = True
+) -> Any:
+    """Loads full weights into a prepared model (the inverse of ``prepared_model_state_dict``): pipeline stages take
+    their own keys, shards keep their part."""
+    from ..pipelining import StagedModel
+
+    if isinstance(model, StagedModel):
+        return model.load_full_state_dict(state_dict, strict=strict)
+    return strategy.load_model_state_dict(model, state_dict, strict=strict)

@@ -62,8 +62,10 @@ def main(argv: list[str]) -> int:
         )
     if args.action != "import" and args.source:
         parser.error(f"unexpected argument {args.source!r}")
-    if path.exists() and not path.is_file():
+    if path.is_dir():
         raise ValueError(f"Config file {path} is a directory: pass --config-file with the path of a YAML file.")
+    if path.exists() and not path.is_file():  # a FIFO, a device: refused as `accel launch` refuses it
+        read_yaml_file(path, "Config file", "fix the path.")
     if args.action == "show":
         return show(path, explicit)
     # The source first: a missing or broken one is the problem to report, whatever the destination.

@@ -1,0 +1,78 @@
+"""One small training run with a plain ``Accelerator()``, the same whichever engine starts its processes.
+
+Usage: ``cluster_train.py <out_dir>`` under ``srun``, ``mpirun``, ``accel launch`` (or, through ``train``, inside a Ray
+Train worker). Each rank writes ``<out_dir>/rank<N>.json``: what started it (the launcher ``accel_core.cluster_env``
+detects before the ``Accelerator`` exists, and whether a process group existed already), the world it joined, the
+ranks an all_gather returned, its host; rank 0 also writes the initial and final weights
+(``initial.safetensors``, ``final.safetensors``). The numbers depend on the world only (2 processes, seeded data and
+model, DDP over gloo), so every engine's final weights must equal an ``accel launch --cpu -n 2`` run's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Accelerator
+from accel_core import cluster_env
+
+EPOCHS = 2
+
+
+def train(out_dir: str | Path) -> None:
+    out = Path(out_dir)
+    started_by = cluster_env.detect()  # before the Accelerator writes the launcher's variables as torchrun's
+    group_before = torch.distributed.is_available() and torch.distributed.is_initialized()
+    accelerator = Accelerator()
+
+    data = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+    targets = (data @ torch.randn(8, 1, generator=torch.Generator().manual_seed(2))).squeeze(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    loader = DataLoader(TensorDataset(data, targets), batch_size=4, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+    steps = 0
+    losses: list[float] = []
+    for _ in range(EPOCHS):
+        for inputs, labels in loader:
+            loss = torch.nn.functional.mse_loss(model(inputs).squeeze(1), labels)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            steps += 1
+            losses.append(loss.item())
+
+    gathered = accelerator.gather(torch.tensor([accelerator.process_index])).tolist()
+    report = {
+        "launcher": started_by.launcher if started_by else None,
+        "group_before": group_before,
+        "world_size": accelerator.num_processes,
+        "rank": accelerator.process_index,
+        "local_rank": accelerator.local_process_index,
+        "distributed_type": str(accelerator.distributed_type),
+        "gathered_ranks": gathered,
+        "host": socket.gethostname(),
+        "master_addr": os.environ.get("MASTER_ADDR"),
+        "steps": steps,
+        "losses": losses,
+    }
+    (out / f"rank{accelerator.process_index}.json").write_text(json.dumps(report))
+    if accelerator.is_main_process:
+        final = accelerator.unwrap_model(model).state_dict()
+        save_file({k: v.contiguous() for k, v in initial.items()}, str(out / "initial.safetensors"))
+        save_file({k: v.detach().contiguous() for k, v in final.items()}, str(out / "final.safetensors"))
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    train(sys.argv[1])
