@@ -26,6 +26,7 @@ class HostJob:
 
     def __init__(self, host: Host, rank: int, launch: list[str], folder: Path, env: dict[str, str]) -> None:
         self.host, self.log = host, folder / f"host{rank}.log"
+        self.rank, self.launch, self.env = rank, launch, env
         command = host.command([*accel_command(), "launch", "--machine-rank", str(rank), *launch])
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
@@ -42,6 +43,11 @@ class HostJob:
             self.kill()
             ended = f"{self.host.hostname} did not end within {timeout:.0f} s:\n{self.output()[-6000:]}"
             raise AssertionError(ended) from None
+
+    def started_again(self, folder: Path) -> HostJob:
+        """The same launch on the same host, as a scheduler starts a lost machine's command again."""
+        folder.mkdir(exist_ok=True)
+        return HostJob(self.host, self.rank, self.launch, folder, self.env)
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -200,3 +206,52 @@ def test_a_link_cut_for_good_is_named_as_an_unreachable_host_not_a_hang(tmp_path
         for output in outputs:
             assert "became unreachable, not a hang" in output, both
             assert "never joined it" not in output, both
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_host_whose_link_comes_back_rejoins_and_the_job_resumes_bit_identically(
+    tmp_path: Path, restartable_reference: Path
+) -> None:
+    # Host 1's link goes down after the first checkpoint: host 0's stall report names it unreachable, the collective
+    # timeout ends both workers, host 0's agent restarts its worker and waits in the next rendezvous round. The link
+    # comes back and host 1 is started again (as a scheduler restarts a machine that was lost): both workers resume
+    # from the newest complete checkpoint and end with the weights and metrics of an uninterrupted run.
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    from accel_tracking.local import read_metrics
+
+    project = tmp_path / "project"
+    project.mkdir()
+    with linked_hosts(2) as hosts:
+        flags = ["--stall-report-after", str(THRESHOLD), "--collective-timeout", "15", "--max-restarts", "2"]
+        flags += ["--auto-resume", "--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=5"]
+        env = _env(STEP_DELAY="0.3", FAULT_PLAN="{}", ACCEL_CHECKPOINT_FSYNC="0")
+        jobs = _launch_both(hosts, tmp_path, flags, [str(RESTARTABLE), str(project)], env)
+        try:
+            _wait_for_step(project, 4, jobs, 300)
+            hosts[1].cut()
+            _reported(jobs[0], "does not answer; unreachable: accel-host1", time.monotonic(), 60)
+            _reported(jobs[0], "failed (exitcode: 1)", time.monotonic(), 90)  # the collective timeout: a restart
+            hosts[1].restore()
+            jobs[1].kill()  # the lost machine comes back: its launch starts again
+            jobs[1] = jobs[1].started_again(tmp_path / "again")
+            codes = [job.wait(400) for job in jobs]
+        finally:
+            for job in jobs:
+                job.kill()
+        both = "\n=== host 1\n".join(job.output()[-6000:] for job in jobs)
+        assert codes == [0, 0], both
+    attempts = [json.loads(line) for line in (project / "attempts.jsonl").read_text().splitlines()]
+    resumed = [a for a in attempts if a["resumed_from"] is not None]
+    assert sorted(a["rank"] for a in resumed) == [0, 1], (attempts, both)
+    reference, got = load_file(restartable_reference / "final.safetensors"), load_file(project / "final.safetensors")
+    assert reference.keys() == got.keys()
+    for name in reference:
+        assert torch.equal(reference[name], got[name]), f"{name} differs"
+    metrics, reference_metrics = read_metrics(project / "run"), read_metrics(restartable_reference / "run")
+    assert [r["step"] for r in metrics] == list(range(1, 17)), metrics
+    assert [r["loss"] for r in metrics] == [r["loss"] for r in reference_metrics]

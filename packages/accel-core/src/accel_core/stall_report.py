@@ -23,13 +23,20 @@ How it stays off the step path:
   past the threshold takes the report (one per collective, elected with an atomic ``store.add``),
   raises the request counter, and every rank's thread answers at its next poll with its record and
   the line its training thread runs now (``sys._current_frames``, read from the thread: no cost to
-  the training thread). A rank that does not answer within a few polls is reported as silent
-  (killed, or blocked without releasing Python); a rank whose script ended says so at exit.
+  the training thread). A rank that does not answer within a few polls is looked at directly
+  (``stall_probe``: stopped, alive but not running Python, gone, or its machine unreachable); a rank
+  whose script ended says so at exit.
+- A rank stalled anywhere else (DDP's gradient all-reduce inside ``backward``, a collective called
+  through torch) is seen through its progress mark: ``accelerator.backward`` adds one to
+  ``POSITION.step`` (one attribute increment, ~30 ns). A second daemon thread (the guard, which never
+  calls the store) notices when the mark and the collective count have not moved for the threshold;
+  the store thread then asks every rank and reports those behind it or silent (``stall_text``), and
+  nothing when all answer at its step (a slow step). When the store is lost, or one store call hangs
+  (a TCPStore client waits forever on a connection whose link went down), the guard reports that
+  the store's machine is out of reach, and leaves a note for ``accel launch``'s failure summary.
 
-The store: the agent's (``TORCHELASTIC_USE_AGENT_STORE``, under this attempt's prefix, see
-``attempt_store``) or the one rank 0 serves for ``env://``, both at ``MASTER_ADDR:MASTER_PORT``; a
-client connection of its own, made by the thread. Without one (a group joined another way) the
-stalled rank still reports its own wait, without the others' positions.
+The store: see ``stall_store``; a client connection of its own, made by the thread. Without one (a
+group joined another way) the stalled rank still reports its own wait, without the others' positions.
 
 The threshold: ``InitProcessGroupKwargs(stall_report_after=...)`` where a script sets its timeout,
 else ``ACCEL_STALL_REPORT_AFTER`` (``accel launch --stall-report-after``), else 60 s; 0 turns it off.
