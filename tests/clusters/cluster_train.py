@@ -1,9 +1,9 @@
 """One small training run with a plain ``Accelerator()``, the same whichever engine starts its processes.
 
-Usage: ``cluster_train.py <out_dir>`` under ``srun``, ``mpirun``, ``accel launch`` (or, through ``train``, inside a Ray
-Train worker). Each rank writes ``<out_dir>/rank<N>.json``: what started it (the launcher ``accel_core.cluster_env``
-detects before the ``Accelerator`` exists, and whether a process group existed already), the world it joined, the
-ranks an all_gather returned, its host; rank 0 also writes the initial and final weights
+Usage: ``cluster_train.py <out_dir>`` under ``srun``, ``mpirun``, ``accel launch`` (or, through ``train``, from
+another launcher's worker function). Each rank writes ``<out_dir>/rank<N>.json``: what started it (the launcher
+``accel_core.cluster_env`` detects before the ``Accelerator`` exists, and whether a process group existed already),
+the world it joined, the ranks an all_gather returned, its host; rank 0 also writes the initial and final weights
 (``initial.safetensors``, ``final.safetensors``). The numbers depend on the world only (2 processes, seeded data and
 model, DDP over gloo), so every engine's final weights must equal an ``accel launch --cpu -n 2`` run's, bit for bit.
 """

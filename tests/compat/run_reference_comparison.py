@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
 import math
 import os
@@ -318,6 +319,17 @@ EXAMPLES: tuple[Example, ...] = (
         "examples/by_feature/tracking.py",
         runs=(Run("default", ("--with_tracking", "--project_dir", "{out}/logs")),),
     ),
+    # Not one of Accelerate's examples: transformers' masked-LM script, whose collator masks with torch's global RNG
+    # while the loader collates, so the order of collate and step (dropout) shows in every number.
+    Example(
+        "mlm_no_trainer",
+        "transformers examples/pytorch/language-modeling/run_mlm_no_trainer.py",
+        runs=(
+            Run("steps", ("--checkpointing_steps", "5", "--output_dir", "{out}/ckpt")),
+            Run("resume_step_10", ("--resume_from_checkpoint", "{out}/ckpt/step_10"), continues="steps"),
+        ),
+        needs=("transformers",),
+    ),
 )
 
 SKIPPED: dict[str, str] = {
@@ -585,6 +597,8 @@ def reference_python(venv: Path) -> Path:
                 str(python),
                 REFERENCE_SPEC,
                 f"torch=={torch_version}",
+                # mlm_no_trainer's collator and model: the workspace's version, so both sides run the same code
+                f"transformers=={importlib.metadata.version('transformers')}",
                 *REFERENCE_EXTRAS,
             ],
             check=True,

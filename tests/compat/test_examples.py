@@ -33,11 +33,21 @@ RECORDED = {row["id"]: row for row in _RESULTS["rows"]}
 RECORDED_PROCESSOR: str | None = _RESULTS.get("processor")
 
 # Runs that fail today, by the accel feature they wait for (see reference_comparison.md for the measured
-# difference). Empty since every branch they waited for landed; a new entry needs a reason. A backend run whose
+# difference). A new entry needs a reason. A backend run whose
 # numbers differ from the reference's plain run for a reason out of accel's hands says so in its Example's
 # `known_gap` (run_reference_comparison.py): it must still run to the end with the backend engaged, and is
 # reported as an expected failure with that reason while the difference lasts.
-PENDING: dict[str, set[str]] = {}
+PENDING: dict[str, set[str]] = {
+    # transformers' masked-LM script: its collator masks with torch's global RNG, and accel's loader (no workers)
+    # collates each batch after the previous step where Accelerate's collates one batch ahead; accel keeps its order
+    # because it resumes exactly (docs/coming_from_accelerate.md). Accel read ahead as Accelerate reads gives the
+    # reference's numbers exactly; both at once need the batch read ahead (or the RNG states before it) in the
+    # checkpoint.
+    "Accelerate's read-ahead order with an exact resume (accel-data, num_workers=0)": {
+        "mlm_no_trainer[steps]",
+        "mlm_no_trainer[resume_step_10]",
+    },
+}
 
 # The examples CI runs (one launch each, ~8-10 s on a quiet 2-core machine, 25-55 s on a loaded one): one per
 # distinct behaviour (reference scheduler stepping, exact resume, find_executable_batch_size with the

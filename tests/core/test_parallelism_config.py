@@ -311,3 +311,21 @@ def test_blocks_are_checkpointed_then_compiled_in_place() -> None:
         Accelerator(cpu=True, parallelism_config=ParallelismConfig(activation_checkpointing=True)).prepare(
             nn.Linear(2, 2)
         )
+
+
+def test_sequence_parallel_fields_have_accelerates_defaults() -> None:
+    """transformers' Trainer and TRL read sp_enabled / sp_size / sp_backend / cp_backend on every step's inputs."""
+    config = ParallelismConfig()
+    assert (config.cp_backend, config.sp_size, config.sp_backend, config.sp_enabled) == ("torch", 1, "deepspeed", False)
+    assert ParallelismConfig(cp_size=2, cp_backend="torch").cp_enabled
+
+
+def test_sequence_parallelism_accel_cannot_run_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"Ulysses .* cp_size=2"):
+        ParallelismConfig(sp_size=2)
+    with pytest.raises(ValueError, match="sp_backend must be one of"):
+        ParallelismConfig(sp_backend="ring")
+    with pytest.raises(ValueError, match="cp_backend must be one of"):
+        ParallelismConfig(cp_backend="deepspeed")
+    with pytest.raises(ValueError, match="sp_size must be an integer"):
+        ParallelismConfig(sp_size=0)

@@ -157,3 +157,20 @@ def get_model_tp_size(model: nn.Module) -> int | None:
     if isinstance(distributed_config, dict):
         return distributed_config.get("tp_size")
     return getattr(distributed_config, "tp_size", None)
+
+
+def get_module_class_from_name(module: nn.Module, name: str) -> type[nn.Module] | None:
+    """The class named ``name`` among ``module`` and its submodules (depth first), or None: how a layer class given by
+    name (``transformer_layer_cls_to_wrap="LlamaDecoderLayer"``) is found in a model.
+
+    Example::
+
+        block_class = get_module_class_from_name(model, "Block")   # the class of model.blocks[0], or None
+    """
+    if type(module).__name__ == name:
+        return type(module)
+    for child in module.children():
+        found = get_module_class_from_name(child, name)
+        if found is not None:
+            return found
+    return None

@@ -32,6 +32,7 @@ _EXPORTS = {
     "DeepSpeedOptimizerWrapper": ".wrappers",
     "DeepSpeedSchedulerWrapper": ".wrappers",
     "DeepSpeedLaunchOptions": ".cli",
+    "HfDeepSpeedConfig": ".hf_config",
 }
 
 __all__ = sorted(_EXPORTS)

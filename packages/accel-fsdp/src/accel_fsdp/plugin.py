@@ -124,6 +124,8 @@ class FullyShardedDataParallelPlugin:
             self.fsdp_version = int(self.fsdp_version)
         if self.fsdp_version not in (1, 2):
             raise ValueError(f"fsdp_version must be 1 or 2, got {self.fsdp_version!r}.")
+        if str(getattr(self.sharding_strategy, "name", self.sharding_strategy)).strip().upper() == "HYBRID_SHARD_ZERO2":
+            self.sharding_strategy = "_HYBRID_SHARD_ZERO2"  # Accelerate's spelling (FSDP_SHARDING_STRATEGY)
         self.sharding_strategy = _choice(self.sharding_strategy, SHARDING_STRATEGIES, "sharding_strategy")
         if self.fsdp_version == 2 and self.sharding_strategy == "NO_SHARD":
             raise ValueError(
@@ -159,6 +161,14 @@ class FullyShardedDataParallelPlugin:
         self.forward_methods = tuple(self.forward_methods or ())
         if self.cpu_ram_efficient_loading and self.fsdp_version == 1:
             self.sync_module_states = True  # FSDP1 scatters process 0's weights through sync_module_states
+
+    @staticmethod
+    def get_module_class_from_name(module: Any, name: str) -> type | None:
+        """The class named ``name`` among ``module`` and its submodules, or None (as Accelerate's plugin offers it;
+        ``accel_core.model_utils.get_module_class_from_name``)."""
+        from accel_core.model_utils import get_module_class_from_name
+
+        return get_module_class_from_name(module, name)
 
     def set_state_dict_type(self, state_dict_type: Any = None) -> None:
         """Changes what ``save_state`` writes from now on (as in Accelerate); ``None`` reads

@@ -46,6 +46,7 @@ _EXPORTS = {
     "load_checkpoint_and_dispatch": "accel_checkpoint.big_modeling",
     "dispatch_model": "accel_checkpoint.big_modeling",
     "cpu_offload": "accel_checkpoint.big_modeling",
+    "cpu_offload_with_hook": "accel_checkpoint.big_modeling",
     "disk_offload": "accel_checkpoint.big_modeling",
 }
 

@@ -8,7 +8,9 @@ from accel_core.lazy import lazy_exports
 _EXPORTS = {
     name: "accel_checkpoint.big_modeling"
     for name in (
+        "check_device_map",
         "cpu_offload",
+        "cpu_offload_with_hook",
         "disk_offload",
         "dispatch_model",
         "init_empty_weights",

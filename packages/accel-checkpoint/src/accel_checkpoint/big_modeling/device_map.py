@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .sizes import (
+    CustomDtype,
     Device,
     _as_list,
     compute_module_sizes,
@@ -54,8 +55,8 @@ def infer_auto_device_map(
     model: nn.Module,
     max_memory: Mapping[Device, int | str] | None = None,
     no_split_module_classes: list[str] | None = None,
-    dtype: str | torch.dtype | None = None,
-    special_dtypes: dict[str, str | torch.dtype] | None = None,
+    dtype: str | torch.dtype | CustomDtype | None = None,
+    special_dtypes: dict[str, str | torch.dtype | CustomDtype] | None = None,
     verbose: bool = False,
     clean_result: bool = True,
     offload_buffers: bool = False,

@@ -18,6 +18,7 @@ from torch import nn
 from accel_core.ops import send_to_device
 from accel_core.structures import find_device
 
+from .model_hooks import remove_hook_from_module
 from .offload import set_module_tensor_to_device
 
 _HANDLES = "_accel_dispatch_handles"
@@ -82,11 +83,13 @@ def attach_offload_hook(
 
 def remove_hook_from_submodules(module: nn.Module) -> None:
     """Removes the hooks ``dispatch_model`` / ``cpu_offload`` / ``disk_offload`` attached (offloaded tensors stay on
-    meta)."""
+    meta), and every ``ModelHook`` ``add_hook_to_module`` attached (their ``detach_hook`` runs, forwards are
+    restored)."""
     for sub in module.modules():
         for handle in sub.__dict__.pop(_HANDLES, []):
             handle.remove()
         sub.__dict__.pop(_OFFLOAD, None)
+        remove_hook_from_module(sub)
     module.__dict__.pop("to", None)
     module.__dict__.pop("cuda", None)
 

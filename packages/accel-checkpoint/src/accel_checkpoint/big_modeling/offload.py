@@ -147,6 +147,18 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         return len(self.all_keys)
 
 
+def load_offloaded_weights(
+    model: nn.Module, index: Mapping[str, Any] | None, offload_folder: str | os.PathLike[str]
+) -> None:
+    """Loads every weight of ``index`` (an offload folder's index, as ``offload_weight`` / ``offload_state_dict``
+    write it) from ``offload_folder`` into ``model``, on the CPU. An empty or None index loads nothing."""
+    if not index:
+        return
+    weights = OffloadedWeightsLoader(save_folder=offload_folder, index=index)
+    for name in index:
+        set_module_tensor_to_device(model, name, "cpu", value=weights[name])
+
+
 class PrefixedDataset(Mapping[str, Any]):
     """The view of ``dataset`` (a mapping) under ``prefix``: ``PrefixedDataset(weights, "layer.")["weight"]``."""
 

@@ -6,6 +6,7 @@ Sizes come from shapes and dtypes only, so the model may live on the meta device
 
 from __future__ import annotations
 
+import enum
 import inspect
 import logging
 import os
@@ -20,6 +21,19 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 Device = int | str | torch.device
+
+
+class CustomDtype(enum.Enum):
+    """Element types torch has no dtype for, as sizes for device maps: quantizers (diffusers' quanto, torchao,
+    bitsandbytes) pass them to ``compute_module_sizes`` / ``infer_auto_device_map`` for weights they will load as
+    fp8, 4-bit or 2-bit (``dtype_byte_size(CustomDtype.INT4) == 0.5``)."""
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"
+
+
+_CUSTOM_DTYPE_BYTES = {CustomDtype.FP8: 1, CustomDtype.INT4: 1 / 2, CustomDtype.INT2: 1 / 4}
 
 
 def convert_file_size_to_int(size: int | str) -> int:
@@ -48,8 +62,10 @@ def convert_file_size_to_int(size: int | str) -> int:
     raise error
 
 
-def dtype_byte_size(dtype: torch.dtype) -> float:
-    """Bytes per element of ``dtype`` (``torch.bool`` counts 1/8, as the reference does)."""
+def dtype_byte_size(dtype: torch.dtype | CustomDtype) -> float:
+    """Bytes per element of ``dtype`` (``torch.bool`` counts 1/8, as the reference does; ``CustomDtype.INT4`` 1/2)."""
+    if isinstance(dtype, CustomDtype):
+        return _CUSTOM_DTYPE_BYTES[dtype]
     if dtype == torch.bool:
         return 1 / 8
     if str(dtype).startswith("torch.float8"):
@@ -63,6 +79,11 @@ def dtype_byte_size(dtype: torch.dtype) -> float:
 def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """``torch.float16`` from ``"float16"`` or ``"torch.float16"``."""
     return getattr(torch, dtype.replace("torch.", "")) if isinstance(dtype, str) else dtype
+
+
+def _element_bytes(dtype: str | torch.dtype | CustomDtype) -> float:
+    """Bytes per element of a dtype given as a name, a torch dtype or a ``CustomDtype``."""
+    return dtype_byte_size(dtype if isinstance(dtype, CustomDtype) else _as_dtype(dtype))
 
 
 def named_module_tensors(
@@ -85,8 +106,8 @@ def named_module_tensors(
 
 def compute_module_sizes(
     model: nn.Module,
-    dtype: str | torch.dtype | None = None,
-    special_dtypes: dict[str, str | torch.dtype] | None = None,
+    dtype: str | torch.dtype | CustomDtype | None = None,
+    special_dtypes: dict[str, str | torch.dtype | CustomDtype] | None = None,
     buffers_only: bool = False,
 ) -> dict[str, int]:
     """Bytes of every submodule (and tensor) of ``model`` by qualified name; ``""`` is the whole model.
@@ -94,8 +115,8 @@ def compute_module_sizes(
     dtype: count floating tensors as if loaded in this dtype (never larger than their own);
         integer and bool tensors keep their size. special_dtypes: per-tensor overrides.
     """
-    target = None if dtype is None else dtype_byte_size(_as_dtype(dtype))
-    special = {k: dtype_byte_size(_as_dtype(v)) for k, v in (special_dtypes or {}).items()}
+    target = None if dtype is None else _element_bytes(dtype)
+    special = {k: _element_bytes(v) for k, v in (special_dtypes or {}).items()}
     sizes: defaultdict[str, int] = defaultdict(int)
     tensors = model.named_buffers(recurse=True) if buffers_only else named_module_tensors(model, recurse=True)
     for name, tensor in tensors:
@@ -183,8 +204,8 @@ def get_balanced_memory(
     model: nn.Module,
     max_memory: Mapping[Device, int | str] | None = None,
     no_split_module_classes: list[str] | None = None,
-    dtype: str | torch.dtype | None = None,
-    special_dtypes: dict[str, str | torch.dtype] | None = None,
+    dtype: str | torch.dtype | CustomDtype | None = None,
+    special_dtypes: dict[str, str | torch.dtype | CustomDtype] | None = None,
     low_zero: bool = False,
 ) -> dict[Device, int]:
     """A ``max_memory`` that spreads the model evenly over the GPUs (``device_map="balanced"``).

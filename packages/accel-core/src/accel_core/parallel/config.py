@@ -28,6 +28,8 @@ MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 SIZE_FIELDS = tuple(f"{name}_size" for name in MESH_DIMS)
 ENV_VARS = {f"{name}_size": f"ACCEL_{name.upper()}_SIZE" for name in MESH_DIMS}
 CP_COMM_STRATEGIES = ("allgather", "alltoall")
+CP_BACKENDS = ("torch",)  # Accelerate 1.15's choices (and default first)
+SP_BACKENDS = ("deepspeed",)
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
@@ -63,6 +65,11 @@ class ParallelismConfig:
     activation_checkpointing: recompute each block's activations in backward (blocks: the
         classes in the model's ``_no_split_modules``, or the FSDP plugin's units).
     cp_comm_strategy: how context-parallel attention exchanges keys/values: ``allgather`` or ``alltoall``.
+    cp_backend: who implements context parallelism: ``"torch"`` (the default and only choice, as in
+        Accelerate 1.15: torch's context-parallel attention).
+    sp_size, sp_backend: Accelerate's sequence parallelism (DeepSpeed Ulysses, ``sp_backend="deepspeed"``,
+        the default). accel does not run it: ``sp_size`` must stay 1 (default); ``cp_size`` splits
+        sequences with torch instead. Frameworks read ``sp_enabled`` / ``sp_size`` / ``sp_backend``.
 
     Example::
 
@@ -84,8 +91,12 @@ class ParallelismConfig:
     pp_microbatches: int | None = None
     pp_stages_per_rank: int | None = None
     pp_split_points: Sequence[str] | None = None
+    cp_backend: str | None = None
+    sp_size: int | None = None
+    sp_backend: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_sequence_fields()
         for name in SIZE_FIELDS:
             value = getattr(self, name)
             if value is None:
@@ -106,6 +117,33 @@ class ParallelismConfig:
             raise ValueError(
                 "Pass either tp_plan or parallelize_fn, not both: parallelize_fn applies tensor parallelism itself."
             )
+
+    def _check_sequence_fields(self) -> None:
+        """Fills the context/sequence-parallel settings with Accelerate 1.15's defaults and refuses what accel cannot
+        run (DeepSpeed's Ulysses sequence parallelism)."""
+        if self.cp_backend is None:
+            self.cp_backend = CP_BACKENDS[0]
+        if self.cp_backend not in CP_BACKENDS:
+            raise ValueError(f"cp_backend must be one of {list(CP_BACKENDS)}, but got {self.cp_backend!r}.")
+        if self.sp_backend is None:
+            self.sp_backend = SP_BACKENDS[0]
+        if self.sp_backend not in SP_BACKENDS:
+            raise ValueError(f"sp_backend must be one of {list(SP_BACKENDS)}, but got {self.sp_backend!r}.")
+        if self.sp_size is None:
+            self.sp_size = 1
+        if isinstance(self.sp_size, bool) or not isinstance(self.sp_size, int) or self.sp_size < 1:
+            raise ValueError(f"sp_size must be an integer >= 1, but got {self.sp_size!r}.")
+        if self.sp_size > 1:
+            raise ValueError(
+                f"sp_size={self.sp_size} asks for DeepSpeed's Ulysses sequence parallelism (sp_backend="
+                f"{self.sp_backend!r}), which accel does not run. Use cp_size={self.sp_size} (torch context "
+                "parallelism under FSDP2: each process holds 1/cp of every sequence), or sp_size=1."
+            )
+
+    @property
+    def sp_enabled(self) -> bool:
+        """Whether sequence parallelism is on (``sp_size > 1``; always False on accel, which refuses it)."""
+        return (self.sp_size or 1) > 1
 
     # -- sizes (None counts as 1 until resolved) ------------------------------------------------
     def size(self, dim: str) -> int:

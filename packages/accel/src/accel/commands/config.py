@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,50 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
     config = {**default_config(), "mixed_precision": precision}
     resolve_plan({}, {}, validate_config(config, "the new config"), config_file=str(path))
     return write_config_file(path, config)
+
+
+def _launch_config_path() -> Path:
+    """The file a plain ``accel launch`` reads: accel's (named by ``ACCEL_CONFIG_FILE``, or the default one when it
+    exists), else Accelerate's default file when that exists, else accel's default path."""
+    path, explicit = config_path(None)
+    if not explicit and not path.is_file() and accelerate_default_config_path().is_file():
+        return accelerate_default_config_path()
+    return path
+
+
+# Accelerate's `accelerate.commands.config.default_config_file`: the file a launch without --config_file reads.
+default_config_file = str(_launch_config_path())
+
+
+@dataclass(frozen=True)
+class LaunchConfigFile:
+    """A config file as ``accel launch`` reads it (an Accelerate file converted): ``to_dict()`` gives its settings."""
+
+    path: Path
+    settings: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings, ``{"num_processes": 2, "mixed_precision": "bf16", ...}`` (a copy)."""
+        return dict(self.settings)
+
+
+def load_config_from_file(config_file: str | os.PathLike[str] | None = None) -> LaunchConfigFile:
+    """Reads ``config_file`` (default: ``default_config_file``) as ``accel launch`` does; FileNotFoundError when it does
+    not exist. Accelerate's ``load_config_from_file`` (its object's ``to_dict()`` gives the settings here too).
+
+    Example::
+
+        from accel.commands.config import default_config_file, load_config_from_file
+        if os.path.isfile(default_config_file):
+            print(load_config_from_file(None).to_dict())
+    """
+    path = Path(config_file if config_file is not None else default_config_file).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"The configuration file `{path}` does not exist: pass an existing file, or write one with `accel config` "
+            "(`accel config show` prints where `accel launch` looks)."
+        )
+    return LaunchConfigFile(path, read_config(path, announce=False))
 
 
 def import_accelerate(source: Path) -> dict[str, Any]:

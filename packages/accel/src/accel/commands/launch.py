@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import subprocess
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from accel_launch.accelerate_flags import RefusedFlagError, accelerate_flags_env, add_accelerate_flags
 from accel_launch.extensions import LaunchExtension, add_extension_arguments, load_extensions
@@ -74,17 +75,59 @@ def build_parser(extensions: list[LaunchExtension]) -> argparse.ArgumentParser:
     return parser
 
 
+class LaunchUsageError(ValueError):
+    """A launch line that cannot run as given (no script, a refused flag); the message says what to do."""
+
+
+def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The parser of ``accel launch`` (Accelerate's ``launch_command_parser``): ``parse_args([...flags, "train.py",
+    ...script args])`` gives what ``launch_command`` runs. With ``subparsers`` (an argparse subparsers action) it is
+    added there as the ``launch`` command."""
+    parser = build_parser(load_extensions())
+    if subparsers is None:
+        return parser
+    command = subparsers.add_parser(
+        "launch", parents=[parser], add_help=False, description=DESCRIPTION, allow_abbrev=False
+    )
+    command.set_defaults(func=launch_command)
+    return command
+
+
+def launch_command(args: argparse.Namespace) -> None:
+    """Runs the launch ``launch_command_parser().parse_args(...)`` describes (Accelerate's ``launch_command``, as TRL's
+    command line calls it). Raises ``subprocess.CalledProcessError`` when the job fails, ``ValueError`` for a launch
+    line that cannot run.
+
+    Example::
+
+        args = launch_command_parser().parse_args(["--cpu", "-n", "2", "train.py", "--epochs", "1"])
+        launch_command(args)
+    """
+    code = _run(args, load_extensions())
+    if code != 0:
+        raise subprocess.CalledProcessError(code, [args.script, *args.script_args])
+
+
 def main(argv: list[str]) -> int:
     extensions = load_extensions()
     parser = build_parser(extensions)
     namespace = parser.parse_args(argv)
+    try:
+        return _run(namespace, extensions)
+    except LaunchUsageError as error:
+        parser.error(str(error))
+
+
+def _run(namespace: argparse.Namespace, extensions: list[LaunchExtension]) -> int:
     if namespace.script is None:
-        parser.error("the script to run is missing: accel launch [options] train.py [args], or -m package.module")
+        raise LaunchUsageError(
+            "the script to run is missing: accel launch [options] train.py [args], or -m package.module"
+        )
     try:
         accelerate_variables, notes = accelerate_flags_env(namespace)
         torchrun = apply_torchrun_flags(namespace)
     except (RefusedFlagError, TorchrunFlagError) as refused:
-        parser.error(str(refused))
+        raise LaunchUsageError(str(refused)) from None
     plan = plan_from_namespace(namespace, extensions, flag_variables=accelerate_variables, torchrun=torchrun)
     if plan.torchrun_options and not plan.uses_torchrun:
         notes.append(

@@ -164,12 +164,15 @@ _EXPORTS = {
     "offload_state_dict": "accel_checkpoint.big_modeling",
     "offload_weight": "accel_checkpoint.big_modeling",
     "save_offload_index": "accel_checkpoint.big_modeling",
+    "load_offloaded_weights": "accel_checkpoint.big_modeling",
+    "CustomDtype": "accel_checkpoint.big_modeling",
     # progress bar, config file
     "tqdm": "accel_tracking.progress",
     "write_basic_config": "accel.commands.config",
     # DeepSpeed wrappers (extra: accel[deepspeed])
     "DeepSpeedOptimizerWrapper": "accel_deepspeed",
     "DeepSpeedSchedulerWrapper": "accel_deepspeed",
+    "HfDeepSpeedConfig": "accel_deepspeed",
 }
 
 # The `is_*_available` checks and the decorators that use them.
@@ -228,10 +231,11 @@ _SUBMODULES = {
 
 
 def _submodule_exports(
-    namespace: dict[str, Any], names: Iterable[str]
+    namespace: dict[str, Any], names: Iterable[str], own: dict[str, str] | None = None
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for the submodule whose ``globals()`` is ``namespace``: ``names`` of this module."""
-    return lazy_exports(namespace, {name: _EXPORTS[name] for name in names})
+    """``(__getattr__, __dir__)`` for the submodule whose ``globals()`` is ``namespace``: ``names`` of this module, and
+    ``own``: names the reference defines in that submodule only (not in ``accelerate.utils``), name -> module."""
+    return lazy_exports(namespace, {**{name: _EXPORTS[name] for name in names}, **(own or {})})
 
 
 # `accel.utils.tqdm` is the function, as in the reference, also once the submodule of that name is imported: loaded

@@ -28,6 +28,14 @@ _NAMES = (
     "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION",
 )
 
-__all__ = sorted(_NAMES)
+# Defined in the reference's submodule only (not in `accelerate.utils`).
+_OWN = {
+    "FSDP_AUTO_WRAP_POLICY": "accel_fsdp.constants",
+    "FSDP_SHARDING_STRATEGY": "accel_fsdp.constants",
+    "FSDP_BACKWARD_PREFETCH": "accel_fsdp.constants",
+    "FSDP_STATE_DICT_TYPE": "accel_fsdp.constants",
+}
 
-__getattr__, __dir__ = _submodule_exports(globals(), _NAMES)
+__all__ = sorted(_NAMES) + sorted(_OWN)
+
+__getattr__, __dir__ = _submodule_exports(globals(), _NAMES, _OWN)

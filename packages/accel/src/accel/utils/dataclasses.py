@@ -10,6 +10,7 @@ from accel.utils import _submodule_exports
 _NAMES = (
     "AORecipeKwargs",
     "AutocastKwargs",
+    "CustomDtype",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DeepSpeedPlugin",
@@ -33,6 +34,11 @@ _NAMES = (
     "TorchDynamoPlugin",
 )
 
-__all__ = sorted(_NAMES)
+# Defined in the reference's submodule only (not in `accelerate.utils`).
+_OWN = {
+    "get_module_class_from_name": "accel_core.model_utils",
+}
 
-__getattr__, __dir__ = _submodule_exports(globals(), _NAMES)
+__all__ = sorted(_NAMES) + sorted(_OWN)
+
+__getattr__, __dir__ = _submodule_exports(globals(), _NAMES, _OWN)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from accel.utils import _submodule_exports
 
-_NAMES = ("DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper", "DummyOptim", "DummyScheduler")
+_NAMES = ("DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig")
 
 __all__ = sorted(_NAMES)
 

@@ -9,6 +9,11 @@ from accel.utils import _submodule_exports
 
 _NAMES = ("merge_fsdp_weights",)
 
-__all__ = sorted(_NAMES)
+# Defined in the reference's submodule only (not in `accelerate.utils`).
+_OWN = {
+    "get_parameters_from_modules": "accel_fsdp.module_helpers",
+}
 
-__getattr__, __dir__ = _submodule_exports(globals(), _NAMES)
+__all__ = sorted(_NAMES) + sorted(_OWN)
+
+__getattr__, __dir__ = _submodule_exports(globals(), _NAMES, _OWN)

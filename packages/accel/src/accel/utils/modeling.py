@@ -26,12 +26,18 @@ _NAMES = (
     "infer_auto_device_map",
     "is_peft_model",
     "load_checkpoint_in_model",
+    "load_offloaded_weights",
     "load_state_dict",
     "named_module_tensors",
     "retie_parameters",
     "set_module_tensor_to_device",
 )
 
-__all__ = sorted(_NAMES)
+# Defined in the reference's submodule only (not in `accelerate.utils`).
+_OWN = {
+    "clean_device_map": "accel_checkpoint.big_modeling",
+}
 
-__getattr__, __dir__ = _submodule_exports(globals(), _NAMES)
+__all__ = sorted(_NAMES) + sorted(_OWN)
+
+__getattr__, __dir__ = _submodule_exports(globals(), _NAMES, _OWN)
