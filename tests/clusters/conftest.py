@@ -1,7 +1,7 @@
 """Fixtures of the cluster-engine tests: one SLURM cluster for the session, and the reference run every engine's
 training must equal.
 
-The engines are real: ``slurmctld`` + two ``slurmd`` (tests/harness/slurm.py), OpenMPI's ``mpirun``.
+The engines are real: ``slurmctld`` + two ``slurmd`` (tests/harness/slurm.py), OpenMPI's ``mpirun``, Ray Train.
 tests/clusters/setup.sh installs them (CI runs it); a test whose engine is missing is skipped with that reason.
 The test modules import ``engine_runs`` (this folder, put on the path here).
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the cluster engines tests/clusters runs real jobs on: SLURM (slurmctld, slurmd and the client commands) and
-# OpenMPI's mpirun, Debian packages.
+# OpenMPI's mpirun, Debian packages. Ray comes from PyPI with the workspace's dev group (uv sync).
 # Needs root (apt-get; the tests also need it, for network namespaces and slurmd). Quick when already installed:
 # apt-get runs only for a missing command. The packages' own services are not started: the tests start their own
 # daemons with a configuration of their own (tests/harness/slurm.py).
