@@ -2,10 +2,11 @@
 
 Builds the site (``mkdocs build --strict`` into a temporary folder; ``--site DIR`` reuses a built one), serves it over
 http on 127.0.0.1 (search needs http: its worker does not start from file://), opens it in headless Chromium at
-1280 x 800 through the DevTools protocol, and writes PNGs of the home page, the quick start and the ``accel`` API
-reference (each page's first screen, and the whole page), and of a search. Then it checks what the first screen
-of the home page holds: the pitch, a picture and the four-line change starting above the fold, and that search
-answers (it does not stay at "Initializing search"). Exit 0 when every check passes; each result is printed.
+1280 x 800 through the DevTools protocol, and writes PNGs of the home page, the quick start, the ``accel`` API
+reference and the benchmarks (each page's first screen, and the whole page), and of a search. Then it checks what
+the first screen of the home page holds: the pitch, a picture and the four-line change starting above the fold,
+and that search answers (it does not stay at "Initializing search"). Exit 0 when every check passes; each result is
+printed.
 
     apt-get install -y chromium      # Debian's Chromium, once
     uv run --group docs python docs/screenshots.py --out /tmp/accel-docs-screenshots
@@ -35,7 +36,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 WIDTH, HEIGHT = 1280, 800  # a laptop's browser window: "above the fold" is the first 800 px
-PAGES = {"home": "", "quickstart": "quickstart/", "api-accel": "reference/api/accel/"}
+PAGES = {
+    "home": "",
+    "quickstart": "quickstart/",
+    "api-accel": "reference/api/accel/",
+    "benchmarks": "benchmarks/",
+}
 SEARCH_QUERY = "gather_for_metrics"
 
 # Where the home page's parts start, in CSS pixels from the top of the page (JavaScript run in the page).
