@@ -13,5 +13,5 @@ fi
 # Nothing from a model hub: the tests build their models and tokenizers.
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export ACCEL_FRAMEWORKS_REFERENCE_PYTHON="$env_dir/reference/bin/python"
-# The rest of the suite lives in the main environment; here only tests/frameworks (with the repository's settings).
-exec "$python" -m pytest -q -p no:cacheprovider --rootdir=. -c pyproject.toml tests/frameworks "$@"
+# The rest of the suite lives in the main environment; here the runs on accel and on Accelerate (test_frameworks.py).
+exec "$python" -m pytest -q -p no:cacheprovider --rootdir=. -c pyproject.toml tests/frameworks/test_frameworks.py "$@"
