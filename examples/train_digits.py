@@ -153,7 +153,11 @@ def main() -> None:
     checkpoints = checkpoints.resolve()
     metrics = Path(accelerator.logging_dir or args.project_dir, "digits", "metrics.jsonl").resolve()
     newest = f" (newest: {Path(newest_checkpoint).name}; --resume continues from it)" if newest_checkpoint else ""
-    accelerator.print(f"checkpoints: {checkpoints}{newest}\nmetrics: {metrics}")
+    accelerator.print(
+        f"checkpoints: {checkpoints}{newest}\nmetrics: {metrics}\n"
+        f"plot them: accel plot {metrics.parent}  (writes {metrics.parent / 'metrics.png'}; needs matplotlib: "
+        'pip install "accel-tracking[plot]")'
+    )
     if accuracy < args.min_accuracy:
         raise SystemExit(f"test accuracy {accuracy:.4f} is below --min-accuracy {args.min_accuracy}")
 

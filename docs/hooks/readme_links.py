@@ -8,6 +8,10 @@ under ``docs/`` becomes the page's own relative link to it, any other file its a
 ``repo_url``. Links that already work on the site are left alone, and a link that works nowhere stays
 as written, so that mkdocs' strict link validation reports it.
 
+Pictures the README shows from outside ``docs/`` (the benchmark charts in ``bench/results/``, which the
+benchmark run rewrites) are copied into the site under ``assets/`` (``SITE_COPIES``), and links to them lead
+there: one file in the repository, shown on GitHub and on the site alike.
+
 ``rewrite_link`` needs neither mkdocs nor Markdown: tests/docs reads it directly.
 """
 
@@ -26,6 +30,9 @@ INLINE_TARGET = re.compile(r"(?<=\]\()([^()\s]+)(?=[)\s])")
 DEFINITION_TARGET = re.compile(r"^( {0,3}\[[^\]]+\]:[ \t]*)(\S+)")
 FENCE = re.compile(r"^\s*(```|~~~)")
 URL_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+
+# Repository folders whose pictures the site holds a copy of: folder -> (where in the site, which files).
+SITE_COPIES = {"bench/results/": ("assets/bench/", "*.png")}
 
 # mkdocs renders one page at a time: on_page_markdown names it, then its Markdown runs the preprocessor.
 _page_src_uri = ""
@@ -46,6 +53,10 @@ def rewrite_link(target: str, page_src_uri: str, site_files: Container[str], rep
     from_root = posixpath.normpath(path)
     if from_root.startswith("../") or not (repo / from_root).exists():
         return target  # not the repository's either: mkdocs' validation names it
+    for folder, (site_folder, _) in SITE_COPIES.items():
+        copy = site_folder + from_root[len(folder) :]
+        if from_root.startswith(folder) and copy in site_files:
+            return posixpath.relpath(copy, page_dir or ".") + hash_mark + anchor
     if from_root.startswith(DOCS_PREFIX) and from_root[len(DOCS_PREFIX) :] in site_files:
         new = posixpath.relpath(from_root[len(DOCS_PREFIX) :], page_dir or ".")
     else:
@@ -89,6 +100,11 @@ def on_config(config: Any) -> Any:
 
 
 def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    for folder, (site_folder, pattern) in SITE_COPIES.items():
+        for picture in sorted((REPO / folder).glob(pattern)):
+            files.append(File.generated(config, site_folder + picture.name, abs_src_path=str(picture)))
     # Listed after docs/hooks/reference.py in mkdocs.yml, so the generated reference pages are counted.
     _site_files.clear()
     _site_files.update(file.src_uri for file in files)

@@ -4,7 +4,9 @@ mp_checkpoint.py full <dir>    train 2 epochs of shuffled data (dropout, accumul
                                the state at step K while DDP training goes on, write the results.
 mp_checkpoint.py resume <dir>  new processes: load the step-K checkpoint, finish the run, and
                                check it is bit-identical to the uninterrupted one; then: a file
-                               missing on one process fails every process (no hang), and sharded
+                               missing on one process fails every process (no hang), a dataset
+                               changed under the mid-epoch checkpoint is refused (or its epoch
+                               restarted, ACCEL_DATA_CHANGED=restart_epoch), and sharded
                                (FSDP2 / DTensor) state through the DCP default and a strategy's
                                own ShardedCheckpointing, merge and save_model; the state hooks
                                get the user's modules (not DDP's wrapper).
@@ -147,8 +149,43 @@ def resume(folder: str) -> None:
         raise AssertionError("loading a broken checkpoint did not fail")
     equal(model.state_dict(), before)
     print(f"rank {rank}: failure on one process fails all OK", flush=True)
+    data_changed_checks(folder, accelerator, model, loader, rank)
     hook_checks(folder, accelerator, model, rank)
     sharded_checks(folder, rank)
+
+
+def data_changed_checks(folder: str, accelerator: Accelerator, model, loader, rank: int) -> None:
+    """step_k is mid-epoch (6 of 8 steps) over 64 samples: over 80 it is refused on both processes, nothing loaded;
+    with ACCEL_DATA_CHANGED=restart_epoch the epoch restarts and reads each of 63 samples once (padding dropped)."""
+    data = loader.dataset
+    saved = data.tensors
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    data.tensors = (torch.randn(80, 6), torch.randn(80, 1))
+    try:
+        accelerator.load_state(os.path.join(folder, "step_k"))
+    except ValueError as error:
+        assert "its data changed since the checkpoint (dataset length 64 -> 80)" in str(error), error
+        assert "ACCEL_DATA_CHANGED=restart_epoch" in str(error), error
+    else:
+        raise AssertionError("resuming mid-epoch over a changed dataset was not refused")
+    equal(model.state_dict(), before)
+    assert loader.state_dict()["batches_yielded"] == 0  # the loader as it was (its run ended at an epoch's end)
+
+    x = torch.arange(63, dtype=torch.float32).unsqueeze(1).repeat(1, 6)
+    data.tensors = (x, torch.zeros(63, 1))
+    os.environ["ACCEL_DATA_CHANGED"] = "restart_epoch"
+    try:
+        accelerator.load_state(os.path.join(folder, "step_k"))
+    finally:
+        del os.environ["ACCEL_DATA_CHANGED"]
+    state = loader.state_dict()
+    assert state["batches_yielded"] == 0 and state["epoch"] == 0 and state["dataset_length"] == 63, state
+    seen = []
+    for x_batch, _y in loader:
+        seen += accelerator.gather_for_metrics(x_batch[:, 0].contiguous()).tolist()
+    assert sorted(int(v) for v in seen) == list(range(63)), sorted(seen)
+    data.tensors = saved
+    print(f"rank {rank}: data changed refused OK", flush=True)
 
 
 def hook_checks(folder: str, accelerator: Accelerator, model: torch.nn.Module, rank: int) -> None:

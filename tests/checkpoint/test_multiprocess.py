@@ -21,6 +21,7 @@ def test_two_processes_resume_exactly_and_share_failures(tmp_path, torchrun):
     for check in (
         "exact resume OK",
         "failure on one process fails all OK",
+        "data changed refused OK",
         "state hooks get the user's modules OK",
         "sharded checkpoints OK",
     ):

@@ -45,7 +45,11 @@ def test_ray_train_workers_join_with_a_plain_accelerator(reference_run, tmp_path
         f"status=$?; {ray} stop --force >/dev/null 2>&1; exit $status"
     )
     # The workers import cluster_train from this folder; no worker is started before the trainer asks for them.
-    env = worker_env({"RAY_enable_worker_prestart": "0", "RAY_AUTH_MODE": "disabled"})
+    # RAY_ENABLE_UV_RUN_RUNTIME_ENV=0: the suite runs under `uv run`, and Ray would otherwise package this checkout
+    # and rebuild it in a fresh uv environment for its workers (fetching the build backend from PyPI).
+    env = worker_env(
+        {"RAY_enable_worker_prestart": "0", "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    )
     env["PYTHONPATH"] = f"{HERE}:{env['PYTHONPATH']}"
     with machines(1, hostname_prefix="ray-node") as (machine,):
         done = run_job(machine.command(["bash", "-c", script]), env, timeout=400)

@@ -12,8 +12,11 @@ The README links these sections make are rewritten for the site by docs/hooks/re
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 from types import ModuleType
 
@@ -93,7 +96,8 @@ def test_home_page_has_no_text_of_its_own() -> None:
 
 def test_home_page_includes_whole_readme_sections() -> None:
     included = [m.group(1) for line in HOME.read_text().splitlines() if (m := INCLUDE.match(line))]
-    assert included == ["intro", "install", "four-line-change"], included
+    # The first screen: the pitch (with the picture), then the four-line change; the details below.
+    assert included == ["pitch", "four-line-change", "intro", "install"], included
     lines = README.read_text().splitlines()
     for name in included:
         start = lines.index(f"<!-- --8<-- [start:{name}] -->")
@@ -120,7 +124,7 @@ def test_home_page_says_what_the_readme_says() -> None:
         '"accel==0.1.0"',  # the install from wheels, pinned exactly (PyPI's accel is another project)
     ):
         assert topic in home, f"the home page does not mention {topic}"
-    for section in ("intro", "install", "four-line-change"):
+    for section in ("pitch", "four-line-change", "intro", "install"):
         assert readme_section(section) in home
 
 
@@ -152,6 +156,10 @@ def test_readme_links_lead_to_the_page_or_the_repository(links_hook: ModuleType)
     for target in ("pipeline.md", "reference/cli.md", "https://pytorch.org", "#install", "no/such/file.md"):
         assert rewrite(target) == target
     assert rewrite("../pipeline.md", "backends/fsdp.md") == "../pipeline.md"
+    # A benchmark chart: the site's copy (SITE_COPIES), from the page's folder.
+    charts = {*site, "assets/bench/step.png"}
+    assert links_hook.rewrite_link("bench/results/step.png", "benchmarks.md", charts, url) == "assets/bench/step.png"
+    assert links_hook.rewrite_link("bench/results/step.png", "a/b.md", charts, url) == "../assets/bench/step.png"
     # Only outside fenced code, in inline links and in reference definitions.
     lines = [
         'see [the guide](docs/pipeline.md "title")',
@@ -167,3 +175,67 @@ def test_readme_links_lead_to_the_page_or_the_repository(links_hook: ModuleType)
         "```",
         "[ref]: pipeline.md",
     ]
+
+
+def _built_home_page(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The home page's HTML: from ``site/`` when it was built after every file it is made of (CI builds the site
+    before the tests run), else built now into a temporary folder (about a minute)."""
+    sources = [
+        README,
+        HOME,
+        REPO / "mkdocs.yml",
+        *(REPO / "docs" / "hooks").glob("*.py"),
+        *(REPO / "docs" / "assets").rglob("*"),
+    ]
+    built = REPO / "site" / "index.html"
+    if built.is_file() and built.stat().st_mtime >= max(path.stat().st_mtime for path in sources):
+        return built.read_text()
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return (out / "index.html").read_text()
+
+
+class _ArticleParts(HTMLParser):
+    """The words of the page's article in order, with where its first picture and the four-line change start."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_article = False
+        self.words: list[str] = []
+        self.picture_at: int | None = None
+        self.picture_src = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "article":
+            self.in_article = True
+        elif self.in_article and tag in ("img", "svg") and self.picture_at is None:
+            self.picture_at = len(self.words)
+            self.picture_src = dict(attrs).get("src") or ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "article":
+            self.in_article = False
+
+    def handle_data(self, data: str) -> None:
+        if self.in_article:
+            self.words += data.split()
+
+
+@pytest.mark.slow  # builds the site when site/ is not up to date
+def test_built_home_page_opens_with_the_pitch_a_picture_and_the_four_line_change(tmp_path_factory) -> None:
+    parts = _ArticleParts()
+    parts.feed(_built_home_page(tmp_path_factory))
+    words = parts.words
+    opening = ["from", "accel", "import", "Accelerator"]  # the code's tokens are spans of their own
+    starts = [i for i in range(len(words)) if words[i : i + 4] == opening and "prepare" in words[i : i + 40]]
+    assert starts, "the built home page has no four-line change"
+    words_before_change = starts[0]
+    # The title, the two-line pitch and the section heading: a reader meets the code within a screen.
+    assert words_before_change <= 60, f"{words_before_change} words come before the four-line change"
+    assert parts.picture_at is not None and parts.picture_at <= words_before_change, (
+        "the home page shows no picture before its four-line change"
+    )
+    assert parts.picture_src == "assets/architecture.svg" and (REPO / "docs" / parts.picture_src).is_file()

@@ -48,6 +48,7 @@ def test_the_page_shows_the_tested_script_through_a_snippet() -> None:
         "python train.py",
         "accel launch --cpu -n 2 train.py --project-dir runs/two",
         "python train.py --epochs 5 --resume",
+        "accel plot runs/quickstart/train",
     ]
 
 
@@ -83,3 +84,6 @@ def test_each_command_prints_what_the_page_shows(tmp_path: Path) -> None:
     metrics = [json.loads(line) for line in (tmp_path / "runs/quickstart/train/metrics.jsonl").read_text().splitlines()]
     assert [record["step"] for record in metrics] == [0, 1, 2, 3, 4], metrics
     assert (tmp_path / "runs/two/checkpoints").is_dir()
+    # `accel plot` drew the run's metrics: a PNG of a real figure's size, not an empty file.
+    png = (tmp_path / "runs/quickstart/train/metrics.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000, len(png)

@@ -5,6 +5,7 @@ docstring."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import re
@@ -59,3 +60,48 @@ def test_cli_reference_is_what_each_command_prints(reference: ModuleType) -> Non
     assert "usage: accel <command> [options]" in page
     # Backend flags come from the installed backends' `accel.cli` entry points.
     assert "--use-fsdp" in page and "--use-deepspeed" in page and "--use-megatron" in page
+
+
+def test_plugin_parameters_show_the_classes_users_import() -> None:
+    """The Accelerator's backend settings parameters are `Any` in accel-core (it may not import the backends); the
+    reference shows them with the classes of `accel.utils` (docs/hooks/plugin_types.py), and never cites private
+    names in the parameters' places."""
+    import accel.utils
+
+    source = (REPO / "docs" / "hooks" / "plugin_types.py").read_text()
+    table = source.split("ANNOTATIONS: dict[str, dict[str, str]] = ", 1)[1].split("\n}\n", 1)[0] + "\n}"
+    annotations_shown = [a for parameters in ast.literal_eval(table).values() for a in parameters.values()]
+    assert len(annotations_shown) == 5
+    for annotation in annotations_shown:
+        for name in set(re.findall(r"\b[A-Z]\w+", annotation)) - {"None"}:
+            assert name in accel.utils._EXPORTS, f"{name} is not a name users import from accel.utils"
+    # Applied as mkdocstrings applies it (griffe: the docs group, which CI's docs build installs first).
+    griffe = pytest.importorskip("griffe")
+    spec = importlib.util.spec_from_file_location("docs_plugin_types", REPO / "docs" / "hooks" / "plugin_types.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    loaded = griffe.load("accel_core", extensions=griffe.load_extensions(hook.PluginTypes))
+    init = loaded["accelerator.accelerator.Accelerator.__init__"]
+    shown = {name: str(init.parameters[name].annotation) for name in hook.ANNOTATIONS[init.path]}
+    assert shown == hook.ANNOTATIONS[init.path]
+    assert shown["fsdp_plugin"] == "FullyShardedDataParallelPlugin | None"
+
+
+def test_the_api_reference_text_cites_no_private_name_of_the_reset() -> None:
+    """The reference renders the docstrings of accel's public names; `_reset_state()` is Accelerate's private
+    method (its test scripts call it), so a docstring does not send users to it."""
+    pytest.importorskip("griffe")
+    import griffe
+
+    loaded = griffe.load("accel_core")
+    cited = []
+    for class_path in ("accelerator.accelerator.Accelerator", "state.AcceleratorState", "state.PartialState"):
+        cls = loaded[class_path]
+        for name, member in [("", cls), *cls.all_members.items()]:
+            if name.startswith("_"):
+                continue  # private members are not rendered (filters: ["!^_"])
+            target = member.final_target if member.is_alias else member
+            if target.docstring and "_reset_state" in target.docstring.value:
+                cited.append(f"{class_path}.{name}")
+    assert cited == [], f"docstrings the reference renders cite _reset_state(): {cited}"

@@ -52,6 +52,7 @@ def test_digits_trains_evaluates_checkpoints_and_resumes(tmp_path):
     # The run says where it wrote them.
     assert f"checkpoints: {project / 'checkpoints'} (newest: checkpoint_4;" in result.stdout, result.stdout[-2000:]
     assert f"metrics: {project / 'digits' / 'metrics.jsonl'}" in result.stdout, result.stdout[-2000:]
+    assert f"plot them: accel plot {project / 'digits'}  (writes" in result.stdout, result.stdout[-2000:]
 
     resumed = launch("--epochs", "6", "--project-dir", str(project), "--resume")
     assert "resumed after epoch 5" in resumed.stdout

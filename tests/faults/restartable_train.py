@@ -12,6 +12,9 @@ its launcher (a cluster's preemption notice), with ``"node"`` it SIGKILLs its la
 (a whole machine lost), and ``CHECKPOINT_ON_SIGTERM=1`` turns on the emergency checkpoint. A rank of
 ``null`` means whichever rank this launch's process has (one node's launch of a multi-node job).
 
+``STEP_DELAY`` (seconds, default 0): each optimizer step sleeps that long and then writes its number to
+``<project_dir>/progress_rank<R>``, so that a test can act at a step of a run that lasts (cut a link).
+
 ``LOADER_WORKERS``: the prepared loader's ``num_workers`` (default 0). Any strategy: the final weights
 are read with ``get_state_dict`` (FSDP2's shards gathered).
 
@@ -39,6 +42,7 @@ from accel_core.configuration import ProjectConfiguration
 
 EPOCHS = 4
 SAVE_EVERY = 3
+STEP_DELAY = float(os.environ.get("STEP_DELAY", "0"))
 
 project_dir = sys.argv[1]
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -135,6 +139,9 @@ for epoch in range(loader.epoch, EPOCHS):
             scheduler.step()
             optimizer.zero_grad()
         if accelerator.sync_gradients:
+            if STEP_DELAY:
+                time.sleep(STEP_DELAY)
+                Path(project_dir, f"progress_rank{rank}").write_text(str(accelerator.completed_steps))
             die_here("step")
             peers_of_the_collective_victim()
             accelerator.log(

@@ -220,5 +220,55 @@ def fsdp1_sharded_checkpoints_round_trip() -> None:
     round_trip(lambda: new_accelerator(fsdp_version=1), TMP / "fsdp1", "FSDP1 sharded", range(0, 2), range(2, 4))
 
 
+def files_round_trip(accelerator_factory, folder: Path, what: str, use_dcp: bool = True) -> list[str]:
+    """transformers' Trainer checkpoint: save_fsdp_model / save_fsdp_optimizer (the scheduler as the Trainer saves
+    it), then fresh objects, load_fsdp_model / load_fsdp_optimizer: same outputs and continuation."""
+    from accel.utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
+
+    accelerator = accelerator_factory()
+    plugin = accelerator.state.fsdp_plugin
+    model, optimizer, scheduler = setup(accelerator, seed=0)
+    train(accelerator, model, optimizer, scheduler, range(0, 2))
+    saved_out = probe(model)
+    save_fsdp_model(plugin, accelerator, model, folder, use_dcp=use_dcp)
+    save_fsdp_optimizer(plugin, accelerator, optimizer, model, folder, use_dcp=use_dcp)
+    scheduler_state = scheduler.state_dict()
+    straight = train(accelerator, model, optimizer, scheduler, range(2, 4))
+
+    resumed_acc = accelerator_factory()
+    model2, optimizer2, scheduler2 = setup(resumed_acc, seed=123)
+    expect(not torch.equal(probe(model2), saved_out), f"{what}: a fresh model already gives the saved outputs")
+    load_fsdp_model(resumed_acc.state.fsdp_plugin, resumed_acc, model2, folder, use_dcp=use_dcp)
+    expect(torch.equal(probe(model2), saved_out), f"{what}: outputs after load_fsdp_model differ")
+    load_fsdp_optimizer(resumed_acc.state.fsdp_plugin, resumed_acc, optimizer2, model2, folder, use_dcp=use_dcp)
+    scheduler2.load_state_dict(scheduler_state)
+    resumed = train(resumed_acc, model2, optimizer2, scheduler2, range(2, 4))
+    expect(resumed == straight, f"{what}: continued losses {resumed} != uninterrupted {straight}")
+    return sorted(os.listdir(folder))
+
+
+@check
+def trainer_fsdp_files_round_trip() -> None:
+    """accel.utils.save_fsdp_model & co, in the layouts of Accelerate's (the names a Trainer looks for on resume)."""
+    sharded = files_round_trip(new_accelerator, TMP / "trainer_sharded", "save_fsdp_model sharded")
+    expect(sharded == ["optimizer_0", "pytorch_model_fsdp_0"], f"sharded files: {sharded}")
+    shards = sorted(os.listdir(TMP / "trainer_sharded" / "pytorch_model_fsdp_0"))
+    expect(shards == [".metadata", "__0_0.distcp", "__1_0.distcp"], f"each process writes its shard: {shards}")
+    per_rank = files_round_trip(new_accelerator, TMP / "trainer_rank", "save_fsdp_model per rank", use_dcp=False)
+    expect(
+        per_rank == [f"{kind}_0_rank{r}.bin" for kind in ("optimizer", "pytorch_model_fsdp") for r in range(2)],
+        f"per-rank files: {per_rank}",
+    )
+    full = files_round_trip(
+        lambda: new_accelerator(state_dict_type="FULL_STATE_DICT"), TMP / "trainer_full", "save_fsdp_model full"
+    )
+    expect(full == ["optimizer.bin", "pytorch_model_fsdp.bin"], f"full files: {full}")
+    if rank == 0:  # the whole model in one file, loadable by a plain module
+        plain = Net()
+        plain.load_state_dict(torch.load(TMP / "trainer_full" / "pytorch_model_fsdp.bin", weights_only=True))
+    fsdp1 = files_round_trip(lambda: new_accelerator(fsdp_version=1), TMP / "trainer_fsdp1", "save_fsdp_model FSDP1")
+    expect(fsdp1 == ["optimizer_0", "pytorch_model_fsdp_0"], f"FSDP1 sharded files: {fsdp1}")
+
+
 if __name__ == "__main__":
     run_checks()

@@ -458,6 +458,9 @@ def test_accel_installs_with_the_readme_command(clone, constraints):
         "assert {'dataloader'} <= {e.name for e in entry_points(group='accel.preparers')}\n"
         "assert {'state'} <= {e.name for e in entry_points(group='accel.checkpoint')}\n"
         "assert {'local'} <= {e.name for e in entry_points(group='accel.trackers')}\n"
+        # Accelerate's tqdm wrapper works on the base install (tqdm is accel-tracking's dependency).
+        "from accel.utils import tqdm\n"
+        "assert list(tqdm(range(3), disable=True)) == [0, 1, 2]\n"
         "print('installed accel', accel.__version__)\n"
     )
     assert f"installed accel {_version_of('accel')}" in venv.run(["-c", code])

@@ -36,6 +36,7 @@ _EXPORTS = {
     "UnsafeCheckpointError": "errors",
     "CheckpointMismatchError": "errors",
     "CheckpointFormatError": "errors",
+    "ProjectLockedError": "project_lock",
     "UNSAFE_PICKLE_ENV": "constants",
 }
 

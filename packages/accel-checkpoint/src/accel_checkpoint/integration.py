@@ -9,6 +9,7 @@ Example (what accel-core does)::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,31 @@ class StateCheckpointer:
     def __init__(self) -> None:
         self._pending = _PerAccelerator()
         self._buffers = _PerAccelerator()
+        self._locked = _PerAccelerator()  # the project folder whose lock the accelerator's job holds
+
+    def _lock_project(self, accelerator: CheckpointAccelerator, coord: Coordinator) -> None:
+        """Collective, before the first automatic save, load or resume: the main process takes the project folder's
+        lock (``project_lock``); another job holding it fails every process with its host and pid."""
+        config = accelerator.project_configuration
+        if config is None or not config.automatic_checkpoint_naming or not config.project_dir:
+            return
+        folder = os.path.realpath(config.project_dir)
+        if self._locked.get_for(accelerator) == folder:
+            return  # every process records the folder alike, after the same agreement
+        from . import project_lock
+
+        error: BaseException | None = None
+        if accelerator.process_index == 0:
+            try:
+                project_lock.acquire(folder)
+            except (project_lock.ProjectLockedError, OSError) as caught:
+                error = caught
+        coord.agree(error, f"locking the project folder {folder}")
+        self._locked.set_for(accelerator, folder)
+        if accelerator.process_index == 0:
+            # Not weakly referenceable (TypeError): the lock is freed when the process ends.
+            with contextlib.suppress(TypeError):
+                weakref.finalize(accelerator, project_lock.release, folder)
 
     def save_state(
         self,
@@ -86,6 +112,7 @@ class StateCheckpointer:
         self.wait(accelerator)
         durable = fsync_wanted(durable)  # a bad ACCEL_CHECKPOINT_FSYNC fails here, before anything is written
         coord = Coordinator()
+        self._lock_project(accelerator, coord)  # before planning: the plan clears the folder's unfinished saves
         from .snapshot import HostBuffers, to_cpu_without_copy
 
         buffers = None
@@ -137,6 +164,7 @@ class StateCheckpointer:
 
         self.wait(accelerator)
         coord = Coordinator()
+        self._lock_project(accelerator, coord)
         try:
             folder = resolve_input_dir(accelerator, None, coord)
         except CheckpointNotFoundError:
@@ -162,10 +190,13 @@ class StateCheckpointer:
         strict: passed to the models' ``load_state_dict``.
         """
         self.wait(accelerator)
+        coord = Coordinator()
+        if input_dir is None:
+            self._lock_project(accelerator, coord)
         return _load_state(
             accelerator,
             input_dir,
-            Coordinator(),
+            coord,
             allow_unsafe_pickle=allow_unsafe_pickle,
             load_dataloader_state=load_dataloader_state,
             strict=strict,

@@ -348,6 +348,10 @@ def load_state(
     coord.agree(error, f"reading {folder}")
 
     try:
+        # The loaders first: one refusing its saved position (its data changed since the checkpoint) fails the load
+        # before any other object has changed.
+        for i, (loader, state) in enumerate(zip(loaders, loaded.get("loaders", []), strict=False)):
+            restore_dataloader_state(loader, state, os.path.join(folder, C.dataloader_file(i, rank)))
         for model, state in zip(models, loaded.get("models", []), strict=False):
             access.load_model_state_dict(accelerator, model, state, strict=strict)
         for optimizer, state in zip(optimizers, loaded.get("optimizers", []), strict=False):
@@ -358,8 +362,6 @@ def load_state(
             scaler.load_state_dict(loaded["scaler"])
         for obj, state in zip(customs, loaded.get("customs", []), strict=False):
             obj.load_state_dict(state)
-        for i, (loader, state) in enumerate(zip(loaders, loaded.get("loaders", []), strict=False)):
-            restore_dataloader_state(loader, state, os.path.join(folder, C.dataloader_file(i, rank)))
         if "rng" in loaded:
             (restore_rng_state if metadata else restore_legacy_rng_state)(loaded["rng"])
     except Exception as caught:  # noqa: BLE001

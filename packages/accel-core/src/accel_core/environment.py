@@ -25,6 +25,8 @@ DYNAMO_USE_REGIONAL_COMPILATION = "ACCEL_DYNAMO_USE_REGIONAL_COMPILATION"  # boo
 DEBUG_MODE = "ACCEL_DEBUG_MODE"  # "1"/"true": torch's collective consistency checks (TORCH_DISTRIBUTED_DEBUG=DETAIL)
 COLLECTIVE_TIMEOUT = "ACCEL_COLLECTIVE_TIMEOUT"  # seconds a collective waits for every rank (process group timeout)
 STALL_REPORT_AFTER = "ACCEL_STALL_REPORT_AFTER"  # seconds in one collective before the stall report; 0: off
+# The folder `accel launch` gives its workers for what its failure summary reads (finish records, stall findings).
+FINISH_RECORDS = "ACCEL_FINISH_RECORDS"
 TORCH_DISTRIBUTED_DEBUG = "TORCH_DISTRIBUTED_DEBUG"  # torch's own: OFF / INFO / DETAIL
 STRATEGY = "ACCEL_STRATEGY"  # name of an ``accel.strategies`` entry point: "ddp", "fsdp", "deepspeed", ...
 CONFIG_FILE = "ACCEL_CONFIG_FILE"  # path of the YAML config file
@@ -45,6 +47,11 @@ RANK = "RANK"
 WORLD_SIZE = "WORLD_SIZE"
 LOCAL_RANK = "LOCAL_RANK"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"  # torchrun: the number of machines (agents) in the job
+GROUP_RANK = "GROUP_RANK"  # torchrun: this machine's rank among them
+# `accel launch --main-process-ip` of a multi-machine job: a loopback one means all "machines" share this one.
+MAIN_PROCESS_IP = "ACCEL_MAIN_PROCESS_IP"
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # gloo's network interface(s); unset: the host name's address
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"  # attempts before this one (0 in the first)

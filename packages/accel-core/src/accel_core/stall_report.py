@@ -23,13 +23,20 @@ How it stays off the step path:
   past the threshold takes the report (one per collective, elected with an atomic ``store.add``),
   raises the request counter, and every rank's thread answers at its next poll with its record and
   the line its training thread runs now (``sys._current_frames``, read from the thread: no cost to
-  the training thread). A rank that does not answer within a few polls is reported as silent
-  (killed, or blocked without releasing Python); a rank whose script ended says so at exit.
+  the training thread). A rank that does not answer within a few polls is looked at directly
+  (``stall_probe``: stopped, alive but not running Python, gone, or its machine unreachable); a rank
+  whose script ended says so at exit.
+- A rank stalled anywhere else (DDP's gradient all-reduce inside ``backward``, a collective called
+  through torch) is seen through its progress mark: ``accelerator.backward`` adds one to
+  ``POSITION.step`` (one attribute increment, ~30 ns). A second daemon thread (the guard, which never
+  calls the store) notices when the mark and the collective count have not moved for the threshold;
+  the store thread then asks every rank and reports those behind it or silent (``stall_text``), and
+  nothing when all answer at its step (a slow step). When the store is lost, or one store call hangs
+  (a TCPStore client waits forever on a connection whose link went down), the guard reports that
+  the store's machine is out of reach, and leaves a note for ``accel launch``'s failure summary.
 
-The store: the agent's (``TORCHELASTIC_USE_AGENT_STORE``, under this attempt's prefix, see
-``attempt_store``) or the one rank 0 serves for ``env://``, both at ``MASTER_ADDR:MASTER_PORT``; a
-client connection of its own, made by the thread. Without one (a group joined another way) the
-stalled rank still reports its own wait, without the others' positions.
+The store: see ``stall_store``; a client connection of its own, made by the thread. Without one (a
+group joined another way) the stalled rank still reports its own wait, without the others' positions.
 
 The threshold: ``InitProcessGroupKwargs(stall_report_after=...)`` where a script sets its timeout,
 else ``ACCEL_STALL_REPORT_AFTER`` (``accel launch --stall-report-after``), else 60 s; 0 turns it off.
@@ -54,10 +61,9 @@ from types import CodeType, FrameType
 from typing import Any, ParamSpec, TypeVar
 
 from . import environment as env
-from .attempt_store import attempt_prefix
-
-# Checkpoint calls every process makes, whose report says so (a save under `if accelerator.is_main_process:`).
-EVERY_PROCESS_SAVES = ("save_state", "load_state", "save_model")
+from .stall_probe import ProbeListener, probe, probe_store, record_unreachable, who
+from .stall_store import TimedStore, connect_store
+from .stall_text import compose_lost_store_report, compose_progress_report, compose_report
 
 DEFAULT_STALL_REPORT_AFTER = 60.0
 """Seconds one collective may run before its rank reports the stall (``0`` turns the report off)."""
@@ -73,7 +79,7 @@ class Position:
     a record being updated, which at worst makes one report name the previous call site.
     """
 
-    __slots__ = ("code", "depth", "entered", "left", "offset", "op", "seq", "thread", "via")
+    __slots__ = ("code", "depth", "entered", "left", "offset", "op", "seq", "step", "thread", "via")
 
     def __init__(self) -> None:
         self.depth = 0  # >0 while inside a watched collective (nested calls count once)
@@ -85,6 +91,9 @@ class Position:
         self.entered = 0.0  # time.monotonic() at entry
         self.left = 0.0  # ... at the last exit
         self.thread = 0  # the thread that entered it
+        # accelerator.backward calls so far: the training loop's progress, bumped at the cost of one attribute
+        # increment. The watch thread compares it with the other ranks' when this rank stops moving.
+        self.step = 0
 
     def site(self) -> str:
         """``file:line`` of the script's call of the last collective."""
@@ -171,19 +180,44 @@ def _short(path: str) -> str:
     return path if relative.startswith("..") else relative
 
 
+def _line(frame: FrameType) -> str:
+    code = frame.f_code
+    source = linecache.getline(code.co_filename, frame.f_lineno).strip()
+    return f"{_short(code.co_filename)}:{frame.f_lineno} in {code.co_name}" + (f": {source}" if source else "")
+
+
+def _is_library(frame: FrameType) -> bool:
+    """torch's, accel's or the standard library's frame: not where the script stands."""
+    name = frame.f_globals.get("__name__", "")
+    return name.split(".")[0] in _LIBRARIES or name.startswith("accel_")
+
+
+_LIBRARIES = frozenset(("torch", "accel", "contextlib", "runpy", "threading"))  # and every accel_* package
+
+
 def _where(frame: FrameType | None, depth: int = 3) -> list[str]:
-    """The innermost ``depth`` frames of a thread, innermost last: ``file:line in function: source``."""
+    """The innermost ``depth`` frames of a thread, innermost last: ``file:line in function: source``.
+
+    When all of them are torch's or accel's (a rank waiting in DDP's all-reduce inside ``backward``), the script's
+    innermost line comes first, then ``...``: where the script is matters more than torch's internals.
+    """
     lines: list[str] = []
-    while frame is not None and len(lines) < depth:
-        code = frame.f_code
-        if code.co_filename.startswith("<frozen"):  # runpy's frames under the script's module level
+    script: str | None = None
+    shown_script = False
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen"):  # runpy's frames under the script's module level
             break
-        source = linecache.getline(code.co_filename, frame.f_lineno).strip()
-        lines.append(
-            f"{_short(code.co_filename)}:{frame.f_lineno} in {code.co_name}" + (f": {source}" if source else "")
-        )
+        library = _is_library(frame)
+        if len(lines) < depth:
+            lines.append(_line(frame))
+            shown_script = shown_script or not library
+        elif shown_script:
+            break
+        elif not library:
+            script = _line(frame)
+            break
         frame = frame.f_back
-    return lines[::-1]
+    return ([script, "..."] if script else []) + lines[::-1]
 
 
 def describe_position(position: Position, now: float, answer: int, rank: int) -> dict[str, Any]:
@@ -196,6 +230,7 @@ def describe_position(position: Position, now: float, answer: int, rank: int) ->
         "answer": answer,
         "state": "in" if inside else "out",
         "seq": position.seq,
+        "step": position.step,
         "op": position.op,
         "via": position.via,
         "site": position.site(),
@@ -206,90 +241,6 @@ def describe_position(position: Position, now: float, answer: int, rank: int) ->
     }
 
 
-def _collective(p: dict[str, Any]) -> str:
-    via = f", called through {p['via']}" if p.get("via") and p["via"] != p["op"] else ""
-    return f"{p['op']} #{p['seq']} at {p['site']}{via}"
-
-
-def compose_report(
-    reporter: dict[str, Any],
-    positions: dict[int, dict[str, Any] | None],
-    world_size: int,
-    timeout: float | None,
-    asked: bool = True,
-) -> str:
-    """The report's text, from the stalled rank's position and every rank's answer (None: no answer).
-
-    asked: False when there was no store to ask the others through (their positions are unknown).
-    """
-    head = (
-        f"accel: stall report from rank {reporter['rank']}: it has waited {reporter['since']:.0f} s in "
-        f"{_collective(reporter)}."
-    )
-    same: list[int] = []
-    lines: list[str] = []
-    for rank in range(world_size):
-        p = positions.get(rank)
-        if p is not None and p["state"] == "in" and p["seq"] == reporter["seq"] and p["op"] == reporter["op"]:
-            same.append(rank)
-            continue
-        if p is None and not asked:
-            lines.append(f"  - rank {rank}: position unknown (no rendezvous store at MASTER_ADDR:MASTER_PORT to ask)")
-            continue
-        if p is None:
-            lines.append(
-                f"  - rank {rank}: did not answer (its process was killed, or it is blocked without releasing Python)"
-            )
-            continue
-        who = f"  - rank {rank} (pid {p['pid']} on {p['host']})"
-        if p["state"] == "exited":
-            last = f"; its last collective was {_collective(p)}" if p["seq"] else ""
-            lines.append(f"{who}: its script has ended{last}")
-            continue
-        if p["state"] == "in":
-            where = f"waits in {_collective(p)} for {p['since']:.0f} s"
-        elif p["seq"]:
-            where = f"is not in a collective; its last was {_collective(p)}, {p['since']:.0f} s ago"
-        else:
-            where = "has not called a collective yet"
-        now = "".join(f"\n      {line}" for line in p["now"])
-        lines.append(f"{who}: {where}; now at:{now}" if now else f"{who}: {where}")
-    missing = world_size - len(same)
-    body = [head]
-    if lines:
-        body.append(f"{missing} rank(s) have not reached it:")
-        body.extend(lines)
-    else:
-        body.append("Every rank is in it: the collective itself is slow (a large transfer, a slow network).")
-    body.append(f"In it: rank(s) {_ranges(same)}.")
-    if reporter["op"] in EVERY_PROCESS_SAVES and lines:
-        body.append(
-            f"{reporter['op']} is called on every process: each writes or reads its part and they agree on the "
-            "outcome (as in Accelerate); under `if accelerator.is_main_process:` the others never reach it."
-        )
-    limit = f"{timeout:.0f} s" if timeout is not None else "the collective timeout"
-    body.append(
-        f"The job goes on; this collective fails when it has waited {limit} (accel launch --collective-timeout). "
-        "A collective every rank must call sits under a condition on the rank, or a rank is stuck before it."
-    )
-    return "\n".join(body)
-
-
-def _ranges(ranks: list[int]) -> str:
-    if not ranks:
-        return "none"
-    spans: list[str] = []
-    start = previous = ranks[0]
-    for rank in [*ranks[1:], None]:
-        if rank is not None and rank == previous + 1:
-            previous = rank
-            continue
-        spans.append(str(start) if start == previous else f"{start}-{previous}")
-        if rank is not None:
-            start = previous = rank
-    return ", ".join(spans)
-
-
 _KEYS = "accel/stall/"
 _REQUEST = "request"
 
@@ -297,7 +248,7 @@ _REQUEST = "request"
 class StallWatch:
     """The daemon thread of one rank: answers the others' requests and reports its own stalls.
 
-    threshold: seconds one collective may run before this rank reports it.
+    threshold: seconds one collective may run (or this rank may make no progress) before this rank reports it.
     timeout: the collective timeout in seconds (named in the report), None if unknown.
     """
 
@@ -306,15 +257,37 @@ class StallWatch:
         # Polls often enough to report within a quarter of the threshold, at most every 5 s (one
         # store round trip per poll), at least every 0.5 s.
         self.poll = min(max(threshold / 4, 0.5), 5.0)
-        self.store: Any = None
+        # A store call that takes longer means the store is out of reach (its machine's link is down).
+        self.store_timeout = timedelta(seconds=min(max(2 * self.poll, 2.0), 10.0))
+        self.store: Any = None  # a TimedStore client, None without one
+        self.store_lost = False  # a store was reached once, or is named by MASTER_ADDR, and does not answer now
+        self.ever_connected = False
+        # One store call longer than this means the store is out of reach: a TCPStore client waits forever on a
+        # connection whose link went down, so the guard thread, which never calls the store, reports then.
+        self.store_limit = self.store_timeout.total_seconds() + 1.0
+        self.registered = False
         self.answered = 0
         self.reported_seq = 0
+        # Progress: the (step, collective) mark this rank was last seen at, since when, and the last one reported.
+        self.mark: tuple[int, int] = (-1, -1)
+        self.mark_since = time.monotonic()
+        self.reported_mark: tuple[int, int] | None = None  # by the store thread, asking the others
+        self.wanted_mark: tuple[int, int] | None = None  # set by the guard for the store thread to report
+        self.lost_store_mark: tuple[int, int] | None = None  # reported by the guard: the store out of reach
+        self.listener: ProbeListener | None = None
         self._lock = threading.Lock()  # one user of the store client at a time (the thread, then atexit)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="accel-stall-watch", daemon=True)
+        self._guard = threading.Thread(target=self._guard_run, name="accel-stall-guard", daemon=True)
 
     def start(self) -> None:
+        try:
+            self.listener = ProbeListener(lambda: describe_position(POSITION, time.monotonic(), 0, self.rank))
+            self.listener.start()
+        except OSError:  # no address to listen on: silent peers are reported without a direct look
+            self.listener = None
         self._thread.start()
+        self._guard.start()
         atexit.register(self._at_exit)
 
     # -- the thread --------------------------------------------------------------------------
@@ -322,24 +295,35 @@ class StallWatch:
         next_connect = 0.0
         while not self._stop.wait(self.poll):
             now = time.monotonic()
-            if self.store is None and now >= next_connect:
-                self.store = _connect()
+            # Not again once lost (its machine is gone or out of reach): each failed connection prints torch's C++
+            # stack; a store not up yet at the start is tried once a minute.
+            if self.store is None and now >= next_connect and not (self.store_lost and self.ever_connected):
+                client, named = connect_store(self.store_timeout)
+                self.store = TimedStore(client) if client is not None else None
+                self.ever_connected = self.ever_connected or self.store is not None
+                self.store_lost = self.store_lost or (named and self.store is None)
                 next_connect = now + 60.0
                 if self._stop.is_set():  # the script ended while connecting: the exit handler tells the others
                     break
             try:
                 with self._lock:
                     self._tick(now)
-            # torch's store errors are RuntimeErrors. The store gone (rank 0 ended, the agent restarting):
-            # report locally from now on (a new connection is tried once a minute).
+            # torch's store errors are RuntimeErrors. The store gone (rank 0 ended, the agent restarting, its
+            # machine out of reach): report locally from now on (a new connection is tried once a minute).
             except (RuntimeError, OSError, ValueError):
-                self.store = None
+                self.store, self.store_lost, self.registered = None, True, False
 
     def _tick(self, now: float) -> None:
         if self.store is not None:
-            wanted = self.store.add(_KEYS + _REQUEST, 0)
-            if wanted > self.answered:
-                self._answer(wanted, now)
+            self.store_lost = False
+            if not self.registered and self.listener is not None:
+                self.store.set(f"{_KEYS}peer/{self.rank}", json.dumps(self.listener.identity(self.rank)))
+                self.registered = True
+            self._answer_pending(now)
+        wanted = self.wanted_mark
+        if wanted is not None and wanted != self.reported_mark and wanted == self.mark:
+            self.reported_mark = wanted
+            self._report_no_progress(now)
         position = POSITION
         if not position.depth or position.seq == self.reported_seq or now - position.entered < self.threshold:
             return
@@ -353,26 +337,84 @@ class StallWatch:
         try:
             if self.store.add(f"{_KEYS}reporter/{position.op}#{position.seq}", 1) != 1:
                 return  # another rank waiting in the same collective reports it
-            request = self.store.add(_KEYS + _REQUEST, 1)
-            self._answer(request, now)
-            positions = self._collect(request)
+            positions = self._ask(now)
+            fates = self._fates(positions)
         except (RuntimeError, OSError, ValueError):  # the store went away: this rank's own wait, at least
-            self.store, positions = None, {self.rank: mine}
+            self.store, fates = None, {}
+            positions = {self.rank: mine}
         asked = self.store is not None
-        print(compose_report(mine, positions, self.world_size, self.timeout, asked), file=sys.stderr, flush=True)
+        report = compose_report(mine, positions, self.world_size, self.timeout, asked, fates)
+        print(report, file=sys.stderr, flush=True)
+
+    def _report_no_progress(self, now: float) -> None:
+        """This rank has been at one (step, collective) mark for the threshold, outside accel's collectives (in
+        DDP's all-reduce inside backward, say): reports the ranks behind it and those that do not answer."""
+        mine = describe_position(POSITION, now, 0, self.rank)
+        since = now - self.mark_since
+        if self.store is None:
+            return  # the guard reports a lost store
+        if self.store.add(f"{_KEYS}reporter/progress#{self.mark[0]}.{self.mark[1]}", 1) != 1:
+            return  # another rank at the same mark reports it
+        positions = self._ask(now)
+        fates = self._fates(positions)
+        report = compose_progress_report(mine, since, positions, self.world_size, self.timeout, fates)
+        if report is not None:
+            print(report, file=sys.stderr, flush=True)
+
+    # -- the guard thread: progress, and a store that stopped answering --------------------------
+    def _guard_run(self) -> None:
+        """Watches this rank's progress without touching the store: hands a stall to the store thread to report,
+        or reports itself when the store is lost or one store call has hung (its machine out of reach)."""
+        while not self._stop.wait(self.poll):
+            now = time.monotonic()
+            position = POSITION
+            mark = (position.step, position.seq)
+            if mark != self.mark or position.depth:
+                self.mark, self.mark_since = mark, now  # progress, or inside a collective (the store thread's)
+                continue
+            if now - self.mark_since < self.threshold:
+                continue
+            store = self.store
+            hung = store is not None and store.busy_for(now) > self.store_limit
+            if store is not None and not hung:
+                self.wanted_mark = mark  # the store thread asks the others at its next poll
+            elif (hung or self.store_lost) and mark != self.lost_store_mark:
+                self.lost_store_mark = mark
+                self._report_lost_store(now)
+
+    def _report_lost_store(self, now: float) -> None:
+        mine = describe_position(POSITION, now, 0, self.rank)
+        verdict, fate = probe_store()
+        report = compose_lost_store_report(mine, now - self.mark_since, fate, self.world_size)
+        print(report, file=sys.stderr, flush=True)
+        if verdict == "unreachable":
+            record_unreachable(self.rank, fate)
+
+    def _answer_pending(self, now: float) -> None:
+        wanted = self.store.add(_KEYS + _REQUEST, 0)
+        if wanted > self.answered:
+            self._answer(wanted, now)
 
     def _answer(self, request: int, now: float) -> None:
         self.store.set(f"{_KEYS}rank/{self.rank}", json.dumps(describe_position(POSITION, now, request, self.rank)))
         self.store.add(f"{_KEYS}answers/{request}", 1)
         self.answered = request
 
+    def _ask(self, now: float) -> dict[int, dict[str, Any] | None]:
+        """Asks every rank for its position and collects the answers (None: none came)."""
+        request = self.store.add(_KEYS + _REQUEST, 1)
+        self._answer(request, now)
+        return self._collect(request)
+
     def _collect(self, request: int) -> dict[int, dict[str, Any] | None]:
-        """Every rank's answer to ``request``: waits up to three polls of the others (plus 2 s)."""
-        deadline = time.monotonic() + 3 * self.poll + 2.0
+        """Every rank's answer to ``request``: waits up to two polls of the others (plus 1 s). A rank that answers
+        later is looked at directly (``_fates``), which finds it running."""
+        deadline = time.monotonic() + 2 * self.poll + 1.0
         while time.monotonic() < deadline and not self._stop.is_set():  # an exiting script does not wait for it
             done = self.store.add(f"{_KEYS}answers/{request}", 0) + self.store.add(_KEYS + "exited", 0)
             if done >= self.world_size:
                 break
+            self._answer_pending(time.monotonic())  # another rank asking at the same time gets its answer
             time.sleep(0.2)
         positions: dict[int, dict[str, Any] | None] = {}
         for rank in range(self.world_size):
@@ -382,16 +424,43 @@ class StallWatch:
             positions[rank] = found if fresh else None
         return positions
 
-    # -- at exit -----------------------------------------------------------------------------
-    def _at_exit(self) -> None:
-        """Stops the thread, then tells the others this rank's script has ended (a stalled rank reports it as
-        ended, not silent)."""
+    def _fates(self, positions: dict[int, dict[str, Any] | None]) -> dict[int, str]:
+        """For each rank that did not answer: who it is and what a direct look finds (stopped, gone, unreachable).
+
+        A rank whose look finds it running (it answered late, or lost the store) gets its answer in ``positions``.
+        """
+        fates: dict[int, str] = {}
+        for rank, position in positions.items():
+            key = f"{_KEYS}peer/{rank}"
+            if position is not None or not self.store.check([key]):
+                continue
+            peer = json.loads(self.store.get(key))
+            verdict, fate, answer = probe(peer)
+            if answer is not None:
+                positions[rank] = answer
+                continue
+            fates[rank] = f"{who(peer)}: does not answer; {fate}"
+            if verdict == "unreachable":
+                record_unreachable(self.rank, f"{who(peer)} became {fate}")
+        return fates
+
+    def stop(self) -> None:
+        """Stops the thread and closes the probe socket (the thread leaves any store call first)."""
         self._stop.set()
         # Wait for the thread to leave the store call it may be in. A daemon thread still inside torch's C++ (the
         # GIL released) when the interpreter finalizes is ended by Python with pthread_exit as it takes the GIL
         # back; that unwinds through pybind11's noexcept GIL guard and the process aborts ("terminate called
         # without an active exception") after the script succeeded. A store that answers does so in milliseconds.
         self._thread.join(timeout=_EXIT_WAIT)
+        self._guard.join(timeout=_EXIT_WAIT)
+        if self.listener is not None:
+            self.listener.close()
+
+    # -- at exit -----------------------------------------------------------------------------
+    def _at_exit(self) -> None:
+        """Stops the thread, then tells the others this rank's script has ended (a stalled rank reports it as
+        ended, not silent)."""
+        self.stop()
         if self.store is None or not self._lock.acquire(timeout=2.0):
             return
         try:
@@ -405,25 +474,8 @@ class StallWatch:
             self._lock.release()
 
 
-# The store client's timeout (connecting to a store not yet up is retried that long), and the longest an exiting
-# script waits for the watch thread to leave a store call.
-_STORE_TIMEOUT = timedelta(seconds=10)
+# The longest an exiting script waits for the watch thread to leave a store call.
 _EXIT_WAIT = 5.0
-
-
-def _connect() -> Any:
-    """A client of the job's store (see the module docstring), or None where there is none to reach."""
-    address, port = os.environ.get(env.MASTER_ADDR), os.environ.get(env.MASTER_PORT)
-    if not address or not port:
-        return None
-    try:
-        import torch.distributed as dist
-
-        store = dist.TCPStore(address, int(port), is_master=False, timeout=_STORE_TIMEOUT)
-        prefix = attempt_prefix()
-        return dist.PrefixStore(prefix, store) if prefix is not None else store
-    except (RuntimeError, OSError, ValueError):  # DistNetworkError is a RuntimeError
-        return None
 
 
 _WATCH: list[StallWatch] = []

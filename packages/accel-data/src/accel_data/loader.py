@@ -191,7 +191,7 @@ class ShardedLoaderMixin(ResumableMixin):
 
     @property
     def total_dataset_length(self) -> int:
-        return len(self.dataset)  # pyright: ignore[reportAttributeAccessIssue]  # a DataLoader mixin: its dataset
+        return len(self.dataset)  # pyright: ignore[reportArgumentType]  # a stream: TypeError
 
     @property
     def epoch(self) -> int:
@@ -201,7 +201,7 @@ class ShardedLoaderMixin(ResumableMixin):
         """Sets the epoch and forwards it to the sampler, batch sampler and dataset that have ``set_epoch``."""
         self._progress.epoch = int(epoch)
         targets = [self._shard.batch_sampler, self._shard.sampler] if self._shard is not None else []
-        targets.append(self.dataset)  # pyright: ignore[reportAttributeAccessIssue]  # a DataLoader mixin: its dataset
+        targets.append(self.dataset)
         for target in targets:
             if hasattr(target, "set_epoch") and not isinstance(target, SeedableRandomSampler):
                 target.set_epoch(epoch)

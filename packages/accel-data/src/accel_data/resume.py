@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.data import IterableDataset
 
 from .rng_states import RawStates, from_plain, to_plain
 from .samplers import ensure_generator
 
 if TYPE_CHECKING:
-    from .sharding import Head
+    from torch.utils.data import Dataset
+
+    from .sharding import Head, ShardPlan
+
+logger = logging.getLogger(__name__)
+
+# What a resume does when the data changed under a mid-epoch checkpoint: "error" (default) or "restart_epoch".
+DATA_CHANGED_ENV = "ACCEL_DATA_CHANGED"
+_LAYOUT_NAMES = {"dataset_length": "dataset length", "batch_size": "batch size", "drop_last": "drop_last"}
 
 
 @dataclass
@@ -55,6 +66,10 @@ class ResumableMixin:
     _rng_synced: bool
     num_processes: int
     split_batches: bool
+    dataset: Dataset[Any]  # the DataLoader's
+
+    def _current_plan(self) -> ShardPlan:
+        raise NotImplementedError  # ShardedLoaderMixin's
 
     def state_dict(self) -> dict[str, Any]:
         """Position of the loader: epoch, steps consumed in it, sampler seed / generator state.
@@ -84,7 +99,71 @@ class ResumableMixin:
             "inner": p.inner_state if in_epoch else None,
             "head": list(p.head.batches) if in_epoch and p.inner_state is not None and p.head is not None else None,
             "sampler_draw": to_plain(drawn) if in_epoch and (drawn := self._drawn_from()) is not None else None,
+            # What the position means: a mid-epoch position counts steps of this layout (checked at load).
+            **self._layout(),
         }
+
+    def _layout(self) -> dict[str, Any]:
+        """The data layout a saved position counts in: dataset length (None for a stream), batch size, drop_last."""
+        plan = self._current_plan()
+        return {"dataset_length": self._dataset_length(), "batch_size": plan.batch_size, "drop_last": plan.drop_last}
+
+    def _dataset_length(self) -> int | None:
+        dataset = self.dataset
+        if isinstance(dataset, IterableDataset):
+            return None  # a stream is read again up to the position: its length is not what the position counts
+        try:
+            return len(dataset)  # pyright: ignore[reportArgumentType]  # a map-style dataset without __len__: None
+        except TypeError:
+            return None
+
+    def _check_layout(self, state_dict: dict[str, Any], position: int) -> int:
+        """The position to resume at, once the saved layout is compared with the loader's now.
+
+        A changed dataset length, batch size or drop_last makes a mid-epoch position meaningless: the epoch's order
+        was drawn over the old dataset and the steps to skip counted in the old batches (resumed as is, 64 -> 80
+        samples saw 9 to 14 samples twice and missed others, without a word). Refused by default; with
+        ``ACCEL_DATA_CHANGED=restart_epoch`` the interrupted epoch restarts from its first step over the data of now,
+        said in a warning. At an epoch's start (position 0) nothing is counted yet: the change is only reported.
+        """
+        now = self._layout()
+        changed = [
+            f"{_LAYOUT_NAMES[key]} {state_dict[key]} -> {now[key]}"
+            for key in now
+            if key in state_dict and state_dict[key] != now[key]  # states saved before these keys: not compared
+        ]
+        if not changed:
+            return position
+        what = ", ".join(changed)
+        epoch = int(state_dict.get("epoch", 0))
+        if position == 0:
+            logger.warning(
+                "The dataloader's data changed since the checkpoint (%s). The checkpoint was taken at the start of "
+                "epoch %d, so the resumed run reads that epoch whole, over the data of now.",
+                what,
+                epoch,
+            )
+            return 0
+        policy = os.environ.get(DATA_CHANGED_ENV, "error").strip().lower() or "error"
+        if policy not in ("error", "restart_epoch"):
+            raise ValueError(f"{DATA_CHANGED_ENV}={policy!r}: use 'error' (the default) or 'restart_epoch'.")
+        if policy == "error":
+            raise ValueError(
+                f"Cannot resume the dataloader mid-epoch: its data changed since the checkpoint ({what}). The "
+                f"checkpoint had consumed {position} steps of epoch {epoch}, counted in the old layout, so resuming "
+                "there would repeat some samples and skip others. Resume with the data the checkpoint was saved "
+                f"with, or set {DATA_CHANGED_ENV}=restart_epoch to restart epoch {epoch} from its first step over the "
+                "data of now."
+            )
+        logger.warning(
+            "The dataloader's data changed since the checkpoint (%s); %s=restart_epoch: epoch %d restarts from its "
+            "first step over the data of now (the checkpoint had consumed %d of its steps, which are read again).",
+            what,
+            DATA_CHANGED_ENV,
+            epoch,
+            position,
+        )
+        return 0
 
     def _drawn_from(self) -> RawStates | None:
         """The RNG states the current pass's sampler drew its order from (a sampler without a generator)."""
@@ -94,12 +173,16 @@ class ResumableMixin:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores ``state_dict()``; the next iteration resumes the saved epoch where it stopped.
 
-        A different number of processes is fine when the consumed steps convert to whole steps.
+        A different number of processes is fine when the consumed steps convert to whole steps. A different
+        dataset length, batch size or ``drop_last`` mid-epoch is refused (``ValueError`` naming the change), or, with
+        ``ACCEL_DATA_CHANGED=restart_epoch``, restarts the interrupted epoch (see ``_check_layout``).
         """
         p = self._progress
+        position = int(state_dict.get("batches_yielded", 0))
+        # Before anything changes: a refused layout leaves the loader as it was.
+        position = self._check_layout(state_dict, position)
         self._rng_synced = False  # a loaded generator state or seed: synchronised again at the next epoch
         p.epoch = int(state_dict.get("epoch", 0))
-        position = int(state_dict.get("batches_yielded", 0))
         saved_n = int(state_dict.get("num_processes", self.num_processes))
         saved_split = bool(state_dict.get("split_batches", self.split_batches))
         if (saved_n, saved_split) != (self.num_processes, self.split_batches):

@@ -108,7 +108,8 @@ _MPI = (
 _MEGATRON = "accel-megatron has no such setting (its flags: accel launch --help, megatron options)"
 _NO_BOOL = ("false", "False", "0", "no")
 
-# Accelerate 1.16's launch flags that accel launch has not under the same name (tests/cli checks the whole list).
+# The launch flags of Accelerate 1.15 and 1.16 that accel launch has not under the same name (tests/cli checks the whole
+# list). 1.16's flags are 1.15's less --fp8_opt_level (MS-AMP's, dropped in 1.16): a 1.15 launch line keeps working.
 ACCELERATE_FLAGS: tuple[AccelerateFlag, ...] = (
     # Not needed: accel does the same by itself, or the flag only tunes something accel leaves alone.
     _not_needed("--multi_gpu", "several processes are a data-parallel (DDP) job without it"),
@@ -125,6 +126,11 @@ ACCELERATE_FLAGS: tuple[AccelerateFlag, ...] = (
     _not_needed("--no_tpu_cluster", "accel does not start TPU pods"),
     _not_needed("--role", "torchrun's worker role only labels its logs", takes_value=True),
     _not_needed("--parallelism_config_cp_backend", "accel's context parallelism is torch's", takes_value=True),
+    _not_needed(
+        "--fp8_opt_level",
+        "it only tunes MS-AMP, which accel does not run (Accelerate 1.16 dropped the flag too)",
+        takes_value=True,
+    ),
     # Translated into the variables the workers read.
     _translated("--num_cpu_threads_per_process", _variable("OMP_NUM_THREADS")),
     _translated("--gpu_ids", _variable("CUDA_VISIBLE_DEVICES")),

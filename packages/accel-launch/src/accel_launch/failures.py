@@ -89,7 +89,10 @@ class JobFailedError(RuntimeError):
         monitor_interval: float | None = None,
         tracebacks_printed: bool = False,
         finished: list[FinishedRank] | None = None,
+        unreachable: list[dict[str, Any]] | None = None,
     ) -> None:
+        """unreachable: the stall report's notes of a peer that became unreachable (``stall_probe.read_unreachable``):
+        a collective timeout after one is a lost link or machine, not a hang."""
         if not failures:
             raise ValueError("JobFailedError needs at least one failure.")
         # A worker the agent saw dead at `timestamp` (floored to the second) died after
@@ -117,6 +120,7 @@ class JobFailedError(RuntimeError):
         self.world_size = world_size
         self.restarts = restarts
         self.tracebacks_printed = tracebacks_printed
+        self.unreachable = unreachable or []
         super().__init__(self.summary())
 
     @property
@@ -160,7 +164,14 @@ class JobFailedError(RuntimeError):
             lines.append("No Python traceback (it exited without raising, e.g. sys.exit); see its output above.")
         if self.world_size is None or self.world_size > 1:
             lines.append("The other ranks were stopped.")
-        if root.traceback and _COLLECTIVE_TIMEOUT.search(error_line):
+        if root.traceback and self.unreachable and _LOST_PEER.search(error_line):
+            note = self.unreachable[0]
+            lines.append(
+                f"Rank {root.rank}'s collective failed because a peer became unreachable, not a hang: "
+                f"{note['text']} (seen by rank {note['rank']}'s stall report). Check the network between the "
+                "machines, or that machine."
+            )
+        elif root.traceback and _COLLECTIVE_TIMEOUT.search(error_line):
             waiting = sorted(f.rank for f in self.rank_failures if f.stopped_by_launcher)
             never = f"rank(s) {', '.join(map(str, waiting))}, still running when it gave up," if waiting else "a rank"
             lines.append(
@@ -180,6 +191,7 @@ class JobFailedError(RuntimeError):
         tracebacks_printed: bool = False,
         alive_at: Mapping[int, float] | None = None,
         finished: list[FinishedRank] | None = None,
+        unreachable: list[dict[str, Any]] | None = None,
     ) -> JobFailedError:
         """Builds the error from torch's ``ChildFailedError`` (``error.failures``: global rank -> ProcessFailure).
 
@@ -193,6 +205,38 @@ class JobFailedError(RuntimeError):
             monitor_interval=monitor_interval,
             tracebacks_printed=tracebacks_printed,
             finished=finished,
+            unreachable=unreachable,
+        )
+
+
+class RendezvousLostError(RuntimeError):
+    """This machine's agent lost the job's rendezvous (a multi-machine job): what happened, without torch's traceback.
+
+    exit_code: 1, as a failed job.
+    """
+
+    exit_code = 1
+
+    @classmethod
+    def from_error(cls, error: BaseException, endpoint: str, machine_rank: int) -> RendezvousLostError:
+        """From torch's ``RendezvousClosedError`` / ``RendezvousConnectionError`` / ``RendezvousTimeoutError``."""
+        kind = type(error).__name__
+        if kind == "RendezvousClosedError":
+            why = (
+                "another machine closed the job: its part failed (after its --max-restarts, if any) and it ended the "
+                "rendezvous for every machine"
+            )
+        elif kind == "RendezvousTimeoutError":
+            why = "the other machines did not join in time"
+        else:
+            why = (
+                "the machine serving it (machine rank 0) ended its part of the job, or became unreachable from here"
+                if machine_rank != 0
+                else "its store stopped answering"
+            )
+        return cls(
+            f"The job's rendezvous at {endpoint} is gone ({kind}): {why}. This machine's workers were stopped; why "
+            "the job failed is in the other machines' output (above all machine rank 0's summary)."
         )
 
 
@@ -234,6 +278,13 @@ def _failed_at(failure: Any) -> float | None:
 # timeout") report a collective that some rank never joined.
 _COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms|collective operation timeout|DistTimeoutError", re.I)
 
+
+# How a collective fails when its peer's machine or link went away: a timeout, or the connection dropped.
+_LOST_PEER = re.compile(
+    _COLLECTIVE_TIMEOUT.pattern
+    + r"|Connection reset|Connection closed|Broken pipe|No route to host|Network is unreachable",
+    re.I,
+)
 
 _TORCH_PATHS = ("/torch/", "\\torch\\")
 

@@ -212,6 +212,9 @@ def resolve_plan(
         # (pytorch/pytorch#135712; 2 of 8 restarts here). Without sharing, each attempt's rank 0
         # serves a fresh store. The agent reads it too: `launch` applies this env to its own process.
         child_env[RDZV_STORE_SHARING_OFF] = "1"
+    if values["num_machines"] > 1 and values["main_process_ip"]:
+        # The workers refuse a loopback address across machines (accel_core.network_check) unless this is one.
+        child_env[env.MAIN_PROCESS_IP] = str(values["main_process_ip"])
     if values["keep_global_batch"] and values["min_machines"] is not None:
         # The data-parallel world the user's batch and accumulation are meant for: all MAX machines.
         child_env[env.GLOBAL_BATCH_PROCESSES] = str(values["num_processes"])

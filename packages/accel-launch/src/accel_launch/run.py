@@ -16,9 +16,11 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 
+from accel_core.stall_probe import read_unreachable
+
 from . import rendezvous
 from .exit_watch import ChildExitWatch
-from .failures import JobFailedError
+from .failures import JobFailedError, RendezvousLostError
 from .finish_records import FINISH_RECORDS, read_finishes, records_folder
 from .lifeline import LAUNCHER_PID, preexec_die_with_parent
 from .plan import LaunchPlan, LaunchTarget, torchrun_argv
@@ -200,6 +202,14 @@ def port_in_use(plan: LaunchPlan) -> ValueError:
     )
 
 
+def _is_rendezvous_error(error: BaseException) -> bool:
+    """Whether ``error`` is torch's ``RendezvousError`` (closed, lost connection, timeout): imported by name only
+    once the agent ran (torch is loaded by then)."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    return isinstance(error, RendezvousError)
+
+
 def _says_address_in_use(error: BaseException) -> bool:
     """Whether torch's store failed to listen because the address is taken (in ``error`` or what caused it)."""
     seen: BaseException | None = error
@@ -237,6 +247,7 @@ def run_torchrun(plan: LaunchPlan, target: LaunchTarget) -> int:
                 tracebacks_printed=True,
                 alive_at=watch.alive_at,
                 finished=read_finishes(finishes.name, attempt=plan.max_restarts),
+                unreachable=read_unreachable(finishes.name),
             ) from None
         except SignalException as error:
             # Ctrl-C or a scheduler's SIGTERM: the agent stopped the workers; report like a shell.
@@ -247,6 +258,9 @@ def run_torchrun(plan: LaunchPlan, target: LaunchTarget) -> int:
             # together): the same message instead of torch's 80-line traceback.
             if plan.main_process_port and plan.machine_rank == 0 and _says_address_in_use(error):
                 raise port_in_use(plan) from None
+            if plan.num_machines > 1 and _is_rendezvous_error(error):  # not torch's 40-line C++ traceback
+                endpoint = f"{plan.main_process_ip}:{plan.main_process_port}"
+                raise RendezvousLostError.from_error(error, endpoint, plan.machine_rank) from None
             raise
     return 0
 

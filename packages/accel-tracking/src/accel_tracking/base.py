@@ -202,8 +202,10 @@ class GeneralTracker:
         return f"{type(self).__name__}(name={getattr(self, 'name', '?')!r}, active={self.is_active})"
 
 
-def require(library: str, extra: str | None) -> ModuleType:
-    """Imports ``library`` or raises an ImportError naming the accel-tracking extra that installs it."""
+def require(library: str, extra: str | None, needed_by: str = "This tracker") -> ModuleType:
+    """Imports ``library`` or raises an ImportError naming the accel-tracking extra that installs it.
+
+    needed_by: what needs it, as the message's subject ("This tracker", "Plotting metrics")."""
     try:
         return importlib.import_module(library)
     except ImportError as error:
@@ -211,7 +213,7 @@ def require(library: str, extra: str | None) -> ModuleType:
         hint = (
             f'pip install "accel-tracking[{extra}]"  (or pip install {package})' if extra else f"pip install {package}"
         )
-        raise ImportError(f"This tracker needs `{library}`, which is not installed: {hint}.") from error
+        raise ImportError(f"{needed_by} needs `{library}`, which is not installed: {hint}.") from error
 
 
 def resolve_logging_dir(logging_dir: str | os.PathLike[str] | None, tracker_name: str) -> Path:

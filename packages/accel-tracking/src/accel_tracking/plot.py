@@ -42,9 +42,10 @@ def plot_metrics(
 
         plot_metrics("runs/my_run", keys=["loss"], out_png="loss.png")
     """
-    require("matplotlib", "plot")
+    require("matplotlib", "plot", needed_by="Plotting metrics")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     run = Path(run)
     run_dir = run if run.is_dir() else run.parent
@@ -75,6 +76,8 @@ def plot_metrics(
         ax.plot(xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, linewidth=1.5)
         ax.set_ylabel(key)
         ax.grid(True, alpha=0.3)
+        if all(float(x).is_integer() for x in xs):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no tick at step 0.5
         if log_y and min(ys) > 0:
             ax.set_yscale("log")
     axes[-1].set_xlabel("step")
@@ -83,3 +86,64 @@ def plot_metrics(
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, format="png")
     return out
+
+
+def find_run(path: str | os.PathLike[str]) -> Path:
+    """The run folder ``path`` names: itself (or its ``metrics.jsonl``'s folder), or the one run folder under it.
+
+    A logging folder holding several runs is refused with their names, so that the user picks one.
+    """
+    path = Path(path)
+    if path.is_file():
+        return path.parent
+    if not path.is_dir():
+        raise ValueError(f"{path} does not exist: pass a run folder the local tracker wrote (it holds {METRICS_FILE}).")
+    if (path / METRICS_FILE).is_file():
+        return path
+    runs = sorted(found.parent for found in path.glob(f"*/{METRICS_FILE}"))
+    if len(runs) == 1:
+        return runs[0]
+    if not runs:
+        raise ValueError(
+            f"{path} holds no {METRICS_FILE}: pass the run folder of a run logged with the local tracker "
+            "(<logging_dir>/<project name>, e.g. runs/digits)."
+        )
+    raise ValueError(f"{path} holds {len(runs)} runs: pass one of {', '.join(str(run) for run in runs)}.")
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m accel_tracking.plot") -> int:
+    """The command line of ``plot_metrics`` (``accel plot`` and ``python -m accel_tracking.plot``); returns 0.
+
+    Raises ``ValueError`` / ``ImportError`` with the fix for a bad run folder or a missing matplotlib.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Draws the metrics of a run the local tracker wrote (its metrics.jsonl: the loss curve and "
+        "every other number logged with accelerator.log) as a PNG, one panel per metric. Needs matplotlib: "
+        'pip install "accel-tracking[plot]".',
+        epilog=f"example: {prog} runs/digits --keys train_loss -o loss.png",
+    )
+    parser.add_argument(
+        "run", metavar="RUN", help=f"the run folder (<logging_dir>/<project name>) or its {METRICS_FILE}"
+    )
+    parser.add_argument("--keys", nargs="+", metavar="KEY", help="the metrics to draw (default: every numeric one)")
+    parser.add_argument("-o", "--output", metavar="PNG", help="the PNG to write (default: RUN/metrics.png)")
+    parser.add_argument("--log-y", "--log_y", dest="log_y", action="store_true", help="a logarithmic y axis")
+    parser.add_argument("--title", help="the figure's title (default: the run folder's name)")
+    args = parser.parse_args(argv)
+    run = find_run(args.run)
+    written = plot_metrics(run, args.keys, args.output, title=args.title, log_y=args.log_y)
+    records = read_metrics(run)
+    print(f"wrote {written} ({len(records)} records of {run / METRICS_FILE})")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    try:
+        sys.exit(main())
+    except (ValueError, ImportError) as error:
+        sys.exit(f"{sys.argv[0]}: error: {error}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .base import local_process_index, process_index, require
+from .base import local_process_index, process_index
 
 
 def progress_bar(iterable: Iterable[Any] | None = None, *, main_process_only: bool = True, **kwargs: Any) -> Any:
@@ -13,19 +13,20 @@ def progress_bar(iterable: Iterable[Any] | None = None, *, main_process_only: bo
 
     With N processes per machine, N bars would overwrite each other in one terminal; one bar per
     machine (local rank 0) is what a user watches. ``main_process_only=False`` draws on every
-    process (each bar is then labelled with its rank). Needs ``accel-tracking[progress]``.
+    process (each bar is then labelled with its rank).
 
     Example::
 
         for batch in progress_bar(train_dataloader, desc="epoch 1"):
             ...
     """
-    tqdm = require("tqdm", "progress")
+    from tqdm import tqdm  # a dependency of accel-tracking; imported on first use (accel's imports stay light)
+
     if main_process_only:
         kwargs["disable"] = bool(kwargs.get("disable", False)) or local_process_index() != 0
     else:
         kwargs.setdefault("desc", f"[rank {process_index()}]")
-    return tqdm.tqdm(iterable, **kwargs)
+    return tqdm(iterable, **kwargs)
 
 
 def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
@@ -45,7 +46,6 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
             "Passing `True` or `False` as the first argument to accel's `tqdm` wrapper is unsupported. "
             "Please use the `main_process_only` keyword argument instead."
         )
-    require("tqdm", "progress")
     from tqdm.auto import tqdm as auto_tqdm
 
     disable = kwargs.pop("disable", False)

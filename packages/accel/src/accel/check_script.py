@@ -1,7 +1,8 @@
 """The script ``accel test`` launches: checks an install end to end through the public API.
 
 Each process checks its place in the job, the collectives (gather, gather_object, reduce) and one
-data-parallel training step against the same step computed by hand on the whole batch. The main
+training step with the strategy the launch chose (DDP, FSDP, DeepSpeed: the config file's or the flags')
+against the same step computed by hand on the whole batch. The main
 process prints one summary line; a failed check raises on its rank, which fails the job, and the
 launcher names that rank.
 
@@ -61,10 +62,13 @@ def check_training_step(accelerator: Accelerator) -> None:
     reference.load_state_dict(model.state_dict())
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    shard = slice(4 * rank, 4 * (rank + 1))
-    device = accelerator.device
-    loss = torch.nn.functional.mse_loss(model(inputs[shard].to(device)), targets[shard].to(device))
+    # One batch of 4 per process through a prepared loader (DeepSpeed reads its micro-batch size from it).
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, targets), batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    batches = list(loader)
+    check("data sharding", len(batches) == 1, f"{len(batches)} batches on rank {rank}, expected 1 of 4 samples")
+    shard_inputs, shard_targets = batches[0]
+    loss = torch.nn.functional.mse_loss(model(shard_inputs), shard_targets)
     accelerator.backward(loss)
     optimizer.step()
     optimizer.zero_grad()
@@ -74,10 +78,17 @@ def check_training_step(accelerator: Accelerator) -> None:
     full_loss.backward()
     with torch.no_grad():
         expected = torch.cat([(p - 0.1 * cast(torch.Tensor, p.grad)).flatten() for p in reference.parameters()])
-    trained = torch.cat([p.detach().float().cpu().flatten() for p in accelerator.unwrap_model(model).parameters()])
-    tolerance = 1e-5 if accelerator.mixed_precision == "no" else 2e-2
-    check("training step", torch.allclose(trained, expected, atol=tolerance), f"{trained} != {expected}")
-    everyone = accelerator.gather(trained.to(device)[None]).cpu()
+    # The full weights as the strategy gathers them (FSDP and ZeRO-3 shard them: valid on the main process).
+    state = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        trained = torch.cat([state[name].detach().float().cpu().flatten() for name in ("weight", "bias")])
+        tolerance = 1e-5 if accelerator.mixed_precision == "no" else 2e-2
+        check("training step", torch.allclose(trained, expected, atol=tolerance), f"{trained} != {expected}")
+    # Every process computes on the same weights after the step: its forward on one input equals the main one's.
+    probe = torch.ones(1, 3, device=accelerator.device)
+    with torch.no_grad():
+        output = model(probe).float().reshape(1)
+    everyone = accelerator.gather(output).cpu()
     check("replicas in sync", bool((everyone - everyone[0]).abs().max() == 0), str(everyone))
 
 
@@ -90,7 +101,8 @@ def main() -> None:
     if accelerator.is_main_process:
         print(
             f"accel check: OK on {accelerator.num_processes} process(es), device {accelerator.device.type}, "
-            f"mixed precision {accelerator.mixed_precision}, backend {accelerator.state.backend}",
+            f"mixed precision {accelerator.mixed_precision}, strategy {accelerator.distributed_type.value}, "
+            f"backend {accelerator.state.backend}",
             flush=True,
         )
     accelerator.wait_for_everyone()

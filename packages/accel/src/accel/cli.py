@@ -1,5 +1,5 @@
 """The ``accel`` command: ``launch``, ``config``, ``env``, ``test``, ``estimate-memory``,
-``merge-weights``, ``to-fsdp2``.
+``merge-weights``, ``to-fsdp2``, ``plot``.
 
 Each command lives in ``accel.commands.<name>`` (``-`` written ``_``) and is imported only when used,
 so ``accel --help`` costs a Python start-up and nothing else (no torch, no YAML).
@@ -20,6 +20,17 @@ COMMANDS = {
     "estimate-memory": "per-process bytes of a model's parameters, gradients and optimizer state, per strategy",
     "merge-weights": "merge a sharded (FSDP / DCP) checkpoint into one safetensors file",
     "to-fsdp2": "convert the fsdp section of a config file from FSDP1 to FSDP2 settings",
+    "plot": "draw a run's metrics (the local tracker's metrics.jsonl) as a PNG: the loss curve",
+}
+
+# Accelerate's commands that accel does not provide, each with why and what to do instead: a habit typed out of
+# Accelerate gets that answer, not a guess at a similar name.
+NOT_PROVIDED = {
+    "tpu-config": (
+        "`accelerate tpu-config` runs a setup command on every host of a TPU pod through `gcloud`; accel does not "
+        "provide it, because accel-xla runs on one host (multi-host XLA is not supported yet). Run the command on "
+        "each host yourself: `gcloud compute tpus tpu-vm ssh NAME --zone ZONE --worker all --command '...'`."
+    ),
 }
 
 USAGE = """usage: accel <command> [options]
@@ -36,6 +47,7 @@ examples:
   accel test
   accel estimate-memory models.py:build_model -n 8
   accel merge-weights outputs/checkpoints/checkpoint_3 merged/
+  accel plot runs/digits       (the loss curve of a run the local tracker wrote)
 
 `accel <command> --help` describes a command's options."""
 
@@ -75,6 +87,9 @@ def _dispatch(argv: list[str]) -> int:
         print(f"accel {_version()}")
         return 0
     name, rest = argv[0], argv[1:]
+    if name in NOT_PROVIDED:
+        print(f"accel: `accel {name}` is not provided: {NOT_PROVIDED[name]}", file=sys.stderr)
+        return 2
     if name not in COMMANDS:
         close = difflib.get_close_matches(name, list(COMMANDS), n=1)
         hint = f" Did you mean `accel {close[0]}`?" if close else ""

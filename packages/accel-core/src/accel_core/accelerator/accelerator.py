@@ -215,10 +215,10 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
     def state(self) -> AcceleratorState:
         """The process's ``AcceleratorState`` (shared by everything in the process).
 
-        Returned even when the state was reset (``AcceleratorState._reset_state()``) after this Accelerator was
-        made, as in the reference, so ``accelerator.state._reset_state()`` works; while the state is reset,
-        reading one of its fields raises an ``AttributeError`` that names the reset. The Accelerator's own methods
-        refuse to work after such a reset (``StateResetError``): create a new ``Accelerator()``."""
+        Returned even after the process state was reset (as Accelerate's own test scripts do between cases) once
+        this Accelerator was made, as in the reference; while the state is reset, reading one of its fields raises
+        an ``AttributeError`` that names the reset. The Accelerator's own methods refuse to work after such a reset
+        (``StateResetError``): create a new ``Accelerator()``."""
         return self._state
 
     @property

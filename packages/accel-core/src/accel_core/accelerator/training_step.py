@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..optimizer import AcceleratedOptimizer
+from ..stall_report import POSITION
 from ..strategies import BackwardSyncControl
 from .triggers import sync_in_backward
 
@@ -98,6 +99,7 @@ class TrainingStep:
                 f"{type(loss).__name__} {loss!r}: pass the tensor itself, before .item() or float(), e.g. "
                 "`loss = loss_fn(model(inputs), targets); accelerator.backward(loss)`."
             )
+        POSITION.step += 1  # the stall report's progress mark (one attribute increment)
         owns_step = self.strategy.owns_optimizer_step
         if not owns_step and self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps

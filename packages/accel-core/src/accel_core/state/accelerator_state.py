@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import environment as env
 from ..enums import DistributedType
 from ..placement import ProcessPlacement
 from .process_state import PartialState
+
+if TYPE_CHECKING:  # for the annotations alone
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ..configuration import TorchDynamoPlugin
+    from ..parallel.config import ParallelismConfig
 
 
 class AcceleratorState(PartialState):
@@ -176,7 +182,7 @@ class AcceleratorState(PartialState):
 class AcceleratorSetup:
     """What an Accelerator set up that the reference API reads from ``AcceleratorState``."""
 
-    dynamo_plugin: Any = None
-    parallelism_config: Any = None
-    device_mesh: Any = None
+    dynamo_plugin: TorchDynamoPlugin | None = None
+    parallelism_config: ParallelismConfig | None = None
+    device_mesh: DeviceMesh | None = None
     deepspeed_plugins: Any = None

@@ -22,6 +22,7 @@ from .. import accelerate_launch_env, cluster_env
 from .. import environment as env
 from ..attempt_store import attempt_store, wait_for_peers
 from ..enums import DistributedType
+from ..network_check import check_addresses, spans_machines
 from ..placement import Collectives, ProcessPlacement
 from ..stall_report import start_watch, watched
 from .splitting import split_inputs
@@ -199,7 +200,11 @@ class PartialState:
             # a many-GPU node; a script that wants lazy groups calls dist.init_process_group("nccl") first (adopted).
             kwargs.setdefault("device_id", self.device)
         if kwargs.get("init_method") is None and kwargs.get("store") is None:
-            store = attempt_store(self.world_size, kwargs["timeout"])
+            connect = partial(attempt_store, self.world_size, kwargs["timeout"])
+            if spans_machines(self.world_size, self.local_world_size):  # no loopback address across machines
+                store = check_addresses(str(backend), self.rank, self.world_size, connect, kwargs["timeout"])
+            else:
+                store = connect()
             if store is not None:  # the agent's store outlives the attempt: keys of this attempt only
                 # A roll call first: a peer whose function returned without joining fails this rank now, not
                 # after the group timeout (the agent sees a returned peer as a success and would wait).

@@ -1,4 +1,5 @@
-"""``accel config`` (questions), ``accel config default``, ``accel config show``, ``accel config import <file>``."""
+"""``accel config`` (questions), ``accel config default``, ``accel config show``, ``accel config import <file>``,
+``accel config update``."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ DESCRIPTION = """Writes, shows or imports the launch config file that `accel lau
   accel config                 answer a few questions (Enter keeps the [default])
   accel config default         write a config for this machine without questions
   accel config show            print the file and the settings a launch would use
-  accel config import FILE     convert an Accelerate default_config.yaml"""
+  accel config import FILE     convert an Accelerate default_config.yaml
+  accel config update          rewrite the existing file in the current format (an Accelerate file converted,
+                               values in their types, settings in order); asks nothing"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="accel config", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "action", nargs="?", choices=["ask", "default", "show", "import"], default="ask", help=argparse.SUPPRESS
+        "action",
+        nargs="?",
+        choices=["ask", "default", "show", "import", "update"],
+        default="ask",
+        help=argparse.SUPPRESS,
     )
     parser.add_argument("source", nargs="?", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -69,6 +76,8 @@ def main(argv: list[str]) -> int:
         read_yaml_file(path, "Config file", "fix the path.")
     if args.action == "show":
         return show(path, explicit)
+    if args.action == "update":
+        return update(path)
     # The source first: a missing or broken one is the problem to report, whatever the destination.
     imported = import_accelerate(Path(args.source).expanduser()) if args.action == "import" else None
     if args.action in ("default", "import") and path.exists() and not args.force:
@@ -113,6 +122,27 @@ def show(path: Path, explicit: bool = True) -> int:
     plan = resolve_plan({}, os.environ, config, config_file=str(path))
     print(f"\nsettings of `accel launch` without flags (environment > config file > default):\n{format_settings(plan)}")
     print(f"added to the workers' environment:\n{format_env(plan.env)}")
+    return 0
+
+
+def update(path: Path) -> int:
+    """Rewrites the config file at ``path`` in the current format, as ``accelerate config update`` does for
+    Accelerate's: an Accelerate file converted (what does not map is said on stderr), each value in its setting's
+    type, the settings in their usual order. A file already current keeps its content (and says so); one that
+    ``accel launch`` would refuse is refused with the key to fix, and not written."""
+    if not path.is_file():
+        raise ValueError(f"no config file at {path} to update: `accel config` (or `accel config default`) writes one.")
+    data = read_yaml_file(path, "Config file", "fix the path.")
+    was_accelerate = is_accelerate_config(data)
+    config = config_from_data(data, path, announce=False)
+    resolve_plan({}, {}, config, config_file=str(path))  # what `accel launch` would refuse, refused here too
+    old_text = path.read_text(encoding="utf-8")
+    write_config_file(path, config)
+    if path.read_text(encoding="utf-8") == old_text:
+        print(f"{path} is already in the current format: nothing changed.")
+        return 0
+    how = "converted from Accelerate's format" if was_accelerate else "rewritten in the current format"
+    print(f"Updated {path}: {how}. `accel config show` shows it.")
     return 0
 
 

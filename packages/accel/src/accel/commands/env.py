@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
+import re
 import sys
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, distributions, version
+from pathlib import Path
 
 from accel_core import discovery
 from accel_launch.config import load_config
@@ -24,6 +27,45 @@ def _version(name: str) -> str:
         return version(name)
     except PackageNotFoundError:
         return "not installed"
+
+
+def torch_version() -> str:
+    """torch's full version with its build tag (``2.9.0+cu128``), read from ``torch/version.py`` without importing
+    torch: the wheel's metadata often drops the tag, and the tag says which CUDA (or CPU-only) build runs."""
+    spec = importlib.util.find_spec("torch")  # a top-level name: found without importing it
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            text = (Path(folder) / "version.py").read_text(encoding="utf-8")
+        except OSError:
+            continue
+        found = re.search(r"""^__version__\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", text, re.M)
+        if found:
+            return found.group(1)
+    return _version("torch")
+
+
+def _trackers() -> str:
+    """The registered trackers: those whose library is missing marked with the install that adds it, those installed
+    but not ready to start unasked (wandb without a login) marked so."""
+    listed = []
+    for name in discovery.available("accel.trackers"):
+        try:
+            tracker = discovery.load("accel.trackers", name)
+            library = getattr(tracker, "library", None)  # GeneralTracker's declared ClassVar (None: no library)
+            installed = library is None or importlib.util.find_spec(library) is not None  # no import
+            ready = installed and bool(tracker.is_available())  # accel_core.protocols.Tracker's classmethod
+        except Exception as error:  # noqa: BLE001 - a report must still come out
+            listed.append(f"{name} (cannot load: {type(error).__name__}: {error})")
+            continue
+        if not installed:
+            extra = getattr(tracker, "extra", None)
+            install = f'pip install "accel-tracking[{extra}]"' if extra else f"pip install {library}"
+            listed.append(f"{name} (library not installed: {install})")
+        elif not ready:
+            listed.append(f"{name} (installed; not ready to start unasked, log_with='all' leaves it out)")
+        else:
+            listed.append(name)
+    return ", ".join(listed) or "(none)"
 
 
 # The libraries accel's packages drive, whose versions a bug usually depends on (metadata only: nothing is imported).
@@ -92,22 +134,25 @@ def xla_runtime(environ: Mapping[str, str]) -> str:
     return ", ".join(parts)
 
 
-def report() -> str:
-    """The report text (torch is not imported: versions come from package metadata, devices from the system)."""
+def report(config_file: str | None = None) -> str:
+    """The report text (torch is not imported: versions come from package metadata, devices from the system).
+
+    config_file: the config file to resolve (default: the one ``accel launch`` reads)."""
     lines = [
         f"- platform: {platform.platform()}",
         f"- python: {sys.version.split()[0]} ({sys.executable})",
-        f"- torch: {_version('torch')}",
+        f"- torch: {torch_version()}",
     ]
     lines += [f"- {name}: {_version(name)}" for name in _accel_distributions()]
     for group in GROUPS:
-        lines.append(f"- {group}: {', '.join(discovery.available(group)) or '(none)'}")
+        found = _trackers() if group == "accel.trackers" else ", ".join(discovery.available(group)) or "(none)"
+        lines.append(f"- {group}: {found}")
     lines.append(f"- libraries: {_libraries()}")
     lines.append(f"- devices: {_devices()}")
     lines.append(f"- memory: {_memory()}")
     lines.append(f"- XLA runtime: {xla_runtime(os.environ)}")
     try:
-        config, path = load_config()
+        config, path = load_config(config_file)
         plan = resolve_plan({}, os.environ, config, config_file=str(path) if path else None)
     except ValueError as error:
         lines.append(f"- config: invalid: {error}")
@@ -121,7 +166,15 @@ def report() -> str:
 
 
 def main(argv: list[str]) -> int:
-    argparse.ArgumentParser(prog="accel env", description=__doc__).parse_args(argv)
+    parser = argparse.ArgumentParser(prog="accel env", description=__doc__)
+    parser.add_argument(
+        "--config-file",
+        "--config_file",
+        dest="config_file",
+        metavar="PATH",
+        help="the config file to report (default: the one `accel launch` reads, see `accel config show`)",
+    )
+    args = parser.parse_args(argv)
     print("Copy-and-paste the text below in your bug report.\n")
-    print(report())
+    print(report(args.config_file))
     return 0

@@ -16,7 +16,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .memory_model import DTYPE_BYTES, OPTIMIZERS, STRATEGIES, TP_STRATEGIES, ParameterShape, RankBytes, estimate
+from .memory_model import (
+    DTYPE_BYTES,
+    OPTIMIZERS,
+    QUANTIZED_BITS,
+    STRATEGIES,
+    TP_STRATEGIES,
+    ParameterShape,
+    RankBytes,
+    estimate,
+    estimate_quantized,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -34,7 +44,9 @@ Strategies: ddp (every process holds everything), fsdp (FSDP2: each process a 1/
 parameter along its first dimension), zero1 / zero2 / zero3 (DeepSpeed: optimizer state /
 + gradients / + parameters partitioned, with DeepSpeed's fp32 master copy). --tp-sizes adds
 tensor parallelism (from the model's tp_plan) with ddp and fsdp over the other processes.
-With --mixed-precision bf16 the parameters stay float32: read the float32 rows."""
+With --mixed-precision bf16 the parameters stay float32: read the float32 rows. int8 / int4 (as
+Accelerate's --dtypes takes them) are quantized weights that do not train: their rows count the
+parameters alone (no gradients, no optimizer state; an adapter trained on top is not counted)."""
 
 EPILOG = """examples:
   accel estimate-memory models.py:build_model -n 8
@@ -46,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accel estimate-memory",
         usage="accel estimate-memory MODEL [-n N] [--dtypes DTYPE ...] [--strategies NAME ...] [--tp-sizes TP] "
-        "[--optimizer NAME] [--json]",
+        "[--optimizer NAME] [--library_name NAME] [--json]",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -65,9 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dtypes",
         nargs="+",
-        choices=list(DTYPE_BYTES),
+        choices=[*DTYPE_BYTES, *QUANTIZED_BITS],
         default=["float32", "bfloat16"],
-        help="parameter dtypes (default: float32 bfloat16)",
+        help="parameter dtypes (default: float32 bfloat16; int8 / int4: quantized weights, not trained)",
     )
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES), help="default: all")
     parser.add_argument(
@@ -82,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
         "model's tp_plan)",
     )
     parser.add_argument("--optimizer", choices=list(OPTIMIZERS), default="adamw", help="default: adamw")
+    parser.add_argument(
+        "--library-name",
+        "--library_name",
+        dest="library_name",
+        choices=["transformers", "timm"],
+        help="what builds MODEL, as Accelerate's flag says: transformers (MODEL: a local config.json or its folder; "
+        "the default for one) or timm (MODEL: a timm architecture name such as resnet50, built without weights)",
+    )
     parser.add_argument("--json", action="store_true", help="print the byte counts as JSON, one object per row")
     return parser
 
@@ -91,7 +111,7 @@ def main(argv: list[str]) -> int:
     args.num_processes = args.num_processes or [8]
     if any(n < 1 for n in args.num_processes):
         raise ValueError("--num-processes takes counts of at least 1.")
-    model = build_on_meta(args.model)
+    model = build_on_meta(args.model, args.library_name)
     parameters = parameter_shapes(model, need_plan=bool(args.tp_sizes))
     optimizer = OPTIMIZERS[args.optimizer]
     rows = []
@@ -102,7 +122,10 @@ def main(argv: list[str]) -> int:
             for strategy, tp in layouts:
                 if tp > processes or processes % tp:
                     continue
-                counted = estimate(parameters, strategy, processes, DTYPE_BYTES[dtype], optimizer, tp)
+                if dtype in QUANTIZED_BITS:
+                    counted = estimate_quantized(parameters, strategy, processes, QUANTIZED_BITS[dtype], tp)
+                else:
+                    counted = estimate(parameters, strategy, processes, DTYPE_BYTES[dtype], optimizer, tp)
                 rows.append(
                     {"processes": processes, "dtype": dtype, "strategy": strategy, "tp_size": tp, **_as_dict(counted)}
                 )
@@ -136,7 +159,10 @@ def _print_tables(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         if (row["processes"], row["dtype"]) != current:
             current = (row["processes"], row["dtype"])
-            print(f"\n{row['processes']} processes, parameters in {row['dtype']}\n{header}")
+            frozen = (
+                " (quantized: not trained, no gradients or optimizer state)" if row["dtype"] in QUANTIZED_BITS else ""
+            )
+            print(f"\n{row['processes']} processes, parameters in {row['dtype']}{frozen}\n{header}")
         name = row["strategy"] if row["tp_size"] == 1 else f"tp{row['tp_size']} + {row['strategy']}"
         sizes = "".join(f"{_human(row[key]):>14}" for key in ("parameters", "gradients", "optimizer_state", "total"))
         print(f"  {name:<14}{sizes}")
@@ -151,12 +177,25 @@ def _human(count: int) -> str:
     return f"{value:.2f} TiB"
 
 
-def build_on_meta(spec: str) -> nn.Module:
-    """The model ``spec`` names, built on the meta device."""
+def build_on_meta(spec: str, library_name: str | None = None) -> nn.Module:
+    """The model ``spec`` names, built on the meta device (``library_name``: ``timm`` reads ``spec`` as a timm
+    architecture name; ``transformers`` requires a local Hugging Face config)."""
     import torch
     from torch import nn
 
-    factory = _factory(spec)
+    if library_name == "timm":
+        factory = _timm_factory(spec)
+    elif library_name == "transformers":
+        path = Path(spec).expanduser()
+        if not (path.is_dir() or path.name == "config.json"):
+            raise ValueError(
+                f"--library_name transformers reads a local Hugging Face config: {spec!r} is not a folder holding "
+                "config.json (models are not downloaded from the Hub; save the config with "
+                "AutoConfig.from_pretrained(name).save_pretrained(folder) where the Hub is reachable)."
+            )
+        factory = _hf_factory(path)
+    else:
+        factory = _factory(spec)
     with torch.device("meta"):
         model = factory()
     if not isinstance(model, nn.Module):
@@ -194,6 +233,20 @@ def _factory(spec: str) -> Any:
     if not callable(factory):
         raise ValueError(f"MODEL {spec!r}: {source} has no class or function named {name!r}.")
     return factory
+
+
+def _timm_factory(name: str) -> Any:
+    try:
+        import timm  # pyright: ignore[reportMissingImports]  # optional, not installed in the workspace
+    except ImportError:
+        raise ImportError(
+            f"--library_name timm builds {name!r} with timm, which is not installed: pip install timm."
+        ) from None
+    if name not in timm.list_models():
+        close = timm.list_models(f"*{name}*")[:5]
+        hint = f" Close names: {', '.join(close)}." if close else ""
+        raise ValueError(f"timm has no architecture named {name!r}.{hint}")
+    return lambda: timm.create_model(name, pretrained=False)  # the architecture only: nothing is downloaded
 
 
 def _hf_factory(path: Path) -> Any:

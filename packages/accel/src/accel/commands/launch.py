@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 from accel_launch.accelerate_flags import RefusedFlagError, accelerate_flags_env, add_accelerate_flags
 from accel_launch.extensions import LaunchExtension, add_extension_arguments, load_extensions
-from accel_launch.failures import JobFailedError
+from accel_launch.failures import JobFailedError, RendezvousLostError
 from accel_launch.plan import LaunchTarget
 from accel_launch.run import launch
 from accel_launch.torchrun_flags import TorchrunFlagError, add_torchrun_flags, apply_torchrun_flags
@@ -143,6 +143,6 @@ def _run(namespace: argparse.Namespace, extensions: list[LaunchExtension]) -> in
         return 0
     try:
         return launch(plan, target)
-    except JobFailedError as failure:
+    except (JobFailedError, RendezvousLostError) as failure:
         print(f"accel launch: {failure}", file=sys.stderr)
         return failure.exit_code

@@ -24,6 +24,9 @@ import math
 from dataclasses import dataclass
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+# Quantized weights (Accelerate's `--dtypes int8 int4`): bits per parameter. They are loaded for inference or under
+# a trained adapter, never trained themselves, so only their parameters are counted.
+QUANTIZED_BITS = {"int8": 8, "int4": 4}
 STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
 # Strategies that compose with tensor parallelism over the rest of the processes.
 TP_STRATEGIES = ("ddp", "fsdp")
@@ -130,3 +133,13 @@ def estimate(
     grads = partition if strategy in ("zero2", "zero3") else trained
     state = partition * (MASTER_BYTES + optimizer.states * MASTER_BYTES)
     return RankBytes(params * dtype_bytes, grads * dtype_bytes, state)
+
+
+def estimate_quantized(
+    parameters: list[ParameterShape], strategy: str, processes: int, bits: int, tp_size: int = 1
+) -> RankBytes:
+    """Bytes the largest process holds for ``parameters`` quantized to ``bits`` each: laid out by ``strategy`` as
+    frozen parameters are (no gradients, no optimizer state), a partition's bits rounded up to whole bytes."""
+    frozen = [ParameterShape(p.name, p.shape, False, p.tp_dim) for p in parameters]
+    held = estimate(frozen, strategy, processes, 1, OPTIMIZERS["sgd"], tp_size)  # one byte a parameter: the count
+    return RankBytes(math.ceil(held.parameters * bits / 8), 0, 0)

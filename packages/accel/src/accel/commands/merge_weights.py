@@ -1,4 +1,4 @@
-"""``accel merge-weights CHECKPOINT OUTPUT``: a sharded checkpoint's model as one safetensors file.
+"""``accel merge-weights CHECKPOINT [OUTPUT]``: a sharded checkpoint's model as one safetensors file.
 
 The command of ``accel_checkpoint.merge_sharded_checkpoint`` (``merge_fsdp_weights`` in the Python
 API): reads every shard in this one process, torch imported only here.
@@ -16,7 +16,8 @@ CHECKPOINT is one of: a folder `save_state` wrote with sharded models (FSDP's de
 SHARDED_STATE_DICT: its sharded/model_<i> is read), a torch.distributed.checkpoint (DCP) folder
 (one with a .metadata file, e.g. Accelerate's pytorch_model_fsdp_0), or a folder of safetensors
 shards with model.safetensors.index.json. OUTPUT is a .safetensors file, or a folder that receives
-model.safetensors (pytorch_model.bin with --unsafe-serialization). Runs in one process, on the CPU."""
+model.safetensors (pytorch_model.bin with --unsafe-serialization); without it, the current folder, as
+with Accelerate. Runs in one process, on the CPU."""
 
 EPILOG = """example:
   accel merge-weights outputs/digits/checkpoints/checkpoint_3 export/model.safetensors"""
@@ -30,7 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("checkpoint_directory", metavar="CHECKPOINT", help="the sharded checkpoint folder")
-    parser.add_argument("output_path", metavar="OUTPUT", help="a .safetensors file, or a folder")
+    parser.add_argument(
+        "output_path",
+        metavar="OUTPUT",
+        nargs="?",
+        default=".",
+        help="a .safetensors file, or a folder (default: the current folder)",
+    )
     parser.add_argument(
         "--model-index",
         "--model_index",
@@ -67,11 +74,22 @@ def main(argv: list[str]) -> int:
     output = os.path.expanduser(args.output_path)
     written = _merge(source, output, args.model_index, args.unsafe_serialization)
     size = os.path.getsize(written)
-    print(f"accel merge-weights: wrote {written} ({size / 2**20:.1f} MiB) from {source}")
+    print(f"accel merge-weights: wrote {written} ({human_size(size)}) from {source}")
     if args.remove_checkpoint_dir:
         shutil.rmtree(source)
         print(f"accel merge-weights: removed {source}")
     return 0
+
+
+def human_size(count: int) -> str:
+    """``count`` bytes in the largest unit that keeps the number at least 1 (6.7 KB, not 0.0 MiB): 1000-based, as
+    ``ls -h --si`` and file managers show file sizes."""
+    value = float(count)
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if value < 1000:
+            return f"{count} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
 
 
 def _merge(source: str, output: str, model_index: int, unsafe: bool) -> str:

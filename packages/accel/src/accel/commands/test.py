@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from accel_core import environment as env
 from accel_launch.extensions import LaunchExtension, add_extension_arguments, load_extensions
 from accel_launch.failures import JobFailedError
 from accel_launch.plan import LaunchPlan, LaunchTarget
@@ -23,10 +24,11 @@ def build_parser(extensions: list[LaunchExtension]) -> argparse.ArgumentParser:
         prog="accel test",
         # The options are accel launch's settings: listing them all in every error message buries the error.
         usage="accel test [options]   (the settings of `accel launch`; `accel test --help` lists them)",
-        description="Launches a built-in check (collectives and a data-parallel training step) with the current "
-        "config; without one, on 2 CPU processes. A config of one CPU process (what `accel config default` writes "
-        "on a machine without GPUs) is checked on 2, so that the multi-process part runs; `-n 1` checks one. "
-        "Flags override the config as in `accel launch`.",
+        description="Launches a built-in check (collectives, data sharding and a training step checked against the "
+        "same step by hand) with the current config and its strategy (DDP, FSDP, DeepSpeed: the config file's or "
+        "the flags', e.g. `accel test --use_fsdp`); without a config, on 2 CPU processes. A config of one CPU "
+        "process (what `accel config default` writes on a machine without GPUs) is checked on 2, so that the "
+        "multi-process part runs; `-n 1` checks one. Flags override the config as in `accel launch`.",
     )
     add_settings_arguments(parser)
     add_extension_arguments(parser, extensions)
@@ -53,7 +55,12 @@ def main(argv: list[str]) -> int:
         )
     device = "cpu" if plan.use_cpu else "default device"
     where = f"{plan.num_processes} process(es) on {plan.num_machines} machine(s), {device}"
-    print(f"accel test: running accel.check_script on {where}, mixed precision {plan.mixed_precision}", flush=True)
+    strategy = plan.strategy or plan.env.get(env.STRATEGY) or "automatic (DDP on several processes)"
+    print(
+        f"accel test: running accel.check_script on {where}, mixed precision {plan.mixed_precision}, "
+        f"strategy {strategy}",
+        flush=True,
+    )
     try:
         code = launch(plan, TARGET)
     except JobFailedError as failure:

@@ -173,6 +173,11 @@ _EXPORTS = {
     "DeepSpeedOptimizerWrapper": "accel_deepspeed",
     "DeepSpeedSchedulerWrapper": "accel_deepspeed",
     "HfDeepSpeedConfig": "accel_deepspeed",
+    # FSDP model / optimizer files as transformers' Trainer writes them (extra: accel[fsdp])
+    "save_fsdp_model": "accel_fsdp.trainer_files",
+    "load_fsdp_model": "accel_fsdp.trainer_files",
+    "save_fsdp_optimizer": "accel_fsdp.trainer_files",
+    "load_fsdp_optimizer": "accel_fsdp.trainer_files",
 }
 
 # The `is_*_available` checks and the decorators that use them.

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from accel.utils import _submodule_exports
 
-_NAMES = ("merge_fsdp_weights",)
+_NAMES = (
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
+    "merge_fsdp_weights",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
+)
 
 # Defined in the reference's submodule only (not in `accelerate.utils`).
 _OWN = {
