@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import os
+import sys
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -90,17 +92,26 @@ def _without_duplicates(found: set[AccelerateName]) -> set[AccelerateName]:
 
 
 def framework_sources() -> Iterator[tuple[str, str, Path]]:
-    """``(framework, version, file)`` for every Python file of the installed frameworks (found, not imported)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """``(framework, version, file)`` for every Python file of the installed frameworks (found, not imported).
 
+    ``ACCEL_FRAMEWORKS_SITE`` names another environment's site-packages folder to read them from instead:
+    tests/frameworks/run.sh scans the frameworks' environment (where the shim is installed) against the
+    workspace's accel, which holds every backend's names (``DeepSpeedPlugin`` needs accel-deepspeed).
+    """
+    import importlib.machinery
+    from importlib.metadata import distributions
+
+    site = os.environ.get("ACCEL_FRAMEWORKS_SITE")
+    search = [site] if site else None
+    installed = {dist.metadata["Name"].lower(): dist.version for dist in distributions(path=search or sys.path)}
     for framework in FRAMEWORKS:
-        spec = importlib.util.find_spec(framework)
+        if site:
+            spec = importlib.machinery.PathFinder.find_spec(framework, [site])
+        else:
+            spec = importlib.util.find_spec(framework)
         if spec is None or not spec.submodule_search_locations:
             continue
-        try:
-            framework_version = version(framework)
-        except PackageNotFoundError:
-            framework_version = "?"
+        framework_version = installed.get(framework, "?")
         for root in spec.submodule_search_locations:
             for file in sorted(Path(root).rglob("*.py")):
                 yield framework, framework_version, file
