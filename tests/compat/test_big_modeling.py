@@ -32,6 +32,7 @@ from accel.utils import (
     get_balanced_memory,
     has_offloaded_params,
 )
+from accel.utils.modeling import get_state_dict_from_offload
 
 
 class Block(nn.Module):
@@ -237,3 +238,22 @@ def test_align_module_device_loads_an_offloaded_module_for_a_while(trained, tmp_
     with align_module_device(plain, execution_device="cpu"):
         assert plain.weight.device.type == "cpu"
     assert torch.equal(plain.weight, before)
+
+
+def test_get_state_dict_from_offload_fills_a_disk_offloaded_models_state_dict(trained, tmp_path: Path) -> None:
+    """transformers' save_pretrained of an offloaded model (transformers 4.x) walks every module this way."""
+    source, _, _, _ = trained
+    model = TinyLM()
+    model.load_state_dict(source.state_dict())
+    disk_offload(model, tmp_path, execution_device="cpu")
+    state_dict = model.state_dict()
+    assert state_dict["blocks.2.up.weight"].device.type == "meta"  # the offload engaged: nothing real before
+    for name, module in model.named_modules():
+        for key in module.state_dict():
+            get_state_dict_from_offload(module, f"{name}.{key}" if name else key, state_dict)
+    expected = source.state_dict()
+    assert set(state_dict) == set(expected)
+    for key, tensor in expected.items():
+        assert state_dict[key].device.type == "cpu", key
+        torch.testing.assert_close(state_dict[key], tensor, rtol=0, atol=0, msg=key)
+    assert model.blocks[2].up.weight.device.type == "meta"  # the model itself stays offloaded

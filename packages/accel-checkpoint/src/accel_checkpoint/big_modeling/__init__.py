@@ -27,7 +27,7 @@ from __future__ import annotations
 from .cpu_offload_hook import CpuOffload, UserCpuOffloadHook, cpu_offload_with_hook
 from .device_map import check_device_map, clean_device_map, infer_auto_device_map
 from .dispatch import cpu_offload, disk_offload, dispatch_model, load_checkpoint_and_dispatch
-from .hooks import align_module_device, has_offloaded_params, remove_hook_from_submodules
+from .hooks import align_module_device, get_state_dict_from_offload, has_offloaded_params, remove_hook_from_submodules
 from .init import init_empty_weights, init_on_device
 from .loading import load_checkpoint_in_model, load_state_dict
 from .model_hooks import (
@@ -97,6 +97,7 @@ __all__ = [
     "get_balanced_memory",
     "get_max_layer_size",
     "get_max_memory",
+    "get_state_dict_from_offload",
     "has_offloaded_params",
     "infer_auto_device_map",
     "init_empty_weights",

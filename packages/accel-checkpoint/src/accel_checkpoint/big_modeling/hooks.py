@@ -129,6 +129,31 @@ def align_module_device(module: nn.Module, execution_device: Any = None) -> Iter
         yield
 
 
+def get_state_dict_from_offload(
+    module: nn.Module, module_name: str, state_dict: dict[str, Any], device_to_put_offload: Any = "cpu"
+) -> dict[str, Any]:
+    """Fills ``state_dict``'s entries of ``module`` with real values: ``module_name`` is the dotted name of one of its
+    tensors in the whole model (``"blocks.3.up.weight"``), so its siblings are ``"blocks.3.up.<key>"``. Offloaded
+    tensors are read onto ``device_to_put_offload``; a module without offloaded tensors gives its own, where they are.
+    Returns ``state_dict`` (changed in place), as transformers' ``save_pretrained`` of an offloaded model expects.
+
+    Example::
+
+        state_dict = model.state_dict()          # offloaded entries are on meta
+        for name, module in model.named_modules():
+            for key in module.state_dict():
+                get_state_dict_from_offload(module, f"{name}.{key}", state_dict)
+    """
+    prefix = module_name.rpartition(".")[0]
+    device = device_to_put_offload if has_offloaded_params(module) else None
+    with align_module_device(module, device):
+        for key, tensor in module.state_dict().items():
+            name = f"{prefix}.{key}" if prefix else key
+            if name in state_dict:
+                state_dict[name] = tensor
+    return state_dict
+
+
 def guard_moves(model: nn.Module) -> None:
     """``model.to(...)`` / ``.cuda()`` on a dispatched model with offloaded tensors raises instead of half-moving it."""
     for method in ("to", "cuda"):

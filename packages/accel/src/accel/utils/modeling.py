@@ -36,6 +36,7 @@ _NAMES = (
 # Defined in the reference's submodule only (not in `accelerate.utils`).
 _OWN = {
     "clean_device_map": "accel_checkpoint.big_modeling",
+    "get_state_dict_from_offload": "accel_checkpoint.big_modeling",
 }
 
 __all__ = sorted(_NAMES) + sorted(_OWN)
