@@ -2,8 +2,9 @@
 
 Two jobs writing automatic checkpoints into one ``project_dir`` number them alike, delete each other's unfinished
 saves and resume from each other's checkpoints. The main process of a job with automatic checkpoints takes
-``<project_dir>/.accel-project.lock`` at its first automatic save, load or resume: an exclusive ``flock`` (freed by
-the kernel when the process ends, however it ends) on a file holding the holder's host, pid, start time and job id.
+``<project_dir>/.accel-project.lock`` at its first automatic save, load or resume: an exclusive POSIX lock
+(``lockf``: this process's alone, not its forked children's; freed by the kernel when the process ends, however it
+ends) on a file holding the holder's host, pid, start time and job id.
 
 - Held by a live job: refused, naming that job's host and pid (and, when it is another host, how to remove the lock).
 - Left by a process that is gone (the lock is free, the file names a pid of this host that does not run): taken over,
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".accel-project.lock"
 _RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
-_NO_FLOCK = {errno.ENOSYS, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP}  # a file system without flock
+_NO_FLOCK = {errno.ENOSYS, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP}  # a file system without locks
 
 
 class ProjectLockedError(CheckpointError):
@@ -111,15 +112,21 @@ def _refuse(project_dir: str, path: str, record: dict[str, Any] | None, live: bo
 
 
 def _open_locked(path: str) -> tuple[int, bool]:
-    """(fd of ``path`` locked exclusively, whether flock works here); raises BlockingIOError while it is held."""
+    """(fd of ``path`` locked exclusively, whether locking works here); raises BlockingIOError while it is held."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             import fcntl
 
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # A POSIX record lock, not flock: it belongs to this process alone. A flock is shared with every child
+            # forked while it is held (DataLoader workers), so a SIGKILLed main process's lock outlived it in its
+            # children and refused the restarted attempt (seen in CI's auto-resume matrix).
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             locking = True
         except OSError as error:
+            if error.errno in (errno.EACCES, errno.EAGAIN):
+                os.close(fd)
+                raise BlockingIOError(error.errno, "held") from None
             if error.errno not in _NO_FLOCK:
                 os.close(fd)
                 raise
@@ -172,7 +179,7 @@ def acquire(project_dir: str) -> str:
 
 
 def _check_previous(project_dir: str, path: str, previous: dict[str, Any] | None, locking: bool) -> None:
-    """The lock is ours (or flock does not work here): what the file says of its last holder decides."""
+    """The lock is ours (or locks do not work here): what the file says of its last holder decides."""
     if previous is None or (previous.get("pid") == os.getpid() and previous.get("host") == socket.gethostname()):
         return
     here = previous.get("host") == socket.gethostname()
@@ -180,7 +187,7 @@ def _check_previous(project_dir: str, path: str, previous: dict[str, Any] | None
     same_job = bool(job) and job != "none" and previous.get("job") == job
     if here:
         if not locking and _pid_runs(previous.get("pid")):
-            raise _refuse(project_dir, path, previous, live=True)  # no flock here: the pid is all there is to go by
+            raise _refuse(project_dir, path, previous, live=True)  # no locks here: the pid is all there is to go by
         logger.warning(
             "Took over the lock of %s left by %s, which no longer runs%s.",
             project_dir,
