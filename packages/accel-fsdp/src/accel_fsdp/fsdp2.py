@@ -1,8 +1,8 @@
 """FSDP2: ``fully_shard`` on each chosen unit and on the root, over the job mesh's data-parallel dimensions.
 
-The last step of accel-core's transform chain: tensor parallelism, activation checkpointing and
-per-block compile happened before (``accel_core.transforms``); a tensor-parallel model's DTensor
-parameters are sharded again over ``dp_shard_cp`` (2-D: FSDP x TP).
+The data-parallel step of FSDP2's chain (``accel_fsdp.parallelize``): tensor parallelism, activation
+checkpointing and per-unit compile happened before; a tensor-parallel model's DTensor parameters are
+sharded again over ``dp_shard_cp`` (2-D: FSDP x TP).
 
 Also the memory-efficient start: a model built on the meta device (on every process, or on every
 process but 0 with ``cpu_ram_efficient_loading``) gets memory for its shard only, then is
