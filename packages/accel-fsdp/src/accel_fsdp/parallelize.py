@@ -38,12 +38,15 @@ def parallelize_fsdp2(
         from accel_core.transforms.context_parallel import check_model
 
         check_model(model, config.size("cp"))
-    units = policies.units_to_wrap(model, plugin, policies.ignored_modules(model, plugin.ignored_modules))
+    ignored = policies.ignored_modules(model, plugin.ignored_modules)
+    units = policies.units_to_wrap(model, plugin, ignored)
     if config.activation_checkpointing or plugin.activation_checkpointing:
         checkpoint_blocks(units, model)
     dynamo = compile_settings(context)
     if dynamo is not None and units:
         compile_blocks(units, **dynamo.to_kwargs())
-    model = fsdp2.shard_model(model, plugin, mesh=mesh, device=context.device, precision=context.precision)
+    model = fsdp2.shard_model(
+        model, plugin, units=units, ignored=ignored, mesh=mesh, device=context.device, precision=context.precision
+    )
     # FSDP2 keeps the user's object: it is the wrapper and the module at once.
     return compile_whole(model, model, None if units else dynamo, unwrap=lambda sharded: sharded)

@@ -22,7 +22,7 @@ checked with ``isinstance`` (never a backend's name):
 
 A model is prepared by the strategy's one straight chain, ``parallelize`` (precision conversion, tensor
 parallelism, activation checkpointing, compile, the data-parallel wrapper, in that order): the default is
-``accel_core.transforms.parallelize``, whose data-parallel step is ``prepare_model``; FSDP has its own.
+``accel_core.transforms.parallelize_default``, whose data-parallel step is ``prepare_model``; FSDP has its own.
 ``prepare_eval_model`` is the last step of a model prepared with ``evaluation_mode=True`` (placed, not wrapped).
 What the chain returns (``ModelParts``) becomes the model's one record (``accel_core.prepared_model``).
 """
@@ -193,16 +193,16 @@ class Strategy:
         the technique functions of ``accel_core.transforms``; returns its parts (what runs forward, the wrapper, the
         user's module inside), from which ``prepare`` makes the model's record.
 
-        The default is ``accel_core.transforms.parallelize``: precision conversion, tensor parallelism, activation
-        checkpointing of ``blocks``, per-block compile, ``prepare_model``, whole-model compile. A backend whose
-        wrapping changes what comes before it (FSDP2 shards the blocks) writes its own chain.
+        The default is ``accel_core.transforms.parallelize_default``: precision conversion, tensor parallelism,
+        activation checkpointing of ``blocks``, per-block compile, ``prepare_model``, whole-model compile. A backend
+        whose wrapping changes what comes before it (FSDP2 shards the blocks) writes its own chain.
         """
-        from ..transforms import parallelize
+        from ..transforms import parallelize_default
 
-        return parallelize(model, self, device_placement)
+        return parallelize_default(model, self, device_placement)
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
-        """The data-parallel step of the default chain (``parallelize``): place the model (and wrap it, in
+        """The data-parallel step of the default chain (``parallelize_default``): place the model (and wrap it, in
         data-parallel strategies)."""
         return self.place_model(model, device_placement)
 

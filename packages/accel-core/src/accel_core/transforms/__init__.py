@@ -1,7 +1,8 @@
 """Model transforms: small technique functions, and the default chain that calls them in one documented order.
 
 Each strategy turns one model into what it trains with one straight function, ``Strategy.parallelize``, read top to
-bottom as torchtitan's ``parallelize_llama``. The default, ``parallelize`` below (one device, DDP, XLA, Megatron),
+bottom as torchtitan's ``parallelize_llama``. The default, ``parallelize_default`` below (one device, DDP, XLA,
+Megatron, FSDP1),
 applies in torchtitan's order:
 
 1. precision conversion: ``precision.convert_module`` (the hook FP8 fills: swap layers for
@@ -16,7 +17,7 @@ applies in torchtitan's order:
    the meta device is given memory and values there;
 6. ``torch.compile`` of the whole model when it has no blocks.
 
-accel-fsdp's ``parallelize`` (``accel_fsdp.parallelize``) is the same steps with ``fully_shard`` at 5.
+accel-fsdp's ``parallelize_fsdp2`` (``accel_fsdp.parallelize``) is the same steps with ``fully_shard`` at 5.
 Blocks come from ``Strategy.blocks(model)``: the classes of the model's ``_no_split_modules``.
 
 With ``pp_size > 1`` the Accelerator first splits the model into stages (``accel_core.pipelining``), and each stage
@@ -93,7 +94,7 @@ def compile_whole(
     return ModelParts(runs=runs, wrapped=wrapped, module=module)
 
 
-def parallelize(model: nn.Module, strategy: Strategy, device_placement: bool) -> ModelParts:
+def parallelize_default(model: nn.Module, strategy: Strategy, device_placement: bool) -> ModelParts:
     """The default chain (``Strategy.parallelize``): steps 1-6 of the module docstring, top to bottom."""
     context = strategy.context
     config = context.dims.config
