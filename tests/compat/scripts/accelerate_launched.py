@@ -12,7 +12,9 @@ from accel import Accelerator
 environ_before = dict(os.environ)
 accelerator = Accelerator()
 # The Accelerator read Accelerate's variables into its settled record; os.environ is left as it was.
-environ_changed = sorted(name for name in {*environ_before, *os.environ} if environ_before.get(name) != os.environ.get(name))
+environ_changed = sorted(
+    name for name in {*environ_before, *os.environ} if environ_before.get(name) != os.environ.get(name)
+)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
 full_numel = sum(p.numel() for p in model.parameters())

@@ -160,7 +160,6 @@ def assemble(arguments: RunArguments) -> Assembly:
     state.mixed_precision = precision.name
     scheduler_stepping = SchedulerStepping(plan.scheduler_stepping)
     context = StrategyContext(
-        device=state.device,
         state=state,
         dims=dims,
         precision=precision,

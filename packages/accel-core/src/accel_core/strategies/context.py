@@ -42,7 +42,7 @@ class PreparedObjects:
 class StrategyContext:
     """The job as a strategy sees it (given to ``Strategy.setup``).
 
-    device: this process's device. state: the process state (rank, world, main process).
+    state: the process state (rank, world, main process, ``device``: this process's device).
     dims: the mesh and its groups. precision: the Precision object (transforms ask it).
     plan: what was resolved from arguments and settings. gradient_state: accumulation (is
     this micro-step a synchronising one?). prepared: the prepared objects. settings: the run's
@@ -53,7 +53,6 @@ class StrategyContext:
     dynamo_plugin: how models are compiled (``TorchDynamoPlugin``; None: not at all).
     """
 
-    device: torch.device
     state: AcceleratorState
     dims: ParallelDims
     precision: Precision
@@ -65,6 +64,11 @@ class StrategyContext:
     step_scheduler_with_optimizer: bool = True
     scheduler_steps_per_optimizer_step: int = 1
     dynamo_plugin: TorchDynamoPlugin | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """This process's device (the process state's: one value, held once)."""
+        return self.state.device
 
     @property
     def sync_gradients(self) -> bool:
