@@ -77,15 +77,11 @@ def collective_timeout(given: timedelta | None = None, settings: RunSettings | N
     A timeout the script gave (``InitProcessGroupKwargs(timeout=...)``) wins, then
     ``ACCEL_COLLECTIVE_TIMEOUT`` (seconds; ``accel launch --collective-timeout``), then 30 minutes.
     ``InitProcessGroupKwargs``'s own default (30 minutes) counts as not given. settings: the run's settled record
-    (the process state's when not given, else the environment's).
+    (the environment, read, when not given).
     """
     if given is not None and given != DEFAULT_COLLECTIVE_TIMEOUT:
         return given
-    if settings is None:
-        settings = PartialState._shared_state.get("settings")
-    if settings is None:
-        settings = settle(os.environ)
-    seconds = settings.get_seconds(env.COLLECTIVE_TIMEOUT)
+    seconds = env.get_seconds(env.COLLECTIVE_TIMEOUT, None if settings is None else settings.environ)
     return timedelta(seconds=seconds) if seconds is not None else DEFAULT_COLLECTIVE_TIMEOUT
 
 
