@@ -37,7 +37,6 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.hooks import RemovableHandle
 
-from .. import environment as env
 from ..configuration import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -76,6 +75,7 @@ from .triggers import Trigger
 
 if TYPE_CHECKING:
     from ..protocols import CheckpointAccelerator, DataAccelerator
+    from ..settings import RunSettings
 
 
 class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQueries):
@@ -171,7 +171,7 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
         self.precision = context.precision
         self.gradient_state = context.gradient_state
         self.prepared = context.prepared
-        self._nonfinite_guard = self._make_nonfinite_guard(skip_nonfinite)
+        self._nonfinite_guard = self._make_nonfinite_guard(skip_nonfinite, context.settings)
 
         self.rng_types = [str(r) for r in rng_types] if rng_types is not None else ["generator"]
         self.step = 0  # micro-steps of the current accumulation (saved with checkpoints)
@@ -189,6 +189,7 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
             self._tracking,
             self._nonfinite_guard,
             self.end_training,
+            context.settings,
         )
         self._preparation = Preparation(
             self.strategy,
@@ -234,9 +235,9 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
             )
         return self._state
 
-    def _make_nonfinite_guard(self, skip_nonfinite: bool | None) -> NonFiniteGuard | None:
+    def _make_nonfinite_guard(self, skip_nonfinite: bool | None, settings: RunSettings) -> NonFiniteGuard | None:
         if skip_nonfinite is None:
-            skip_nonfinite = env.flag("ACCEL_SKIP_NONFINITE")
+            skip_nonfinite = settings.flag("ACCEL_SKIP_NONFINITE")
         if not skip_nonfinite:
             return None
         if self.strategy.owns_optimizer_step:
