@@ -70,7 +70,7 @@ def save_sharded(
 
 
 def _save_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, io: CheckpointIO) -> None:
-    models, optimizers = list(prepared.models), list(prepared.optimizers)
+    models, optimizers = [record.module for record in prepared.records], list(prepared.optimizers)
     if strategy.context.state.process_index == 0:
         os.makedirs(folder, exist_ok=True)
         metadata = {
@@ -86,7 +86,7 @@ def _save_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: s
         shard = _shard_folder(folder)
         os.makedirs(shard, exist_ok=True)
         for i, model in enumerate(models):
-            torch.save(strategy.unwrap_model(model).state_dict(), os.path.join(shard, f"model_{i}.pt"))
+            torch.save(model.state_dict(), os.path.join(shard, f"model_{i}.pt"))
         for i, optimizer in enumerate(optimizers):
             torch.save(unwrap_optimizer(optimizer).state_dict(), os.path.join(shard, f"optimizer_{i}.pt"))
         torch.save(rng.tracker_states(), os.path.join(shard, "rng_tracker.pt"))
@@ -117,7 +117,7 @@ def _load_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: s
             "dir) in a run with the old degrees and load them with accelerator.strategy.load_model_state_dict(model, "
             "state_dict)."
         )
-    models, optimizers = list(prepared.models), list(prepared.optimizers)
+    models, optimizers = [record.module for record in prepared.records], list(prepared.optimizers)
     if (saved["models"], saved["optimizers"]) != (len(models), len(optimizers)):
         raise CheckpointMismatchError(
             f"The checkpoint holds {saved['models']} model(s) and {saved['optimizers']} optimizer(s), this run "
@@ -126,7 +126,7 @@ def _load_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: s
         )
     shard = _shard_folder(folder)
     for i, model in enumerate(models):
-        strategy.unwrap_model(model).load_state_dict(io.load_torch_file(os.path.join(shard, f"model_{i}.pt")))
+        model.load_state_dict(io.load_torch_file(os.path.join(shard, f"model_{i}.pt")))
     for i, optimizer in enumerate(optimizers):
         unwrap_optimizer(optimizer).load_state_dict(io.load_torch_file(os.path.join(shard, f"optimizer_{i}.pt")))
     rng.set_tracker_states(io.load_torch_file(os.path.join(shard, "rng_tracker.pt")))

@@ -50,6 +50,7 @@ from accel_core.strategies.groups import join_group_of_one
 from .plugin import MegatronLMPlugin
 
 if TYPE_CHECKING:
+    from accel_core.pipelining import StagedModel
     from accel_core.settings import RunSettings
 
 logger = logging.getLogger("accel_megatron")
@@ -323,23 +324,26 @@ class MegatronStrategy(Strategy):
     def model_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The full weights, TP shards gathered along their ``partition_dim``, on every process (with pipeline stages:
         gathered over them too, on the first pipeline rank only). Collective."""
-        from accel_core.pipelining import StagedModel
-
         from .weights import full_state_dict
 
-        if isinstance(model, StagedModel):  # gathered over the stages too, onto the main process
-            return model.full_state_dict()
+        pipeline = self._pipeline_of(model)
+        if pipeline is not None:  # gathered over the stages too, onto the main process
+            return pipeline.full_state_dict()
         return full_state_dict(self.unwrap_model(model))
 
     def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> Any:
         """Loads full weights (as ``model_state_dict`` returns them); each TP rank keeps its own block."""
-        from accel_core.pipelining import StagedModel
-
         from .weights import load_full_state_dict
 
-        if isinstance(model, StagedModel):
-            return model.load_full_state_dict(state_dict, strict=strict)
+        pipeline = self._pipeline_of(model)
+        if pipeline is not None:
+            return pipeline.load_full_state_dict(state_dict, strict=strict)
         return load_full_state_dict(self.unwrap_model(model), state_dict)
+
+    def _pipeline_of(self, model: nn.Module) -> StagedModel | None:
+        """The pipeline of prepared ``model``, as its record says (None: not split, or never prepared)."""
+        record = self.context.prepared.record_of(model)
+        return record.pipeline if record is not None else None
 
     def save_sharded(
         self, prepared: PreparedObjects, folder: str, *, io: CheckpointIO, **kwargs: Any
