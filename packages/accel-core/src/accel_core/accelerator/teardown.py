@@ -21,11 +21,14 @@ idempotent, so a ``free_memory`` before exit makes this call a harmless second o
 from __future__ import annotations
 
 import atexit
+import logging
 import weakref
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..strategies import Strategy
+
+logger = logging.getLogger(__name__)
 
 # The strategies of the Accelerators made in this process, oldest first; pruned of collected ones as more come.
 _STRATEGIES: list[weakref.ref[Strategy]] = []
@@ -44,4 +47,7 @@ def _tear_down_at_exit() -> None:
     alive = [strategy for strategy in (ref() for ref in reversed(_STRATEGIES)) if strategy is not None]
     _STRATEGIES.clear()
     for strategy in alive:
-        strategy.teardown()
+        try:
+            strategy.teardown()
+        except Exception:  # the others still get theirs; the traceback is shown, the exit code stays the script's
+            logger.exception("%r failed to tear down at exit", strategy)
