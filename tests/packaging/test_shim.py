@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -98,21 +99,13 @@ class Environment:
 
 
 @pytest.fixture(scope="module")
-def dist(tmp_path_factory) -> Path:
-    """The accel wheels (the README's build) and the shim's (its README's `uv build packages/accelerate`)."""
+def dist(accel_dist: Path, tmp_path_factory) -> Path:
+    """The accel wheels (the README's build, conftest.py's ``accel_dist``, shared with test_wheels.py) and the
+    shim's (its README's `uv build packages/accelerate`), in a folder of their own."""
     folder = tmp_path_factory.mktemp("shim") / "dist"
-    subprocess.run(["uv", "build", "--all-packages", "-q", "-o", str(folder)], cwd=REPO, check=True, timeout=600)
+    shutil.copytree(accel_dist, folder)
     subprocess.run(["uv", "build", "packages/accelerate", "-q", "-o", str(folder)], cwd=REPO, check=True, timeout=600)
     return folder
-
-
-@pytest.fixture(scope="module")
-def constraints(tmp_path_factory) -> Path:
-    """uv.lock's versions of the third-party packages, so installs link them from uv's cache."""
-    path = tmp_path_factory.mktemp("constraints") / "uv-lock.txt"
-    export = ["uv", "export", "--frozen", "--all-packages", "--no-hashes", "--no-emit-workspace", "--no-header"]
-    subprocess.run([*export, "--no-annotate", "-q", "-o", str(path)], cwd=REPO, check=True)
-    return path
 
 
 @pytest.mark.slow

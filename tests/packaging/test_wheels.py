@@ -37,8 +37,6 @@ REPO = Path(__file__).resolve().parents[2]
 # and installs it.
 SHIM = "accelerate"
 PACKAGES = sorted(p.name for p in (REPO / "packages").iterdir() if (p / "pyproject.toml").exists() and p.name != SHIM)
-# The repository README's build command; its install lines read the wheels from `dist`.
-BUILD = ["uv", "build", "--all-packages", "-o", "dist"]
 # DeepSpeed compiles its CPU shared-memory op (deepspeed_shm_comm) when it starts, whatever the optimizer, and
 # the build embeds the environment's paths: the deepspeed environment lives at one path per (Python, torch,
 # DeepSpeed) on the machine, whichever clone runs the test, with an extensions folder of its own (sharing the
@@ -145,8 +143,7 @@ def _stated(package: str) -> dict[str, set[str]]:
 
 @pytest.fixture(scope="module")
 def checkout_venvs() -> Iterator[None]:
-    """Holds CHECKOUT_VENVS from the build on (every environment needs the build): another run of the same checkout
-    waits."""
+    """Holds CHECKOUT_VENVS from the first environment on: another run of the same checkout waits."""
     CHECKOUT_VENVS.mkdir(parents=True, exist_ok=True)
     with open(CHECKOUT_VENVS / "in-use.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -154,11 +151,10 @@ def checkout_venvs() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def clone(tmp_path_factory, checkout_venvs) -> Path:
-    """A folder holding `dist/`, built by the README's command from this checkout (the clone)."""
-    folder = tmp_path_factory.mktemp("clone")
-    subprocess.run([*BUILD[:-1], str(folder / "dist"), "-q"], cwd=REPO, check=True, timeout=600)
-    return folder
+def clone(accel_dist, checkout_venvs) -> Path:
+    """A folder holding `dist/`, built by the README's command from this checkout (the clone; conftest.py's
+    ``accel_dist``, shared with test_shim.py)."""
+    return accel_dist.parent
 
 
 @pytest.fixture(scope="module")
@@ -169,14 +165,6 @@ def wheels(clone) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def sdists(clone) -> dict[str, Path]:
     return {s.name.rsplit("-", 1)[0].replace("_", "-"): s for s in (clone / "dist").glob("*.tar.gz")}
-
-
-@pytest.fixture(scope="module")
-def constraints(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("constraints") / "uv-lock.txt"
-    export = ["uv", "export", "--frozen", "--all-packages", "--no-hashes", "--no-emit-workspace", "--no-header"]
-    subprocess.run([*export, "--no-annotate", "-q", "-o", str(path)], cwd=REPO, check=True)
-    return path
 
 
 # PYTHONDONTWRITEBYTECODE is left out too: the first process to import torch in an environment writes the bytecode

@@ -17,9 +17,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -39,6 +38,9 @@ from accel_core.strategies.groups import join_group_of_one
 
 from . import checkpointing, fsdp1, fsdp2, policies
 from .plugin import FullyShardedDataParallelPlugin
+
+if TYPE_CHECKING:
+    from accel_core.settings import RunSettings
 
 logger = logging.getLogger("accel_fsdp")
 
@@ -78,9 +80,9 @@ class FSDPStrategy(Strategy):
         self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin()
 
     @classmethod
-    def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> FSDPStrategy:
-        """Core's factory: the user's plugin, or one read from the ``ACCEL_FSDP_*`` environment."""
-        return cls(plugin if plugin is not None else FullyShardedDataParallelPlugin.from_env())
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any], settings: RunSettings) -> FSDPStrategy:
+        """Core's factory: the user's plugin, or one read from the settled ``ACCEL_FSDP_*`` variables."""
+        return cls(plugin if plugin is not None else FullyShardedDataParallelPlugin.from_env(settings.environ))
 
     @property
     def fsdp_version(self) -> int:
@@ -91,12 +93,11 @@ class FSDPStrategy(Strategy):
         return DistributedType.FSDP
 
     # -- layout -----------------------------------------------------------------------------
-    def parallelism(
-        self, requested: ParallelismConfig | None, world_size: int, local_world_size: int
-    ) -> tuple[ParallelismConfig, Any]:
+    def parallelism(self, requested: ParallelismConfig | None, settings: RunSettings) -> tuple[ParallelismConfig, Any]:
         """Parameters shard over the processes no other size claims (``dp_shard``). The plugin may
         describe the layout instead: its ``device_mesh`` (adopted as the job's mesh, so data is sharded
         over its data-parallel dimensions only), or HYBRID_SHARD (machines x processes per machine)."""
+        world_size, local_world_size = settings.world_size, settings.local_world_size
         sizes_given = requested is not None and any(getattr(requested, name) is not None for name in SIZE_FIELDS)
         base = requested if requested is not None else ParallelismConfig()
         if self.plugin.device_mesh is not None:
@@ -119,7 +120,7 @@ class FSDPStrategy(Strategy):
             base = dataclasses.replace(
                 base, dp_replicate_size=world_size // local_world_size, dp_shard_size=local_world_size
             )
-        config = resolve_parallelism(base, world_size, data_parallel_dim="dp_shard", environ=os.environ)
+        config = resolve_parallelism(base, world_size, data_parallel_dim="dp_shard", environ=settings.environ)
         self.check_parallelism(config)
         return config, None
 
@@ -145,10 +146,10 @@ class FSDPStrategy(Strategy):
             )
 
     # -- process group ----------------------------------------------------------------------
-    def setup_environment(self, **kwargs: Any) -> None:
+    def setup_environment(self, settings: RunSettings, **kwargs: Any) -> None:
         """With one process, joins a process group of one (in memory): ``fully_shard``, DeviceMesh and
         DCP need a group, and a checkpoint written by many processes then loads the same way on one."""
-        join_group_of_one(**kwargs)
+        join_group_of_one(settings.world_size, **kwargs)
 
     def setup(self, context: StrategyContext) -> None:
         super().setup(context)

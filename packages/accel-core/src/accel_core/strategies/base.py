@@ -1,9 +1,10 @@
 """The Strategy contract: everything the Accelerator (or another package) asks of a backend, declared here.
 
-The contract is one-way. The Accelerator builds a strategy (``from_plugin``), asks it which
-layout it runs (``parallelism``), lets it set up the processes (``setup_environment``), asks it for
-its Precision (``make_precision``), then hands it a narrow ``StrategyContext`` (device, mesh,
-precision, plan, prepared objects) in ``setup``. The strategy answers questions and returns what it
+The contract is one-way. The Accelerator settles the run's settings once (``accel_core.settings.RunSettings``),
+builds a strategy (``from_plugin``), asks it which layout it runs (``parallelism``), lets it set up the processes
+(``setup_environment``), asks it for its Precision (``make_precision``), then hands it a narrow ``StrategyContext``
+(device, mesh, precision, plan, settings, prepared objects) in ``setup``. Each step gets the settled record: a
+strategy reads its settings there, never in ``os.environ``. The strategy answers questions and returns what it
 prepared; it never writes the Accelerator's fields.
 
 The base class's methods carry the general case (torchrun's process group, each object prepared on
@@ -32,7 +33,6 @@ prepared with ``evaluation_mode=True`` (placed, not wrapped).
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
     from ..optimizer_rebuild import ParameterNames
     from ..placement import ProcessPlacement
+    from ..settings import RunSettings
     from ..state import AcceleratorState
 
 
@@ -95,22 +96,24 @@ class Strategy:
         self._context: StrategyContext | None = None
 
     @classmethod
-    def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> Strategy:
-        """Builds the strategy from the user's plugin (None: defaults / ``ACCEL_<NAME>_*``) and kwargs handlers."""
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any], settings: RunSettings) -> Strategy:
+        """Builds the strategy from the user's plugin (None: defaults / the settled ``ACCEL_<NAME>_*`` variables of
+        ``settings``) and kwargs handlers."""
         if plugin is not None:
             raise TypeError(f"The {cls.name} strategy takes no plugin, got {type(plugin).__name__}.")
         return cls()
 
     # -- layout -----------------------------------------------------------------------------
     def parallelism(
-        self, requested: ParallelismConfig | None, world_size: int, local_world_size: int
+        self, requested: ParallelismConfig | None, settings: RunSettings
     ) -> tuple[ParallelismConfig, DeviceMesh | None]:
         """The complete layout this strategy runs, and a mesh its plugin already holds (None: build one).
 
+        ``settings``: the run's settled record (world and local world size, the ``ACCEL_<DIM>_SIZE`` variables).
         Pure (no communication), so a layout the strategy refuses fails on every process alike.
         """
         config = resolve_parallelism(
-            requested, world_size, data_parallel_dim=self.data_parallel_dim, environ=os.environ
+            requested, settings.world_size, data_parallel_dim=self.data_parallel_dim, environ=settings.environ
         )
         self.check_parallelism(config)
         return config, None
@@ -130,16 +133,15 @@ class Strategy:
             )
 
     # -- processes --------------------------------------------------------------------------
-    def setup_environment(self, **init_kwargs: Any) -> ProcessPlacement | None:
+    def setup_environment(self, settings: RunSettings, **init_kwargs: Any) -> ProcessPlacement | None:
         """Sets the processes up; called once, after ``parallelism`` and before the process state exists.
 
-        ``init_kwargs`` are the user's ``InitProcessGroupKwargs`` (with ``--collective-timeout``
-        applied). The default does nothing: the process state then joins torchrun's group with
-        them, and reads rank, world and device from torchrun's environment. A backend that joins
-        the group its own way does it here (deepspeed.comm; a group of one for FSDP and Megatron;
-        torch-xla's backend). One whose runtime, not torchrun's environment, says which process this
-        is returns that ``ProcessPlacement`` (XLA's PJRT; ``accel_core.placement``), which the state
-        takes instead.
+        ``settings`` is the run's settled record (rank, world, where rank 0 listens); ``init_kwargs`` are the user's
+        ``InitProcessGroupKwargs`` (with ``--collective-timeout`` applied). The default does nothing: the process
+        state then joins the job's group with them, and reads rank, world and device from the record. A backend that
+        joins the group its own way does it here (deepspeed.comm; a group of one for FSDP and Megatron; torch-xla's
+        backend). One whose runtime, not the launcher, says which process this is returns that ``ProcessPlacement``
+        (XLA's PJRT; ``accel_core.placement``), which the state takes instead.
         """
         return None
 

@@ -5,7 +5,6 @@ A strategy reads these and returns what it prepared; it never writes the Acceler
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +14,7 @@ if TYPE_CHECKING:
     from ..configuration import TorchDynamoPlugin
     from ..parallel.dims import ParallelDims
     from ..precision.modes import Precision
+    from ..settings import RunSettings
     from ..state import AcceleratorState, GradientState
     from .selection import StrategyPlan
 
@@ -42,28 +42,33 @@ class PreparedObjects:
 class StrategyContext:
     """The job as a strategy sees it (given to ``Strategy.setup``).
 
-    device: this process's device. state: the process state (rank, world, main process).
+    state: the process state (rank, world, main process, ``device``: this process's device).
     dims: the mesh and its groups. precision: the Precision object (transforms ask it).
-    plan: what was resolved from arguments and environment. gradient_state: accumulation (is
-    this micro-step a synchronising one?). prepared: the prepared objects. handlers: the
-    kwargs handlers by type. device_placement / step_scheduler_with_optimizer: the
+    plan: what was resolved from arguments and settings. gradient_state: accumulation (is
+    this micro-step a synchronising one?). prepared: the prepared objects. settings: the run's
+    settled record (``accel_core.settings``): a strategy reads the launcher's variables there, never in
+    ``os.environ``. device_placement / step_scheduler_with_optimizer: the
     Accelerator's settings of those names. scheduler_steps_per_optimizer_step: how many steps a
     prepared LR scheduler makes per optimizer step (``Accelerator.scheduler_stepping``).
     dynamo_plugin: how models are compiled (``TorchDynamoPlugin``; None: not at all).
     """
 
-    device: torch.device
     state: AcceleratorState
     dims: ParallelDims
     precision: Precision
     plan: StrategyPlan
     gradient_state: GradientState
     prepared: PreparedObjects
-    handlers: Mapping[type, Any] = field(default_factory=dict)
+    settings: RunSettings
     device_placement: bool = True
     step_scheduler_with_optimizer: bool = True
     scheduler_steps_per_optimizer_step: int = 1
     dynamo_plugin: TorchDynamoPlugin | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """This process's device (the process state's: one value, held once)."""
+        return self.state.device
 
     @property
     def sync_gradients(self) -> bool:
