@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
     from accel_core.checkpointing import CheckpointIO
+    from accel_core.prepared_model import PreparedModel
     from accel_core.settings import RunSettings
 
     from .preparation import PreparedEngine
@@ -238,10 +239,10 @@ class DeepSpeedStrategy(Strategy):
             return _engine_module(model)
         return model
 
-    def listed_model(self, model: torch.nn.Module) -> torch.nn.Module:
+    def listed_model(self, prepared: PreparedModel) -> torch.nn.Module:
         """The engine itself (DeepSpeed compiles it in place), as the reference lists it in ``_models`` and gives it to
         the save-state hooks; a frozen model as it is."""
-        return model
+        return prepared.wrapped
 
     # -- the training step ------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

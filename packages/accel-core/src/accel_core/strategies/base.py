@@ -22,12 +22,14 @@ checked with ``isinstance`` (never a backend's name):
   rest of the checkpoint contract in ``accel_core.checkpointing`` and re-exported here.
 
 The lifecycle ends with ``teardown`` (release engines, native state and hooks; idempotent), which the
-Accelerator calls from ``free_memory`` and once for an Accelerator that is collected or alive at exit
+Accelerator calls from ``free_memory`` and once at exit for a strategy still alive then
 (``accel_core.accelerator.teardown``): no backend registers exit hooks of its own.
 
-Models are prepared by the ordered chain of ``accel_core.transforms``; a strategy's
-``prepare_model`` is its last step (the data-parallel wrapper), ``prepare_eval_model`` that of a model
-prepared with ``evaluation_mode=True`` (placed, not wrapped).
+A model is prepared by the strategy's one straight chain, ``parallelize`` (precision conversion, tensor
+parallelism, activation checkpointing, compile, the data-parallel wrapper, in that order): the default is
+``accel_core.transforms.parallelize_default``, whose data-parallel step is ``prepare_model``; FSDP has its own.
+``prepare_eval_model`` is the last step of a model prepared with ``evaluation_mode=True`` (placed, not wrapped).
+What the chain returns (``ModelParts``) becomes the model's one record (``accel_core.prepared_model``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 
     from ..optimizer_rebuild import ParameterNames
     from ..placement import ProcessPlacement
+    from ..prepared_model import ModelParts, PreparedModel
     from ..settings import RunSettings
     from ..state import AcceleratorState
 
@@ -215,8 +218,22 @@ class Strategy:
         """Whether the strategy's own settings ask for activation checkpointing of each block."""
         return False
 
+    def parallelize(self, model: torch.nn.Module, device_placement: bool) -> ModelParts:
+        """Turns ``model`` (or one pipeline stage of it) into what this strategy trains, with one straight chain of
+        the technique functions of ``accel_core.transforms``; returns its parts (what runs forward, the wrapper, the
+        user's module inside), from which ``prepare`` makes the model's record.
+
+        The default is ``accel_core.transforms.parallelize_default``: precision conversion, tensor parallelism,
+        activation checkpointing of ``blocks``, per-block compile, ``prepare_model``, whole-model compile. A backend
+        whose wrapping changes what comes before it (FSDP2 shards the blocks) writes its own chain.
+        """
+        from ..transforms import parallelize_default
+
+        return parallelize_default(model, self, device_placement)
+
     def prepare_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
-        """The last model transform: place the model (and wrap it, in data-parallel strategies)."""
+        """The data-parallel step of the default chain (``parallelize_default``): place the model (and wrap it, in
+        data-parallel strategies)."""
         return self.place_model(model, device_placement)
 
     def prepare_eval_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
@@ -245,18 +262,16 @@ class Strategy:
         """Returns the user's module from inside whatever ``prepare_model`` wrapped it in."""
         return model
 
-    def listed_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """What the reference API lists for prepared ``model``: in ``accelerator._models``, and among the models
-        given to the save- and load-state pre-hooks (``register_save_state_pre_hook``).
+    def listed_model(self, prepared: PreparedModel) -> torch.nn.Module:
+        """What the reference API lists for a prepared model (its record): in ``accelerator._models``, and among the
+        models given to the save- and load-state pre-hooks (``register_save_state_pre_hook``).
 
         The reference keeps the user's module there, not its DDP wrapper nor its ``torch.compile`` wrapper, so a
         hook can call the model's own methods (``save_pretrained``) and reads plain state-dict keys. The
-        default is that module (``unwrap_model`` of the uncompiled model); a backend whose wrapper the
-        reference lists instead overrides this (FSDP1's wrapper, the DeepSpeed engine).
+        default is that module (``prepared.module``); a backend whose wrapper the reference lists instead
+        overrides this (FSDP1's wrapper, the DeepSpeed engine: ``prepared.wrapped``).
         """
-        from ..model_utils import uncompiled
-
-        return self.unwrap_model(uncompiled(model))
+        return prepared.module
 
     # -- preparation of one prepare() call ----------------------------------------------------
     def accepts_object(self, obj: Any) -> bool:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ..configuration import TorchDynamoPlugin
     from ..parallel.dims import ParallelDims
     from ..precision.modes import Precision
+    from ..prepared_model import PreparedModel
     from ..settings import RunSettings
     from ..state import AcceleratorState, GradientState
     from .selection import StrategyPlan
@@ -23,18 +24,30 @@ if TYPE_CHECKING:
 class PreparedObjects:
     """Everything prepared (or registered for checkpointing), in ``prepare`` order; the Accelerator owns the lists.
 
-    Readers (strategies, accel-checkpoint) treat the lists as read-only.
+    records: one ``PreparedModel`` per prepared model (what was passed, what runs, its wrapper, the user's module,
+    its pipeline stages), made once by ``prepare``. Readers (strategies, accel-checkpoint) treat the lists as
+    read-only.
     """
 
-    models: list[Any] = field(default_factory=list)
+    records: list[PreparedModel] = field(default_factory=list)
     optimizers: list[Any] = field(default_factory=list)
     schedulers: list[Any] = field(default_factory=list)
     dataloaders: list[Any] = field(default_factory=list)
     custom_objects: list[Any] = field(default_factory=list)
 
+    @property
+    def models(self) -> list[Any]:
+        """The prepared models as ``prepare`` returned them (wrappers included), in a new list each time."""
+        return [record.runs for record in self.records]
+
+    def record_of(self, model: Any) -> PreparedModel | None:
+        """The record of ``model`` (what ``prepare`` returned, or any part of it: the module passed, the wrapper, the
+        user's module inside), or None when ``prepare`` never saw it."""
+        return next((record for record in self.records if record.holds(model)), None)
+
     def clear(self) -> None:
         """Forgets every prepared object (``free_memory``), keeping the same lists."""
-        for items in (self.models, self.optimizers, self.schedulers, self.dataloaders):
+        for items in (self.records, self.optimizers, self.schedulers, self.dataloaders):
             items.clear()
 
 
