@@ -27,6 +27,7 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     ("checkpoint", "1", "save_nofsync_s", "save_state without fsync (like for like with the others)", "s"),
     ("checkpoint", "1", "load_s", "load_state (Fabric: load; raw: torch.load)", "s"),
     ("checkpoint", "1", "async_blocked_s", "async save: time the caller is blocked", "s"),
+    ("checkpoint", "1", "async_over_save", "async save: time blocked / the durable save_state (goal <= 0.25)", "x"),
     (
         "checkpoint",
         "1",

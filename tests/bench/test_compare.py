@@ -48,6 +48,9 @@ def test_accel_scenarios_run_in_one_process(tmp_path: Path) -> None:
     assert checkpoint["disk_write_s"] == min(checkpoint["disk_write_one_s"], checkpoint["disk_write_many_s"])
     # The durable save over the limit measured next to it, in the same round.
     assert checkpoint["save_over_disk_write"] == checkpoint["save_s"] / checkpoint["disk_write_s"]
+    # The async save: the first (it allocates the snapshot's buffers) apart from the rounds, which reuse them.
+    assert checkpoint["async_first_blocked_s"] > 0
+    assert checkpoint["async_over_save"] == checkpoint["async_blocked_s"] / checkpoint["save_s"]  # one round
 
 
 def test_table_marks_failures_and_yes_no() -> None:

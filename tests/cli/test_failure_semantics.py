@@ -280,7 +280,7 @@ def test_each_launchers_variables_give_the_processs_place() -> None:
     torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
     assert cluster_env.detect({**slurm, **pod, **torchrun}).launcher == "torchrun"  # type: ignore[union-attr]
     environ = dict(slurm)
-    cluster_env.adopt(environ)
+    environ.update(cluster_env.torchrun_variables(cluster_env.detect(environ), environ))
     assert {k: environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == {
         "RANK": "5",
         "WORLD_SIZE": "8",
@@ -288,7 +288,7 @@ def test_each_launchers_variables_give_the_processs_place() -> None:
         "LOCAL_WORLD_SIZE": "4",
         "MASTER_ADDR": "gpu07",
     }
-    assert cluster_env.adopt({}) is None
+    assert cluster_env.detect({}) is None and cluster_env.torchrun_variables(None, {}) == {}
 
 
 def test_the_launchers_last_look_bounds_a_signal_death_however_late_the_agent_looked() -> None:

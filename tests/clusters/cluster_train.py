@@ -3,7 +3,8 @@
 Usage: ``cluster_train.py <out_dir>`` under ``srun``, ``mpirun``, ``accel launch`` (or, through ``train``, from
 another launcher's worker function). Each rank writes ``<out_dir>/rank<N>.json``: what started it (the launcher
 ``accel_core.cluster_env`` detects before the ``Accelerator`` exists, and whether a process group existed already),
-the world it joined, the ranks an all_gather returned, its host; rank 0 also writes the initial and final weights
+the world it joined, the ranks an all_gather returned, its host, the environment variables ``Accelerator()`` changed
+(none: it settles the launcher's variables into its own record); rank 0 also writes the initial and final weights
 (``initial.safetensors``, ``final.safetensors``). The numbers depend on the world only (2 processes, seeded data and
 model, DDP over gloo), so every engine's final weights must equal an ``accel launch --cpu -n 2`` run's, bit for bit.
 """
@@ -28,9 +29,14 @@ EPOCHS = 2
 
 def train(out_dir: str | Path) -> None:
     out = Path(out_dir)
-    started_by = cluster_env.detect()  # before the Accelerator writes the launcher's variables as torchrun's
+    started_by = cluster_env.detect()
     group_before = torch.distributed.is_available() and torch.distributed.is_initialized()
+    environ_before = dict(os.environ)
     accelerator = Accelerator()
+    # The Accelerator settles the launcher's variables into its own record: os.environ is left as it was.
+    environ_changed = sorted(
+        name for name in {*environ_before, *os.environ} if environ_before.get(name) != os.environ.get(name)
+    )
 
     data = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
     targets = (data @ torch.randn(8, 1, generator=torch.Generator().manual_seed(2))).squeeze(1)
@@ -62,7 +68,8 @@ def train(out_dir: str | Path) -> None:
         "distributed_type": str(accelerator.distributed_type),
         "gathered_ranks": gathered,
         "host": socket.gethostname(),
-        "master_addr": os.environ.get("MASTER_ADDR"),
+        "master_addr": accelerator.state.settings.master_addr,  # where the settled record says rank 0 is
+        "environ_changed": environ_changed,
         "steps": steps,
         "losses": losses,
     }

@@ -36,6 +36,7 @@ class TrainingRun:
         for report in self.reports:
             assert report["world_size"] == 2, report
             assert report["gathered_ranks"] == [0, 1], report
+            assert report["environ_changed"] == [], report  # Accelerator() wrote nothing into os.environ
             assert report["distributed_type"] == "MULTI_CPU", report
             assert report["steps"] == reference.reports[0]["steps"], report
         assert any(not torch.equal(self.initial[k], self.final[k]) for k in self.final), "the weights never moved"

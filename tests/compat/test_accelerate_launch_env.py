@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from accel_core.accelerate_launch_env import AccelerateLaunchError, adopt, translate
+from accel_core.accelerate_launch_env import AccelerateLaunchError, translate
+from accel_core.settings import settle
 
 HERE = Path(__file__).resolve().parent
 RECORDED = json.loads((HERE / "accelerate_launch_env.json").read_text())
@@ -63,9 +64,11 @@ def test_backend_switches_choose_the_strategy_and_their_options_follow() -> None
 
 def test_accels_own_spelling_wins() -> None:
     environ = {**_variables("cpu_bf16_compile_debug"), "ACCEL_MIXED_PRECISION": "no"}
-    adopted = adopt(environ)
-    assert environ["ACCEL_MIXED_PRECISION"] == "no" and "ACCEL_MIXED_PRECISION" not in adopted
-    assert environ["ACCEL_DYNAMO_BACKEND"] == "eager"
+    given = dict(environ)
+    settings = settle(environ)
+    assert settings.environ["ACCEL_MIXED_PRECISION"] == "no" and "ACCEL_MIXED_PRECISION" not in settings.translated
+    assert settings.environ["ACCEL_DYNAMO_BACKEND"] == "eager"
+    assert environ == given  # settling only reads
 
 
 @pytest.mark.parametrize(
@@ -78,7 +81,7 @@ def test_accels_own_spelling_wins() -> None:
 def test_a_setting_accel_cannot_honour_is_refused_naming_it(line: str, named: str) -> None:
     environ = _variables(line)
     with pytest.raises(AccelerateLaunchError) as refused:
-        adopt(environ)
+        settle(environ)
     assert named in str(refused.value) and "`accel launch` and the same flags" in str(refused.value)
     assert not any(name.startswith("ACCEL_") for name in environ)  # nothing half-adopted
 
@@ -97,6 +100,7 @@ def test_scripts_started_by_accelerate_launch_train_as_it_asked(torchrun) -> Non
     assert [report["rank"] for report in simple] == [0, 1]
     for report in simple:
         assert report["mixed_precision"] == "bf16" and report["debug"] is True, report
+        assert report["environ_changed"] == [], report  # nothing written: the settings live in the Accelerator
         assert report["compile"] == {"backend": "eager", "mode": "reduce-overhead", "dynamic": True, "fullgraph": False}
 
     # Once aborted at exit in 2 of 4 CI runs: the stall watch's exit race (tests/core/test_stall_watch_exit.py).
@@ -107,9 +111,13 @@ def test_scripts_started_by_accelerate_launch_train_as_it_asked(torchrun) -> Non
         assert report["distributed_type"].endswith("FSDP") and report["mixed_precision"] == "bf16", report
         assert report["fsdp"] == {"version": 2, "min_num_params": 1000}, report
         assert report["held_numel"] * 2 == report["full_numel"], report  # sharded over the 2 processes
+        assert report["environ_changed"] == [], report
 
     deepspeed = _reports(torchrun(SCRIPT, env=_variables("deepspeed_zero2_accumulation"), timeout=400).stdout)
     assert [report["rank"] for report in deepspeed] == [0, 1]
     for report in deepspeed:
         assert report["distributed_type"].endswith("DEEPSPEED") and report["gradient_accumulation_steps"] == 4
         assert report["deepspeed"] == {"zero_stage": 2, "gradient_clipping": 1.0, "gradient_accumulation_steps": 4}
+        # accel's DS_ACCELERATOR lasted only while deepspeed was imported; `import deepspeed` itself sets
+        # PYTORCH_NVML_BASED_CUDA_CHECK (deepspeed/__init__.py: os.environ.setdefault), which is DeepSpeed's own.
+        assert set(report["environ_changed"]) <= {"PYTORCH_NVML_BASED_CUDA_CHECK"}, report

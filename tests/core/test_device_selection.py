@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accel_core import cluster_env
+from accel_core.settings import settle
 from accel_core.state.process_state import _pick_device
 
 
@@ -37,17 +37,14 @@ def visible_gpus(monkeypatch: pytest.MonkeyPatch):
 
 def test_one_gpu_per_task_is_the_process_device_whatever_its_local_rank(visible_gpus) -> None:
     visible_gpus(1)
-    environ = _slurm_task(5)
-    cluster_env.adopt(environ)
-    assert environ["LOCAL_RANK"] == "5"
-    assert _pick_device(False, int(environ["LOCAL_RANK"]), 8) == torch.device("cuda", 0)
+    settings = settle(_slurm_task(5))
+    assert settings.local_rank == 5 and settings.environ["LOCAL_RANK"] == "5"
+    assert _pick_device(False, settings.local_rank, 8) == torch.device("cuda", 0)
 
 
 def test_several_visible_gpus_are_picked_by_local_rank(visible_gpus) -> None:
     visible_gpus(8)
-    environ = _slurm_task(5)
-    cluster_env.adopt(environ)
-    assert _pick_device(False, int(environ["LOCAL_RANK"]), 8) == torch.device("cuda", 5)
+    assert _pick_device(False, settle(_slurm_task(5)).local_rank, 8) == torch.device("cuda", 5)
 
 
 def test_too_few_visible_gpus_for_the_local_ranks_is_refused(visible_gpus) -> None:

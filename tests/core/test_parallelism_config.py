@@ -15,9 +15,13 @@ from torch import nn
 
 from accel_core.parallel.config import ParallelismConfig, resolve_parallelism
 from accel_core.parallel.dims import mesh_dims
+from accel_core.settings import settle
 from accel_core.strategies import DDPStrategy, create_strategy, resolve_strategy_plan
 from accel_launch.accelerate_import import convert_accelerate_config
 from accel_launch.plan import resolve_plan as resolve_launch_plan
+
+# A process of a 4-process torchrun job on one machine, as the Accelerator settles it.
+FOUR_PROCESSES = settle({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"})
 
 
 def test_unset_sizes_fill_the_world_with_the_strategys_data_parallel_dimension() -> None:
@@ -97,21 +101,21 @@ def test_sharding_or_context_parallelism_selects_fsdp_unless_a_strategy_is_named
 def test_core_strategies_refuse_sharding_and_name_the_fix() -> None:
     strategy = create_strategy("ddp")
     with pytest.raises(ValueError, match=r"needs FSDP2.*fsdp_plugin"):
-        strategy.parallelism(ParallelismConfig(dp_shard_size=2), 4, 4)
-    config, mesh = strategy.parallelism(ParallelismConfig(tp_size=2), 4, 4)
+        strategy.parallelism(ParallelismConfig(dp_shard_size=2), FOUR_PROCESSES)
+    config, mesh = strategy.parallelism(ParallelismConfig(tp_size=2), FOUR_PROCESSES)
     assert (config.dp_replicate_size, config.tp_size, mesh) == (2, 2, None)
     with pytest.raises(TypeError, match="takes no plugin"):
-        DDPStrategy.from_plugin(object(), {})
+        DDPStrategy.from_plugin(object(), {}, FOUR_PROCESSES)
 
 
 def test_whole_engine_strategies_refuse_a_mesh_they_cannot_honour() -> None:
     from accel_deepspeed import DeepSpeedPlugin, DeepSpeedStrategy
 
-    deepspeed = DeepSpeedStrategy.from_plugin(DeepSpeedPlugin(zero_stage=2), {})
-    assert deepspeed.parallelism(None, 4, 4)[0].dp_shard_size == 4  # ZeRO shards over every process
+    deepspeed = DeepSpeedStrategy.from_plugin(DeepSpeedPlugin(zero_stage=2), {}, FOUR_PROCESSES)
+    assert deepspeed.parallelism(None, FOUR_PROCESSES)[0].dp_shard_size == 4  # ZeRO shards over every process
     for config in (ParallelismConfig(tp_size=2), ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)):
         with pytest.raises(ValueError, match="DeepSpeed strategy cannot honour"):
-            deepspeed.parallelism(config, 4, 4)
+            deepspeed.parallelism(config, FOUR_PROCESSES)
 
 
 @pytest.mark.slow

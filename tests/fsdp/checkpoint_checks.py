@@ -195,7 +195,9 @@ def a_sharded_async_save_returns_before_its_shards_are_written() -> None:
         saved_out = probe(model)
         folder = TMP / "async"
         returned = accelerator.save_state(folder, async_save=True)
+        writers = [t for t in threading.enumerate() if t.name == "accel-checkpoint-writer" and t.is_alive()]
         shards = [p for p in TMP.glob(".async*/sharded/**/*") if p.suffix == ".distcp" or p.name == ".metadata"]
+        expect(len(writers) == 1, f"no checkpoint writer still running when save_state returned: {writers}")
         expect(
             returned == str(folder) and not folder.exists(), f"the async save completed before returning: {returned}"
         )

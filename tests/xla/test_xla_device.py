@@ -253,6 +253,7 @@ def test_torchrun_processes_join_the_xla_backend(monkeypatch: pytest.MonkeyPatch
 
     joined: list[tuple[Any, ...]] = []
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
     monkeypatch.delenv("PJRT_DEVICE", raising=False)
     monkeypatch.setenv("ACCEL_XLA_DEVICE", "cpu")
     monkeypatch.setattr(dist, "is_initialized", lambda: False)

@@ -21,6 +21,7 @@ from accel_core import ops
 from accel_core.parallel.config import ParallelismConfig
 from accel_core.placement import ProcessPlacement
 from accel_core.precision.modes import PrecisionContext
+from accel_core.settings import settle
 from accel_core.state import PartialState
 from accel_core.strategies import resolve_strategy_plan
 from accel_launch.extensions import load_extensions
@@ -92,6 +93,7 @@ def test_missing_torch_xla_names_the_install_command() -> None:
 
 def test_layout_and_precision_refusals() -> None:
     strategy = XlaStrategy(downcast_bf16=False)
+    two_processes = settle({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})
     strategy.check_parallelism(ParallelismConfig(dp_replicate_size=4))
     for sizes in ({"tp_size": 2}, {"dp_shard_size": 2}, {"cp_size": 2}):
         with pytest.raises(ValueError, match="over processes the xla strategy runs replicas only"):
@@ -99,10 +101,10 @@ def test_layout_and_precision_refusals() -> None:
     # cp / pp never reach SPMD: refused before the runtime starts.
     for sizes in ({"cp_size": 2}, {"pp_size": 2}):
         with pytest.raises(ValueError, match="cp / pp are not available"):
-            strategy.parallelism(ParallelismConfig(**sizes), 2, 2)
+            strategy.parallelism(ParallelismConfig(**sizes), two_processes)
     # SPMD is one process driving every device: refused for several, before the runtime starts.
     with pytest.raises(ValueError, match="one process driving every device, but 2 processes"):
-        strategy.parallelism(ParallelismConfig(dp_shard_size=2), 2, 2)
+        strategy.parallelism(ParallelismConfig(dp_shard_size=2), two_processes)
     cpu = PrecisionContext(torch.device("cpu"))
     assert strategy.make_precision("no", cpu).name == "no"
     downcasting = XlaStrategy(downcast_bf16=True)
@@ -111,7 +113,7 @@ def test_layout_and_precision_refusals() -> None:
         downcasting.make_precision("no", cpu)
     assert "fp16" not in XlaStrategy.supported_precisions
     with pytest.raises(TypeError, match="takes no plugin"):
-        XlaStrategy.from_plugin(object(), {})
+        XlaStrategy.from_plugin(object(), {}, settle({}))
 
 
 def test_reductions_and_object_payloads() -> None:

@@ -2,13 +2,19 @@
 workers (tests/compat/accelerate_launch_env.json): what the Accelerator made of them, one JSON line per rank."""
 
 import json
+import os
 import sys
 
 import torch
 
 from accel import Accelerator
 
+environ_before = dict(os.environ)
 accelerator = Accelerator()
+# The Accelerator read Accelerate's variables into its settled record; os.environ is left as it was.
+environ_changed = sorted(
+    name for name in {*environ_before, *os.environ} if environ_before.get(name) != os.environ.get(name)
+)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
 full_numel = sum(p.numel() for p in model.parameters())
@@ -32,6 +38,7 @@ report = {
     # Parameters this process holds (a sharded model holds part of them), and the model's whole count.
     "held_numel": sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters()),
     "full_numel": full_numel,
+    "environ_changed": environ_changed,
 }
 if state.fsdp_plugin is not None:
     plugin = state.fsdp_plugin

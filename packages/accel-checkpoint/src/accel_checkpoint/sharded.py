@@ -32,11 +32,11 @@ from accel_core.checkpointing import (
 )
 from accel_core.optimizer import unwrap_optimizer
 from accel_core.optimizer_rebuild import optimizer_owner
-from accel_core.pipelining import StagedModel
 
 from .access import listed
 
 if TYPE_CHECKING:
+    from accel_core.prepared_model import PreparedModel
     from accel_core.protocols import CheckpointAccelerator
     from accel_core.strategies import PreparedObjects
 
@@ -52,17 +52,21 @@ def _has_dtensor(model: Any) -> bool:
 __all__ = ["MODELS", "OPTIMIZERS", "SCHEDULERS", "DCPCheckpointing", "ShardedCheckpointing", "find_sharded"]
 
 
-def dcp_module(model: Any) -> Any:
-    """The module DCP reads for ``model``: a pipelined model's local stage(s) (parameter names as in the whole model,
-    so the stages' keys together are the whole model's and load into another pipeline layout)."""
-    if not isinstance(model, StagedModel):
-        return model
-    return model.checkpoint_module()
+def dcp_module(prepared: PreparedModel) -> Any:
+    """The module DCP reads for a prepared model: a pipelined model's local stage(s) (parameter names as in the whole
+    model, so the stages' keys together are the whole model's and load into another pipeline layout)."""
+    if prepared.pipeline is None:
+        return prepared.runs
+    return prepared.pipeline.checkpoint_module()
+
+
+def _pipelined(prepared: PreparedObjects) -> bool:
+    return any(record.pipeline is not None for record in prepared.records)
 
 
 def _options(prepared: PreparedObjects) -> Any:
     """State-dict options: optimizer state flattened per parameter name when a model is split into pipeline stages."""
-    if not any(isinstance(m, StagedModel) for m in prepared.models):
+    if not _pipelined(prepared):
         return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
@@ -74,7 +78,7 @@ def find_sharded(
 ) -> tuple[HandsOverShardedState | ShardedCheckpointing, str] | None:
     """The implementation to use and its name, or None for a plain (full state dict) checkpoint."""
     strategy = accelerator.strategy
-    if not strategy.splits_model_itself and any(isinstance(m, StagedModel) for m in listed(accelerator, "_models")):
+    if not strategy.splits_model_itself and _pipelined(accelerator.prepared):
         return DCPCheckpointing(), "dcp"  # torch's pipeline stages each write their own keys, whatever the strategy
     if isinstance(strategy, (HandsOverShardedState, ShardedCheckpointing)):
         return strategy, f"{type(strategy).__module__}.{type(strategy).__qualname__}"
@@ -101,7 +105,7 @@ class DCPCheckpointing:
             get_optimizer_state_dict,
         )
 
-        models = [dcp_module(m) for m in prepared.models]
+        models = [dcp_module(record) for record in prepared.records]
         options = _options(prepared)
         dcp: dict[str, dict[str, Any]] = {
             f"model_{i}": {"model": get_model_state_dict(model)} for i, model in enumerate(models)
@@ -156,7 +160,7 @@ class DCPCheckpointing:
                 )
             io.load_dcp(state, path)
 
-        models = [dcp_module(m) for m in prepared.models]
+        models = [dcp_module(record) for record in prepared.records]
         options = _options(prepared)
         for i, model in enumerate(models):
             state = {"model": get_model_state_dict(model)}

@@ -7,16 +7,16 @@ with ``PARALLELISM_CONFIG_*`` (the reference ``Accelerator`` reads them: its ``m
 ``ACCELERATE_MIXED_PRECISION``). accel's launcher writes ``ACCEL_*`` names. A script ported by changing its import
 and still started with ``accelerate launch --mixed_precision bf16`` would train in float32 without a word.
 
-``adopt`` writes each of those settings under accel's name where accel's is not set (accel's own spelling wins, as
-for the cluster launchers of ``cluster_env``), before the ``Accelerator`` reads any. A setting accel cannot honour
+``variables`` gives each of those settings under accel's name where accel's is not set (accel's own spelling wins, as
+for the cluster launchers of ``cluster_env``); ``settings.settle`` puts them in the run's settled record, which is
+what the ``Accelerator`` reads (``os.environ`` is left as it is). A setting accel cannot honour
 (``--megatron_lm_recompute_granularity``, say) is refused, naming it and what to do. The options a backend reads
 come from its launch extension (``launch_options.DeclaresConfigOptions``). No torch.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Collection, Mapping, MutableMapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from . import environment as env
@@ -130,16 +130,16 @@ def translate(
     return {name: value for name, value in found.items() if not environ.get(name)}, refused
 
 
-def adopt(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Writes ``accelerate launch``'s settings under accel's names (those not set already) and returns them.
+def variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """``accelerate launch``'s settings in ``environ`` under accel's names (those not set already); ``environ`` is
+    only read (``settings.settle`` applies the result to its copy of the environment).
 
     Raises ``AccelerateLaunchError`` for a setting accel cannot honour, in every process alike (they share the
     launcher's variables), before any of them communicates.
     """
-    environ = os.environ if environ is None else environ
     if not any(name.startswith("ACCELERATE_") for name in environ):
         return {}
-    variables, refused = translate(environ)
+    found, refused = translate(environ)
     if refused:
         raise AccelerateLaunchError(
             "This process was started by `accelerate launch` with setting(s) accel cannot honour:\n  "
@@ -147,8 +147,7 @@ def adopt(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
             + "\nLeave them out, or start the script with `accel launch` and the same flags: it says what to do "
             "instead of each."
         )
-    environ.update(variables)
-    return variables
+    return found
 
 
 def _installed_options() -> dict[str, Collection[str] | None]:

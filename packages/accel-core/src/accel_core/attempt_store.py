@@ -39,13 +39,15 @@ def attempt_prefix(environ: Mapping[str, str] | None = None) -> str | None:
     return f"accel/attempt_{environ.get(env.RESTART_COUNT, '0')}/"
 
 
-def attempt_store(world_size: int, timeout: timedelta) -> dist.Store | None:
-    """A client of the agent's store under this attempt's prefix, or None where torch's env:// is right."""
-    prefix = attempt_prefix()
+def attempt_store(world_size: int, timeout: timedelta, environ: Mapping[str, str] | None = None) -> dist.Store | None:
+    """A client of the agent's store under this attempt's prefix, or None where torch's env:// is right.
+    environ: the run's settled variables (``os.environ`` when not given)."""
+    environ = os.environ if environ is None else environ
+    prefix = attempt_prefix(environ)
     if prefix is None:
         return None
     store = dist.TCPStore(
-        os.environ[env.MASTER_ADDR], int(os.environ[env.MASTER_PORT]), world_size, is_master=False, timeout=timeout
+        environ[env.MASTER_ADDR], int(environ[env.MASTER_PORT]), world_size, is_master=False, timeout=timeout
     )
     return dist.PrefixStore(prefix, store)
 

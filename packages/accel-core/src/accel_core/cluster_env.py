@@ -1,9 +1,10 @@
 """Joining a job another launcher started: SLURM's ``srun``, OpenMPI / MPICH ``mpirun``, a Kubernetes PyTorchJob.
 
 Each launcher describes a process's place in the job with its own variables. One small function per
-launcher reads them into a ``ClusterEnv``; ``adopt`` writes the one found as torchrun's variables
-(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``),
-which the process state and ``torch.distributed``'s ``env://`` rendezvous read. torchrun's own
+launcher reads them into a ``ClusterEnv``; ``torchrun_variables`` translates the one found into torchrun's
+variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) for
+the settled record (``accel_core.settings``), never into ``os.environ``: the process state joins such a job at
+``tcp://MASTER_ADDR:MASTER_PORT`` with the record's rank and world size. torchrun's own
 variables win: a job ``accel launch`` or torchrun started (even inside an ``srun`` step) is left as it is.
 No torch import.
 """
@@ -14,7 +15,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 DEFAULT_PORT = 29500
@@ -151,17 +152,16 @@ def detect(environ: Mapping[str, str] | None = None) -> ClusterEnv | None:
     return None
 
 
-def adopt(environ: MutableMapping[str, str] | None = None) -> ClusterEnv | None:
-    """Writes the detected job as torchrun's variables (those not set already) and returns it.
+def torchrun_variables(found: ClusterEnv | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """The job ``found`` in torchrun's variables, those ``environ`` does not set already (a pure translation:
+    ``settings.settle`` applies it to its copy of the environment; nothing is written to ``os.environ``).
 
     Example (in a task of ``srun -N 2 --ntasks-per-node 4 python train.py``)::
 
-        adopt()  # RANK=SLURM_PROCID, WORLD_SIZE=8, LOCAL_RANK=SLURM_LOCALID, MASTER_ADDR=<first node>, ...
+        torchrun_variables(detect(environ), environ)  # {"RANK": <SLURM_PROCID>, "WORLD_SIZE": "8", ...}
     """
-    environ = os.environ if environ is None else environ
-    found = detect(environ)
     if found is None or found.launcher == "torchrun":
-        return found
+        return {}
     values = {
         "RANK": found.rank,
         "WORLD_SIZE": found.world_size,
@@ -170,10 +170,7 @@ def adopt(environ: MutableMapping[str, str] | None = None) -> ClusterEnv | None:
         "MASTER_ADDR": found.master_addr,
         "MASTER_PORT": found.master_port,
     }
-    for name, value in values.items():
-        if value is not None and not environ.get(name):
-            environ[name] = str(value)
-    return found
+    return {name: str(value) for name, value in values.items() if value is not None and not environ.get(name)}
 
 
 def expand_tasks_per_node(text: str) -> list[int]:

@@ -20,7 +20,7 @@ import ipaddress
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -33,12 +33,14 @@ class NetworkConfigurationError(RuntimeError):
     """The machines of a job cannot reach each other as configured (a loopback address on a multi-machine job)."""
 
 
-def spans_machines(world_size: int, local_world_size: int) -> bool:
+def spans_machines(world_size: int, local_world_size: int, environ: Mapping[str, str] | None = None) -> bool:
     """Whether the job's processes run on more than one machine, reached over a network: not when its rendezvous
-    address (``accel launch --main-process-ip``, else ``MASTER_ADDR``) is a loopback one (all on this machine)."""
-    if (env.get_int(env.GROUP_WORLD_SIZE, 0) or 0) <= 1 and world_size <= local_world_size:
+    address (``accel launch --main-process-ip``, else ``MASTER_ADDR``) is a loopback one (all on this machine).
+    environ: the run's settled variables (``RunSettings.environ``; ``os.environ`` when not given)."""
+    environ = os.environ if environ is None else environ
+    if (env.get_int(env.GROUP_WORLD_SIZE, 0, environ) or 0) <= 1 and world_size <= local_world_size:
         return False
-    endpoint = os.environ.get(env.MAIN_PROCESS_IP) or os.environ.get(env.MASTER_ADDR) or ""
+    endpoint = environ.get(env.MAIN_PROCESS_IP) or environ.get(env.MASTER_ADDR) or ""
     return bool(endpoint) and not _resolves_to_loopback(endpoint)
 
 
@@ -83,12 +85,13 @@ def _interfaces() -> list[str]:
         return []
 
 
-def loopback_problem(backend: str, machine_rank: int) -> str | None:
+def loopback_problem(backend: str, machine_rank: int, environ: Mapping[str, str] | None = None) -> str | None:
     """Why this rank would talk to the other machines over a loopback address, or None."""
+    environ = os.environ if environ is None else environ
     interfaces = _interfaces()
     example = interfaces[0] if interfaces else "eth0"
     named = f" (this machine's: {', '.join(interfaces)})" if interfaces else ""
-    if "gloo" in backend and not os.environ.get(env.GLOO_SOCKET_IFNAME):
+    if "gloo" in backend and not environ.get(env.GLOO_SOCKET_IFNAME):
         address, hostname = gloo_address()
         if _is_loopback(address):
             return (
@@ -98,7 +101,7 @@ def loopback_problem(backend: str, machine_rank: int) -> str | None:
                 f"machines share{named} on every machine, e.g. `GLOO_SOCKET_IFNAME={example} accel launch ...` (and "
                 f"NCCL_SOCKET_IFNAME for a GPU job), or map {hostname!r} to its network address in /etc/hosts"
             )
-    master = os.environ.get(env.MASTER_ADDR, "")
+    master = environ.get(env.MASTER_ADDR, "")
     if machine_rank > 0 and master and _resolves_to_loopback(master):
         return (
             f"the address of rank 0's machine it was handed, MASTER_ADDR={master!r}, resolves to a loopback address "
@@ -109,7 +112,14 @@ def loopback_problem(backend: str, machine_rank: int) -> str | None:
     return None
 
 
-def check_addresses(backend: str, rank: int, world_size: int, connect: Callable[[], Any], timeout: timedelta) -> Any:
+def check_addresses(
+    backend: str,
+    rank: int,
+    world_size: int,
+    connect: Callable[[], Any],
+    timeout: timedelta,
+    environ: Mapping[str, str] | None = None,
+) -> Any:
     """Raises ``NetworkConfigurationError`` on every rank when one would use a loopback address across machines.
 
     connect: makes the client of the job's store that ``init_process_group`` will use (or returns None: no store
@@ -117,8 +127,9 @@ def check_addresses(backend: str, rank: int, world_size: int, connect: Callable[
     before the process group: a rank that found a problem writes it and raises, the others read it and raise too.
     """
     hostname = socket.gethostname()
-    machines = env.get_int(env.GROUP_WORLD_SIZE, 0) or "several"
-    problem = loopback_problem(backend, env.get_int(env.GROUP_RANK, 0) or 0)
+    environ = os.environ if environ is None else environ
+    machines = env.get_int(env.GROUP_WORLD_SIZE, 0, environ) or "several"
+    problem = loopback_problem(backend, env.get_int(env.GROUP_RANK, 0, environ) or 0, environ)
     text = f"accel: this job spans {machines} machines, but rank {rank} (on {hostname}) cannot take part: {problem}."
     if problem is not None and problem.startswith("the address of rank 0's machine"):
         raise NetworkConfigurationError(text)  # the store is on that address: there is nobody to tell

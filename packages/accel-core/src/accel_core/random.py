@@ -8,7 +8,6 @@ on the first ``set_seed``, so a script may seed before it creates its ``Accelera
 
 from __future__ import annotations
 
-import os
 import random as _random
 from collections.abc import Iterable
 from typing import Protocol
@@ -69,7 +68,6 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     torch.manual_seed(seed)  # seeds CUDA/XPU generators too
     for seeder in seeders():
         seeder(seed)
-    os.environ["PYTHONHASHSEED"] = str(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
 

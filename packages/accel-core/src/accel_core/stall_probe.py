@@ -28,7 +28,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import environment as env
@@ -55,10 +55,12 @@ def _proc_state(pid: int) -> str | None:
         return None
 
 
-def reach_address() -> str:
-    """The local address this process reaches ``MASTER_ADDR`` from (no packet is sent), 127.0.0.1 without one."""
-    master = os.environ.get(env.MASTER_ADDR) or "127.0.0.1"
-    port = int(os.environ.get(env.MASTER_PORT) or 29500)
+def reach_address(environ: Mapping[str, str] | None = None) -> str:
+    """The local address this process reaches ``MASTER_ADDR`` from (no packet is sent), 127.0.0.1 without one.
+    environ: the run's settled variables (``os.environ`` when not given)."""
+    environ = os.environ if environ is None else environ
+    master = environ.get(env.MASTER_ADDR) or "127.0.0.1"
+    port = int(environ.get(env.MASTER_PORT) or 29500)
     try:
         family = socket.getaddrinfo(master, port, type=socket.SOCK_DGRAM)[0]
         with socket.socket(family[0], socket.SOCK_DGRAM) as udp:
@@ -71,9 +73,9 @@ def reach_address() -> str:
 class ProbeListener:
     """One rank's probe socket: answers each connection with ``answer()`` (this rank's position, as JSON)."""
 
-    def __init__(self, answer: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, answer: Callable[[], dict[str, Any]], environ: Mapping[str, str] | None = None) -> None:
         self.answer = answer
-        self.address = reach_address()
+        self.address = reach_address(environ)
         self.socket = socket.socket(socket.AF_INET6 if ":" in self.address else socket.AF_INET, socket.SOCK_STREAM)
         self.socket.bind((self.address, 0))
         self.socket.listen(8)

@@ -52,7 +52,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from functools import wraps
 from threading import get_ident
@@ -154,13 +154,13 @@ def watched(op: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     return decorate
 
 
-def stall_report_after(given: float | timedelta | None = None) -> float:
+def stall_report_after(given: float | timedelta | None = None, environ: Mapping[str, str] | None = None) -> float:
     """Seconds before a stalled collective is reported: the script's keyword, ``ACCEL_STALL_REPORT_AFTER``, 60."""
     if given is not None:
         seconds = given.total_seconds() if isinstance(given, timedelta) else float(given)
         source = "stall_report_after"
     else:
-        raw = (os.environ.get(env.STALL_REPORT_AFTER) or "").strip()
+        raw = ((os.environ if environ is None else environ).get(env.STALL_REPORT_AFTER) or "").strip()
         source = f"Environment variable {env.STALL_REPORT_AFTER}={raw!r}"
         try:
             seconds = float(raw) if raw else DEFAULT_STALL_REPORT_AFTER
@@ -252,8 +252,17 @@ class StallWatch:
     timeout: the collective timeout in seconds (named in the report), None if unknown.
     """
 
-    def __init__(self, rank: int, world_size: int, threshold: float, timeout: float | None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        threshold: float,
+        timeout: float | None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
         self.rank, self.world_size, self.threshold, self.timeout = rank, world_size, threshold, timeout
+        # The run's settled variables: where the job's store is (MASTER_ADDR / MASTER_PORT); None: os.environ.
+        self.environ = environ
         # Polls often enough to report within a quarter of the threshold, at most every 5 s (one
         # store round trip per poll), at least every 0.5 s.
         self.poll = min(max(threshold / 4, 0.5), 5.0)
@@ -282,7 +291,9 @@ class StallWatch:
 
     def start(self) -> None:
         try:
-            self.listener = ProbeListener(lambda: describe_position(POSITION, time.monotonic(), 0, self.rank))
+            self.listener = ProbeListener(
+                lambda: describe_position(POSITION, time.monotonic(), 0, self.rank), self.environ
+            )
             self.listener.start()
         except OSError:  # no address to listen on: silent peers are reported without a direct look
             self.listener = None
@@ -298,7 +309,7 @@ class StallWatch:
             # Not again once lost (its machine is gone or out of reach): each failed connection prints torch's C++
             # stack; a store not up yet at the start is tried once a minute.
             if self.store is None and now >= next_connect and not (self.store_lost and self.ever_connected):
-                client, named = connect_store(self.store_timeout)
+                client, named = connect_store(self.store_timeout, self.environ)
                 self.store = TimedStore(client) if client is not None else None
                 self.ever_connected = self.ever_connected or self.store is not None
                 self.store_lost = self.store_lost or (named and self.store is None)
@@ -486,11 +497,20 @@ def watch_threshold() -> float | None:
     return _WATCH[0].threshold if _WATCH else None
 
 
-def start_watch(rank: int, world_size: int, given: float | timedelta | None, timeout: float | None) -> None:
-    """Starts this process's watch thread once (nothing for one process or a threshold of 0)."""
-    threshold = stall_report_after(given)
+def start_watch(
+    rank: int,
+    world_size: int,
+    given: float | timedelta | None,
+    timeout: float | None,
+    environ: Mapping[str, str] | None = None,
+) -> None:
+    """Starts this process's watch thread once (nothing for one process or a threshold of 0).
+
+    environ: the run's settled variables (``RunSettings.environ``), which name the job's store and the threshold's
+    variable; ``os.environ`` when not given."""
+    threshold = stall_report_after(given, environ)
     if _WATCH or world_size < 2 or threshold == 0:
         return
-    watch = StallWatch(rank, world_size, threshold, timeout)
+    watch = StallWatch(rank, world_size, threshold, timeout, environ)
     _WATCH.append(watch)
     watch.start()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -51,9 +51,13 @@ class TimedStore:
         return self._call(self._store.check, keys)
 
 
-def connect_store(timeout: timedelta) -> tuple[Any, bool]:
-    """A client of the job's store (see the module docstring), or None; and whether MASTER_ADDR names one."""
-    address, port = os.environ.get(env.MASTER_ADDR), os.environ.get(env.MASTER_PORT)
+def connect_store(timeout: timedelta, environ: Mapping[str, str] | None = None) -> tuple[Any, bool]:
+    """A client of the job's store (see the module docstring), or None; and whether MASTER_ADDR names one.
+
+    environ: the run's settled variables (``RunSettings.environ``: a job srun or mpirun started names rank 0 there,
+    not in ``os.environ``); ``os.environ`` when not given."""
+    environ = os.environ if environ is None else environ
+    address, port = environ.get(env.MASTER_ADDR), environ.get(env.MASTER_PORT)
     if not address or not port:
         return None, False
     try:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import torch
 
 from accel_core import environment as env
+from accel_core.compat.env_utils import patch_environment
 from accel_core.enums import DistributedType
 from accel_core.parallel.config import ParallelismConfig
 from accel_core.precision.modes import Precision, PrecisionContext
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
     from accel_core.checkpointing import CheckpointIO
+    from accel_core.prepared_model import PreparedModel
+    from accel_core.settings import RunSettings
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +83,10 @@ class DeepSpeedStrategy(Strategy):
         self._warned_clipping = False
 
     @classmethod
-    def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> DeepSpeedStrategy:
-        """Built by accel-core: the user's ``deepspeed_plugin``, or one read from ``ACCEL_DEEPSPEED_*``."""
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any], settings: RunSettings) -> DeepSpeedStrategy:
+        """Built by accel-core: the user's ``deepspeed_plugin``, or one read from the settled ``ACCEL_DEEPSPEED_*``."""
         if plugin is None:
-            return cls(DeepSpeedPlugin.from_env())
+            return cls(DeepSpeedPlugin.from_env(settings.environ))
         if not isinstance(plugin, DeepSpeedPlugin):
             raise TypeError(
                 f"`deepspeed_plugin` must be an accel_deepspeed.DeepSpeedPlugin, got {type(plugin).__name__}: "
@@ -116,31 +119,54 @@ class DeepSpeedStrategy(Strategy):
         return DeepSpeedPrecision(self.mixed_precision)
 
     # -- processes --------------------------------------------------------------------------
-    def setup_environment(self, **kwargs: Any) -> None:
+    def setup_environment(self, settings: RunSettings, **kwargs: Any) -> None:
         """Joins (or adopts) the process group through deepspeed.comm; a lone ``python train.py`` gets a group of
-        one. torchrun's environment places the process, as by default."""
-        if env.flag(env.USE_CPU) and "deepspeed" not in sys.modules:
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read once, when deepspeed picks its accelerator
+        one. The settled record places the process (torchrun's ``env://``, or rank 0's address for a job srun or
+        mpirun started).
+
+        DeepSpeed reads two variables itself, and only from ``os.environ``; they are set here and nowhere else.
+        ``DS_ACCELERATOR=cpu`` (``ACCEL_USE_CPU``): deepspeed picks its accelerator once, when it is imported, so
+        the variable is set for that import only and then restored. ``LOCAL_RANK`` (the record's, when the
+        launcher did not set it: srun, mpirun, a lone process): the engine asserts it is there and ZeRO-3 reads
+        it whenever it places a partition, so it stays set.
+        """
+        if settings.flag(env.USE_CPU) and "deepspeed" not in sys.modules and "DS_ACCELERATOR" not in os.environ:
+            with patch_environment(DS_ACCELERATOR="cpu"):
+                deepspeed = import_deepspeed()
+                ds_accelerator()  # chosen now, while the variable is set; deepspeed keeps the choice
         deepspeed = import_deepspeed()
         backend = kwargs.get("backend") or ds_accelerator().communication_backend_name()
         # deepspeed.comm builds its shared-memory op on the CPU the first time (minutes): announced, built once.
         load_op(SHM_COMM)
+        os.environ.setdefault(env.LOCAL_RANK, str(settings.local_rank))  # DeepSpeed's engine and ZeRO-3 read it
         with without_loaded_op_message():
-            self._init_distributed(deepspeed, backend, kwargs)
+            self._init_distributed(deepspeed, backend, kwargs, settings)
 
-    def _init_distributed(self, deepspeed: Any, backend: str | None, kwargs: dict[str, Any]) -> None:
-        """``deepspeed.init_distributed``: adopting a started group, joining torchrun's, or a group of one."""
+    def _init_distributed(
+        self, deepspeed: Any, backend: str | None, kwargs: dict[str, Any], settings: RunSettings
+    ) -> None:
+        """``deepspeed.init_distributed``: adopting a started group, joining the job's, or a group of one."""
         timeout = kwargs.get("timeout") or timedelta(minutes=30)
-        os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine reads it
         if torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
             return
-        if all(name in os.environ for name in (env.RANK, env.WORLD_SIZE, env.MASTER_ADDR, env.MASTER_PORT)):
-            deepspeed.init_distributed(
+        names = (env.RANK, env.WORLD_SIZE, env.MASTER_ADDR, env.MASTER_PORT)
+        if settings.launcher == "torchrun" and all(name in settings.environ for name in names):
+            deepspeed.init_distributed(  # torchrun's env:// (its agent's store), as torchrun set it
                 dist_backend=backend,
                 auto_mpi_discovery=False,
                 timeout=timeout,
                 init_method=kwargs.get("init_method"),
+                verbose=False,
+            )
+        elif settings.rendezvous_url is not None:  # srun / mpirun / a PyTorchJob: the record's ranks, not env://
+            deepspeed.init_distributed(
+                dist_backend=backend,
+                auto_mpi_discovery=False,
+                timeout=timeout,
+                init_method=kwargs.get("init_method") or settings.rendezvous_url,
+                rank=settings.rank,
+                world_size=settings.world_size,
                 verbose=False,
             )
         else:
@@ -188,10 +214,10 @@ class DeepSpeedStrategy(Strategy):
             return _engine_module(model)
         return model
 
-    def listed_model(self, model: torch.nn.Module) -> torch.nn.Module:
+    def listed_model(self, prepared: PreparedModel) -> torch.nn.Module:
         """The engine itself (DeepSpeed compiles it in place), as the reference lists it in ``_models`` and gives it to
         the save-state hooks; a frozen model as it is."""
-        return model
+        return prepared.wrapped
 
     # -- the training step ------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

@@ -1,8 +1,8 @@
 """FSDP2: ``fully_shard`` on each chosen unit and on the root, over the job mesh's data-parallel dimensions.
 
-The last step of accel-core's transform chain: tensor parallelism, activation checkpointing and
-per-block compile happened before (``accel_core.transforms``); a tensor-parallel model's DTensor
-parameters are sharded again over ``dp_shard_cp`` (2-D: FSDP x TP).
+The data-parallel step of FSDP2's chain (``accel_fsdp.parallelize``): tensor parallelism, activation
+checkpointing and per-unit compile happened before; a tensor-parallel model's DTensor parameters are
+sharded again over ``dp_shard_cp`` (2-D: FSDP x TP).
 
 Also the memory-efficient start: a model built on the meta device (on every process, or on every
 process but 0 with ``cpu_ram_efficient_loading``) gets memory for its shard only, then is
@@ -116,12 +116,17 @@ def shard_model(
     model: nn.Module,
     plugin: FullyShardedDataParallelPlugin,
     *,
+    units: list[nn.Module],
+    ignored: list[nn.Module],
     mesh: Any,
     device: torch.device,
     precision: Any,
 ) -> nn.Module:
-    """Applies ``fully_shard`` as the plugin says; returns the same module object (now an ``FSDPModule``).
+    """Applies ``fully_shard`` to each of ``units`` and to the root, as the plugin says; returns the same module object
+    (now an ``FSDPModule``).
 
+    units, ignored: the plugin's wrap policy and ignored modules applied to ``model`` (``policies.units_to_wrap``,
+    ``policies.ignored_modules``), whose parameters stay whole.
     mesh: the data-parallel sub-mesh (1-D ``dp_shard_cp``, or 2-D ``(dp_replicate, dp_shard_cp)`` for HSDP).
     precision: the Accelerator's Precision (its ``mixed_precision_policy`` unless the plugin has one).
     """
@@ -135,9 +140,7 @@ def shard_model(
     layout = _meta_layout(model, group)
     if layout == "meta":
         check_initialisable(model, plugin.param_init_fn)  # before any memory or communication
-    ignored = policies.ignored_modules(model, plugin.ignored_modules)
     ignored_params = {p for module in ignored for p in module.parameters()}
-    units = policies.units_to_wrap(model, plugin, ignored)
 
     held: dict[str, torch.Tensor] = {}
     saved_buffers: list[torch.Tensor] = []

@@ -8,8 +8,8 @@ for a single process, so FSDP and DCP behave the same there); and the optional i
 ``HandsOverShardedState`` (``sharded_state``/``load_sharded``: accel-checkpoint writes what it hands over).
 
 On the job's mesh FSDP is the data-parallel transform: ``fully_shard`` over ``dp_shard_cp``, or
-over ``(dp_replicate, dp_shard_cp)`` (HSDP) when there are replicas; tensor parallelism, applied
-before by accel-core, composes with it (2-D parameters).
+over ``(dp_replicate, dp_shard_cp)`` (HSDP) when there are replicas; FSDP2's whole chain is
+``parallelize`` (``accel_fsdp.parallelize``), where tensor parallelism composes with it (2-D parameters).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -27,18 +26,21 @@ from torch import nn
 from accel_core.checkpointing import CheckpointIO, ShardedState
 from accel_core.enums import DistributedType
 from accel_core.grads import clip_grad_norm_
-from accel_core.model_utils import uncompiled
 from accel_core.optimizer_rebuild import ParameterNames, rebuild
 from accel_core.parallel.config import SIZE_FIELDS, ParallelismConfig, resolve_parallelism
 from accel_core.parallel.dims import adopt_mesh
 from accel_core.precision.choice import default_precision
 from accel_core.precision.modes import Precision, PrecisionContext
+from accel_core.prepared_model import ModelParts, PreparedModel
 from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
 from accel_core.strategies.ddp import data_parallel_no_sync
 from accel_core.strategies.groups import join_group_of_one
 
-from . import checkpointing, fsdp1, fsdp2, policies
+from . import checkpointing, fsdp1, policies
 from .plugin import FullyShardedDataParallelPlugin
+
+if TYPE_CHECKING:
+    from accel_core.settings import RunSettings
 
 logger = logging.getLogger("accel_fsdp")
 
@@ -78,9 +80,9 @@ class FSDPStrategy(Strategy):
         self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin()
 
     @classmethod
-    def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> FSDPStrategy:
-        """Core's factory: the user's plugin, or one read from the ``ACCEL_FSDP_*`` environment."""
-        return cls(plugin if plugin is not None else FullyShardedDataParallelPlugin.from_env())
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any], settings: RunSettings) -> FSDPStrategy:
+        """Core's factory: the user's plugin, or one read from the settled ``ACCEL_FSDP_*`` variables."""
+        return cls(plugin if plugin is not None else FullyShardedDataParallelPlugin.from_env(settings.environ))
 
     @property
     def fsdp_version(self) -> int:
@@ -91,12 +93,11 @@ class FSDPStrategy(Strategy):
         return DistributedType.FSDP
 
     # -- layout -----------------------------------------------------------------------------
-    def parallelism(
-        self, requested: ParallelismConfig | None, world_size: int, local_world_size: int
-    ) -> tuple[ParallelismConfig, Any]:
+    def parallelism(self, requested: ParallelismConfig | None, settings: RunSettings) -> tuple[ParallelismConfig, Any]:
         """Parameters shard over the processes no other size claims (``dp_shard``). The plugin may
         describe the layout instead: its ``device_mesh`` (adopted as the job's mesh, so data is sharded
         over its data-parallel dimensions only), or HYBRID_SHARD (machines x processes per machine)."""
+        world_size, local_world_size = settings.world_size, settings.local_world_size
         sizes_given = requested is not None and any(getattr(requested, name) is not None for name in SIZE_FIELDS)
         base = requested if requested is not None else ParallelismConfig()
         if self.plugin.device_mesh is not None:
@@ -119,7 +120,7 @@ class FSDPStrategy(Strategy):
             base = dataclasses.replace(
                 base, dp_replicate_size=world_size // local_world_size, dp_shard_size=local_world_size
             )
-        config = resolve_parallelism(base, world_size, data_parallel_dim="dp_shard", environ=os.environ)
+        config = resolve_parallelism(base, world_size, data_parallel_dim="dp_shard", environ=settings.environ)
         self.check_parallelism(config)
         return config, None
 
@@ -145,10 +146,10 @@ class FSDPStrategy(Strategy):
             )
 
     # -- process group ----------------------------------------------------------------------
-    def setup_environment(self, **kwargs: Any) -> None:
+    def setup_environment(self, settings: RunSettings, **kwargs: Any) -> None:
         """With one process, joins a process group of one (in memory): ``fully_shard``, DeviceMesh and
         DCP need a group, and a checkpoint written by many processes then loads the same way on one."""
-        join_group_of_one(**kwargs)
+        join_group_of_one(settings.world_size, **kwargs)
 
     def setup(self, context: StrategyContext) -> None:
         super().setup(context)
@@ -168,13 +169,19 @@ class FSDPStrategy(Strategy):
         return dims.submesh("dp_replicate", "dp_shard_cp" if dims.config.cp_enabled else "dp_shard")
 
     # -- models and optimizers --------------------------------------------------------------
+    def parallelize(self, model: nn.Module, device_placement: bool) -> ModelParts:
+        """FSDP2: its own chain, ``fully_shard`` included (``accel_fsdp.parallelize``; placement is FSDP's job:
+        parameters go to the mesh's device). FSDP1: core's default chain, whose data-parallel step is
+        ``prepare_model``."""
+        if self.fsdp_version == 1:
+            return super().parallelize(model, device_placement)
+        from .parallelize import parallelize_fsdp2
+
+        return parallelize_fsdp2(model, self.plugin, self.context, self.device_mesh)
+
     def prepare_model(self, model: nn.Module, device_placement: bool) -> nn.Module:
-        """Shards ``model`` (placement is FSDP's job: parameters go to the mesh's device)."""
+        """FSDP1's wrapper around ``model``, the data-parallel step of core's default chain."""
         context = self.context
-        if self.fsdp_version == 2:
-            return fsdp2.shard_model(
-                model, self.plugin, mesh=self.device_mesh, device=context.device, precision=context.precision
-            )
         hybrid = self.plugin.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
         return fsdp1.wrap_model(
             model,
@@ -191,19 +198,14 @@ class FSDPStrategy(Strategy):
             return []
         return policies.units_to_wrap(model, self.plugin, policies.ignored_modules(model, self.plugin.ignored_modules))
 
-    @property
-    def activation_checkpointing(self) -> bool:
-        # FSDP1 applies its own wrapper-based checkpointing while wrapping.
-        return self.fsdp_version == 2 and bool(self.plugin.activation_checkpointing)
-
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         # FSDP2 keeps the user's object (its class gains FSDPModule); FSDP1 wraps it.
         return model.module if fsdp1.is_fsdp1(model) else model
 
-    def listed_model(self, model: nn.Module) -> nn.Module:
+    def listed_model(self, prepared: PreparedModel) -> nn.Module:
         """The sharded model, as the reference lists it in ``_models`` and gives it to the state hooks: FSDP1's
         wrapper (FSDP2's is the user's object itself), outside any ``torch.compile`` wrapper."""
-        return uncompiled(model)
+        return prepared.wrapped
 
     def rebuild_optimizer(
         self, optimizer: torch.optim.Optimizer, model: nn.Module, names: ParameterNames

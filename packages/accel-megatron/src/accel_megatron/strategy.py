@@ -28,9 +28,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -49,6 +48,9 @@ from accel_core.strategies.ddp import data_parallel_no_sync, unwrap_ddp, wrap_in
 from accel_core.strategies.groups import join_group_of_one
 
 from .plugin import MegatronLMPlugin
+
+if TYPE_CHECKING:
+    from accel_core.settings import RunSettings
 
 logger = logging.getLogger("accel_megatron")
 
@@ -76,6 +78,8 @@ class MegatronStrategy(Strategy):
                 f"megatron_lm_plugin must be an accel_megatron.MegatronLMPlugin, got {type(plugin).__name__}: "
                 "from accel_megatron import MegatronLMPlugin."
             )
+        # Built by the script itself without a plugin: the plugin reads ACCEL_MEGATRON_* as the script's own
+        # MegatronLMPlugin.from_env() would; the Accelerator's from_plugin hands it the settled record's instead.
         self.plugin = plugin if plugin is not None else MegatronLMPlugin.from_env()
         self.ddp_kwargs = ddp_kwargs
         self.last_grad_norm: torch.Tensor | None = None
@@ -83,23 +87,23 @@ class MegatronStrategy(Strategy):
         self._batch_sizes: list[int] = []  # of the dataloaders prepared so far
 
     @classmethod
-    def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> MegatronStrategy:
-        """Core's factory: the user's plugin, or one read from ``ACCEL_MEGATRON_*``."""
-        return cls(plugin, handlers.get(DistributedDataParallelKwargs))
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any], settings: RunSettings) -> MegatronStrategy:
+        """Core's factory: the user's plugin, or one read from the settled ``ACCEL_MEGATRON_*`` variables."""
+        given = plugin if plugin is not None else MegatronLMPlugin.from_env(settings.environ)
+        return cls(given, handlers.get(DistributedDataParallelKwargs))
 
     @property
     def distributed_type(self) -> DistributedType:
         return DistributedType.MEGATRON_LM
 
     # -- layout and processes ---------------------------------------------------------------
-    def parallelism(
-        self, requested: ParallelismConfig | None, world_size: int, local_world_size: int
-    ) -> tuple[ParallelismConfig, Any]:
+    def parallelism(self, requested: ParallelismConfig | None, settings: RunSettings) -> tuple[ParallelismConfig, Any]:
         """``tp`` is the plugin's ``tp_degree``, the rest ``dp_replicate``; refuses a ``tp_degree`` that does not
         divide the processes, or a layout Megatron's groups cannot be (on every process, before any communication)."""
+        world_size = settings.world_size
         self.plugin.check_world_size(world_size)
         for dim, degree in (("tp", self.plugin.tp_degree), ("pp", self.plugin.pp_degree)):
-            size = requested_size(requested, dim, os.environ)
+            size = requested_size(requested, dim, settings.environ)
             if size not in (1, degree):
                 raise ValueError(
                     f"{dim}_size={size} contradicts MegatronLMPlugin({dim}_degree={degree}): Megatron's {dim} size is "
@@ -109,7 +113,7 @@ class MegatronStrategy(Strategy):
         config = resolve_parallelism(
             dataclasses.replace(base, tp_size=self.plugin.tp_degree, pp_size=self.plugin.pp_degree),
             world_size,
-            environ=os.environ,
+            environ=settings.environ,
         )
         self.check_parallelism(config)
         return config, None
@@ -125,9 +129,9 @@ class MegatronStrategy(Strategy):
                 "ParallelismConfig for sharded data parallelism or context parallelism."
             )
 
-    def setup_environment(self, **kwargs: Any) -> None:
+    def setup_environment(self, settings: RunSettings, **kwargs: Any) -> None:
         """With one process, joins a group of one (in memory) for Megatron's groups."""
-        join_group_of_one(**kwargs)
+        join_group_of_one(settings.world_size, **kwargs)
 
     def setup(self, context: StrategyContext) -> None:
         """Builds Megatron's TP / DP groups and seeds its RNG streams (collective)."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -42,6 +42,7 @@ from accel_core.parallel.config import ParallelismConfig
 from accel_core.placement import ProcessPlacement
 from accel_core.precision.choice import default_precision
 from accel_core.precision.modes import Precision, PrecisionContext
+from accel_core.settings import RunSettings, settle
 from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
 from accel_core.strategies.base import on_device
 
@@ -63,9 +64,9 @@ RNG_FILE = "xla_rng_state_{process}.json"
 """In the checkpoint's ``sharded/`` folder: one process's XLA RNG seed (``xm.get_rng_state``)."""
 
 
-def downcast_requested(environ: dict[str, str] | None = None) -> bool:
+def downcast_requested(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the environment asks for bf16 downcasting (``ACCEL_XLA_DOWNCAST_BF16`` or Accelerate's variable)."""
-    environ = dict(os.environ) if environ is None else environ
+    environ = os.environ if environ is None else environ
     return env.parse_flag(environ.get(DOWNCAST_BF16)) or bool(environ.get("ACCELERATE_DOWNCAST_BF16"))
 
 
@@ -116,28 +117,29 @@ class XlaStrategy(Strategy):
         return self._xla
 
     @classmethod
-    def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> XlaStrategy:
-        """The xla strategy takes no plugin; ``downcast_bf16`` comes from the environment."""
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any], settings: RunSettings) -> XlaStrategy:
+        """The xla strategy takes no plugin; ``downcast_bf16`` comes from the settled variables."""
         if plugin is not None:
             raise TypeError(f"The xla strategy takes no plugin, got {type(plugin).__name__}.")
-        return cls()
+        return cls(downcast_bf16=downcast_requested(settings.environ))
 
     # -- layout and precision ------------------------------------------------------------------
     def parallelism(
-        self, requested: ParallelismConfig | None, world_size: int, local_world_size: int
+        self, requested: ParallelismConfig | None, settings: RunSettings
     ) -> tuple[ParallelismConfig, DeviceMesh | None]:
         """Replicas over processes; or, when ``dp_shard`` / ``tp`` is above 1, SPMD: this one process drives every
         device, the device layout is kept here (``spmd``) and core sees one process reading whole batches.
 
         SPMD starts the runtime in SPMD mode (``xr.use_spmd()``) to count the devices (``CPU_NUM_DEVICES`` on XLA's
         CPU device), before anything is placed on them."""
-        if not spmd_requested(requested):
-            return super().parallelism(requested, world_size, local_world_size)
-        check_one_process(world_size)
-        self._prepare_runtime_environment()
+        if not spmd_requested(requested, settings.environ):
+            return super().parallelism(requested, settings)
+        check_one_process(settings.world_size)
+        self._prepare_runtime_environment(settings)
         xr = self.xla.xr
         xr.use_spmd()
-        self._spmd_layout = resolve_spmd_layout(requested, int(xr.global_runtime_device_count()), world_size)
+        devices = int(xr.global_runtime_device_count())
+        self._spmd_layout = resolve_spmd_layout(requested, devices, settings.world_size, settings.environ)
         return process_layout(requested), None
 
     def check_parallelism(self, config: ParallelismConfig) -> None:
@@ -158,29 +160,35 @@ class XlaStrategy(Strategy):
         return default_precision(name, context)
 
     # -- processes ------------------------------------------------------------------------------
-    def _prepare_runtime_environment(self) -> None:
+    def _prepare_runtime_environment(self, settings: RunSettings) -> None:
         """Sets what torch-xla reads when its runtime starts, so before anything touches the device:
         ``PJRT_DEVICE`` from ``ACCEL_XLA_DEVICE`` (the config file's ``xla: device:``; the --xla-device flag sets
-        ``PJRT_DEVICE`` itself) and ``XLA_DOWNCAST_BF16`` when downcasting."""
-        device = os.environ.get(DEVICE)
-        if device and not os.environ.get("PJRT_DEVICE"):
+        ``PJRT_DEVICE`` itself) and ``XLA_DOWNCAST_BF16`` when downcasting.
+
+        The one place accel-xla writes ``os.environ``: torch-xla reads both only from there (its own
+        ``runtime.set_device_type`` writes ``PJRT_DEVICE`` the same way), and they must outlast the set-up (the
+        runtime starts at the first device use)."""
+        device = settings.environ.get(DEVICE)
+        if device and not settings.environ.get("PJRT_DEVICE"):
             os.environ["PJRT_DEVICE"] = device.upper()
         if self.downcast_bf16:
             os.environ["XLA_DOWNCAST_BF16"] = "1"
 
-    def setup_environment(self, **kwargs: Any) -> ProcessPlacement:
+    def setup_environment(self, settings: RunSettings, **kwargs: Any) -> ProcessPlacement:
         """Joins the ``xla`` group where torchrun started several processes; PJRT places this process."""
-        self.init_process_group(**kwargs)
+        self.init_process_group(settings, **kwargs)
         return self.process_placement()
 
-    def init_process_group(self, **kwargs: Any) -> None:
+    def init_process_group(self, settings: RunSettings | None = None, **kwargs: Any) -> None:
         """Joins torch.distributed's ``xla`` backend when torchrun started several processes.
 
-        Sets ``XLA_DOWNCAST_BF16`` first when downcasting, before the runtime creates any tensor.
+        settings: the run's settled record (settled here from the environment when not given). Sets
+        ``XLA_DOWNCAST_BF16`` first when downcasting, before the runtime creates any tensor.
         """
-        self._prepare_runtime_environment()
+        settings = settings if settings is not None else settle(os.environ)
+        self._prepare_runtime_environment(settings)
         _ = self.xla  # a missing or mismatched torch-xla fails here, before any process joins
-        if (env.get_int(env.WORLD_SIZE, 1) or 1) > 1:
+        if settings.world_size > 1:
             import torch.distributed as dist
 
             if not dist.is_initialized():

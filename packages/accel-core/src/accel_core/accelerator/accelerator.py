@@ -37,7 +37,6 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.hooks import RemovableHandle
 
-from .. import environment as env
 from ..configuration import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -47,7 +46,7 @@ from ..configuration import (
     TorchDynamoPlugin,
 )
 from ..enums import SchedulerStepping
-from ..model_utils import is_compiled_module, uncompiled
+from ..model_utils import is_compiled_module
 from ..optimizer import AcceleratedOptimizer
 from ..parallel.config import ParallelismConfig
 from ..parallel.dims import ParallelDims
@@ -76,6 +75,7 @@ from .triggers import Trigger
 
 if TYPE_CHECKING:
     from ..protocols import CheckpointAccelerator, DataAccelerator
+    from ..settings import RunSettings
 
 
 class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQueries):
@@ -171,7 +171,7 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
         self.precision = context.precision
         self.gradient_state = context.gradient_state
         self.prepared = context.prepared
-        self._nonfinite_guard = self._make_nonfinite_guard(skip_nonfinite)
+        self._nonfinite_guard = self._make_nonfinite_guard(skip_nonfinite, context.settings)
 
         self.rng_types = [str(r) for r in rng_types] if rng_types is not None else ["generator"]
         self.step = 0  # micro-steps of the current accumulation (saved with checkpoints)
@@ -189,6 +189,7 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
             self._tracking,
             self._nonfinite_guard,
             self.end_training,
+            context.settings,
         )
         self._preparation = Preparation(
             self.strategy,
@@ -204,7 +205,7 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
             self._resumption.boundary_hook,
         )
         self._layout = ParallelLayout(
-            self.parallel_dims, self.strategy, self.precision, self.gradient_state, self.backward
+            self.parallel_dims, self.strategy, self.precision, self.gradient_state, self.backward, self.prepared
         )
         self._metrics = MetricsGathering(
             self, self.gradient_state, self.parallel_dims, self.strategy, self.prepared, dataloader_config
@@ -234,9 +235,9 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
             )
         return self._state
 
-    def _make_nonfinite_guard(self, skip_nonfinite: bool | None) -> NonFiniteGuard | None:
+    def _make_nonfinite_guard(self, skip_nonfinite: bool | None, settings: RunSettings) -> NonFiniteGuard | None:
         if skip_nonfinite is None:
-            skip_nonfinite = env.flag("ACCEL_SKIP_NONFINITE")
+            skip_nonfinite = settings.flag("ACCEL_SKIP_NONFINITE")
         if not skip_nonfinite:
             return None
         if self.strategy.owns_optimizer_step:
@@ -487,22 +488,26 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
             with the same compile settings (as Accelerate returns; the prepared model is left as it
             is); False returns the plain module.
         """
-        compiled = model if is_compiled_module(model) else None
-        model = uncompiled(model)
-        model = self.strategy.unwrap_model(model)
+        from ..prepared_model import record_for
+
+        module = record_for(self.prepared, model, self.strategy).module
         if not keep_fp32_wrapper:
-            unwrap_forward(model)
-        if compiled is not None and keep_torch_compile:
+            unwrap_forward(module)
+        if is_compiled_module(model) and keep_torch_compile:
             # torch.compile's wrapper class, built around the user's module with the same dynamo context.
-            model = type(compiled)(model, compiled.dynamo_ctx)
-        return model
+            module = type(model)(module, model.dynamo_ctx)
+        return module
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The full state dict of a prepared model (gathered where the strategy shards it, and over the pipeline
         stages: valid on the main process), fp16 cast to fp32."""
+        from ..prepared_model import record_for
         from ..transforms.state_dict import prepared_model_state_dict
 
-        state_dict = prepared_model_state_dict(self.strategy, model) if unwrap else model.state_dict()
+        if unwrap:
+            state_dict = prepared_model_state_dict(self.strategy, record_for(self.prepared, model, self.strategy))
+        else:
+            state_dict = model.state_dict()
         return {
             k: v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v
             for k, v in state_dict.items()

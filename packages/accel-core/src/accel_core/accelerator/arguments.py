@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from .. import environment as env
 from ..configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -81,16 +82,34 @@ def one_deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
     return next(iter(given.values()))
 
 
-def dynamo_settings(dynamo_backend: Any, dynamo_plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin | None:
-    """The ``TorchDynamoPlugin`` to compile with: ``dynamo_plugin``, or one for ``dynamo_backend``;
-    None when neither is given (the plan then reads ``ACCEL_DYNAMO_BACKEND``)."""
+def dynamo_settings(
+    dynamo_backend: Any, dynamo_plugin: TorchDynamoPlugin | None, environ: Mapping[str, str]
+) -> TorchDynamoPlugin | None:
+    """The ``TorchDynamoPlugin`` to compile with: ``dynamo_plugin``, or one for ``dynamo_backend`` (its other fields
+    from the settled ``environ``); None when neither is given (the plan then reads ``ACCEL_DYNAMO_BACKEND``)."""
     if dynamo_plugin is not None and dynamo_backend is not None:
         raise ValueError("You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one.")
     if dynamo_plugin is not None and not isinstance(dynamo_plugin, TorchDynamoPlugin):
         raise TypeError(f"`dynamo_plugin` must be an accel TorchDynamoPlugin, got {type(dynamo_plugin).__name__}.")
     if dynamo_backend is not None:
-        return TorchDynamoPlugin(backend=dynamo_backend)
+        return dynamo_plugin_for(dynamo_backend, environ)
     return dynamo_plugin
+
+
+def dynamo_plugin_for(backend: Any, environ: Mapping[str, str]) -> TorchDynamoPlugin:
+    """A ``TorchDynamoPlugin`` for ``backend`` whose unset fields come from the run's settled variables (``accel
+    launch --dynamo_mode ...``, or ``accelerate launch``'s translated), not from ``os.environ``."""
+
+    def given(name: str) -> bool | None:
+        return env.flag(name, False, environ) if env.get_str(name, None, environ) is not None else None
+
+    return TorchDynamoPlugin(
+        backend=backend,
+        mode=env.get_str(env.DYNAMO_MODE, None, environ),
+        fullgraph=given(env.DYNAMO_USE_FULLGRAPH),
+        dynamic=given(env.DYNAMO_USE_DYNAMIC),
+        use_regional_compilation=env.flag(env.DYNAMO_USE_REGIONAL_COMPILATION, False, environ),
+    )
 
 
 def dataloader_settings(

@@ -1,11 +1,12 @@
 """How an Accelerator's run is assembled, in the order the decisions depend on each other.
 
-``assemble`` is the constructor's set-up, apart from the parts: it resolves the plan from the
-arguments and the ``ACCEL_*`` environment (``strategies.selection``), builds the Strategy, asks it
-for the job's layout before any communication (a layout it refuses fails on every process alike),
-lets it set up the process group and placement, creates the process state, builds the one named
-device mesh (``parallel.dims``) and the strategy's Precision, then hands the strategy its
-``StrategyContext`` and records the choice in the process state, where the reference API reads it.
+``assemble`` is the constructor's set-up, apart from the parts: it settles the run's settings once from the
+environment (``accel_core.settings``: another launcher's variables translated into a frozen record, ``os.environ``
+only read), resolves the plan from the arguments and that record (``strategies.selection``), builds the Strategy,
+asks it for the job's layout before any communication (a layout it refuses fails on every process alike), lets it
+set up the process group and placement, creates the process state, builds the one named device mesh
+(``parallel.dims``) and the strategy's Precision, then hands the strategy its ``StrategyContext`` and records the
+choice in the process state, where the reference API reads it.
 
 What it returns (``Assembly``) is all the Accelerator and its parts are built from; nothing here
 knows the parts.
@@ -20,7 +21,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .. import accelerate_launch_env, cluster_env
 from .. import environment as env
 from ..configuration import (
     DataLoaderConfiguration,
@@ -32,11 +32,12 @@ from ..enums import SchedulerStepping
 from ..parallel.config import ParallelismConfig
 from ..parallel.dims import ParallelDims, make_dims
 from ..precision.modes import PrecisionContext
+from ..settings import RunSettings, settle
 from ..state import AcceleratorSetup, AcceleratorState, GradientState, collective_timeout
 from ..strategies import PreparedObjects, Strategy, StrategyContext, create_strategy, resolve_strategy_plan
 from ..strategies.groups import coordination_group
 from ..strategies.selection import PLUGIN_ARGUMENTS
-from .arguments import dynamo_settings, one_deepspeed_plugin
+from .arguments import dynamo_plugin_for, dynamo_settings, one_deepspeed_plugin
 from .preparation import scheduler_steps_for
 
 
@@ -86,11 +87,11 @@ def _check_types(arguments: RunArguments) -> None:
         )
 
 
-def _process_group_kwargs(handlers: dict[type, Any]) -> dict[str, Any]:
+def _process_group_kwargs(handlers: dict[type, Any], settings: RunSettings) -> dict[str, Any]:
     """``InitProcessGroupKwargs`` as keyword arguments; ``--collective-timeout`` reaches a backend's own group too."""
     init_kwargs = handlers[InitProcessGroupKwargs].to_kwargs() if InitProcessGroupKwargs in handlers else {}
-    if os.environ.get(env.COLLECTIVE_TIMEOUT):
-        init_kwargs["timeout"] = collective_timeout(init_kwargs.get("timeout"))
+    if settings.environ.get(env.COLLECTIVE_TIMEOUT):
+        init_kwargs["timeout"] = collective_timeout(init_kwargs.get("timeout"), settings)
     return init_kwargs
 
 
@@ -98,14 +99,14 @@ def assemble(arguments: RunArguments) -> Assembly:
     """Decides and builds the run (see the module docstring); raises ValueError / TypeError naming the fix for
     arguments that contradict each other or the strategy."""
     _check_types(arguments)
-    accelerate_launch_env.adopt()  # started by `accelerate launch`: its settings under accel's names
+    # Settled once, first: `accelerate launch`'s settings under accel's names, srun / mpirun / a PyTorchJob's
+    # variables as torchrun's, in a frozen record; os.environ is only read.
+    settings = settle(os.environ)
     deepspeed_plugin = one_deepspeed_plugin(arguments.deepspeed_plugin, arguments.deepspeed_plugins)
-    dynamo = dynamo_settings(arguments.dynamo_backend, arguments.dynamo_plugin)
+    dynamo = dynamo_settings(arguments.dynamo_backend, arguments.dynamo_plugin, settings.environ)
     given_strategy = arguments.strategy
-    cluster_env.adopt()  # started by srun / mpirun / a PyTorchJob: their variables as torchrun's
-    world_size = env.get_int(env.WORLD_SIZE, 1) or 1
     plan = resolve_strategy_plan(
-        world_size=world_size,
+        world_size=settings.world_size,
         mixed_precision=None if arguments.mixed_precision is None else str(arguments.mixed_precision),
         gradient_accumulation_steps=arguments.gradient_accumulation_steps,
         gradient_accumulation_plugin=arguments.gradient_accumulation_plugin,
@@ -118,23 +119,26 @@ def assemble(arguments: RunArguments) -> Assembly:
         strategy=given_strategy.name if isinstance(given_strategy, Strategy) else given_strategy,
         dynamo_backend=None if dynamo is None else dynamo.backend.value,
         scheduler_stepping=None if arguments.scheduler_stepping is None else str(arguments.scheduler_stepping),
-        environ=os.environ,
+        environ=settings.environ,
         parallelism=arguments.parallelism_config,
     )
     if dynamo is None:
-        dynamo = TorchDynamoPlugin(backend=plan.dynamo_backend)
+        dynamo = dynamo_plugin_for(plan.dynamo_backend, settings.environ)
     strategy = (
         given_strategy
         if isinstance(given_strategy, Strategy)
-        else create_strategy(plan.strategy, plan.strategy_plugin, arguments.handlers)
+        else create_strategy(plan.strategy, plan.strategy_plugin, arguments.handlers, settings)
     )
     # Decided before any communication: a layout the strategy refuses fails on every process alike.
-    local_world = env.get_int(env.LOCAL_WORLD_SIZE, world_size) or world_size
-    layout, given_mesh = strategy.parallelism(arguments.parallelism_config, world_size, local_world)
-    init_kwargs = _process_group_kwargs(arguments.handlers)
+    layout, given_mesh = strategy.parallelism(arguments.parallelism_config, settings)
+    init_kwargs = _process_group_kwargs(arguments.handlers, settings)
     # The stall report's threshold is the process state's, not an argument of the backend's group.
-    placement = strategy.setup_environment(**{k: v for k, v in init_kwargs.items() if k != "stall_report_after"})
-    state = AcceleratorState(mixed_precision=plan.mixed_precision, cpu=plan.cpu, placement=placement, **init_kwargs)
+    placement = strategy.setup_environment(
+        settings, **{k: v for k, v in init_kwargs.items() if k != "stall_report_after"}
+    )
+    state = AcceleratorState(
+        mixed_precision=plan.mixed_precision, cpu=plan.cpu, placement=placement, settings=settings, **init_kwargs
+    )
     if placement is not None and state.device != placement.device:
         raise ValueError(
             f"The process state already exists on {state.device} (a PartialState made before this Accelerator), "
@@ -156,14 +160,13 @@ def assemble(arguments: RunArguments) -> Assembly:
     state.mixed_precision = precision.name
     scheduler_stepping = SchedulerStepping(plan.scheduler_stepping)
     context = StrategyContext(
-        device=state.device,
         state=state,
         dims=dims,
         precision=precision,
         plan=plan,
         gradient_state=GradientState(plan.gradient_accumulation),
         prepared=PreparedObjects(),
-        handlers=arguments.handlers,
+        settings=settings,
         device_placement=arguments.device_placement,
         step_scheduler_with_optimizer=arguments.step_scheduler_with_optimizer,
         scheduler_steps_per_optimizer_step=scheduler_steps_for(

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ..parallel.dims import ParallelDims
     from ..precision.modes import Precision
     from ..state import GradientState
-    from ..strategies import Strategy
+    from ..strategies import PreparedObjects, Strategy
 
 logger = logging.getLogger("accel")
 
@@ -26,6 +26,7 @@ class ParallelLayout:
 
     dims: the job's mesh and layout. strategy, precision, gradient_state: how a pipeline schedule divides and
     scales its loss as ``backward`` does. backward: the Accelerator's ``backward``, for a model without stages.
+    prepared: the prepared models' records (which of them runs a pipeline).
     """
 
     def __init__(
@@ -35,8 +36,10 @@ class ParallelLayout:
         precision: Precision,
         gradient_state: GradientState,
         backward: Callable[[torch.Tensor], None],
+        prepared: PreparedObjects,
     ) -> None:
         self._dims = dims
+        self._prepared = prepared
         self._strategy = strategy
         self._precision = precision
         self._gradient_state = gradient_state
@@ -51,12 +54,14 @@ class ParallelLayout:
         loss_fn: Callable[[Any, Any], torch.Tensor],
     ) -> torch.Tensor:
         """``Accelerator.forward_backward``: forward, loss, backward; a staged model runs its pipeline schedule."""
-        from ..pipelining import StagedModel, as_call_arguments
+        from ..pipelining import as_call_arguments
 
-        if isinstance(model, StagedModel):
+        record = self._prepared.record_of(model)
+        if record is not None and record.pipeline is not None:
             owns_step = self._strategy.owns_optimizer_step
             divisor = 1 if owns_step else int(self._gradient_state.num_steps)
-            return model.train_step(inputs, targets, loss_fn, divisor=divisor, scale=self._precision.scale_loss)
+            scale = self._precision.scale_loss
+            return record.pipeline.train_step(inputs, targets, loss_fn, divisor=divisor, scale=scale)
         args, kwargs = as_call_arguments(inputs)
         loss = loss_fn(model(*args, **kwargs), targets)
         self._backward(loss)

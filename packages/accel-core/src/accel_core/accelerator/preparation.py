@@ -2,7 +2,8 @@
 and ``register_for_checkpointing``.
 
 What is prepared is registered in the Accelerator's ``PreparedObjects`` (the lists strategies and
-accel-checkpoint read); strategies return what they prepared and never register it themselves.
+accel-checkpoint read); strategies return what they prepared and never register it themselves. Each model gets
+its one record there (``PreparedModel``), made here from what the strategy's chain returned.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from .. import discovery, transforms
 from ..enums import SchedulerStepping
-from ..model_utils import uncompiled
 from ..optimizer import AcceleratedOptimizer
 from ..optimizer_rebuild import ParameterNames
 from ..optimizer_rebuild import parameter_ids as optimizer_parameter_ids
-from ..pipelining import StagedModel
+from ..prepared_model import PreparedModel
 from ..scheduler import AcceleratedScheduler
 from ..strategies import BatchTransfer, ReducesGradients
 
@@ -125,19 +125,12 @@ class Preparation:
 
     def _prepared_before(self, obj: Any) -> Any:
         """The prepared object ``obj`` is or wraps (a second ``prepare`` of it), else None."""
-        for items in (
-            self.prepared.models,
-            self.prepared.optimizers,
-            self.prepared.schedulers,
-            self.prepared.dataloaders,
-        ):
+        record = self.prepared.record_of(obj)
+        if record is not None:
+            return record.runs
+        for items in (self.prepared.optimizers, self.prepared.schedulers, self.prepared.dataloaders):
             if any(obj is item for item in items):
                 return obj
-        if isinstance(obj, torch.nn.Module):
-            for model in self.prepared.models:
-                inner = uncompiled(model)
-                if obj is inner or obj is self.strategy.unwrap_model(inner):
-                    return model
         for optimizer in self.prepared.optimizers:
             if obj is getattr(optimizer, "optimizer", None):
                 return optimizer
@@ -155,7 +148,9 @@ class Preparation:
             if self._prepared_before(prepared) is prepared:
                 continue
             if isinstance(original, torch.nn.Module):
-                self.prepared.models.append(prepared)
+                # Prepared jointly by the backend (DeepSpeed's engine): its parts as the strategy declares them.
+                module = self.strategy.unwrap_model(prepared)
+                self.prepared.records.append(PreparedModel(original, prepared, prepared, module))
             elif isinstance(original, torch.optim.Optimizer):
                 if isinstance(prepared, AcceleratedOptimizer):
                     prepared.on_step = self._optimizer_stepped
@@ -166,17 +161,18 @@ class Preparation:
 
     def _prepare_separately(self, objects: list[Any], device_placement: Sequence[bool | None]) -> list[Any]:
         # Parameters of each model before wrapping, to find which model an optimizer belongs to.
-        originals: list[tuple[set[int], torch.nn.Module]] = []
+        originals: list[tuple[set[int], PreparedModel]] = []
         for i, obj in enumerate(objects):
             if isinstance(obj, torch.nn.Module):
                 parameter_ids = {id(p) for p in obj.parameters()}
-                objects[i] = self.prepare_model(obj, device_placement=device_placement[i])
-                originals.append((parameter_ids, objects[i]))
+                record = self.prepared.record_of(obj) or self._prepare_record(obj, device_placement[i])
+                objects[i] = record.runs
+                originals.append((parameter_ids, record))
         rebuilt: dict[int, torch.optim.Optimizer] = {}
         for i, obj in enumerate(objects):
             if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
                 if originals and not any(ids & optimizer_parameter_ids(obj) for ids, _ in originals):
-                    _check_same_device(obj, [model for _, model in originals])
+                    _check_same_device(obj, [record.runs for _, record in originals])
                     self._check_trains_a_prepared_model(obj, originals, objects)
                 if self._replaces_parameters(originals):
                     new = self._rebuild_for_wrapped_model(obj, originals)
@@ -191,7 +187,7 @@ class Preparation:
         return objects
 
     def _check_trains_a_prepared_model(
-        self, optimizer: torch.optim.Optimizer, originals: list[tuple[set[int], torch.nn.Module]], objects: list[Any]
+        self, optimizer: torch.optim.Optimizer, originals: list[tuple[set[int], PreparedModel]], objects: list[Any]
     ) -> None:
         """Refuses an optimizer over none of the models prepared with it when a model of the call is then left with no
         optimizer at all: it was built on another model (``AdamW(other.parameters())``), and the losses would not move,
@@ -204,10 +200,10 @@ class Preparation:
         for obj in [*objects, *(prepared.optimizer for prepared in self.prepared.optimizers)]:
             if isinstance(obj, torch.optim.Optimizer):
                 covered |= optimizer_parameter_ids(obj)
-        untrained = [model for ids, model in originals if ids and not ids & covered]
+        untrained = [record for ids, record in originals if ids and not ids & covered]
         if not untrained:
             return
-        names = ", ".join(type(self.strategy.unwrap_model(model)).__name__ for model in untrained)
+        names = ", ".join(type(record.module).__name__ for record in untrained)
         raise ValueError(
             f"The optimizer {type(optimizer).__name__} holds none of the parameters of the model(s) prepared with it, "
             f"and no optimizer holds those of {names}: it was built on another model's parameters, so training would "
@@ -215,17 +211,17 @@ class Preparation:
             "torch.optim.AdamW(model.parameters())`, and pass both to accelerator.prepare(model, optimizer)."
         )
 
-    def _replaces_parameters(self, originals: list[tuple[set[int], torch.nn.Module]]) -> bool:
+    def _replaces_parameters(self, originals: list[tuple[set[int], PreparedModel]]) -> bool:
         """Whether preparing put new parameter objects in the models (sharding, tensor parallelism)."""
         if self.strategy.replaces_parameters:
             return True
-        return any(not ids <= {id(p) for p in model.parameters()} for ids, model in originals)
+        return any(not ids <= {id(p) for p in record.runs.parameters()} for ids, record in originals)
 
     def _rebuild_for_wrapped_model(
-        self, optimizer: torch.optim.Optimizer, originals: list[tuple[set[int], torch.nn.Module]]
+        self, optimizer: torch.optim.Optimizer, originals: list[tuple[set[int], PreparedModel]]
     ) -> torch.optim.Optimizer:
         owned = optimizer_parameter_ids(optimizer)
-        owners = [model for parameter_ids, model in originals if parameter_ids & owned]
+        owners = [record for parameter_ids, record in originals if parameter_ids & owned]
         if not owners:
             # Built on a model prepared by an earlier prepare() call: already on the wrapped parameters.
             if owned <= {id(p) for model in self.prepared.models for p in model.parameters()}:
@@ -235,17 +231,18 @@ class Preparation:
                 "model to the same prepare() call as its optimizer, or prepare the model first and build the "
                 "optimizer on it."
             )
-        if isinstance(owners[0], StagedModel):
+        owner = owners[0]
+        if owner.pipeline is not None:
             from ..pipelining.optimizer import rebuild_for_stages
 
-            return rebuild_for_stages(optimizer, owners[0], self._parameter_names)
-        return self.strategy.rebuild_optimizer(optimizer, owners[0], self._parameter_names)
+            return rebuild_for_stages(optimizer, owner.pipeline, self._parameter_names)
+        return self.strategy.rebuild_optimizer(optimizer, owner.runs, self._parameter_names)
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
-        """Runs ``model`` through the transform chain (``accel_core.transforms``), with autocast when mixed precision is
-        on.
+        """Runs ``model`` through the strategy's chain (``Strategy.parallelize``), with autocast when mixed precision is
+        on; returns what the script runs.
 
         evaluation_mode: the model is only run forward (TRL's reference model): as in the reference, it gets the
         precision and compilation but is not wrapped for training (no DDP, FSDP or engine;
@@ -254,19 +251,31 @@ class Preparation:
         earlier = self._prepared_before(model)
         if earlier is not None:
             return earlier
+        return self._prepare_record(model, device_placement, evaluation_mode).runs
+
+    def _prepare_record(
+        self, model: torch.nn.Module, device_placement: bool | None, evaluation_mode: bool = False
+    ) -> PreparedModel:
+        """Prepares ``model`` and makes its one record: split into pipeline stages first with ``pp_size > 1`` (each
+        stage through the strategy's chain), else through the chain whole; autocast inside what runs forward."""
         if device_placement is None:
             device_placement = self.device_placement
+        placement = device_placement
+        strategy = self.strategy
         self._parameter_names.record(model)
-        prepared = transforms.prepare_model(
-            model, self._context, self.strategy, device_placement, evaluation_mode=evaluation_mode
-        )
-        if isinstance(prepared, StagedModel):
-            for stage in prepared.stage_modules:  # autocast inside each stage, not around the schedule
-                self.precision.wrap_forward(stage)
+        if evaluation_mode:
+            record = PreparedModel.made(model, transforms.prepare_for_evaluation(model, strategy, placement))
+        elif self._context.dims.config.pp_enabled and not strategy.splits_model_itself:
+            from ..pipelining import prepare_pipeline
+
+            pipeline = prepare_pipeline(model, self._context, lambda stage: strategy.parallelize(stage, placement))
+            record = PreparedModel.split(model, pipeline)
         else:
-            self.precision.wrap_forward(self.strategy.unwrap_model(uncompiled(prepared)))
-        self.prepared.models.append(prepared)
-        return prepared
+            record = PreparedModel.made(model, strategy.parallelize(model, placement))
+        for module in record.forward_modules:  # autocast inside each stage, not around the schedule
+            self.precision.wrap_forward(module)
+        self.prepared.records.append(record)
+        return record
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None

@@ -53,7 +53,7 @@ class ReferenceProperties:
         """The prepared models as the reference lists them (``Strategy.listed_model``: the user's module, not its DDP
         or ``torch.compile`` wrapper; FSDP1's wrapper, the DeepSpeed engine), in a new list each time. The prepared
         objects themselves are in ``prepared.models``."""
-        return [self.strategy.listed_model(model) for model in self.prepared.models]
+        return [self.strategy.listed_model(record) for record in self.prepared.records]
 
     @property
     def _optimizers(self) -> list[AcceleratedOptimizer]:

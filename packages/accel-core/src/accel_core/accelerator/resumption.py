@@ -38,6 +38,7 @@ from ..preemption import EXIT_CODE, PreemptionWatch
 if TYPE_CHECKING:
     from ..configuration import ProjectConfiguration
     from ..protocols import ResumePoint
+    from ..settings import RunSettings
     from ..state import GradientState
     from ..strategies import PreparedObjects
     from .checkpointing import Checkpointing
@@ -62,7 +63,7 @@ class Resumption:
     prepared: what was prepared, counted against the checkpoint's contents. checkpointing: saves and
     loads. tracking: its logging progress is saved and resumed with the run. nonfinite_guard: its
     skip count is saved too (None without ``skip_nonfinite``). end_training: the Accelerator's, called
-    before exiting on SIGTERM.
+    before exiting on SIGTERM. settings: the run's settled record (``ACCEL_AUTO_RESUME`` when ``resume`` is None).
     """
 
     def __init__(
@@ -76,8 +77,9 @@ class Resumption:
         tracking: Tracking,
         nonfinite_guard: NonFiniteGuard | None,
         end_training: Callable[[], None],
+        settings: RunSettings,
     ) -> None:
-        from_env = resume is None and env.flag(env.AUTO_RESUME)
+        from_env = resume is None and settings.flag(env.AUTO_RESUME)
         if from_env:
             resume = "auto"
         if resume is not None and resume not in RESUME_MODES:

@@ -2,8 +2,8 @@
 
 ``prepare`` splits a model into stages (``split``: by ``pp_split_points``, evenly over its blocks,
 or one part per child of an ``nn.Sequential`` of ``model_parts``), keeps this rank's stage(s),
-runs each through the rest of the transform chain (tensor parallel over ``tp``, FSDP2 / DDP over
-``dp``), and builds the schedule (``schedule``: GPipe, 1F1B, interleaved 1F1B). The result is a
+runs each through the strategy's chain (``Strategy.parallelize``: tensor parallel over ``tp``, FSDP2 /
+DDP over ``dp``), and builds the schedule (``schedule``: GPipe, 1F1B, interleaved 1F1B). The result is a
 ``PipelinedModel`` (``model``), trained with ``accelerator.forward_backward``.
 
 A model built on the meta device (``with torch.device("meta"): model = Model()``) is materialised
@@ -19,38 +19,36 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..model_utils import uncompiled
 from .model import PipelinedModel, StagedModel, as_call_arguments
 from .schedule import PipelineLayout, build_schedule, resolve_layout
 from .split import chain_units, parameter_bytes, split_model, stage_boundaries
 
 if TYPE_CHECKING:
-    from ..strategies.base import Strategy
+    from ..prepared_model import ModelParts
     from ..strategies.context import StrategyContext
 
 
 def prepare_pipeline(
     model: nn.Module,
     context: StrategyContext,
-    strategy: Strategy,
-    finish: Callable[[nn.Module], nn.Module],
+    finish: Callable[[nn.Module], ModelParts],
 ) -> PipelinedModel:
-    """Splits ``model`` over the ``pp`` ranks, runs ``finish`` (the rest of the transform chain) on each local stage,
-    and builds the schedule. Collective over the mesh (the later transforms are)."""
+    """Splits ``model`` over the ``pp`` ranks, runs ``finish`` (the strategy's chain) on each local stage, and builds
+    the schedule. Collective over the mesh (the strategy's chain is)."""
     require_pipelines_on(context.device)
     dims = context.dims
     group = dims.group("pp")
     layout = resolve_layout(dims.config, group.rank)
     stage_modules = split_model(model, layout.num_stages, layout.local_stages, dims.config.pp_split_points)
-    parts = [finish(stage) for stage in stage_modules]
-    unwrapped = [strategy.unwrap_model(uncompiled(part)) for part in parts]
+    finished = [finish(stage) for stage in stage_modules]
+    runs = [parts.runs for parts in finished]
     return PipelinedModel(
-        parts,
-        unwrapped,
+        runs,
+        [parts.module for parts in finished],
         layout,
         group,
         context.device,
-        lambda loss_fn: build_schedule(layout, parts, group, context.device, loss_fn),
+        lambda loss_fn: build_schedule(layout, runs, group, context.device, loss_fn),
     )
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .. import environment as env
 from ..enums import DistributedType
 from ..placement import ProcessPlacement
+from ..settings import RunSettings
 from .process_state import PartialState
 
 if TYPE_CHECKING:  # for the annotations alone
@@ -30,11 +31,12 @@ class AcceleratorState(PartialState):
         mixed_precision: str | None = None,
         cpu: bool = False,
         placement: ProcessPlacement | None = None,
+        settings: RunSettings | None = None,
         **init_process_group_kwargs: Any,
     ) -> None:
-        super().__init__(cpu=cpu, placement=placement, **init_process_group_kwargs)
+        super().__init__(cpu=cpu, placement=placement, settings=settings, **init_process_group_kwargs)
         if "mixed_precision" not in self._shared_state or mixed_precision is not None:
-            self.mixed_precision = mixed_precision or env.get_str(env.MIXED_PRECISION, "no") or "no"
+            self.mixed_precision = mixed_precision or self.settings.get_str(env.MIXED_PRECISION, "no") or "no"
 
     @property
     def distributed_type(self) -> DistributedType:

@@ -18,12 +18,12 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from .. import accelerate_launch_env, cluster_env
 from .. import environment as env
 from ..attempt_store import attempt_store, wait_for_peers
 from ..enums import DistributedType
 from ..network_check import check_addresses, spans_machines
 from ..placement import Collectives, ProcessPlacement
+from ..settings import RunSettings, settle
 from ..stall_report import start_watch, watched
 from .splitting import split_inputs
 
@@ -71,16 +71,17 @@ DEFAULT_COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 _DEFAULT_GROUP_TIMEOUT: dict[str, timedelta] = {}
 
 
-def collective_timeout(given: timedelta | None = None) -> timedelta:
+def collective_timeout(given: timedelta | None = None, settings: RunSettings | None = None) -> timedelta:
     """How long a collective waits for every rank before it fails: the process group's ``timeout``.
 
     A timeout the script gave (``InitProcessGroupKwargs(timeout=...)``) wins, then
     ``ACCEL_COLLECTIVE_TIMEOUT`` (seconds; ``accel launch --collective-timeout``), then 30 minutes.
-    ``InitProcessGroupKwargs``'s own default (30 minutes) counts as not given.
+    ``InitProcessGroupKwargs``'s own default (30 minutes) counts as not given. settings: the run's settled record
+    (the environment, read, when not given).
     """
     if given is not None and given != DEFAULT_COLLECTIVE_TIMEOUT:
         return given
-    seconds = env.get_seconds(env.COLLECTIVE_TIMEOUT)
+    seconds = env.get_seconds(env.COLLECTIVE_TIMEOUT, None if settings is None else settings.environ)
     return timedelta(seconds=seconds) if seconds is not None else DEFAULT_COLLECTIVE_TIMEOUT
 
 
@@ -107,9 +108,10 @@ class StateResetError(AttributeError, RuntimeError):
 class PartialState:
     """The process's place in the job, without anything the Accelerator adds.
 
-    Reads torchrun's ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` and initialises the default process
-    group once when there is more than one process. ``cpu=True`` (or ``ACCEL_USE_CPU=true``) forces
-    the CPU and gloo.
+    Reads this process's place from the run's settled record (``settings``: the Accelerator's; made here from
+    the environment when the state is made alone: torchrun's ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``, or
+    srun's, mpirun's, a PyTorchJob's translated) and initialises the default process group once when there is
+    more than one process. ``cpu=True`` (or ``ACCEL_USE_CPU=true``) forces the CPU and gloo.
 
     Example::
 
@@ -129,25 +131,29 @@ class PartialState:
     )
 
     def __init__(
-        self, cpu: bool = False, placement: ProcessPlacement | None = None, **init_process_group_kwargs: Any
+        self,
+        cpu: bool = False,
+        placement: ProcessPlacement | None = None,
+        settings: RunSettings | None = None,
+        **init_process_group_kwargs: Any,
     ) -> None:
         self.__dict__ = self._shared_state
         if "device" in self._shared_state:
             return
+        # Settled once (the Accelerator's record, else from the environment, which is only read).
+        self.settings = settings if settings is not None else settle(os.environ)
         # Not an argument of init_process_group: when this process reports a collective that waits too long.
         stall_after = init_process_group_kwargs.pop("stall_report_after", None)
         if placement is not None:
             self._take_placement(placement, cpu)
             self._watch_stalls(stall_after, init_process_group_kwargs.get("timeout"))
             return
-        cluster_env.adopt()  # started by srun / mpirun / a PyTorchJob: their variables as torchrun's
-        accelerate_launch_env.adopt()  # started by `accelerate launch`: its settings under accel's names
-        self.world_size = env.get_int(env.WORLD_SIZE, 1) or 1
-        self.rank = env.get_int(env.RANK, 0) or 0
-        self.local_rank = env.get_int(env.LOCAL_RANK, 0) or 0
-        self.local_world_size = env.get_int(env.LOCAL_WORLD_SIZE, self.world_size) or self.world_size
-        self.cpu = bool(cpu) or env.flag(env.USE_CPU)
-        self.debug = env.flag(env.DEBUG_MODE)
+        self.world_size = self.settings.world_size
+        self.rank = self.settings.rank
+        self.local_rank = self.settings.local_rank
+        self.local_world_size = self.settings.local_world_size
+        self.cpu = bool(cpu) or self.settings.flag(env.USE_CPU)
+        self.debug = self.settings.flag(env.DEBUG_MODE)
         self.device = _pick_device(self.cpu, self.local_rank, self.world_size)
         self.backend: str | None = None
         if self.world_size > 1 or dist.is_initialized():
@@ -161,7 +167,8 @@ class PartialState:
 
     def _watch_stalls(self, stall_after: float | timedelta | None, timeout: timedelta | None) -> None:
         # The stall report's thread (accel_core.stall_report): a daemon that costs the steps nothing.
-        start_watch(self.rank, self.world_size, stall_after, collective_timeout(timeout).total_seconds())
+        timeout_seconds = collective_timeout(timeout, self.settings).total_seconds()
+        start_watch(self.rank, self.world_size, stall_after, timeout_seconds, self.settings.environ)
 
     def _take_placement(self, placement: ProcessPlacement, cpu: bool) -> None:
         # The backend's runtime joined the processes already (its strategy's init_process_group).
@@ -170,7 +177,7 @@ class PartialState:
         self.local_rank = placement.local_rank
         self.local_world_size = placement.local_world_size
         self.cpu = bool(cpu)
-        self.debug = env.flag(env.DEBUG_MODE)
+        self.debug = self.settings.flag(env.DEBUG_MODE)
         self.backend = placement.backend
         self._shared_state["collectives"] = placement.collectives
         self.fork_launched = False
@@ -184,13 +191,13 @@ class PartialState:
             self.rank = dist.get_rank()
             return
         kwargs = dict(kwargs)
-        if self.debug and not os.environ.get(env.TORCH_DISTRIBUTED_DEBUG):
-            # Debug mode under plain torchrun: torch read the variable when it was imported, so set
-            # it and make torch read it again before the group (and its checking wrapper) is made.
-            os.environ[env.TORCH_DISTRIBUTED_DEBUG] = "DETAIL"
-            dist.set_debug_level_from_env()
+        settings: RunSettings = self.settings
+        if self.debug and not settings.environ.get(env.TORCH_DISTRIBUTED_DEBUG):
+            # Debug mode under plain torchrun: torch's collective checks at DETAIL, set through its API before the
+            # group (and its checking wrapper) is made; a TORCH_DISTRIBUTED_DEBUG the user set wins.
+            dist.set_debug_level(dist.DebugLevel.DETAIL)
         backend = kwargs.pop("backend", None) or default_backend(self.device)
-        kwargs["timeout"] = collective_timeout(kwargs.get("timeout"))
+        kwargs["timeout"] = collective_timeout(kwargs.get("timeout"), settings)
         _DEFAULT_GROUP_TIMEOUT["timeout"] = kwargs["timeout"]
         if backend == "nccl" and self.device.type == "cuda":
             # device_id binds the default group to this GPU: NCCL connects it now (a network problem fails here,
@@ -200,9 +207,11 @@ class PartialState:
             # a many-GPU node; a script that wants lazy groups calls dist.init_process_group("nccl") first (adopted).
             kwargs.setdefault("device_id", self.device)
         if kwargs.get("init_method") is None and kwargs.get("store") is None:
-            connect = partial(attempt_store, self.world_size, kwargs["timeout"])
-            if spans_machines(self.world_size, self.local_world_size):  # no loopback address across machines
-                store = check_addresses(str(backend), self.rank, self.world_size, connect, kwargs["timeout"])
+            connect = partial(attempt_store, self.world_size, kwargs["timeout"], settings.environ)
+            if spans_machines(self.world_size, self.local_world_size, settings.environ):  # no loopback across machines
+                store = check_addresses(
+                    str(backend), self.rank, self.world_size, connect, kwargs["timeout"], settings.environ
+                )
             else:
                 store = connect()
             if store is not None:  # the agent's store outlives the attempt: keys of this attempt only
@@ -210,6 +219,11 @@ class PartialState:
                 # after the group timeout (the agent sees a returned peer as a success and would wait).
                 wait_for_peers(store, self.rank, self.world_size, kwargs["timeout"])
                 kwargs.update(store=store, rank=self.rank, world_size=self.world_size)
+            elif settings.rendezvous_url is not None:  # srun / mpirun / a PyTorchJob: rank 0's address, not env://
+                kwargs["init_method"] = settings.rendezvous_url
+        if settings.launcher not in (None, "torchrun"):  # its ranks are in the settled record, not in os.environ
+            kwargs.setdefault("rank", self.rank)
+            kwargs.setdefault("world_size", self.world_size)
         dist.init_process_group(backend=backend, **{k: v for k, v in kwargs.items() if v is not None})
         self.backend = backend
 
@@ -442,6 +456,7 @@ _PORTABLE = frozenset(
         "fork_launched",
         "mixed_precision",
         "chosen_distributed_type",
+        "settings",
     }
 )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..discovery import load
+from ..settings import RunSettings
 from .base import (
     BackwardSyncControl,
     BatchTransfer,
@@ -28,9 +29,12 @@ def strategy_class(name: str) -> type[Strategy]:
     return cls
 
 
-def create_strategy(name: str, plugin: Any = None, handlers: dict[type, Any] | None = None) -> Strategy:
-    """Builds the strategy ``name`` with ``from_plugin(plugin, handlers)``."""
-    return strategy_class(name).from_plugin(plugin, handlers or {})
+def create_strategy(
+    name: str, plugin: Any = None, handlers: dict[type, Any] | None = None, settings: RunSettings | None = None
+) -> Strategy:
+    """Builds the strategy ``name`` with ``from_plugin(plugin, handlers, settings)`` (settings: the run's settled
+    record; one of an empty environment when not given)."""
+    return strategy_class(name).from_plugin(plugin, handlers or {}, settings if settings is not None else RunSettings())
 
 
 __all__ = [

@@ -1,9 +1,10 @@
 """The Strategy contract: everything the Accelerator (or another package) asks of a backend, declared here.
 
-The contract is one-way. The Accelerator builds a strategy (``from_plugin``), asks it which
-layout it runs (``parallelism``), lets it set up the processes (``setup_environment``), asks it for
-its Precision (``make_precision``), then hands it a narrow ``StrategyContext`` (device, mesh,
-precision, plan, prepared objects) in ``setup``. The strategy answers questions and returns what it
+The contract is one-way. The Accelerator settles the run's settings once (``accel_core.settings.RunSettings``),
+builds a strategy (``from_plugin``), asks it which layout it runs (``parallelism``), lets it set up the processes
+(``setup_environment``), asks it for its Precision (``make_precision``), then hands it a narrow ``StrategyContext``
+(device, mesh, precision, plan, settings, prepared objects) in ``setup``. Each step gets the settled record: a
+strategy reads its settings there, never in ``os.environ``. The strategy answers questions and returns what it
 prepared; it never writes the Accelerator's fields.
 
 The base class's methods carry the general case (torchrun's process group, each object prepared on
@@ -20,15 +21,16 @@ checked with ``isinstance`` (never a backend's name):
   (accel-checkpoint writes everything else around them, and hands it a ``CheckpointIO``); declared with the
   rest of the checkpoint contract in ``accel_core.checkpointing`` and re-exported here.
 
-Models are prepared by the ordered chain of ``accel_core.transforms``; a strategy's
-``prepare_model`` is its last step (the data-parallel wrapper), ``prepare_eval_model`` that of a model
-prepared with ``evaluation_mode=True`` (placed, not wrapped).
+A model is prepared by the strategy's one straight chain, ``parallelize`` (precision conversion, tensor
+parallelism, activation checkpointing, compile, the data-parallel wrapper, in that order): the default is
+``accel_core.transforms.parallelize_default``, whose data-parallel step is ``prepare_model``; FSDP has its own.
+``prepare_eval_model`` is the last step of a model prepared with ``evaluation_mode=True`` (placed, not wrapped).
+What the chain returns (``ModelParts``) becomes the model's one record (``accel_core.prepared_model``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
 
     from ..optimizer_rebuild import ParameterNames
     from ..placement import ProcessPlacement
+    from ..prepared_model import ModelParts, PreparedModel
+    from ..settings import RunSettings
     from ..state import AcceleratorState
 
 
@@ -91,22 +95,24 @@ class Strategy:
         self._context: StrategyContext | None = None
 
     @classmethod
-    def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> Strategy:
-        """Builds the strategy from the user's plugin (None: defaults / ``ACCEL_<NAME>_*``) and kwargs handlers."""
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any], settings: RunSettings) -> Strategy:
+        """Builds the strategy from the user's plugin (None: defaults / the settled ``ACCEL_<NAME>_*`` variables of
+        ``settings``) and kwargs handlers."""
         if plugin is not None:
             raise TypeError(f"The {cls.name} strategy takes no plugin, got {type(plugin).__name__}.")
         return cls()
 
     # -- layout -----------------------------------------------------------------------------
     def parallelism(
-        self, requested: ParallelismConfig | None, world_size: int, local_world_size: int
+        self, requested: ParallelismConfig | None, settings: RunSettings
     ) -> tuple[ParallelismConfig, DeviceMesh | None]:
         """The complete layout this strategy runs, and a mesh its plugin already holds (None: build one).
 
+        ``settings``: the run's settled record (world and local world size, the ``ACCEL_<DIM>_SIZE`` variables).
         Pure (no communication), so a layout the strategy refuses fails on every process alike.
         """
         config = resolve_parallelism(
-            requested, world_size, data_parallel_dim=self.data_parallel_dim, environ=os.environ
+            requested, settings.world_size, data_parallel_dim=self.data_parallel_dim, environ=settings.environ
         )
         self.check_parallelism(config)
         return config, None
@@ -126,16 +132,15 @@ class Strategy:
             )
 
     # -- processes --------------------------------------------------------------------------
-    def setup_environment(self, **init_kwargs: Any) -> ProcessPlacement | None:
+    def setup_environment(self, settings: RunSettings, **init_kwargs: Any) -> ProcessPlacement | None:
         """Sets the processes up; called once, after ``parallelism`` and before the process state exists.
 
-        ``init_kwargs`` are the user's ``InitProcessGroupKwargs`` (with ``--collective-timeout``
-        applied). The default does nothing: the process state then joins torchrun's group with
-        them, and reads rank, world and device from torchrun's environment. A backend that joins
-        the group its own way does it here (deepspeed.comm; a group of one for FSDP and Megatron;
-        torch-xla's backend). One whose runtime, not torchrun's environment, says which process this
-        is returns that ``ProcessPlacement`` (XLA's PJRT; ``accel_core.placement``), which the state
-        takes instead.
+        ``settings`` is the run's settled record (rank, world, where rank 0 listens); ``init_kwargs`` are the user's
+        ``InitProcessGroupKwargs`` (with ``--collective-timeout`` applied). The default does nothing: the process
+        state then joins the job's group with them, and reads rank, world and device from the record. A backend that
+        joins the group its own way does it here (deepspeed.comm; a group of one for FSDP and Megatron; torch-xla's
+        backend). One whose runtime, not the launcher, says which process this is returns that ``ProcessPlacement``
+        (XLA's PJRT; ``accel_core.placement``), which the state takes instead.
         """
         return None
 
@@ -185,8 +190,22 @@ class Strategy:
         """Whether the strategy's own settings ask for activation checkpointing of each block."""
         return False
 
+    def parallelize(self, model: torch.nn.Module, device_placement: bool) -> ModelParts:
+        """Turns ``model`` (or one pipeline stage of it) into what this strategy trains, with one straight chain of
+        the technique functions of ``accel_core.transforms``; returns its parts (what runs forward, the wrapper, the
+        user's module inside), from which ``prepare`` makes the model's record.
+
+        The default is ``accel_core.transforms.parallelize_default``: precision conversion, tensor parallelism,
+        activation checkpointing of ``blocks``, per-block compile, ``prepare_model``, whole-model compile. A backend
+        whose wrapping changes what comes before it (FSDP2 shards the blocks) writes its own chain.
+        """
+        from ..transforms import parallelize_default
+
+        return parallelize_default(model, self, device_placement)
+
     def prepare_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
-        """The last model transform: place the model (and wrap it, in data-parallel strategies)."""
+        """The data-parallel step of the default chain (``parallelize_default``): place the model (and wrap it, in
+        data-parallel strategies)."""
         return self.place_model(model, device_placement)
 
     def prepare_eval_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
@@ -215,18 +234,16 @@ class Strategy:
         """Returns the user's module from inside whatever ``prepare_model`` wrapped it in."""
         return model
 
-    def listed_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """What the reference API lists for prepared ``model``: in ``accelerator._models``, and among the models
-        given to the save- and load-state pre-hooks (``register_save_state_pre_hook``).
+    def listed_model(self, prepared: PreparedModel) -> torch.nn.Module:
+        """What the reference API lists for a prepared model (its record): in ``accelerator._models``, and among the
+        models given to the save- and load-state pre-hooks (``register_save_state_pre_hook``).
 
         The reference keeps the user's module there, not its DDP wrapper nor its ``torch.compile`` wrapper, so a
         hook can call the model's own methods (``save_pretrained``) and reads plain state-dict keys. The
-        default is that module (``unwrap_model`` of the uncompiled model); a backend whose wrapper the
-        reference lists instead overrides this (FSDP1's wrapper, the DeepSpeed engine).
+        default is that module (``prepared.module``); a backend whose wrapper the reference lists instead
+        overrides this (FSDP1's wrapper, the DeepSpeed engine: ``prepared.wrapped``).
         """
-        from ..model_utils import uncompiled
-
-        return self.unwrap_model(uncompiled(model))
+        return prepared.module
 
     # -- preparation of one prepare() call ----------------------------------------------------
     def accepts_object(self, obj: Any) -> bool:

@@ -5,7 +5,6 @@ A strategy reads these and returns what it prepared; it never writes the Acceler
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +14,8 @@ if TYPE_CHECKING:
     from ..configuration import TorchDynamoPlugin
     from ..parallel.dims import ParallelDims
     from ..precision.modes import Precision
+    from ..prepared_model import PreparedModel
+    from ..settings import RunSettings
     from ..state import AcceleratorState, GradientState
     from .selection import StrategyPlan
 
@@ -23,18 +24,30 @@ if TYPE_CHECKING:
 class PreparedObjects:
     """Everything prepared (or registered for checkpointing), in ``prepare`` order; the Accelerator owns the lists.
 
-    Readers (strategies, accel-checkpoint) treat the lists as read-only.
+    records: one ``PreparedModel`` per prepared model (what was passed, what runs, its wrapper, the user's module,
+    its pipeline stages), made once by ``prepare``. Readers (strategies, accel-checkpoint) treat the lists as
+    read-only.
     """
 
-    models: list[Any] = field(default_factory=list)
+    records: list[PreparedModel] = field(default_factory=list)
     optimizers: list[Any] = field(default_factory=list)
     schedulers: list[Any] = field(default_factory=list)
     dataloaders: list[Any] = field(default_factory=list)
     custom_objects: list[Any] = field(default_factory=list)
 
+    @property
+    def models(self) -> list[Any]:
+        """The prepared models as ``prepare`` returned them (wrappers included), in a new list each time."""
+        return [record.runs for record in self.records]
+
+    def record_of(self, model: Any) -> PreparedModel | None:
+        """The record of ``model`` (what ``prepare`` returned, or any part of it: the module passed, the wrapper, the
+        user's module inside), or None when ``prepare`` never saw it."""
+        return next((record for record in self.records if record.holds(model)), None)
+
     def clear(self) -> None:
         """Forgets every prepared object (``free_memory``), keeping the same lists."""
-        for items in (self.models, self.optimizers, self.schedulers, self.dataloaders):
+        for items in (self.records, self.optimizers, self.schedulers, self.dataloaders):
             items.clear()
 
 
@@ -42,28 +55,33 @@ class PreparedObjects:
 class StrategyContext:
     """The job as a strategy sees it (given to ``Strategy.setup``).
 
-    device: this process's device. state: the process state (rank, world, main process).
+    state: the process state (rank, world, main process, ``device``: this process's device).
     dims: the mesh and its groups. precision: the Precision object (transforms ask it).
-    plan: what was resolved from arguments and environment. gradient_state: accumulation (is
-    this micro-step a synchronising one?). prepared: the prepared objects. handlers: the
-    kwargs handlers by type. device_placement / step_scheduler_with_optimizer: the
+    plan: what was resolved from arguments and settings. gradient_state: accumulation (is
+    this micro-step a synchronising one?). prepared: the prepared objects. settings: the run's
+    settled record (``accel_core.settings``): a strategy reads the launcher's variables there, never in
+    ``os.environ``. device_placement / step_scheduler_with_optimizer: the
     Accelerator's settings of those names. scheduler_steps_per_optimizer_step: how many steps a
     prepared LR scheduler makes per optimizer step (``Accelerator.scheduler_stepping``).
     dynamo_plugin: how models are compiled (``TorchDynamoPlugin``; None: not at all).
     """
 
-    device: torch.device
     state: AcceleratorState
     dims: ParallelDims
     precision: Precision
     plan: StrategyPlan
     gradient_state: GradientState
     prepared: PreparedObjects
-    handlers: Mapping[type, Any] = field(default_factory=dict)
+    settings: RunSettings
     device_placement: bool = True
     step_scheduler_with_optimizer: bool = True
     scheduler_steps_per_optimizer_step: int = 1
     dynamo_plugin: TorchDynamoPlugin | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """This process's device (the process state's: one value, held once)."""
+        return self.state.device
 
     @property
     def sync_gradients(self) -> bool:

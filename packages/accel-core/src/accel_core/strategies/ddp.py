@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,9 @@ from ..configuration import DistributedDataParallelKwargs
 from ..enums import DistributedType
 from ..state.process_state import group_timeout
 from .base import Strategy
+
+if TYPE_CHECKING:
+    from ..settings import RunSettings
 
 
 def wrap_in_ddp(
@@ -139,7 +142,7 @@ class DDPStrategy(Strategy):
         self.ddp_kwargs = ddp_kwargs
 
     @classmethod
-    def from_plugin(cls, plugin: Any, handlers: dict[type, Any]) -> DDPStrategy:
+    def from_plugin(cls, plugin: Any, handlers: dict[type, Any], settings: RunSettings) -> DDPStrategy:
         """DDP takes no plugin; its settings come from ``DistributedDataParallelKwargs``."""
         if plugin is not None:
             raise TypeError(f"The ddp strategy takes no plugin, got {type(plugin).__name__}.")

@@ -1,38 +1,46 @@
-"""Model transforms: one documented order, each step a small function over a sub-mesh.
+"""Model transforms: small technique functions, and the default chain that calls them in one documented order.
 
-``prepare_model`` applies, in torchtitan's order:
+Each strategy turns one model into what it trains with one straight function, ``Strategy.parallelize``, read top to
+bottom as torchtitan's ``parallelize_llama``. The default, ``parallelize_default`` below (one device, DDP, XLA,
+Megatron, FSDP1),
+applies in torchtitan's order:
 
-0. with ``pp_size > 1``, the pipeline split (``accel_core.pipelining``): the model is cut into
-   stages, this rank keeps its own, and each of them goes through steps 1-5; the result is a
-   ``PipelinedModel`` holding them and their schedule;
 1. precision conversion: ``precision.convert_module`` (the hook FP8 fills: swap layers for
    low-precision ones, before anything is split);
 2. tensor parallelism over ``tp`` (``tensor_parallel``; skipped for a strategy whose own layers
    split the model, ``Strategy.splits_model_itself``), and the context-parallel model check;
 3. activation checkpointing of each block (``ParallelismConfig.activation_checkpointing`` or the
    strategy's own setting);
-4. ``torch.compile`` of each block (``dynamo_backend``; the whole model when it has no blocks);
-5. the strategy's data-parallel step (``Strategy.prepare_model``): FSDP2 over ``dp_shard_cp`` (HSDP
-   over ``dp_replicate x dp_shard_cp``) in accel-fsdp, or replicas over ``dp`` (DDP; FSDP2-based
-   replicas for tensor-parallel models) in core; a model built on the meta device is given memory
-   and values there.
+4. ``torch.compile`` of each block (``dynamo_backend``);
+5. the strategy's data-parallel step (``Strategy.prepare_model``): replicas over ``dp`` (DDP;
+   FSDP2-based replicas for tensor-parallel models), or placement on the device; a model built on
+   the meta device is given memory and values there;
+6. ``torch.compile`` of the whole model when it has no blocks.
 
-Blocks come from ``Strategy.blocks(model)``: FSDP's units, else the classes of the model's
-``_no_split_modules``.
+accel-fsdp's ``parallelize_fsdp2`` (``accel_fsdp.parallelize``) is the same steps with ``fully_shard`` at 5.
+Blocks come from ``Strategy.blocks(model)``: the classes of the model's ``_no_split_modules``.
 
-A model prepared with ``evaluation_mode=True`` (only run forward, as in the reference) gets the
-precision conversion (1), compilation (4) and ``Strategy.prepare_eval_model`` (placed, not wrapped) in
-place of step 5; it is neither split (0, 2) nor checkpointed (3): every process runs all of it.
+With ``pp_size > 1`` the Accelerator first splits the model into stages (``accel_core.pipelining``), and each stage
+of this rank goes through the strategy's chain on its own.
+
+A model prepared with ``evaluation_mode=True`` (only run forward, as in the reference) goes through
+``prepare_for_evaluation``: the precision conversion (1), compilation (4, 6) and ``Strategy.prepare_eval_model``
+(placed, not wrapped) in place of step 5; it is neither split (2) nor checkpointed (3): every process runs all of it.
+
+Each chain returns the model's ``ModelParts`` (what runs forward, the wrapper, the user's module), from which
+``prepare`` makes the model's one record (``accel_core.prepared_model``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from ..compilation import compile_model
 from ..configuration import TorchDynamoPlugin
+from ..prepared_model import ModelParts
 
 if TYPE_CHECKING:
     from ..strategies.base import Strategy
@@ -58,60 +66,69 @@ def compile_blocks(blocks: list[nn.Module], **compile_kwargs: Any) -> None:
         block.compile(**compile_kwargs)
 
 
-def prepare_model(
-    model: nn.Module,
-    context: StrategyContext,
-    strategy: Strategy,
-    device_placement: bool,
-    evaluation_mode: bool = False,
-) -> nn.Module:
-    """Runs the chain of the module docstring on ``model``; returns the prepared model.
+def compile_settings(context: StrategyContext) -> TorchDynamoPlugin | None:
+    """How models are compiled (the ``TorchDynamoPlugin``, else the plan's ``dynamo_backend``); None: not at all."""
+    dynamo = context.dynamo_plugin
+    if dynamo is None:
+        dynamo = TorchDynamoPlugin(backend=context.plan.dynamo_backend)
+    return dynamo if dynamo.backend != "no" else None
 
-    evaluation_mode: the model is only run forward: placed, not split nor wrapped (see the module docstring).
+
+def compile_whole(
+    wrapped: nn.Module,
+    module: nn.Module,
+    dynamo: TorchDynamoPlugin | None,
+    unwrap: Callable[[nn.Module], nn.Module],
+) -> ModelParts:
+    """The last step: ``torch.compile`` of the whole wrapped model (region by region with
+    ``use_regional_compilation=True``); None compiles nothing. Returns the model's parts.
+
+    unwrap: the strategy's ``unwrap_model``. Regional compilation runs a shallow copy of the containers on the path
+    to the compiled regions, so the user's module that runs is the one inside that copy.
     """
-    if evaluation_mode:
-        return _chain(model, context, strategy, device_placement, evaluation_mode=True)
-    if context.dims.config.pp_enabled and not strategy.splits_model_itself:
-        from ..pipelining import prepare_pipeline
-
-        return prepare_pipeline(
-            model, context, strategy, lambda stage: _chain(stage, context, strategy, device_placement)
-        )
-    return _chain(model, context, strategy, device_placement)
+    if dynamo is None:
+        return ModelParts(runs=wrapped, wrapped=wrapped, module=module)
+    runs = compile_model(wrapped, dynamo)
+    if dynamo.use_regional_compilation:
+        return ModelParts(runs=runs, wrapped=runs, module=unwrap(runs))
+    return ModelParts(runs=runs, wrapped=wrapped, module=module)
 
 
-def _chain(
-    model: nn.Module,
-    context: StrategyContext,
-    strategy: Strategy,
-    device_placement: bool,
-    evaluation_mode: bool = False,
-) -> nn.Module:
-    """Steps 1-5 of the module docstring (1, 4 and the strategy's ``prepare_eval_model`` in evaluation mode)."""
+def parallelize_default(model: nn.Module, strategy: Strategy, device_placement: bool) -> ModelParts:
+    """The default chain (``Strategy.parallelize``): steps 1-6 of the module docstring, top to bottom."""
+    context = strategy.context
     config = context.dims.config
     model = context.precision.convert_module(model)
-    if config.tp_enabled and not strategy.splits_model_itself and not evaluation_mode:
+    if config.tp_enabled and not strategy.splits_model_itself:
         from .tensor_parallel import apply_tensor_parallel
 
         model = apply_tensor_parallel(model, context.dims.submesh("tp"), config, context.precision)
-    if config.cp_enabled and not evaluation_mode:
+    if config.cp_enabled:
         from .context_parallel import check_model
 
         check_model(model, config.size("cp"))
     blocks = strategy.blocks(model)
-    if (config.activation_checkpointing or strategy.activation_checkpointing) and not evaluation_mode:
+    if config.activation_checkpointing or strategy.activation_checkpointing:
         checkpoint_blocks(blocks, model)
-    dynamo = context.dynamo_plugin
-    if dynamo is None:
-        dynamo = TorchDynamoPlugin(backend=context.plan.dynamo_backend)
-    compiles = dynamo.backend != "no"
-    if compiles and blocks:
+    dynamo = compile_settings(context)
+    if dynamo is not None and blocks:
         compile_blocks(blocks, **dynamo.to_kwargs())
-    if evaluation_mode:
-        model = strategy.prepare_eval_model(model, device_placement=device_placement)
-    else:
-        model = strategy.prepare_model(model, device_placement=device_placement)
-    if compiles and not blocks:
-        # Whole, or region by region with TorchDynamoPlugin(use_regional_compilation=True).
-        model = compile_model(model, dynamo)
-    return model
+    wrapped = strategy.prepare_model(model, device_placement=device_placement)
+    return compile_whole(
+        wrapped, strategy.unwrap_model(wrapped), None if blocks else dynamo, unwrap=strategy.unwrap_model
+    )
+
+
+def prepare_for_evaluation(model: nn.Module, strategy: Strategy, device_placement: bool) -> ModelParts:
+    """The chain of a model only run forward (``evaluation_mode=True``): precision conversion, compilation and
+    ``Strategy.prepare_eval_model`` (placed, not wrapped); neither split nor checkpointed."""
+    context = strategy.context
+    model = context.precision.convert_module(model)
+    blocks = strategy.blocks(model)
+    dynamo = compile_settings(context)
+    if dynamo is not None and blocks:
+        compile_blocks(blocks, **dynamo.to_kwargs())
+    placed = strategy.prepare_eval_model(model, device_placement=device_placement)
+    return compile_whole(
+        placed, strategy.unwrap_model(placed), None if blocks else dynamo, unwrap=strategy.unwrap_model
+    )
