@@ -1,8 +1,9 @@
 """``PartialState``: the process state shared by everything in one process: who am I, how many are we, which device.
 
 Created once per process (later instances share the first one's state, so any module can ask
-``PartialState().process_index`` cheaply); it joins torchrun's process group, or takes the placement
-a backend's runtime gives (``accel_core.placement``).
+``PartialState().process_index`` cheaply); it reads its place from the run's settled record
+(``accel_core.settings``) and joins the job's process group, or takes the placement a backend's runtime gives
+(``accel_core.placement``).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class PartialState:
     # What every complete state has, and the properties reading it: after a reset, each raises an
     # AttributeError that names the reset (a property's AttributeError ends in __getattr__).
     _known_attrs: ClassVar[frozenset[str]] = frozenset(
-        {"world_size", "rank", "local_rank", "local_world_size", "cpu", "debug", "device", "backend"}
+        {"world_size", "rank", "local_rank", "local_world_size", "cpu", "debug", "device", "backend", "settings"}
         | {"num_processes", "process_index", "local_process_index", "use_distributed", "distributed_type"}
         | {"is_main_process", "is_local_main_process", "is_last_process"}
     )
