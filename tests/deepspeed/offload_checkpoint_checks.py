@@ -119,6 +119,14 @@ def expect_round_trip(accelerator, engine, optimizer, loader, scheduler) -> None
     else:
         raise AssertionError("a DeepSpeed checkpoint importing os.getcwd must be refused")
 
+    # free_memory() tears the strategy down: CPU Adam's native state is destroyed now, while the script still holds
+    # the engine (the first run's stays for the exit: its teardown then keeps the process from aborting as it ends).
+    cpu_adam = engine2.optimizer.optimizer
+    expect(hasattr(cpu_adam, "ds_opt_adam"), f"{type(cpu_adam).__name__} holds a native handle while training")
+    accelerator2.free_memory()
+    expect(accelerator2.strategy.engine is None, "free_memory() released the engine")
+    expect(not hasattr(cpu_adam, "ds_opt_adam"), "free_memory() destroyed CPU Adam's native state")
+
 
 RUN: list = []  # the offloaded run's objects, for the round trip after it
 

@@ -7,9 +7,11 @@ Each ``@check`` is one test of test_deepspeed_runs.py (the harness: tests/harnes
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sys
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -73,12 +75,23 @@ def plain_python_start() -> None:
     expect(T.close(losses, expected, 1e-5, 1e-6), f"one-process ZeRO-2 {losses} vs plain torch {expected}")
     state = accelerator.get_state_dict(engine)
     expect(all(torch.equal(state[k], v) for k, v in reference.state_dict().items()), "get_state_dict under ZeRO-2")
-    accelerator.free_memory()  # then the same Accelerator trains another model with a new engine
+    accelerator.end_training()  # closes the trackers only: the engine stays (scripts save the model after it)
+    expect(accelerator.strategy.engine is engine, "end_training() kept the engine")
+    # free_memory() tears the strategy down (DeepSpeed's destroy()) and keeps no reference: once the script drops its
+    # own (the engine, its optimizer, and the model, which DeepSpeed's module hooks tie to the engine), both are freed.
+    zero_optimizer = weakref.ref(engine.optimizer)
+    old_engine = weakref.ref(engine)
+    accelerator.free_memory()
+    expect(accelerator.strategy.engine is None and accelerator._models == [], "free_memory() released the engine")
+    del engine, optimizer, state, model
+    gc.collect()
+    expect(old_engine() is None and zero_optimizer() is None, "the engine and ZeRO's optimizer outlived free_memory()")
+    accelerator.strategy.teardown()  # a second teardown (as at exit after free_memory) finds nothing to release
     model2 = T.mlp(5)
     engine2, _, _ = accelerator.prepare(model2, torch.optim.AdamW(model2.parameters(), lr=T.LR), loader())
-    expect(engine2 is not engine and accelerator._models == [engine2], "a new engine after free_memory()")
+    expect(accelerator._models == [engine2], "a new engine after free_memory()")
     try:
-        accelerator.clip_grad_value_(engine.parameters(), 1.0)
+        accelerator.clip_grad_value_(engine2.parameters(), 1.0)
     except ValueError as error:
         expect("clip_grad_norm_" in str(error), str(error))
     else:

@@ -210,7 +210,7 @@ def two_host_jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     The host-name jobs start at once; the link-cut jobs start together when those have ended. A job's own failure (a
     timeout, a host that ended early, a skip where namespaces cannot be made) is raised in its test by
     ``Future.result``."""
-    wanted = {item.name for item in request.session.items if item.module is request.module}
+    wanted = {item.name for item in request.session.items if getattr(item, "module", None) is request.module}
     names = [name for name in SCENARIOS if name in wanted]
     folders = {name: tmp_path_factory.mktemp(SCENARIOS[name].__name__) for name in names}
     with ThreadPoolExecutor(max_workers=max(len(names), 1), thread_name_prefix="two-hosts") as pool:

@@ -3,6 +3,11 @@
 Everything that can be wrong with the objects or the config is checked before DeepSpeed is
 called, and the checks only read what every process has, so a mistake raises the same error on
 every process instead of leaving some of them waiting in a collective.
+
+``prepare_jointly`` reads the strategy's context, plugin and current engine and returns what it
+prepared (``JointPreparation``); it writes no field of the strategy, which keeps the engine record
+it is handed. (It fills the plugin's DeepSpeed config in place, as the reference does: scripts and
+transformers read the settled values from ``state.deepspeed_plugin.deepspeed_config``.)
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from .ops import CPU_ADAM, load_op
 from .wrappers import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 
 if TYPE_CHECKING:
-    from .strategy import DeepSpeedStrategy
+    from accel_core.strategies import StrategyContext
+
+    from .plugin import DeepSpeedPlugin
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +73,36 @@ class Sorted:
     dataloaders: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class PreparedEngine:
+    """What one ``deepspeed.initialize`` built; the strategy keeps it until its ``teardown``.
+
+    engine: the DeepSpeed engine. config: the config it was built with (every "auto" filled; a copy).
+    steps_in_backward: the optimizer came from the config and the script has no handle on it, so
+        the strategy's ``backward`` steps the engine (nobody calls ``optimizer.step()``).
+    owns_scheduler: the engine steps the LR scheduler itself (its checkpoint holds the scheduler).
+    """
+
+    engine: Any
+    config: dict[str, Any]
+    steps_in_backward: bool
+    owns_scheduler: bool
+
+
+@dataclass(frozen=True)
+class JointPreparation:
+    """What ``prepare_jointly`` returns.
+
+    result: for the Accelerator (the replacements, and a config optimizer to register).
+    engine: the engine built by this call; None when it built none (only frozen models were given).
+    frozen_models: the models of this call that are only placed on the device (no trainable parameter).
+    """
+
+    result: JointResult
+    engine: PreparedEngine | None
+    frozen_models: tuple[torch.nn.Module, ...]
+
+
 def sort_objects(objects: list[Any]) -> Sorted:
     found = Sorted()
     for i, obj in enumerate(objects):
@@ -80,15 +117,18 @@ def sort_objects(objects: list[Any]) -> Sorted:
     return found
 
 
-def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> JointResult:
-    """The DeepSpeed strategy's ``prepare_objects``: one ``deepspeed.initialize`` (see the module docstring)."""
-    context = strategy.context
-    if strategy.engine is not None and not any(m is strategy.engine for m in context.prepared.models):
-        strategy.forget_engine()  # accelerator.free_memory() dropped it: a new model may be prepared
+def prepare_jointly(
+    context: StrategyContext, plugin: DeepSpeedPlugin, current: PreparedEngine | None, objects: list[Any]
+) -> JointPreparation:
+    """The DeepSpeed strategy's ``prepare_objects``: one ``deepspeed.initialize`` (see the module docstring).
+
+    ``current`` is the engine the strategy already holds (None before the first engine, and after its
+    ``teardown``: ``free_memory``); a second trainable model next to it is refused."""
+    engine_now = current.engine if current is not None else None
     result = list(objects)
     found = sort_objects(result)
     if found.optimizers or found.schedulers:
-        if strategy.engine is not None:
+        if engine_now is not None:
             raise ValueError(
                 "A DeepSpeed engine was already prepared: its optimizer and scheduler must be passed to the same "
                 "prepare() call as its model."
@@ -104,24 +144,19 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> JointRes
             f"one of each. {_SEVERAL_MODELS}"
         )
     trainable = [i for i in found.models if _trainable(result[i])]
-    engine_index = _pick_engine_model(strategy, result, found, trainable)
+    engine_index = _pick_engine_model(engine_now, result, found, trainable)
 
     if engine_index is None:
-        _place_frozen(strategy, result, found.models)
-        return JointResult(result)
+        frozen = _place_frozen(context, result, found.models)
+        return JointPreparation(JointResult(result), None, frozen)
 
     optimizer = result[found.optimizers[0]] if found.optimizers else None
     scheduler = result[found.schedulers[0]] if found.schedulers else None
-    config = build_config(strategy, result, found, result[engine_index], optimizer, scheduler)
-    engine, ds_optimizer, ds_scheduler, optimizer = _initialize(
-        strategy, config, result[engine_index], optimizer, scheduler
-    )
+    config = build_config(context, plugin, result, found, result[engine_index], optimizer, scheduler)
+    engine, ds_optimizer, ds_scheduler, optimizer = _initialize(config, result[engine_index], optimizer, scheduler)
 
-    strategy.engine = engine
-    strategy.release_at_exit()
-    strategy.deepspeed_config = config
+    frozen = _place_frozen(context, result, [i for i in found.models if i != engine_index])
     result[engine_index] = engine
-    _place_frozen(strategy, result, found.models)
     wrapper = None
     extra: list[Any] = []
     if ds_optimizer is not None:
@@ -130,8 +165,6 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> JointRes
             result[found.optimizers[0]] = wrapper
         else:
             extra.append(wrapper)  # a config optimizer: the script has no handle on it
-    # A config optimizer that the script has no handle on: step it from backward, as nobody calls step().
-    strategy.steps_in_backward = ds_optimizer is not None and not found.optimizers
     if found.schedulers:
         optimizers: list[AcceleratedOptimizer] = [wrapper] if wrapper is not None else []
         if ds_scheduler is not None:
@@ -144,30 +177,35 @@ def prepare_jointly(strategy: DeepSpeedStrategy, objects: list[Any]) -> JointRes
                 steps_per_optimizer_step=context.scheduler_steps_per_optimizer_step,
             )
         result[found.schedulers[0]] = prepared
-    strategy.engine_owns_scheduler = ds_scheduler is not None
 
     if context.plan.dynamo_backend != "no":
         engine.compile(backend=context.plan.dynamo_backend)
-    return JointResult(result, extra_optimizers=extra)
+    prepared_engine = PreparedEngine(
+        engine=engine,
+        config=config,
+        # A config optimizer that the script has no handle on: stepped from backward, as nobody calls step().
+        steps_in_backward=ds_optimizer is not None and not found.optimizers,
+        owns_scheduler=ds_scheduler is not None,
+    )
+    return JointPreparation(JointResult(result, extra_optimizers=extra), prepared_engine, frozen)
 
 
-def _place_frozen(strategy: DeepSpeedStrategy, objects: list[Any], model_indices: list[int]) -> None:
-    """Frozen models are only placed on the device (the Accelerator registers every model in ``prepare`` order)."""
-    context = strategy.context
+def _place_frozen(
+    context: StrategyContext, objects: list[Any], model_indices: list[int]
+) -> tuple[torch.nn.Module, ...]:
+    """Frozen models are only placed on the device (the Accelerator registers every model in ``prepare`` order);
+    returns them."""
     for i in model_indices:
-        model = objects[i]
-        if model is not strategy.engine:
-            if context.device_placement:
-                model = model.to(context.device)
-            objects[i] = model
-            strategy.frozen_models.append(model)
+        if context.device_placement:
+            objects[i] = objects[i].to(context.device)
+    return tuple(objects[i] for i in model_indices)
 
 
-def _pick_engine_model(
-    strategy: DeepSpeedStrategy, objects: list[Any], found: Sorted, trainable: list[int]
-) -> int | None:
-    """Which model becomes the engine (None: only frozen models here); raises before anything is built."""
-    if strategy.engine is not None and trainable:
+def _pick_engine_model(engine: Any, objects: list[Any], found: Sorted, trainable: list[int]) -> int | None:
+    """Which model becomes the engine (None: only frozen models here); raises before anything is built.
+
+    ``engine``: the one already prepared (None if none)."""
+    if engine is not None and trainable:
         raise ValueError(_SEVERAL_MODELS)
     if found.optimizers:
         optimizer = objects[found.optimizers[0]]
@@ -200,20 +238,20 @@ def _optimizer_params(optimizer: Any) -> list[Any]:
 
 
 def build_config(
-    strategy: DeepSpeedStrategy,
+    context: StrategyContext,
+    plugin: DeepSpeedPlugin,
     objects: list[Any],
     found: Sorted,
     model: torch.nn.Module,
     optimizer: Any,
     scheduler: Any,
 ) -> dict[str, Any]:
-    """The engine's config: the plugin's, checked against the objects, with its "auto" values filled."""
-    context = strategy.context
-    plugin = strategy.plugin
+    """The engine's config: the plugin's, checked against the objects, with its "auto" values filled (in the
+    plugin's config, as the reference does); returns a copy for the engine."""
     config = plugin.deepspeed_config
     _check_optimizer_and_scheduler(config, optimizer, scheduler)
 
-    micro = _micro_batch_size(strategy, objects, found, config)
+    micro = _micro_batch_size(context, plugin, objects, found, config)
     steps = context.gradient_state.num_steps
     configured_steps = config.get("gradient_accumulation_steps")
     if not is_auto(configured_steps) and configured_steps is not None and int(configured_steps) != steps:
@@ -227,7 +265,7 @@ def build_config(
     config["gradient_accumulation_steps"] = steps
     values: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro,
-        "train_batch_size": micro * steps * strategy.context.dims.dp.size,
+        "train_batch_size": micro * steps * context.dims.dp.size,
         "gradient_clipping": 1.0,
         "zero_optimization.stage3_gather_16bit_weights_on_model_save": False,
     }
@@ -253,7 +291,7 @@ def build_config(
         if scheduler.total_num_steps is not None:
             # The engine steps its scheduler once per optimizer step; total_num_steps is counted as the
             # run's scheduler_stepping counts (per process by default, as Accelerate divides it).
-            per_step = strategy.context.scheduler_steps_per_optimizer_step
+            per_step = context.scheduler_steps_per_optimizer_step
             values["scheduler.params.total_num_steps"] = -(-scheduler.total_num_steps // per_step)
     plugin.deepspeed_config_process(must_match=False, **values)
     if isinstance(optimizer, torch.optim.Optimizer) and not isinstance(optimizer, DummyOptim):
@@ -265,12 +303,12 @@ def build_config(
             f'These DeepSpeed config values are "auto" but accel has nothing to fill them with: {", ".join(left)}. '
             "Give them values in the DeepSpeed config (or the matching DummyOptim / DummyScheduler arguments)."
         )
-    expected = micro * steps * strategy.context.dims.dp.size
+    expected = micro * steps * context.dims.dp.size
     # Absent is fine: DeepSpeed derives it from the micro batch, the accumulation and the processes.
     if config.get("train_batch_size") is not None and int(config["train_batch_size"]) != expected:
         raise ValueError(
             f"DeepSpeed config train_batch_size={config['train_batch_size']} but micro batch {micro} x accumulation "
-            f'{steps} x {strategy.context.dims.dp.size} processes = {expected}. Set train_batch_size to "auto".'
+            f'{steps} x {context.dims.dp.size} processes = {expected}. Set train_batch_size to "auto".'
         )
     return copy.deepcopy(config)
 
@@ -306,9 +344,11 @@ def _check_optimizer_and_scheduler(config: dict[str, Any], optimizer: Any, sched
         )
 
 
-def _micro_batch_size(strategy: DeepSpeedStrategy, objects: list[Any], found: Sorted, config: dict[str, Any]) -> int:
-    loaders = [objects[i] for i in found.dataloaders] or list(strategy.context.prepared.dataloaders)
-    sizes = [size for size in (_per_process_batch(loader, strategy.context.dims.dp.size) for loader in loaders) if size]
+def _micro_batch_size(
+    context: StrategyContext, plugin: DeepSpeedPlugin, objects: list[Any], found: Sorted, config: dict[str, Any]
+) -> int:
+    loaders = [objects[i] for i in found.dataloaders] or list(context.prepared.dataloaders)
+    sizes = [size for size in (_per_process_batch(loader, context.dims.dp.size) for loader in loaders) if size]
     configured = config.get("train_micro_batch_size_per_gpu")
     if not sizes:
         if configured is None or is_auto(configured):
@@ -319,11 +359,11 @@ def _micro_batch_size(strategy: DeepSpeedStrategy, objects: list[Any], found: So
                 "`plugin.deepspeed_config['train_micro_batch_size_per_gpu']`."
             )
         return int(configured)
-    micro = min(sizes) if strategy.plugin.is_train_batch_min else max(sizes)
+    micro = min(sizes) if plugin.is_train_batch_min else max(sizes)
     if len(sizes) > 1:
         logger.info(
             "Several dataloaders: is_train_batch_min=%s picks micro batch size %d.",
-            strategy.plugin.is_train_batch_min,
+            plugin.is_train_batch_min,
             micro,
         )
     if configured is not None and not is_auto(configured) and int(configured) != micro:
@@ -357,7 +397,7 @@ def _hidden_size(model: torch.nn.Module) -> int | None:
 
 
 def _initialize(
-    strategy: DeepSpeedStrategy, config: dict[str, Any], model: torch.nn.Module, optimizer: Any, scheduler: Any
+    config: dict[str, Any], model: torch.nn.Module, optimizer: Any, scheduler: Any
 ) -> tuple[Any, Any, Any, Any]:
     deepspeed = import_deepspeed()
     kwargs: dict[str, Any] = {"model": model, "config": config}

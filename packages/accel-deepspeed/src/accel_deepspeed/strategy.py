@@ -19,7 +19,6 @@ Example::
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import logging
@@ -56,6 +55,8 @@ if TYPE_CHECKING:
     from accel_core.prepared_model import PreparedModel
     from accel_core.settings import RunSettings
 
+    from .preparation import PreparedEngine
+
 logger = logging.getLogger(__name__)
 
 
@@ -63,7 +64,9 @@ class DeepSpeedStrategy(Strategy):
     """Trains one model with a DeepSpeed engine; frozen models prepared with it are only placed on the device.
 
     After ``prepare``: ``engine`` is the DeepSpeed engine, ``deepspeed_config`` the config it was
-    built with (every "auto" filled), ``mixed_precision`` what DeepSpeed computes in.
+    built with (every "auto" filled), ``frozen_models`` the models only placed, ``mixed_precision``
+    what DeepSpeed computes in. The strategy keeps what ``prepare_jointly`` returned (a
+    ``PreparedEngine``) until ``teardown`` (``free_memory``, or at exit) releases it.
     """
 
     name: ClassVar[str] = "deepspeed"
@@ -74,12 +77,9 @@ class DeepSpeedStrategy(Strategy):
     def __init__(self, plugin: DeepSpeedPlugin | None = None) -> None:
         super().__init__()
         self.plugin = plugin if plugin is not None else DeepSpeedPlugin.from_env()
-        self.engine: Any = None
-        self.deepspeed_config: dict[str, Any] | None = None
+        self._prepared: PreparedEngine | None = None  # set from what prepare_jointly returns; None after teardown
         self.frozen_models: list[torch.nn.Module] = []
         self.mixed_precision = "no"
-        self.steps_in_backward = False
-        self.engine_owns_scheduler = False
         self._warned_clipping = False
 
     @classmethod
@@ -97,6 +97,27 @@ class DeepSpeedStrategy(Strategy):
     @property
     def distributed_type(self) -> DistributedType:
         return DistributedType.DEEPSPEED
+
+    # -- what prepare built (read-only: only prepare_objects and teardown change it) ------------
+    @property
+    def engine(self) -> Any:
+        """The DeepSpeed engine (None before ``prepare`` and after ``teardown``)."""
+        return self._prepared.engine if self._prepared is not None else None
+
+    @property
+    def deepspeed_config(self) -> dict[str, Any] | None:
+        """The config the engine was built with, every "auto" filled (None without an engine)."""
+        return self._prepared.config if self._prepared is not None else None
+
+    @property
+    def steps_in_backward(self) -> bool:
+        """Whether ``backward`` steps the engine (a config optimizer the script has no handle on)."""
+        return self._prepared is not None and self._prepared.steps_in_backward
+
+    @property
+    def engine_owns_scheduler(self) -> bool:
+        """Whether the engine steps the LR scheduler itself (and its checkpoint holds it)."""
+        return self._prepared is not None and self._prepared.owns_scheduler
 
     def check_parallelism(self, config: ParallelismConfig) -> None:
         """DeepSpeed partitions over all processes itself: only a purely data-parallel layout fits."""
@@ -194,7 +215,11 @@ class DeepSpeedStrategy(Strategy):
         """``deepspeed.initialize``: model, optimizer and scheduler in one engine (never one by one)."""
         from .preparation import prepare_jointly
 
-        return prepare_jointly(self, objects)
+        prepared = prepare_jointly(self.context, self.plugin, self._prepared, objects)
+        if prepared.engine is not None:
+            self._prepared = prepared.engine
+        self.frozen_models = [*self.frozen_models, *prepared.frozen_models]
+        return prepared.result
 
     def accepts_object(self, obj: Any) -> bool:
         """DeepSpeed's LR schedule objects (WarmupLR, OneCycle, ...) may be prepared."""
@@ -322,44 +347,24 @@ class DeepSpeedStrategy(Strategy):
         with deepspeed.zero.Init(config_dict_or_path=self.plugin.zero3_init_config()):
             yield
 
-    def forget_engine(self) -> None:
-        """Drops the references to the prepared engine and models (after ``accelerator.free_memory()``)."""
-        self.engine = None
-        self.deepspeed_config = None
-        self.frozen_models = []
-        self.steps_in_backward = False
-        self.engine_owns_scheduler = False
+    # -- lifecycle --------------------------------------------------------------------------
+    def teardown(self) -> None:
+        """Releases the engine: DeepSpeed's ``destroy`` (ZeRO's hooks and buffers), then CPU Adam's native state.
 
-    def release_at_exit(self) -> None:
-        """Frees DeepSpeed's native optimizer state at exit, while the interpreter is still whole.
-
-        The engine lives as long as whatever references it: the Accelerator (its strategy and
-        prepared models) and, above all, the script's own globals (``model, optimizer, ... =
-        accelerator.prepare(...)`` at module level), which Python frees only while finalizing
-        modules. The CPU Adam extension's C++ state destroyed then can abort the process
-        (SIGABRT, "terminate called without an active exception") after a run that succeeded.
-        Taking the strategy out of accel's shared process state removed one such reference, not
-        the script's, so this release is still needed.
+        Called by the Accelerator from ``free_memory`` and once at exit (``Strategy.teardown``); a
+        second call finds nothing to release. The script may still hold the engine (its globals:
+        ``model, optimizer, ... = accelerator.prepare(...)`` at module level), which Python frees only
+        while finalizing modules, after every exit hook: the CPU Adam extension's C++ state destroyed
+        then can abort the process (SIGABRT, "terminate called without an active exception") after a
+        run that succeeded, so it is destroyed here, while the interpreter is whole.
         """
-        if not getattr(self, "_release_registered", False):
-            atexit.register(self._release)
-            self._release_registered = True
-
-    def _release(self) -> None:
-        engine = self.engine
-        self.forget_engine()
-        if engine is None:
+        prepared, self._prepared = self._prepared, None
+        self.frozen_models = []
+        if prepared is None:
             return
-        optimizer = getattr(engine, "optimizer", None)
-        seen: set[int] = set()
-        while optimizer is not None and id(optimizer) not in seen:
-            seen.add(id(optimizer))
-            native = getattr(optimizer, "ds_opt_adam", None)
-            if native is not None:
-                native.destroy_adam(optimizer.opt_id)
-                del optimizer.ds_opt_adam  # its __del__ must not destroy it twice
-            optimizer = getattr(optimizer, "optimizer", None)
-        del engine
+        prepared.engine.destroy()
+        _destroy_native_optimizer_state(prepared.engine.optimizer)
+        del prepared
         gc.collect()
 
     def _require_engine(self) -> Any:
@@ -372,6 +377,19 @@ class DeepSpeedStrategy(Strategy):
 
     def __repr__(self) -> str:
         return f"DeepSpeedStrategy(zero_stage={self.plugin.zero_stage}, mixed_precision={self.mixed_precision!r})"
+
+
+def _destroy_native_optimizer_state(optimizer: Any) -> None:
+    """Destroys the C++ state of DeepSpeed's CPU Adam inside ``optimizer`` (ZeRO's optimizer wraps the basic one)."""
+    seen: set[int] = set()
+    while optimizer is not None and id(optimizer) not in seen:
+        seen.add(id(optimizer))
+        # Not declared by DeepSpeed: DeepSpeedCPUAdam's native handle, and ZeRO's wrapped optimizer.
+        native = getattr(optimizer, "ds_opt_adam", None)
+        if native is not None:
+            native.destroy_adam(optimizer.opt_id)
+            del optimizer.ds_opt_adam  # its __del__ must not destroy it twice
+        optimizer = getattr(optimizer, "optimizer", None)
 
 
 def _engine_module(engine: DeepSpeedEngine) -> torch.nn.Module:

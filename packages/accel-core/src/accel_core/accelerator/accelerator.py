@@ -69,6 +69,7 @@ from .profiling import profiled
 from .reference_properties import ReferenceProperties
 from .resumption import Resumption
 from .setup_queries import SetupQueries
+from .teardown import tear_down_at_exit
 from .tracking import Tracking, normalize_log_with
 from .training_step import TrainingStep
 from .triggers import Trigger
@@ -211,6 +212,7 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
             self, self.gradient_state, self.parallel_dims, self.strategy, self.prepared, dataloader_config
         )
         self._trigger = Trigger(self)
+        tear_down_at_exit(self.strategy)  # the strategy's teardown at exit if free_memory() did not run it
 
     @property
     def state(self) -> AcceleratorState:
@@ -518,8 +520,12 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
         synchronize_rng_states([r for r in self.rng_types if r != "generator" or generator is not None], generator)
 
     def free_memory(self, *objects: Any) -> list[None]:
-        """Drops references to everything prepared and empties device caches (between two trainings)."""
+        """Drops references to everything prepared and empties device caches (between two trainings).
+
+        The strategy is torn down (``Strategy.teardown``: DeepSpeed's engine and its native optimizer state
+        released), so the next ``prepare`` starts afresh."""
         self.wait_for_checkpoint()
+        self.strategy.teardown()
         self.prepared.clear()
         gc.collect()
         if torch.cuda.is_available():

@@ -21,6 +21,10 @@ checked with ``isinstance`` (never a backend's name):
   (accel-checkpoint writes everything else around them, and hands it a ``CheckpointIO``); declared with the
   rest of the checkpoint contract in ``accel_core.checkpointing`` and re-exported here.
 
+The lifecycle ends with ``teardown`` (release engines, native state and hooks; idempotent), which the
+Accelerator calls from ``free_memory`` and once at exit for a strategy still alive then
+(``accel_core.accelerator.teardown``): no backend registers exit hooks of its own.
+
 A model is prepared by the strategy's one straight chain, ``parallelize`` (precision conversion, tensor
 parallelism, activation checkpointing, compile, the data-parallel wrapper, in that order): the default is
 ``accel_core.transforms.parallelize_default``, whose data-parallel step is ``prepare_model``; FSDP has its own.
@@ -160,6 +164,30 @@ class Strategy:
     def setup(self, context: StrategyContext) -> None:
         """Called once, after the process group, the mesh and the precision exist. May communicate."""
         self._context = context
+
+    def teardown(self) -> None:
+        """Releases what the strategy built for the objects it prepared; the strategy may prepare anew afterwards.
+
+        What to release: engines and the native state they hold (DeepSpeed's engine and its CPU Adam),
+        hooks the strategy put on models or parameters, process groups the strategy made for itself
+        alone. Not the default process group nor the mesh's groups (the process state owns them and
+        destroys them at exit), nor the prepared objects' lists (the Accelerator's). After it the
+        strategy holds none of the prepared objects, as after ``setup``: a later ``prepare`` starts
+        afresh (a second engine, not an error about the first).
+
+        Idempotent: a second call, or a call with nothing prepared, does nothing. Local: no
+        collective (one process may reach it before the others, or alone at exit).
+
+        Called by the Accelerator only: from ``free_memory()`` / ``clear()`` (where the reference drops its
+        DeepSpeed engine), and once more, for an Accelerator that is garbage-collected or still alive at
+        interpreter exit, from the one exit hook of ``accel_core.accelerator.teardown`` (run before the process
+        groups are destroyed and before Python finalizes modules, whose order would free native state too
+        late). Not from ``end_training()``: as in the reference, scripts go on using the prepared model after
+        it (saving its weights, ``get_state_dict``, ``wait_for_everyone``). No backend registers its own
+        ``atexit`` hook, finalizer or ``__del__`` for this (tests/packaging/test_no_exit_hooks.py checks).
+
+        The default releases nothing: core's strategies hold nothing but the context.
+        """
 
     @property
     def context(self) -> StrategyContext:
