@@ -21,12 +21,11 @@ if TYPE_CHECKING:
 def model_state_dict(accelerator: CheckpointAccelerator, model: torch.nn.Module) -> dict[str, Any]:
     """The full state dict of a prepared model, in its own dtypes (all processes call it: it may gather; a model split
     into pipeline stages is gathered over them onto the main process)."""
-    from accel_core.prepared_model import record_for
     from accel_core.transforms.state_dict import prepared_model_state_dict
 
     # Read inside torch.compile's wrapper: a checkpoint holds the model's own keys (``weight``, not
     # ``_orig_mod.weight``), as the reference's save_state writes them, loadable with or without compiling.
-    record = record_for(accelerator.prepared, model, accelerator.strategy)
+    record = accelerator.prepared.record_for(model, accelerator.strategy.unwrap_model)
     return prepared_model_state_dict(accelerator.strategy, record)
 
 
@@ -35,13 +34,12 @@ def load_model_state_dict(
 ) -> Any:
     """Loads full weights into a prepared model through its strategy (shards keep their part; pipeline stages take
     their own keys)."""
-    from accel_core.prepared_model import record_for
     from accel_core.transforms.state_dict import load_prepared_model_state_dict
 
     prefix = "_orig_mod."
     if state_dict and all(key.startswith(prefix) for key in state_dict):  # saved compiled by accel 0.1.0
         state_dict = {key.removeprefix(prefix): value for key, value in state_dict.items()}
-    record = record_for(accelerator.prepared, model, accelerator.strategy)
+    record = accelerator.prepared.record_for(model, accelerator.strategy.unwrap_model)
     return load_prepared_model_state_dict(accelerator.strategy, record, state_dict, strict=strict)
 
 
@@ -49,10 +47,8 @@ def hook_models(accelerator: CheckpointAccelerator, models: list[Any]) -> list[A
     """What the save- and load-state pre-hooks are given for the prepared ``models``: the models as the reference
     lists them (``Strategy.listed_model`` of each one's record: the user's module, not its DDP wrapper), in a new
     list."""
-    from accel_core.prepared_model import record_for
-
     strategy = accelerator.strategy
-    return [strategy.listed_model(record_for(accelerator.prepared, model, strategy)) for model in models]
+    return [strategy.listed_model(accelerator.prepared.record_for(model, strategy.unwrap_model)) for model in models]
 
 
 _PREPARED = {

@@ -15,7 +15,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from torch import nn
 
     from .pipelining.model import StagedModel
-    from .strategies.base import Strategy
-    from .strategies.context import PreparedObjects
 
 
 @dataclass(frozen=True)
@@ -75,13 +73,14 @@ class PreparedModel:
         return cls(given, pipeline, pipeline, pipeline, pipeline)
 
     @classmethod
-    def unprepared(cls, model: nn.Module, strategy: Strategy) -> PreparedModel:
+    def unprepared(cls, model: nn.Module, unwrap: Callable[[nn.Module], nn.Module]) -> PreparedModel:
         """A record for a model ``prepare`` never saw (wrapped or compiled by the script itself): its parts found the
-        only way left, by looking inside ``torch.compile``'s and the strategy's wrappers."""
+        only way left, by looking inside ``torch.compile``'s wrapper and the strategy's (``unwrap``: the strategy's
+        ``unwrap_model``)."""
         from .model_utils import uncompiled
 
         wrapped = uncompiled(model)
-        return cls.made(model, ModelParts(model, wrapped, strategy.unwrap_model(wrapped)))
+        return cls.made(model, ModelParts(model, wrapped, unwrap(wrapped)))
 
     @property
     def stages(self) -> list[nn.Module]:
@@ -96,9 +95,3 @@ class PreparedModel:
     def holds(self, obj: Any) -> bool:
         """Whether ``obj`` is one of this model's parts (what was passed, what runs, the wrapper, the module)."""
         return obj is self.runs or obj is self.given or obj is self.wrapped or obj is self.module
-
-
-def record_for(prepared: PreparedObjects, model: nn.Module, strategy: Strategy) -> PreparedModel:
-    """The record ``prepare`` made for ``model`` (any of its parts), or, for a model it never saw, one made now
-    (``PreparedModel.unprepared``)."""
-    return prepared.record_of(model) or PreparedModel.unprepared(model, strategy)

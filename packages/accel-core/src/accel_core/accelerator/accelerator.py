@@ -490,9 +490,7 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
             with the same compile settings (as Accelerate returns; the prepared model is left as it
             is); False returns the plain module.
         """
-        from ..prepared_model import record_for
-
-        module = record_for(self.prepared, model, self.strategy).module
+        module = self.prepared.record_for(model, self.strategy.unwrap_model).module
         if not keep_fp32_wrapper:
             unwrap_forward(module)
         if is_compiled_module(model) and keep_torch_compile:
@@ -503,11 +501,11 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The full state dict of a prepared model (gathered where the strategy shards it, and over the pipeline
         stages: valid on the main process), fp16 cast to fp32."""
-        from ..prepared_model import record_for
         from ..transforms.state_dict import prepared_model_state_dict
 
         if unwrap:
-            state_dict = prepared_model_state_dict(self.strategy, record_for(self.prepared, model, self.strategy))
+            record = self.prepared.record_for(model, self.strategy.unwrap_model)
+            state_dict = prepared_model_state_dict(self.strategy, record)
         else:
             state_dict = model.state_dict()
         return {

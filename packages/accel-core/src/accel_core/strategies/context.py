@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
     from ..configuration import TorchDynamoPlugin
@@ -44,6 +46,13 @@ class PreparedObjects:
         """The record of ``model`` (what ``prepare`` returned, or any part of it: the module passed, the wrapper, the
         user's module inside), or None when ``prepare`` never saw it."""
         return next((record for record in self.records if record.holds(model)), None)
+
+    def record_for(self, model: Any, unwrap: Callable[[Any], Any]) -> PreparedModel:
+        """The record of ``model``, or, for a model ``prepare`` never saw, one made now (``PreparedModel.unprepared``;
+        ``unwrap``: the strategy's ``unwrap_model``)."""
+        from ..prepared_model import PreparedModel
+
+        return self.record_of(model) or PreparedModel.unprepared(model, unwrap)
 
     def clear(self) -> None:
         """Forgets every prepared object (``free_memory``), keeping the same lists."""
