@@ -30,7 +30,7 @@ def grads():
     from accel_megatron import grads
 
     started = not dist.is_initialized()
-    join_group_of_one(backend="gloo")
+    join_group_of_one(1, backend="gloo")  # this test is one process
     parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
     yield grads
     parallel_state.destroy_model_parallel()
