@@ -295,9 +295,12 @@ def test_accelerator_joins_a_job_another_launcher_started(
         assert report["ddp"] == "DistributedDataParallel" and report["replicas_equal"]
         # Rank 0's batch gives a gradient of 2 per weight, rank 1's of 4: DDP averaged them.
         assert report["grad"] == [3.0] * 4
-        assert report["env"]["MASTER_PORT"] == str(ports[kind])
+        assert report["settled"]["master_port"] == ports[kind]
+        # Settled once into a record; Accelerator() writes nothing into os.environ (torchrun's names stay unset).
+        assert report["environ_changed_by_accelerator"] == []
+        assert report["env"]["RANK"] == (str(rank) if kind == "kubeflow" else None)
     if kind == "slurm":
-        assert reports[0]["env"]["MASTER_ADDR"] == "localhost"  # the first node of SLURM_STEP_NODELIST
+        assert reports[0]["settled"]["master_addr"] == "localhost"  # the first node of SLURM_STEP_NODELIST
 
 
 def _line_of(script: Path, marker: str) -> str:

@@ -131,8 +131,8 @@ def test_refusing_a_deepspeed_mesh_imports_neither_deepspeed_nor_starts_processe
         "assert 'deepspeed' not in sys.modules and not dist.is_initialized()\n"
         "print('ok')\n"
     )
-    # WORLD_SIZE=2 as torchrun would set it: the layout is decided (and refused) before any process group.
-    environ = {**os.environ, "WORLD_SIZE": "2"}
+    # Rank 0 of 2 as torchrun would set it: the layout is decided (and refused) before any process group.
+    environ = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ, check=False
     )

@@ -23,7 +23,11 @@ JOB_TIMEOUT = 300  # seconds; a job that hangs (its peer failed before joining) 
 
 
 def run_job(report_path: str) -> None:
+    environ_before = dict(os.environ)
     accelerator = Accelerator(cpu=True)
+    # The launcher's variables are settled into a record (accel_core.settings); os.environ is left as given.
+    changed = sorted(k for k in {*environ_before, *os.environ} if environ_before.get(k) != os.environ.get(k))
+    settled = accelerator.state.settings
     state = accelerator.state
     total = accelerator.reduce(torch.tensor([float(state.process_index + 1)]), reduction="sum")
     torch.manual_seed(0)
@@ -46,6 +50,8 @@ def run_job(report_path: str) -> None:
         "grad": grad.flatten().tolist(),
         "replicas_equal": bool(torch.equal(weights[0], weights[1])),
         "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")},
+        "environ_changed_by_accelerator": changed,
+        "settled": {"launcher": settled.launcher, "master_addr": settled.master_addr, "master_port": settled.master_port},
     }
     with open(report_path, "w") as handle:
         json.dump(report, handle)
