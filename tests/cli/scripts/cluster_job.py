@@ -51,7 +51,11 @@ def run_job(report_path: str) -> None:
         "replicas_equal": bool(torch.equal(weights[0], weights[1])),
         "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")},
         "environ_changed_by_accelerator": changed,
-        "settled": {"launcher": settled.launcher, "master_addr": settled.master_addr, "master_port": settled.master_port},
+        "settled": {
+            "launcher": settled.launcher,
+            "master_addr": settled.master_addr,
+            "master_port": settled.master_port,
+        },
     }
     with open(report_path, "w") as handle:
         json.dump(report, handle)
