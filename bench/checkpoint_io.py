@@ -164,6 +164,27 @@ def release_free_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+WIDTH = 2048  # of each bias-free linear layer of the benchmark's model
+
+
+def layer_count(mb: float) -> int:
+    """How many WIDTH x WIDTH fp32 layers make about ``mb`` MB of weights."""
+    return max(1, round(mb * 2**20 / (4 * WIDTH * WIDTH)))
+
+
+def prepared_model(accelerator, mb: float):
+    """About ``mb`` MB of weights (``layer_count`` layers) with AdamW, prepared, after one step (Adam's moments
+    exist, so the optimizer state is saved at full size)."""
+    width = WIDTH
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layer_count(mb))])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(torch.randn(2, width)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return model, optimizer
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=256, help="model size in MB (fp32); AdamW adds twice that")
@@ -181,16 +202,9 @@ def main() -> None:
     from accel_checkpoint.fsio import fsync_path
     from accel_core import Accelerator
 
-    width = 2048
-    layers = max(1, round(args.mb * 2**20 / (4 * width * width)))
     torch.manual_seed(0)
     accelerator = Accelerator(cpu=True)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    model(torch.randn(2, width)).sum().backward()
-    optimizer.step()  # creates the Adam moments
-    optimizer.zero_grad()
+    model, optimizer = prepared_model(accelerator, args.mb)
 
     root = tempfile.mkdtemp(prefix="accel-bench-", dir=args.dir)
     try:
@@ -310,7 +324,7 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    report(runs, cpu, total, layers, width, args.repeats)
+    report(runs, cpu, total, layer_count(args.mb), WIDTH, args.repeats)
 
 
 def sharded_main(args: argparse.Namespace) -> None:
@@ -319,17 +333,10 @@ def sharded_main(args: argparse.Namespace) -> None:
     from accel_core import Accelerator
     from accel_fsdp import FSDPStrategy
 
-    width = 2048
-    layers = max(1, round(args.mb * 2**20 / (4 * width * width)))
     torch.manual_seed(0)
     accelerator = Accelerator(cpu=True, strategy="fsdp")
     assert isinstance(accelerator.strategy, FSDPStrategy)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    model(torch.randn(2, width)).sum().backward()
-    optimizer.step()  # creates the Adam moments
-    optimizer.zero_grad()
+    model, optimizer = prepared_model(accelerator, args.mb)
     state = [p.to_local() for p in model.parameters()]
     state += [t.to_local() for s in optimizer.optimizer.state.values() for t in s.values() if t.numel() > 1]
     buffers = [torch.empty_like(t) for t in state]
@@ -368,8 +375,8 @@ def sharded_main(args: argparse.Namespace) -> None:
     t = {k: statistics.median(v) for k, v in runs.items()}
     c = {k: statistics.median(v) for k, v in cpu.items()}
     print(
-        f"FSDP2 model {layers}x{width}x{width} fp32 + AdamW: sharded checkpoint {total / 1e6:.0f} MB, median of "
-        f"{args.repeats} (range; CPU s of the process while the call ran)"
+        f"FSDP2 model {layer_count(args.mb)}x{WIDTH}x{WIDTH} fp32 + AdamW: sharded checkpoint {total / 1e6:.0f} MB, "
+        f"median of {args.repeats} (range; CPU s of the process while the call ran)"
     )
     for key, label in (("save", "durable save_state"), ("async", "async save blocks"), ("memcpy", "plain copy")):
         print(f"{label:38s} {t[key]:6.2f} s ({min(runs[key]):.2f} to {max(runs[key]):.2f})  cpu {c[key]:5.2f} s")
