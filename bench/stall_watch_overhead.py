@@ -24,9 +24,8 @@ import timeit
 
 
 def worker(steps: int, repeats: int) -> None:
-    import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+    from step_overhead import step_loops  # the same model, batches and loops as bench/step_overhead.py
 
     from accel import Accelerator
     from accel_core.stall_report import POSITION, StallWatch
@@ -34,39 +33,7 @@ def worker(steps: int, repeats: int) -> None:
     accelerator = Accelerator()  # joins the gloo group; its own watch is off (ACCEL_STALL_REPORT_AFTER=0 below)
     rank = dist.get_rank()
 
-    def make():
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
-        return model, torch.optim.SGD(model.parameters(), lr=0.01)
-
-    torch.manual_seed(rank)
-    batches = [(torch.randn(64, 256), torch.randn(64, 256)) for _ in range(16)]
-    raw_model, raw_opt = make()
-    raw_model = DistributedDataParallel(raw_model)
-    acc_model, acc_opt = accelerator.prepare(*make())
-
-    def raw_loop() -> float:
-        dist.barrier()
-        start = time.perf_counter()
-        for i in range(steps):
-            x, y = batches[i % len(batches)]
-            loss = torch.nn.functional.mse_loss(raw_model(x), y)
-            loss.backward()
-            raw_opt.step()
-            raw_opt.zero_grad()
-        return (time.perf_counter() - start) / steps
-
-    def accel_loop() -> float:
-        dist.barrier()
-        start = time.perf_counter()
-        for i in range(steps):
-            x, y = batches[i % len(batches)]
-            with accelerator.accumulate(acc_model):
-                loss = torch.nn.functional.mse_loss(acc_model(x), y)
-                accelerator.backward(loss)
-                acc_opt.step()
-                acc_opt.zero_grad()
-        return (time.perf_counter() - start) / steps
+    _, raw_loop, accel_loop = step_loops(accelerator, steps)
 
     def watching(loop) -> float:
         watch = StallWatch(rank, dist.get_world_size(), threshold=2.0, timeout=None)  # polls every 0.5 s

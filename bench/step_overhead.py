@@ -37,29 +37,27 @@ def import_times() -> None:
     )
 
 
-def worker(steps: int, repeats: int) -> None:
+def step_loops(accelerator, steps: int):
+    """The timed loops, over the same model and in-memory batches: ``(make, raw_loop, accel_loop)``.
+
+    ``make()`` builds the model and its optimizer; ``raw_loop()`` trains a DDP copy with torch alone;
+    ``accel_loop(acc, model, opt)`` trains with an Accelerator (by default ``accelerator`` and a model it prepared).
+    Each returns seconds per step. Shared with stall_watch_overhead.py."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-
-    from accel import Accelerator
-
-    accelerator = Accelerator()  # joins the gloo group
-    rank = dist.get_rank()
 
     def make():
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
         return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
-    torch.manual_seed(rank)
+    torch.manual_seed(dist.get_rank())
     batches = [(torch.randn(64, 256), torch.randn(64, 256)) for _ in range(16)]
 
     raw_model, raw_opt = make()
     raw_model = DistributedDataParallel(raw_model)
     acc_model, acc_opt = accelerator.prepare(*make())
-    guarded = Accelerator(skip_nonfinite=True)
-    guarded_model, guarded_opt = guarded.prepare(*make())
 
     def raw_loop() -> float:
         dist.barrier()
@@ -83,6 +81,20 @@ def worker(steps: int, repeats: int) -> None:
                 opt.step()
                 opt.zero_grad()
         return (time.perf_counter() - start) / steps
+
+    return make, raw_loop, accel_loop
+
+
+def worker(steps: int, repeats: int) -> None:
+    import torch.distributed as dist
+
+    from accel import Accelerator
+
+    accelerator = Accelerator()  # joins the gloo group
+    rank = dist.get_rank()
+    make, raw_loop, accel_loop = step_loops(accelerator, steps)
+    guarded = Accelerator(skip_nonfinite=True)
+    guarded_model, guarded_opt = guarded.prepare(*make())
 
     def guarded_loop() -> float:
         return accel_loop(guarded, guarded_model, guarded_opt)
