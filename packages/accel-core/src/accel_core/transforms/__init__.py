@@ -24,8 +24,11 @@ With ``pp_size > 1`` the Accelerator first splits the model into stages (``accel
 of this rank goes through the strategy's chain on its own.
 
 A model prepared with ``evaluation_mode=True`` (only run forward, as in the reference) goes through
-``prepare_for_evaluation``: the precision conversion (1), compilation (4, 6) and ``Strategy.prepare_eval_model``
-(placed, not wrapped) in place of step 5; it is neither split (2) nor checkpointed (3): every process runs all of it.
+``prepare_for_evaluation``: the precision conversion (1), ``Strategy.prepare_eval_model`` (placed, not wrapped) in
+place of step 5, and the whole-model compile of step 6 whether or not it has blocks, as the reference compiles it
+(``torch.compile`` of the model, or region by region with ``use_regional_compilation``); it is neither split (2),
+checkpointed (3) nor compiled block by block (4): every process runs all of it, and the strategy's blocks are not
+asked for.
 
 Each chain returns the model's ``ModelParts`` (what runs forward, the wrapper, the user's module), from which
 ``prepare`` makes the model's one record (``accel_core.prepared_model``).
@@ -120,15 +123,11 @@ def parallelize_default(model: nn.Module, strategy: Strategy, device_placement: 
 
 
 def prepare_for_evaluation(model: nn.Module, strategy: Strategy, device_placement: bool) -> ModelParts:
-    """The chain of a model only run forward (``evaluation_mode=True``): precision conversion, compilation and
-    ``Strategy.prepare_eval_model`` (placed, not wrapped); neither split nor checkpointed."""
+    """The chain of a model only run forward (``evaluation_mode=True``): precision conversion,
+    ``Strategy.prepare_eval_model`` (placed, not wrapped), then, as in the reference, ``torch.compile`` of the whole
+    model (region by region with ``use_regional_compilation=True``). Neither split, checkpointed nor compiled block by
+    block: what runs is ``torch.compile``'s module around the user's, as for a model without blocks in training."""
     context = strategy.context
     model = context.precision.convert_module(model)
-    blocks = strategy.blocks(model)
-    dynamo = compile_settings(context)
-    if dynamo is not None and blocks:
-        compile_blocks(blocks, **dynamo.to_kwargs())
     placed = strategy.prepare_eval_model(model, device_placement=device_placement)
-    return compile_whole(
-        placed, strategy.unwrap_model(placed), None if blocks else dynamo, unwrap=strategy.unwrap_model
-    )
+    return compile_whole(placed, strategy.unwrap_model(placed), compile_settings(context), unwrap=strategy.unwrap_model)
