@@ -139,6 +139,14 @@ def shard_model(
 
     if is_fsdp2(model):  # the user sharded it already ("manual wrapping")
         return model
+    inside = {id(module) for module in model.modules()}
+    if any(id(unit) not in inside for unit in units):
+        raise ValueError(
+            f"Some units to shard are no longer modules of {type(model).__name__}: they were chosen on the model as "
+            "built, and the tensor-parallel step (a parallelize_fn, or the model's parallelize method) replaced them. "
+            "Keep the module objects while splitting them (parallelize_module does), or shard the model yourself "
+            "with fully_shard before prepare."
+        )
     group = mesh.get_group() if mesh.ndim == 1 else None
     source = _weights_source(model, group, plugin.sync_module_states)
     held, held_buffers = _set_aside(model, group) if source == "rank0" else ({}, [])

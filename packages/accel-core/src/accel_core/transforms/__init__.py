@@ -17,8 +17,9 @@ applies in torchtitan's order:
    the meta device is given memory and values there;
 6. ``torch.compile`` of the whole model when it has no blocks.
 
-accel-fsdp's ``parallelize_fsdp2`` (``accel_fsdp.parallelize``) is the same steps with ``fully_shard`` at 5.
-Blocks come from ``Strategy.blocks(model)``: the classes of the model's ``_no_split_modules``.
+Blocks come from ``Strategy.blocks(model)``: the classes of the model's ``_no_split_modules``. accel-fsdp's
+``parallelize_fsdp2`` (``accel_fsdp.parallelize``) is the same steps with ``fully_shard`` at 5, its blocks the units
+of the plugin's wrap policy, chosen before step 2 on the model as the user built it.
 
 With ``pp_size > 1`` the Accelerator first splits the model into stages (``accel_core.pipelining``), and each stage
 of this rank goes through the strategy's chain on its own.
