@@ -152,4 +152,4 @@ class SetupQueries:
         """The library fp8 runs on (``AO`` or ``TE``); ``NO`` when fp8 is off."""
         if not self.fp8_enabled:
             return FP8BackendType.NO
-        return fp8_backend_of(self.handlers)
+        return fp8_backend_of(self.handlers, self._current_state.settings.environ)
