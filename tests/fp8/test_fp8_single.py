@@ -123,7 +123,7 @@ def test_the_accelerator_hands_fp8_its_settled_record(monkeypatch):
     assert handler.pad_inner_dim is True  # the constructor reads no environment
     accelerator = Accelerator(mixed_precision="fp8", cpu=True, kwargs_handlers=[handler])
     assert accelerator.precision.config.pad_inner_dim is False and handler.pad_inner_dim is False
-    assert accelerator.state.settings.environ["ACCEL_FP8_PAD_INNER_DIM"] == "false"
+    assert accelerator.fp8_backend == FP8BackendType.AO
 
 
 def test_conversion_report_lists_converted_and_skipped_layers():
