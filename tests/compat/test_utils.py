@@ -119,7 +119,10 @@ def test_package_checks_answer_what_is_installed_without_importing_it(check: str
 
 
 def test_device_checks_on_this_machine() -> None:
+    environ = dict(os.environ)
     assert utils.is_cuda_available() == torch.cuda.is_available()
+    # Asked without starting torch's CUDA state, and the process's environment is as it was.
+    assert not torch.cuda.is_initialized() and dict(os.environ) == environ
     for check in ("is_npu_available", "is_mlu_available", "is_musa_available", "is_sdaa_available", "is_hpu_available",
                   "is_neuron_available", "is_torch_xla_available"):  # fmt: skip
         assert getattr(utils, check)() is False  # none of these is installed here

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def model_state_dict(accelerator: CheckpointAccelerator, model: torch.nn.Module) -> dict[str, Any]:
     """The full state dict of a prepared model, in its own dtypes (all processes call it: it may gather; a model split
     into pipeline stages is gathered over them onto the main process)."""
-    from accel_core.transforms.state_dict import prepared_model_state_dict
+    from accel_core.strategies.model_state import prepared_model_state_dict
 
     # Read inside torch.compile's wrapper: a checkpoint holds the model's own keys (``weight``, not
     # ``_orig_mod.weight``), as the reference's save_state writes them, loadable with or without compiling.
@@ -34,7 +34,7 @@ def load_model_state_dict(
 ) -> Any:
     """Loads full weights into a prepared model through its strategy (shards keep their part; pipeline stages take
     their own keys)."""
-    from accel_core.transforms.state_dict import load_prepared_model_state_dict
+    from accel_core.strategies.model_state import load_prepared_model_state_dict
 
     prefix = "_orig_mod."
     if state_dict and all(key.startswith(prefix) for key in state_dict):  # saved compiled by accel 0.1.0

@@ -121,7 +121,7 @@ class DCPCheckpointing:
     ) -> Collection[str]:
         """For a strategy that keeps the escape hatch (``ShardedCheckpointing``) and delegates here: writes
         ``sharded_state`` into ``folder`` now, with accel-checkpoint's writer. Collective."""
-        from .writer import write_sharded_state
+        from .dcp_write import write_sharded_state
 
         state = self.sharded_state(prepared)
         write_sharded_state(state, folder, durable=True)

@@ -23,7 +23,6 @@ import logging
 import os
 import sys
 import threading
-import warnings
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ from . import constants as C
 from . import layout
 from .content_hash import ALGORITHM, hash_files
 from .coordination import Coordinator
+from .dcp_write import write_sharded_state
 from .errors import CheckpointError, out_of_space, write_error
 from .file_sink import FileSink, torch_save_without_crc
 from .fsio import file_sizes, fsync_dir, fsync_path, remove_tree, token, write_json
@@ -40,7 +40,7 @@ from .safetensors_io import write_safetensors, write_safetensors_to
 from .save_plan import FileJob, SaveJob
 
 if TYPE_CHECKING:
-    from accel_core.checkpointing import ShardedState
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -75,27 +75,6 @@ def _tensor_bytes(obj: Any) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(_tensor_bytes(v) for v in obj)
     return 0
-
-
-def write_sharded_state(state: ShardedState, folder: str, durable: bool = True, group: Any = None) -> None:
-    """Writes the ``torch.distributed.checkpoint`` state dicts a strategy handed over into ``folder``, one DCP folder
-    each, fsynced when ``durable``. Collective over ``group`` (None: the default group), in the same order on every
-    process. The state's plain ``files`` are written as the job's other files are."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemWriter
-
-    # One process: no collective at all (not even on a default group of one, which may be NCCL's: this may run on
-    # the background thread while training goes on). DCP warns about that on each save; only that warning is hidden.
-    alone = not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1
-    for name, state_dict in state.dcp.items():
-        path = os.path.join(folder, name)
-        writer = FileSystemWriter(path, sync_files=durable)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-            dcp.save(state_dict, storage_writer=writer, process_group=group, no_dist=alone)
-        if durable:
-            fsync_dir(path)  # the folder's entries: its files' names
 
 
 def write_files(job: SaveJob) -> None:

@@ -20,15 +20,48 @@ restarted agent joins and an elastic job meets with the machines it has.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .settings import DEFAULT, SETTINGS_BY_NAME, origin
 
-if TYPE_CHECKING:
-    from .plan import LaunchPlan
-
 DEFAULT_PORT = 29500
 RDZV_STORE_SHARING_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+class RendezvousLayout(Protocol):
+    """What this module reads of a launch plan (``plan.LaunchPlan`` is one, frozen, hence read-only properties): the
+    machines, the restarts and the rendezvous settings, with where each setting came from (for messages)."""
+
+    @property
+    def num_machines(self) -> int: ...
+    @property
+    def machine_rank(self) -> int: ...
+    @property
+    def main_process_ip(self) -> str | None: ...
+    @property
+    def main_process_port(self) -> int | None: ...
+    @property
+    def rdzv_backend(self) -> str: ...
+    @property
+    def rdzv_conf(self) -> str | None: ...
+    @property
+    def max_restarts(self) -> int: ...
+    @property
+    def sources(self) -> dict[str, str]:
+        """Where each setting came from (``settings.DEFAULT``, a flag, the config file...)."""
+        ...
+
+    @property
+    def config_file(self) -> str | None: ...
+    @property
+    def elastic(self) -> bool:
+        """A MIN:MAX number of machines."""
+        ...
+
+    @property
+    def nnodes(self) -> str:
+        """The number of machines as torchrun's ``--nnodes`` spells it (``N`` or ``MIN:MAX``)."""
+        ...
 
 
 def _several_machines(values: dict[str, Any]) -> bool:
@@ -72,7 +105,7 @@ def check_conf(values: dict[str, Any], sources: dict[str, str], config_file: str
         )
 
 
-def warning(plan: LaunchPlan) -> str | None:
+def warning(plan: RendezvousLayout) -> str | None:
     """What a launch should say before it starts: a layout that cannot survive what the user likely expects it to.
 
     Restarts of several machines under a static rendezvous asked for; an elastic job without restarts (the
@@ -94,7 +127,7 @@ def warning(plan: LaunchPlan) -> str | None:
     return None
 
 
-def torchrun_arguments(plan: LaunchPlan) -> list[str]:
+def torchrun_arguments(plan: RendezvousLayout) -> list[str]:
     """The rendezvous part of torchrun's command line for ``plan`` (empty: torchrun's own, on a free local port)."""
     port = plan.main_process_port
     address = f"{plan.main_process_ip or '127.0.0.1'}:{port or DEFAULT_PORT}"

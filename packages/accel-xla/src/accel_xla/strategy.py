@@ -35,6 +35,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from accel_core import environment as env
 from accel_core.enums import DistributedType
@@ -60,6 +61,8 @@ DOWNCAST_BF16 = "ACCEL_XLA_DOWNCAST_BF16"
 """Set by ``accel launch --downcast-bf16`` (Accelerate's ``ACCELERATE_DOWNCAST_BF16`` is read too)."""
 DEVICE = "ACCEL_XLA_DEVICE"
 """The PJRT device (TPU, CPU, CUDA) from ``accel launch --xla-device`` or the config file's ``xla: device:``."""
+COMPILED_PREFIX = "_orig_mod."
+"""The prefix ``torch.compile``'s wrapper puts before its module's keys."""
 RNG_FILE = "xla_rng_state_{process}.json"
 """In the checkpoint's ``sharded/`` folder: one process's XLA RNG seed (``xm.get_rng_state``)."""
 
@@ -288,24 +291,27 @@ class XlaStrategy(Strategy):
 
     # -- state ------------------------------------------------------------------------------------
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
-        """The model's state dict on the CPU (the pending step runs first)."""
+        """The state dict of the user's module (as ``model``'s record holds it: outside FSDPv2 and ``torch.compile``'s
+        wrapper, so its own keys) on the CPU; the pending step runs first."""
         self.mark_step()
-        return _tree_to_cpu(self.unwrap_model(model).state_dict())
+        return _tree_to_cpu(self.context.prepared.record_for(model, self.unwrap_model).module.state_dict())
 
     def save_sharded(
         self, prepared: PreparedObjects, folder: str, *, io: CheckpointIO, **kwargs: Any
     ) -> Collection[str]:
         """Writes ``model_<i>.bin`` and ``optimizer_<i>.bin`` into ``folder`` with ``xm.save`` (CPU copies, by the
         master ordinal of the whole job; whole tensors under SPMD), after running the pending step, and each
-        process's XLA RNG seed. ``io`` (accel-checkpoint's services) is not needed: torch-xla writes the files."""
+        process's XLA RNG seed. A model's file holds its record's module (the user's module, outside FSDPv2 and
+        ``torch.compile``'s wrapper): the model's own keys, loadable whether or not the next run compiles it.
+        ``io`` (accel-checkpoint's services) is not needed: torch-xla writes the files."""
         if kwargs:
             raise TypeError(f"save_state: the xla strategy takes no save options, got {sorted(kwargs)}.")
         self.mark_step()
         xm = self.xla.xm
         if self.state.is_main_process:
             os.makedirs(folder, exist_ok=True)
-        for i, model in enumerate(prepared.models):
-            xm.save(self.unwrap_model(model).state_dict(), os.path.join(folder, f"model_{i}.bin"), global_master=True)
+        for i, record in enumerate(prepared.records):
+            xm.save(record.module.state_dict(), os.path.join(folder, f"model_{i}.bin"), global_master=True)
         for i, optimizer in enumerate(prepared.optimizers):
             xm.save(optimizer.state_dict(), os.path.join(folder, f"optimizer_{i}.bin"), global_master=True)
         self.state.wait_for_everyone()
@@ -331,9 +337,12 @@ class XlaStrategy(Strategy):
             by default only tensors and plain values load.
         """
         safe = not allow_unsafe_pickle
-        for i, model in enumerate(prepared.models):
+        for i, record in enumerate(prepared.records):
             state = torch.load(os.path.join(folder, f"model_{i}.bin"), map_location="cpu", weights_only=safe)
-            self.unwrap_model(model).load_state_dict(state)
+            # Checkpoints of a compiled model written before accel-xla read the record hold its keys under
+            # torch.compile's "_orig_mod." prefix: read as the module's own keys, they load into either form.
+            consume_prefix_in_state_dict_if_present(state, COMPILED_PREFIX)
+            record.module.load_state_dict(state)
         for i, optimizer in enumerate(prepared.optimizers):
             state = torch.load(os.path.join(folder, f"optimizer_{i}.bin"), map_location="cpu", weights_only=safe)
             optimizer.load_state_dict(state)

@@ -163,6 +163,7 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
             )
         )
         context = run.context
+        self._settings = context.settings
         self.strategy: Strategy = run.strategy
         self.plan = context.plan
         self.dynamo_plugin = context.dynamo_plugin
@@ -501,7 +502,7 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The full state dict of a prepared model (gathered where the strategy shards it, and over the pipeline
         stages: valid on the main process), fp16 cast to fp32."""
-        from ..transforms.state_dict import prepared_model_state_dict
+        from ..strategies.model_state import prepared_model_state_dict
 
         if unwrap:
             record = self.prepared.record_for(model, self.strategy.unwrap_model)

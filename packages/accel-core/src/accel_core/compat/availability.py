@@ -271,19 +271,15 @@ def is_trackio_available() -> bool:
 
 # -- devices (these import torch when called) ------------------------------------------------------
 def is_cuda_available() -> bool:
-    """Whether a CUDA device is usable, asked through NVML so the CUDA driver is not initialised."""
+    """Whether a CUDA device is usable, asked so the CUDA driver is not initialised (a fork afterwards stays safe).
+
+    ``torch.cuda.device_count()`` asks NVML first and falls back to the runtime only where NVML cannot answer:
+    the same check ``torch.cuda.is_available()`` makes under ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, without
+    writing that variable into the process's environment.
+    """
     import torch
 
-    # Set for this call only (env_utils.patch_environment would import this module back).
-    previous = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    try:
-        return torch.cuda.is_available()
-    finally:
-        if previous is None:
-            os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
-        else:
-            os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = previous
+    return torch.cuda.device_count() > 0
 
 
 def is_rocm_available() -> bool:

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
-
-if TYPE_CHECKING:
-    from ..prepared_model import PreparedModel
-    from ..strategies.base import Strategy
 
 
 def has_dtensors(model: nn.Module) -> bool:
@@ -41,22 +37,3 @@ def load_full_state_dict(model: nn.Module, state_dict: dict[str, Any], strict: b
     )
 
     return set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
-
-
-def prepared_model_state_dict(strategy: Strategy, prepared: PreparedModel) -> dict[str, Any]:
-    """The full state dict of a prepared model (its record), the one path ``get_state_dict`` and ``save_state`` take: a
-    model split into pipeline stages (torch's or Megatron's) is gathered over them onto the main process, any other
-    through its strategy, outside ``torch.compile``'s wrapper (the model's own keys). Collective."""
-    if prepared.pipeline is not None:
-        return prepared.pipeline.full_state_dict()
-    return strategy.model_state_dict(prepared.wrapped)
-
-
-def load_prepared_model_state_dict(
-    strategy: Strategy, prepared: PreparedModel, state_dict: dict[str, Any], strict: bool = True
-) -> Any:
-    """Loads full weights into a prepared model (the inverse of ``prepared_model_state_dict``): pipeline stages take
-    their own keys, shards keep their part."""
-    if prepared.pipeline is not None:
-        return prepared.pipeline.load_full_state_dict(state_dict, strict=strict)
-    return strategy.load_model_state_dict(prepared.wrapped, state_dict, strict=strict)
