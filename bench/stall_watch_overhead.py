@@ -36,7 +36,8 @@ def worker(steps: int, repeats: int) -> None:
     _, raw_loop, accel_loop = step_loops(accelerator, steps)
 
     def watching(loop) -> float:
-        watch = StallWatch(rank, dist.get_world_size(), threshold=2.0, timeout=None)  # polls every 0.5 s
+        # polls every 0.5 s; the job's store named by the Accelerator's settled record
+        watch = StallWatch(rank, dist.get_world_size(), 2.0, None, accelerator.state.settings.environ)
         watch.start()
         time.sleep(0.6)  # connected to the store and registered before timing
         try:

@@ -137,7 +137,9 @@ def paired(figures: dict[str, list[float]]) -> str:
     return f"{statistics.median(ratios):.3f} ({ratios[0]:.3f} to {ratios[-1]:.3f})"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The benchmark; ``argv``: its options (the command line's by default), so that a test can run it inside a launch
+    of its own (tests/bench/zero3_step_checks.py)."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument(
@@ -148,7 +150,7 @@ def main() -> None:
     parser.add_argument(
         "--operators", action="store_true", help="also print each aten operator whose count differs (accel vs raw)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     import torch

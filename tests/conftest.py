@@ -22,6 +22,8 @@ import pytest
 from checkrun import CheckRun, declared_checks, launch, run_check_script, torchrun_command, worker_env
 
 REPO = Path(__file__).resolve().parents[1]
+# DeepSpeed's CPU ops and the DeepSpeed launch that tests/deepspeed and tests/bench share (session fixtures).
+pytest_plugins = ("deepspeed_launch",)
 
 
 def run_torchrun(

@@ -1,20 +1,26 @@
 """bench/zero3_step.py at a tiny size (2 blocks of width 32, 2 rounds of 2 micro-steps), 2 processes: it reports
 both columns, accel's ZeRO-3 engine config is the one DeepSpeed is given by hand (the raw column of the benchmark
-table), and after the same steps the two engines hold the same parameters bit for bit."""
+table), and after the same steps the two engines hold the same parameters bit for bit.
+
+The benchmark runs as the last check of the DeepSpeed tests' 2-process launch (tests/bench/zero3_step_checks.py, in
+the session's launch of tests/harness/deepspeed_launch.py): one start of torch and DeepSpeed serves both folders."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "zero3_step.py"
+import pytest
+from deepspeed_launch import DeepSpeedRuns
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+CHECK = "zero3_step_at_a_tiny_size"  # tests/bench/zero3_step_checks.py
+REPORT = "zero3_step.txt"  # what the benchmark printed, written there by process 0
 
 
-def test_zero3_step_reports_accel_and_deepspeed_used_directly(torchrun) -> None:
-    # The first run in a checkout compiles DeepSpeed's CPU communication op (minutes on 2 loaded cores), announced
-    # by accel; later runs load it from TORCH_EXTENSIONS_DIR in a second.
-    done = torchrun(SCRIPT, "--rounds", "2", "--steps", "2", "--dim", "32", "--depth", "2", timeout=900)
-    out = done.stdout
+def test_zero3_step_reports_accel_and_deepspeed_used_directly(deepspeed_runs: DeepSpeedRuns) -> None:
+    deepspeed_runs.runs[2].assert_passed(CHECK)  # the benchmark ran to its end on both processes
+    out = (deepspeed_runs.folder / REPORT).read_text(encoding="utf-8")
     assert "configs: identical" in out, out
     counts = {}
     for name in ("accel", "raw"):

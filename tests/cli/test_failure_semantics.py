@@ -379,19 +379,19 @@ def test_stall_report_threshold_comes_from_the_script_then_the_launcher_then_60_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from accel_core import InitProcessGroupKwargs
+    from accel_core.settings import settle
     from accel_core.stall_report import stall_report_after
 
-    monkeypatch.delenv("ACCEL_STALL_REPORT_AFTER", raising=False)
-    assert stall_report_after() == 60.0
-    monkeypatch.setenv("ACCEL_STALL_REPORT_AFTER", "0")
-    assert stall_report_after() == 0.0  # off
-    monkeypatch.setenv("ACCEL_STALL_REPORT_AFTER", "4.5")
-    assert stall_report_after(InitProcessGroupKwargs().to_kwargs().get("stall_report_after")) == 4.5
+    # Read from the run's settled record (the process state's), never from os.environ.
+    monkeypatch.setenv("ACCEL_STALL_REPORT_AFTER", "7")
+    assert stall_report_after(None, {}) == 60.0
+    assert stall_report_after(None, settle({"ACCEL_STALL_REPORT_AFTER": "0"}).environ) == 0.0  # off
+    launched = settle({"ACCEL_STALL_REPORT_AFTER": "4.5"}).environ
+    assert stall_report_after(InitProcessGroupKwargs().to_kwargs().get("stall_report_after"), launched) == 4.5
     given = InitProcessGroupKwargs(stall_report_after=timedelta(seconds=20)).to_kwargs()["stall_report_after"]
-    assert stall_report_after(given) == 20.0
-    monkeypatch.setenv("ACCEL_STALL_REPORT_AFTER", "soon")
+    assert stall_report_after(given, launched) == 20.0
     with pytest.raises(ValueError, match="ACCEL_STALL_REPORT_AFTER='soon': the stall report's threshold must be 0"):
-        stall_report_after()
+        stall_report_after(None, {"ACCEL_STALL_REPORT_AFTER": "soon"})
     plan = resolve_plan({"num_processes": 2, "stall_report_after": 3.0}, {}, {})
     assert plan.env["ACCEL_STALL_REPORT_AFTER"] == "3.0"
     with pytest.raises(ValueError, match=r"--stall-report-after: stall_report_after must be 0 \(off\) or a number"):

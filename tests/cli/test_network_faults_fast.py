@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 
 from accel_core import network_check
-from accel_core.stall_probe import read_unreachable, record_unreachable
+from accel_core.stall_probe import probe_store, read_unreachable, record_unreachable
 from accel_core.stall_text import compose_progress_report
 from accel_launch.failures import JobFailedError, RankFailure, RendezvousLostError
 
@@ -25,9 +25,12 @@ TIMED_OUT = (
 )
 
 
-def test_a_collective_timeout_after_a_peer_became_unreachable_blames_the_network(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("ACCEL_FINISH_RECORDS", str(tmp_path))
-    record_unreachable(0, "rank 1 (pid 7 on node-b, 10.0.0.2) became unreachable: node-b (10.0.0.2) does not answer")
+def test_a_collective_timeout_after_a_peer_became_unreachable_blames_the_network(tmp_path) -> None:
+    record_unreachable(
+        0,
+        "rank 1 (pid 7 on node-b, 10.0.0.2) became unreachable: node-b (10.0.0.2) does not answer",
+        {"ACCEL_FINISH_RECORDS": str(tmp_path)},  # the run's settled record
+    )
     notes = read_unreachable(str(tmp_path))
     assert [note["rank"] for note in notes] == [0]
     failure = RankFailure(0, 0, 1, 1000, 100, TIMED_OUT, 100.5, 0)
@@ -48,6 +51,16 @@ def test_a_lost_rendezvous_is_one_line_naming_the_endpoint() -> None:
     lost = RendezvousLostError.from_error(RendezvousClosedError(), "10.0.0.1:29400", machine_rank=1)
     assert str(lost).startswith("The job's rendezvous at 10.0.0.1:29400 is gone (RendezvousClosedError): another ")
     assert lost.exit_code == 1
+
+
+def test_the_lost_store_probe_looks_where_the_settled_record_says(monkeypatch) -> None:
+    """A job srun started names rank 0 in the settled record only: the probe looks there, not in os.environ."""
+    monkeypatch.setenv("MASTER_ADDR", "192.0.2.1")  # not the job's (TEST-NET-1): os.environ is not read
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    verdict, text = probe_store({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    assert verdict == "gone" and f"the job's store at 127.0.0.1:{port} is gone" in text, text
 
 
 def test_a_loopback_host_name_on_a_multi_machine_job_is_refused_naming_the_fix(monkeypatch) -> None:

@@ -8,6 +8,7 @@ launch code (accelerate_launch_env.json), so these tests need no Accelerate inst
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,32 @@ def test_backend_switches_choose_the_strategy_and_their_options_follow() -> None
     found, refused = translate(_variables("megatron_tp2"))
     assert refused == [] and found["ACCEL_STRATEGY"] == "megatron"
     assert (found["ACCEL_MEGATRON_TP_DEGREE"], found["ACCEL_MEGATRON_NUM_MICRO_BATCHES"]) == ("2", "2")
+
+
+def test_a_backend_the_script_builds_itself_reads_the_settled_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`DeepSpeedStrategy()` / `MegatronStrategy()` made by a script without an Accelerator (and the plugins'
+    `from_env()`) settle the environment as `Accelerator()` does: `accelerate launch`'s variables reach them too."""
+    pytest.importorskip("torch")
+    from accel_deepspeed import DeepSpeedPlugin
+    from accel_deepspeed.strategy import DeepSpeedStrategy
+    from accel_megatron import MegatronLMPlugin
+    from accel_megatron.strategy import MegatronStrategy
+
+    for name in [n for n in os.environ if n.startswith(("ACCEL_", "ACCELERATE_", "MEGATRON_LM_"))]:
+        monkeypatch.delenv(name)  # only Accelerate's spelling: what the translation gives is what is read
+    with monkeypatch.context() as launched:
+        for name, value in _variables("deepspeed_zero2_accumulation").items():
+            launched.setenv(name, value)
+        deepspeed = DeepSpeedStrategy().plugin
+        assert (deepspeed.zero_stage, deepspeed.gradient_clipping) == (2, 1.0)  # ACCELERATE_GRADIENT_CLIPPING
+        assert DeepSpeedPlugin.from_env().gradient_clipping == 1.0
+    with monkeypatch.context() as launched:
+        for name, value in _variables("megatron_tp2").items():
+            launched.setenv(name, value)
+        megatron = MegatronStrategy().plugin
+        assert (megatron.tp_degree, megatron.num_micro_batches, megatron.gradient_clipping) == (2, 2, 1.0)
+        assert MegatronLMPlugin.from_env() == megatron
+        assert MegatronLMPlugin.from_env({}) == MegatronLMPlugin()  # a record given is read, not the environment
 
 
 def test_accels_own_spelling_wins() -> None:

@@ -2,26 +2,32 @@
 
 DeepSpeed JIT-compiles two small C++ ops (its shared-memory allreduce, its CPU Adam) into
 TORCH_EXTENSIONS_DIR the first time; the session fixture builds them once, with a long timeout,
-so every run after it uses the cache (CI keeps that folder between runs).
+so every run after it uses the cache (CI keeps that folder between runs). That fixture and the session's
+torchrun + `python` launch are tests/harness/deepspeed_launch.py's (tests/bench/test_zero3_step.py reads the launch
+too).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from checkrun import CheckRun, checks_in, declared_checks, run_check_script, torchrun_command
+from checkrun import CheckRun, checks_in, run_check_script
+from deepspeed_launch import (
+    DEEPSPEED_CPU,
+    RESHARD_SCRIPT,
+    RUN_TIMEOUT,
+    SINGLE_PROCESS_SCRIPT,
+    ZERO_SCRIPT,
+    DeepSpeedRuns,
+)
 
 pytestmark = pytest.mark.slow  # every test here launches DeepSpeed (tens of seconds each)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-# DeepSpeed's accelerator on CPU, added to the harness's worker environment (tests/harness/checkrun.py).
-DEEPSPEED_CPU = {"DS_ACCELERATOR": "cpu"}
-RUN_TIMEOUT = 420  # seconds for one launch once the ops are compiled (about 60 s on 2 busy cores)
 
 
 def _figures(output: str) -> dict:
@@ -32,57 +38,14 @@ def _figures(output: str) -> dict:
     return json.JSONDecoder().raw_decode(output[start + len("FIGURES ") :])[0]
 
 
-ZERO_SCRIPT = HERE / "zero_checks.py"
 OFFLOAD_SCRIPT = HERE / "offload_checkpoint_checks.py"
-SINGLE_PROCESS_SCRIPT = HERE / "single_process_checks.py"
-RESHARD_SCRIPT = HERE / "reshard_checks.py"
-# The two launches that run those scripts' checks (all but the offload script's: `accel launch` sets its own options).
-TWO_PROCESS_DRIVER = HERE / "two_process_checks.py"
-ONE_PROCESS_DRIVER = HERE / "one_process_checks.py"
 
 
 @pytest.fixture(scope="module")
-def deepspeed_runs(deepspeed_ops, tmp_path_factory) -> dict[int, CheckRun]:
-    """The 2-process torchrun launch (two_process_checks.py: zero_checks.py's checks, then reshard_checks.py's) and
-    the plain `python` start (one_process_checks.py: single_process_checks.py's, then reshard_checks.py's), started
-    together: each runs its own checks, then they load each other's checkpoints (2 processes -> 1 and 1 -> 2).
-
-    Two starts instead of four (each start imports torch and DeepSpeed in every process); each script's checks are
-    still the tests of their own test function below."""
-    folder = str(tmp_path_factory.mktemp("deepspeed"))
-    launches = {
-        2: (torchrun_command(TWO_PROCESS_DRIVER, folder, nproc=2), TWO_PROCESS_DRIVER, ZERO_SCRIPT),
-        1: ([sys.executable, str(ONE_PROCESS_DRIVER), folder], ONE_PROCESS_DRIVER, SINGLE_PROCESS_SCRIPT),
-    }
-
-    # The driver imports the scripts in this order; the harness checks that the launch ran exactly these. Parsed
-    # here, before the threads: CPython 3.11's `ast.parse` is not thread-safe (two at once in CI raised "SystemError:
-    # AST constructor recursion depth mismatch", and the 2-process launch then waited out its timeout for the other).
-    names = {
-        nproc: [*declared_checks(first), *declared_checks(RESHARD_SCRIPT)] for nproc, (_, _, first) in launches.items()
-    }
-    results = {nproc: tmp_path_factory.mktemp(f"results_{nproc}") for nproc in launches}
-
-    def run(nproc: int) -> CheckRun:
-        command, driver, _ = launches[nproc]
-        return run_check_script(
-            command,
-            driver,
-            nproc=nproc,
-            env=DEEPSPEED_CPU,
-            timeout=RUN_TIMEOUT,
-            results=results[nproc],
-            names=names[nproc],
-        )
-
-    with ThreadPoolExecutor(2) as pool:
-        return dict(zip((2, 1), pool.map(run, (2, 1)), strict=True))
-
-
-@pytest.fixture(scope="module")
-def zero_run(deepspeed_runs: dict[int, CheckRun]) -> CheckRun:
-    """ZeRO-1, ZeRO-2 (accumulation + clipping), ZeRO-3 (+ zero.Init, consolidated weights) and bf16 vs DDP."""
-    return deepspeed_runs[2]
+def zero_run(deepspeed_runs: DeepSpeedRuns) -> CheckRun:
+    """ZeRO-1, ZeRO-2 (accumulation + clipping), ZeRO-3 (+ zero.Init, consolidated weights) and bf16 vs DDP: the
+    2-process launch of the session (tests/harness/deepspeed_launch.py), shared with tests/bench/test_zero3_step.py."""
+    return deepspeed_runs.runs[2]
 
 
 @pytest.mark.multiprocess
@@ -137,10 +100,10 @@ def test_offload_and_checkpoint_through_accel_launch(offload_run: CheckRun, name
 
 
 @pytest.fixture(scope="module")
-def single_process_run(deepspeed_runs: dict[int, CheckRun]) -> CheckRun:
+def single_process_run(deepspeed_runs: DeepSpeedRuns) -> CheckRun:
     """Plain `python train.py`: contradictory-config errors, DummyOptim/DummyScheduler, frozen teacher + ZeRO-3
-    resume."""
-    return deepspeed_runs[1]
+    resume (started with the 2-process launch)."""
+    return deepspeed_runs.runs[1]
 
 
 @pytest.mark.multiprocess
@@ -150,9 +113,9 @@ def test_single_process_errors_dummies_teacher(single_process_run: CheckRun, nam
 
 
 @pytest.fixture(scope="module")
-def reshard_runs(deepspeed_runs: dict[int, CheckRun]) -> dict[int, CheckRun]:
+def reshard_runs(deepspeed_runs: DeepSpeedRuns) -> dict[int, CheckRun]:
     """ZeRO-1/2/3 (+ optimizer offload) checkpoints: 2 processes -> 1 and 1 -> 2 through universal checkpoints."""
-    return deepspeed_runs
+    return deepspeed_runs.runs
 
 
 @pytest.mark.multiprocess

@@ -52,17 +52,24 @@ def test_old_gpu_falls_back_to_fp16_with_a_warning(monkeypatch, caplog):
 
 
 def test_backend_choice(monkeypatch):
-    monkeypatch.delenv("ACCEL_FP8_BACKEND", raising=False)
-    assert fp8_backend_of({}) == FP8BackendType.AO  # torchao installed here
-    assert fp8_backend_of({AORecipeKwargs: AORecipeKwargs()}) == FP8BackendType.AO
+    monkeypatch.setenv("ACCEL_FP8_BACKEND", "TE")  # the record given is read, never os.environ
+    assert fp8_backend_of({}, {}) == FP8BackendType.AO  # torchao installed here
+    assert fp8_backend_of({AORecipeKwargs: AORecipeKwargs()}, {}) == FP8BackendType.AO
     assert fp8_backend_of({}, {"ACCEL_FP8_BACKEND": "te"}) == FP8BackendType.TE
     with pytest.raises(ValueError, match="use AO"):
         fp8_backend_of({}, {"ACCEL_FP8_BACKEND": "msamp"})
     with pytest.warns(FutureWarning, match="deprecated"):
         legacy = FP8RecipeKwargs(backend="ao")
-    assert fp8_backend_of({FP8RecipeKwargs: legacy}) == FP8BackendType.AO
+    assert fp8_backend_of({FP8RecipeKwargs: legacy}, {}) == FP8BackendType.AO
+    with pytest.warns(FutureWarning):
+        unset = FP8RecipeKwargs()
+    assert unset.backend == "TE"  # the reference's default
+    unset.apply_environment({"ACCEL_FP8_BACKEND": "ao"})
+    assert fp8_backend_of({FP8RecipeKwargs: unset}, {}) == FP8BackendType.AO
+    legacy.apply_environment({"ACCEL_FP8_BACKEND": "TE"})
+    assert legacy.backend == "AO"  # given in the constructor: wins over the variable
     with pytest.raises(ValueError, match="one fp8 recipe handler"), pytest.warns(FutureWarning):
-        fp8_backend_of({AORecipeKwargs: AORecipeKwargs(), FP8RecipeKwargs: FP8RecipeKwargs(backend="TE")})
+        fp8_backend_of({AORecipeKwargs: AORecipeKwargs(), FP8RecipeKwargs: FP8RecipeKwargs(backend="TE")}, {})
 
 
 def test_ao_recipe_kwargs(monkeypatch):
@@ -70,10 +77,53 @@ def test_ao_recipe_kwargs(monkeypatch):
     assert AORecipeKwargs().pad_inner_dim is True
     # torchao gathers float8 weights only with tensorwise scales.
     assert AORecipeKwargs(recipe_name="rowwise").enable_fsdp_float8_all_gather is False
+    # ACCEL_FP8_* come from the run's settled record (apply_environment, called by accel-fp8's factory), not from
+    # os.environ in the constructor; a field the script gave wins.
     monkeypatch.setenv("ACCEL_FP8_PAD_INNER_DIM", "false")
-    assert AORecipeKwargs().pad_inner_dim is False
+    assert AORecipeKwargs().pad_inner_dim is True
+    record = {"ACCEL_FP8_PAD_INNER_DIM": "false", "ACCEL_FP8_RECIPE": "rowwise"}
+    handler, given = AORecipeKwargs(), AORecipeKwargs(pad_inner_dim=True)
+    handler.apply_environment(record)
+    given.apply_environment(record)
+    assert (handler.pad_inner_dim, handler.recipe_name, handler.enable_fsdp_float8_all_gather) == (
+        False,
+        "rowwise",
+        False,
+    )
+    assert (given.pad_inner_dim, given.recipe_name) == (True, "rowwise")
+    handler.apply_environment({})  # another record: the unset fields follow it
+    assert (handler.pad_inner_dim, handler.recipe_name, handler.enable_fsdp_float8_all_gather) == (True, None, True)
     with pytest.raises(ValueError, match="recipe_name must be one of"):
         AORecipeKwargs(recipe_name="blockwise")
+    with pytest.raises(ValueError, match="recipe_name must be one of"):
+        AORecipeKwargs().apply_environment({"ACCEL_FP8_RECIPE": "blockwise"})
+
+
+def test_the_fp8_factory_reads_the_runs_record_not_the_environment(monkeypatch):
+    from accel_core.precision.modes import PrecisionContext
+    from accel_fp8 import factory
+
+    monkeypatch.setenv("ACCEL_FP8_PAD_INNER_DIM", "true")
+    handler = AORecipeKwargs()
+    context = PrecisionContext(
+        torch.device("cpu"), {AORecipeKwargs: handler}, environ={"ACCEL_FP8_PAD_INNER_DIM": "false"}
+    )
+    precision = factory.make_precision(context)
+    assert precision.config.pad_inner_dim is False and handler.pad_inner_dim is False
+    # No handler given: the default one follows the record too.
+    default = factory.make_precision(PrecisionContext(torch.device("cpu"), environ={"ACCEL_FP8_RECIPE": "rowwise"}))
+    assert default.handler.recipe_name == "rowwise" and default.config.enable_fsdp_float8_all_gather is False
+
+
+def test_the_accelerator_hands_fp8_its_settled_record(monkeypatch):
+    from accel import Accelerator
+
+    monkeypatch.setenv("ACCEL_FP8_PAD_INNER_DIM", "false")
+    handler = AORecipeKwargs()
+    assert handler.pad_inner_dim is True  # the constructor reads no environment
+    accelerator = Accelerator(mixed_precision="fp8", cpu=True, kwargs_handlers=[handler])
+    assert accelerator.precision.config.pad_inner_dim is False and handler.pad_inner_dim is False
+    assert accelerator.fp8_backend == FP8BackendType.AO
 
 
 def test_conversion_report_lists_converted_and_skipped_layers():
@@ -189,6 +239,8 @@ def test_transformer_engine_path_fails_clearly_without_te_or_gpu(monkeypatch):
     with pytest.warns(FutureWarning):
         legacy = FP8RecipeKwargs(backend="TE", amax_compute_algo="MAX")
     assert legacy.to_kwargs()["amax_compute_algo"] == "max" and legacy.to_kwargs()["amax_history_len"] == 1024
+    legacy.apply_environment({"ACCEL_FP8_AMAX_HISTORY_LEN": "16", "ACCEL_FP8_AMAX_COMPUTE_ALGO": "most_recent"})
+    assert legacy.to_kwargs()["amax_compute_algo"] == "max" and legacy.to_kwargs()["amax_history_len"] == 16
 
 
 def test_conversion_report_is_logged_on_the_main_process(caplog):

@@ -5,7 +5,8 @@ Checks, in order: refused settings (the distributed optimizer, tp_degree=3 on 2 
 and bf16 on CPU) fail on every process; TP=2 training (AdamW, clipping) follows one process
 training the unsplit model; Megatron's RNG streams; full-weight export; save_state / load_state
 replays the same steps; DP=2 with the plugin's gradient_clipping and accumulation follows torch
-DDP; a TP=2 checkpoint refuses to load under TP=1.
+DDP; a TP=2 checkpoint refuses to load under TP=1; free_memory() forgets the run's state (the strategy's teardown,
+on one process alone) and the Accelerator prepares anew.
 Each ``@check`` is one test of test_megatron_runs.py (the harness: tests/harness/checklist.py).
 """
 
@@ -233,7 +234,7 @@ def expect_checkpoint_replay(accelerator: Accelerator, model: nn.Module, optimiz
     )
 
 
-def expect_data_parallel() -> None:
+def expect_data_parallel() -> Accelerator:
     """(b) TP=1 on 2 processes is DP=2: follows torch DDP (accumulation 2, the plugin's gradient_clipping).
     Then (d) the TP=2 checkpoint refuses to load here."""
     from megatron.core import parallel_state
@@ -283,6 +284,40 @@ def expect_data_parallel() -> None:
 
     with raises(CheckpointMismatchError, "saved with tp_degree=2, pp_degree=1, vp_degree=1, this run uses tp_degree=1"):
         accelerator.load_state(TMP / "ckpt")
+    return accelerator
+
+
+def expect_teardown(accelerator: Accelerator) -> None:
+    """(e) free_memory() tears the strategy down: its run state (last clipping norm, the loaders' batch sizes, the
+    plugin's batch arguments) is forgotten, a second teardown on one process alone waits for nobody, and a new
+    prepare on the same Accelerator takes its batch arguments from its own loader (not the smaller one before)."""
+    strategy, plugin = accelerator.strategy, accelerator.strategy.plugin
+    batch_arguments = lambda: (plugin.micro_batch_size, plugin.data_parallel_size, plugin.global_batch_size)  # noqa: E731
+    expect(
+        strategy.last_grad_norm is not None and batch_arguments() == (BATCH, 2, 2 * BATCH),
+        f"the DP run's state before free_memory: norm {strategy.last_grad_norm}, batch arguments {batch_arguments()}",
+    )
+    accelerator.free_memory()
+    expect(
+        strategy.last_grad_norm is None and batch_arguments() == (None, None, None),
+        f"after free_memory: norm {strategy.last_grad_norm}, batch arguments {batch_arguments()}",
+    )
+    if rank() == 1:  # local: a collective here would leave this rank waiting while rank 0 prepares below
+        strategy.teardown()
+    torch.manual_seed(0)
+    model = FullMLP()
+    big_batches = torch.utils.data.DataLoader(dataset(), batch_size=2 * BATCH, shuffle=False)
+    model, optimizer, train_loader = accelerator.prepare(
+        model, torch.optim.AdamW(model.parameters(), lr=LR), big_batches
+    )
+    expect(
+        batch_arguments() == (2 * BATCH, 2, 4 * BATCH),
+        f"a prepare after free_memory: batch arguments {batch_arguments()}, expected those of its loader of "
+        f"{2 * BATCH} alone (the loader of {BATCH} before was forgotten)",
+    )
+    for batch in list(train_loader)[:2]:  # one accumulation boundary: the plugin's clipping measures again
+        step(accelerator, model, optimizer, batch)
+    expect(strategy.last_grad_norm is not None, "the new run's clipping norm after free_memory")
 
 
 RUN: dict = {}  # the TP=2 run, for the replay check after it
@@ -305,7 +340,12 @@ def save_state_load_state_replays_the_same_steps() -> None:
 
 @check
 def data_parallel_follows_torch_ddp() -> None:
-    expect_data_parallel()
+    RUN["dp"] = expect_data_parallel()
+
+
+@check
+def free_memory_forgets_the_run_state_locally() -> None:
+    expect_teardown(RUN["dp"])
 
 
 if __name__ == "__main__":

@@ -51,9 +51,11 @@ time.sleep(0.2)
 handshake.append(answers[0])
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
+from accel_core.settings import settle  # noqa: E402
 from accel_core.stall_report import StallWatch  # noqa: E402
 
-watch = StallWatch(rank=1, world_size=2, threshold=2.0, timeout=None)  # polls every 0.5 s
+# polls every 0.5 s; the store is the one named by the settled record
+watch = StallWatch(rank=1, world_size=2, threshold=2.0, timeout=None, environ=settle(os.environ).environ)
 
 
 def last_exit_handler() -> None:

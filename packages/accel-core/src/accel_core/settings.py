@@ -8,7 +8,8 @@ spelling, torchrun's own variables). Nothing is written back: ``os.environ`` aft
 
 The Accelerator settles once, first thing in its set-up, and hands the record on: to the process state (rank, world,
 where rank 0 listens), to the strategy (``from_plugin``, ``parallelism``, ``setup_environment``, then
-``StrategyContext.settings``). A ``PartialState`` made alone settles for itself. No torch import.
+``StrategyContext.settings``). A ``PartialState`` made alone settles for itself, and so does a backend built by a
+script without an Accelerator (``settle_environment``). No torch import.
 
 Example (a task of ``srun -N 2 --ntasks-per-node 4 python train.py``)::
 
@@ -19,6 +20,7 @@ Example (a task of ``srun -N 2 --ntasks-per-node 4 python train.py``)::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -143,3 +145,11 @@ def settle(environ: Mapping[str, str]) -> RunSettings:
     from_cluster = cluster_env.torchrun_variables(job, effective)
     effective.update(from_cluster)
     return RunSettings(FrozenEnviron(effective), job, FrozenEnviron({**from_accelerate, **from_cluster}))
+
+
+def settle_environment() -> RunSettings:
+    """``settle(os.environ)``, for an entry that has no Accelerator's record to read: a script's own
+    ``DeepSpeedStrategy()`` / ``MegatronStrategy()`` or ``DeepSpeedPlugin.from_env()``. The backend settles once there
+    and passes the record down, so its code reads the record (with ``accelerate launch``'s and a cluster launcher's
+    variables translated, as the Accelerator's), never ``os.environ``."""
+    return settle(os.environ)

@@ -55,10 +55,9 @@ def _proc_state(pid: int) -> str | None:
         return None
 
 
-def reach_address(environ: Mapping[str, str] | None = None) -> str:
+def reach_address(environ: Mapping[str, str]) -> str:
     """The local address this process reaches ``MASTER_ADDR`` from (no packet is sent), 127.0.0.1 without one.
-    environ: the run's settled variables (``os.environ`` when not given)."""
-    environ = os.environ if environ is None else environ
+    environ: the run's settled variables (``RunSettings.environ``)."""
     master = environ.get(env.MASTER_ADDR) or "127.0.0.1"
     port = int(environ.get(env.MASTER_PORT) or 29500)
     try:
@@ -73,7 +72,7 @@ def reach_address(environ: Mapping[str, str] | None = None) -> str:
 class ProbeListener:
     """One rank's probe socket: answers each connection with ``answer()`` (this rank's position, as JSON)."""
 
-    def __init__(self, answer: Callable[[], dict[str, Any]], environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, answer: Callable[[], dict[str, Any]], environ: Mapping[str, str]) -> None:
         self.answer = answer
         self.address = reach_address(environ)
         self.socket = socket.socket(socket.AF_INET6 if ":" in self.address else socket.AF_INET, socket.SOCK_STREAM)
@@ -178,9 +177,10 @@ def unreachable_text(host: str, address: str, error: OSError) -> str:
     return f"unreachable: {where} does not answer ({why}): its network link or the machine is down"
 
 
-def probe_store() -> tuple[str, str]:
-    """(verdict, text) for the job's store at ``MASTER_ADDR:MASTER_PORT``, which stopped answering."""
-    address, port = os.environ.get(env.MASTER_ADDR, "?"), os.environ.get(env.MASTER_PORT, "0")
+def probe_store(environ: Mapping[str, str]) -> tuple[str, str]:
+    """(verdict, text) for the job's store at ``MASTER_ADDR:MASTER_PORT`` of ``environ`` (the run's settled record: a
+    job srun or mpirun started names rank 0 there, not in ``os.environ``), which stopped answering."""
+    address, port = environ.get(env.MASTER_ADDR, "?"), environ.get(env.MASTER_PORT, "0")
     try:
         with socket.create_connection((address, int(port)), timeout=CONNECT_TIMEOUT):
             return "answers", f"the job's store at {address}:{port} accepts connections but does not answer in time"
@@ -192,9 +192,10 @@ def probe_store() -> tuple[str, str]:
         )
 
 
-def record_unreachable(rank: int, text: str) -> None:
-    """Leaves ``text`` where ``accel launch``'s failure summary reads it (its records folder), if launched by it."""
-    folder = os.environ.get(env.FINISH_RECORDS)
+def record_unreachable(rank: int, text: str, environ: Mapping[str, str]) -> None:
+    """Leaves ``text`` where ``accel launch``'s failure summary reads it (its records folder, ``ACCEL_FINISH_RECORDS``
+    in ``environ``, the run's settled record), if launched by it."""
+    folder = environ.get(env.FINISH_RECORDS)
     if not folder:
         return
     with contextlib.suppress(OSError):

@@ -154,13 +154,14 @@ def watched(op: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     return decorate
 
 
-def stall_report_after(given: float | timedelta | None = None, environ: Mapping[str, str] | None = None) -> float:
-    """Seconds before a stalled collective is reported: the script's keyword, ``ACCEL_STALL_REPORT_AFTER``, 60."""
+def stall_report_after(given: float | timedelta | None, environ: Mapping[str, str]) -> float:
+    """Seconds before a stalled collective is reported: the script's keyword, ``ACCEL_STALL_REPORT_AFTER`` in
+    ``environ`` (the run's settled record, ``RunSettings.environ``), 60."""
     if given is not None:
         seconds = given.total_seconds() if isinstance(given, timedelta) else float(given)
         source = "stall_report_after"
     else:
-        raw = ((os.environ if environ is None else environ).get(env.STALL_REPORT_AFTER) or "").strip()
+        raw = (environ.get(env.STALL_REPORT_AFTER) or "").strip()
         source = f"Environment variable {env.STALL_REPORT_AFTER}={raw!r}"
         try:
             seconds = float(raw) if raw else DEFAULT_STALL_REPORT_AFTER
@@ -258,10 +259,11 @@ class StallWatch:
         world_size: int,
         threshold: float,
         timeout: float | None,
-        environ: Mapping[str, str] | None = None,
+        environ: Mapping[str, str],
     ) -> None:
         self.rank, self.world_size, self.threshold, self.timeout = rank, world_size, threshold, timeout
-        # The run's settled variables: where the job's store is (MASTER_ADDR / MASTER_PORT); None: os.environ.
+        # The run's settled variables (RunSettings.environ): where the job's store is (MASTER_ADDR / MASTER_PORT),
+        # where `accel launch` reads the notes of unreachable peers (ACCEL_FINISH_RECORDS).
         self.environ = environ
         # Polls often enough to report within a quarter of the threshold, at most every 5 s (one
         # store round trip per poll), at least every 0.5 s.
@@ -395,11 +397,11 @@ class StallWatch:
 
     def _report_lost_store(self, now: float) -> None:
         mine = describe_position(POSITION, now, 0, self.rank)
-        verdict, fate = probe_store()
+        verdict, fate = probe_store(self.environ)
         report = compose_lost_store_report(mine, now - self.mark_since, fate, self.world_size)
         print(report, file=sys.stderr, flush=True)
         if verdict == "unreachable":
-            record_unreachable(self.rank, fate)
+            record_unreachable(self.rank, fate, self.environ)
 
     def _answer_pending(self, now: float) -> None:
         wanted = self.store.add(_KEYS + _REQUEST, 0)
@@ -452,7 +454,7 @@ class StallWatch:
                 continue
             fates[rank] = f"{who(peer)}: does not answer; {fate}"
             if verdict == "unreachable":
-                record_unreachable(self.rank, f"{who(peer)} became {fate}")
+                record_unreachable(self.rank, f"{who(peer)} became {fate}", self.environ)
         return fates
 
     def stop(self) -> None:
@@ -502,12 +504,12 @@ def start_watch(
     world_size: int,
     given: float | timedelta | None,
     timeout: float | None,
-    environ: Mapping[str, str] | None = None,
+    environ: Mapping[str, str],
 ) -> None:
     """Starts this process's watch thread once (nothing for one process or a threshold of 0).
 
-    environ: the run's settled variables (``RunSettings.environ``), which name the job's store and the threshold's
-    variable; ``os.environ`` when not given."""
+    environ: the run's settled variables (``RunSettings.environ``, the process state's), which name the job's store
+    and the threshold's variable."""
     threshold = stall_report_after(given, environ)
     if _WATCH or world_size < 2 or threshold == 0:
         return

@@ -6,7 +6,6 @@ one rank 0 serves for ``env://``, both at ``MASTER_ADDR:MASTER_PORT``; a client 
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -51,12 +50,11 @@ class TimedStore:
         return self._call(self._store.check, keys)
 
 
-def connect_store(timeout: timedelta, environ: Mapping[str, str] | None = None) -> tuple[Any, bool]:
+def connect_store(timeout: timedelta, environ: Mapping[str, str]) -> tuple[Any, bool]:
     """A client of the job's store (see the module docstring), or None; and whether MASTER_ADDR names one.
 
     environ: the run's settled variables (``RunSettings.environ``: a job srun or mpirun started names rank 0 there,
-    not in ``os.environ``); ``os.environ`` when not given."""
-    environ = os.environ if environ is None else environ
+    not in ``os.environ``)."""
     address, port = environ.get(env.MASTER_ADDR), environ.get(env.MASTER_PORT)
     if not address or not port:
         return None, False

@@ -120,7 +120,12 @@ def announce_build(build_dir: Path, name: str, purpose: str) -> None:
     """The message shown before a build: what, that it happens once, where it is cached."""
     if (build_dir / "build.ninja").exists():
         say(f"found an unfinished build of DeepSpeed's {name} op in {build_dir} (a run stopped while compiling it).")
-    root = "TORCH_EXTENSIONS_DIR" if os.environ.get("TORCH_EXTENSIONS_DIR") else "torch's default; TORCH_EXTENSIONS_DIR"
+    from torch.utils import cpp_extension
+
+    # Told from the folder torch chose (build_directory), not from the environment: torch's default root, else the
+    # TORCH_EXTENSIONS_DIR torch read.
+    default = Path(cpp_extension.get_default_build_root())
+    root = "torch's default; TORCH_EXTENSIONS_DIR" if default in build_dir.parents else "TORCH_EXTENSIONS_DIR"
     what = f" ({purpose})" if purpose else ""
     say(
         f"DeepSpeed compiles its C++ op {name}{what} now: this takes a few minutes, once. It is cached in "

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from accel_core import environment as env
+from accel_core.settings import settle_environment
 
 from .config import fill_auto, get_value, is_auto, is_enabled, load_config, set_value
 
@@ -206,7 +207,12 @@ class DeepSpeedPlugin:
     # -- the environment from `accel launch` --------------------------------------------------
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> DeepSpeedPlugin:
-        """The plugin described by the ``ACCEL_DEEPSPEED_*`` variables (``accel launch --use-deepspeed ...``)."""
+        """The plugin described by the ``ACCEL_DEEPSPEED_*`` variables (``accel launch --use-deepspeed ...``).
+
+        environ: the run's settled variables (``RunSettings.environ``); None settles this process's environment
+        (``accel_core.settings.settle_environment``), as ``Accelerator()`` would."""
+        if environ is None:
+            environ = settle_environment().environ
         kwargs: dict[str, Any] = {}
         for option, raw in env.backend_options("deepspeed", environ).items():
             if option in LAUNCHER_ONLY_OPTIONS:

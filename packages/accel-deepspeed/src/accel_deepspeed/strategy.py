@@ -76,6 +76,8 @@ class DeepSpeedStrategy(Strategy):
 
     def __init__(self, plugin: DeepSpeedPlugin | None = None) -> None:
         super().__init__()
+        # Built by a script itself without a plugin: the ACCEL_DEEPSPEED_* of this process's settled record
+        # (DeepSpeedPlugin.from_env settles it); the Accelerator's from_plugin hands over its own record's instead.
         self.plugin = plugin if plugin is not None else DeepSpeedPlugin.from_env()
         self._prepared: PreparedEngine | None = None  # set from what prepare_jointly returns; None after teardown
         self.frozen_models: list[torch.nn.Module] = []
@@ -145,13 +147,14 @@ class DeepSpeedStrategy(Strategy):
         one. The settled record places the process (torchrun's ``env://``, or rank 0's address for a job srun or
         mpirun started).
 
-        DeepSpeed reads two variables itself, and only from ``os.environ``; they are set here and nowhere else.
+        DeepSpeed reads two variables itself, and only from ``os.environ``; they are written here and nowhere else
+        (the strategy reads the record only: a ``DS_ACCELERATOR`` the user exported is in it, and wins).
         ``DS_ACCELERATOR=cpu`` (``ACCEL_USE_CPU``): deepspeed picks its accelerator once, when it is imported, so
         the variable is set for that import only and then restored. ``LOCAL_RANK`` (the record's, when the
         launcher did not set it: srun, mpirun, a lone process): the engine asserts it is there and ZeRO-3 reads
         it whenever it places a partition, so it stays set.
         """
-        if settings.flag(env.USE_CPU) and "deepspeed" not in sys.modules and "DS_ACCELERATOR" not in os.environ:
+        if settings.flag(env.USE_CPU) and "deepspeed" not in sys.modules and "DS_ACCELERATOR" not in settings.environ:
             with patch_environment(DS_ACCELERATOR="cpu"):
                 deepspeed = import_deepspeed()
                 ds_accelerator()  # chosen now, while the variable is set; deepspeed keeps the choice

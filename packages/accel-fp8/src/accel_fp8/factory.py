@@ -77,20 +77,26 @@ def make_precision(context: PrecisionContext) -> Precision:
                 fallback.upper(),
             )
         return context.fallback(fallback)
-    backend = fp8_backend_of(context.handlers)
+    handler = fp8_recipe_handler(context.handlers)
+    if isinstance(handler, (AORecipeKwargs, TERecipeKwargs)):
+        # The fields the script left unset take the run's ACCEL_FP8_* (its settled record), FP8RecipeKwargs's backend
+        # among them: before the backend is chosen from it.
+        handler.apply_environment(context.environ)
+    backend = fp8_backend_of(context.handlers, context.environ)
     autocast = context.handlers.get(AutocastKwargs)
     autocast_kwargs = autocast.to_kwargs() if autocast is not None else {}
-    handler = fp8_recipe_handler(context.handlers)
     if backend == FP8BackendType.AO:
         from .ao import AOFloat8Precision
 
-        ao_handler = handler if isinstance(handler, AORecipeKwargs) else AORecipeKwargs()
-        return AOFloat8Precision(device.type, ao_handler, context.is_main_process, autocast_kwargs)
+        if not isinstance(handler, AORecipeKwargs):  # none given (or FP8RecipeKwargs(backend="AO")): the defaults
+            handler = AORecipeKwargs()
+            handler.apply_environment(context.environ)
+        return AOFloat8Precision(device.type, handler, context.is_main_process, autocast_kwargs)
     if backend == FP8BackendType.TE:
         from .te import TEFloat8Precision
 
         te_handler = handler if isinstance(handler, (TERecipeKwargs, FP8RecipeKwargs)) else None
-        return TEFloat8Precision(device.type, te_handler, context.is_main_process, autocast_kwargs)
+        return TEFloat8Precision(device.type, te_handler, context.is_main_process, autocast_kwargs, context.environ)
     raise ImportError(
         f'mixed_precision="fp8" needs torchao or Transformer-Engine: {accel_extra("fp8")} (torchao, CPU and GPU), '
         'or pip install "accel-fp8[te]" on a CUDA machine.'

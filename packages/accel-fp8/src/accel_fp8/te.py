@@ -12,7 +12,7 @@ torch tensor-parallel plans over them are refused.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -212,8 +212,8 @@ def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: TERecipeKwargs | No
 class TEFloat8Precision(AutocastPrecision):
     """The ``fp8`` precision on Transformer-Engine (``TERecipeKwargs``, or ``ACCEL_FP8_BACKEND=TE``).
 
-    handler: the recipe settings (None: ``TERecipeKwargs()``, Accelerate's defaults). is_main_process: logs the
-    conversion report there.
+    handler: the recipe settings (None: ``TERecipeKwargs()``, Accelerate's defaults with the run's ``ACCEL_FP8_*``).
+    is_main_process: logs the conversion report there. environ: the run's settled variables (``RunSettings.environ``).
     """
 
     backend = "TE"
@@ -224,6 +224,7 @@ class TEFloat8Precision(AutocastPrecision):
         handler: TERecipeKwargs | None,
         is_main_process: bool = True,
         autocast_kwargs: dict[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         if device_type != "cuda":
             raise ValueError(
@@ -234,6 +235,7 @@ class TEFloat8Precision(AutocastPrecision):
         super().__init__("fp8", device_type, autocast_kwargs=autocast_kwargs)
         if handler is None:
             handler = TERecipeKwargs()  # Accelerate's defaults (amax_compute_algo="most_recent", ...)
+            handler.apply_environment(environ or {})  # and the run's ACCEL_FP8_*, as a handler the script gave
         self.handler = handler
         self.recipe = recipe_from(handler)
         self.use_during_eval = bool(handler.use_autocast_during_eval) if handler is not None else False

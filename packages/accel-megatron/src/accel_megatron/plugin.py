@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from accel_core import environment as env
+from accel_core.settings import settle_environment
 
 _NOT_YET = "is not supported by this version of accel-megatron (tensor, pipeline and data parallelism only)"
 
@@ -100,7 +101,8 @@ class MegatronLMPlugin:
     Set when a dataloader is prepared, as Accelerate computes them: ``micro_batch_size`` (the
     dataloader's batch size per process), ``data_parallel_size`` (processes / (tp_degree x pp_degree))
     and ``global_batch_size`` (``data_parallel_size x micro_batch_size x num_micro_batches``): the
-    samples of one optimizer step, which scripts use for their step counts.
+    samples of one optimizer step, which scripts use for their step counts. ``free_memory()`` clears them
+    (the strategy's ``teardown``): the next dataloaders prepared set them afresh.
 
     Example::
 
@@ -180,6 +182,10 @@ class MegatronLMPlugin:
         self.micro_batch_size = micro_batch_size
         self.global_batch_size = dp_degree * micro_batch_size * self.num_micro_batches
 
+    def clear_training_args(self) -> None:
+        """Forgets the batch arguments (``MegatronStrategy.teardown``: the dataloaders they described are gone)."""
+        self.data_parallel_size = self.micro_batch_size = self.global_batch_size = None
+
     def check_world_size(self, world_size: int) -> int:
         """The data-parallel size for ``world_size`` processes; a clear error when ``tp_degree x pp_degree`` does
         not divide it."""
@@ -197,7 +203,12 @@ class MegatronLMPlugin:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> MegatronLMPlugin:
-        """The plugin described by the ``ACCEL_MEGATRON_*`` variables (``accel launch --use-megatron ...``)."""
+        """The plugin described by the ``ACCEL_MEGATRON_*`` variables (``accel launch --use-megatron ...``).
+
+        environ: the run's settled variables (``RunSettings.environ``); None settles this process's environment
+        (``accel_core.settings.settle_environment``), as ``Accelerator()`` would."""
+        if environ is None:
+            environ = settle_environment().environ
         return cls(**env.parse_backend_options("megatron", ENV_OPTIONS, environ, label="Megatron"))
 
     def to_env(self) -> dict[str, str]:

@@ -79,8 +79,8 @@ class MegatronStrategy(Strategy):
                 f"megatron_lm_plugin must be an accel_megatron.MegatronLMPlugin, got {type(plugin).__name__}: "
                 "from accel_megatron import MegatronLMPlugin."
             )
-        # Built by the script itself without a plugin: the plugin reads ACCEL_MEGATRON_* as the script's own
-        # MegatronLMPlugin.from_env() would; the Accelerator's from_plugin hands it the settled record's instead.
+        # Built by a script itself without a plugin: the ACCEL_MEGATRON_* of this process's settled record
+        # (MegatronLMPlugin.from_env settles it); the Accelerator's from_plugin hands over its own record's instead.
         self.plugin = plugin if plugin is not None else MegatronLMPlugin.from_env()
         self.ddp_kwargs = ddp_kwargs
         self.last_grad_norm: torch.Tensor | None = None
@@ -366,6 +366,24 @@ class MegatronStrategy(Strategy):
         from .checkpointing import load_sharded
 
         load_sharded(self, prepared, folder, io)
+
+    # -- the end of a run ---------------------------------------------------------------------
+    def teardown(self) -> None:
+        """Forgets this run's state: the batch sizes of the dataloaders prepared (and the plugin's batch arguments
+        computed from them), the last clipping norm, the once-per-run warning about a model without TP layers.
+
+        What Megatron holds for a run lives elsewhere and stays: the models' DDP wrappers (and their
+        gradient hooks) are prepared objects, the Accelerator's, freed with them; Megatron's parallel groups
+        and RNG streams are built by ``setup`` (once per Accelerator, or adopted from the user or another
+        Accelerator) and used by the tensor-parallel layers the user built, and by a later ``prepare``:
+        they belong to the job like the mesh's groups and end with the default group at exit (or with
+        ``megatron.core.parallel_state.destroy_model_parallel()``, the script's call). So nothing native
+        to release and no communication: idempotent, and safe on one process alone.
+        """
+        self._batch_sizes = []
+        self.last_grad_norm = None
+        self._warned_replicated = False
+        self.plugin.clear_training_args()
 
     def __repr__(self) -> str:
         plugin = self.plugin

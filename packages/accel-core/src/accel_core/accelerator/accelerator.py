@@ -163,6 +163,7 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
             )
         )
         context = run.context
+        self._settings = context.settings
         self.strategy: Strategy = run.strategy
         self.plan = context.plan
         self.dynamo_plugin = context.dynamo_plugin

@@ -154,7 +154,8 @@ def assemble(arguments: RunArguments) -> Assembly:
             f"{list(strategy.supported_precisions)}."
         )
     precision = strategy.make_precision(
-        plan.mixed_precision, PrecisionContext(state.device, arguments.handlers, state.is_main_process)
+        plan.mixed_precision,
+        PrecisionContext(state.device, arguments.handlers, state.is_main_process, environ=settings.environ),
     )
     # What runs: DeepSpeed's config may settle another mode, fp8 on a device without it falls back.
     state.mixed_precision = precision.name

@@ -23,6 +23,7 @@ from ..enums import FP8BackendType
 from ..precision.fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs, fp8_backend_of, fp8_recipe_handler
 
 if TYPE_CHECKING:
+    from ..settings import RunSettings
     from ..state import AcceleratorState
 
 # Distributed types with one accelerator device per process (the reference's `multi_device` list;
@@ -46,6 +47,9 @@ class SetupQueries:
     handlers: the kwargs handlers given to the Accelerator, by type (``arguments.index_handlers``).
     dataloader_config: the ``DataLoaderConfiguration`` in use.
     """
+
+    # The run's settled record (``accel_core.settings``), set by the Accelerator once it is assembled.
+    _settings: RunSettings
 
     def __init__(self, handlers: dict[type, Any], dataloader_config: DataLoaderConfiguration) -> None:
         self.handlers = handlers
@@ -152,4 +156,4 @@ class SetupQueries:
         """The library fp8 runs on (``AO`` or ``TE``); ``NO`` when fp8 is off."""
         if not self.fp8_enabled:
             return FP8BackendType.NO
-        return fp8_backend_of(self.handlers)
+        return fp8_backend_of(self.handlers, self._settings.environ)

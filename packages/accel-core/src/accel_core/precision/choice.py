@@ -40,7 +40,7 @@ def default_precision(
     if name == "fp8":
         # fp8 on a device that cannot run it falls back to what the recipe names (bf16, no), built here.
         fallback = partial(_without_fp8, context=context, grad_scaler=grad_scaler)
-        fp8_context = PrecisionContext(context.device, handlers, context.is_main_process, fallback)
+        fp8_context = PrecisionContext(context.device, handlers, context.is_main_process, fallback, context.environ)
         factory: PrecisionFactory = discovery.load("accel.precisions", "fp8")
         return factory(fp8_context)
     if name == "no":
@@ -68,7 +68,8 @@ def default_precision(
 def _without_fp8(name: str, context: PrecisionContext, grad_scaler: GradScalerFactory) -> Precision:
     # The recipe handler that asked for fp8 is still in the handlers: the fallback must not refuse it.
     handlers = {kind: handler for kind, handler in context.handlers.items() if kind not in RECIPE_HANDLERS}
-    return default_precision(name, PrecisionContext(context.device, handlers, context.is_main_process), grad_scaler)
+    fallback_context = PrecisionContext(context.device, handlers, context.is_main_process, environ=context.environ)
+    return default_precision(name, fallback_context, grad_scaler)
 
 
 def cuda_computes_bf16() -> bool:

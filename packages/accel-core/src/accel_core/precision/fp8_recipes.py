@@ -3,8 +3,10 @@
 They live in core so that ``Accelerator(kwargs_handlers=[...])`` can index them and scripts can
 import them from ``accel.utils``; the backend package (accel-fp8) reads them. Nothing here imports
 torchao or Transformer-Engine: a torchao ``Float8LinearConfig`` is built by accel-fp8 when
-``AORecipeKwargs.config`` is left None. Unset fields read ``ACCEL_FP8_<FIELD>`` (the reference
-reads ``ACCELERATE_FP8_<FIELD>``), then the reference's defaults.
+``AORecipeKwargs.config`` is left None. Fields the constructor is not given hold the reference's defaults; the
+Accelerator then gives them the run's ``ACCEL_FP8_<FIELD>`` (``apply_environment`` with its settled record, from
+accel-fp8's factory: the reference reads ``ACCELERATE_FP8_<FIELD>`` from ``os.environ`` in the constructor). Nothing
+here reads ``os.environ``.
 
 Which backend runs: the recipe handler given (``AORecipeKwargs`` -> torchao, ``TERecipeKwargs`` ->
 Transformer-Engine), else ``ACCEL_FP8_BACKEND`` (``AO`` or ``TE``), else torchao when installed,
@@ -13,17 +15,19 @@ else Transformer-Engine (``fp8_backend_of``).
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import environment as env
 from ..compat.availability import is_torchao_available, is_transformer_engine_available
 from ..configuration import KwargsHandler
 from ..enums import FP8BackendType
 from ..install_hints import accel_extra
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
 AMAX_COMPUTE_ALGORITHMS = ("max", "most_recent")
@@ -32,12 +36,38 @@ AO_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 _PREFIX = "ACCEL_FP8_"
 
 
-def _flag(name: str, default: bool = False) -> bool:
-    return env.flag(_PREFIX + name, default)
+def _flag(name: str, default: bool, environ: Mapping[str, str]) -> bool:
+    return env.flag(_PREFIX + name, default, environ)
+
+
+class _SettledFromEnvironment:
+    """A recipe handler whose fields the constructor was not given come from the run's ``ACCEL_FP8_*``.
+
+    The constructor fills them with the defaults (``_fill`` with no variables) and remembers which were given;
+    ``apply_environment`` fills the others again from the run's settled variables. A field given always wins."""
+
+    _given: frozenset[str] = frozenset()
+
+    def _field_names(self) -> list[str]:
+        return [f.name for f in fields(cast("DataclassInstance", self))]  # every recipe handler is a dataclass
+
+    def _remember_given(self) -> None:
+        self._given = frozenset(name for name in self._field_names() if getattr(self, name) is not None)
+
+    def apply_environment(self, environ: Mapping[str, str]) -> None:
+        """Gives the fields the constructor was not given their ``ACCEL_FP8_<FIELD>`` value in ``environ`` (the run's
+        ``RunSettings.environ``), else the default; idempotent. accel-fp8 calls it when it builds the precision."""
+        for name in self._field_names():
+            if name not in self._given:
+                setattr(self, name, None)
+        self._fill(environ)
+
+    def _fill(self, environ: Mapping[str, str]) -> None:
+        raise NotImplementedError
 
 
 @dataclass
-class AORecipeKwargs(KwargsHandler):
+class AORecipeKwargs(_SettledFromEnvironment, KwargsHandler):
     """fp8 training with torchao's ``Float8Linear`` (runs on CPU too, and on GPUs of compute capability >= 8.9).
 
     config: a ``torchao.float8.Float8LinearConfig``; None builds one from ``recipe_name`` (or torchao's
@@ -67,21 +97,25 @@ class AORecipeKwargs(KwargsHandler):
     def __post_init__(self) -> None:
         if not is_torchao_available():
             raise ImportError(f"AORecipeKwargs needs torchao: {accel_extra('fp8')} (or pip install accel-fp8).")
+        self._remember_given()
+        self._fill({})
+
+    def _fill(self, environ: Mapping[str, str]) -> None:
         if self.config is None:
             if self.recipe_name is None:
-                self.recipe_name = os.environ.get(_PREFIX + "RECIPE") or None
+                self.recipe_name = environ.get(_PREFIX + "RECIPE") or None
             if self.recipe_name is not None and self.recipe_name not in AO_RECIPES:
                 raise ValueError(f"recipe_name must be one of {list(AO_RECIPES)}, got {self.recipe_name!r}.")
             if self.pad_inner_dim is None:
-                self.pad_inner_dim = _flag("PAD_INNER_DIM", True)
+                self.pad_inner_dim = _flag("PAD_INNER_DIM", True, environ)
             if self.enable_fsdp_float8_all_gather is None:
                 # torchao gathers float8 weights only with tensorwise scales.
                 default = self.recipe_name in (None, "tensorwise")
-                self.enable_fsdp_float8_all_gather = _flag("ENABLE_FSDP_FLOAT8_ALL_GATHER", default)
+                self.enable_fsdp_float8_all_gather = _flag("ENABLE_FSDP_FLOAT8_ALL_GATHER", default, environ)
 
 
 @dataclass
-class TERecipeKwargs(KwargsHandler):
+class TERecipeKwargs(_SettledFromEnvironment, KwargsHandler):
     """fp8 training with Transformer-Engine (CUDA, compute capability >= 8.9): its ``DelayedScaling`` recipe.
 
     use_autocast_during_eval: keep ``fp8_autocast`` on in eval mode (default False: metrics are usually better).
@@ -114,20 +148,21 @@ class TERecipeKwargs(KwargsHandler):
                 'TERecipeKwargs needs Transformer-Engine: pip install "accel-fp8[te]" (a CUDA machine with its '
                 "toolkit), or use AORecipeKwargs (torchao)."
             )
-        self._fill_from_env()
+        self._remember_given()
+        self._fill({})
 
-    def _fill_from_env(self) -> None:
+    def _fill(self, environ: Mapping[str, str]) -> None:
         if self.use_autocast_during_eval is None:
-            self.use_autocast_during_eval = _flag("USE_AUTOCAST_DURING_EVAL")
+            self.use_autocast_during_eval = _flag("USE_AUTOCAST_DURING_EVAL", False, environ)
         if self.margin is None:
-            self.margin = env.get_int(_PREFIX + "MARGIN", 0)
+            self.margin = env.get_int(_PREFIX + "MARGIN", 0, environ)
         if self.interval is None:
-            self.interval = env.get_int(_PREFIX + "INTERVAL", 1)
-        self.fp8_format = (self.fp8_format or os.environ.get(_PREFIX + "FORMAT") or "HYBRID").upper()
+            self.interval = env.get_int(_PREFIX + "INTERVAL", 1, environ)
+        self.fp8_format = (self.fp8_format or environ.get(_PREFIX + "FORMAT") or "HYBRID").upper()
         if self.fp8_format not in FP8_FORMATS:
             raise ValueError(f"`fp8_format` must be one of {' or '.join(FP8_FORMATS)}, got {self.fp8_format!r}.")
         self.amax_compute_algo = (
-            self.amax_compute_algo or os.environ.get(_PREFIX + "AMAX_COMPUTE_ALGO") or "most_recent"
+            self.amax_compute_algo or environ.get(_PREFIX + "AMAX_COMPUTE_ALGO") or "most_recent"
         ).lower()
         if self.amax_compute_algo not in AMAX_COMPUTE_ALGORITHMS:
             raise ValueError(
@@ -135,14 +170,18 @@ class TERecipeKwargs(KwargsHandler):
                 f"got {self.amax_compute_algo!r}."
             )
         if self.amax_history_len is None:
-            self.amax_history_len = env.get_int(_PREFIX + "AMAX_HISTORY_LEN", 1024)
+            self.amax_history_len = env.get_int(_PREFIX + "AMAX_HISTORY_LEN", 1024, environ)
         if self.override_linear_precision is None:
-            self.override_linear_precision = (_flag("OVERRIDE_FPROP"), _flag("OVERRIDE_DGRAD"), _flag("OVERRIDE_WGRAD"))
+            self.override_linear_precision = (
+                _flag("OVERRIDE_FPROP", False, environ),
+                _flag("OVERRIDE_DGRAD", False, environ),
+                _flag("OVERRIDE_WGRAD", False, environ),
+            )
         if self.use_mxfp8_block_scaling is None:
-            self.use_mxfp8_block_scaling = _flag("USE_MXFP8_BLOCK_SCALING")
+            self.use_mxfp8_block_scaling = _flag("USE_MXFP8_BLOCK_SCALING", False, environ)
 
     def to_kwargs(self) -> dict[str, Any]:
-        """Every field (the env-filled defaults included), as the recipe is built from them."""
+        """Every field (the defaults and the run's ``ACCEL_FP8_*`` included), as the recipe is built from them."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
@@ -163,7 +202,11 @@ class FP8RecipeKwargs(TERecipeKwargs):
             FutureWarning,
             stacklevel=3,
         )
-        backend = (self.backend or os.environ.get(_PREFIX + "BACKEND") or "TE").upper()
+        self._remember_given()
+        self._fill({})
+
+    def _fill(self, environ: Mapping[str, str]) -> None:
+        backend = (self.backend or environ.get(_PREFIX + "BACKEND") or "TE").upper()
         if backend == "MSAMP":
             raise ValueError(
                 "accel does not support MS-AMP: use backend='TE' (Transformer-Engine) or AORecipeKwargs (torchao)."
@@ -172,7 +215,7 @@ class FP8RecipeKwargs(TERecipeKwargs):
             raise ValueError(f"`backend` must be 'TE' or 'AO' to use FP8RecipeKwargs, got {self.backend!r}.")
         self.backend = backend
         # The TE fields get their defaults either way; TE itself is only needed when it runs.
-        self._fill_from_env()
+        super()._fill(environ)
 
 
 RECIPE_HANDLERS: tuple[type[KwargsHandler], ...] = (AORecipeKwargs, TERecipeKwargs, FP8RecipeKwargs)
@@ -188,8 +231,10 @@ def fp8_recipe_handler(handlers: Mapping[type, Any]) -> KwargsHandler | None:
     return given[0] if given else None
 
 
-def fp8_backend_of(handlers: Mapping[type, Any], environ: Mapping[str, str] | None = None) -> FP8BackendType:
-    """The fp8 backend a run uses (see the module docstring); ``NO`` when nothing can run fp8."""
+def fp8_backend_of(handlers: Mapping[type, Any], environ: Mapping[str, str]) -> FP8BackendType:
+    """The fp8 backend a run uses (see the module docstring); ``NO`` when nothing can run fp8.
+
+    environ: the run's settled variables (``RunSettings.environ``), where ``ACCEL_FP8_BACKEND`` is read."""
     handler = fp8_recipe_handler(handlers)
     if isinstance(handler, FP8RecipeKwargs):
         return FP8BackendType(handler.backend)
@@ -197,8 +242,7 @@ def fp8_backend_of(handlers: Mapping[type, Any], environ: Mapping[str, str] | No
         return FP8BackendType.AO
     if isinstance(handler, TERecipeKwargs):
         return FP8BackendType.TE
-    source = os.environ if environ is None else environ
-    chosen = (source.get(_PREFIX + "BACKEND") or "").upper()
+    chosen = (environ.get(_PREFIX + "BACKEND") or "").upper()
     if chosen:
         if chosen not in ("AO", "TE"):
             raise ValueError(f"{_PREFIX}BACKEND={chosen!r}: use AO (torchao) or TE (Transformer-Engine).")

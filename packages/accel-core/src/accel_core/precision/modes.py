@@ -98,13 +98,15 @@ class PrecisionContext:
     device: this process's device. handlers: the kwargs handlers by type (the fp8 recipe handlers).
     is_main_process: whether this process logs (conversion reports). fallback: builds one of core's
     precisions by name ("bf16", "fp16"), for a device that cannot run the requested one (a GPU below
-    compute capability 8.9 asked for fp8).
+    compute capability 8.9 asked for fp8). environ: the run's settled variables (``RunSettings.environ``), where a
+    precision reads its own (fp8's ``ACCEL_FP8_*``); never ``os.environ``.
     """
 
     device: torch.device
     handlers: Mapping[type, Any] = field(default_factory=dict)
     is_main_process: bool = True
     fallback: Callable[[str], Precision] | None = None
+    environ: Mapping[str, str] = field(default_factory=dict)
 
 
 class PrecisionFactory(Protocol):
