@@ -93,6 +93,19 @@ def four_process_layouts(torchrun_checks, tmp_path_factory: pytest.TempPathFacto
     return torchrun_checks(LAYOUTS_DRIVER, str(folder), nproc=4, timeout=1200, names=names), folder
 
 
+# tests/fsdp/train_checks.py's checks, then tests/bench/fsdp2_clip_checks.py's, in one 2-process launch.
+FSDP_DRIVER = REPO / "tests" / "fsdp" / "two_process_checks.py"
+FSDP_SCRIPTS = (REPO / "tests" / "fsdp" / "train_checks.py", REPO / "tests" / "bench" / "fsdp2_clip_checks.py")
+
+
+@pytest.fixture(scope="session")
+def fsdp_two_process_checks(torchrun_checks) -> CheckRun:
+    """The launch of tests/fsdp/two_process_checks.py, shared by tests/fsdp/test_fsdp_multiprocess.py and
+    tests/bench/test_fsdp2_clip.py (whichever runs first starts it; each reports its own script's checks)."""
+    names = [name for script in FSDP_SCRIPTS for name in declared_checks(script)]
+    return torchrun_checks(FSDP_DRIVER, timeout=360, names=names)
+
+
 def _mirror_without(folder: Path, left_out: str) -> str:
     """A new folder holding a link to each entry of ``folder`` but ``left_out``."""
     mirror = Path(tempfile.mkdtemp(prefix=f"accel-tests-no-{left_out}-"))

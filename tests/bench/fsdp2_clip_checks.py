@@ -1,14 +1,17 @@
 """accel's gradient clipping on FSDP2's sharded gradients, 2 processes (gloo, CPU), in one launch.
 
 Run: PYTHONPATH=tests/harness torchrun --nproc_per_node 2 tests/bench/fsdp2_clip_checks.py
-Each ``@check`` is one test of test_fsdp2_clip.py. The clip reads each DTensor gradient's local piece without
-``to_local()`` (its autograd Function cost 49 aten operators per step of bench/fsdp2_step.py's model); these checks
-show the pieces are the same tensors, that no view is taken any more, and that the norm and the clipped gradients
-are torch's own ``clip_grad_norm_``'s on the same DTensors.
+Each ``@check`` is one test of test_fsdp2_clip.py. In the suite they run after tests/fsdp/train_checks.py's, in one
+launch (tests/fsdp/two_process_checks.py): the process group may exist already, and the model is built on first use.
+The clip reads each DTensor gradient's local piece without ``to_local()`` (its autograd Function cost 49 aten
+operators per step of bench/fsdp2_step.py's model); these checks show the pieces are the same tensors, that no view
+is taken any more, and that the norm and the clipped gradients are torch's own ``clip_grad_norm_``'s on the same
+DTensors.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -20,12 +23,15 @@ from torch.profiler import ProfilerActivity, profile
 
 from accel_core.grads import clip_grad_norm_, local_pieces
 
-dist.init_process_group("gloo")
+if not dist.is_initialized():  # started alone; after train_checks.py's, its Accelerator made the group
+    dist.init_process_group("gloo")
 rank = dist.get_rank()
 MAX_NORM = 0.01  # below the norm: every check clips
 
 
+@functools.cache
 def sharded_model() -> nn.Module:
+    """The model of every check, built by the first (not at import: a launch may run other checks first)."""
     torch.manual_seed(0)
     blocks = (nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)) for _ in range(3))
     model = nn.Sequential(*blocks)
@@ -35,21 +41,19 @@ def sharded_model() -> nn.Module:
     return model
 
 
-MODEL = sharded_model()
-
-
 def backward() -> list[torch.Tensor]:
     """Fresh gradients (the same on each call); returns copies of the local pieces."""
-    MODEL.zero_grad()
+    model = sharded_model()
+    model.zero_grad()
     torch.manual_seed(rank)
-    MODEL(torch.randn(8, 64)).square().mean().backward()
-    return [p.grad.to_local().clone() for p in MODEL.parameters()]
+    model(torch.randn(8, 64)).square().mean().backward()
+    return [p.grad.to_local().clone() for p in model.parameters()]
 
 
 @check
 def local_pieces_are_the_gradients_local_tensors() -> None:
     backward()
-    grads = [p.grad for p in MODEL.parameters()]
+    grads = [p.grad for p in sharded_model().parameters()]
     for grad, piece in zip(grads, local_pieces(grads), strict=True):
         view = grad.to_local()
         expect(
@@ -62,7 +66,7 @@ def local_pieces_are_the_gradients_local_tensors() -> None:
 @check
 def clipping_takes_no_view_of_the_gradients() -> None:
     backward()
-    params = list(MODEL.parameters())
+    params = list(sharded_model().parameters())
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         clip_grad_norm_(params, MAX_NORM)
     views = sum(e.count for e in prof.key_averages() if e.key == "aten::view_as")
@@ -71,7 +75,7 @@ def clipping_takes_no_view_of_the_gradients() -> None:
 
 @check
 def norm_and_clipped_gradients_are_torchs() -> None:
-    params = list(MODEL.parameters())
+    params = list(sharded_model().parameters())
     for norm_type in (2.0, 1.0, 3.0, math.inf):
         backward()
         ours = clip_grad_norm_(params, MAX_NORM, norm_type)

@@ -1,5 +1,6 @@
 """accel's clip of FSDP2's sharded gradients: no to_local() view per gradient, and torch's norm and clipped
-gradients (fsdp2_clip_checks.py, one 2-process launch; each check is one test)."""
+gradients (fsdp2_clip_checks.py, run after tests/fsdp/train_checks.py's checks in one 2-process launch; each check
+is one test)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ SCRIPT = Path(__file__).resolve().parent / "fsdp2_clip_checks.py"
 
 
 @pytest.fixture(scope="module")
-def clip_run(torchrun_checks) -> CheckRun:
-    return torchrun_checks(SCRIPT, timeout=240)
+def clip_run(fsdp_two_process_checks: CheckRun) -> CheckRun:
+    """The session's launch of tests/fsdp/two_process_checks.py (tests/conftest.py): tests/fsdp/train_checks.py's
+    checks, then this script's."""
+    return fsdp_two_process_checks
 
 
 @pytest.mark.parametrize("name", checks_in(SCRIPT))

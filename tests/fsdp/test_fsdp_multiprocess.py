@@ -34,8 +34,10 @@ SINGLE_PROCESS_SCRIPT = HERE / "single_process_checks.py"
 
 
 @pytest.fixture(scope="module")
-def train_run(torchrun_checks) -> CheckRun:
-    return torchrun_checks(TRAIN_SCRIPT, timeout=300)
+def train_run(fsdp_two_process_checks: CheckRun) -> CheckRun:
+    """train_checks.py's checks: the session's launch of two_process_checks.py (tests/conftest.py), which runs
+    tests/bench/fsdp2_clip_checks.py's after them."""
+    return fsdp_two_process_checks
 
 
 @pytest.mark.parametrize("name", checks_in(TRAIN_SCRIPT))
