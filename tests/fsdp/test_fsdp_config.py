@@ -231,6 +231,19 @@ def test_units_to_wrap():
         chosen(ignored_modules="nothing_like_this")
 
 
+def test_process_0_weights_are_refused_with_tensor_or_pipeline_parallelism():
+    # set_model_state_dict(broadcast_from_rank0=True) sends process 0's weights over the whole job: refused, on every
+    # process alike when the Accelerator is made, where processes hold other pieces or stages.
+    from accel_core.parallel.config import ParallelismConfig
+
+    for loading in ({"sync_module_states": True}, {"cpu_ram_efficient_loading": True}):
+        strategy = FSDPStrategy(FullyShardedDataParallelPlugin(**loading))
+        strategy.check_parallelism(ParallelismConfig(dp_shard_size=2, cp_size=2))  # one job-wide mesh: fine
+        for sizes in ({"tp_size": 2}, {"pp_size": 2}):
+            with pytest.raises(ValueError, match="leave both off"):
+                strategy.check_parallelism(ParallelismConfig(dp_shard_size=2, **sizes))
+
+
 def test_units_replaced_after_they_were_chosen_are_refused():
     # parallelize_fsdp2 chooses the units on the model as built; a tensor-parallel step that swaps a block for a new
     # object would leave FSDP2 sharding (and checkpointing) an orphan, silently. Refused before anything is sharded.

@@ -137,12 +137,24 @@ class FSDPStrategy(Strategy):
         return default_precision(name, context, grad_scaler=ShardedGradScaler)
 
     def check_parallelism(self, config: ParallelismConfig) -> None:
-        """FSDP2 composes with every dimension; FSDP1 only with data parallelism."""
+        """FSDP2 composes with every dimension; FSDP1 only with data parallelism. Process 0's weights (FSDP2's
+        ``sync_module_states`` / ``cpu_ram_efficient_loading``) reach the shards through torch's
+        ``set_model_state_dict(broadcast_from_rank0=True)``, over the whole job: not with tensor- or
+        pipeline-parallel models, whose processes hold other pieces or stages."""
         if self.fsdp_version == 1 and (config.tp_enabled or config.cp_enabled or config.pp_enabled):
             raise ValueError(
                 f"tp_size={config.size('tp')}, cp_size={config.size('cp')}, pp_size={config.size('pp')} need FSDP2 "
                 "(DTensor parameters, one FSDPModule per pipeline stage); "
                 "FullyShardedDataParallelPlugin(fsdp_version=1) cannot compose with them. Use fsdp_version=2."
+            )
+        from_rank0 = self.plugin.sync_module_states or self.plugin.cpu_ram_efficient_loading
+        if self.fsdp_version == 2 and from_rank0 and (config.tp_enabled or config.pp_enabled):
+            raise ValueError(
+                f"sync_module_states / cpu_ram_efficient_loading with tp_size={config.size('tp')}, "
+                f"pp_size={config.size('pp')}: process 0's weights are scattered over the whole job, but its "
+                "processes hold different tensor-parallel pieces or pipeline stages. Build the same model on every "
+                "process (the same seed, or the same pretrained weights) and leave both off, or build it on the meta "
+                "device and load the weights after prepare (accelerator.load_state)."
             )
 
     # -- process group ----------------------------------------------------------------------
