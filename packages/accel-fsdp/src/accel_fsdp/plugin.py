@@ -78,7 +78,8 @@ class FullyShardedDataParallelPlugin:
         accel-fsdp, like Accelerate's ``save_state`` on several processes, gathers full state dicts to
         CPU memory on process 0 and writes sharded ones from where they are, whatever their
         ``offload_to_cpu`` / ``rank0_only`` say.
-    sync_module_states: copy process 0's parameters and buffers to every process before sharding.
+    sync_module_states: every process starts from process 0's parameters and buffers (FSDP2: scattered shard
+        by shard once sharded, as with ``cpu_ram_efficient_loading``; FSDP1: broadcast before sharding).
     cpu_ram_efficient_loading: process 0 alone builds the real model, the others build it on the
         meta device; process 0's weights are then scattered shard by shard.
     activation_checkpointing: recompute the activations of each wrapped unit during backward.
