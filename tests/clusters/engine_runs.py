@@ -7,6 +7,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 from processes import run
 from safetensors.torch import load_file
@@ -42,6 +43,22 @@ class TrainingRun:
         assert any(not torch.equal(self.initial[k], self.final[k]) for k in self.final), "the weights never moved"
         for name, tensor in reference.final.items():
             assert torch.equal(self.final[name], tensor), f"{name} differs from the accel launch run's"
+
+    def assert_deepspeed_training(self, reference: TrainingRun) -> None:
+        """Two processes trained with a DeepSpeed ZeRO-2 engine (``cluster_train.py --deepspeed``): every rank ends
+        with the same weights, and each rank's losses and the final weights are the DDP reference run's up to float
+        rounding (ZeRO-2 averages and steps flat partitions of the gradients, in another order)."""
+        assert sorted(r["rank"] for r in self.reports) == [0, 1], self.reports
+        for report, expected in zip(self.reports, reference.reports, strict=True):
+            assert report["world_size"] == 2 and report["gathered_ranks"] == [0, 1], report
+            assert report["distributed_type"] == "DEEPSPEED", report
+            assert (report["zero_stage"], report["zero_optimizer"]) == (2, "DeepSpeedZeroOptimizer"), report
+            assert report["steps"] == expected["steps"], report
+            assert report["losses"] == pytest.approx(expected["losses"], rel=1e-5, abs=1e-6), report["rank"]
+        assert len({r["weights_sha256"] for r in self.reports}) == 1, "the ranks ended with different weights"
+        assert any(not torch.equal(self.initial[k], self.final[k]) for k in self.final), "the weights never moved"
+        for name, tensor in reference.final.items():
+            torch.testing.assert_close(self.final[name], tensor, rtol=1e-5, atol=1e-6, msg=f"{name} vs DDP's")
 
 
 def run_job(command: list[str], env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:

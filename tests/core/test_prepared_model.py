@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from accel_core import Accelerator, TorchDynamoPlugin
@@ -63,6 +65,34 @@ def test_an_evaluation_model_is_recorded_placed_not_wrapped():
     runs = accelerator.prepare_model(model, evaluation_mode=True)
     record = accelerator.prepared.record_of(model)
     assert record is not None and runs is model and record.module is model and record.wrapped is model
+
+
+class BlockStack(Stack):
+    _no_split_modules: ClassVar[list[str]] = ["Linear"]  # blocks a training chain would compile one by one
+
+
+def test_an_evaluation_model_is_compiled_whole_or_by_region_as_in_the_reference():
+    from torch._dynamo.utils import counters
+
+    for regional in (False, True):
+        torch._dynamo.reset()
+        counters.clear()
+        accelerator = Accelerator(dynamo_plugin=TorchDynamoPlugin(backend="eager", use_regional_compilation=regional))
+        model = BlockStack()
+        runs = accelerator.prepare_model(model, evaluation_mode=True)
+        record = accelerator.prepared.record_of(model)
+        assert record is not None and record.runs is runs
+        # Not block by block (the training chain's way): no block carries a compiled forward of its own.
+        assert all(block._compiled_call_impl is None for block in model.blocks)
+        if regional:  # the stack's blocks compiled in a shallow copy of the containers, which runs
+            assert runs is not model and record.module is runs and runs.blocks is not model.blocks
+            assert all(is_compiled_module(block) for block in runs.blocks)
+        else:  # torch.compile's module around the user's, whose record keeps the user's module
+            assert is_compiled_module(runs) and runs._orig_mod is model and record.module is model
+        x = torch.randn(2, 4)
+        with torch.no_grad():
+            assert torch.equal(runs(x), model(x))
+        assert counters["stats"]["unique_graphs"] > 0  # dynamo traced the forward: the compilation was engaged
 
 
 def test_a_model_prepare_never_saw_is_unwrapped_by_looking_inside():

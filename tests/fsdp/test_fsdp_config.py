@@ -231,6 +231,19 @@ def test_units_to_wrap():
         chosen(ignored_modules="nothing_like_this")
 
 
+def test_units_replaced_after_they_were_chosen_are_refused():
+    # parallelize_fsdp2 chooses the units on the model as built; a tensor-parallel step that swaps a block for a new
+    # object would leave FSDP2 sharding (and checkpointing) an orphan, silently. Refused before anything is sharded.
+    from accel_fsdp.fsdp2 import shard_model
+
+    net = Net()
+    plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"])
+    units = units_to_wrap(net, plugin, [])
+    net.blocks[1] = Block()
+    with pytest.raises(ValueError, match=r"no longer modules of Net.*parallelize_fn"):
+        shard_model(net, plugin, units=units, ignored=[], mesh=None, device=torch.device("cpu"), precision=None)
+
+
 def test_mixed_precision_policies():
     assert fsdp2_mixed_precision(None, "no").param_dtype is None
     policy = fsdp2_mixed_precision(None, "bf16")

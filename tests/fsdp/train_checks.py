@@ -327,9 +327,17 @@ def plugin_variants() -> None:
     )
     expect(hasattr(model.inp.weight, "to_local"), "the rest should be sharded")
 
-    # sync_module_states: every process starts from process 0's weights.
-    accelerator = Accelerator(fsdp_plugin=plugin(sync_module_states=True))
-    model = accelerator.prepare(make_net(seed=rank))
+    # sync_module_states: every process starts from process 0's weights, scattered shard by shard once sharded:
+    # its non-persistent buffers and the weights of the modules FSDP ignores (whole on every process) too.
+    accelerator = Accelerator(fsdp_plugin=plugin(sync_module_states=True, ignored_modules="head"))
+    model = make_net(seed=rank)
+    model.register_buffer("offset", torch.full((3,), float(rank + 1)), persistent=False)
+    model = accelerator.prepare(model)
+    expect(torch.equal(model.offset, torch.ones(3)), f"sync_module_states: process 0's buffer, got {model.offset}")
+    expect(
+        torch.equal(model.head.weight.detach(), make_net(seed=0).head.weight.detach()),
+        "sync_module_states: the ignored head is not process 0's",
+    )
     state = accelerator.get_state_dict(model)
     if rank == 0:
         expected = make_net(seed=0).state_dict()
@@ -374,6 +382,14 @@ def mixed_precision_bf16_and_fp16() -> None:
     expect(skipped[0] == skipped[1], f"fp16: processes disagree on the scaler: {skipped}")
 
 
+class Gained(Net):
+    """A tensor of the root module's own, which no reset_parameters, init_weights or param_init_fn sets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(4))
+
+
 @check
 def bad_settings_fail_on_every_rank() -> None:
     # fp8 composes with FSDP2 (accel-fp8, tests/fp8); FSDP1's flat parameters cannot hold its layers.
@@ -398,6 +414,19 @@ def bad_settings_fail_on_every_rank() -> None:
         expect("Missing" in str(error), f"missing class message: {error}")
     else:
         expect(False, "an unknown layer class should be refused")
+    # A meta-device model holding tensors nothing can initialise is refused by name, on both processes alike.
+    accelerator = Accelerator(fsdp_plugin=plugin())
+    with torch.device("meta"):
+        model = Gained()
+    try:
+        accelerator.prepare(model)
+    except ValueError as error:
+        expect(
+            str(error).startswith("Gained was built") and "<root> (Gained)" in str(error),
+            f"uninitialisable meta model message: {error}",
+        )
+    else:
+        expect(False, "a meta model with a module nothing initialises should be refused")
     # A model on the meta device on one process only fails on both, instead of hanging.
     accelerator = Accelerator(fsdp_plugin=plugin())
     if rank == 0:  # (process 0 alone real is cpu_ram_efficient_loading; process 0 alone meta is a mistake)

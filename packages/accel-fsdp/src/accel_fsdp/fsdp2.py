@@ -4,10 +4,13 @@ The data-parallel step of FSDP2's chain (``accel_fsdp.parallelize``): tensor par
 checkpointing and per-unit compile happened before; a tensor-parallel model's DTensor parameters are
 sharded again over ``dp_shard_cp`` (2-D: FSDP x TP).
 
-Also the memory-efficient start: a model built on the meta device (on every process, or on every
-process but 0 with ``cpu_ram_efficient_loading``) gets memory for its shard only, then is
-initialised (``param_init_fn`` / the model's ``init_weights`` / ``reset_parameters``, refusing
-modules none of them covers) or receives process 0's weights shard by shard.
+Also the memory-efficient start, decided once (``_weights_source``) before anything is sharded: a model
+built on the meta device on every process gets memory for its shard only and is initialised there
+(``accel_core.transforms.meta_init.materialize``: ``param_init_fn`` / the model's ``init_weights`` /
+``reset_parameters``, refusing modules none of them covers); process 0's weights (only process 0 has
+any, ``cpu_ram_efficient_loading``; or ``sync_module_states``) are set aside, and every process shards
+a meta copy and receives its shards of them (``set_model_state_dict(..., broadcast_from_rank0=True)``,
+as Accelerate does for FSDP2).
 """
 
 from __future__ import annotations
@@ -28,8 +31,11 @@ def is_fsdp2(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def _meta_layout(model: nn.Module, group: Any) -> str:
-    """ "real", "meta" (every process built it on the meta device) or "rank0" (only process 0 has weights).
+def _weights_source(model: nn.Module, group: Any, sync_module_states: bool) -> str:
+    """Where the shards' values come from: "real" (each process's own model, as it is), "meta" (every process built
+    it on the meta device: each initialises its shards) or "rank0" (process 0's weights, scattered shard by shard:
+    only process 0 built it on a real device, as with ``cpu_ram_efficient_loading``, or every process did and
+    ``sync_module_states`` asks for process 0's).
 
     Collective, so that an inconsistent layout fails on every process instead of hanging one.
     """
@@ -40,7 +46,7 @@ def _meta_layout(model: nn.Module, group: Any) -> str:
     flags: list[int | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(flags, local, group=group)
     if not any(flags):
-        return "real"
+        return "rank0" if sync_module_states else "real"
     if all(flags):
         return "meta"
     if flags[0] == 0 and all(flags[1:]):
@@ -57,36 +63,33 @@ def source_rank(group: Any) -> int:
     return dist.get_global_rank(group, 0) if group is not None else 0
 
 
-def _broadcast_states(model: nn.Module, group: Any) -> None:
-    """``sync_module_states``: every process starts from process 0's parameters and buffers.
+def _set_aside(model: nn.Module, group: Any) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """Process 0's weights (state dict and non-persistent buffers) copied to the CPU, to be scattered once the model
+    is sharded (nothing on the other processes); then every process's model goes to the meta device, so that each
+    allocates its shards only."""
+    state: dict[str, torch.Tensor] = {}
+    buffers: list[torch.Tensor] = []
+    if dist.get_rank() == source_rank(group):
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        buffers = [getattr(m, n).detach().cpu() for m, n in _non_persistent_buffers(model)]
+    model.to("meta")
+    return state, buffers
 
-    The model may still be on the CPU (``fully_shard`` moves it to the GPU afterwards): each tensor then
-    travels through a copy on the device the backend takes (NCCL refuses CPU tensors: "No backend type
-    associated with device type cpu"), one tensor at a time.
-    """
-    from accel_core.grads import communication_device
 
-    if not dist.is_initialized() or dist.get_world_size(group) == 1:
-        return
+def _scatter_from_rank0(model: nn.Module, state: dict[str, Any], buffers: list[torch.Tensor], group: Any) -> None:
+    """Each process's shards of process 0's weights (``state``, ``buffers``: ``_set_aside``), into the sharded model
+    allocated on the compute device (NCCL sends GPU tensors only)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    # Non-persistent buffers (rotary tables, masks) are outside the state dict: send them too.
     source = source_rank(group)
     with torch.no_grad():
-        for tensor in list(model.parameters()) + list(model.buffers()):
-            target = communication_device(tensor.device)
-            if target == tensor.device:
-                dist.broadcast(tensor.data, src=source, group=group)
-                continue
-            sent = tensor.data.to(target)
-            dist.broadcast(sent, src=source, group=group)
-            tensor.data.copy_(sent)
-
-
-def _buffers_to(model: nn.Module, device: torch.device) -> None:
-    """Every buffer on the compute device, as ``fully_shard`` leaves a real model's: an ``init_weights`` that
-    assigns a new tensor to a buffer (a rotary table computed on the CPU) would otherwise leave it there."""
-    for module in model.modules():
-        for name, buffer in module._buffers.items():
-            if buffer is not None and buffer.device != device:
-                module._buffers[name] = buffer.to(device)
+        for i, (module, name) in enumerate(_non_persistent_buffers(model)):
+            tensor = getattr(module, name)
+            if buffers:
+                tensor.copy_(buffers[i])
+            dist.broadcast(tensor, src=source, group=group)
 
 
 def _offload_parameters(model: nn.Module) -> None:
@@ -123,7 +126,7 @@ def shard_model(
     precision: Any,
 ) -> nn.Module:
     """Applies ``fully_shard`` to each of ``units`` and to the root, as the plugin says; returns the same module object
-    (now an ``FSDPModule``).
+    (now an ``FSDPModule``), its shards given their values where the model had none (see the module docstring).
 
     units, ignored: the plugin's wrap policy and ignored modules applied to ``model`` (``policies.units_to_wrap``,
     ``policies.ignored_modules``), whose parameters stay whole.
@@ -132,73 +135,51 @@ def shard_model(
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard, register_fsdp_forward_method
 
-    from accel_core.transforms.meta_init import check_initialisable, initialise
+    from accel_core.transforms.meta_init import materialize
 
     if is_fsdp2(model):  # the user sharded it already ("manual wrapping")
         return model
+    inside = {id(module) for module in model.modules()}
+    if any(id(unit) not in inside for unit in units):
+        raise ValueError(
+            f"Some units to shard are no longer modules of {type(model).__name__}: they were chosen on the model as "
+            "built, and the tensor-parallel step (a parallelize_fn, or the model's parallelize method) replaced them. "
+            "Keep the module objects while splitting them (parallelize_module does), or shard the model yourself "
+            "with fully_shard before prepare."
+        )
     group = mesh.get_group() if mesh.ndim == 1 else None
-    layout = _meta_layout(model, group)
-    if layout == "meta":
-        check_initialisable(model, plugin.param_init_fn)  # before any memory or communication
-    ignored_params = {p for module in ignored for p in module.parameters()}
+    source = _weights_source(model, group, plugin.sync_module_states)
+    held, held_buffers = _set_aside(model, group) if source == "rank0" else ({}, [])
 
-    held: dict[str, torch.Tensor] = {}
-    saved_buffers: list[torch.Tensor] = []
-    if layout == "rank0":
-        # Process 0 keeps its weights aside (on the CPU) and shards a meta copy like the others.
-        if dist.get_rank() == source_rank(group):
-            held = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-            saved_buffers = [getattr(m, n).detach().cpu() for m, n in _non_persistent_buffers(model)]
-        model.to("meta")
-    elif layout == "real" and plugin.sync_module_states:
-        _broadcast_states(model, group)
-
-    offload_to_cpu = plugin.offload_params
     offload: Any = plugin.cpu_offload if isinstance(plugin.cpu_offload, OffloadPolicy) else None
     if offload is None:
-        offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload_to_cpu else OffloadPolicy()
+        offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if plugin.offload_params else OffloadPolicy()
     options = {
         "mesh": mesh,
         "reshard_after_forward": policies.reshard_after_forward(plugin),
         "mp_policy": policies.fsdp2_mixed_precision(plugin.mixed_precision_policy, precision),
         "offload_policy": offload,
     }
+    ignored_params = {p for module in ignored for p in module.parameters()}
     for unit in units:
         inside = {p for p in unit.parameters() if p in ignored_params}
         fully_shard(unit, **options, ignored_params=inside or None)
-    fully_shard(model, **options, ignored_params=ignored_params or None)
-
-    if layout != "real":
-        # Memory for this process's shards only, on the compute device even when offloading: the initialisers
-        # and process 0's broadcast run there (NCCL sends GPU tensors only), and buffers stay there (FSDP2
-        # offloads parameters, not buffers). Then the offload policy's shards go to the CPU.
-        model.to_empty(device=device)
-        if layout == "meta":
-            initialise(model, plugin.param_init_fn)
-        else:
-            _scatter_from_rank0(model, held, saved_buffers, group)
-        _buffers_to(model, device)
-        if isinstance(offload, CPUOffloadPolicy):
-            _offload_parameters(model)
-
+    fully_shard(model, **options, ignored_params=ignored_params or None)  # no collective: processes still agree here
     for name in plugin.forward_methods:
         if callable(getattr(type(model), name, None)):
             register_fsdp_forward_method(model, name)
+
+    # Memory for this process's shards only, on the compute device even when offloading: the initialisers and
+    # process 0's broadcast run there (NCCL sends GPU tensors only), and buffers stay there (FSDP2 offloads
+    # parameters, not buffers). Then the offload policy's shards go to the CPU.
+    if source == "rank0":
+        model.to_empty(device=device)
+        _scatter_from_rank0(model, held, held_buffers, group)
+    elif source == "meta":
+        materialize(model, device, plugin.param_init_fn)
+    if source != "real" and isinstance(offload, CPUOffloadPolicy):
+        _offload_parameters(model)
     return model
-
-
-def _scatter_from_rank0(model: nn.Module, state: dict[str, Any], buffers: list[torch.Tensor], group: Any) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    # Non-persistent buffers (rotary tables, masks) are outside the state dict: send them too.
-    source = source_rank(group)
-    with torch.no_grad():
-        for i, (module, name) in enumerate(_non_persistent_buffers(model)):
-            tensor = getattr(module, name)
-            if buffers:
-                tensor.copy_(buffers[i])
-            dist.broadcast(tensor, src=source, group=group)
 
 
 def local_bytes(model: nn.Module) -> int:

@@ -2,8 +2,11 @@
 
 ``FSDPStrategy.parallelize`` with FSDP2: the technique functions of ``accel_core.transforms`` in their
 order, with ``fully_shard`` as the data-parallel step. The units FSDP2 shards one by one are also the
-blocks that are checkpointed and compiled. FSDP1 keeps core's default chain (its wrapper is
-``FSDPStrategy.prepare_model``).
+blocks that are checkpointed and compiled; the plugin's wrap policy and ignored modules choose them
+first, on the model as the user built it (they name the user's classes and modules), so accel-fsdp's
+own decisions are made before core's techniques run and the sharding after them (``shard_model``
+refuses units that a tensor-parallel step replaced instead of keeping). FSDP1 keeps core's
+default chain (its wrapper is ``FSDPStrategy.prepare_model``).
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ if TYPE_CHECKING:
 def parallelize_fsdp2(
     model: nn.Module, plugin: FullyShardedDataParallelPlugin, context: StrategyContext, mesh: Any
 ) -> ModelParts:
-    """Precision conversion, tensor parallelism over ``tp`` (2-D parameters once sharded), the context-parallel check,
-    activation checkpointing and compile of each unit, ``fully_shard`` over ``mesh`` (``dp_shard_cp``, or
-    ``(dp_replicate, dp_shard_cp)`` for HSDP), and the whole model compiled when it has no units. Collective."""
+    """Precision conversion, the units to shard (and the ignored modules), tensor parallelism over ``tp`` (2-D
+    parameters once sharded), the context-parallel check, activation checkpointing and compile of each unit,
+    ``fully_shard`` over ``mesh`` (``dp_shard_cp``, or ``(dp_replicate, dp_shard_cp)`` for HSDP) with the shards'
+    values (``fsdp2.shard_model``), and the whole model compiled when it has no units. Collective."""
     config = context.dims.config
     model = context.precision.convert_module(model)
+    ignored = policies.ignored_modules(model, plugin.ignored_modules)
+    units = policies.units_to_wrap(model, plugin, ignored)
     if config.tp_enabled:
         from accel_core.transforms.tensor_parallel import apply_tensor_parallel
 
@@ -38,8 +44,6 @@ def parallelize_fsdp2(
         from accel_core.transforms.context_parallel import check_model
 
         check_model(model, config.size("cp"))
-    ignored = policies.ignored_modules(model, plugin.ignored_modules)
-    units = policies.units_to_wrap(model, plugin, ignored)
     if config.activation_checkpointing or plugin.activation_checkpointing:
         checkpoint_blocks(units, model)
     dynamo = compile_settings(context)

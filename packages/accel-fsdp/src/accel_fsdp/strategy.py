@@ -36,7 +36,7 @@ from accel_core.strategies import PreparedObjects, Strategy, StrategyContext
 from accel_core.strategies.ddp import data_parallel_no_sync
 from accel_core.strategies.groups import join_group_of_one
 
-from . import checkpointing, fsdp1, policies
+from . import checkpointing, fsdp1
 from .plugin import FullyShardedDataParallelPlugin
 
 if TYPE_CHECKING:
@@ -193,10 +193,9 @@ class FSDPStrategy(Strategy):
         )
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
-        """FSDP2's units (the plugin's wrap policy); FSDP1 checkpoints and compiles as a whole."""
-        if self.fsdp_version == 1:
-            return []
-        return policies.units_to_wrap(model, self.plugin, policies.ignored_modules(model, self.plugin.ignored_modules))
+        """None: core's default chain, which only FSDP1 runs, checkpoints and compiles its model as a whole (FSDP1's
+        wrapper). FSDP2's chain (``accel_fsdp.parallelize``) takes its blocks from the plugin's wrap policy."""
+        return []
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         # FSDP2 keeps the user's object (its class gains FSDPModule); FSDP1 wraps it.

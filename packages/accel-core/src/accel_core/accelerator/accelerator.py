@@ -270,8 +270,8 @@ class Accelerator(TrainingStep, ReferenceProperties, ProcessControl, SetupQuerie
         on.
 
         evaluation_mode: for a model only run forward (a frozen reference model): it gets mixed precision and
-        ``torch.compile`` and is placed on the device, but is not wrapped for training (no DDP, FSDP or DeepSpeed
-        engine), as in the reference.
+        ``torch.compile`` of the whole model (region by region with ``use_regional_compilation``) and is placed on
+        the device, but is not wrapped for training (no DDP, FSDP or DeepSpeed engine), as in the reference.
 
         Example::
 

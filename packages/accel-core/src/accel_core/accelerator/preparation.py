@@ -245,8 +245,9 @@ class Preparation:
         on; returns what the script runs.
 
         evaluation_mode: the model is only run forward (TRL's reference model): as in the reference, it gets the
-        precision and compilation but is not wrapped for training (no DDP, FSDP or engine;
-        ``Strategy.prepare_eval_model``), nor split.
+        precision and ``torch.compile`` of the whole model (by region with ``use_regional_compilation``; not block by
+        block) but is not wrapped for training (no DDP, FSDP or engine; ``Strategy.prepare_eval_model``), nor split
+        (``transforms.prepare_for_evaluation``).
         """
         earlier = self._prepared_before(model)
         if earlier is not None:

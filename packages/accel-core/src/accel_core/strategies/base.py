@@ -28,7 +28,8 @@ Accelerator calls from ``free_memory`` and once at exit for a strategy still ali
 A model is prepared by the strategy's one straight chain, ``parallelize`` (precision conversion, tensor
 parallelism, activation checkpointing, compile, the data-parallel wrapper, in that order): the default is
 ``accel_core.transforms.parallelize_default``, whose data-parallel step is ``prepare_model``; FSDP has its own.
-``prepare_eval_model`` is the last step of a model prepared with ``evaluation_mode=True`` (placed, not wrapped).
+A model prepared with ``evaluation_mode=True`` takes ``prepare_eval_model`` (placed, not wrapped) in place of the
+data-parallel step, then is compiled whole (``accel_core.transforms.prepare_for_evaluation``).
 What the chain returns (``ModelParts``) becomes the model's one record (``accel_core.prepared_model``).
 """
 
@@ -237,7 +238,8 @@ class Strategy:
         return self.place_model(model, device_placement)
 
     def prepare_eval_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
-        """The last model transform of ``prepare_model(model, evaluation_mode=True)``, instead of ``prepare_model``.
+        """The data-parallel step of ``prepare_model(model, evaluation_mode=True)``, instead of ``prepare_model``
+        (``transforms.prepare_for_evaluation``; ``torch.compile`` of the whole model follows).
 
         Such a model is only run forward (a frozen reference model, an evaluator), so, as in the reference, it
         is placed but not wrapped for training: no DDP, no FSDP sharding, no engine. Every process holds all of

@@ -2,8 +2,7 @@
 
 Each strategy turns one model into what it trains with one straight function, ``Strategy.parallelize``, read top to
 bottom as torchtitan's ``parallelize_llama``. The default, ``parallelize_default`` below (one device, DDP, XLA,
-Megatron, FSDP1),
-applies in torchtitan's order:
+Megatron, FSDP1), applies in torchtitan's order:
 
 1. precision conversion: ``precision.convert_module`` (the hook FP8 fills: swap layers for
    low-precision ones, before anything is split);
@@ -15,17 +14,22 @@ applies in torchtitan's order:
 5. the strategy's data-parallel step (``Strategy.prepare_model``): replicas over ``dp`` (DDP;
    FSDP2-based replicas for tensor-parallel models), or placement on the device; a model built on
    the meta device is given memory and values there;
-6. ``torch.compile`` of the whole model when it has no blocks.
+6. ``torch.compile`` of the whole model when it has no blocks (``compile_whole``; with
+   ``use_regional_compilation``, each block of a repeated stack on its own: ``compile_regions``).
 
-accel-fsdp's ``parallelize_fsdp2`` (``accel_fsdp.parallelize``) is the same steps with ``fully_shard`` at 5.
-Blocks come from ``Strategy.blocks(model)``: the classes of the model's ``_no_split_modules``.
+Blocks come from ``Strategy.blocks(model)``: the classes of the model's ``_no_split_modules``. accel-fsdp's
+``parallelize_fsdp2`` (``accel_fsdp.parallelize``) is the same steps with ``fully_shard`` at 5, its blocks the units
+of the plugin's wrap policy, chosen before step 2 on the model as the user built it.
 
 With ``pp_size > 1`` the Accelerator first splits the model into stages (``accel_core.pipelining``), and each stage
 of this rank goes through the strategy's chain on its own.
 
 A model prepared with ``evaluation_mode=True`` (only run forward, as in the reference) goes through
-``prepare_for_evaluation``: the precision conversion (1), compilation (4, 6) and ``Strategy.prepare_eval_model``
-(placed, not wrapped) in place of step 5; it is neither split (2) nor checkpointed (3): every process runs all of it.
+``prepare_for_evaluation``: the precision conversion (1), ``Strategy.prepare_eval_model`` (placed, not wrapped) in
+place of step 5, and the whole-model compile of step 6 whether or not it has blocks, as the reference compiles it
+(``torch.compile`` of the model, or region by region with ``use_regional_compilation``); it is neither split (2),
+checkpointed (3) nor compiled block by block (4): every process runs all of it, and the strategy's blocks are not
+asked for.
 
 Each chain returns the model's ``ModelParts`` (what runs forward, the wrapper, the user's module), from which
 ``prepare`` makes the model's one record (``accel_core.prepared_model``).
@@ -33,12 +37,13 @@ Each chain returns the model's ``ModelParts`` (what runs forward, the wrapper, t
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
+import torch
 from torch import nn
 
-from ..compilation import compile_model
 from ..configuration import TorchDynamoPlugin
 from ..prepared_model import ModelParts
 
@@ -80,18 +85,43 @@ def compile_whole(
     dynamo: TorchDynamoPlugin | None,
     unwrap: Callable[[nn.Module], nn.Module],
 ) -> ModelParts:
-    """The last step: ``torch.compile`` of the whole wrapped model (region by region with
-    ``use_regional_compilation=True``); None compiles nothing. Returns the model's parts.
+    """The last step: ``torch.compile`` of the whole wrapped model, or region by region with
+    ``use_regional_compilation=True`` (``compile_regions``); None compiles nothing. Returns the model's parts.
 
     unwrap: the strategy's ``unwrap_model``. Regional compilation runs a shallow copy of the containers on the path
     to the compiled regions, so the user's module that runs is the one inside that copy.
     """
     if dynamo is None:
         return ModelParts(runs=wrapped, wrapped=wrapped, module=module)
-    runs = compile_model(wrapped, dynamo)
     if dynamo.use_regional_compilation:
+        runs = compile_regions(wrapped, **dynamo.to_kwargs())
         return ModelParts(runs=runs, wrapped=runs, module=unwrap(runs))
-    return ModelParts(runs=runs, wrapped=wrapped, module=module)
+    return ModelParts(runs=_compiled(wrapped, **dynamo.to_kwargs()), wrapped=wrapped, module=module)
+
+
+def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """Compiles each block of a repeated stack (an ``nn.ModuleList`` of one class) separately, and the parts outside
+    such stacks as wholes; the blocks share the compiler's cache, so the cold start is shorter.
+
+    Returns a shallow copy of the containers; parameters are the same objects.
+    """
+    if _is_repeated_blocks(module):
+        return nn.ModuleList(_compiled(block, **compile_kwargs) for block in module)
+    if any(_is_repeated_blocks(m) for m in module.modules()):
+        copied = copy.copy(module)
+        copied._modules = {name: compile_regions(child, **compile_kwargs) for name, child in module.named_children()}
+        return copied
+    return _compiled(module, **compile_kwargs)
+
+
+def _is_repeated_blocks(module: nn.Module) -> TypeGuard[nn.ModuleList]:
+    return isinstance(module, nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1
+
+
+def _compiled(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    # torch.compile is typed as returning a callable; given a Module it returns an OptimizedModule.
+    compiled: Any = torch.compile(module, **compile_kwargs)
+    return compiled
 
 
 def parallelize_default(model: nn.Module, strategy: Strategy, device_placement: bool) -> ModelParts:
@@ -120,15 +150,11 @@ def parallelize_default(model: nn.Module, strategy: Strategy, device_placement: 
 
 
 def prepare_for_evaluation(model: nn.Module, strategy: Strategy, device_placement: bool) -> ModelParts:
-    """The chain of a model only run forward (``evaluation_mode=True``): precision conversion, compilation and
-    ``Strategy.prepare_eval_model`` (placed, not wrapped); neither split nor checkpointed."""
+    """The chain of a model only run forward (``evaluation_mode=True``): precision conversion,
+    ``Strategy.prepare_eval_model`` (placed, not wrapped), then, as in the reference, ``torch.compile`` of the whole
+    model (region by region with ``use_regional_compilation=True``). Neither split, checkpointed nor compiled block by
+    block: what runs is ``torch.compile``'s module around the user's, as for a model without blocks in training."""
     context = strategy.context
     model = context.precision.convert_module(model)
-    blocks = strategy.blocks(model)
-    dynamo = compile_settings(context)
-    if dynamo is not None and blocks:
-        compile_blocks(blocks, **dynamo.to_kwargs())
     placed = strategy.prepare_eval_model(model, device_placement=device_placement)
-    return compile_whole(
-        placed, strategy.unwrap_model(placed), None if blocks else dynamo, unwrap=strategy.unwrap_model
-    )
+    return compile_whole(placed, strategy.unwrap_model(placed), compile_settings(context), unwrap=strategy.unwrap_model)
