@@ -64,11 +64,13 @@ def test_backend_switches_choose_the_strategy_and_their_options_follow() -> None
 
 
 def test_a_backend_the_script_builds_itself_reads_the_settled_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`DeepSpeedStrategy()` / `MegatronStrategy()` made by a script without an Accelerator (and the plugins'
-    `from_env()`) settle the environment as `Accelerator()` does: `accelerate launch`'s variables reach them too."""
+    """`DeepSpeedStrategy()` / `MegatronStrategy()` made by a script without an Accelerator, and the FSDP, DeepSpeed
+    and Megatron plugins' `from_env()`, settle the environment as `Accelerator()` does: `accelerate launch`'s
+    variables reach them too."""
     pytest.importorskip("torch")
     from accel_deepspeed import DeepSpeedPlugin
     from accel_deepspeed.strategy import DeepSpeedStrategy
+    from accel_fsdp import FullyShardedDataParallelPlugin
     from accel_megatron import MegatronLMPlugin
     from accel_megatron.strategy import MegatronStrategy
 
@@ -87,6 +89,12 @@ def test_a_backend_the_script_builds_itself_reads_the_settled_record(monkeypatch
         assert (megatron.tp_degree, megatron.num_micro_batches, megatron.gradient_clipping) == (2, 2, 1.0)
         assert MegatronLMPlugin.from_env() == megatron
         assert MegatronLMPlugin.from_env({}) == MegatronLMPlugin()  # a record given is read, not the environment
+    with monkeypatch.context() as launched:
+        for name, value in _variables("fsdp2_size_wrap").items():
+            launched.setenv(name, value)
+        fsdp = FullyShardedDataParallelPlugin.from_env()  # FSDP_AUTO_WRAP_POLICY, FSDP_MIN_NUM_PARAMS translated
+        assert (fsdp.fsdp_version, fsdp.auto_wrap_policy, fsdp.min_num_params) == (2, "SIZE_BASED_WRAP", 1000)
+        assert FullyShardedDataParallelPlugin.from_env({}) == FullyShardedDataParallelPlugin()
 
 
 def test_accels_own_spelling_wins() -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from accel_core import environment as env
+from accel_core.settings import settle_environment
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
@@ -248,7 +249,13 @@ class FullyShardedDataParallelPlugin:
 
         Example: ``ACCEL_FSDP_VERSION=1 ACCEL_FSDP_STATE_DICT_TYPE=FULL_STATE_DICT`` gives
         ``FullyShardedDataParallelPlugin(fsdp_version=1, state_dict_type="FULL_STATE_DICT")``.
+
+        environ: the run's settled variables (``RunSettings.environ``); None settles this process's environment
+        (``accel_core.settings.settle_environment``: ``accelerate launch``'s variables translated), as
+        ``Accelerator()`` would.
         """
+        if environ is None:
+            environ = settle_environment().environ
         kwargs = env.parse_backend_options("fsdp", ENV_OPTIONS, environ, label="FSDP")
         try:
             return cls(**kwargs)
