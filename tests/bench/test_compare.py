@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,26 +13,10 @@ COMPARE = Path(__file__).resolve().parents[2] / "bench" / "compare"
 
 
 @pytest.mark.slow
-def test_accel_scenarios_run_in_one_process(tmp_path: Path) -> None:
-    out = tmp_path / "out.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(COMPARE / "worker.py"),
-            "--framework",
-            "accel",
-            "--quick",
-            "--out",
-            str(out),
-            "--scenarios",
-            "step,loader,gather,checkpoint",
-            f"--arg=dir={tmp_path}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+def test_accel_scenarios_run_in_one_process(bench_run) -> None:
+    # Started with test_gpu_mfu.py's run (conftest.py): bench/compare/worker.py --framework accel --quick
+    # --scenarios step,loader,gather,checkpoint, writing out.json in bench_run.folder.
+    done, out = bench_run.done, bench_run.folder / "out.json"
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures["step"]["step_ms"] > 0

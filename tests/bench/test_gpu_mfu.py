@@ -4,8 +4,6 @@ the FLOP count leaves out the embedding (a lookup), and an H100 PCIe / NVL is no
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -43,14 +41,9 @@ def test_flops_leave_out_the_embedding() -> None:
 
 
 @pytest.mark.slow
-def test_both_variants_run_with_the_same_fsdp_settings() -> None:
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "gpu_mfu.py"), "--tiny", "--no-compile", "--rounds", "1", "--steps", "1"],
-        env={**os.environ, "ACCEL_USE_CPU": "true", "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+def test_both_variants_run_with_the_same_fsdp_settings(bench_run) -> None:
+    # Started with test_compare.py's run (conftest.py): gpu_mfu.py --tiny --no-compile --rounds 1 --steps 1 on the CPU.
+    done = bench_run.done
     assert done.returncode == 0, done.stderr[-4000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     by_variant = {line["variant"]: line for line in lines}
