@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from accel_core.checkpointing import CheckpointIO
     from accel_core.strategies import PreparedObjects
 
-    from .strategy import DeepSpeedStrategy
-
 # Globals that DeepSpeed 0.16-0.19 checkpoints reference beyond torch's weights-only set: its
 # own plain data classes and enums (no code runs when they are rebuilt).
 DEEPSPEED_CHECKPOINT_GLOBALS = frozenset(
@@ -56,27 +54,37 @@ def _tag(index: int) -> str:
     return f"model_{index}"
 
 
-def save_sharded(strategy: DeepSpeedStrategy, prepared: PreparedObjects, folder: str, **kwargs: Any) -> set[str]:
-    """Collective. Writes each prepared model (the engine through DeepSpeed); returns the categories covered."""
+def save_sharded(
+    engine: Any,
+    engine_owns_scheduler: bool,
+    is_main_process: bool,
+    prepared: PreparedObjects,
+    folder: str,
+    **kwargs: Any,
+) -> set[str]:
+    """Collective. Writes each prepared model (``engine`` through DeepSpeed, frozen models by the main process);
+    returns the categories covered (the scheduler's when the engine steps it)."""
     os.makedirs(folder, exist_ok=True)
     covered = {MODELS}
     for index, model in enumerate(prepared.models):
-        if model is strategy.engine:
+        if model is engine:
             os.makedirs(os.path.join(folder, _tag(index)), exist_ok=True)
             model.save_checkpoint(folder, tag=_tag(index), **kwargs)
             if model.optimizer is not None:
                 covered.add(OPTIMIZERS)
-            if strategy.engine_owns_scheduler:
+            if engine_owns_scheduler:
                 covered.add(SCHEDULERS)
-        elif strategy.context.state.is_main_process:
+        elif is_main_process:
             torch.save(model.state_dict(), os.path.join(folder, f"{_tag(index)}.pt"))
     return covered
 
 
-def load_sharded(strategy: DeepSpeedStrategy, prepared: PreparedObjects, folder: str, io: CheckpointIO) -> None:
-    """Collective. Restores what ``save_sharded`` wrote into the prepared engine and frozen models."""
+def load_sharded(
+    engine: Any, is_local_main_process: bool, prepared: PreparedObjects, folder: str, io: CheckpointIO
+) -> None:
+    """Collective. Restores what ``save_sharded`` wrote into the prepared ``engine`` and frozen models."""
     for index, model in enumerate(prepared.models):
-        if model is strategy.engine:
+        if model is engine:
             path = os.path.join(folder, _tag(index))
             if not os.path.isdir(path):
                 raise CheckpointMismatchError(
@@ -84,7 +92,7 @@ def load_sharded(strategy: DeepSpeedStrategy, prepared: PreparedObjects, folder:
                     "models, in the same order, as in the run that saved it."
                 )
             check_pickles(path, io.allow_unsafe_pickle)
-            loaded = _load_engine(strategy.context.state.is_local_main_process, model, folder, _tag(index), io)
+            loaded = _load_engine(is_local_main_process, model, folder, _tag(index), io)
             if loaded is None:
                 raise CheckpointMismatchError(f"DeepSpeed could not load its checkpoint from {path}.")
         else:

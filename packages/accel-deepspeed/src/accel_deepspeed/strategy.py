@@ -312,7 +312,8 @@ class DeepSpeedStrategy(Strategy):
         """``ShardedCheckpointing``: the engine's ``save_checkpoint`` (frozen models as plain files). Collective."""
         from .checkpointing import save_sharded
 
-        return save_sharded(self, prepared, folder, **kwargs)
+        state = self.context.state
+        return save_sharded(self.engine, self.engine_owns_scheduler, state.is_main_process, prepared, folder, **kwargs)
 
     def load_sharded(
         self,
@@ -327,7 +328,7 @@ class DeepSpeedStrategy(Strategy):
         through ``io`` (its ``allow_unsafe_pickle`` is the resolved opt-in). Collective."""
         from .checkpointing import load_sharded
 
-        load_sharded(self, prepared, folder, io)
+        load_sharded(self.engine, self.context.state.is_local_main_process, prepared, folder, io)
 
     # -- ZeRO-3 -----------------------------------------------------------------------------
     @contextlib.contextmanager

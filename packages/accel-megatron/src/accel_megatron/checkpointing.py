@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,9 +37,18 @@ if TYPE_CHECKING:
     from accel_core.checkpointing import CheckpointIO
     from accel_core.strategies import PreparedObjects
 
-    from .strategy import MegatronStrategy
-
 METADATA = "megatron.json"
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """How the run splits its models (the strategy's plugin and mesh): written with the shards, and a checkpoint of
+    other tensor, pipeline or virtual-pipeline degrees is refused at load (its shards do not fit)."""
+
+    tp_degree: int
+    pp_degree: int
+    vp_degree: int
+    dp_degree: int
 
 
 def _shard_folder(folder: str) -> str:
@@ -60,24 +70,29 @@ def _on_every_process(io: CheckpointIO, what: str, work: Callable[[], None]) -> 
 
 
 def save_sharded(
-    strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, io: CheckpointIO
+    layout: ShardLayout, first_process: bool, prepared: PreparedObjects, folder: str, io: CheckpointIO
 ) -> tuple[str, ...]:
-    """Collective. Returns the categories covered."""
+    """Collective. ``first_process`` writes the layout; each data-parallel rank 0 its shard. Returns the categories
+    covered."""
     _on_every_process(
-        io, f"saving the Megatron shards in {folder}", lambda: _save_shard(strategy, prepared, folder, io)
+        io,
+        f"saving the Megatron shards in {folder}",
+        lambda: _save_shard(layout, first_process, prepared, folder, io),
     )
     return (MODELS, OPTIMIZERS)
 
 
-def _save_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, io: CheckpointIO) -> None:
+def _save_shard(
+    layout: ShardLayout, first_process: bool, prepared: PreparedObjects, folder: str, io: CheckpointIO
+) -> None:
     models, optimizers = [record.module for record in prepared.records], list(prepared.optimizers)
-    if strategy.context.state.process_index == 0:
+    if first_process:
         os.makedirs(folder, exist_ok=True)
         metadata = {
-            "tp_degree": strategy.plugin.tp_degree,
-            "pp_degree": strategy.plugin.pp_degree,
-            "vp_degree": strategy.plugin.vp_degree,
-            "dp_degree": strategy.context.dims.dp.size,
+            "tp_degree": layout.tp_degree,
+            "pp_degree": layout.pp_degree,
+            "vp_degree": layout.vp_degree,
+            "dp_degree": layout.dp_degree,
             "models": len(models),
             "optimizers": len(optimizers),
         }
@@ -92,21 +107,18 @@ def _save_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: s
         torch.save(rng.tracker_states(), os.path.join(shard, "rng_tracker.pt"))
 
 
-def load_sharded(strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, io: CheckpointIO) -> None:
+def load_sharded(layout: ShardLayout, prepared: PreparedObjects, folder: str, io: CheckpointIO) -> None:
     """Collective: restores this process's TP shard."""
-    _on_every_process(
-        io, f"loading the Megatron shards in {folder}", lambda: _load_shard(strategy, prepared, folder, io)
-    )
+    _on_every_process(io, f"loading the Megatron shards in {folder}", lambda: _load_shard(layout, prepared, folder, io))
 
 
-def _load_shard(strategy: MegatronStrategy, prepared: PreparedObjects, folder: str, io: CheckpointIO) -> None:
+def _load_shard(layout: ShardLayout, prepared: PreparedObjects, folder: str, io: CheckpointIO) -> None:
     path = os.path.join(folder, METADATA)
     if not os.path.isfile(path):
         raise CheckpointMismatchError(f"{path} is missing: this checkpoint was not written by the megatron strategy.")
     with open(path) as handle:
         saved = json.load(handle)
-    plugin = strategy.plugin
-    ours = (plugin.tp_degree, plugin.pp_degree, plugin.vp_degree)
+    ours = (layout.tp_degree, layout.pp_degree, layout.vp_degree)
     theirs = (saved["tp_degree"], saved.get("pp_degree", 1), saved.get("vp_degree", 1))
     if theirs != ours:
         raise CheckpointMismatchError(

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from accel_core.pipelining import StagedModel
     from accel_core.settings import RunSettings
 
+    from .checkpointing import ShardLayout
+
 logger = logging.getLogger("accel_megatron")
 
 
@@ -351,7 +353,7 @@ class MegatronStrategy(Strategy):
         """``ShardedCheckpointing``: each TP shard written once (by DP rank 0). Collective."""
         from .checkpointing import save_sharded
 
-        return save_sharded(self, prepared, folder, io)
+        return save_sharded(self._shard_layout(), self.context.state.process_index == 0, prepared, folder, io)
 
     def load_sharded(
         self,
@@ -365,7 +367,13 @@ class MegatronStrategy(Strategy):
         """Restores what ``save_sharded`` wrote; another ``tp_degree`` is a ``CheckpointMismatchError``. Collective."""
         from .checkpointing import load_sharded
 
-        load_sharded(self, prepared, folder, io)
+        load_sharded(self._shard_layout(), prepared, folder, io)
+
+    def _shard_layout(self) -> ShardLayout:
+        from .checkpointing import ShardLayout
+
+        plugin = self.plugin
+        return ShardLayout(plugin.tp_degree, plugin.pp_degree, plugin.vp_degree, self.context.dims.dp.size)
 
     # -- the end of a run ---------------------------------------------------------------------
     def teardown(self) -> None:
