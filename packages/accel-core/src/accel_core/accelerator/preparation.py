@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from .. import discovery, transforms
+from .. import discovery
 from ..enums import SchedulerStepping
 from ..optimizer import AcceleratedOptimizer
 from ..optimizer_rebuild import ParameterNames
@@ -247,7 +247,7 @@ class Preparation:
         evaluation_mode: the model is only run forward (TRL's reference model): as in the reference, it gets the
         precision and ``torch.compile`` of the whole model (by region with ``use_regional_compilation``; not block by
         block) but is not wrapped for training (no DDP, FSDP or engine; ``Strategy.prepare_eval_model``), nor split
-        (``transforms.prepare_for_evaluation``).
+        (``Strategy.prepare_for_evaluation``).
         """
         earlier = self._prepared_before(model)
         if earlier is not None:
@@ -265,7 +265,7 @@ class Preparation:
         strategy = self.strategy
         self._parameter_names.record(model)
         if evaluation_mode:
-            record = PreparedModel.made(model, transforms.prepare_for_evaluation(model, strategy, placement))
+            record = PreparedModel.made(model, strategy.prepare_for_evaluation(model, placement))
         elif self._context.dims.config.pp_enabled and not strategy.splits_model_itself:
             from ..pipelining import prepare_pipeline
 

@@ -26,10 +26,10 @@ Accelerator calls from ``free_memory`` and once at exit for a strategy still ali
 (``accel_core.accelerator.teardown``): no backend registers exit hooks of its own.
 
 A model is prepared by the strategy's one straight chain, ``parallelize`` (precision conversion, tensor
-parallelism, activation checkpointing, compile, the data-parallel wrapper, in that order): the default is
-``accel_core.transforms.parallelize_default``, whose data-parallel step is ``prepare_model``; FSDP has its own.
-A model prepared with ``evaluation_mode=True`` takes ``prepare_eval_model`` (placed, not wrapped) in place of the
-data-parallel step, then is compiled whole (``accel_core.transforms.prepare_for_evaluation``).
+parallelism, activation checkpointing, compile, the data-parallel wrapper, in that order, each a technique function
+of ``accel_core.transforms``): the default below, whose data-parallel step is ``prepare_model``; FSDP has its own.
+A model prepared with ``evaluation_mode=True`` takes ``prepare_for_evaluation``: ``prepare_eval_model`` (placed, not
+wrapped) in place of the data-parallel step, then the whole model compiled.
 What the chain returns (``ModelParts``) becomes the model's one record (``accel_core.prepared_model``).
 """
 
@@ -224,22 +224,55 @@ class Strategy:
         the technique functions of ``accel_core.transforms``; returns its parts (what runs forward, the wrapper, the
         user's module inside), from which ``prepare`` makes the model's record.
 
-        The default is ``accel_core.transforms.parallelize_default``: precision conversion, tensor parallelism,
-        activation checkpointing of ``blocks``, per-block compile, ``prepare_model``, whole-model compile. A backend
-        whose wrapping changes what comes before it (FSDP2 shards the blocks) writes its own chain.
+        The default chain, steps 1-6 of ``accel_core.transforms``' docstring top to bottom: precision conversion,
+        tensor parallelism (unless ``splits_model_itself``) and the context-parallel check, activation checkpointing
+        of ``blocks``, per-block compile, ``prepare_model``, whole-model compile. A backend whose wrapping changes what
+        comes before it (FSDP2 shards the blocks) writes its own chain.
         """
-        from ..transforms import parallelize_default
+        from ..transforms import checkpoint_blocks, compile_blocks, compile_settings, compile_whole
 
-        return parallelize_default(model, self, device_placement)
+        context = self.context
+        config = context.dims.config
+        model = context.precision.convert_module(model)
+        if config.tp_enabled and not self.splits_model_itself:
+            from ..transforms.tensor_parallel import apply_tensor_parallel
+
+            model = apply_tensor_parallel(model, context.dims.submesh("tp"), config, context.precision)
+        if config.cp_enabled:
+            from ..transforms.context_parallel import check_model
+
+            check_model(model, config.size("cp"))
+        blocks = self.blocks(model)
+        if config.activation_checkpointing or self.activation_checkpointing:
+            checkpoint_blocks(blocks, model)
+        dynamo = compile_settings(context)
+        if dynamo is not None and blocks:
+            compile_blocks(blocks, **dynamo.to_kwargs())
+        wrapped = self.prepare_model(model, device_placement=device_placement)
+        return compile_whole(wrapped, self.unwrap_model(wrapped), None if blocks else dynamo, unwrap=self.unwrap_model)
+
+    def prepare_for_evaluation(self, model: torch.nn.Module, device_placement: bool) -> ModelParts:
+        """The chain of a model only run forward (``evaluation_mode=True``): precision conversion,
+        ``prepare_eval_model`` (placed, not wrapped), then, as in the reference, ``torch.compile`` of the whole model
+        (region by region with ``use_regional_compilation=True``). Neither split, checkpointed nor compiled block by
+        block: what runs is ``torch.compile``'s module around the user's, as for a model without blocks in training.
+        """
+        from ..transforms import compile_settings, compile_whole
+
+        model = self.context.precision.convert_module(model)
+        placed = self.prepare_eval_model(model, device_placement=device_placement)
+        return compile_whole(
+            placed, self.unwrap_model(placed), compile_settings(self.context), unwrap=self.unwrap_model
+        )
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
-        """The data-parallel step of the default chain (``parallelize_default``): place the model (and wrap it, in
+        """The data-parallel step of the default chain (``parallelize``): place the model (and wrap it, in
         data-parallel strategies)."""
         return self.place_model(model, device_placement)
 
     def prepare_eval_model(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
         """The data-parallel step of ``prepare_model(model, evaluation_mode=True)``, instead of ``prepare_model``
-        (``transforms.prepare_for_evaluation``; ``torch.compile`` of the whole model follows).
+        (``prepare_for_evaluation``; ``torch.compile`` of the whole model follows).
 
         Such a model is only run forward (a frozen reference model, an evaluator), so, as in the reference, it
         is placed but not wrapped for training: no DDP, no FSDP sharding, no engine. Every process holds all of

@@ -1,19 +1,19 @@
-"""Model transforms: small technique functions, and the default chain that calls them in one documented order.
+"""Model transforms: small technique functions, each one step of a strategy's chain.
 
 Each strategy turns one model into what it trains with one straight function, ``Strategy.parallelize``, read top to
-bottom as torchtitan's ``parallelize_llama``. The default, ``parallelize_default`` below (one device, DDP, XLA,
-Megatron, FSDP1), applies in torchtitan's order:
+bottom as torchtitan's ``parallelize_llama``. The default (``Strategy.parallelize`` in ``strategies/base.py``: one
+device, DDP, XLA, Megatron, FSDP1) calls these functions in torchtitan's order:
 
 1. precision conversion: ``precision.convert_module`` (the hook FP8 fills: swap layers for
    low-precision ones, before anything is split);
 2. tensor parallelism over ``tp`` (``tensor_parallel``; skipped for a strategy whose own layers
    split the model, ``Strategy.splits_model_itself``), and the context-parallel model check;
-3. activation checkpointing of each block (``ParallelismConfig.activation_checkpointing`` or the
-   strategy's own setting);
-4. ``torch.compile`` of each block (``dynamo_backend``);
+3. activation checkpointing of each block (``checkpoint_blocks``; ``ParallelismConfig.activation_checkpointing`` or
+   the strategy's own setting);
+4. ``torch.compile`` of each block (``compile_blocks``; ``dynamo_backend``);
 5. the strategy's data-parallel step (``Strategy.prepare_model``): replicas over ``dp`` (DDP;
    FSDP2-based replicas for tensor-parallel models), or placement on the device; a model built on
-   the meta device is given memory and values there;
+   the meta device is given memory and values there (``meta_init``);
 6. ``torch.compile`` of the whole model when it has no blocks (``compile_whole``; with
    ``use_regional_compilation``, each block of a repeated stack on its own: ``compile_regions``).
 
@@ -25,14 +25,15 @@ With ``pp_size > 1`` the Accelerator first splits the model into stages (``accel
 of this rank goes through the strategy's chain on its own.
 
 A model prepared with ``evaluation_mode=True`` (only run forward, as in the reference) goes through
-``prepare_for_evaluation``: the precision conversion (1), ``Strategy.prepare_eval_model`` (placed, not wrapped) in
-place of step 5, and the whole-model compile of step 6 whether or not it has blocks, as the reference compiles it
-(``torch.compile`` of the model, or region by region with ``use_regional_compilation``); it is neither split (2),
-checkpointed (3) nor compiled block by block (4): every process runs all of it, and the strategy's blocks are not
-asked for.
+``Strategy.prepare_for_evaluation``: the precision conversion (1), ``Strategy.prepare_eval_model`` (placed, not
+wrapped) in place of step 5, and the whole-model compile of step 6 whether or not it has blocks, as the reference
+compiles it (``torch.compile`` of the model, or region by region with ``use_regional_compilation``); it is neither
+split (2), checkpointed (3) nor compiled block by block (4): every process runs all of it, and the strategy's
+blocks are not asked for.
 
 Each chain returns the model's ``ModelParts`` (what runs forward, the wrapper, the user's module), from which
-``prepare`` makes the model's one record (``accel_core.prepared_model``).
+``prepare`` makes the model's one record (``accel_core.prepared_model``). These functions never import the
+strategies: the chains call down into them, never the other way.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ from ..configuration import TorchDynamoPlugin
 from ..prepared_model import ModelParts
 
 if TYPE_CHECKING:
-    from ..strategies.base import Strategy
     from ..strategies.context import StrategyContext
 
 
@@ -122,39 +122,3 @@ def _compiled(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     # torch.compile is typed as returning a callable; given a Module it returns an OptimizedModule.
     compiled: Any = torch.compile(module, **compile_kwargs)
     return compiled
-
-
-def parallelize_default(model: nn.Module, strategy: Strategy, device_placement: bool) -> ModelParts:
-    """The default chain (``Strategy.parallelize``): steps 1-6 of the module docstring, top to bottom."""
-    context = strategy.context
-    config = context.dims.config
-    model = context.precision.convert_module(model)
-    if config.tp_enabled and not strategy.splits_model_itself:
-        from .tensor_parallel import apply_tensor_parallel
-
-        model = apply_tensor_parallel(model, context.dims.submesh("tp"), config, context.precision)
-    if config.cp_enabled:
-        from .context_parallel import check_model
-
-        check_model(model, config.size("cp"))
-    blocks = strategy.blocks(model)
-    if config.activation_checkpointing or strategy.activation_checkpointing:
-        checkpoint_blocks(blocks, model)
-    dynamo = compile_settings(context)
-    if dynamo is not None and blocks:
-        compile_blocks(blocks, **dynamo.to_kwargs())
-    wrapped = strategy.prepare_model(model, device_placement=device_placement)
-    return compile_whole(
-        wrapped, strategy.unwrap_model(wrapped), None if blocks else dynamo, unwrap=strategy.unwrap_model
-    )
-
-
-def prepare_for_evaluation(model: nn.Module, strategy: Strategy, device_placement: bool) -> ModelParts:
-    """The chain of a model only run forward (``evaluation_mode=True``): precision conversion,
-    ``Strategy.prepare_eval_model`` (placed, not wrapped), then, as in the reference, ``torch.compile`` of the whole
-    model (region by region with ``use_regional_compilation=True``). Neither split, checkpointed nor compiled block by
-    block: what runs is ``torch.compile``'s module around the user's, as for a model without blocks in training."""
-    context = strategy.context
-    model = context.precision.convert_module(model)
-    placed = strategy.prepare_eval_model(model, device_placement=device_placement)
-    return compile_whole(placed, strategy.unwrap_model(placed), compile_settings(context), unwrap=strategy.unwrap_model)
