@@ -7,6 +7,7 @@ left by a killed process, an OS lock held by a live one, accel's own build lock 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -68,7 +69,8 @@ def _stop_mid_build(extensions: Path, build_dir: Path, wait_for: tuple[str, ...]
     finally:
         # ninja starts each compiler in a process group of its own: kill them by parentage, as a crash would.
         for child in psutil.Process(process.pid).children(recursive=True):
-            child.kill()
+            with contextlib.suppress(psutil.NoSuchProcess):  # a short-lived step (a compiler's helper) already ended
+                child.kill()
         process.kill()
         process.wait()
     return printed
